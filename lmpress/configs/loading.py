@@ -1,0 +1,260 @@
+"""A run's config: typed defaults, then a recipe, then dotted overrides, then validation.
+
+Every error names where the bad value came from (the recipe file or the `--flag`) and the
+dotted key, and for an unknown key the closest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from lmpress.configs.schema import RANGE_CHECKS, RunConfig
+from lmpress.errors import ConfigError
+
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+def recipe_dirs() -> list[Path]:
+    """Where bundled recipes live: beside the package in a checkout, inside it when installed."""
+    package = Path(__file__).resolve().parent.parent
+    return [d for d in (package.parent / "recipes", package / "_recipes") if d.is_dir()]
+
+
+def bundled_recipes() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for directory in recipe_dirs():
+        for path in sorted(directory.iterdir()):
+            if path.suffix in RECIPE_SUFFIXES:
+                found.setdefault(path.stem, path)
+    return found
+
+
+def resolve_recipe(name_or_path: str) -> Path:
+    """A recipe path as given, or the bundled recipe of that name."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    bundled = bundled_recipes()
+    stem = Path(name_or_path).stem if path.suffix in RECIPE_SUFFIXES else name_or_path
+    if stem in bundled and (path.suffix == "" or not path.parent.parts):
+        return bundled[stem]
+    close = difflib.get_close_matches(stem, list(bundled), n=1, cutoff=0.5)
+    hint = f" Did you mean the bundled recipe '{close[0]}'?" if close else ""
+    names = ", ".join(bundled) or "none"
+    raise ConfigError(
+        f"recipe '{name_or_path}': no such file and no bundled recipe of that name.{hint} "
+        f"Bundled recipes: {names}."
+    )
+
+
+def parse_overrides(args: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Split command-line words into dotted overrides and positional words.
+
+    `--generation.temperature 0.7` and `--generation.temperature=0.7` both give
+    ("generation.temperature", "0.7"). Any `--word` whose first segment is a config section or
+    top-level key is an override; other `--words` are an error.
+    """
+    top_level = {f.name for f in dataclasses.fields(RunConfig)}
+    overrides: list[tuple[str, str]] = []
+    positional: list[str] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            positional.extend(args[i + 1 :])
+            break
+        if word.startswith("--") and len(word) > 2:
+            key, eq, value = word[2:].partition("=")
+            if key.split(".")[0] not in top_level:
+                raise ConfigError(f"unknown option '--{key}'{_suggest(key, _all_keys())}")
+            if not eq:
+                if i + 1 >= len(args):
+                    raise ConfigError(f"option '--{key}' needs a value")
+                i += 1
+                value = args[i]
+            overrides.append((key, value))
+        else:
+            positional.append(word)
+        i += 1
+    return overrides, positional
+
+
+def load_config(
+    recipe: str | None = None,
+    overrides: Iterable[tuple[str, str]] | Mapping[str, Any] = (),
+    engine: str | None = None,
+) -> RunConfig:
+    """Merge the defaults, a recipe (a path or a bundled name) and overrides into a RunConfig.
+
+    Override values given as strings are read as YAML scalars ("0.7" is a float, "null" is
+    None, "[a, b]" is a list), as on the command line.
+    """
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if recipe:
+        path = resolve_recipe(recipe)
+        layers.append((str(path), _read_recipe(path)))
+    pairs = overrides.items() if isinstance(overrides, Mapping) else overrides
+    for key, value in pairs:
+        parsed = _parse_scalar(value) if isinstance(value, str) else value
+        layers.append((f"--{key}", _nest(key, parsed)))
+    if engine:
+        layers.append(("--engine", {"engine": engine}))
+
+    cfg = OmegaConf.structured(RunConfig)
+    for source, data in layers:
+        _check_keys(data, RunConfig, source, prefix="")
+        data = _coerce_lists(data, RunConfig)
+        try:
+            cfg = OmegaConf.merge(cfg, data)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"{source}: {_omegaconf_message(exc)}") from exc
+    try:
+        config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_omegaconf_message(exc)) from exc
+    config.engine = config.engine.upper()
+    validate(config)
+    return config
+
+
+def validate(config: RunConfig) -> None:
+    """Refuse impossible values, naming the dotted key."""
+    from lmpress.engines.registry import engine_names
+
+    names = engine_names()
+    if config.engine not in names:
+        raise ConfigError(
+            f"engine: unknown engine '{config.engine}'{_suggest(config.engine, names)} "
+            f"Run 'lmpress engines' to see them all."
+        )
+    for dotted, (ok, allowed) in RANGE_CHECKS.items():
+        section, name = dotted.split(".")
+        value = getattr(getattr(config, section), name)
+        if not ok(value):
+            raise ConfigError(f"{dotted}: {value!r} {allowed}")
+    if config.generation.top_logprobs and not config.generation.logprobs:
+        raise ConfigError("generation.top_logprobs: needs generation.logprobs: true")
+    if any(not s for s in config.generation.stop_strings):
+        raise ConfigError("generation.stop_strings: an empty stop string would stop at once")
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    """The config as YAML, with any literal API key replaced by a mark."""
+    data = OmegaConf.to_container(OmegaConf.structured(config))
+    assert isinstance(data, dict)
+    if data["remote_params"].get("api_key"):
+        data["remote_params"]["api_key"] = "***redacted***"
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _read_recipe(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"{path}{where}: {problem}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read recipe ({exc})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _nest(dotted: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    node = out
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: _unwrap_optional(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for name, tp in _field_types(cls).items():
+        dotted = f"{prefix}{name}"
+        keys.append(dotted)
+        if dataclasses.is_dataclass(tp):
+            keys.extend(_all_keys(tp, f"{dotted}."))
+    return keys
+
+
+def _suggest(key: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    if not close:
+        # The right name in the wrong section: generation.api_url -> remote_params.api_url.
+        leaf = key.rsplit(".", 1)[-1]
+        close = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf][:1]
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _check_keys(data: Mapping[str, Any], cls: type, source: str, prefix: str) -> None:
+    fields = _field_types(cls)
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"{source}: unknown key '{dotted}'{_suggest(dotted, _all_keys())}")
+        tp = fields[key]
+        if dataclasses.is_dataclass(tp):
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: '{dotted}' is a section; give it a mapping of keys")
+            _check_keys(value, tp, source, prefix=f"{dotted}.")
+
+
+def _coerce_lists(data: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """A single value given for a list field becomes a one-item list."""
+    fields = _field_types(cls)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        tp = fields[key]
+        if dataclasses.is_dataclass(tp) and isinstance(value, Mapping):
+            value = _coerce_lists(value, tp)
+        elif typing.get_origin(tp) is list and value is not None and not isinstance(value, list):
+            value = [value]
+        out[key] = value
+    return out
+
+
+def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None)
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{key}: {text}" if key else text

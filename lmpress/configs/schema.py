@@ -1,0 +1,79 @@
+"""The typed config schema. Section and field names follow Oumi's inference config, so an Oumi
+inference YAML loads unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmpress.types import GenerationParams
+
+
+@dataclass
+class ModelParams:
+    model_name: str = ""
+    adapter_model: str | None = None
+    tokenizer_name: str | None = None
+    tokenizer_pad_token: str | None = None
+    tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    model_max_length: int | None = None
+    chat_template: str | None = None  # a Jinja string, a path to a template file, or "chatml"
+    torch_dtype_str: str = "auto"
+    device_map: str | None = "auto"
+    attn_implementation: str | None = None
+    trust_remote_code: bool = False
+    model_revision: str | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RemoteParams:
+    api_url: str | None = None
+    api_key: str | None = None
+    api_key_env_varname: str | None = None
+    num_workers: int = 32
+    max_retries: int = 5
+    retry_backoff_base: float = 1.0
+    retry_backoff_max: float = 30.0
+    connection_timeout: float = 300.0
+    politeness_policy: float = 0.0
+    requests_per_minute: int | None = None
+    input_tokens_per_minute: int | None = None
+    output_tokens_per_minute: int | None = None
+
+
+@dataclass
+class RunConfig:
+    engine: str = "NATIVE"
+    model: ModelParams = field(default_factory=ModelParams)
+    generation: GenerationParams = field(default_factory=GenerationParams)
+    remote_params: RemoteParams = field(default_factory=RemoteParams)
+    input_path: str | None = None
+    output_path: str | None = None
+
+
+# Impossible values, checked after loading: dotted key -> (predicate, what is allowed).
+RANGE_CHECKS: dict[str, tuple[Any, str]] = {
+    "generation.max_new_tokens": (lambda v: v >= 1, "must be at least 1"),
+    "generation.temperature": (lambda v: v >= 0, "must be 0 (greedy) or more"),
+    "generation.top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "generation.top_k": (lambda v: v is None or v >= 1, "must be at least 1, or null for no limit"),
+    "generation.min_p": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "generation.repetition_penalty": (lambda v: v > 0, "must be greater than 0"),
+    "generation.presence_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
+    "generation.frequency_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
+    "generation.min_tokens": (lambda v: v >= 0, "must be 0 or more"),
+    "generation.n": (lambda v: v >= 1, "must be at least 1"),
+    "generation.top_logprobs": (lambda v: 0 <= v <= 20, "must be in [0, 20]"),
+    "generation.num_beams": (lambda v: v >= 1, "must be at least 1"),
+    "generation.batch_size": (lambda v: v >= 1, "must be at least 1"),
+    "remote_params.num_workers": (lambda v: v >= 1, "must be at least 1"),
+    "remote_params.max_retries": (lambda v: v >= 0, "must be 0 or more"),
+    "remote_params.retry_backoff_base": (lambda v: v >= 0, "must be 0 or more"),
+    "remote_params.retry_backoff_max": (lambda v: v >= 0, "must be 0 or more"),
+    "remote_params.connection_timeout": (lambda v: v > 0, "must be greater than 0"),
+    "remote_params.politeness_policy": (lambda v: v >= 0, "must be 0 or more"),
+    "remote_params.requests_per_minute": (lambda v: v is None or v >= 1, "must be at least 1"),
+    "remote_params.input_tokens_per_minute": (lambda v: v is None or v >= 1, "must be at least 1"),
+    "remote_params.output_tokens_per_minute": (lambda v: v is None or v >= 1, "must be at least 1"),
+}

@@ -1,0 +1,1 @@
+"""File formats (rows <-> requests and results) and streaming JSONL."""

@@ -1,0 +1,210 @@
+"""Input rows to Requests and Results back to output rows, for each file format lmpress reads.
+
+Formats, detected row by row:
+- chat:   {"messages": [...], "id"?, "metadata"?}   (OpenAI chat messages)
+- oumi:   {"conversation_id", "messages": [...], "metadata"}   (Oumi conversations)
+- prompt: {"prompt": "...", "system"?: "..."}
+Any row may carry its own `generation` overrides, a mapping of generation fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmpress.types import ROLES, ContentPart, GenerationParams, Message, Request, Result
+
+GENERATION_FIELDS = {f.name for f in dataclasses.fields(GenerationParams)}
+
+
+class RowError(ValueError):
+    """A row that cannot be turned into a request; the message says what is wrong."""
+
+
+@dataclass
+class ParsedRow:
+    line: int  # 1-based line number in the input file
+    id: str
+    kind: str  # "chat" | "oumi" | "prompt"
+    raw: dict[str, Any]
+    messages: list[Message]
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def request(self, base: GenerationParams) -> Request:
+        params = base.replace(**self.overrides) if self.overrides else base
+        return Request(self.id, self.messages, params)
+
+
+def row_id(raw: dict[str, Any], line: int) -> str:
+    """A row's id: its own `id`, `custom_id` or `conversation_id`, else a stable hash of its
+    content and position."""
+    for key in ("id", "custom_id", "conversation_id"):
+        value = raw.get(key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and value != "":
+            return str(value)
+    digest = hashlib.sha256(
+        json.dumps(raw, sort_keys=True, ensure_ascii=False).encode() + f"#{line}".encode()
+    )
+    return f"row-{digest.hexdigest()[:16]}"
+
+
+def parse_row(raw: Any, line: int) -> ParsedRow:
+    """Turn one decoded JSON value into a ParsedRow, or raise RowError."""
+    if not isinstance(raw, dict):
+        raise RowError(f"expected a JSON object, got {_json_type(raw)}")
+    overrides = _row_overrides(raw.get("generation"))
+    if "messages" in raw:
+        kind = "oumi" if "conversation_id" in raw or _has_oumi_items(raw["messages"]) else "chat"
+        messages = parse_messages(raw["messages"])
+    elif "prompt" in raw:
+        kind = "prompt"
+        prompt = raw["prompt"]
+        if not isinstance(prompt, str):
+            raise RowError(f"'prompt' must be a string, got {_json_type(prompt)}")
+        messages = [Message("user", prompt)]
+        system = raw.get("system")
+        if system is not None:
+            if not isinstance(system, str):
+                raise RowError(f"'system' must be a string, got {_json_type(system)}")
+            messages.insert(0, Message("system", system))
+    else:
+        keys = ", ".join(sorted(raw)) or "none"
+        raise RowError(f"row has neither 'messages' nor 'prompt' (keys: {keys})")
+    return ParsedRow(line, row_id(raw, line), kind, raw, messages, overrides)
+
+
+def parse_messages(items: Any) -> list[Message]:
+    """OpenAI chat messages (or Oumi's, whose content items say `content` for `text`)."""
+    if not isinstance(items, list):
+        raise RowError(f"'messages' must be a list, got {_json_type(items)}")
+    if not items:
+        raise RowError("'messages' is empty")
+    messages = []
+    for i, item in enumerate(items, start=1):
+        if not isinstance(item, dict):
+            raise RowError(f"message {i} must be an object, got {_json_type(item)}")
+        role = item.get("role")
+        if role not in ROLES:
+            raise RowError(
+                f"message {i} has unknown role {json.dumps(role)} "
+                f"(expected one of {', '.join(ROLES)})"
+            )
+        messages.append(Message(role, _parse_content(item.get("content"), i)))
+    return messages
+
+
+def _parse_content(content: Any, index: int) -> str | list[ContentPart]:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RowError(f"message {index} content must be a string or a list of parts")
+    parts = []
+    for part in content:
+        if not isinstance(part, dict):
+            raise RowError(f"message {index} has a content part that is not an object")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text", part.get("content"))
+            if not isinstance(text, str):
+                raise RowError(f"message {index} has a text part without text")
+            parts.append(ContentPart("text", text=text))
+        elif kind in ("image_url", "image_path"):
+            url = part.get("image_url", part.get("content"))
+            if isinstance(url, dict):
+                url = url.get("url")
+            if not isinstance(url, str) or not url:
+                raise RowError(f"message {index} has an image part without a URL")
+            if kind == "image_path" and not url.startswith(("file:", "data:", "http")):
+                url = f"file://{url}"
+            parts.append(ContentPart("image_url", image_url=url))
+        else:
+            raise RowError(
+                f"message {index} has a content part of unknown type {json.dumps(kind)} "
+                f"(expected text or image_url)"
+            )
+    return parts
+
+
+def _has_oumi_items(messages: Any) -> bool:
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(p, dict) and "content" in p and "text" not in p for p in content
+        ):
+            return True
+    return False
+
+
+def _row_overrides(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RowError(f"'generation' must be an object, got {_json_type(value)}")
+    unknown = sorted(set(value) - GENERATION_FIELDS)
+    if unknown:
+        raise RowError(f"'generation' has unknown key '{unknown[0]}'")
+    if "batch_size" in value:
+        raise RowError("'generation.batch_size' applies to the whole job, not to one row")
+    return dict(value)
+
+
+def render_row(row: ParsedRow, result: Result) -> dict[str, Any]:
+    """The output line for a completed row: the input with the reply appended and a
+    `response` record. A prompt row becomes a messages row."""
+    reply = {"role": "assistant", "content": result.text}
+    out: dict[str, Any] = {}
+    for key, value in row.raw.items():
+        if row.kind == "prompt" and key == "prompt":
+            out["messages"] = [m.to_openai() for m in row.messages] + [reply]
+        elif row.kind == "prompt" and key == "system":
+            continue
+        elif key == "messages":
+            out["messages"] = [*value, reply]
+        else:
+            out[key] = value
+    out["response"] = response_record(result)
+    return out
+
+
+def response_record(result: Result) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "usage": {
+            "prompt_tokens": result.usage.prompt_tokens,
+            "completion_tokens": result.usage.completion_tokens,
+            "total_tokens": result.usage.total_tokens,
+        },
+        "model": result.model,
+        "engine": result.engine,
+        "latency_s": round(result.latency_s, 4),
+    }
+    if len(result.samples) > 1:
+        record["samples"] = [
+            {"text": s.text, "finish_reason": s.finish_reason} for s in result.samples
+        ]
+    if result.samples and result.samples[0].logprobs is not None:
+        record["logprobs"] = [
+            {
+                "token": t.token,
+                "logprob": t.logprob,
+                "top_logprobs": [{"token": tok, "logprob": lp} for tok, lp in t.top],
+            }
+            for t in result.samples[0].logprobs
+        ]
+    if result.error is not None:
+        record["error"] = dataclasses.asdict(result.error)
+    return record
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}  # fmt: skip
+    return names.get(type(value), type(value).__name__)

@@ -1,0 +1,88 @@
+"""JSONL read and written as a stream: one line in memory at a time, each output line flushed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from lmpress.errors import InputError
+
+
+@dataclass
+class Line:
+    number: int  # 1-based
+    value: Any = None
+    error: str | None = None  # why the line is not valid JSON
+
+
+def open_input(path: str | Path) -> IO[bytes]:
+    """Open an input file for reading, or raise an InputError that names it."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise InputError(f"{path}: no such input file")
+    if p.is_dir():
+        raise InputError(f"{path}: is a directory, expected a JSONL file")
+    try:
+        return p.open("rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from exc
+
+
+def read_lines(path: str | Path) -> Iterator[Line]:
+    """Every non-blank line of a JSONL file, decoded, with its line number.
+
+    A line that is not UTF-8 or not JSON comes back with `error` set; reading goes on.
+    """
+    with open_input(path) as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield Line(number, error=f"not valid UTF-8 (byte {exc.start + 1})")
+                continue
+            try:
+                yield Line(number, json.loads(text))
+            except json.JSONDecodeError as exc:
+                yield Line(number, error=f"not valid JSON ({exc.msg} at column {exc.colno})")
+
+
+def count_lines(path: str | Path) -> int:
+    """Non-blank lines, for a progress total; reads in blocks, never the whole file at once."""
+    count = 0
+    pending = b""
+    with open_input(path) as handle:
+        while block := handle.read(1 << 20):
+            lines = (pending + block).split(b"\n")
+            pending = lines.pop()
+            count += sum(1 for line in lines if line.strip())
+    return count + (1 if pending.strip() else 0)
+
+
+class JsonlWriter:
+    """Appends one JSON object per line and flushes it, so a crash loses no written row."""
+
+    def __init__(self, path: str | Path, mode: str = "w"):
+        self.path = Path(path).expanduser()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = self.path.open(mode, encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

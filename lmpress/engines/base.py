@@ -1,0 +1,152 @@
+"""The one interface every engine implements, and the checks every engine shares."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any, ClassVar
+
+from lmpress.configs.schema import RunConfig
+from lmpress.errors import UnsupportedParamError
+from lmpress.types import (
+    ErrorInfo,
+    GenerationParams,
+    Message,
+    Request,
+    Result,
+    Sample,
+    Usage,
+)
+
+
+class Engine(ABC):
+    """Runs requests on one backend. Callers submit requests and consume what comes back; the
+    engine owns scheduling (a local engine batches whatever is in flight, a remote one sends
+    requests concurrently).
+
+    Subclasses set `name` and `supported_params`, load their backend in `__init__` (importing
+    it there, never at module level) and implement `stream`.
+    """
+
+    name: ClassVar[str]
+    supported_params: ClassVar[frozenset[str]]
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        check_params(self, config.generation)
+        # How many requests callers should keep submitted to keep this engine busy.
+        self.max_in_flight: int = max(1, config.generation.batch_size)
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this engine cannot run on this machine (no GPU, say), or None when it can."""
+        return None
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model.model_name
+
+    @abstractmethod
+    def stream(self, request: Request) -> AsyncIterator[Any]:
+        """Yield `Delta`s as text is generated, then exactly one final `Result`.
+
+        Closing the iterator early (the consumer went away, was cancelled) must stop the
+        request's generation and free what it held in the backend. A failure of this one
+        request comes back as a Result with `error` set, not as an exception.
+        """
+
+    async def complete(self, request: Request) -> Result:
+        """The final Result of a request, deltas discarded."""
+        result: Result | None = None
+        async for item in self.stream(request):
+            if isinstance(item, Result):
+                result = item
+        assert result is not None, f"{self.name} ended a stream without a Result"
+        return result
+
+    async def aclose(self) -> None:
+        """Release the backend. The engine is unusable afterwards."""
+
+    def generate(
+        self,
+        inputs: Iterable[str | Sequence[dict[str, Any]] | Sequence[Message] | Request],
+        params: GenerationParams | None = None,
+        *,
+        progress: bool = False,
+    ) -> list[Result]:
+        """Complete many inputs synchronously, in order: the convenience for Python users.
+
+        An input is a prompt string, a list of chat messages, or a Request.
+        """
+        from lmpress.data.formats import parse_messages
+
+        requests = []
+        for i, item in enumerate(inputs):
+            if isinstance(item, Request):
+                requests.append(item)
+                continue
+            messages = (
+                [Message("user", item)] if isinstance(item, str) else parse_messages(list(item))
+            )
+            requests.append(Request(str(i), messages, params or self.config.generation))
+        for request in requests:
+            check_params(self, request.params)
+        return asyncio.run(self._complete_all(requests, progress))
+
+    async def _complete_all(self, requests: list[Request], progress: bool) -> list[Result]:
+        slots = asyncio.Semaphore(self.max_in_flight)
+        bar = _progress_bar(len(requests)) if progress else None
+
+        async def one(request: Request) -> Result:
+            async with slots:
+                result = await self.complete(request)
+            if bar is not None:
+                bar.advance(bar.task_ids[0])
+            return result
+
+        try:
+            if bar is not None:
+                bar.start()
+            return await asyncio.gather(*(one(r) for r in requests))
+        finally:
+            if bar is not None:
+                bar.stop()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run(self.aclose())
+
+
+def check_params(engine: Engine | type[Engine], params: GenerationParams) -> None:
+    """Refuse, before any work, a generation parameter the engine does not honour."""
+    unsupported = sorted(set(params.changed_fields()) - engine.supported_params)
+    if unsupported:
+        listed = ", ".join(f"generation.{name}" for name in unsupported)
+        raise UnsupportedParamError(
+            f"engine {engine.name} does not support {listed}; remove it from the recipe or "
+            f"overrides, or pick an engine that does ('lmpress engines' lists them)"
+        )
+
+
+def error_result(request: Request, engine: Engine, error: ErrorInfo, started: float) -> Result:
+    return Result(
+        request_id=request.id,
+        samples=[Sample(text="", finish_reason="error")],
+        usage=Usage(),
+        model=engine.model_name,
+        engine=engine.name,
+        latency_s=time.perf_counter() - started,
+        error=error,
+    )
+
+
+def _progress_bar(total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    bar = Progress(BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
+    bar.add_task("generate", total=total)
+    return bar

@@ -1,0 +1,599 @@
+"""NATIVE: Hugging Face transformers + PyTorch, on CPU or CUDA.
+
+A worker thread takes whatever requests are waiting (up to `generation.batch_size` sequences),
+left-pads them into one batch and runs `model.generate` on it. One `_BatchControl` object
+plugs into generate as a logits processor and a stopping criterion, so each row keeps its own
+sampling settings and seed, stop strings, max_new_tokens, streaming and cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmpress.configs.schema import ModelParams, RunConfig
+from lmpress.engines.base import Engine, error_result
+from lmpress.errors import ModelLoadError, RequestError
+from lmpress.types import (
+    Delta,
+    ErrorInfo,
+    Request,
+    Result,
+    Sample,
+    TokenLogprob,
+    Usage,
+)
+
+# How long the worker waits for more requests to fill a batch once one has arrived. Callers
+# submit a batch's worth within microseconds, so a few milliseconds catches them all.
+GATHER_WINDOW_S = 0.005
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, "chat_ml": CHATML_TEMPLATE}
+
+
+class NativeEngine(Engine):
+    name = "NATIVE"
+    supported_params = frozenset({
+        "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+        "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
+        "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens",
+    })  # fmt: skip
+
+    def __init__(self, config: RunConfig):
+        super().__init__(config)
+        import torch
+
+        self._torch = torch
+        self.device, self.dtype = pick_device_and_dtype(config.model, torch)
+        self.tokenizer = load_tokenizer(config.model)
+        self.model = load_model(config.model, self.device, self.dtype)
+        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.context_length = _context_length(self.model, self.tokenizer)
+        self.batch_size = config.generation.batch_size
+        # Two batches' worth: one decoding, the next one waiting so the worker never idles.
+        self.max_in_flight = 2 * self.batch_size
+        self._pending: deque[_RequestState] = deque()
+        self._wakeup = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="lmpress-native", daemon=True)
+        self._worker.start()
+
+    # --- the interface ---------------------------------------------------------------------
+
+    def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
+        return self._stream(request, deltas=True)
+
+    async def complete(self, request: Request) -> Result:
+        result = None
+        async for item in self._stream(request, deltas=False):
+            result = item
+        assert isinstance(result, Result)
+        return result
+
+    async def aclose(self) -> None:
+        with self._wakeup:
+            self._closed = True
+            self._wakeup.notify_all()
+        await asyncio.to_thread(self._worker.join)
+
+    # --- submitting and consuming ----------------------------------------------------------
+
+    async def _stream(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
+        started = time.perf_counter()
+        try:
+            prompt_ids = self.encode(request)
+        except RequestError as exc:
+            yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
+            return
+        state = _RequestState(
+            request=request,
+            prompt_ids=prompt_ids,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+            wants_deltas=deltas,
+            started=started,
+        )
+        with self._wakeup:
+            if self._closed:
+                raise RuntimeError("the NATIVE engine is closed")
+            self._pending.append(state)
+            self._wakeup.notify()
+        try:
+            while True:
+                item = await state.queue.get()
+                if isinstance(item, Delta) and not deltas:
+                    continue
+                yield item
+                if isinstance(item, Result):
+                    return
+        finally:
+            # The consumer stopped listening (finished, cancelled or gone): free the rows.
+            state.cancelled = True
+
+    def encode(self, request: Request) -> list[int]:
+        """The prompt's token ids: the chat template applied, or the raw prompt."""
+        if request.prompt is not None:
+            ids = self.tokenizer(request.prompt)["input_ids"]
+        else:
+            if any(m.has_images() for m in request.messages):
+                raise RequestError(
+                    "the NATIVE engine runs text-only models; this row has image parts",
+                    kind="invalid_request",
+                )
+            if not self.tokenizer.chat_template:
+                raise RequestError(
+                    f"model '{self.model_name}' has no chat template; set model.chat_template "
+                    f"(a Jinja string, a template file, or 'chatml')",
+                    kind="invalid_request",
+                )
+            messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
+            except Exception as exc:  # Jinja raises its own errors for refused conversations
+                raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if self.context_length and len(ids) >= self.context_length:
+            raise RequestError(
+                f"prompt is {len(ids)} tokens, the model's context is {self.context_length}",
+                kind="context_length_exceeded",
+            )
+        return list(ids)
+
+    # --- the worker thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._pending and not self._closed:
+                    self._wakeup.wait()
+                if self._closed:
+                    return
+            deadline = time.monotonic() + GATHER_WINDOW_S
+            while self._pending_rows() < self.batch_size and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            batch = self._take_batch()
+            if batch:
+                self._generate(batch)
+
+    def _pending_rows(self) -> int:
+        return sum(s.request.params.n for s in list(self._pending))
+
+    def _take_batch(self) -> list[_RequestState]:
+        batch: list[_RequestState] = []
+        rows = 0
+        with self._wakeup:
+            while self._pending:
+                state = self._pending[0]
+                if state.cancelled:
+                    self._pending.popleft()
+                    continue
+                n = state.request.params.n
+                if batch and rows + n > self.batch_size:
+                    break
+                batch.append(self._pending.popleft())
+                rows += n
+        return batch
+
+    def _generate(self, states: list[_RequestState]) -> None:
+        torch = self._torch
+        rows = [
+            _Row(state, i, _row_generator(state.request.params.seed, i, torch))
+            for state in states
+            for i in range(state.request.params.n)
+        ]
+        width = max(len(row.state.prompt_ids) for row in rows)
+        pad_id = self.tokenizer.pad_token_id
+        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, row in enumerate(rows):
+            ids = row.state.prompt_ids
+            input_ids[b, width - len(ids) :] = torch.tensor(ids)
+            attention[b, width - len(ids) :] = 1
+        control = _BatchControl(self, rows)
+        try:
+            with torch.inference_mode():
+                self.model.generate(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=attention.to(self.device),
+                    generation_config=self._generation_config(rows),
+                    logits_processor=[control],
+                    stopping_criteria=[control.stopper],
+                )
+        except Exception as exc:  # one bad batch must not take the worker down
+            for state in states:
+                info = ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}")
+                _deliver(state, error_result(state.request, self, info, state.started))
+            return
+        for state in states:
+            own = [row for row in rows if row.state is state]
+            _deliver(state, self._result(state, own))
+
+    def _generation_config(self, rows: list[_Row]) -> Any:
+        from transformers import GenerationConfig
+
+        return GenerationConfig(
+            max_new_tokens=max(row.params.max_new_tokens for row in rows),
+            do_sample=False,  # _BatchControl does the sampling, row by row
+            num_beams=1,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=sorted(self.eos_ids),
+        )
+
+    def _result(self, state: _RequestState, rows: list[_Row]) -> Result:
+        samples = []
+        for row in rows:
+            row.finish(self)
+            samples.append(
+                Sample(
+                    text=row.text,
+                    finish_reason=row.finish_reason or "length",
+                    logprobs=row.logprobs,
+                    completion_tokens=row.generated,
+                )
+            )
+        return Result(
+            request_id=state.request.id,
+            samples=samples,
+            usage=Usage(len(state.prompt_ids), sum(row.generated for row in rows)),
+            model=self.model_name,
+            engine=self.name,
+            latency_s=time.perf_counter() - state.started,
+        )
+
+
+# --- per-request and per-row state ---------------------------------------------------------
+
+
+@dataclass
+class _RequestState:
+    request: Request
+    prompt_ids: list[int]
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    wants_deltas: bool
+    started: float
+    cancelled: bool = False
+
+
+def _deliver(state: _RequestState, item: Delta | Result) -> None:
+    try:
+        state.loop.call_soon_threadsafe(state.queue.put_nowait, item)
+    except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+        state.cancelled = True
+
+
+@dataclass
+class _Row:
+    """One sequence in a batch: one sample of one request."""
+
+    state: _RequestState
+    index: int
+    generator: Any
+    tokens: list[int] = field(default_factory=list)  # generated, EOS and stop ids left out
+    generated: int = 0  # tokens generated, EOS included
+    finish_reason: str | None = None
+    text: str = ""
+    emitted: int = 0  # characters already sent as deltas
+    logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def params(self):
+        return self.state.request.params
+
+    @property
+    def needs_text(self) -> bool:
+        return self.state.wants_deltas or bool(self.params.stop_strings)
+
+    def finish(self, engine: NativeEngine) -> None:
+        if self.finish_reason != "stop" or not self.params.stop_strings:
+            self.text = engine.tokenizer.decode(
+                self.tokens, skip_special_tokens=self.params.skip_special_tokens
+            )
+        if self.finish_reason is None:
+            self.finish_reason = "length"
+
+
+def _row_generator(seed: int | None, index: int, torch: Any) -> Any:
+    """Each row draws from its own generator, so a seeded row samples the same tokens
+    whatever else shares its batch."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**62)
+    return torch.Generator().manual_seed(seed + index)
+
+
+class _BatchControl:
+    """Per-row sampling (as a logits processor) and per-row stopping (as `stopper`)."""
+
+    def __init__(self, engine: NativeEngine, rows: list[_Row]):
+        torch = engine._torch
+        self.engine = engine
+        self.torch = torch
+        self.rows = rows
+        self.stopper = _Stopper(self)
+        params = [row.params for row in rows]
+        device = engine.device
+        self.sampled = [b for b, p in enumerate(params) if p.temperature > 0]
+        self.penalised = any(
+            p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty
+            for p in params
+        )
+        self.min_tokens = any(p.min_tokens for p in params)
+        self.want_logprobs = any(p.logprobs for p in params)
+        self.plain = not (self.sampled or self.penalised or self.min_tokens or self.want_logprobs)
+        self.counts = None  # generated-token counts per row, for presence/frequency penalties
+        if self.penalised:
+            vocab = engine.model.config.get_text_config().vocab_size
+            self.counts = torch.zeros((len(rows), vocab), device=device)
+        for row in rows:
+            if row.params.logprobs:
+                row.logprobs = []
+        self.stop_ids = [set(engine.eos_ids) | set(p.stop_token_ids) for p in params]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.plain:
+            return scores
+        torch = self.torch
+        scores = scores.float()
+        rows = self.rows
+        if self.penalised:
+            scores = self._penalise(scores)
+        if self.min_tokens:
+            for b, row in enumerate(rows):
+                if row.generated < row.params.min_tokens:
+                    scores[b, list(self.stop_ids[b])] = float("-inf")
+        chosen = scores.argmax(dim=-1)
+        if self.sampled:
+            idx = torch.tensor(self.sampled, device=scores.device)
+            chosen[idx] = self._sample(scores[idx], [rows[b] for b in self.sampled])
+        if self.want_logprobs:
+            self._record_logprobs(scores, chosen)
+        forced = torch.full_like(scores, float("-inf"))
+        forced.scatter_(1, chosen[:, None], 0.0)
+        return forced
+
+    def _penalise(self, scores: Any) -> Any:
+        torch = self.torch
+        for b, row in enumerate(self.rows):
+            p = row.params
+            if p.repetition_penalty != 1:
+                seen = torch.tensor(
+                    sorted(set(row.state.prompt_ids) | set(row.tokens)), device=scores.device
+                )
+                picked = scores[b, seen]
+                scores[b, seen] = torch.where(
+                    picked < 0, picked * p.repetition_penalty, picked / p.repetition_penalty
+                )
+            if p.presence_penalty or p.frequency_penalty:
+                counts = self.counts[b, : scores.shape[1]]
+                scores[b] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        return scores
+
+    def _sample(self, scores: Any, rows: list[_Row]) -> Any:
+        torch = self.torch
+        device = scores.device
+        temperature = torch.tensor([r.params.temperature for r in rows], device=device)
+        top_p = torch.tensor([r.params.top_p for r in rows], device=device)
+        min_p = torch.tensor([r.params.min_p for r in rows], device=device)
+        vocab = scores.shape[1]
+        top_k = torch.tensor([r.params.top_k or vocab for r in rows], device=device)
+        logits, order = (scores / temperature[:, None]).sort(dim=-1, descending=True)
+        probs = logits.softmax(dim=-1)
+        position = torch.arange(vocab, device=device)[None, :]
+        drop = position >= top_k[:, None]
+        drop |= (probs.cumsum(dim=-1) - probs) > top_p[:, None]
+        drop |= probs < min_p[:, None] * probs[:, :1]
+        drop[:, 0] = False  # the most likely token always stays
+        probs = probs.masked_fill(drop, 0.0)
+        cdf = probs.cumsum(dim=-1)
+        draws = torch.cat([torch.rand(1, generator=r.generator) for r in rows]).to(device)
+        picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None]).clamp(max=vocab - 1)
+        return order.gather(1, picked).squeeze(1)
+
+    def _record_logprobs(self, scores: Any, chosen: Any) -> None:
+        decode = self.engine.tokenizer.decode
+        logprobs = scores.log_softmax(dim=-1)
+        for b, row in enumerate(self.rows):
+            if row.logprobs is None or row.finish_reason is not None:
+                continue
+            token = int(chosen[b])
+            top = []
+            if row.params.top_logprobs:
+                values, ids = logprobs[b].topk(row.params.top_logprobs)
+                top = [(decode([int(i)]), float(v)) for v, i in zip(values, ids, strict=True)]
+            row.logprobs.append(TokenLogprob(decode([token]), float(logprobs[b, token]), top))
+
+
+class _Stopper:
+    """Called by generate after every step with the new tokens appended."""
+
+    def __init__(self, control: _BatchControl):
+        self.control = control
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        control = self.control
+        torch = control.torch
+        done = []
+        new_tokens = input_ids[:, -1].tolist()
+        for b, row in enumerate(control.rows):
+            if row.finish_reason is None:
+                self._advance(b, row, new_tokens[b])
+            done.append(row.finish_reason is not None)
+        return torch.tensor(done, device=input_ids.device)
+
+    def _advance(self, b: int, row: _Row, token: int) -> None:
+        control = self.control
+        params = row.params
+        row.generated += 1
+        if control.counts is not None:
+            control.counts[b, token] += 1
+        if token in control.stop_ids[b]:
+            row.finish_reason = "stop"
+        else:
+            row.tokens.append(token)
+            if row.generated >= params.max_new_tokens:
+                row.finish_reason = "length"
+        if row.state.cancelled:
+            row.finish_reason = "cancelled"
+            return
+        if row.needs_text:
+            self._update_text(row)
+
+    def _update_text(self, row: _Row) -> None:
+        params = row.params
+        text = self.control.engine.tokenizer.decode(
+            row.tokens, skip_special_tokens=params.skip_special_tokens
+        )
+        holdback = 0
+        if params.stop_strings:
+            hits = [i for i in (text.find(s) for s in params.stop_strings) if i >= 0]
+            if hits:
+                text = text[: min(hits)]
+                row.finish_reason = "stop"
+            else:
+                holdback = max(len(s) for s in params.stop_strings) - 1
+        row.text = text
+        if not row.state.wants_deltas:
+            return
+        if row.finish_reason is None:
+            # Hold back a half-formed character and anything that may begin a stop string.
+            end = len(text.rstrip("\ufffd")) - holdback
+        else:
+            end = len(text)
+        if end > row.emitted:
+            _deliver(row.state, Delta(row.state.request.id, text[row.emitted : end], row.index))
+            row.emitted = end
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def pick_device_and_dtype(model: ModelParams, torch: Any) -> tuple[str, Any]:
+    device = model.device_map
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = model.torch_dtype_str
+    if name == "auto":
+        if device.startswith("cuda"):
+            return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return device, torch.float32
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+               "float": "float32"}  # fmt: skip
+    dtype = getattr(torch, aliases.get(name, name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ModelLoadError(
+            f"model.torch_dtype_str: unknown dtype '{name}' "
+            f"(use auto, bfloat16, float16 or float32)"
+        )
+    return device, dtype
+
+
+def _check_local_path(name: str, key: str) -> None:
+    if not name:
+        raise ModelLoadError(f"{key} is empty; give a model directory or a hub id")
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or path.exists()
+    if looks_local and not path.exists():
+        raise ModelLoadError(f"{key}: '{name}' does not exist")
+
+
+def load_tokenizer(model: ModelParams) -> Any:
+    from transformers import AutoTokenizer
+
+    name = model.tokenizer_name or model.model_name
+    _check_local_path(name, "model.tokenizer_name" if model.tokenizer_name else "model.model_name")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            name,
+            trust_remote_code=model.trust_remote_code,
+            revision=model.model_revision,
+            **model.tokenizer_kwargs,
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of '{name}': {_first_line(exc)}") from exc
+    if model.tokenizer_pad_token:
+        tokenizer.pad_token = model.tokenizer_pad_token
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    if model.chat_template:
+        tokenizer.chat_template = resolve_chat_template(model.chat_template)
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def resolve_chat_template(value: str) -> str:
+    """A named template, a path to a template file, or a literal Jinja template."""
+    if value.lower() in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[value.lower()]
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    raise ModelLoadError(
+        f"model.chat_template: '{value}' is not a template name "
+        f"({', '.join(NAMED_TEMPLATES)}), a file, or a Jinja template"
+    )
+
+
+def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    _check_local_path(model.model_name, "model.model_name")
+    kwargs = dict(model.model_kwargs)
+    if model.attn_implementation:
+        kwargs["attn_implementation"] = model.attn_implementation
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(
+            model.model_name,
+            dtype=dtype,
+            trust_remote_code=model.trust_remote_code,
+            revision=model.model_revision,
+            **kwargs,
+        )
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot load model '{model.model_name}': {_first_line(exc)}"
+        ) from exc
+    if model.adapter_model:
+        try:
+            from peft import PeftModel
+        except ImportError as exc:
+            raise ModelLoadError("model.adapter_model needs peft: pip install peft") from exc
+        loaded = PeftModel.from_pretrained(loaded, model.adapter_model)
+    return loaded.to(device).eval()
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    found = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if tokenizer.eos_token_id is not None:
+        found.add(tokenizer.eos_token_id)
+    return found
+
+
+def _context_length(model: Any, tokenizer: Any) -> int | None:
+    text_config = model.config.get_text_config()
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(text_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

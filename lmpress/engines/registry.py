@@ -1,0 +1,138 @@
+"""Engine NAME -> engine class, imported on first use so that `--help` imports no backend.
+
+Third-party engines register through the `lmpress.engines` entry-point group
+(`MYENGINE = "my_package.engine:MyEngine"`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import entry_points
+
+from lmpress.configs.schema import RunConfig
+from lmpress.engines.base import Engine
+from lmpress.errors import EngineUnavailableError
+
+ENTRY_POINT_GROUP = "lmpress.engines"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    target: str | None  # "module:Class"; None while not implemented yet
+    extra: str | None  # the lmpress extra that installs its backend
+    requires: tuple[str, ...]  # importable modules the backend needs
+    summary: str
+
+
+BUILTIN: tuple[EngineSpec, ...] = (
+    EngineSpec("NATIVE", "lmpress.engines.native:NativeEngine", "native",
+               ("torch", "transformers"), "Hugging Face transformers + PyTorch, CPU or CUDA"),
+    EngineSpec("VLLM", None, "vllm", ("vllm",), "vLLM offline engine (GPU)"),
+    EngineSpec("LLAMACPP", None, "llamacpp", ("llama_cpp",), "GGUF models via llama-cpp-python"),
+    EngineSpec("OPENAI", None, "remote", ("openai",), "OpenAI chat completions API"),
+    EngineSpec("ANTHROPIC", None, "remote", ("anthropic",), "Anthropic Messages API"),
+    EngineSpec("REMOTE", None, "remote", ("openai",), "any OpenAI-compatible server"),
+    EngineSpec("REMOTE_VLLM", None, "remote", ("openai",), "a remote vLLM server"),
+    EngineSpec("GEMINI", None, "remote", ("openai",), "Google Gemini (OpenAI-compatible)"),
+    EngineSpec("GOOGLE_VERTEX", None, "vertex", ("openai", "google.auth"), "Google Vertex AI"),
+    EngineSpec("TOGETHER", None, "remote", ("openai",), "Together AI"),
+    EngineSpec("PARASAIL", None, "remote", ("openai",), "Parasail"),
+    EngineSpec("DEEPSEEK", None, "remote", ("openai",), "DeepSeek"),
+    EngineSpec("OPENROUTER", None, "remote", ("openai",), "OpenRouter"),
+    EngineSpec("FIREWORKS", None, "remote", ("openai",), "Fireworks AI"),
+)
+
+
+@cache
+def _specs() -> dict[str, EngineSpec]:
+    specs = {spec.name: spec for spec in BUILTIN}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        name = ep.name.upper()
+        specs.setdefault(name, EngineSpec(name, ep.value, None, (), f"plugin from {ep.value}"))
+    return specs
+
+
+def engine_names() -> list[str]:
+    return list(_specs())
+
+
+def get_spec(name: str) -> EngineSpec:
+    spec = _specs().get(name.upper())
+    if spec is None:
+        raise EngineUnavailableError(
+            f"unknown engine '{name}'; run 'lmpress engines' to see them all"
+        )
+    return spec
+
+
+def missing_modules(spec: EngineSpec) -> list[str]:
+    missing = []
+    for module in spec.requires:
+        try:
+            if importlib.util.find_spec(module) is None:
+                missing.append(module)
+        except ModuleNotFoundError:  # a parent package is missing
+            missing.append(module)
+    return missing
+
+
+def install_hint(spec: EngineSpec) -> str:
+    return f"pip install 'lmpress[{spec.extra}]'" if spec.extra else "install its package"
+
+
+def load_engine_class(name: str) -> type[Engine]:
+    spec = get_spec(name)
+    if spec.target is None:
+        raise EngineUnavailableError(
+            f"engine {spec.name} is not implemented yet in this version of lmpress; "
+            f"'lmpress engines' lists the ones that are"
+        )
+    missing = missing_modules(spec)
+    if missing:
+        raise EngineUnavailableError(
+            f"engine {spec.name} needs {', '.join(missing)}, which is not installed: "
+            f"{install_hint(spec)}"
+        )
+    module_name, _, class_name = spec.target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)
+
+
+def create_engine(config: RunConfig) -> Engine:
+    """Build the engine a config names; its backend is imported and the model loaded here."""
+    cls = load_engine_class(config.engine)
+    reason = cls.unavailable_reason()
+    if reason:
+        raise EngineUnavailableError(f"engine {cls.name} cannot run here: {reason}")
+    return cls(config)
+
+
+@dataclass
+class EngineStatus:
+    name: str
+    summary: str
+    usable: bool
+    why: str
+    supported_params: frozenset[str]
+
+
+def engine_status(name: str) -> EngineStatus:
+    """Whether an engine can run here and what it supports, without importing its backend."""
+    spec = get_spec(name)
+    if spec.target is None:
+        return EngineStatus(spec.name, spec.summary, False, "not implemented yet", frozenset())
+    module_name, _, class_name = spec.target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except Exception as exc:  # a broken plugin must not break the listing
+        return EngineStatus(spec.name, spec.summary, False, f"cannot import: {exc}", frozenset())
+    missing = missing_modules(spec)
+    if missing:
+        why = f"needs {', '.join(missing)}: {install_hint(spec)}"
+        return EngineStatus(spec.name, spec.summary, False, why, cls.supported_params)
+    reason = cls.unavailable_reason()
+    return EngineStatus(spec.name, spec.summary, reason is None, reason or "", cls.supported_params)

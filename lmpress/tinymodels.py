@@ -1,0 +1,223 @@
+"""Tiny real models built offline and deterministically, for tests, the demo and benchmarks.
+
+Nothing is downloaded: the tokenizer is trained here on generated text and the weights are
+random with a fixed seed. Each model is saved as an ordinary Hugging Face model directory, so
+lmpress loads it through the same code as any real model.
+
+    python -m lmpress.tinymodels llama            # prints the cached model's directory
+    python -m lmpress.tinymodels smollm2-135m-shape
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Bump when a builder changes, so cached models are rebuilt.
+BUILDER_VERSION = 2
+
+WORDS = (
+    "the a one every small large quick slow red blue green bright dark happy quiet loud cat dog "
+    "bird fish tree river mountain city house road sky sun moon star cloud rain wind model data "
+    "file line token batch engine answer question reply why how what when where who is are was "
+    "were runs jumps flies swims grows shines falls reads writes thinks says sees makes takes "
+    "over under near far into from with without and or but because so then today tomorrow "
+    "yesterday always never sometimes very really quite blue café naïve über 東京 ☀"
+).split()
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Llama-2 style: the system prompt folds into the first user turn.
+INST = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}<<SYS>>{{ message['content'] }}<</SYS>> "
+    "{% elif message['role'] == 'user' %}[INST] {{ message['content'] }} [/INST]"
+    "{% else %} {{ message['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    name: str
+    architecture: str  # "llama" | "gpt2"
+    tokenizer: str  # "bpe" (byte-level BPE, GPT-2 family) | "unigram" (SentencePiece family)
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    context: int = 512
+    # Wider than the usual 0.02 so that a random model's greedy reply depends on its prompt.
+    init_std: float = 0.25
+
+
+SPECS = {
+    spec.name: spec
+    for spec in (
+        TinySpec("llama", "llama", "bpe", 512, 64, 2, 4, 2, 128),
+        TinySpec("gpt2", "gpt2", "unigram", 400, 64, 2, 4, 4, 256),
+        # SmolLM2-135M's shape with random weights, for throughput benchmarks.
+        TinySpec("smollm2-135m-shape", "llama", "bpe", 49152, 576, 30, 9, 3, 1536, 8192, 0.02),
+    )
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LMPRESS_CACHE", Path.home() / ".cache" / "lmpress"))
+
+
+def tiny_model(name: str = "llama", cache_dir: Path | None = None) -> Path:
+    """The directory of a tiny model, built on first use and cached."""
+    spec = SPECS[name]
+    root = (cache_dir or cache_root()) / "tiny-models"
+    target = root / f"{spec.name}-v{BUILDER_VERSION}"
+    if (target / "config.json").exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{spec.name}-"))
+    try:
+        build(spec, scratch)
+        try:
+            scratch.rename(target)
+        except OSError:  # built by someone else meanwhile
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def build(spec: TinySpec, out: Path) -> None:
+    import torch
+
+    tokenizer = train_tokenizer(spec)
+    tokenizer.save_pretrained(out)
+    torch.manual_seed(0)
+    model = _make_model(spec, tokenizer)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+
+
+def corpus(size: int, seed: int = 0) -> list[str]:
+    """Sentences of common words with some made-up ones, so BPE has merges to learn."""
+    rng = random.Random(seed)
+    letters = "etaoinshrdlucmfwypvbgkqjxz"
+    made_up = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(size)]
+    vocabulary = WORDS + made_up
+    return [
+        " ".join(rng.choice(vocabulary) for _ in range(rng.randint(4, 14))).capitalize() + "."
+        for _ in range(size)
+    ]
+
+
+def train_tokenizer(spec: TinySpec) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    # A large vocabulary needs enough distinct words to learn that many merges.
+    sentences = corpus(max(4000, spec.vocab_size * 2))
+    if spec.tokenizer == "bpe":
+        special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=spec.vocab_size,
+            special_tokens=special,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(sentences, trainer)
+        wrapped = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            bos_token="<|endoftext|>",
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+            chat_template=CHATML,
+        )
+    else:
+        special = ["<unk>", "<s>", "</s>", "<pad>"]
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(
+            vocab_size=spec.vocab_size,
+            special_tokens=special,
+            unk_token="<unk>",
+            show_progress=False,
+        )
+        tok.train_from_iterator(sentences, trainer)
+        wrapped = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            bos_token="<s>",
+            eos_token="</s>",
+            pad_token="<pad>",
+            unk_token="<unk>",
+            chat_template=INST,
+        )
+    return wrapped
+
+
+def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
+    vocab = max(spec.vocab_size, len(tokenizer))
+    ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    if spec.architecture == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=spec.hidden,
+            intermediate_size=spec.intermediate,
+            num_hidden_layers=spec.layers,
+            num_attention_heads=spec.heads,
+            num_key_value_heads=spec.kv_heads,
+            max_position_embeddings=spec.context,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            initializer_range=spec.init_std,
+            **ids,
+        )
+        return LlamaForCausalLM(config)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=vocab,
+        n_positions=spec.context,
+        n_embd=spec.hidden,
+        n_layer=spec.layers,
+        n_head=spec.heads,
+        n_inner=spec.intermediate,
+        initializer_range=spec.init_std,
+        **ids,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    names = args or ["llama"]
+    for name in names:
+        if name not in SPECS:
+            print(f"unknown tiny model '{name}'; choose from {', '.join(SPECS)}", file=sys.stderr)
+            return 2
+        print(tiny_model(name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

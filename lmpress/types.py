@@ -1,0 +1,174 @@
+"""The data that flows between the fronts (batch, chat, serve, infer) and the engines."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass
+class ContentPart:
+    """One piece of a message's content: text, or an image by URL (http, file or data: URL)."""
+
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: str | None = None
+
+
+@dataclass
+class Message:
+    role: str
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        """The message's text; image parts are left out."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content if part.type == "text")
+
+    def has_images(self) -> bool:
+        return not isinstance(self.content, str) and any(
+            part.type == "image_url" for part in self.content
+        )
+
+    def to_openai(self) -> dict[str, Any]:
+        """The message as an OpenAI chat message dict."""
+        if isinstance(self.content, str):
+            return {"role": self.role, "content": self.content}
+        parts: list[dict[str, Any]] = []
+        for part in self.content:
+            if part.type == "text":
+                parts.append({"type": "text", "text": part.text or ""})
+            else:
+                parts.append({"type": "image_url", "image_url": {"url": part.image_url}})
+        return {"role": self.role, "content": parts}
+
+
+@dataclass
+class GenerationParams:
+    """How to generate. Field names follow Oumi's `generation` section.
+
+    Every field has a neutral default; an engine refuses a field set away from its default
+    unless the field is in the engine's `supported_params`.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_strings: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    min_tokens: int = 0
+    seed: int | None = None
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+    logit_bias: dict[str, float] = field(default_factory=dict)
+    guided_decoding: dict[str, Any] | None = None
+    skip_special_tokens: bool = True
+    num_beams: int = 1
+    # Scheduling, not sampling: how many sequences a local engine decodes together.
+    batch_size: int = 8
+    # Accepted so Oumi recipes load unchanged; lmpress always returns only the new text and
+    # always uses the KV cache, which is what these defaults mean.
+    exclude_prompt_from_response: bool = True
+    use_cache: bool = True
+
+    def changed_fields(self) -> dict[str, Any]:
+        """Fields set away from their defaults (scheduling fields left out)."""
+        defaults = GenerationParams()
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in SCHEDULING_FIELDS and getattr(self, f.name) != getattr(defaults, f.name)
+        }
+
+    def replace(self, **changes: Any) -> GenerationParams:
+        return dataclasses.replace(self, **changes)
+
+
+# Fields that steer how work is scheduled rather than what is generated; never refused.
+SCHEDULING_FIELDS = frozenset({"batch_size", "exclude_prompt_from_response", "use_cache"})
+
+
+@dataclass
+class Request:
+    """One conversation to complete. `prompt` set means raw text completion, no chat template."""
+
+    id: str
+    messages: list[Message]
+    params: GenerationParams = field(default_factory=GenerationParams)
+    prompt: str | None = None
+
+
+@dataclass
+class Delta:
+    """New text for one sample of a request, as it streams."""
+
+    request_id: str
+    text: str
+    index: int = 0
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Sample:
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+    logprobs: list[TokenLogprob] | None = None
+    completion_tokens: int = 0
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class ErrorInfo:
+    kind: str
+    message: str
+    status: int | None = None
+
+
+@dataclass
+class Result:
+    """The final outcome of a request: one sample per `n`, or an error."""
+
+    request_id: str
+    samples: list[Sample] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+    engine: str = ""
+    latency_s: float = 0.0
+    error: ErrorInfo | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def text(self) -> str:
+        return self.samples[0].text if self.samples else ""
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.samples[0].finish_reason if self.samples else None
