@@ -6,6 +6,8 @@ lmpress loads it through the same code as any real model.
 
     python -m lmpress.tinymodels llama            # prints the cached model's directory
     python -m lmpress.tinymodels smollm2-135m-shape
+
+In a recipe or override, `model.model_name: tiny:llama` names one.
 """
 
 from __future__ import annotations
@@ -70,6 +72,23 @@ SPECS = {
         TinySpec("smollm2-135m-shape", "llama", "bpe", 49152, 576, 30, 9, 3, 1536, 8192, 0.02),
     )
 }
+
+
+TINY_PREFIX = "tiny:"
+
+
+def resolve_model_name(name: str) -> str:
+    """`tiny:NAME` names a bundled tiny model (built on first use); anything else is as given."""
+    if name.startswith(TINY_PREFIX):
+        tiny = name[len(TINY_PREFIX) :]
+        if tiny not in SPECS:
+            from lmpress.errors import ModelLoadError
+
+            raise ModelLoadError(
+                f"model.model_name: unknown tiny model '{tiny}' (choose from {', '.join(SPECS)})"
+            )
+        return str(tiny_model(tiny))
+    return name
 
 
 def cache_root() -> Path:

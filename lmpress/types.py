@@ -87,7 +87,8 @@ class GenerationParams:
         return {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in SCHEDULING_FIELDS and getattr(self, f.name) != getattr(defaults, f.name)
+            if f.name not in SCHEDULING_FIELDS
+            and getattr(self, f.name) != getattr(defaults, f.name)
         }
 
     def replace(self, **changes: Any) -> GenerationParams:

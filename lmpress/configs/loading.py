@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lmpress.configs.schema import RANGE_CHECKS, RunConfig
 from lmpress.errors import ConfigError
+from lmpress.types import GenerationParams
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 
@@ -127,6 +128,34 @@ def load_config(
     return config
 
 
+def generation_with_overrides(
+    base: GenerationParams, overrides: Mapping[str, Any], source: str = "generation"
+) -> GenerationParams:
+    """`base` with one row's (or one request's) overrides, type-checked and range-checked."""
+    if not overrides:
+        return base
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(base), _coerce_lists(overrides, GenerationParams)
+        )
+        params: GenerationParams = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{source}: {_omegaconf_message(exc)}") from exc
+    _check_ranges(params, "generation", source)
+    return params
+
+
+def _check_ranges(section_value: Any, section: str, source: str | None = None) -> None:
+    for dotted, (ok, allowed) in RANGE_CHECKS.items():
+        prefix, name = dotted.split(".")
+        if prefix != section:
+            continue
+        value = getattr(section_value, name)
+        if not ok(value):
+            where = f"{source}: " if source and source != section else ""
+            raise ConfigError(f"{where}{dotted}: {value!r} {allowed}")
+
+
 def validate(config: RunConfig) -> None:
     """Refuse impossible values, naming the dotted key."""
     from lmpress.engines.registry import engine_names
@@ -137,11 +166,8 @@ def validate(config: RunConfig) -> None:
             f"engine: unknown engine '{config.engine}'{_suggest(config.engine, names)} "
             f"Run 'lmpress engines' to see them all."
         )
-    for dotted, (ok, allowed) in RANGE_CHECKS.items():
-        section, name = dotted.split(".")
-        value = getattr(getattr(config, section), name)
-        if not ok(value):
-            raise ConfigError(f"{dotted}: {value!r} {allowed}")
+    for section in ("generation", "remote_params"):
+        _check_ranges(getattr(config, section), section)
     if config.generation.top_logprobs and not config.generation.logprobs:
         raise ConfigError("generation.top_logprobs: needs generation.logprobs: true")
     if any(not s for s in config.generation.stop_strings):

@@ -33,8 +33,7 @@ class ParsedRow:
     messages: list[Message]
     overrides: dict[str, Any] = field(default_factory=dict)
 
-    def request(self, base: GenerationParams) -> Request:
-        params = base.replace(**self.overrides) if self.overrides else base
+    def request(self, params: GenerationParams) -> Request:
         return Request(self.id, self.messages, params)
 
 

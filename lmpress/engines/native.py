@@ -21,6 +21,7 @@ from typing import Any
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Engine, error_result
 from lmpress.errors import ModelLoadError, RequestError
+from lmpress.tinymodels import resolve_model_name
 from lmpress.types import (
     Delta,
     ErrorInfo,
@@ -54,7 +55,10 @@ class NativeEngine(Engine):
     def __init__(self, config: RunConfig):
         super().__init__(config)
         import torch
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.set_verbosity_error()  # its progress bars and hints would bury our output
+        hf_logging.disable_progress_bar()
         self._torch = torch
         self.device, self.dtype = pick_device_and_dtype(config.model, torch)
         self.tokenizer = load_tokenizer(config.model)
@@ -328,8 +332,7 @@ class _BatchControl:
         device = engine.device
         self.sampled = [b for b, p in enumerate(params) if p.temperature > 0]
         self.penalised = any(
-            p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty
-            for p in params
+            p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params
         )
         self.min_tokens = any(p.min_tokens for p in params)
         self.want_logprobs = any(p.logprobs for p in params)
@@ -501,20 +504,24 @@ def pick_device_and_dtype(model: ModelParams, torch: Any) -> tuple[str, Any]:
     return device, dtype
 
 
-def _check_local_path(name: str, key: str) -> None:
+def local_or_hub(name: str, key: str) -> str:
+    """A local model path, expanded and checked to exist, or a hub id as given."""
     if not name:
         raise ModelLoadError(f"{key} is empty; give a model directory or a hub id")
+    name = resolve_model_name(name)
     path = Path(name).expanduser()
-    looks_local = name.startswith((".", "/", "~")) or path.exists()
-    if looks_local and not path.exists():
+    if path.exists():
+        return str(path)
+    if name.startswith((".", "/", "~")):
         raise ModelLoadError(f"{key}: '{name}' does not exist")
+    return name
 
 
 def load_tokenizer(model: ModelParams) -> Any:
     from transformers import AutoTokenizer
 
-    name = model.tokenizer_name or model.model_name
-    _check_local_path(name, "model.tokenizer_name" if model.tokenizer_name else "model.model_name")
+    key = "model.tokenizer_name" if model.tokenizer_name else "model.model_name"
+    name = local_or_hub(model.tokenizer_name or model.model_name, key)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             name,
@@ -552,22 +559,20 @@ def resolve_chat_template(value: str) -> str:
 def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
-    _check_local_path(model.model_name, "model.model_name")
+    name = local_or_hub(model.model_name, "model.model_name")
     kwargs = dict(model.model_kwargs)
     if model.attn_implementation:
         kwargs["attn_implementation"] = model.attn_implementation
     try:
         loaded = AutoModelForCausalLM.from_pretrained(
-            model.model_name,
+            name,
             dtype=dtype,
             trust_remote_code=model.trust_remote_code,
             revision=model.model_revision,
             **kwargs,
         )
     except Exception as exc:
-        raise ModelLoadError(
-            f"cannot load model '{model.model_name}': {_first_line(exc)}"
-        ) from exc
+        raise ModelLoadError(f"cannot load model '{model.model_name}': {_first_line(exc)}") from exc
     if model.adapter_model:
         try:
             from peft import PeftModel

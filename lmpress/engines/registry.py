@@ -29,8 +29,13 @@ class EngineSpec:
 
 
 BUILTIN: tuple[EngineSpec, ...] = (
-    EngineSpec("NATIVE", "lmpress.engines.native:NativeEngine", "native",
-               ("torch", "transformers"), "Hugging Face transformers + PyTorch, CPU or CUDA"),
+    EngineSpec(
+        "NATIVE",
+        "lmpress.engines.native:NativeEngine",
+        "native",
+        ("torch", "transformers"),
+        "Hugging Face transformers + PyTorch, CPU or CUDA",
+    ),
     EngineSpec("VLLM", None, "vllm", ("vllm",), "vLLM offline engine (GPU)"),
     EngineSpec("LLAMACPP", None, "llamacpp", ("llama_cpp",), "GGUF models via llama-cpp-python"),
     EngineSpec("OPENAI", None, "remote", ("openai",), "OpenAI chat completions API"),

@@ -1,0 +1,5 @@
+import sys
+
+from lmpress.cli.app import main
+
+sys.exit(main())

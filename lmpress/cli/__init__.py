@@ -1,0 +1,1 @@
+"""The `lmpress` command line."""

@@ -1,0 +1,235 @@
+"""The `lmpress` command. Each command is a thin function over the modules it fronts.
+
+Config overrides are any `--section.key value` (or `--section.key=value`) words; typer passes
+them through untouched and `configs.parse_overrides` reads them. Nothing here imports a
+backend: `lmpress --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+
+from lmpress import __version__
+from lmpress.configs import load_config, parse_overrides
+from lmpress.configs.schema import RunConfig
+from lmpress.errors import ConfigError, InputError, LmpressError
+
+OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
+OVERRIDES_HELP = (
+    "Any config key can be set as --section.key VALUE, e.g. --generation.temperature 0.7 "
+    "or --model.model_name=PATH."
+)
+
+app = typer.Typer(
+    name="lmpress",
+    help="Run language models over data: one prompt, a JSONL file, a chat or a server, on any engine.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+RecipeOpt = Annotated[
+    str | None,
+    typer.Option("-c", "--config", help="Recipe: a YAML path or a bundled recipe name."),
+]
+EngineOpt = Annotated[
+    str | None, typer.Option("--engine", help="Engine name (sets the top-level 'engine' key).")
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"lmpress {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """Run language models over data: one prompt, a JSONL file, a chat or a server, on any engine.
+
+    Add --debug to any command to see a traceback on errors.
+    """
+
+
+def _config(
+    ctx: typer.Context, recipe: str | None, engine: str | None
+) -> tuple[RunConfig, list[str]]:
+    overrides, positional = parse_overrides(ctx.args)
+    return load_config(recipe, overrides, engine=engine), positional
+
+
+@app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
+def infer(
+    ctx: typer.Context,
+    config: RecipeOpt = None,
+    engine: EngineOpt = None,
+    system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
+    input: Annotated[
+        str | None, typer.Option("-i", "--input", help="Run a JSONL file instead (the batch path).")
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", help="Output JSONL (with -i).")
+    ] = None,
+) -> None:
+    """Answer one prompt (an argument, or stdin), printing the reply as it streams.
+
+    [bold]lmpress infer --engine NATIVE --model.model_name HuggingFaceTB/SmolLM2-135M-Instruct "Why is the sky blue?"[/bold]
+    """
+    cfg, words = _config(ctx, config, engine)
+    if input or (cfg.input_path and not words):
+        raise typer.Exit(_batch(cfg, input, output))
+    prompt = " ".join(words)
+    if not prompt:
+        if sys.stdin.isatty():
+            raise ConfigError("no prompt: give it as an argument or on stdin")
+        prompt = sys.stdin.read().strip()
+    from lmpress.infer import run_prompt
+
+    raise typer.Exit(asyncio.run(run_prompt(cfg, prompt, system)))
+
+
+@app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
+def batch(
+    ctx: typer.Context,
+    input: Annotated[str | None, typer.Option("-i", "--input", help="Input JSONL file.")] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Output JSONL file.")] = None,
+    config: RecipeOpt = None,
+    engine: EngineOpt = None,
+) -> None:
+    """Run every row of a JSONL file through the model, writing each result as it completes.
+
+    Exit code 0 when every row succeeded, 1 when any row failed, 2 for a usage or config error.
+    """
+    cfg, words = _config(ctx, config, engine)
+    if words:
+        raise ConfigError(f"unexpected argument '{words[0]}' (batch reads rows from -i FILE)")
+    raise typer.Exit(_batch(cfg, input, output))
+
+
+def _batch(cfg: RunConfig, input: str | None, output: str | None) -> int:
+    from lmpress.batch import Progress, print_summary, run_batch
+    from lmpress.engines.registry import create_engine
+
+    input_path = input or cfg.input_path
+    output_path = output or cfg.output_path
+    if not input_path:
+        raise ConfigError("no input: give -i FILE or set input_path")
+    if not output_path:
+        raise ConfigError("no output: give -o FILE or set output_path")
+    if not Path(input_path).expanduser().is_file():
+        raise InputError(f"{input_path}: no such input file")
+    _check_writable(output_path)
+    engine = create_engine(cfg)
+
+    async def go():
+        try:
+            return await run_batch(engine, input_path, output_path, progress=Progress())
+        finally:
+            await engine.aclose()
+
+    summary = asyncio.run(go())
+    print_summary(summary)
+    return 0 if summary.rows_failed == 0 else 1
+
+
+def _check_writable(path: str) -> None:
+    target = Path(path).expanduser()
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise InputError(f"{path}: is a directory, expected an output file path")
+    probe = parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not os.access(probe, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise InputError(f"{path}: cannot write output here (permission denied)")
+
+
+@app.command()
+def engines() -> None:
+    """List every engine, whether it can run here, and the generation parameters it supports."""
+    import textwrap
+
+    from lmpress.engines.registry import engine_names, engine_status
+
+    for name in engine_names():
+        status = engine_status(name)
+        usable = "usable" if status.usable else f"not usable: {status.why}"
+        print(f"{status.name:14} {status.summary}\n{'':14} {usable}")
+        if status.supported_params:
+            params = "parameters: " + ", ".join(sorted(status.supported_params))
+            print(textwrap.fill(params, 92, initial_indent=" " * 15, subsequent_indent=" " * 27))
+        print()
+
+
+@app.command()
+def recipes() -> None:
+    """List the bundled recipes (use one with -c NAME)."""
+    from lmpress.configs.loading import bundled_recipes
+
+    for name, path in bundled_recipes().items():
+        first = path.read_text(encoding="utf-8").splitlines()[:1]
+        about = first[0].lstrip("# ").strip() if first and first[0].startswith("#") else ""
+        print(f"{name:28} {about}")
+
+
+@config_app.command("show", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
+def config_show(ctx: typer.Context, config: RecipeOpt = None, engine: EngineOpt = None) -> None:
+    """Print the merged config (recipe + overrides) as YAML, secrets redacted."""
+    from lmpress.configs.loading import config_to_yaml
+
+    cfg, words = _config(ctx, config, engine)
+    if words:
+        raise ConfigError(f"unexpected argument '{words[0]}'")
+    print(config_to_yaml(cfg), end="")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console script: run the app, turning user errors into one line on stderr."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or bool(os.environ.get("LMPRESS_DEBUG"))
+    args = [a for a in args if a != "--debug"]
+    try:
+        code = app(args=args, prog_name="lmpress", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        print("lmpress: interrupted", file=sys.stderr)
+        return 130
+    except LmpressError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"lmpress: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        else:
+            print(
+                f"lmpress: internal error: {type(exc).__name__}: {exc} (run with --debug for "
+                f"the traceback)",
+                file=sys.stderr,
+            )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
