@@ -61,3 +61,20 @@ def run_lmpress(
 @pytest.fixture
 def lmpress_cli():
     return run_lmpress
+
+
+@pytest.fixture(scope="session")
+def echo_plugin(tmp_path_factory) -> str:
+    """A directory to put on PYTHONPATH that installs the ECHO test engine the way a real
+    plugin does: a package plus dist-info declaring an `lmpress.engines` entry point."""
+    root = tmp_path_factory.mktemp("echo-plugin")
+    dist = root / "lmpress_echo-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lmpress-echo\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[lmpress.engines]\nECHO = lmpress_echo:EchoEngine\n")
+    return f"{REPO / 'tests' / 'plugins'}{os.pathsep}{root}"
+
+
+def with_plugin(plugin_path: str) -> dict[str, str]:
+    """Environment for a subprocess that sees this checkout and the ECHO plugin."""
+    return {"PYTHONPATH": f"{REPO}{os.pathsep}{plugin_path}"}

@@ -1,0 +1,52 @@
+"""A third-party engine for tests, registered through the `lmpress.engines` entry point.
+
+ECHO replies with a transcript of exactly what it received, word by word, so tests can check
+what a front sent to the engine. `generation.max_new_tokens` caps the words; the environment
+variable ECHO_DELAY_S slows each word down (to interrupt a reply mid-stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from lmpress.engines.base import Engine
+from lmpress.types import Delta, Request, Result, Sample, Usage
+
+
+class EchoEngine(Engine):
+    name = "ECHO"
+    supported_params = frozenset({"max_new_tokens", "temperature", "seed", "n", "stop_strings"})
+
+    async def stream(self, request: Request):
+        delay = float(os.environ.get("ECHO_DELAY_S", "0"))
+        transcript = json.dumps(
+            [{"role": m.role, "content": m.text()} for m in request.messages]
+            if request.prompt is None
+            else request.prompt,
+            ensure_ascii=False,
+        )
+        words = ("ECHO " + transcript).split(" ")
+        limit = request.params.max_new_tokens
+        samples = []
+        for index in range(request.params.n):
+            sent = []
+            for word in words[:limit]:
+                piece = word if not sent else " " + word
+                sent.append(piece)
+                yield Delta(request.id, piece, index)
+                if delay:
+                    await asyncio.sleep(delay)
+            finish = "length" if len(words) > limit else "stop"
+            samples.append(Sample("".join(sent), finish, completion_tokens=len(sent)))
+        yield Result(
+            request.id,
+            samples,
+            Usage(
+                sum(len(m.text().split()) for m in request.messages),
+                sum(s.completion_tokens for s in samples),
+            ),
+            model=self.model_name or "echo",
+            engine=self.name,
+        )
