@@ -159,6 +159,49 @@ def _check_writable(path: str) -> None:
         raise InputError(f"{path}: cannot write output here (permission denied)")
 
 
+@app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
+def serve(
+    ctx: typer.Context,
+    config: RecipeOpt = None,
+    engine: EngineOpt = None,
+    host: Annotated[
+        str | None,
+        typer.Option("--host", help="Address to listen on (default 127.0.0.1: this machine only)."),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Port (default 8000; 0 picks a free one).")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            help="Require this key as 'Authorization: Bearer KEY' on /v1 routes. "
+            "Default: $LMPRESS_API_KEY (safer: a flag shows in the process list).",
+            show_default=False,
+        ),
+    ] = None,
+    log_content: Annotated[
+        bool, typer.Option("--log-content", help="Log each request's messages and reply.")
+    ] = False,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API; concurrent requests are batched.
+
+    Routes: /v1/chat/completions, /v1/completions, /v1/models, /health.
+
+    [bold]lmpress serve -c tiny-native --port 8000[/bold]
+    """
+    overrides, words = parse_overrides(ctx.args)
+    if words:
+        raise ConfigError(f"unexpected argument '{words[0]}'")
+    flags = [("serve.host", host), ("serve.port", port), ("serve.log_content", log_content or None)]
+    overrides += [(key, value) for key, value in flags if value is not None]
+    cfg = load_config(config, overrides, engine=engine)
+    key = api_key or os.environ.get("LMPRESS_API_KEY") or None
+    from lmpress.serve.server import run_server
+
+    raise typer.Exit(run_server(cfg, key))
+
+
 @app.command()
 def engines() -> None:
     """List every engine, whether it can run here, and the generation parameters it supports."""

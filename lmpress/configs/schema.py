@@ -43,11 +43,25 @@ class RemoteParams:
 
 
 @dataclass
+class ServeParams:
+    """`lmpress serve`: where it listens and what it refuses. The API key is never config: it
+    comes from --api-key or LMPRESS_API_KEY, so `config show` cannot print it."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None  # the model id clients send; default model.model_name
+    max_body_bytes: int = 4 * 1024 * 1024
+    queue_limit: int = 256  # requests held at once (generating or waiting); more get 503
+    log_content: bool = False  # log each request's messages and reply
+
+
+@dataclass
 class RunConfig:
     engine: str = "NATIVE"
     model: ModelParams = field(default_factory=ModelParams)
     generation: GenerationParams = field(default_factory=GenerationParams)
     remote_params: RemoteParams = field(default_factory=RemoteParams)
+    serve: ServeParams = field(default_factory=ServeParams)
     input_path: str | None = None
     output_path: str | None = None
 
@@ -76,4 +90,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "remote_params.requests_per_minute": (lambda v: v is None or v >= 1, "must be at least 1"),
     "remote_params.input_tokens_per_minute": (lambda v: v is None or v >= 1, "must be at least 1"),
     "remote_params.output_tokens_per_minute": (lambda v: v is None or v >= 1, "must be at least 1"),
+    "serve.port": (lambda v: 0 <= v <= 65535, "must be in [0, 65535] (0 picks a free port)"),
+    "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
+    "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),
 }
