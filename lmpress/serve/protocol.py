@@ -1,0 +1,521 @@
+"""The OpenAI wire protocol: request bodies in, response bodies and stream chunks out.
+
+Request bodies are checked by strict pydantic models (an unknown argument or a wrong type is a
+400 naming the argument); responses are built from the `openai` package's own types, so what
+the server sends is exactly what the official client parses.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai.types import Completion, CompletionChoice, CompletionUsage, ErrorObject, Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion import ChoiceLogprobs
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
+from openai.types.chat.chat_completion_token_logprob import (
+    ChatCompletionTokenLogprob,
+    TopLogprob,
+)
+from openai.types.completion_choice import Logprobs as CompletionLogprobs
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lmpress.configs.schema import RANGE_CHECKS
+from lmpress.types import Result, Sample, TokenLogprob, Usage
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """A failure to answer with an OpenAI error object and an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        error = ErrorObject(message=self.message, type=self.type, param=self.param, code=self.code)
+        return {
+            "error": error.model_dump(mode="json", include={"message", "type", "param", "code"})
+        }
+
+
+def error_from_result(result: Result) -> ApiError:
+    """The HTTP error for a request the engine could not complete."""
+    assert result.error is not None
+    kind, status = result.error.kind, result.error.status
+    if status is None:
+        status = 400 if kind in ("invalid_request", "context_length_exceeded") else 500
+    type_ = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    return ApiError(status, result.error.message, type=type_, code=kind)
+
+
+# --- request bodies --------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # nothing to obfuscate here; accepted
+
+
+class _Body(_Strict):
+    """What both endpoints accept. The extensions at the end use vLLM's names; the official
+    client sends them with `extra_body`."""
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted; it changes nothing here
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionBody(_Body):
+    messages: list[Any]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    # Accepted and without effect on what is generated.
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # Refused when given a value: lmpress cannot honour them.
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+
+
+class CompletionBody(_Body):
+    prompt: Any
+    logprobs: int | None = None
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+UNSUPPORTED_CHAT_ARGS = (
+    "tools", "tool_choice", "functions", "function_call", "audio", "prediction",
+    "web_search_options", "reasoning_effort", "verbosity",
+)  # fmt: skip
+
+
+def parse_body(model: type[_Strict], raw: bytes) -> Any:
+    """A request body as `model`, or a 400 naming what is wrong."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from exc
+
+
+def _validation_error(exc: ValidationError) -> ApiError:
+    first = exc.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    # A union reports one error per member, with the member's type (`str`, `list[str]`) in `loc`.
+    parts = [p for p in loc if p not in ("str", "int", "float", "bool") and "[" not in p]
+    member = len(parts) < len(loc)
+    name = ".".join(parts)
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"Unrecognized request argument supplied: {name}", param=name)
+    if first["type"] == "missing":
+        return ApiError(400, f"Missing required parameter: '{name}'", param=name)
+    if member:
+        return ApiError(400, f"Invalid type for '{name}': {first['input']!r}", param=name)
+    return ApiError(400, f"Invalid value for '{name}': {first['msg']}", param=name)
+
+
+@dataclass
+class Sampling:
+    """A body's generation settings as GenerationParams overrides, and for each overridden
+    field the argument it came from, so that errors name what the client sent."""
+
+    overrides: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, str] = field(default_factory=dict)
+
+    def set(self, name: str, value: Any, argument: str) -> None:
+        check = RANGE_CHECKS.get(f"generation.{name}")
+        if check is not None and not check[0](value):
+            raise ApiError(400, f"'{argument}': {value!r} {check[1]}", param=argument)
+        self.overrides[name] = value
+        self.source[name] = argument
+
+
+def _common_sampling(body: _Body, max_tokens: int | None) -> Sampling:
+    sampling = Sampling()
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(
+            400, "'stream_options' is only allowed when 'stream' is true", param="stream_options"
+        )
+    if max_tokens is not None:
+        argument = "max_completion_tokens" if "max_completion_tokens" in _given(body) else ""
+        sampling.set("max_new_tokens", max_tokens, argument or "max_tokens")
+    same = ("temperature", "top_p", "n", "seed", "presence_penalty", "frequency_penalty",
+            "logit_bias", "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
+            "skip_special_tokens")  # fmt: skip
+    for name in same:
+        value = getattr(body, name)
+        if value is not None:
+            sampling.set(name, value, name)
+    if body.stop is not None:
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+        if any(not s for s in stops):
+            raise ApiError(400, "'stop': an empty stop string would stop at once", param="stop")
+        if stops:
+            sampling.set("stop_strings", stops, "stop")
+    return sampling
+
+
+def _given(body: BaseModel) -> set[str]:
+    return {name for name in body.model_fields_set if getattr(body, name) is not None}
+
+
+def chat_sampling(body: ChatCompletionBody) -> Sampling:
+    for name in UNSUPPORTED_CHAT_ARGS:
+        value = getattr(body, name)
+        if value not in (None, [], {}, "none"):
+            raise ApiError(
+                400, f"'{name}' is not supported by lmpress serve", param=name, code="unsupported"
+            )
+    if body.modalities not in (None, ["text"]):
+        raise ApiError(400, "only the 'text' modality is supported", param="modalities")
+    sampling = _common_sampling(body, _first(body.max_completion_tokens, body.max_tokens))
+    if body.logprobs:
+        sampling.set("logprobs", True, "logprobs")
+    if body.top_logprobs is not None:
+        if not body.logprobs:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
+        sampling.set("top_logprobs", body.top_logprobs, "top_logprobs")
+    guided = _guided_decoding(body.response_format)
+    if guided is not None:
+        sampling.set("guided_decoding", guided, "response_format")
+    return sampling
+
+
+def completion_sampling(body: CompletionBody) -> Sampling:
+    if body.suffix:
+        raise ApiError(400, "'suffix' is not supported by lmpress serve", param="suffix")
+    if body.best_of is not None and body.best_of != (body.n or 1):
+        raise ApiError(400, "'best_of' other than 'n' is not supported", param="best_of")
+    if body.echo and body.logprobs is not None:
+        raise ApiError(400, "'echo' with 'logprobs' is not supported", param="echo")
+    sampling = _common_sampling(body, body.max_tokens)
+    if body.logprobs is not None:
+        if not 0 <= body.logprobs <= 5:
+            raise ApiError(400, "'logprobs': must be in [0, 5]", param="logprobs")
+        sampling.set("logprobs", True, "logprobs")
+        if body.logprobs:
+            sampling.set("top_logprobs", body.logprobs, "logprobs")
+    return sampling
+
+
+def completion_prompts(body: CompletionBody) -> list[str]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) for p in prompt):
+        raise ApiError(400, "prompts as token ids are not supported; send text", param="prompt")
+    raise ApiError(400, "'prompt' must be a string or a non-empty list of strings", param="prompt")
+
+
+def _guided_decoding(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """OpenAI's response_format as GenerationParams.guided_decoding (vLLM's names)."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise ApiError(
+                400,
+                "'response_format.json_schema.schema' must be an object",
+                param="response_format",
+            )
+        return {"json": schema}
+    raise ApiError(
+        400,
+        f"'response_format': unknown type {json.dumps(kind)} (text, json_object or json_schema)",
+        param="response_format",
+    )
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+# --- response bodies -------------------------------------------------------------------------
+
+
+def _finish(sample: Sample) -> str:
+    return sample.finish_reason if sample.finish_reason in ("stop", "length") else "stop"
+
+
+def usage_model(usage: Usage) -> CompletionUsage:
+    return CompletionUsage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+    )
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", exclude_unset=True, warnings=False)
+
+
+def _token_logprobs(items: list[TokenLogprob]) -> list[ChatCompletionTokenLogprob]:
+    def utf8(text: str) -> list[int]:
+        return list(text.encode("utf-8", errors="replace"))
+
+    return [
+        ChatCompletionTokenLogprob(
+            token=t.token,
+            bytes=utf8(t.token),
+            logprob=t.logprob,
+            top_logprobs=[TopLogprob(token=tok, bytes=utf8(tok), logprob=lp) for tok, lp in t.top],
+        )
+        for t in items
+    ]
+
+
+def chat_completion(id: str, created: int, model: str, result: Result) -> dict[str, Any]:
+    choices = [
+        ChatChoice(
+            index=i,
+            message=ChatCompletionMessage(role="assistant", content=sample.text, refusal=None),
+            finish_reason=_finish(sample),
+            logprobs=None
+            if sample.logprobs is None
+            else ChoiceLogprobs(content=_token_logprobs(sample.logprobs), refusal=None),
+        )
+        for i, sample in enumerate(result.samples)
+    ]
+    completion = ChatCompletion(
+        id=id,
+        object="chat.completion",
+        created=created,
+        model=model,
+        choices=choices,
+        usage=usage_model(result.usage),
+        system_fingerprint=None,
+    )
+    return _dump(completion)
+
+
+def text_completion(
+    id: str, created: int, model: str, results: list[Result], echoes: list[str]
+) -> dict[str, Any]:
+    """One Completion for every prompt's Result; choice i*n+j is prompt i's sample j."""
+    choices = []
+    for result, echo in zip(results, echoes, strict=True):
+        for sample in result.samples:
+            choices.append(
+                CompletionChoice(
+                    index=len(choices),
+                    text=echo + sample.text,
+                    finish_reason=_finish(sample),
+                    logprobs=_completion_logprobs(sample.logprobs),
+                )
+            )
+    total = Usage(
+        sum(r.usage.prompt_tokens for r in results),
+        sum(r.usage.completion_tokens for r in results),
+    )
+    completion = Completion(
+        id=id,
+        object="text_completion",
+        created=created,
+        model=model,
+        choices=choices,
+        usage=usage_model(total),
+        system_fingerprint=None,
+    )
+    return _dump(completion)
+
+
+def _completion_logprobs(items: list[TokenLogprob] | None) -> CompletionLogprobs | None:
+    if items is None:
+        return None
+    offsets, at = [], 0
+    for t in items:
+        offsets.append(at)
+        at += len(t.token)
+    return CompletionLogprobs(
+        tokens=[t.token for t in items],
+        token_logprobs=[t.logprob for t in items],
+        top_logprobs=[dict(t.top) for t in items],
+        text_offset=offsets,
+    )
+
+
+def model_list(names: list[str], created: int, owner: str) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(name, created, owner) for name in names]}
+
+
+def model_card(name: str, created: int, owner: str) -> dict[str, Any]:
+    return _dump(Model(id=name, object="model", created=created, owned_by=owner))
+
+
+# --- stream chunks ---------------------------------------------------------------------------
+
+DONE = b"data: [DONE]\n\n"
+_MARK = "@@lmpress-text@@"
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + text.encode() + b"\n\n"
+
+
+class _TextTemplate:
+    """The JSON of a chunk with one text field left open: dumped once from the openai type,
+    then filled per delta, since a stream sends one chunk per delta."""
+
+    def __init__(self, chunk: BaseModel):
+        text = chunk.model_dump_json(exclude_unset=True, warnings=False)
+        before, _, after = text.partition(json.dumps(_MARK))
+        self.before = b"data: " + before.encode()
+        self.after = after.encode() + b"\n\n"
+
+    def fill(self, text: str) -> bytes:
+        return self.before + json.dumps(text, ensure_ascii=False).encode() + self.after
+
+
+class ChatChunks:
+    """The stream of one chat completion, as SSE `data:` lines."""
+
+    def __init__(self, id: str, created: int, model: str, include_usage: bool):
+        self.head: dict[str, Any] = dict(
+            id=id, object="chat.completion.chunk", created=created, model=model,
+            system_fingerprint=None,
+        )  # fmt: skip
+        self.include_usage = include_usage
+        if include_usage:  # then every chunk carries "usage": null, and the last one the usage
+            self.head["usage"] = None
+        self._templates: dict[int, _TextTemplate] = {}
+
+    def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
+        return ChatCompletionChunk(**{**self.head, **extra}, choices=choices)
+
+    def start(self, index: int) -> bytes:
+        delta = ChoiceDelta(role="assistant", content="")
+        choice = ChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=None)
+        return sse(_dump(self._chunk([choice])))
+
+    def text(self, index: int, text: str) -> bytes:
+        template = self._templates.get(index)
+        if template is None:
+            choice = ChunkChoice(
+                index=index, delta=ChoiceDelta(content=_MARK), logprobs=None, finish_reason=None
+            )
+            template = self._templates[index] = _TextTemplate(self._chunk([choice]))
+        return template.fill(text)
+
+    def finish(self, index: int, sample: Sample) -> bytes:
+        logprobs = None
+        if sample.logprobs is not None:
+            logprobs = ChunkLogprobs(content=_token_logprobs(sample.logprobs), refusal=None)
+        choice = ChunkChoice(
+            index=index, delta=ChoiceDelta(), logprobs=logprobs, finish_reason=_finish(sample)
+        )
+        return sse(_dump(self._chunk([choice])))
+
+    def usage(self, usage: Usage) -> bytes:
+        return sse(_dump(self._chunk([], usage=usage_model(usage))))
+
+
+class CompletionChunks:
+    """The stream of one text completion, as SSE `data:` lines."""
+
+    def __init__(self, id: str, created: int, model: str, include_usage: bool):
+        self.head: dict[str, Any] = dict(
+            id=id, object="text_completion", created=created, model=model, system_fingerprint=None
+        )
+        self.include_usage = include_usage
+        if include_usage:
+            self.head["usage"] = None
+        self._templates: dict[int, _TextTemplate] = {}
+
+    def _chunk(self, choices: list[CompletionChoice], **extra: Any) -> Completion:
+        return Completion.model_construct(**{**self.head, **extra}, choices=choices)
+
+    def text(self, index: int, text: str) -> bytes:
+        template = self._templates.get(index)
+        if template is None:
+            choice = CompletionChoice.model_construct(
+                index=index, text=_MARK, logprobs=None, finish_reason=None
+            )
+            template = self._templates[index] = _TextTemplate(self._chunk([choice]))
+        return template.fill(text)
+
+    def finish(self, index: int, sample: Sample) -> bytes:
+        choice = CompletionChoice(
+            index=index,
+            text="",
+            finish_reason=_finish(sample),
+            logprobs=_completion_logprobs(sample.logprobs),
+        )
+        return sse(_dump(self._chunk([choice])))
+
+    def usage(self, usage: Usage) -> bytes:
+        return sse(_dump(self._chunk([], usage=usage_model(usage))))

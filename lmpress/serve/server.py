@@ -1,0 +1,84 @@
+"""Running `lmpress serve`: bind, load the engine, serve with uvicorn until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+
+from lmpress.configs.schema import RunConfig
+from lmpress.errors import LmpressError
+
+
+def run_server(config: RunConfig, api_key: str | None = None) -> int:
+    """Serve `config`'s engine until interrupted. The port is bound before the model loads,
+    so a port in use fails at once."""
+    import uvicorn
+
+    from lmpress.engines.registry import create_engine
+    from lmpress.serve.app import create_app
+
+    settings = config.serve
+    sock = listen(settings.host, settings.port)
+    _setup_logging()
+    engine = create_engine(config)
+    app = create_app(engine, settings, api_key)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_config=None,  # our handler, below; uvicorn's access log is replaced by ours
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    auth = "API key required" if api_key else "no API key"
+    banner = (
+        f"lmpress serve: {app.state.server.model_name} on {engine.name}, "
+        f"listening on http://{shown}:{port}/v1 ({auth}; Ctrl-C stops)"
+    )
+    asyncio.run(_serve(server, sock, engine, banner))
+    return 0
+
+
+async def _serve(server, sock: socket.socket, engine, banner: str) -> None:
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            print(banner, file=sys.stderr, flush=True)
+        await task
+    finally:
+        await engine.aclose()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (port 0: a free one), or a one-line error."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise LmpressError(f"serve.host: cannot resolve '{host}' ({exc.strerror})") from exc
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise LmpressError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port"
+        ) from exc
+    return sock
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    for name, level in (("lmpress.serve", logging.INFO), ("uvicorn.error", logging.WARNING)):
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.addHandler(handler)
+        logger.propagate = False
