@@ -126,7 +126,8 @@ async def run_batch(
                 progress.update(summary)
         else:
             assert result.error is not None
-            fail(RowFailure(row.line, row.id, result.error.kind, result.error.message))
+            error = result.error
+            fail(RowFailure(row.line, row.id, error.kind, error.message, error.status))
 
     async def run_one(row: ParsedRow, request) -> tuple[ParsedRow, Result]:
         return row, await engine.complete(request)
