@@ -20,7 +20,7 @@ from lmpress.configs.loading import generation_with_overrides
 from lmpress.data.formats import ParsedRow, RowError, parse_row, render_row
 from lmpress.data.jsonl import JsonlWriter, count_lines, read_lines
 from lmpress.engines.base import Engine, check_params
-from lmpress.errors import LmpressError, UnsupportedParamError
+from lmpress.errors import InputError, LmpressError, UnsupportedParamError
 from lmpress.types import Result
 
 
@@ -101,7 +101,6 @@ async def run_batch(
     started = time.perf_counter()
     failures_out: JsonlWriter | None = None
     errors_file = errors_path(output_path)
-    errors_file.unlink(missing_ok=True)
 
     def fail(failure: RowFailure) -> None:
         nonlocal failures_out
@@ -126,13 +125,11 @@ async def run_batch(
                 progress.update(summary)
         else:
             assert result.error is not None
-            fail(RowFailure(row.line, row.id, result.error.kind, result.error.message))
+            error = result.error
+            fail(RowFailure(row.line, row.id, error.kind, error.message, error.status))
 
     async def run_one(row: ParsedRow, request) -> tuple[ParsedRow, Result]:
         return row, await engine.complete(request)
-
-    writer = JsonlWriter(output_path)
-    in_flight: set[asyncio.Task] = set()
 
     async def settle(wait_for_all: bool) -> None:
         nonlocal in_flight
@@ -143,9 +140,15 @@ async def run_batch(
         for task in done:
             finish(*task.result())
 
+    total = count_lines(input_path)
+    if total == 0:
+        raise InputError(f"{input_path}: the input has no rows")
+    errors_file.unlink(missing_ok=True)
+    writer = JsonlWriter(output_path)
+    in_flight: set[asyncio.Task] = set()
     try:
         if progress:
-            progress.start(count_lines(input_path))
+            progress.start(total)
         for line in read_lines(input_path):
             if line.error:
                 fail(RowFailure(line.number, None, "invalid_json", line.error))

@@ -148,15 +148,19 @@ def _batch(cfg: RunConfig, input: str | None, output: str | None) -> int:
 
 
 def _check_writable(path: str) -> None:
+    """Fail before any work if the output cannot be created (access() lies to root)."""
     target = Path(path).expanduser()
-    parent = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
         raise InputError(f"{path}: is a directory, expected an output file path")
-    probe = parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not os.access(probe, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise InputError(f"{path}: cannot write output here (permission denied)")
+    existed = target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("a"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
+    if not existed:
+        target.unlink()
 
 
 @app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)

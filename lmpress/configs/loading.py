@@ -205,9 +205,12 @@ def _read_recipe(path: Path) -> dict[str, Any]:
 
 def _parse_scalar(text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    if value is None and text.strip() not in ("", "~", "null", "Null", "NULL"):
+        return text  # "###" is a YAML comment, but on a command line it is a value
+    return value
 
 
 def _nest(dotted: str, value: Any) -> dict[str, Any]:
@@ -243,11 +246,11 @@ def _all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
 
 
 def _suggest(key: str, candidates: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    # The right name in the wrong section first: generation.api_url -> remote_params.api_url.
+    leaf = key.rsplit(".", 1)[-1]
+    close = [c for c in candidates if c != key and c.rsplit(".", 1)[-1] == leaf][:1]
     if not close:
-        # The right name in the wrong section: generation.api_url -> remote_params.api_url.
-        leaf = key.rsplit(".", 1)[-1]
-        close = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf][:1]
+        close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

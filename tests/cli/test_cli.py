@@ -1,0 +1,266 @@
+"""The real `lmpress` command in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, run_lmpress, with_plugin
+
+TINY = ["--model.model_name", "tiny:llama", "--generation.max_new_tokens", "6"]
+
+
+def test_help_imports_no_backend():
+    code = (
+        "import sys\n"
+        "from lmpress.cli.app import app, main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'llama_cpp', 'vllm', 'openai', "
+        "'anthropic', 'fastapi') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, check=True,
+    )  # fmt: skip
+    assert "HEAVY []" in out.stdout
+    assert "infer" in out.stdout and "batch" in out.stdout
+
+
+def test_every_command_has_help():
+    for command in (["infer"], ["batch"], ["engines"], ["recipes"], ["config", "show"]):
+        run = run_lmpress(*command, "--help")
+        assert run.returncode == 0, run.stderr
+        assert "Usage" in run.stdout
+
+
+def test_infer_prints_the_reply():
+    run = run_lmpress("infer", *TINY, "Why is the sky blue?")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()
+    again = run_lmpress("infer", *TINY, "Why is the sky blue?")
+    assert again.stdout == run.stdout  # greedy by default
+
+
+def test_infer_reads_stdin_and_system_prompt(echo_plugin):
+    env = with_plugin(echo_plugin)
+    run = run_lmpress(
+        "infer", "--engine", "ECHO", "--system", "be brief", input="from stdin\n", env=env
+    )
+    assert run.returncode == 0, run.stderr
+    sent = json.loads(run.stdout.removeprefix("ECHO ").strip())
+    assert sent == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "from stdin"},
+    ]
+
+
+def test_infer_with_input_runs_the_batch_path(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": "a", "prompt": "hi"}\n')
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("infer", *TINY, "-i", str(src), "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    assert json.loads(out.read_text())["id"] == "a"
+
+
+def mixed_rows(count: int) -> list[dict]:
+    rows = []
+    for i in range(count):
+        kind = i % 4
+        if kind == 0:
+            rows.append(
+                {
+                    "id": f"chat-{i}",
+                    "messages": [{"role": "user", "content": f"question {i}"}],
+                    "metadata": {"i": i},
+                }
+            )
+        elif kind == 1:
+            rows.append(
+                {
+                    "conversation_id": f"oumi-{i}",
+                    "messages": [
+                        {"role": "user", "content": [{"type": "text", "content": f"q {i}"}]}
+                    ],
+                    "metadata": {"i": i},
+                }
+            )
+        elif kind == 2:
+            rows.append({"id": f"prompt-{i}", "prompt": f"prompt number {i}", "metadata": {"i": i}})
+        else:
+            rows.append(
+                {
+                    "custom_id": f"custom-{i}",
+                    "messages": [
+                        {"role": "system", "content": "hi"},
+                        {"role": "user", "content": f"{i}"},
+                    ],
+                    "metadata": {"i": i},
+                }
+            )
+    return rows
+
+
+def test_batch_of_200_mixed_rows(tmp_path):
+    rows = mixed_rows(200)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(out), *TINY, "--generation.batch_size", "16"
+    )
+    assert run.returncode == 0, run.stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == 200
+
+    def ident(r):
+        return r.get("id") or r.get("conversation_id") or r.get("custom_id")
+
+    assert sorted(ident(r) for r in written) == sorted(ident(r) for r in rows)
+    by_id = {ident(r): r for r in written}
+    for row in rows:
+        got = by_id[ident(row)]
+        assert got["metadata"] == row["metadata"]
+        assert got["messages"][-1]["role"] == "assistant"
+        assert got["response"]["usage"]["completion_tokens"] > 0
+    assert "rows ok" in run.stderr and "200" in run.stderr
+
+
+BAD_LINES = [
+    ("not json at all", "not valid JSON"),
+    ('{"messages": [{"role": "user", "content": "ok"}]', "not valid JSON"),
+    ("[1, 2, 3]", "expected a JSON object"),
+    ('{"text": "no messages"}', "neither 'messages' nor 'prompt'"),
+    ('{"messages": []}', "'messages' is empty"),
+    ('{"messages": [{"role": "wizard", "content": "hi"}]}', 'unknown role "wizard"'),
+    ('{"messages": [{"role": "user", "content": 42}]}', "content must be a string or a list"),
+    ('{"prompt": ["a"]}', "'prompt' must be a string"),
+    ('{"prompt": "x", "generation": {"temperature": -3}}', "generation.temperature"),
+    ('{"prompt": "x", "generation": {"num_beams": 4}}', "does not support generation.num_beams"),
+]
+
+
+def test_bad_rows_are_reported_and_good_rows_complete(tmp_path):
+    src = tmp_path / "in.jsonl"
+    lines = [json.dumps({"id": "good-0", "prompt": "hi"})]
+    for text, _ in BAD_LINES:
+        lines.append(text)
+        lines.append(json.dumps({"id": f"good-{len(lines)}", "prompt": "hello"}))
+    src.write_bytes(("\n".join(lines) + "\n").encode() + b'{"prompt": "\xff\xfe"}\n')
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == len(BAD_LINES) + 1
+    assert all(r["id"].startswith("good-") for r in written)
+    for line_no, (_, expected) in enumerate(BAD_LINES, start=2):
+        assert f"{src}:{2 * line_no - 2}: " in run.stderr
+        assert expected in run.stderr
+    assert "not valid UTF-8" in run.stderr
+    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert len(errors) == len(BAD_LINES) + 1
+    assert {e["line"] for e in errors} == {2 * i for i in range(1, len(BAD_LINES) + 1)} | {
+        len(lines) + 1
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["batch", "-i", "{tmp}/missing.jsonl", "-o", "{tmp}/o.jsonl"],
+            "missing.jsonl: no such input file",
+        ),
+        (["batch", "-i", "{tmp}/in.jsonl", "-o", "/proc/forbidden/o.jsonl"], "cannot write output"),
+        (["batch", "-i", "{tmp}/in.jsonl", "-o", "{tmp}"], "is a directory"),
+        (
+            ["batch", "-i", "{tmp}/in.jsonl", "-o", "{tmp}/o.jsonl", "--engine", "GPT5"],
+            "unknown engine 'GPT5'",
+        ),
+        (
+            ["batch", "-c", "no-such-recipe", "-i", "{tmp}/in.jsonl", "-o", "{tmp}/o.jsonl"],
+            "recipe 'no-such-recipe'",
+        ),
+        (
+            [
+                "batch",
+                "-i",
+                "{tmp}/in.jsonl",
+                "-o",
+                "{tmp}/o.jsonl",
+                "--model.model_name",
+                "./nowhere",
+            ],
+            "'./nowhere' does not exist",
+        ),
+        (
+            ["batch", "-i", "{tmp}/in.jsonl", "-o", "{tmp}/o.jsonl", "--engine", "OPENAI"],
+            "not implemented yet",
+        ),
+        (
+            [
+                "batch",
+                "-i",
+                "{tmp}/in.jsonl",
+                "-o",
+                "{tmp}/o.jsonl",
+                "--generation.temprature",
+                "1",
+            ],
+            "did you mean 'generation.temperature'",
+        ),
+        (["batch", "-o", "{tmp}/o.jsonl"], "no input"),
+        (["infer", "--generation.top_p", "2", "hi"], "generation.top_p"),
+    ],
+)
+def test_usage_errors_are_one_line(tmp_path, args, expected):
+    (tmp_path / "in.jsonl").write_text('{"prompt": "hi"}\n')
+    run = run_lmpress(*[a.format(tmp=tmp_path) for a in args])
+    assert run.returncode == 2, run.stderr
+    assert expected in run.stderr
+    assert "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    run = run_lmpress(
+        "batch", "-i", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o"), "--debug"
+    )
+    assert "Traceback" in run.stderr and "no such input file" in run.stderr
+
+
+def test_empty_input_file(tmp_path):
+    (tmp_path / "in.jsonl").write_text("\n\n")
+    run = run_lmpress(
+        "batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl"), *TINY
+    )
+    assert run.returncode == 2
+    assert "in.jsonl: the input has no rows" in run.stderr
+
+
+def test_engines_lists_every_reserved_name():
+    run = run_lmpress("engines")
+    assert run.returncode == 0
+    for name in ("NATIVE", "VLLM", "LLAMACPP", "OPENAI", "ANTHROPIC", "REMOTE", "REMOTE_VLLM", "GEMINI",
+                 "GOOGLE_VERTEX", "TOGETHER", "PARASAIL", "DEEPSEEK", "OPENROUTER", "FIREWORKS"):  # fmt: skip
+        assert name in run.stdout
+    native = run.stdout.split("NATIVE", 1)[1].split("\n\n", 1)[0]
+    assert "usable" in native and "temperature" in native
+
+
+def test_config_show_prints_merged_yaml():
+    run = run_lmpress("config", "show", "-c", "tiny-native", "--generation.temperature", "0.3")
+    assert run.returncode == 0, run.stderr
+    assert "temperature: 0.3" in run.stdout
+    assert "model_name: tiny:llama" in run.stdout
+
+
+def test_recipes_lists_bundled_ones():
+    run = run_lmpress("recipes")
+    assert "tiny-native" in run.stdout

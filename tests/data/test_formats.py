@@ -1,0 +1,132 @@
+"""Rows in every input format become the right requests, and results render back faithfully."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmpress.data.formats import RowError, parse_row, render_row, row_id
+from lmpress.types import Result, Sample, TokenLogprob, Usage
+
+
+def result(text="hi there", n=1):
+    return Result(
+        "x",
+        [Sample(text if i == 0 else f"{text} {i}", "stop") for i in range(n)],
+        Usage(5, 2),
+        model="m",
+        engine="NATIVE",
+        latency_s=0.25,
+    )
+
+
+def test_chat_row():
+    row = parse_row(
+        {"id": "a", "messages": [{"role": "user", "content": "hi"}], "metadata": {"k": 1}}, 1
+    )
+    assert (row.id, row.kind) == ("a", "chat")
+    assert [(m.role, m.content) for m in row.messages] == [("user", "hi")]
+    out = render_row(row, result())
+    assert out["id"] == "a" and out["metadata"] == {"k": 1}
+    assert out["messages"][-1] == {"role": "assistant", "content": "hi there"}
+    assert out["response"]["text"] == "hi there"
+    assert out["response"]["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 2,
+        "total_tokens": 7,
+    }
+    assert out["response"]["finish_reason"] == "stop"
+    assert out["response"]["engine"] == "NATIVE"
+
+
+def test_oumi_conversation_with_content_items():
+    raw = {
+        "conversation_id": "c1",
+        "messages": [{"role": "user", "content": [{"type": "text", "content": "hello"}]}],
+        "metadata": {"src": "oumi"},
+    }
+    row = parse_row(raw, 3)
+    assert (row.id, row.kind) == ("c1", "oumi")
+    assert row.messages[0].text() == "hello"
+    out = render_row(row, result())
+    assert out["conversation_id"] == "c1"
+    assert out["messages"][0] == raw["messages"][0]  # kept as it came
+    assert out["metadata"] == {"src": "oumi"}
+
+
+def test_prompt_row_becomes_a_messages_row():
+    row = parse_row({"prompt": "2+2?", "system": "be terse", "id": 7}, 1)
+    assert row.id == "7"
+    assert [m.role for m in row.messages] == ["system", "user"]
+    out = render_row(row, result("4"))
+    assert "prompt" not in out and "system" not in out
+    assert out["messages"] == [
+        {"role": "system", "content": "be terse"},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+
+
+def test_image_parts_parse():
+    row = parse_row(
+        {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "https://example.invalid/cat.png"}},
+        ]}]},
+        1,
+    )  # fmt: skip
+    assert row.messages[0].has_images()
+    assert row.messages[0].text() == "what is this?"
+
+
+def test_row_generation_overrides_are_kept():
+    row = parse_row({"prompt": "x", "generation": {"temperature": 0.5, "n": 2}}, 1)
+    assert row.overrides == {"temperature": 0.5, "n": 2}
+
+
+def test_n_samples_all_in_one_row():
+    out = render_row(parse_row({"prompt": "x"}, 1), result("a", n=3))
+    assert [s["text"] for s in out["response"]["samples"]] == ["a", "a 1", "a 2"]
+
+
+def test_logprobs_render():
+    res = result()
+    res.samples[0].logprobs = [TokenLogprob("hi", -0.5, [("hi", -0.5), ("yo", -1.0)])]
+    out = render_row(parse_row({"prompt": "x"}, 1), res)
+    assert out["response"]["logprobs"][0]["top_logprobs"][1] == {"token": "yo", "logprob": -1.0}
+
+
+def test_ids_without_an_id_are_stable_and_position_dependent():
+    raw = {"prompt": "same"}
+    assert row_id(raw, 1) == row_id(dict(raw), 1)
+    assert row_id(raw, 1) != row_id(raw, 2)
+    assert row_id({"custom_id": "c"}, 1) == "c"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ([1, 2], "expected a JSON object, got an array"),
+        ("text", "expected a JSON object, got a string"),
+        ({"foo": 1}, "neither 'messages' nor 'prompt'"),
+        ({"messages": []}, "'messages' is empty"),
+        ({"messages": "hi"}, "'messages' must be a list"),
+        ({"messages": [{"role": "bot", "content": "x"}]}, 'unknown role "bot"'),
+        ({"messages": [{"content": "x"}]}, "unknown role null"),
+        ({"messages": ["hi"]}, "message 1 must be an object"),
+        ({"messages": [{"role": "user", "content": 5}]}, "content must be a string or a list"),
+        ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 'unknown type "audio"'),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "text part without text"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "image part without a URL",
+        ),
+        ({"prompt": 3}, "'prompt' must be a string"),
+        ({"prompt": "x", "system": 1}, "'system' must be a string"),
+        ({"prompt": "x", "generation": {"temprature": 1}}, "unknown key 'temprature'"),
+        ({"prompt": "x", "generation": [1]}, "'generation' must be an object"),
+        ({"prompt": "x", "generation": {"batch_size": 2}}, "applies to the whole job"),
+    ],
+)
+def test_bad_rows_say_what_is_wrong(raw, expected):
+    with pytest.raises(RowError, match=expected):
+        parse_row(raw, 1)

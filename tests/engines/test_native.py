@@ -1,0 +1,229 @@
+"""The NATIVE engine on tiny real transformers models (Llama + byte-level BPE, GPT-2 + Unigram)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lmpress.configs import load_config
+from lmpress.engines.registry import create_engine
+from lmpress.errors import ModelLoadError, UnsupportedParamError
+from lmpress.types import Delta, GenerationParams, Message, Request, Result
+
+PROMPTS = [("word " * (i % 7 + 1)) + f"question {i}?" for i in range(12)]
+
+
+def make(model: str, **overrides):
+    gen = {"max_new_tokens": 12, **overrides}
+    return create_engine(
+        load_config(
+            overrides={"model.model_name": model, **{f"generation.{k}": v for k, v in gen.items()}}
+        )
+    )
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def engine(request):
+    eng = make(f"tiny:{request.param}", batch_size=4)
+    yield eng
+    asyncio.run(eng.aclose())
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama):
+    eng = make(tiny_llama, batch_size=4)
+    yield eng
+    asyncio.run(eng.aclose())
+
+
+def test_greedy_replies_depend_on_the_prompt_and_repeat(engine):
+    first = [r.text for r in engine.generate(PROMPTS)]
+    again = [r.text for r in engine.generate(PROMPTS)]
+    assert first == again
+    assert (
+        len(set(first)) > len(PROMPTS) // 2
+    )  # a random model still answers each prompt its own way
+
+
+def test_greedy_is_the_same_at_any_batch_size(tiny_gpt2):
+    one = make(tiny_gpt2, batch_size=1)
+    many = make(tiny_gpt2, batch_size=8)
+    try:
+        assert [r.text for r in one.generate(PROMPTS)] == [r.text for r in many.generate(PROMPTS)]
+    finally:
+        asyncio.run(one.aclose())
+        asyncio.run(many.aclose())
+
+
+def test_usage_and_length_finish(engine):
+    result = engine.generate(
+        ["Tell me everything."], GenerationParams(max_new_tokens=5, stop_token_ids=[])
+    )[0]
+    assert result.ok
+    assert result.usage.prompt_tokens > 3
+    assert result.usage.completion_tokens <= 5
+    if result.usage.completion_tokens == 5:
+        assert result.finish_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible_per_row(llama):
+    params = GenerationParams(max_new_tokens=10, temperature=1.0, top_p=0.95, top_k=40, seed=11)
+    alone = llama.generate(["Pick a word."], params)[0].text
+    with_others = llama.generate(["Pick a word.", "Something else", "And more"], params)[0].text
+    assert alone == with_others
+    other_seed = llama.generate(["Pick a word."], params.replace(seed=12))[0].text
+    unseeded = {r.text for r in llama.generate(["Pick a word."] * 4, params.replace(seed=None))}
+    assert other_seed != alone or len(unseeded) > 1
+
+
+def test_n_samples(llama):
+    result = llama.generate(
+        ["Name a colour."], GenerationParams(max_new_tokens=8, temperature=1.0, n=3, seed=1)
+    )[0]
+    assert len(result.samples) == 3
+    assert len({s.text for s in result.samples}) > 1
+    assert result.usage.completion_tokens == sum(s.completion_tokens for s in result.samples)
+
+
+def test_stop_strings_cut_the_reply(llama):
+    free = llama.generate(["Why is the sky blue?"], GenerationParams(max_new_tokens=24))[0].text
+    stop = free[3:5]
+    assert stop.strip(), f"reply too short to pick a stop string from: {free!r}"
+    stopped = llama.generate(
+        ["Why is the sky blue?"], GenerationParams(max_new_tokens=24, stop_strings=[stop])
+    )[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free[: free.index(stop)]
+
+
+def test_streamed_deltas_add_up_to_the_reply(engine):
+    async def run():
+        request = Request(
+            "s", [Message("user", "Stream this please")], GenerationParams(max_new_tokens=16)
+        )
+        deltas, final = [], None
+        async for item in engine.stream(request):
+            if isinstance(item, Delta):
+                deltas.append(item.text)
+            else:
+                final = item
+        return deltas, final
+
+    deltas, final = asyncio.run(run())
+    assert isinstance(final, Result) and final.ok
+    assert len(deltas) > 1
+    assert "".join(deltas) == final.text
+
+
+def test_cancelling_a_stream_frees_its_row(llama):
+    async def run():
+        long = Request(
+            "long", [Message("user", "go on")], GenerationParams(max_new_tokens=400, min_tokens=400)
+        )
+        seen = 0
+        async for _item in llama.stream(long):
+            seen += 1
+            if seen == 3:
+                break  # the consumer goes away mid-reply
+        # The engine keeps serving: a new request completes promptly.
+        short = Request("short", [Message("user", "hi")], GenerationParams(max_new_tokens=4))
+        return await asyncio.wait_for(llama.complete(short), timeout=60)
+
+    result = asyncio.run(run())
+    assert result.ok and result.usage.completion_tokens <= 4
+
+
+def test_logprobs(llama):
+    result = llama.generate(
+        ["hi"], GenerationParams(max_new_tokens=4, logprobs=True, top_logprobs=3)
+    )[0]
+    logprobs = result.samples[0].logprobs
+    assert logprobs is not None and len(logprobs) == result.usage.completion_tokens
+    for entry in logprobs:
+        assert entry.logprob <= 0
+        assert len(entry.top) == 3
+        assert entry.top[0][1] >= entry.logprob  # the best alternative is at least as likely
+
+
+def test_penalties_change_greedy_output(llama):
+    plain = llama.generate(PROMPTS[:4], GenerationParams(max_new_tokens=20))
+    penalised = llama.generate(
+        PROMPTS[:4],
+        GenerationParams(max_new_tokens=20, repetition_penalty=5.0, frequency_penalty=2.0),
+    )
+    assert [r.text for r in plain] != [r.text for r in penalised]
+
+
+def test_min_tokens_holds_off_the_end(llama):
+    result = llama.generate(["hi"], GenerationParams(max_new_tokens=30, min_tokens=30))[0]
+    assert result.usage.completion_tokens == 30
+
+
+def test_invalid_utf8_tokens_become_replacement_characters(tiny_llama):
+    # Byte-level BPE emits raw bytes; a random model strings them together into broken UTF-8.
+    eng = make(tiny_llama, batch_size=8)
+    try:
+        texts = [
+            r.text
+            for r in eng.generate(
+                [f"bytes {i}" for i in range(16)], GenerationParams(max_new_tokens=32)
+            )
+        ]
+    finally:
+        asyncio.run(eng.aclose())
+    assert any("\ufffd" in t for t in texts)
+    for text in texts:
+        text.encode("utf-8")  # always valid text
+
+
+def test_raw_prompt_skips_the_chat_template(llama):
+    result = llama.generate(
+        [Request("raw", [], GenerationParams(max_new_tokens=4), prompt="Once upon")]
+    )[0]
+    assert result.ok
+
+
+def test_image_parts_fail_the_row_not_the_engine(llama):
+    from lmpress.types import ContentPart
+
+    image = Message("user", [ContentPart("image_url", image_url="file:///x.png")])
+    results = llama.generate([Request("img", [image], GenerationParams(max_new_tokens=4)), "fine"])
+    assert results[0].error is not None and "text-only" in results[0].error.message
+    assert results[1].ok
+
+
+def test_prompt_longer_than_the_context_fails_that_row(llama):
+    results = llama.generate(["word " * 2000, "short"], GenerationParams(max_new_tokens=4))
+    assert results[0].error is not None
+    assert results[0].error.kind == "context_length_exceeded"
+    assert results[1].ok
+
+
+def test_chat_template_override(tiny_llama):
+    eng = create_engine(load_config(overrides={
+        "model.model_name": tiny_llama,
+        "model.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        "generation.max_new_tokens": 4,
+    }))  # fmt: skip
+    try:
+        assert (
+            eng.encode(Request("t", [Message("user", "abc")]))
+            == eng.tokenizer("abc", add_special_tokens=False)["input_ids"]
+        )
+    finally:
+        asyncio.run(eng.aclose())
+
+
+def test_unsupported_param_is_refused_before_loading():
+    with pytest.raises(
+        UnsupportedParamError, match=r"NATIVE does not support generation.num_beams"
+    ):
+        create_engine(
+            load_config(overrides={"model.model_name": "tiny:llama", "generation.num_beams": 2})
+        )
+
+
+def test_missing_model_path():
+    with pytest.raises(ModelLoadError, match="'./no/such/model' does not exist"):
+        create_engine(load_config(overrides={"model.model_name": "./no/such/model"}))
