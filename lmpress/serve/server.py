@@ -12,8 +12,8 @@ from lmpress.errors import LmpressError
 
 
 def run_server(config: RunConfig, api_key: str | None = None) -> int:
-    """Serve `config`'s engine until interrupted. The port is bound before the model loads,
-    so a port in use fails at once."""
+    """Serve `config`'s engine until Ctrl-C (exit 0). The port is bound before the model
+    loads, so a port in use fails at once."""
     import uvicorn
 
     from lmpress.engines.registry import create_engine
@@ -40,7 +40,11 @@ def run_server(config: RunConfig, api_key: str | None = None) -> int:
         f"lmpress serve: {app.state.server.model_name} on {engine.name}, "
         f"listening on http://{shown}:{port}/v1 ({auth}; Ctrl-C stops)"
     )
-    asyncio.run(_serve(server, sock, engine, banner))
+    try:
+        asyncio.run(_serve(server, sock, engine, banner))
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not an error
+        pass
+    print("lmpress serve: stopped", file=sys.stderr)
     return 0
 
 

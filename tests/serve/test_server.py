@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -57,3 +58,10 @@ def test_help_imports_neither_torch_nor_fastapi():
     )
     assert run.returncode == 0, run.stderr
     assert "--api-key" in run.stdout and "LMPRESS_API_KEY" in run.stdout
+
+
+def test_ctrl_c_stops_the_server_cleanly(serve_process, echo_plugin):
+    served = serve_process("--engine", "ECHO", env=with_plugin(echo_plugin))
+    served.proc.send_signal(signal.SIGINT)
+    assert served.proc.wait(timeout=60) == 0
+    served.wait_for_log(lambda line: line == "lmpress serve: stopped")
