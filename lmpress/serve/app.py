@@ -1,21 +1,17 @@
 """The FastAPI app of `lmpress serve`: OpenAI's routes over one engine.
 
-Every generation runs inside a `Generation` response that also watches for the client going
-away; when it goes, the generation task is cancelled, which closes the engine's stream and so
-frees the request's place in the engine's batch.
+A route checks the body, the model and the parameters, then returns a `Generation` response
+that runs the engine and watches for the client going away; when it goes, the generation is
+cancelled, which closes the engine's stream and so frees the request's place in the batch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
@@ -23,64 +19,39 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
-from starlette.responses import Response as StarletteResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lmpress.configs.schema import ServeParams
 from lmpress.data.formats import RowError, parse_messages
 from lmpress.engines.base import Engine
-from lmpress.serve import protocol
-from lmpress.serve.protocol import ApiError, ChatChunks, CompletionChunks, Sampling
+from lmpress.serve import protocol, responses
+from lmpress.serve.asgi import (
+    EventStream,
+    Generation,
+    LogRequests,
+    RequestLog,
+    RequireKey,
+    Response,
+    Slots,
+    error_response,
+    new_id,
+    request_log,
+)
+from lmpress.serve.protocol import ApiError, Sampling
+from lmpress.serve.responses import ChatChunks, CompletionChunks
 from lmpress.types import Delta, GenerationParams, Request, Result, Usage
 
 log = logging.getLogger("lmpress.serve")
-
-# The status a request log shows for a client that went away before its reply was complete
-# (nginx's convention; nothing is sent).
-CLIENT_CLOSED = 499
-
-
-@dataclass
-class RequestLog:
-    """What the one log line of a request says; the handler fills in what it learns."""
-
-    id: str
-    status: int = 0
-    usage: Usage | None = None
-    cancelled: bool = False
-    content: dict[str, Any] | None = None
-    started: float = field(default_factory=time.perf_counter)
-
-    def line(self, method: str, path: str) -> str:
-        status = CLIENT_CLOSED if self.cancelled else self.status
-        tokens = f"{self.usage.prompt_tokens}+{self.usage.completion_tokens}" if self.usage else "-"
-        text = (
-            f"{self.id} {method} {path} {status} tokens={tokens} "
-            f"{time.perf_counter() - self.started:.3f}s"
-        )
-        if self.content is not None:
-            text += " content=" + json.dumps(self.content, ensure_ascii=False)
-        return text
-
-
-def request_log(scope: Scope) -> RequestLog:
-    return scope["state"]["lmpress_log"]
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 class Server:
     """One engine behind the OpenAI routes, with the settings of `lmpress serve`."""
 
-    def __init__(self, engine: Engine, settings: ServeParams, api_key: str | None):
+    def __init__(self, engine: Engine, settings: ServeParams):
         self.engine = engine
         self.settings = settings
-        self.api_key = api_key
         self.model_name = settings.served_model_name or engine.model_name or engine.name.lower()
         self.created = int(time.time())
-        self.in_flight = 0
+        self.slots = Slots(settings.queue_limit)
 
     # --- checks shared by the generation routes ----------------------------------------------
 
@@ -148,7 +119,7 @@ class Server:
             run = self._stream([engine_request], chunks, entry, [""])
         else:
             run = self._complete_chat(engine_request, entry)
-        return Generation(self, run, entry)
+        return Generation(self.slots, run, entry)
 
     async def completions(self, request: HttpRequest) -> Generation:
         body = protocol.parse_body(protocol.CompletionBody, await self.read_body(request))
@@ -172,7 +143,7 @@ class Server:
             run = self._stream(requests, chunks, entry, echoes)
         else:
             run = self._complete_text(requests, entry, echoes)
-        return Generation(self, run, entry)
+        return Generation(self.slots, run, entry)
 
     # --- running generations -------------------------------------------------------------
 
@@ -189,7 +160,7 @@ class Server:
         self._finish_log(entry, [result])
         if result.error is not None:
             raise protocol.error_from_result(result)
-        body = protocol.chat_completion(entry.id, int(time.time()), self.model_name, result)
+        body = responses.chat_completion(entry.id, int(time.time()), self.model_name, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
     async def _complete_text(
@@ -200,7 +171,7 @@ class Server:
         for result in results:
             if result.error is not None:
                 raise protocol.error_from_result(result)
-        body = protocol.text_completion(
+        body = responses.text_completion(
             entry.id, int(time.time()), self.model_name, results, echoes
         )
         return JSONResponse(body, headers={"x-request-id": entry.id})
@@ -257,8 +228,8 @@ class Server:
                 else:
                     if value.error is not None:
                         self._finish_log(entry, [*results, value])
-                        yield protocol.sse(protocol.error_from_result(value).body())
-                        yield protocol.DONE
+                        yield responses.sse(protocol.error_from_result(value).body())
+                        yield responses.DONE
                         return
                     results.append(value)
                     for i, sample in enumerate(value.samples):
@@ -270,7 +241,7 @@ class Server:
         if chunks.include_usage:
             assert entry.usage is not None
             yield chunks.usage(entry.usage)
-        yield protocol.DONE
+        yield responses.DONE
 
 
 async def merged(
@@ -313,168 +284,12 @@ async def merged(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-# --- responses -------------------------------------------------------------------------------
-
-# What a generation ends in: an ASGI response (JSON, or an event stream).
-Response = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class EventStream:
-    """A server-sent event stream of already-encoded `data:` lines. `source` (the engine streams
-    the lines come from) is closed however the stream ends, even before its first line."""
-
-    def __init__(self, lines: AsyncIterator[bytes], source: Any, request_id: str):
-        self.lines = lines
-        self.source = source
-        self.request_id = request_id
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", self.request_id.encode()),
-        ]
-        async with aclosing(self.source), aclosing(self.lines) as lines:
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            async for line in lines:
-                await send({"type": "http.response.body", "body": line, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-class Generation(StarletteResponse):
-    """Runs a generation as the response: takes a place in the server's queue (or answers 503),
-    runs, and cancels the run when the client disconnects."""
-
-    def __init__(self, server: Server, run: Coroutine[Any, Any, Response], entry: RequestLog):
-        self.server = server
-        self.run = run
-        self.entry = entry
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        server = self.server
-        if server.in_flight >= server.settings.queue_limit:
-            self.run.close()  # never started
-            error = ApiError(
-                503,
-                f"the server is at its limit of {server.settings.queue_limit} requests in "
-                f"flight (serve.queue_limit); retry later",
-                type="server_error",
-                code="queue_full",
-                headers={"retry-after": "1"},
-            )
-            await error_response(error)(scope, receive, send)
-            return
-        server.in_flight += 1
-        try:
-            await self._run_watching(scope, receive, send)
-        finally:
-            server.in_flight -= 1
-
-    async def _run_watching(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def respond() -> None:
-            try:
-                response = await self.run
-            except ApiError as exc:
-                response = error_response(exc)
-            await response(scope, receive, send)
-
-        work = asyncio.create_task(respond())
-        watch = asyncio.create_task(wait_for_disconnect(receive))
-        try:
-            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if work in done:
-                work.result()  # its exception, if any, is the request's
-            else:  # the client went away: stop generating for it
-                self.entry.cancelled = True
-                work.cancel()
-                await asyncio.wait({work})
-        finally:
-            for task in (work, watch):
-                task.cancel()
-            await asyncio.gather(work, watch, return_exceptions=True)
-
-
-async def wait_for_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
-# --- middleware ------------------------------------------------------------------------------
-
-
-class LogRequests:
-    """One line per request: id, method, path, status, tokens, latency. Never headers (the API
-    key), and never messages or replies unless `serve.log_content`."""
-
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        entry = RequestLog(new_id("req"))
-        scope.setdefault("state", {})["lmpress_log"] = entry
-
-        async def send_logged(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                entry.status = message["status"]
-                headers = list(message.get("headers", []))
-                if not any(name == b"x-request-id" for name, _ in headers):
-                    headers.append((b"x-request-id", entry.id.encode()))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_logged)
-        except Exception:
-            entry.status = entry.status or 500
-            raise
-        finally:
-            log.info(entry.line(scope["method"], scope["path"]))
-
-
-class RequireKey:
-    """401 on every /v1 route unless the request carries the server's key as a bearer token."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            self.expected is None
-            or scope["type"] != "http"
-            or not (scope["path"] == "/v1" or scope["path"].startswith("/v1/"))
-        ):
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"authorization")
-        if given is not None and hmac.compare_digest(given, self.expected):
-            await self.app(scope, receive, send)
-            return
-        message = (
-            "Incorrect API key provided."
-            if given
-            else "Missing API key: send it as 'Authorization: Bearer KEY'."
-        )
-        error = ApiError(
-            401, message, code="invalid_api_key", headers={"www-authenticate": "Bearer"}
-        )
-        await error_response(error)(scope, receive, send)
-
-
 # --- the app ---------------------------------------------------------------------------------
 
 
 def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None) -> FastAPI:
     """The OpenAI-compatible app over `engine`. The caller owns the engine (and closes it)."""
-    server = Server(engine, settings, api_key)
+    server = Server(engine, settings)
     app = FastAPI(title="lmpress", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
 
@@ -484,17 +299,17 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
             "status": "ok",
             "model": server.model_name,
             "engine": engine.name,
-            "requests_in_flight": server.in_flight,
+            "requests_in_flight": server.slots.in_use,
         }
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return protocol.model_list([server.model_name], server.created, "lmpress")
+        return responses.model_list([server.model_name], server.created, "lmpress")
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str) -> dict[str, Any]:
         server.check_model(model)
-        return protocol.model_card(model, server.created, "lmpress")
+        return responses.model_card(model, server.created, "lmpress")
 
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])

@@ -1,0 +1,223 @@
+"""The ASGI plumbing of `lmpress serve`: a response that runs a generation and cancels it when
+the client goes away, an event stream, and the middleware for API keys and request logs."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.responses import Response as StarletteResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from lmpress.serve.protocol import ApiError
+from lmpress.types import Usage
+
+log = logging.getLogger("lmpress.serve")
+
+# The status a request log shows for a client that went away before its reply was complete
+# (nginx's convention; nothing is sent).
+CLIENT_CLOSED = 499
+
+
+@dataclass
+class RequestLog:
+    """What the one log line of a request says; the handler fills in what it learns."""
+
+    id: str
+    status: int = 0
+    usage: Usage | None = None
+    cancelled: bool = False
+    content: dict[str, Any] | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def line(self, method: str, path: str) -> str:
+        status = CLIENT_CLOSED if self.cancelled else self.status
+        tokens = f"{self.usage.prompt_tokens}+{self.usage.completion_tokens}" if self.usage else "-"
+        text = (
+            f"{self.id} {method} {path} {status} tokens={tokens} "
+            f"{time.perf_counter() - self.started:.3f}s"
+        )
+        if self.content is not None:
+            text += " content=" + json.dumps(self.content, ensure_ascii=False)
+        return text
+
+
+def request_log(scope: Scope) -> RequestLog:
+    return scope["state"]["lmpress_log"]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class Slots:
+    """How many requests the server holds at once (generating or waiting for the engine)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.in_use = 0
+
+
+# --- responses -------------------------------------------------------------------------------
+
+# What a generation ends in: an ASGI response (JSON, or an event stream).
+Response = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class EventStream:
+    """A server-sent event stream of already-encoded `data:` lines. `source` (the engine streams
+    the lines come from) is closed however the stream ends, even before its first line."""
+
+    def __init__(self, lines: AsyncIterator[bytes], source: Any, request_id: str):
+        self.lines = lines
+        self.source = source
+        self.request_id = request_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-request-id", self.request_id.encode()),
+        ]
+        async with aclosing(self.source), aclosing(self.lines) as lines:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for line in lines:
+                await send({"type": "http.response.body", "body": line, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class Generation(StarletteResponse):
+    """Runs a generation as the response: takes a place in the server's queue (or answers 503),
+    runs, and cancels the run when the client disconnects."""
+
+    def __init__(self, slots: Slots, run: Coroutine[Any, Any, Response], entry: RequestLog):
+        self.slots = slots
+        self.run = run
+        self.entry = entry
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        slots = self.slots
+        if slots.in_use >= slots.limit:
+            self.run.close()  # never started
+            error = ApiError(
+                503,
+                f"the server is at its limit of {slots.limit} requests in "
+                f"flight (serve.queue_limit); retry later",
+                type="server_error",
+                code="queue_full",
+                headers={"retry-after": "1"},
+            )
+            await error_response(error)(scope, receive, send)
+            return
+        slots.in_use += 1
+        try:
+            await self._run_watching(scope, receive, send)
+        finally:
+            slots.in_use -= 1
+
+    async def _run_watching(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def respond() -> None:
+            try:
+                response = await self.run
+            except ApiError as exc:
+                response = error_response(exc)
+            await response(scope, receive, send)
+
+        work = asyncio.create_task(respond())
+        watch = asyncio.create_task(wait_for_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done:
+                work.result()  # its exception, if any, is the request's
+            else:  # the client went away: stop generating for it
+                self.entry.cancelled = True
+                work.cancel()
+                await asyncio.wait({work})
+        finally:
+            for task in (work, watch):
+                task.cancel()
+            await asyncio.gather(work, watch, return_exceptions=True)
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+# --- middleware ------------------------------------------------------------------------------
+
+
+class LogRequests:
+    """One line per request: id, method, path, status, tokens, latency. Never headers (the API
+    key), and never messages or replies unless `serve.log_content`."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        entry = RequestLog(new_id("req"))
+        scope.setdefault("state", {})["lmpress_log"] = entry
+
+        async def send_logged(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                entry.status = message["status"]
+                headers = list(message.get("headers", []))
+                if not any(name == b"x-request-id" for name, _ in headers):
+                    headers.append((b"x-request-id", entry.id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_logged)
+        except Exception:
+            entry.status = entry.status or 500
+            raise
+        finally:
+            log.info(entry.line(scope["method"], scope["path"]))
+
+
+class RequireKey:
+    """401 on every /v1 route unless the request carries the server's key as a bearer token."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            self.expected is None
+            or scope["type"] != "http"
+            or not (scope["path"] == "/v1" or scope["path"].startswith("/v1/"))
+        ):
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization")
+        if given is not None and hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        message = (
+            "Incorrect API key provided."
+            if given
+            else "Missing API key: send it as 'Authorization: Bearer KEY'."
+        )
+        error = ApiError(
+            401, message, code="invalid_api_key", headers={"www-authenticate": "Bearer"}
+        )
+        await error_response(error)(scope, receive, send)

@@ -1,0 +1,240 @@
+"""The OpenAI wire protocol, the way out: response bodies and stream chunks, built from the
+`openai` package's own types so that what the server sends is what the official client parses.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openai.types import Completion, CompletionChoice, CompletionUsage, Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion import ChoiceLogprobs
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
+from openai.types.chat.chat_completion_token_logprob import (
+    ChatCompletionTokenLogprob,
+    TopLogprob,
+)
+from openai.types.completion_choice import Logprobs as CompletionLogprobs
+from pydantic import BaseModel
+
+from lmpress.types import Result, Sample, TokenLogprob, Usage
+
+# --- response bodies -------------------------------------------------------------------------
+
+
+def _finish(sample: Sample) -> str:
+    return sample.finish_reason if sample.finish_reason in ("stop", "length") else "stop"
+
+
+def usage_model(usage: Usage) -> CompletionUsage:
+    return CompletionUsage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+    )
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", exclude_unset=True, warnings=False)
+
+
+def _token_logprobs(items: list[TokenLogprob]) -> list[ChatCompletionTokenLogprob]:
+    def utf8(text: str) -> list[int]:
+        return list(text.encode("utf-8", errors="replace"))
+
+    return [
+        ChatCompletionTokenLogprob(
+            token=t.token,
+            bytes=utf8(t.token),
+            logprob=t.logprob,
+            top_logprobs=[TopLogprob(token=tok, bytes=utf8(tok), logprob=lp) for tok, lp in t.top],
+        )
+        for t in items
+    ]
+
+
+def chat_completion(id: str, created: int, model: str, result: Result) -> dict[str, Any]:
+    choices = [
+        ChatChoice(
+            index=i,
+            message=ChatCompletionMessage(role="assistant", content=sample.text, refusal=None),
+            finish_reason=_finish(sample),
+            logprobs=None
+            if sample.logprobs is None
+            else ChoiceLogprobs(content=_token_logprobs(sample.logprobs), refusal=None),
+        )
+        for i, sample in enumerate(result.samples)
+    ]
+    completion = ChatCompletion(
+        id=id,
+        object="chat.completion",
+        created=created,
+        model=model,
+        choices=choices,
+        usage=usage_model(result.usage),
+        system_fingerprint=None,
+    )
+    return _dump(completion)
+
+
+def text_completion(
+    id: str, created: int, model: str, results: list[Result], echoes: list[str]
+) -> dict[str, Any]:
+    """One Completion for every prompt's Result; choice i*n+j is prompt i's sample j."""
+    choices = []
+    for result, echo in zip(results, echoes, strict=True):
+        for sample in result.samples:
+            choices.append(
+                CompletionChoice(
+                    index=len(choices),
+                    text=echo + sample.text,
+                    finish_reason=_finish(sample),
+                    logprobs=_completion_logprobs(sample.logprobs),
+                )
+            )
+    total = Usage(
+        sum(r.usage.prompt_tokens for r in results),
+        sum(r.usage.completion_tokens for r in results),
+    )
+    completion = Completion(
+        id=id,
+        object="text_completion",
+        created=created,
+        model=model,
+        choices=choices,
+        usage=usage_model(total),
+        system_fingerprint=None,
+    )
+    return _dump(completion)
+
+
+def _completion_logprobs(items: list[TokenLogprob] | None) -> CompletionLogprobs | None:
+    if items is None:
+        return None
+    offsets, at = [], 0
+    for t in items:
+        offsets.append(at)
+        at += len(t.token)
+    return CompletionLogprobs(
+        tokens=[t.token for t in items],
+        token_logprobs=[t.logprob for t in items],
+        top_logprobs=[dict(t.top) for t in items],
+        text_offset=offsets,
+    )
+
+
+def model_list(names: list[str], created: int, owner: str) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(name, created, owner) for name in names]}
+
+
+def model_card(name: str, created: int, owner: str) -> dict[str, Any]:
+    return _dump(Model(id=name, object="model", created=created, owned_by=owner))
+
+
+# --- stream chunks ---------------------------------------------------------------------------
+
+DONE = b"data: [DONE]\n\n"
+_MARK = "@@lmpress-text@@"
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + text.encode() + b"\n\n"
+
+
+class _TextTemplate:
+    """The JSON of a chunk with one text field left open: dumped once from the openai type,
+    then filled per delta, since a stream sends one chunk per delta."""
+
+    def __init__(self, chunk: BaseModel):
+        text = chunk.model_dump_json(exclude_unset=True, warnings=False)
+        before, _, after = text.partition(json.dumps(_MARK))
+        self.before = b"data: " + before.encode()
+        self.after = after.encode() + b"\n\n"
+
+    def fill(self, text: str) -> bytes:
+        return self.before + json.dumps(text, ensure_ascii=False).encode() + self.after
+
+
+class ChatChunks:
+    """The stream of one chat completion, as SSE `data:` lines."""
+
+    def __init__(self, id: str, created: int, model: str, include_usage: bool):
+        self.head: dict[str, Any] = dict(
+            id=id, object="chat.completion.chunk", created=created, model=model,
+            system_fingerprint=None,
+        )  # fmt: skip
+        self.include_usage = include_usage
+        if include_usage:  # then every chunk carries "usage": null, and the last one the usage
+            self.head["usage"] = None
+        self._templates: dict[int, _TextTemplate] = {}
+
+    def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
+        return ChatCompletionChunk(**{**self.head, **extra}, choices=choices)
+
+    def start(self, index: int) -> bytes:
+        delta = ChoiceDelta(role="assistant", content="")
+        choice = ChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=None)
+        return sse(_dump(self._chunk([choice])))
+
+    def text(self, index: int, text: str) -> bytes:
+        template = self._templates.get(index)
+        if template is None:
+            choice = ChunkChoice(
+                index=index, delta=ChoiceDelta(content=_MARK), logprobs=None, finish_reason=None
+            )
+            template = self._templates[index] = _TextTemplate(self._chunk([choice]))
+        return template.fill(text)
+
+    def finish(self, index: int, sample: Sample) -> bytes:
+        logprobs = None
+        if sample.logprobs is not None:
+            logprobs = ChunkLogprobs(content=_token_logprobs(sample.logprobs), refusal=None)
+        choice = ChunkChoice(
+            index=index, delta=ChoiceDelta(), logprobs=logprobs, finish_reason=_finish(sample)
+        )
+        return sse(_dump(self._chunk([choice])))
+
+    def usage(self, usage: Usage) -> bytes:
+        return sse(_dump(self._chunk([], usage=usage_model(usage))))
+
+
+class CompletionChunks:
+    """The stream of one text completion, as SSE `data:` lines."""
+
+    def __init__(self, id: str, created: int, model: str, include_usage: bool):
+        self.head: dict[str, Any] = dict(
+            id=id, object="text_completion", created=created, model=model, system_fingerprint=None
+        )
+        self.include_usage = include_usage
+        if include_usage:
+            self.head["usage"] = None
+        self._templates: dict[int, _TextTemplate] = {}
+
+    def _chunk(self, choices: list[CompletionChoice], **extra: Any) -> Completion:
+        return Completion.model_construct(**{**self.head, **extra}, choices=choices)
+
+    def text(self, index: int, text: str) -> bytes:
+        template = self._templates.get(index)
+        if template is None:
+            choice = CompletionChoice.model_construct(
+                index=index, text=_MARK, logprobs=None, finish_reason=None
+            )
+            template = self._templates[index] = _TextTemplate(self._chunk([choice]))
+        return template.fill(text)
+
+    def finish(self, index: int, sample: Sample) -> bytes:
+        choice = CompletionChoice(
+            index=index,
+            text="",
+            finish_reason=_finish(sample),
+            logprobs=_completion_logprobs(sample.logprobs),
+        )
+        return sse(_dump(self._chunk([choice])))
+
+    def usage(self, usage: Usage) -> bytes:
+        return sse(_dump(self._chunk([], usage=usage_model(usage))))
