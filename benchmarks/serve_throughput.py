@@ -11,8 +11,8 @@ generation settings (greedy, the same max_new_tokens and batch_size) over the sa
 The ratio (serve / batch) is what counts; both are measured in the same run. Model loading is
 outside both measurements. Run by hand:
 
-    python benchmarks/serve_throughput.py                 # 128 prompts, 64 tokens each
-    python benchmarks/serve_throughput.py --prompts 64 --max-new-tokens 32
+    python benchmarks/serve_throughput.py                 # 64 prompts, 32 tokens each
+    python benchmarks/serve_throughput.py --prompts 128 --max-new-tokens 64 --rounds 2
 """
 
 from __future__ import annotations
@@ -123,13 +123,20 @@ async def run_clients(url: str, model: str, texts: list[str], clients: int, max_
     return tokens, wall
 
 
+def report(what: str, tokens: int, wall: float, total: list) -> None:
+    total[0] += tokens
+    total[1] += wall
+    print(f"{what}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tok/s", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny:smollm2-135m-shape")
-    parser.add_argument("--prompts", type=int, default=128)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=1, help="batch then serve, this many times")
     args = parser.parse_args()
 
     # Build the tiny model once, before either measurement (it trains a 49k-vocab tokenizer).
@@ -147,23 +154,24 @@ def main() -> int:
         flush=True,
     )
 
-    with tempfile.TemporaryDirectory() as tmp:
-        batch_tokens, batch_wall = run_batch(settings, texts, Path(tmp))
-    batch_tps = batch_tokens / batch_wall
-    print(f"lmpress batch : {batch_tokens} tokens in {batch_wall:.2f} s = {batch_tps:.1f} tok/s",
-          flush=True)  # fmt: skip
-
-    proc, url, _ = start_server(settings)
-    try:
-        serve_tokens, serve_wall = asyncio.run(
-            run_clients(url, args.model, texts, args.clients, args.max_new_tokens)
-        )
-    finally:
-        proc.terminate()
-        proc.wait()
-    serve_tps = serve_tokens / serve_wall
+    totals = {"batch": [0, 0.0], "serve": [0, 0.0]}
+    for round_ in range(1, args.rounds + 1):
+        # Alternating the two, round after round, spreads any change in the machine's load.
+        with tempfile.TemporaryDirectory() as tmp:
+            tokens, wall = run_batch(settings, texts, Path(tmp))
+        report(f"round {round_} lmpress batch", tokens, wall, totals["batch"])
+        proc, url, _ = start_server(settings)
+        try:
+            tokens, wall = asyncio.run(
+                run_clients(url, args.model, texts, args.clients, args.max_new_tokens)
+            )
+        finally:
+            proc.terminate()
+            proc.wait()
+        report(f"round {round_} lmpress serve", tokens, wall, totals["serve"])
+    batch_tps, serve_tps = (tokens / wall for tokens, wall in totals.values())
     print(
-        f"lmpress serve : {serve_tokens} tokens in {serve_wall:.2f} s = {serve_tps:.1f} tok/s "
+        f"lmpress batch {batch_tps:.1f} tok/s, lmpress serve {serve_tps:.1f} tok/s "
         f"({args.clients} concurrent streaming clients)"
     )
     print(f"ratio serve/batch = {serve_tps / batch_tps:.3f} (target >= 0.8)")

@@ -226,7 +226,7 @@ def chat_sampling(body: ChatCompletionBody) -> Sampling:
     sampling = _common_sampling(body, _first(body.max_completion_tokens, body.max_tokens))
     if body.logprobs:
         sampling.set("logprobs", True, "logprobs")
-    if body.top_logprobs is not None:
+    if body.top_logprobs:
         if not body.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
         sampling.set("top_logprobs", body.top_logprobs, "top_logprobs")

@@ -66,6 +66,7 @@ def test_max_tokens_reaches_the_engine(echo_server, argument):
         (json.dumps(chat(max_tokens=0)).encode(), "max_tokens"),
         (json.dumps(chat(temperature=-1)).encode(), "temperature"),
         (json.dumps(chat(stream_options={"include_usage": True})).encode(), "stream_options"),
+        (json.dumps(chat(top_logprobs=2)).encode(), "top_logprobs"),
         (json.dumps(chat(tools=[{"type": "function", "function": {"name": "f"}}])).encode(), "tools"),
         (json.dumps(chat(response_format={"type": "yaml"})).encode(), "response_format"),
     ],
@@ -105,6 +106,18 @@ def test_a_parameter_the_engine_does_not_support_is_400(echo_server, fields, par
     error = assert_error(response, 400, param)
     assert "engine ECHO does not support" in error["message"]
     assert error["code"] == "unsupported_parameter"
+
+
+def test_arguments_at_their_neutral_values_are_accepted(echo_server):
+    """What generic clients send along: nulls, empty lists, the defaults."""
+    body = chat(
+        tools=[], tool_choice="none", response_format={"type": "text"}, logprobs=False,
+        top_logprobs=0, stop=None, logit_bias={}, user="u1", metadata={"a": "b"}, store=False,
+        parallel_tool_calls=True, stream=False, stream_options=None, n=1,
+    )  # fmt: skip
+    with echo_server.http() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
 
 
 def test_malformed_completion_bodies_are_400(echo_server):
