@@ -265,14 +265,15 @@ def completion_prompts(body: CompletionBody) -> list[str]:
 
 
 def _guided_decoding(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
-    """OpenAI's response_format as GenerationParams.guided_decoding (vLLM's names)."""
+    """OpenAI's response_format as GenerationParams.guided_decoding: {"json": schema}, where
+    any JSON object is the schema {"type": "object"}."""
     if response_format is None:
         return None
     kind = response_format.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
-        return {"json_object": True}
+        return {"json": {"type": "object"}}
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):

@@ -98,7 +98,13 @@ def test_invalid_messages_are_400_through_the_official_client(echo_server, messa
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"top_p": 0.5}, "top_p"), ({"logprobs": True}, "logprobs"), ({"presence_penalty": 1}, "presence_penalty")],
+    [
+        ({"top_p": 0.5}, "top_p"),
+        ({"logprobs": True}, "logprobs"),
+        ({"presence_penalty": 1}, "presence_penalty"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"top_k": 5}, "top_k"),
+    ],
 )  # fmt: skip
 def test_a_parameter_the_engine_does_not_support_is_400(echo_server, fields, param):
     with echo_server.http() as http:
