@@ -198,7 +198,7 @@ class RequireKey:
 
     def __init__(self, app: ASGIApp, api_key: str | None):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -209,7 +209,8 @@ class RequireKey:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization")
-        if given is not None and hmac.compare_digest(given, self.expected):
+        scheme, _, token = (given or b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected):
             await self.app(scope, receive, send)
             return
         message = (

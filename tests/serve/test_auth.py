@@ -54,6 +54,8 @@ def test_the_right_key_is_let_in(keyed_server):
     assert client.completions.create(model=MODEL, prompt="hi").choices[0].text == 'ECHO "hi"'
     with pytest.raises(openai.AuthenticationError):
         keyed_server.client(api_key="not-it").chat.completions.create(model=MODEL, messages=HI)
+    with keyed_server.http() as http:  # the scheme's case does not matter (RFC 7235)
+        assert http.get("/v1/models", headers={"authorization": f"bearer {KEY}"}).is_success
 
 
 def test_health_needs_no_key(keyed_server):
