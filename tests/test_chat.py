@@ -163,6 +163,7 @@ def test_set_changes_what_the_engine_is_asked_and_refuses_bad_values(echo_chat):
     assert "generation.temperature = 0.2" in chat.say("/set generation.temperature=0.2")
     assert "temperature=0.2" in chat.say("/set")
     assert "generation.seed = 7" in chat.say("/set seed 7")  # shorthand: section and '=' optional
+    assert chat.say("/set generation.temperature").strip() == "generation.temperature = 0.2"
 
     for typed, message in [
         (

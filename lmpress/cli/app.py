@@ -173,6 +173,9 @@ def chat(
 
     [bold]lmpress chat -c tiny-native[/bold]
 
+    In the chat: /help /reset /system /set /retry /undo /save /load /exit; Ctrl-C stops a
+    reply, Ctrl-D leaves.
+
     Piped, each line of stdin is a message and each reply is printed:
     [bold]lmpress chat -c tiny-native < questions.txt[/bold]
     """
