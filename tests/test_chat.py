@@ -247,7 +247,7 @@ def test_unknown_command_lists_the_commands_and_help_explains_them(echo_chat):
         "Commands: /help /reset /system /set /retry /undo /save /load /exit"
     )
     help_text = chat.say("/help")
-    for usage in ["/reset", "/system TEXT", "/set KEY=VALUE", "/retry", "/undo", "/save FILE",
+    for usage in ["/reset", "/system [TEXT]", "/set [KEY=VALUE]", "/retry", "/undo", "/save FILE",
                   "/load FILE [LINE]", "/exit", '"""', "Ctrl-C stops a reply"]:  # fmt: skip
         assert usage in help_text
     assert transcript(chat.say("//etc is a directory")) == [user("/etc is a directory")]
@@ -287,6 +287,14 @@ def test_multi_line_input_history_and_completion(echo_chat, tmp_path):
     chat.say("/reset")
     chat.child.sendline("first half \\")
     assert transcript(chat.say("second half")) == [user("first half \nsecond half")]
+    chat.say("/reset")
+
+    # A block pasted into the terminal (bracketed paste) is one message.
+    chat.child.send("\x1b[200~pasted a\npasted b\n\x1b[201~")
+    chat.child.send("\r")
+    chat.child.expect(STATUS)
+    assert transcript(clean(chat.child.before)) == [user("pasted a\npasted b")]
+    chat.child.expect(PROMPT)
     chat.say("/reset")
 
     # Up recalls the last typed line; Tab completes a command.
@@ -419,6 +427,11 @@ def test_native_ctrl_c_stops_generation_and_the_next_reply_comes(tiny_llama, tmp
     chat.child.sendintr()
     chat.child.expect(PROMPT)
     assert "stopped by Ctrl-C" in clean(chat.child.before)
+    chat.say("/save stopped.jsonl")
+    [row] = [json.loads(line) for line in (tmp_path / "stopped.jsonl").read_text().splitlines()]
+    [asked, kept] = row["messages"]
+    assert asked == user("tell me a long story")
+    assert kept["role"] == "assistant" and kept["content"]  # the partial reply, kept
     chat.say("/set generation.max_new_tokens=8")
     chat.say("/set generation.min_tokens=0")
     shown = chat.say("short one")

@@ -133,13 +133,13 @@ def exit_command(chat: Chat, arg: str) -> None:
 
 COMMANDS: dict[str, Command] = {
     "help": Command(help_command, "/help", "show this help"),
-    "reset": Command(reset_command, "/reset", "forget the conversation (keeps system prompt and settings)"),
-    "system": Command(system_command, "/system TEXT", "set the system prompt (alone: show it; '/system clear' removes it)"),
-    "set": Command(set_command, "/set KEY=VALUE", "change a generation setting, e.g. /set generation.temperature=0.2 (alone: list them)"),
+    "reset": Command(reset_command, "/reset", "forget the conversation (system prompt, settings stay)"),
+    "system": Command(system_command, "/system [TEXT]", "show or set the system prompt; '/system clear' drops it"),
+    "set": Command(set_command, "/set [KEY=VALUE]", "list the generation settings, or change one:"),
     "retry": Command(retry_command, "/retry", "generate the last reply again"),
     "undo": Command(undo_command, "/undo", "drop the last exchange (your message and its reply)"),
-    "save": Command(save_command, "/save FILE", "append the conversation to FILE as one JSONL row ('lmpress batch -i FILE' replays it)"),
-    "load": Command(load_command, "/load FILE [LINE]", "continue a conversation saved with /save (the file's last row, or LINE)"),
+    "save": Command(save_command, "/save FILE", "append the conversation to FILE as a batch input row"),
+    "load": Command(load_command, "/load FILE [LINE]", "continue a saved conversation (the last row, or LINE)"),
     "exit": Command(exit_command, "/exit", "leave (Ctrl-D too)"),
 }  # fmt: skip
 ALIASES = {"quit": COMMANDS["exit"], "?": COMMANDS["help"]}
@@ -152,11 +152,14 @@ def command_list() -> str:
 def help_text() -> str:
     width = max(len(c.usage) for c in COMMANDS.values())
     lines = ["Type a message and press Enter to send it. Commands:"]
-    lines += [f"  {c.usage:<{width}}  {c.about}" for c in COMMANDS.values()]
+    for name, command in COMMANDS.items():
+        lines.append(f"  {command.usage:<{width}}  {command.about}")
+        if name == "set":
+            lines.append(f"  {'':<{width}}    /set generation.temperature=0.2")
     lines += [
-        'Several lines: end a line with \\ to go on, or put the lines between """ and """.',
+        'Several lines: end a line with \\ to go on, or put them between """ and """.',
         "Ctrl-C stops a reply (what came so far is kept); Up/Down recall typed lines.",
-        "A message that starts with / is sent by typing // for its first /.",
+        "To send a message that starts with /, type // for its first /.",
     ]
     return "\n".join(lines)
 
