@@ -115,7 +115,7 @@ def test_second_turn_sees_the_first_and_a_status_line_follows_each_reply(echo_ch
         user("what is my name?"),
     ]
     assert STATUS.search(second)
-    assert chat.leave("eof") == 0
+    assert chat.leave("exit") == 0  # what a newcomer types, without the slash
 
 
 def test_system_reset_retry_and_undo(echo_chat):

@@ -97,6 +97,8 @@ class Chat:
             except LmpressError as exc:
                 self.fail(str(exc))
             return
+        if self.interactive and line.lower() in ("exit", "quit"):
+            raise LeaveChat  # what newcomers type to leave; " exit" sends the word itself
         text = line[1:] if line.startswith("//") else line
         if text.strip():
             self.send(Message("user", text))
@@ -232,8 +234,8 @@ def run_chat(config: RunConfig, system: str | None = None, markdown: bool = Fals
                 save_history = setup_readline([f"/{c}" for c in [*COMMANDS, *ALIASES]])
                 what = f"{model} on {engine.name}" if model else engine.name
                 style.info(
-                    f"Chatting with {what}. Type a message and press Enter; "
-                    f"/help lists the commands; Ctrl-D or /exit leaves."
+                    f"Chatting with {what}.\n"
+                    f"Type a message and press Enter; /help lists commands; Ctrl-D or /exit leaves."
                 )
                 try:
                     chat.run(read_messages(interactive=True, on_interrupt=style.note))
