@@ -163,6 +163,36 @@ def _check_writable(path: str) -> None:
         target.unlink()
 
 
+@app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
+def chat(
+    ctx: typer.Context,
+    config: RecipeOpt = None,
+    engine: EngineOpt = None,
+    system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Render replies as Markdown.")
+    ] = False,
+) -> None:
+    """Chat with a model in the terminal: multi-turn, streamed, with slash commands (/help).
+
+    [bold]lmpress chat -c tiny-native[/bold]
+
+    In the chat: /help /reset /system /set /retry /undo /save /load /exit; Ctrl-C stops a
+    reply, Ctrl-D leaves.
+
+    Piped, each line of stdin is a message and each reply is printed:
+    [bold]lmpress chat -c tiny-native < questions.txt[/bold]
+    """
+    cfg, words = _config(ctx, config, engine)
+    if words:
+        raise ConfigError(
+            f"unexpected argument '{words[0]}' (type messages at the chat prompt, or pipe them in)"
+        )
+    from lmpress.chat import run_chat
+
+    raise typer.Exit(run_chat(cfg, system=system, markdown=markdown))
+
+
 @app.command()
 def engines() -> None:
     """List every engine, whether it can run here, and the generation parameters it supports."""
