@@ -30,13 +30,13 @@ class RowFailure:
     id: str | None
     kind: str
     message: str
+    status: int | None = None  # the HTTP status, for rows a remote engine refused
 
     def as_row(self) -> dict[str, Any]:
-        return {
-            "line": self.line,
-            "id": self.id,
-            "error": {"kind": self.kind, "message": self.message},
-        }
+        error: dict[str, Any] = {"kind": self.kind, "message": self.message}
+        if self.status is not None:
+            error["status"] = self.status
+        return {"line": self.line, "id": self.id, "error": error}
 
 
 @dataclass
