@@ -122,6 +122,8 @@ class VllmApi:
 
 def vllm_version() -> str:
     """vLLM's version, or EngineUnavailableError saying how to install a usable one."""
+    # vLLM logs to stdout unless told otherwise; lmpress's stdout carries replies and JSONL.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError as exc:

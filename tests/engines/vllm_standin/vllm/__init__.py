@@ -3,7 +3,7 @@ it mirrors the public signatures of the vLLM classes lmpress calls and runs no m
 
 import os
 
-__version__ = os.environ.get("VLLM_STANDIN_VERSION", "0.33.0")
+__version__ = os.environ.get("VLLM_STANDIN_VERSION") or "0.33.0"
 
 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 from vllm.lora.request import LoRARequest

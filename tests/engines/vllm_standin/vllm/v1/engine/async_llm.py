@@ -11,6 +11,7 @@ cancelled or closes it, as vLLM's does.
 
 import asyncio
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,8 +80,17 @@ class AsyncLLM:
         self._abort_flags: set[str] = set()
         self._accepted = 0
         self._dead = False
-        # vLLM logs to stdout; so does the stand-in, so that lmpress must cope with it.
-        print(f"INFO [stand-in] Initializing an engine with model={vllm_config.model}", flush=True)
+        # vLLM logs to stdout unless VLLM_LOGGING_STREAM says otherwise; so does the stand-in.
+        stream = (
+            sys.stderr
+            if os.environ.get("VLLM_LOGGING_STREAM") == "ext://sys.stderr"
+            else sys.stdout
+        )
+        print(
+            f"INFO [stand-in] Initializing an engine with model={vllm_config.model}",
+            file=stream,
+            flush=True,
+        )
         log("start", args=vllm_config.__dict__)
         ENGINES.append(self)
 
