@@ -710,12 +710,16 @@ def _error_info(exc: BaseException) -> ErrorInfo:
 
 
 def describe(exc: BaseException) -> str:
-    """An exception's first useful line, looking through vLLM's wrappers (EngineGenerateError
-    carries no message of its own, only its cause)."""
+    """An exception's message on one line, looking through vLLM's wrappers (EngineGenerateError
+    carries no message of its own, only its cause). Multi-line messages, such as pydantic's
+    validation errors for engine arguments, are folded into one line."""
     seen: BaseException | None = exc
     while seen is not None:
-        text = first_line(seen)
-        if text != type(seen).__name__:
+        lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
+        lines = [line for line in lines if not line.startswith("For further information")]
+        if lines:
+            text = " ".join(lines)
+            text = text if len(text) <= 500 else text[:497] + "..."
             return text if seen is exc else f"{type(exc).__name__}: {text}"
         seen = seen.__cause__ or seen.__context__
     return type(exc).__name__
