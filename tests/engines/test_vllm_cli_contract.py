@@ -16,7 +16,7 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.vllm_engine import engine_settings
-from tests.conftest import run_lmpress
+from tests.conftest import REPO, run_lmpress
 from tests.engines.vllm_contract_support import (
     model_dir,
     standin,
@@ -155,3 +155,38 @@ def test_recipe_runs_on_two_gpus(tmp_path):
     one = run_lmpress(*args, env=standin_env(CUDA_VISIBLE_DEVICES="0"))
     assert one.returncode == 2
     assert "World size (2) is larger than the number of available GPUs (1)" in one.stderr
+
+
+# --- benchmarks/vllm_check.py ------------------------------------------------------------------
+
+
+def run_check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    script = str(REPO / "benchmarks" / "vllm_check.py")
+    return subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True,
+        env={**os.environ, **(env or {})}, timeout=300,
+    )  # fmt: skip
+
+
+@without_vllm
+def test_vllm_check_refuses_to_run_without_vllm(model_dir):
+    run = run_check(model_dir)
+    assert run.returncode == 2
+    assert run.stderr == (
+        "vllm_check: cannot run here: vllm is not installed here: pip install 'lmpress[vllm]' "
+        "(vLLM needs Linux and a GPU)\n"
+    )
+
+
+def test_vllm_check_refuses_to_run_without_a_gpu(model_dir):
+    run = run_check(model_dir, env=standin_env(VLLM_STANDIN_NO_GPU="1"))
+    assert run.returncode == 2
+    assert run.stderr.startswith("vllm_check: cannot run here: vLLM found no GPU on this machine")
+
+
+def test_vllm_check_plumbing_runs_end_to_end_on_the_standin(model_dir):
+    # Only the script's plumbing: the stand-in's numbers mean nothing about vLLM.
+    run = run_check(model_dir, "--rows", "20", "--max-new-tokens", "4", env=standin_env())
+    assert run.returncode == 0, run.stderr
+    assert "lmpress / raw vLLM, output tokens per second:" in run.stdout
+    assert "identical replies (greedy): 20 of 20" in run.stdout

@@ -6,6 +6,7 @@ import os
 __version__ = os.environ.get("VLLM_STANDIN_VERSION") or "0.33.0"
 
 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+from vllm.entrypoints.llm import LLM
 from vllm.lora.request import LoRARequest
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -14,6 +15,7 @@ __all__ = [
     "AsyncEngineArgs",
     "CompletionOutput",
     "EngineArgs",
+    "LLM",
     "LoRARequest",
     "RequestOutput",
     "SamplingParams",
