@@ -15,7 +15,7 @@ from importlib.util import find_spec
 import pytest
 
 from lmpress.configs import load_config
-from lmpress.engines.vllm_engine import engine_settings
+from lmpress.engines.vllm_translate import engine_settings
 from tests.conftest import REPO, run_lmpress
 from tests.engines.vllm_contract_support import (
     model_dir,

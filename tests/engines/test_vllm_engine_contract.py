@@ -19,13 +19,8 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.engines.vllm_engine import (
-    OutputAssembler,
-    VllmApi,
-    VllmEngine,
-    engine_settings,
-    sampling_params,
-)
+from lmpress.engines.vllm_engine import VllmApi, VllmEngine
+from lmpress.engines.vllm_translate import OutputAssembler, engine_settings, sampling_params
 from lmpress.errors import ConfigError, EngineUnavailableError, ModelLoadError
 from lmpress.types import (
     ContentPart,
