@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -178,7 +179,7 @@ class _Replica:
             self._send({"op": "cancel", "id": uid})
 
     def _send(self, message: dict[str, Any]) -> bool:
-        line = json.dumps(message, ensure_ascii=False) + "\n"
+        line = json.dumps(message) + "\n"  # ASCII: whatever the replica's locale
         with self._write_lock:
             try:
                 assert self.proc.stdin is not None
@@ -278,6 +279,8 @@ def main() -> int:
     """A replica: one VLLM engine on the GPUs in CUDA_VISIBLE_DEVICES, driven over stdin."""
     protocol = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
     os.dup2(2, 1)  # anything printed from here on goes to stderr, not into the protocol
+    # Ctrl-C reaches the whole process group; the parent decides when replicas stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     header = sys.stdin.readline()
     if not header:
         return 0
@@ -340,7 +343,7 @@ async def _serve(engine: Any, protocol: TextIO) -> int:
 
 
 def _write(protocol: TextIO, message: dict[str, Any]) -> None:
-    protocol.write(json.dumps(message, ensure_ascii=False) + "\n")
+    protocol.write(json.dumps(message) + "\n")
 
 
 if __name__ == "__main__":

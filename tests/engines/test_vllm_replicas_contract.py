@@ -83,9 +83,9 @@ def test_requests_and_results_cross_the_wire_intact():
 
 
 def write_rows(path, count: int) -> None:
-    path.write_text(
-        "".join(json.dumps({"id": f"r{i}", "prompt": f"row {i}"}) + "\n" for i in range(count))
-    )
+    rows = [{"id": f"r{i}", "prompt": f"row {i} café 東京"} for i in range(count)]
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    path.write_text(text, encoding="utf-8")
 
 
 def test_rows_are_spread_across_replicas_pinned_to_their_gpus(model_dir, tmp_path):
@@ -108,10 +108,8 @@ def test_rows_are_spread_across_replicas_pinned_to_their_gpus(model_dir, tmp_pat
     assert sorted(r["id"] for r in written) == sorted(f"r{i}" for i in range(24))
     for row in written:
         number = row["id"][1:]
-        assert (
-            row["response"]["text"]
-            == f"<|im_start|>user row {number}<|im_end|> <|im_start|>assistant"
-        )
+        reply = f"<|im_start|>user row {number} café 東京<|im_end|> <|im_start|>assistant"
+        assert row["response"]["text"] == reply
     events = read_log(log)
     starts = [e for e in events if e["event"] == "start"]
     assert sorted(e["cuda_visible_devices"] for e in starts) == ["0,1", "2,3"]
