@@ -361,3 +361,117 @@ def test_summary_is_printed_and_written(tmp_path):
         assert label in run.stderr
     summary = json.loads((tmp_path / "out.summary.json").read_text())
     assert summary["rows_ok"] == 5 and summary["completion_tokens"] > 0 and summary["wall_s"] > 0
+
+
+def test_vllm_run_batch_examples_round_trip(tmp_path):
+    from openai.types.chat import ChatCompletion
+
+    from tests.data.test_openai_batch import VLLM_EXAMPLE
+
+    embeddings = {"custom_id": "request-3", "method": "POST", "url": "/v1/embeddings",
+                  "body": {"model": "intfloat/e5-mistral-7b-instruct", "input": "You are a helpful assistant."}}  # fmt: skip
+    src = write_rows(tmp_path / "in.jsonl", [*VLLM_EXAMPLE, embeddings])
+    out = tmp_path / "results.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), "--model.model_name", "tiny:llama")
+    assert run.returncode == 1  # the embeddings line is not lmpress's to answer
+    lines = read_rows(out)
+    assert sorted(line["custom_id"] for line in lines) == ["request-1", "request-2"]
+    for line in lines:
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        body = ChatCompletion.model_validate(line["response"]["body"])
+        assert body.object == "chat.completion"
+        assert body.choices[0].message.role == "assistant"
+        assert body.usage.completion_tokens > 0
+    (error,) = read_rows(tmp_path / "results.errors.jsonl")
+    assert error["custom_id"] == "request-3" and error["line"] == 3
+    assert 'url "/v1/embeddings" is not supported' in error["error"]["message"]
+    # The output is itself valid input for a resumed run: nothing left to do but the refused line.
+    again = run_lmpress(
+        "batch",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--model.model_name",
+        "tiny:llama",
+        "--no-retry-failed",
+    )
+    assert again.returncode == 0
+    assert json.loads((tmp_path / "results.summary.json").read_text())["rows_skipped"] == 3
+
+
+def test_openai_batch_body_overrides_the_recipe(tmp_path):
+    line = {"custom_id": "short", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "n": 2, "temperature": 0.9, "seed": 3}}  # fmt: skip
+    src = write_rows(tmp_path / "in.jsonl", [line])
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert run.returncode == 0, run.stderr
+    (got,) = read_rows(out)
+    body = got["response"]["body"]
+    assert len(body["choices"]) == 2
+    assert body["usage"]["completion_tokens"] <= 4
+    assert all(c["finish_reason"] in ("length", "stop") for c in body["choices"])
+
+
+MALFORMED = [
+    ("this is not json", "not valid JSON"),
+    ('{"prompt": "unterminated', "not valid JSON"),
+    ('["a", "list"]', "expected a JSON object"),
+    ('"just a string"', "expected a JSON object"),
+    ('{"question": "no messages or prompt"}', "neither 'messages' nor 'prompt'"),
+    ('{"messages": []}', "'messages' is empty"),
+    ('{"messages": "hello"}', "'messages' must be a list"),
+    ('{"messages": [{"role": "robot", "content": "x"}]}', 'unknown role "robot"'),
+    ('{"messages": ["hello"]}', "message 1 must be an object"),
+    ('{"messages": [{"role": "user", "content": {"a": 1}}]}', "content must be a string or a list"),
+    (
+        '{"messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}]}',
+        'unknown type "video"',
+    ),
+    ('{"prompt": 42}', "'prompt' must be a string"),
+    ('{"prompt": "x", "generation": {"temperature": -1}}', "generation.temperature"),
+    ('{"prompt": "x", "generation": {"top_p": "high"}}', "top_p"),
+    ('{"prompt": "x", "generation": {"tempreture": 1}}', "unknown key 'tempreture'"),
+    ('{"prompt": "x", "generation": {"num_beams": 3}}', "does not support generation.num_beams"),
+    (
+        '{"custom_id": "a1", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}',
+        "is not supported",
+    ),
+    (
+        '{"custom_id": "a2", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}',
+        "body has no 'messages'",
+    ),
+    (
+        '{"custom_id": "a3", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], "tools": [{}]}}',
+        "body.tools is not supported",
+    ),
+    ('{"id": "huge", "prompt": "' + "word " * 3000 + '"}', "the model's context is"),
+]
+
+
+def test_malformed_corpus_gives_a_clear_error_per_row(tmp_path):
+    lines, expected_at = [], {}
+    for i, (text, expected) in enumerate(MALFORMED):
+        lines.append(json.dumps({"id": f"good-{i}", "prompt": f"fine {i}"}))
+        lines.append(text)
+        expected_at[len(lines)] = expected
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(("\n".join(lines) + "\n").encode() + b'{"prompt": "caf\xe9"}\n')
+    expected_at[len(lines) + 1] = "not valid UTF-8"
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert sorted(r["id"] for r in read_rows(out)) == sorted(
+        f"good-{i}" for i in range(len(MALFORMED))
+    )
+    errors = {e["line"]: e for e in read_rows(tmp_path / "out.errors.jsonl")}
+    assert set(errors) == set(expected_at)
+    for line_no, expected in expected_at.items():
+        reported = [
+            ln for ln in run.stderr.splitlines() if ln.startswith(f"lmpress: {src}:{line_no}: ")
+        ]
+        assert len(reported) == 1 and expected in reported[0], (line_no, expected, reported)
+        message = (errors[line_no].get("error") or {}).get("message", "")
+        assert expected in message
