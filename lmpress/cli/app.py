@@ -7,21 +7,23 @@ backend: `lmpress --help` stays fast.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
 
 from lmpress import __version__
-from lmpress.configs import load_config, parse_overrides
-from lmpress.configs.schema import RunConfig
-from lmpress.data.formats import OUTPUT_FORMATS
 from lmpress.errors import ConfigError, InputError, LmpressError
+
+if TYPE_CHECKING:
+    from lmpress.configs.schema import RunConfig
+
+# Modules a command needs (omegaconf, asyncio, the batch runner) are imported inside it, so
+# that `lmpress --help` loads only typer.
 
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
 OVERRIDES_HELP = (
@@ -70,6 +72,8 @@ def _root(
 def _config(
     ctx: typer.Context, recipe: str | None, engine: str | None
 ) -> tuple[RunConfig, list[str]]:
+    from lmpress.configs import load_config, parse_overrides
+
     overrides, positional = parse_overrides(ctx.args)
     return load_config(recipe, overrides, engine=engine), positional
 
@@ -99,6 +103,8 @@ def infer(
         if sys.stdin.isatty():
             raise ConfigError("no prompt: give it as an argument or on stdin")
         prompt = sys.stdin.read().strip()
+    import asyncio
+
     from lmpress.infer import run_prompt
 
     raise typer.Exit(asyncio.run(run_prompt(cfg, prompt, system)))
@@ -142,13 +148,15 @@ def batch(
     cfg, words = _config(ctx, config, engine)
     if words:
         raise ConfigError(f"unexpected argument '{words[0]}' (batch reads rows from -i FILE)")
+    from lmpress.batch import BatchOptions, parse_shard
+    from lmpress.data.formats import OUTPUT_FORMATS
+
     if on_error not in ("skip", "fail"):
         raise ConfigError(f"--on-error {on_error}: use skip or fail")
     if output_format not in OUTPUT_FORMATS:
         raise ConfigError(f"--output-format {output_format}: use {', '.join(OUTPUT_FORMATS)}")
     if max_errors is not None and max_errors < 1:
         raise ConfigError("--max-errors: must be at least 1")
-    from lmpress.batch import BatchOptions, parse_shard
 
     options = BatchOptions(
         input_path="",
@@ -166,6 +174,8 @@ def batch(
 
 
 def _batch(cfg: RunConfig, input: str | None, output: str | None, options=None) -> int:
+    import asyncio
+
     from lmpress.batch import BatchOptions, Progress, print_summary, run_batch
     from lmpress.data.resume import JobFiles
     from lmpress.engines.registry import load_engine_class
