@@ -20,6 +20,7 @@ from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Engine, error_result
+from lmpress.engines.chat_prompt import render_chat_prompt
 from lmpress.errors import ModelLoadError, RequestError
 from lmpress.tinymodels import resolve_model_name
 from lmpress.types import (
@@ -131,24 +132,7 @@ class NativeEngine(Engine):
         if request.prompt is not None:
             ids = self.tokenizer(request.prompt)["input_ids"]
         else:
-            if any(m.has_images() for m in request.messages):
-                raise RequestError(
-                    "the NATIVE engine runs text-only models; this row has image parts",
-                    kind="invalid_request",
-                )
-            if not self.tokenizer.chat_template:
-                raise RequestError(
-                    f"model '{self.model_name}' has no chat template; set model.chat_template "
-                    f"(a Jinja string, a template file, or 'chatml')",
-                    kind="invalid_request",
-                )
-            messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-            try:
-                text = self.tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True
-                )
-            except Exception as exc:  # Jinja raises its own errors for refused conversations
-                raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
+            text = render_chat_prompt(self.tokenizer, request, self.name, self.model_name)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(

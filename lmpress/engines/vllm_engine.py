@@ -34,6 +34,7 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, error_result
+from lmpress.engines.chat_prompt import render_chat_prompt
 from lmpress.engines.native import resolve_chat_template
 from lmpress.engines.vllm_translate import (
     OutputAssembler,
@@ -310,25 +311,9 @@ class AsyncLLMRunner:
         """The prompt as vLLM takes it, and the tokenization arguments to go with it."""
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
-        if any(m.has_images() for m in request.messages):
-            raise RequestError(
-                "the VLLM engine in lmpress sends text only for now; this row has image parts",
-                kind="invalid_request",
-            )
-        options: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
-        if self.engine.chat_template:
-            options["chat_template"] = self.engine.chat_template
-        elif not getattr(self.tokenizer, "chat_template", None):
-            raise RequestError(
-                f"model '{self.engine.model_name}' has no chat template; set model.chat_template "
-                f"(a Jinja string, a template file, or 'chatml')",
-                kind="invalid_request",
-            )
-        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-        try:
-            text = self.tokenizer.apply_chat_template(messages, **options)
-        except Exception as exc:  # Jinja raises its own errors for refused conversations
-            raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
+        text = render_chat_prompt(
+            self.tokenizer, request, "VLLM", self.engine.model_name, self.engine.chat_template
+        )
         # The template writes BOS and the other special tokens itself.
         return {"prompt": text}, {"add_special_tokens": False}
 
