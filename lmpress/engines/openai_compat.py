@@ -14,12 +14,9 @@ million-row job pays stays small.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import dataclasses
 import json
 import mimetypes
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +25,7 @@ from urllib.parse import unquote, urlparse
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote import MalformedResponse, RemoteEngine, Reply, client_options
-from lmpress.errors import ConfigError, RequestError
+from lmpress.errors import RequestError
 from lmpress.types import Delta, GenerationParams, Message, Request, Sample, TokenLogprob, Usage
 
 # What every OpenAI-compatible chat endpoint takes.
@@ -100,7 +97,17 @@ class OpenAICompatEngine(RemoteEngine):
 
     async def _model(self, client: Any) -> str:
         if self._served_model is None:
-            page = await client.models.list()
+            try:
+                page = await client.models.list()
+            except Exception as exc:
+                if getattr(exc, "status_code", None) not in (404, 405, 501):
+                    raise  # a transient failure: retried like the request itself
+                raise RequestError(
+                    f"{self.api_url} does not list its models (GET /models answered "
+                    f"{exc.status_code}); set --model.model_name",
+                    "not_found",
+                    exc.status_code,
+                ) from exc
             ids = [m.id for m in page.data]
             if not ids:
                 raise RequestError(
@@ -200,7 +207,7 @@ class RemoteVLLMEngine(OpenAICompatEngine):
     )
 
 
-_GOOGLE_PARAMS = frozenset({
+GOOGLE_PARAMS = frozenset({
     "max_new_tokens", "temperature", "top_p", "n", "stop_strings", "seed", "presence_penalty",
     "frequency_penalty", "guided_decoding",
 })  # fmt: skip
@@ -221,7 +228,7 @@ class GeminiEngine(_Preset):
     name = "GEMINI"
     default_api_url = "https://generativelanguage.googleapis.com/v1beta/openai/"
     default_key_env = "GEMINI_API_KEY"
-    supported_params = _GOOGLE_PARAMS
+    supported_params = GOOGLE_PARAMS
 
 
 class TogetherEngine(_Preset):
@@ -264,97 +271,6 @@ class FireworksEngine(_Preset):
     default_key_env = "FIREWORKS_API_KEY"
     supported_params = _OPEN_MODEL_HOST_PARAMS
     dialect = Dialect(extra_fields=OPEN_MODEL_PARAMS)
-
-
-class GoogleVertexEngine(OpenAICompatEngine):
-    """Vertex AI's OpenAI-compatible endpoint, with a bearer token from google-auth.
-
-    The URL comes from remote_params.api_url, else from the project and location
-    (GOOGLE_CLOUD_PROJECT / GOOGLE_CLOUD_LOCATION, or Oumi's PROJECT_ID / REGION). The token is
-    the variable remote_params.api_key_env_varname names when set, else Application Default
-    Credentials, refreshed before it expires.
-    """
-
-    name = "GOOGLE_VERTEX"
-    supported_params = _GOOGLE_PARAMS
-    key_required = False
-    model_required = True
-    SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
-
-    def __init__(self, config: RunConfig):
-        remote = config.remote_params
-        self._credentials: Any = None
-        self._refresh: asyncio.Task | None = None
-        project = None
-        if not (remote.api_key or remote.api_key_env_varname):
-            self._credentials, project = _google_credentials(self.SCOPES)
-        if not remote.api_url:
-            remote = dataclasses.replace(remote, api_url=vertex_url(project))
-            config = dataclasses.replace(config, remote_params=remote)
-        super().__init__(config)
-
-    async def _before_send(self, client: Any) -> None:
-        credentials = self._credentials
-        if credentials is None:
-            return
-        if not credentials.valid:
-            # One refresh for all the requests that find the token expired at once.
-            loop = asyncio.get_running_loop()
-            if self._refresh is None or self._refresh.get_loop() is not loop:
-                self._refresh = loop.create_task(self._refresh_token())
-            refresh = self._refresh
-            try:
-                await asyncio.shield(refresh)
-            finally:
-                if refresh.done() and self._refresh is refresh:
-                    self._refresh = None
-        client.api_key = credentials.token
-
-    async def _refresh_token(self) -> None:
-        from google.auth.exceptions import RefreshError
-        from google.auth.transport.requests import Request as AuthRequest
-
-        try:
-            await asyncio.to_thread(self._credentials.refresh, AuthRequest())
-        except RefreshError as exc:  # refused: retrying will not help
-            raise RequestError(
-                f"Google refused to refresh the access token: {exc}", "authentication_error"
-            ) from exc
-        except Exception as exc:  # the token endpoint could not be reached: retried
-            raise GoogleTokenUnavailable(f"cannot reach Google's token endpoint: {exc}") from exc
-        self.redactor.secrets.append(self._credentials.token)
-
-
-class GoogleTokenUnavailable(ConnectionError):
-    """The token endpoint could not be reached; retried like any connection error."""
-
-
-def vertex_url(project: str | None) -> str:
-    project = os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("PROJECT_ID") or project
-    location = os.environ.get("GOOGLE_CLOUD_LOCATION") or os.environ.get("REGION")
-    if not project or not location:
-        raise ConfigError(
-            "engine GOOGLE_VERTEX needs a project and a location: set GOOGLE_CLOUD_PROJECT and "
-            "GOOGLE_CLOUD_LOCATION (e.g. us-central1), or give --remote_params.api_url"
-        )
-    host = "aiplatform.googleapis.com" if location == "global" else (
-        f"{location}-aiplatform.googleapis.com"
-    )  # fmt: skip
-    return f"https://{host}/v1/projects/{project}/locations/{location}/endpoints/openapi"
-
-
-def _google_credentials(scopes: tuple[str, ...]) -> tuple[Any, str | None]:
-    import google.auth
-    from google.auth.exceptions import DefaultCredentialsError
-
-    try:
-        return google.auth.default(scopes=list(scopes))
-    except DefaultCredentialsError as exc:
-        raise ConfigError(
-            "engine GOOGLE_VERTEX found no Google credentials: run 'gcloud auth "
-            "application-default login', set GOOGLE_APPLICATION_CREDENTIALS, or put an access "
-            "token in a variable named by --remote_params.api_key_env_varname"
-        ) from exc
 
 
 # --- the translation ---------------------------------------------------------------------

@@ -75,7 +75,7 @@ BUILTIN: tuple[EngineSpec, ...] = (
     ),
     EngineSpec(
         "GOOGLE_VERTEX",
-        "lmpress.engines.openai_compat:GoogleVertexEngine",
+        "lmpress.engines.vertex:GoogleVertexEngine",
         "vertex",
         ("openai", "google.auth"),
         "Google Vertex AI",

@@ -1,9 +1,9 @@
 """What every remote engine shares: the API key, the retry loop and the pacing around each request.
 
-A provider module (openai_compat, anthropic) subclasses `RemoteEngine` and supplies four
-things: `_make_client` (its SDK's async client, with the SDK's own retries off), `_send` (one
-non-streaming attempt), `_send_stream` (one streaming attempt) and `_estimate` (a request's
-size, for the token budgets). Failures of an attempt arrive here as exceptions and are sorted
+A provider module (openai_compat, anthropic) subclasses `RemoteEngine` and supplies three
+things: `_make_client` (its SDK's async client, built with `client_options`), `_send` (one
+non-streaming attempt) and `_send_stream` (one streaming attempt), plus, where the service is
+picky, `check_request_params`. Failures of an attempt arrive here as exceptions and are sorted
 by `classify`: 429, 5xx, timeouts, dropped connections and malformed bodies are retried with
 backoff; other 4xx fail the row at once.
 """
@@ -14,8 +14,6 @@ import asyncio
 import gc
 import json
 import os
-import re
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -24,6 +22,7 @@ from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, error_result
+from lmpress.engines.credentials import Redactor, resolve_api_key
 from lmpress.engines.ratelimit import (
     Pacer,
     Ticket,
@@ -31,7 +30,7 @@ from lmpress.engines.ratelimit import (
     estimate_tokens,
     parse_retry_after,
 )
-from lmpress.errors import ConfigError, RequestError
+from lmpress.errors import ConfigError, RequestError, UnsupportedParamError
 from lmpress.types import Delta, ErrorInfo, Request, Result, Sample, Usage
 
 # 408 and 409 are retried too, as both SDKs do: a timeout and a conflict say "try again".
@@ -105,7 +104,10 @@ class RemoteEngine(Engine):
                 f"model.model_name: engine {self.name} needs the provider's model name "
                 f"(--model.model_name NAME)"
             )
-        self.check_request_params(config.generation)
+        try:
+            self.check_request_params(config.generation)
+        except RequestError as exc:
+            raise UnsupportedParamError(f"engine {self.name}: {exc}") from exc
         # Callers keep twice num_workers submitted: a row waiting out a retry's backoff must
         # not leave a worker idle. The pacer still lets only num_workers requests out at once.
         self.max_in_flight = 2 * remote.num_workers
@@ -173,6 +175,9 @@ class RemoteEngine(Engine):
                 reply = await self._send(client, request)
             except Exception as exc:
                 failure = self._fail(ticket, exc)
+            except BaseException:  # cancelled: the caller went away; free the slot
+                self.pacer.release(ticket, ok=False)
+                raise
             else:
                 self._succeed(ticket, reply)
                 return self._result(request, reply, started)
@@ -416,72 +421,3 @@ def _describe(exc: BaseException) -> str:
         text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
         parts.append(f"{type(cause).__name__}: {text}" if text else type(cause).__name__)
     return " <- ".join(parts)
-
-
-# --- the key ---------------------------------------------------------------------------------
-
-
-def resolve_api_key(engine: RemoteEngine) -> str | None:
-    """The API key: a literal `remote_params.api_key` (with a warning), else the environment
-    variable `api_key_env_varname` names, else the engine's default variable.
-
-    Fails here, before any request, when a key is required and missing, naming the variable.
-    """
-    remote = engine.remote
-    if remote.api_key:
-        env_hint = remote.api_key_env_varname or engine.default_key_env or "MY_API_KEY"
-        print(
-            "lmpress: warning: remote_params.api_key holds a literal API key; keys in recipes "
-            "and command lines end up in files and shell history. Put it in an environment "
-            f"variable instead: export {env_hint}=... (and set remote_params.api_key_env_varname "
-            f"to {env_hint} if it is not the engine's default)",
-            file=sys.stderr,
-        )
-        return _checked_key(remote.api_key, "remote_params.api_key")
-    variable = remote.api_key_env_varname or engine.default_key_env
-    value = os.environ.get(variable, "") if variable else ""
-    if value.strip():
-        return _checked_key(value, f"the environment variable {variable}")
-    if variable and (engine.key_required or remote.api_key_env_varname):
-        raise ConfigError(
-            f"engine {engine.name} needs an API key: the environment variable {variable} is "
-            f"not set (export {variable}=..., or name another variable with "
-            f"--remote_params.api_key_env_varname)"
-        )
-    return None
-
-
-def _checked_key(value: str, where: str) -> str:
-    key = value.strip()
-    if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
-        raise ConfigError(
-            f"{where} is not usable as an API key: it contains spaces, control or non-ASCII "
-            f"characters"
-        )
-    return key
-
-
-class Redactor:
-    """Removes secrets from text bound for rows, logs and messages: the key itself, and any
-    bearer token or key-looking header a server or SDK echoed back."""
-
-    _PATTERNS = (
-        re.compile(r"(?i)(bearer\s+)[^\s\"',;}]+"),
-        re.compile(r"(?i)((?:x-)?api[-_]?key[\"']?\s*[:=]\s*[\"']?)[^\s\"',;}]+"),
-        re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?!bearer\s)[^\s\"',;}]+"),
-    )
-
-    def __init__(self, secrets: list[str]):
-        self.secrets = [s for s in secrets if len(s) >= 4]
-
-    def __call__(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-            # A server that cut the key short still shows a long piece of it.
-            for length in range(len(secret) - 1, 7, -1):
-                for piece in (secret[:length], secret[-length:]):
-                    if piece in text:
-                        text = text.replace(piece, "***")
-        for pattern in self._PATTERNS:
-            text = pattern.sub(r"\1***", text)
-        return text

@@ -208,3 +208,16 @@ def test_estimate_tokens_is_about_four_characters_a_token():
     assert estimate_tokens(4000) == pytest.approx(1000, abs=2)
     assert estimate_tokens(0, messages=3) > estimate_tokens(0)
     assert estimate_tokens(0, images=1) >= 256
+
+
+def test_politeness_keeps_a_worker_resting_after_each_request():
+    async def run() -> float:
+        pacer = Pacer(1, politeness_s=0.3)
+        ticket = await pacer.acquire(1, 1)
+        pacer.release(ticket, ok=True)
+        started = time.monotonic()
+        ticket = await pacer.acquire(1, 1)  # the one worker rests 0.3 s first
+        pacer.release(ticket, ok=True)
+        return time.monotonic() - started
+
+    assert 0.25 <= asyncio.run(run()) < 1.0
