@@ -18,7 +18,7 @@ import base64
 import json
 import mimetypes
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlparse
@@ -56,8 +56,6 @@ class Dialect:
     # guided_decoding forms accepted: "json" -> response_format; vLLM also regex/choice/grammar.
     guided_forms: frozenset[str] = frozenset({"json"})
     guided_field: str = "response_format"  # or "structured_outputs" (vLLM)
-    stream_usage: bool = True  # ask for a usage chunk at the end of a stream
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class OpenAICompatEngine(RemoteEngine):
@@ -144,6 +142,7 @@ class OpenAICompatEngine(RemoteEngine):
         model = ""
         async with stream:
             async for chunk in stream:
+                pieces: list[tuple[int, str]] = []
                 try:
                     model = chunk.model or model
                     if getattr(chunk, "usage", None):
@@ -157,6 +156,8 @@ class OpenAICompatEngine(RemoteEngine):
                             text = (delta.content if delta is not None else None) or ""
                         else:
                             text = choice.text or ""
+                        if text:
+                            pieces.append((index, text))
                         if choice.logprobs is not None and request.prompt is None:
                             logprobs.setdefault(index, []).extend(
                                 _token_logprobs(choice.logprobs.model_dump())
@@ -167,7 +168,7 @@ class OpenAICompatEngine(RemoteEngine):
                     raise MalformedResponse(
                         f"a stream chunk is not a completion chunk ({exc})"
                     ) from exc
-                if text:
+                for index, text in pieces:
                     texts.setdefault(index, []).append(text)
                     yield Delta(request.id, text, index)
         n = max([request.params.n, *(i + 1 for i in texts), *(i + 1 for i in finish)])
@@ -324,9 +325,7 @@ def request_body(
         body[dialect.guided_field] = guided_value(p.guided_decoding, dialect, "this engine")
     if stream:
         body["stream"] = True
-        if dialect.stream_usage:
-            body["stream_options"] = {"include_usage": True}
-    body.update(dialect.extra)
+        body["stream_options"] = {"include_usage": True}  # a usage chunk at the end
     return body
 
 
