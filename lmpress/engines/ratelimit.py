@@ -239,9 +239,12 @@ class AdaptiveRate:
         self._last_cut = -math.inf
         self._next = 0.0
 
-    def _accepted_rate(self, now: float) -> float:
+    def _forget_old(self, now: float) -> None:
         while self._accepted and self._accepted[0] < now - self.WINDOW_S:
             self._accepted.popleft()
+
+    def _accepted_rate(self, now: float) -> float:
+        self._forget_old(now)
         span = min(self.WINDOW_S, now - (self._started or now))
         return len(self._accepted) / span if span > 0 else 0.0
 
@@ -250,6 +253,7 @@ class AdaptiveRate:
         if self._started is None:
             self._started = now
         self._accepted.append(now)
+        self._forget_old(now)  # at most WINDOW_S of successes are kept, however long the job
         if self.rate is not None:
             self.rate *= self.GROWTH
             if self.rate > 2 * self._accepted_rate(now):

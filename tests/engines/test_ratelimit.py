@@ -221,3 +221,12 @@ def test_politeness_keeps_a_worker_resting_after_each_request():
         return time.monotonic() - started
 
     assert 0.25 <= asyncio.run(run()) < 1.0
+
+
+def test_adaptive_rate_remembers_only_its_window():
+    clock = FakeClock()
+    rate = AdaptiveRate(clock)
+    for _ in range(10_000):  # a long job that never hits a limit
+        clock.now += 0.01
+        rate.succeeded()
+    assert len(rate._accepted) <= AdaptiveRate.WINDOW_S / 0.01 + 1
