@@ -97,7 +97,7 @@ def run_raw(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -
 
 
 def run_lmpress(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -> dict:
-    from lmpress.batch import run_batch
+    from lmpress.batch import BatchOptions, run_batch
     from lmpress.configs import load_config
     from lmpress.engines.registry import create_engine
 
@@ -120,7 +120,8 @@ def run_lmpress(model_dir: str, rows: int, max_new_tokens: int, engine_args: dic
 
         async def go():
             try:
-                return await run_batch(engine, source, target, stderr=sys.stderr)
+                options = BatchOptions(str(source), str(target))
+                return await run_batch(config, options, engine=engine, stderr=sys.stderr)
             finally:
                 await engine.aclose()
 
