@@ -1,54 +1,89 @@
 """The batch runner: read rows as a stream, keep the engine's worth in flight, write each result
-as it completes, report progress, and sum it up.
+as it completes, and pick up where a stopped run left off.
 
-Memory stays flat: at most `engine.max_in_flight` rows are held, whatever the input's size.
-A row that cannot be parsed or whose generation fails is reported and written to
-`OUT.errors.jsonl`; the other rows go on.
+- Memory stays flat: at most `engine.max_in_flight` rows are in flight (and, with `--ordered`,
+  a bounded reorder window), whatever the input's size.
+- Resume needs no flag: rows already in the output are skipped, a torn last line is cut, and a
+  re-run with other settings is refused (see `data.resume`). `--overwrite` starts over.
+- A row that cannot be parsed or whose generation fails goes to OUT.errors.jsonl; the job goes
+  on (`--on-error skip`, the default) or stops (`--on-error fail`, `--max-errors N`).
+- Ctrl-C stops taking rows, gives those in flight a few seconds, writes the summary and exits
+  130; a second Ctrl-C exits at once. The output stays valid for resume either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from lmpress.configs.loading import generation_with_overrides
-from lmpress.data.formats import ParsedRow, RowError, parse_row, render_row
-from lmpress.data.jsonl import JsonlWriter, count_lines, read_lines
+from lmpress.configs.schema import RunConfig
+from lmpress.data.formats import (
+    ParsedRow,
+    RowError,
+    output_format_for,
+    parse_row,
+    render_failure,
+    render_row,
+    row_id,
+)
+from lmpress.data.jsonl import JsonlWriter, read_lines
+from lmpress.data.resume import (
+    JobFiles,
+    check_fingerprint,
+    done_ids,
+    fingerprint,
+    id_key,
+    repair_torn_tail,
+    write_fingerprint,
+)
 from lmpress.engines.base import Engine, check_params
+from lmpress.engines.registry import create_engine, load_engine_class
 from lmpress.errors import InputError, LmpressError, UnsupportedParamError
-from lmpress.types import Result
+from lmpress.types import Request, Result
+
+EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 0, 1, 130
 
 
 @dataclass
-class RowFailure:
-    line: int
-    id: str | None
-    kind: str
-    message: str
+class BatchOptions:
+    input_path: str
+    output_path: str
+    overwrite: bool = False
+    on_error: str = "skip"  # "skip": set failed rows aside and go on; "fail": stop the job
+    retry_failed: bool = True  # retry rows that failed in an earlier run
+    max_errors: int | None = None  # stop the job once this many rows failed
+    ordered: bool = False  # write rows in input order
+    shard: tuple[int, int] | None = None  # (I, N): every N-th row starting at I
+    output_format: str = "auto"  # "auto" (follow the input), "lmpress" or "openai"
+    recipe: str | None = None  # recorded in the fingerprint
+    grace_s: float = 5.0  # how long rows in flight may finish after Ctrl-C
 
-    def as_row(self) -> dict[str, Any]:
-        return {
-            "line": self.line,
-            "id": self.id,
-            "error": {"kind": self.kind, "message": self.message},
-        }
+    @property
+    def shard_label(self) -> str | None:
+        return f"{self.shard[0]}/{self.shard[1]}" if self.shard else None
 
 
 @dataclass
 class BatchSummary:
     input_path: str
     output_path: str
+    rows_total: int = 0  # rows of the input in this shard
     rows_ok: int = 0
     rows_failed: int = 0
+    rows_skipped: int = 0  # done (or set aside) by an earlier run
     prompt_tokens: int = 0
     completion_tokens: int = 0
     wall_s: float = 0.0
-    failures: list[RowFailure] = field(default_factory=list)  # the first few, for the report
+    interrupted: bool = False
+    stopped_because: str | None = None
 
     @property
     def rows_done(self) -> int:
@@ -62,124 +97,385 @@ class BatchSummary:
     def tokens_per_s(self) -> float:
         return self.completion_tokens / self.wall_s if self.wall_s else 0.0
 
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED_ROWS if self.rows_failed or self.stopped_because else EXIT_OK
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "input": self.input_path,
             "output": self.output_path,
+            "rows_total": self.rows_total,
             "rows_ok": self.rows_ok,
             "rows_failed": self.rows_failed,
+            "rows_skipped": self.rows_skipped,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "wall_s": round(self.wall_s, 3),
             "rows_per_s": round(self.rows_per_s, 3),
             "tokens_per_s": round(self.tokens_per_s, 3),
+            "interrupted": self.interrupted,
+            "stopped_because": self.stopped_because,
         }
 
 
-MAX_FAILURES_KEPT = 20
-
-
-def errors_path(output_path: str | Path) -> Path:
-    """Where failed rows go: OUT.jsonl -> OUT.errors.jsonl."""
-    out = Path(output_path)
-    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
-    return out.with_name(f"{stem}.errors.jsonl")
-
-
 async def run_batch(
-    engine: Engine,
-    input_path: str | Path,
-    output_path: str | Path,
+    config: RunConfig,
+    options: BatchOptions,
     *,
+    engine: Engine | None = None,
     progress: Progress | None = None,
     stderr: TextIO | None = None,
 ) -> BatchSummary:
-    """Run every row of `input_path` through `engine`, writing `output_path`."""
-    stderr = stderr or sys.stderr
-    summary = BatchSummary(str(input_path), str(output_path))
-    base = engine.config.generation
-    started = time.perf_counter()
-    failures_out: JsonlWriter | None = None
-    errors_file = errors_path(output_path)
+    """Run every row of the input (in this shard, not yet done) through the config's engine.
 
-    def fail(failure: RowFailure) -> None:
-        nonlocal failures_out
-        summary.rows_failed += 1
-        if len(summary.failures) < MAX_FAILURES_KEPT:
-            summary.failures.append(failure)
-        where = f"{input_path}:{failure.line}"
-        print(f"lmpress: {where}: {failure.message}", file=stderr)
-        if failures_out is None:
-            failures_out = JsonlWriter(errors_file)
-        failures_out.write(failure.as_row())
-        if progress:
-            progress.update(summary)
+    Without `engine`, the engine is created when the first row needs it (so a finished job
+    re-run loads no model) and closed at the end.
+    """
+    job = BatchJob(config, options, engine, progress, stderr)
+    try:
+        return await job.run()
+    finally:
+        if engine is None and job.engine is not None:
+            await job.engine.aclose()
 
-    def finish(row: ParsedRow, result: Result) -> None:
-        summary.prompt_tokens += result.usage.prompt_tokens
-        summary.completion_tokens += result.usage.completion_tokens
-        if result.ok:
-            writer.write(render_row(row, result))
-            summary.rows_ok += 1
-            if progress:
-                progress.update(summary)
+
+class BatchJob:
+    def __init__(
+        self,
+        config: RunConfig,
+        options: BatchOptions,
+        engine: Engine | None = None,
+        progress: Progress | None = None,
+        stderr: TextIO | None = None,
+    ):
+        self.config = config
+        self.engine = engine
+        self.engine_class = type(engine) if engine else load_engine_class(config.engine)
+        self.options = options
+        self.progress = progress
+        self.stderr = stderr or sys.stderr
+        self.files = JobFiles.beside(options.output_path)
+        self.summary = BatchSummary(options.input_path, options.output_path)
+        self.stopping = False  # no new rows: Ctrl-C, --on-error fail or --max-errors
+        self._interrupts = 0
+
+    # --- the whole job ---------------------------------------------------------------------
+
+    async def run(self) -> BatchSummary:
+        started = time.perf_counter()
+        total, keys = self._scan_input()
+        done, set_aside, fresh = self._read_earlier_run()
+        self.summary.rows_total = total
+        if self.engine is None and (keys - done - set_aside or total > len(keys)):
+            # Load the model before anything is written; a finished job loads none.
+            self.engine = await asyncio.to_thread(create_engine, self.config)
+        if fresh:
+            self.files.remove_all()
+            write_fingerprint(self.files, self._fingerprint(), self.options.recipe)
+        loop = asyncio.get_running_loop()
+        handled = _install_interrupt(loop, self._on_interrupt)
+        try:
+            if self.progress:
+                self.progress.start(total)
+            with (
+                JsonlWriter(self.files.output, mode="a") as out,
+                _LazyWriter(self.files.errors) as errors,
+            ):
+                self._out, self._errors = out, errors
+                await self._process(done, set_aside)
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGINT)
+            self.summary.wall_s = time.perf_counter() - started
+            if self.progress:
+                self.progress.stop(self.summary)
+            self._write_summary()
+        return self.summary
+
+    def _scan_input(self) -> tuple[int, set[int]]:
+        """One pass before any work: count this shard's rows, refuse duplicate ids, and
+        return the count and the id keys of the rows that have one."""
+        seen: dict[int, int] = {}
+        total = 0
+        for ordinal, line in enumerate(read_lines(self.options.input_path)):
+            if not self._in_shard(ordinal):
+                continue
+            total += 1
+            if line.error or not isinstance(line.value, dict):
+                continue
+            rid = row_id(line.value, line.number)
+            key = id_key(rid)
+            if key in seen:
+                raise InputError(
+                    f"{self.options.input_path}:{line.number}: duplicate id '{rid}' (first at "
+                    f"line {seen[key]}); ids must be unique for a job to resume safely"
+                )
+            seen[key] = line.number
+        if total == 0:
+            raise InputError(f"{self.options.input_path}: the input has no rows")
+        return total, set(seen)
+
+    def _fingerprint(self) -> dict[str, Any]:
+        options = self.options
+        return fingerprint(self.config, options.output_format, options.shard_label)
+
+    def _read_earlier_run(self) -> tuple[set[int], set[int], bool]:
+        """(ids done, ids set aside as failed, whether to start fresh), the output checked
+        against the settings and its torn tail repaired."""
+        files, options = self.files, self.options
+        resuming = files.output.exists() and files.output.stat().st_size > 0
+        if options.overwrite or not resuming:
+            return set(), set(), True
+        check_fingerprint(files, self._fingerprint())
+        if repair_torn_tail(files.output):
+            self._say(f"{files.output}: cut off a half-written last line from the last run")
+        repair_torn_tail(files.errors)
+        done = {id_key(rid) for rid in done_ids(files.output)}
+        set_aside: set[int] = set()
+        if options.retry_failed:
+            files.errors.unlink(missing_ok=True)  # those rows are tried again
         else:
-            assert result.error is not None
-            error = result.error
-            fail(RowFailure(row.line, row.id, error.kind, error.message, error.status))
+            set_aside = {id_key(rid) for rid in done_ids(files.errors)} - done
+        if done or set_aside:
+            self._say(
+                f"resuming {files.output}: {len(done)} rows done"
+                + (f", {len(set_aside)} failed rows left aside" if set_aside else "")
+            )
+        return done, set_aside, False
 
-    async def run_one(row: ParsedRow, request) -> tuple[ParsedRow, Result]:
-        return row, await engine.complete(request)
+    # --- rows ------------------------------------------------------------------------------
 
-    async def settle(wait_for_all: bool) -> None:
-        nonlocal in_flight
+    async def _process(self, done: set[int], set_aside: set[int]) -> None:
+        options = self.options
+        base = self.config.generation
+        window = 1  # until the engine exists and says how many it wants
+        reorder = _Reorder(self._out) if options.ordered else None
+        in_flight: set[asyncio.Task] = set()
+        seq = 0
+
+        async def settle(all_of_them: bool) -> None:
+            nonlocal in_flight
+            if not in_flight:
+                return
+            mode = asyncio.ALL_COMPLETED if all_of_them else asyncio.FIRST_COMPLETED
+            finished, in_flight = await asyncio.wait(in_flight, return_when=mode)
+            for task in finished:
+                if not task.cancelled():
+                    self._finish(*task.result(), reorder)
+
+        for ordinal, line in enumerate(read_lines(options.input_path)):
+            if self.stopping:
+                break
+            if not self._in_shard(ordinal):
+                continue
+            rid, row, request, failure = self._read_row(line, base)
+            key = id_key(rid)
+            if key in done or key in set_aside:
+                self.summary.rows_skipped += 1
+                continue
+            if failure is not None:
+                self._fail(*failure, reorder=reorder, seq=seq)
+                seq += 1
+                continue
+            assert self.engine is not None
+            window = self.engine.max_in_flight
+            # Bounded memory: rows in flight, plus (when ordered) finished rows held for order.
+            while in_flight and (
+                len(in_flight) >= window
+                or (reorder is not None and len(in_flight) + reorder.held >= 4 * window)
+            ):
+                await settle(all_of_them=False)
+            if self.stopping:
+                break
+            in_flight.add(asyncio.create_task(self._run_row(seq, row, request)))
+            await asyncio.sleep(0)  # let the engine see the request at once
+            seq += 1
+        await self._drain(in_flight, settle)
+
+    async def _drain(self, in_flight: set[asyncio.Task], settle) -> None:
         if not in_flight:
             return
-        mode = asyncio.ALL_COMPLETED if wait_for_all else asyncio.FIRST_COMPLETED
-        done, in_flight = await asyncio.wait(in_flight, return_when=mode)
-        for task in done:
-            finish(*task.result())
-
-    total = count_lines(input_path)
-    if total == 0:
-        raise InputError(f"{input_path}: the input has no rows")
-    errors_file.unlink(missing_ok=True)
-    writer = JsonlWriter(output_path)
-    in_flight: set[asyncio.Task] = set()
-    try:
-        if progress:
-            progress.start(total)
-        for line in read_lines(input_path):
-            if line.error:
-                fail(RowFailure(line.number, None, "invalid_json", line.error))
-                continue
-            try:
-                row = parse_row(line.value, line.number)
-                params = generation_with_overrides(base, row.overrides)
-                check_params(engine, params)
-            except (RowError, LmpressError) as exc:
-                kind = (
-                    "unsupported_param" if isinstance(exc, UnsupportedParamError) else "invalid_row"
-                )
-                row_id = line.value.get("id") if isinstance(line.value, dict) else None
-                fail(RowFailure(line.number, row_id, kind, str(exc)))
-                continue
-            request = row.request(params)
-            while len(in_flight) >= engine.max_in_flight:
-                await settle(wait_for_all=False)
-            in_flight.add(asyncio.create_task(run_one(row, request)))
-            await asyncio.sleep(0)  # let the engine see the request at once
-        await settle(wait_for_all=True)
-    finally:
-        for task in in_flight:
+        if not self._interrupts:
+            await settle(all_of_them=True)
+            return
+        # Interrupted: rows in flight get a few seconds, then are abandoned (redone next run).
+        finished, pending = await asyncio.wait(in_flight, timeout=self.options.grace_s)
+        in_flight.clear()
+        in_flight.update(finished)
+        await settle(all_of_them=True)
+        for task in pending:
             task.cancel()
-        writer.close()
-        if failures_out is not None:
-            failures_out.close()
-        summary.wall_s = time.perf_counter() - started
-        if progress:
-            progress.stop(summary)
-    return summary
+        if pending:
+            await asyncio.wait(pending)
+            self._say(f"left {len(pending)} unfinished rows for the next run")
+
+    def _read_row(self, line, base):
+        """(id, row, request, None) for a usable row, or (id, None, None, failure)."""
+        if line.error:
+            rid = _line_id(line.number)
+            return rid, None, None, (line.number, rid, "invalid_json", line.error, None, False)
+        value = line.value
+        rid = row_id(value, line.number) if isinstance(value, dict) else _line_id(line.number)
+        try:
+            row = parse_row(value, line.number)
+        except RowError as exc:
+            openai = self.options.output_format == "openai" or (
+                self.options.output_format == "auto" and isinstance(value, dict)
+                and "custom_id" in value and "body" in value
+            )  # fmt: skip
+            return rid, None, None, (line.number, rid, "invalid_row", str(exc), None, openai)
+        openai = output_format_for(row, self.options.output_format) == "openai"
+        try:
+            params = generation_with_overrides(base, row.overrides, source="generation")
+            check_params(self.engine_class, params)
+        except LmpressError as exc:
+            kind = "unsupported_param" if isinstance(exc, UnsupportedParamError) else "invalid_row"
+            return rid, None, None, (line.number, rid, kind, str(exc), None, openai)
+        return rid, row, row.request(params), None
+
+    async def _run_row(self, seq: int, row: ParsedRow, request: Request):
+        assert self.engine is not None
+        return seq, row, await self.engine.complete(request)
+
+    def _finish(self, seq: int, row: ParsedRow, result: Result, reorder: _Reorder | None) -> None:
+        summary = self.summary
+        summary.prompt_tokens += result.usage.prompt_tokens
+        summary.completion_tokens += result.usage.completion_tokens
+        if result.error is not None:
+            error = result.error
+            openai = output_format_for(row, self.options.output_format) == "openai"
+            self._fail(row.line, row.id, error.kind, error.message, error.status, openai,
+                       reorder=reorder, seq=seq)  # fmt: skip
+            return
+        line = render_row(row, result, self.options.output_format)
+        if reorder is not None:
+            reorder.put(seq, line)
+        else:
+            self._out.write(line)
+        summary.rows_ok += 1
+        if self.progress:
+            self.progress.update(summary)
+
+    def _fail(self, line_no, rid, kind, message, status, openai, *, reorder=None, seq=0) -> None:
+        summary = self.summary
+        summary.rows_failed += 1
+        print(f"lmpress: {self.options.input_path}:{line_no}: {message}", file=self.stderr)
+        self._errors.write(render_failure(rid, line_no, kind, message, status, openai))
+        if reorder is not None:
+            reorder.put(seq, None)
+        if self.progress:
+            self.progress.update(summary)
+        options = self.options
+        if options.on_error == "fail" and not self.stopping:
+            self._stop(f"a row failed and --on-error is fail (line {line_no})")
+        elif options.max_errors and summary.rows_failed >= options.max_errors and not self.stopping:
+            self._stop(f"{summary.rows_failed} rows failed (--max-errors {options.max_errors})")
+
+    # --- stopping --------------------------------------------------------------------------
+
+    def _stop(self, reason: str) -> None:
+        self.stopping = True
+        self.summary.stopped_because = reason
+        self._say(f"stopping: {reason}; rows in flight finish first")
+
+    def _on_interrupt(self) -> None:
+        self._interrupts += 1
+        if self._interrupts > 1:
+            # Every written row is already flushed; the next run repairs and resumes.
+            print("\nlmpress: stopped at once; re-run the same command to resume", file=self.stderr)
+            os._exit(EXIT_INTERRUPTED)
+        self.stopping = True
+        self.summary.interrupted = True
+        print(file=self.stderr)
+        self._say(
+            f"interrupted: finishing rows in flight for up to {self.options.grace_s:g}s "
+            f"(Ctrl-C again to stop at once); re-run the same command to resume"
+        )
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _in_shard(self, ordinal: int) -> bool:
+        shard = self.options.shard
+        return shard is None or ordinal % shard[1] == shard[0]
+
+    def _write_summary(self) -> None:
+        try:
+            text = json.dumps(self.summary.as_dict(), indent=2) + "\n"
+            self.files.summary.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            self._say(f"could not write {self.files.summary}: {exc.strerror}")
+
+    def _say(self, message: str) -> None:
+        print(f"lmpress: {message}", file=self.stderr)
+
+
+def _line_id(line_no: int) -> str:
+    """The id of a line that has none of its own because it is not a JSON object."""
+    return f"line-{line_no}"
+
+
+class _Reorder:
+    """Holds finished rows until every earlier row is written (failed rows leave a gap)."""
+
+    def __init__(self, out: JsonlWriter):
+        self.out = out
+        self.next = 0
+        self.waiting: dict[int, dict[str, Any] | None] = {}
+
+    @property
+    def held(self) -> int:
+        return len(self.waiting)
+
+    def put(self, seq: int, line: dict[str, Any] | None) -> None:
+        self.waiting[seq] = line
+        while self.next in self.waiting:
+            ready = self.waiting.pop(self.next)
+            if ready is not None:
+                self.out.write(ready)
+            self.next += 1
+
+
+class _LazyWriter:
+    """A JsonlWriter opened (in append mode) only when the first line comes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._writer: JsonlWriter | None = None
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self._writer is None:
+            self._writer = JsonlWriter(self.path, mode="a")
+        self._writer.write(row)
+
+    def __enter__(self) -> _LazyWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _install_interrupt(loop: asyncio.AbstractEventLoop, handler) -> bool:
+    try:
+        loop.add_signal_handler(signal.SIGINT, handler)
+        return True
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+        return False
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N."""
+    index, slash, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = -1
+    if not slash or n < 1 or not 0 <= i < n:
+        raise InputError(f"--shard {text}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return i, n
 
 
 class Progress:
@@ -201,15 +497,8 @@ class Progress:
         self.started = time.perf_counter()
         if self.fancy:
             from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import (
-                Progress as RichProgress,
-            )
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
                 TextColumn("[bold]lmpress batch"),
@@ -228,18 +517,20 @@ class Progress:
         done = summary.rows_done
         rate = f"{done / elapsed:.1f} rows/s  {summary.completion_tokens / elapsed:.0f} tok/s"
         if self._bar is not None:
-            self._bar.update(self._task, completed=done, rate=rate)
+            self._bar.update(self._task, completed=done + summary.rows_skipped, rate=rate)
         elif elapsed - self._last_plain >= self.PLAIN_EVERY_S:
             self._last_plain = elapsed
-            eta = (self.total - done) / (done / elapsed) if done else float("nan")
-            print(f"lmpress: {done}/{self.total} rows, {rate}, ETA {eta:.0f}s", file=self.stream)
+            left = self.total - done - summary.rows_skipped
+            eta = f"{left / (done / elapsed):.0f}s" if done else "?"
+            print(f"lmpress: {done + summary.rows_skipped}/{self.total} rows, {rate}, ETA {eta}",
+                  file=self.stream)  # fmt: skip
 
     def stop(self, summary: BatchSummary) -> None:
         if self._bar is not None:
             self._bar.stop()
 
 
-def print_summary(summary: BatchSummary, stream: TextIO | None = None) -> None:
+def print_summary(summary: BatchSummary, files: JobFiles, stream: TextIO | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -248,15 +539,16 @@ def print_summary(summary: BatchSummary, stream: TextIO | None = None) -> None:
     table.add_column(justify="right")
     table.add_row("rows ok", str(summary.rows_ok))
     table.add_row("rows failed", str(summary.rows_failed))
+    table.add_row("rows skipped (done before)", str(summary.rows_skipped))
     table.add_row("tokens in / out", f"{summary.prompt_tokens} / {summary.completion_tokens}")
     table.add_row("wall time", f"{summary.wall_s:.2f} s")
     table.add_row("rows/s", f"{summary.rows_per_s:.2f}")
     table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
-    table.add_row("output", summary.output_path)
+    table.add_row("output", str(files.output))
     if summary.rows_failed:
-        table.add_row("errors", str(errors_path(summary.output_path)))
+        table.add_row("failed rows", str(files.errors))
+    if summary.stopped_because:
+        table.add_row("stopped", summary.stopped_because)
+    if summary.interrupted:
+        table.add_row("interrupted", "re-run the same command to resume")
     Console(file=stream or sys.stderr).print(table)
-
-
-def summary_json(summary: BatchSummary) -> str:
-    return json.dumps(summary.as_dict(), indent=2)

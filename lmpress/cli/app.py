@@ -7,20 +7,23 @@ backend: `lmpress --help` stays fast.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
 
 from lmpress import __version__
-from lmpress.configs import load_config, parse_overrides
-from lmpress.configs.schema import RunConfig
 from lmpress.errors import ConfigError, InputError, LmpressError
+
+if TYPE_CHECKING:
+    from lmpress.configs.schema import RunConfig
+
+# Modules a command needs (omegaconf, asyncio, the batch runner) are imported inside it, so
+# that `lmpress --help` loads only typer.
 
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
 OVERRIDES_HELP = (
@@ -69,6 +72,8 @@ def _root(
 def _config(
     ctx: typer.Context, recipe: str | None, engine: str | None
 ) -> tuple[RunConfig, list[str]]:
+    from lmpress.configs import load_config, parse_overrides
+
     overrides, positional = parse_overrides(ctx.args)
     return load_config(recipe, overrides, engine=engine), positional
 
@@ -98,6 +103,8 @@ def infer(
         if sys.stdin.isatty():
             raise ConfigError("no prompt: give it as an argument or on stdin")
         prompt = sys.stdin.read().strip()
+    import asyncio
+
     from lmpress.infer import run_prompt
 
     raise typer.Exit(asyncio.run(run_prompt(cfg, prompt, system)))
@@ -110,20 +117,68 @@ def batch(
     output: Annotated[str | None, typer.Option("-o", "--output", help="Output JSONL file.")] = None,
     config: RecipeOpt = None,
     engine: EngineOpt = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Start over instead of resuming the output.")
+    ] = False,
+    on_error: Annotated[
+        str, typer.Option("--on-error", help="skip: set failed rows aside and go on; fail: stop.")
+    ] = "skip",
+    no_retry_failed: Annotated[
+        bool, typer.Option("--no-retry-failed", help="Leave rows that failed before aside.")
+    ] = False,
+    max_errors: Annotated[
+        int | None, typer.Option("--max-errors", help="Stop once this many rows failed.")
+    ] = None,
+    ordered: Annotated[
+        bool, typer.Option("--ordered", help="Write rows in input order (bounded buffer).")
+    ] = False,
+    shard: Annotated[
+        str | None, typer.Option("--shard", help="I/N: every N-th row starting at I.")
+    ] = None,
+    output_format: Annotated[
+        str, typer.Option("--output-format", help="auto (follow the input), lmpress or openai.")
+    ] = "auto",
 ) -> None:
     """Run every row of a JSONL file through the model, writing each result as it completes.
 
-    Exit code 0 when every row succeeded, 1 when any row failed, 2 for a usage or config error.
+    Re-running the same command resumes: rows already written are skipped. Failed rows go to
+    OUT.errors.jsonl and are retried on the next run. Exit code 0 when every row succeeded,
+    1 when any failed, 2 for a usage or config error, 130 when interrupted.
     """
     cfg, words = _config(ctx, config, engine)
     if words:
         raise ConfigError(f"unexpected argument '{words[0]}' (batch reads rows from -i FILE)")
-    raise typer.Exit(_batch(cfg, input, output))
+    from lmpress.batch import BatchOptions, parse_shard
+    from lmpress.data.formats import OUTPUT_FORMATS
+
+    if on_error not in ("skip", "fail"):
+        raise ConfigError(f"--on-error {on_error}: use skip or fail")
+    if output_format not in OUTPUT_FORMATS:
+        raise ConfigError(f"--output-format {output_format}: use {', '.join(OUTPUT_FORMATS)}")
+    if max_errors is not None and max_errors < 1:
+        raise ConfigError("--max-errors: must be at least 1")
+
+    options = BatchOptions(
+        input_path="",
+        output_path="",
+        overwrite=overwrite,
+        on_error=on_error,
+        retry_failed=not no_retry_failed,
+        max_errors=max_errors,
+        ordered=ordered,
+        shard=parse_shard(shard) if shard else None,
+        output_format=output_format,
+        recipe=config,
+    )
+    raise typer.Exit(_batch(cfg, input, output, options))
 
 
-def _batch(cfg: RunConfig, input: str | None, output: str | None) -> int:
-    from lmpress.batch import Progress, print_summary, run_batch
-    from lmpress.engines.registry import create_engine
+def _batch(cfg: RunConfig, input: str | None, output: str | None, options=None) -> int:
+    import asyncio
+
+    from lmpress.batch import BatchOptions, Progress, print_summary, run_batch
+    from lmpress.data.resume import JobFiles
+    from lmpress.engines.registry import load_engine_class
 
     input_path = input or cfg.input_path
     output_path = output or cfg.output_path
@@ -134,17 +189,12 @@ def _batch(cfg: RunConfig, input: str | None, output: str | None) -> int:
     if not Path(input_path).expanduser().is_file():
         raise InputError(f"{input_path}: no such input file")
     _check_writable(output_path)
-    engine = create_engine(cfg)
-
-    async def go():
-        try:
-            return await run_batch(engine, input_path, output_path, progress=Progress())
-        finally:
-            await engine.aclose()
-
-    summary = asyncio.run(go())
-    print_summary(summary)
-    return 0 if summary.rows_failed == 0 else 1
+    options = options or BatchOptions("", "")
+    options.input_path, options.output_path = input_path, output_path
+    load_engine_class(cfg.engine)  # an engine that cannot load is refused before any work
+    summary = asyncio.run(run_batch(cfg, options, progress=Progress()))
+    print_summary(summary, JobFiles.beside(output_path))
+    return summary.exit_code
 
 
 def _check_writable(path: str) -> None:
@@ -161,6 +211,36 @@ def _check_writable(path: str) -> None:
         raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
     if not existed:
         target.unlink()
+
+
+@app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
+def chat(
+    ctx: typer.Context,
+    config: RecipeOpt = None,
+    engine: EngineOpt = None,
+    system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Render replies as Markdown.")
+    ] = False,
+) -> None:
+    """Chat with a model in the terminal: multi-turn, streamed, with slash commands (/help).
+
+    [bold]lmpress chat -c tiny-native[/bold]
+
+    In the chat: /help /reset /system /set /retry /undo /save /load /exit; Ctrl-C stops a
+    reply, Ctrl-D leaves.
+
+    Piped, each line of stdin is a message and each reply is printed:
+    [bold]lmpress chat -c tiny-native < questions.txt[/bold]
+    """
+    cfg, words = _config(ctx, config, engine)
+    if words:
+        raise ConfigError(
+            f"unexpected argument '{words[0]}' (type messages at the chat prompt, or pipe them in)"
+        )
+    from lmpress.chat import run_chat
+
+    raise typer.Exit(run_chat(cfg, system=system, markdown=markdown))
 
 
 @app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
@@ -194,6 +274,8 @@ def serve(
 
     [bold]lmpress serve -c tiny-native --port 8000[/bold]
     """
+    from lmpress.configs import load_config, parse_overrides
+
     overrides, words = parse_overrides(ctx.args)
     if words:
         raise ConfigError(f"unexpected argument '{words[0]}'")

@@ -4,7 +4,11 @@ Formats, detected row by row:
 - chat:   {"messages": [...], "id"?, "metadata"?}   (OpenAI chat messages)
 - oumi:   {"conversation_id", "messages": [...], "metadata"}   (Oumi conversations)
 - prompt: {"prompt": "...", "system"?: "..."}
+- openai_batch: {"custom_id", "method", "url", "body"}   (OpenAI Batch request lines)
 Any row may carry its own `generation` overrides, a mapping of generation fields.
+
+Output follows the input by default (OpenAI Batch lines for OpenAI Batch input, the input row
+with the reply appended for the others); `output_format` "lmpress" or "openai" forces one.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmpress.data import openai_batch
 from lmpress.types import ROLES, ContentPart, GenerationParams, Message, Request, Result
 
 GENERATION_FIELDS = {f.name for f in dataclasses.fields(GenerationParams)}
+OUTPUT_FORMATS = ("auto", "lmpress", "openai")
 
 
 class RowError(ValueError):
@@ -28,13 +34,16 @@ class RowError(ValueError):
 class ParsedRow:
     line: int  # 1-based line number in the input file
     id: str
-    kind: str  # "chat" | "oumi" | "prompt"
+    kind: str  # "chat" | "oumi" | "prompt" | "openai_batch"
     raw: dict[str, Any]
     messages: list[Message]
     overrides: dict[str, Any] = field(default_factory=dict)
+    prompt: str | None = None  # raw completion text (/v1/completions): no chat template
+    url: str = openai_batch.CHAT_URL  # the endpoint an OpenAI Batch line asked for
+    model: str | None = None  # the model an OpenAI Batch line named
 
     def request(self, params: GenerationParams) -> Request:
-        return Request(self.id, self.messages, params)
+        return Request(self.id, self.messages, params, prompt=self.prompt)
 
 
 def row_id(raw: dict[str, Any], line: int) -> str:
@@ -54,6 +63,8 @@ def parse_row(raw: Any, line: int) -> ParsedRow:
     """Turn one decoded JSON value into a ParsedRow, or raise RowError."""
     if not isinstance(raw, dict):
         raise RowError(f"expected a JSON object, got {_json_type(raw)}")
+    if openai_batch.is_batch_request(raw):
+        return _parse_batch_request(raw, line)
     overrides = _row_overrides(raw.get("generation"))
     if "messages" in raw:
         kind = "oumi" if "conversation_id" in raw or _has_oumi_items(raw["messages"]) else "chat"
@@ -73,6 +84,40 @@ def parse_row(raw: Any, line: int) -> ParsedRow:
         keys = ", ".join(sorted(raw)) or "none"
         raise RowError(f"row has neither 'messages' nor 'prompt' (keys: {keys})")
     return ParsedRow(line, row_id(raw, line), kind, raw, messages, overrides)
+
+
+def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
+    custom_id = raw.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise RowError("'custom_id' must be a non-empty string")
+    method = raw.get("method", "POST")
+    if method != "POST":
+        raise RowError(f"method {json.dumps(method)} is not supported (use POST)")
+    url = raw.get("url")
+    if url not in openai_batch.URLS:
+        raise RowError(
+            f"url {json.dumps(url)} is not supported by lmpress "
+            f"(use {' or '.join(openai_batch.URLS)})"
+        )
+    body = raw.get("body")
+    if not isinstance(body, dict):
+        raise RowError(f"'body' must be an object, got {_json_type(body)}")
+    overrides = _row_overrides(openai_batch.body_overrides(body, url))
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    if url == openai_batch.CHAT_URL:
+        if "messages" not in body:
+            raise RowError("body has no 'messages'")
+        messages = parse_messages(body["messages"])
+        return ParsedRow(
+            line, custom_id, "openai_batch", raw, messages, overrides, None, url, model
+        )
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise RowError("body.prompt must be a string (one prompt per line)")
+    messages = [Message("user", prompt)]
+    return ParsedRow(line, custom_id, "openai_batch", raw, messages, overrides, prompt, url, model)
 
 
 def parse_messages(items: Any) -> list[Message]:
@@ -154,12 +199,56 @@ def _row_overrides(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def render_row(row: ParsedRow, result: Result) -> dict[str, Any]:
-    """The output line for a completed row: the input with the reply appended and a
-    `response` record. A prompt row becomes a messages row."""
+def output_format_for(row: ParsedRow, output_format: str) -> str:
+    if output_format == "auto":
+        return "openai" if row.kind == "openai_batch" else "lmpress"
+    return output_format
+
+
+def render_row(row: ParsedRow, result: Result, output_format: str = "auto") -> dict[str, Any]:
+    """The output line for a completed row."""
+    if output_format_for(row, output_format) == "openai":
+        return openai_batch.render_output(
+            row.id, row.url, result, row.model or result.model or "unknown"
+        )
+    return _render_lmpress(row, result)
+
+
+def render_failure(
+    row_id: str | None, line: int, kind: str, message: str, status: int | None, openai: bool
+) -> dict[str, Any]:
+    """The OUT.errors.jsonl line for a failed row: its input line, id and why."""
+    if openai:
+        return {"line": line, **openai_batch.render_error(row_id, kind, message, status)}
+    error: dict[str, Any] = {"kind": kind, "message": message}
+    if status is not None:
+        error["status"] = status
+    return {"line": line, "id": row_id, "error": error}
+
+
+def output_row_id(out: dict[str, Any]) -> str | None:
+    """The row id an output (or errors) line was written for."""
+    if "custom_id" in out and ("response" in out or "error" in out) and "messages" not in out:
+        value = out["custom_id"]  # an OpenAI Batch line: its `id` is the batch request's own
+    else:
+        value = next((out[k] for k in ("id", "custom_id", "conversation_id") if k in out), None)
+    return None if value is None else str(value)
+
+
+def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
+    """The input with the reply appended and a `response` record. A prompt row becomes a
+    messages row; a row without an id gets the one lmpress gave it, so a resumed job can tell
+    it is done."""
     reply = {"role": "assistant", "content": result.text}
     out: dict[str, Any] = {}
+    if not any(k in row.raw for k in ("id", "custom_id", "conversation_id")):
+        out["id"] = row.id
+    if row.kind == "openai_batch":
+        out["custom_id"] = row.id
+        out["messages"] = [m.to_openai() for m in row.messages] + [reply]
     for key, value in row.raw.items():
+        if row.kind == "openai_batch":
+            break
         if row.kind == "prompt" and key == "prompt":
             out["messages"] = [m.to_openai() for m in row.messages] + [reply]
         elif row.kind == "prompt" and key == "system":

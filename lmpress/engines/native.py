@@ -20,6 +20,7 @@ from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Engine, error_result
+from lmpress.engines.chat_prompt import render_chat_prompt
 from lmpress.errors import ModelLoadError, RequestError
 from lmpress.tinymodels import resolve_model_name
 from lmpress.types import (
@@ -131,24 +132,7 @@ class NativeEngine(Engine):
         if request.prompt is not None:
             ids = self.tokenizer(request.prompt)["input_ids"]
         else:
-            if any(m.has_images() for m in request.messages):
-                raise RequestError(
-                    "the NATIVE engine runs text-only models; this row has image parts",
-                    kind="invalid_request",
-                )
-            if not self.tokenizer.chat_template:
-                raise RequestError(
-                    f"model '{self.model_name}' has no chat template; set model.chat_template "
-                    f"(a Jinja string, a template file, or 'chatml')",
-                    kind="invalid_request",
-                )
-            messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-            try:
-                text = self.tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True
-                )
-            except Exception as exc:  # Jinja raises its own errors for refused conversations
-                raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
+            text = render_chat_prompt(self.tokenizer, request, self.name, self.model_name)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(
@@ -199,6 +183,10 @@ class NativeEngine(Engine):
             for state in states
             for i in range(state.request.params.n)
         ]
+        for row in rows:
+            # A row stops at the end of the model's context, as it would at max_new_tokens.
+            room = self.context_length - len(row.state.prompt_ids) if self.context_length else None
+            row.limit = min(row.params.max_new_tokens, room) if room else row.params.max_new_tokens
         width = max(len(row.state.prompt_ids) for row in rows)
         pad_id = self.tokenizer.pad_token_id
         input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -230,7 +218,7 @@ class NativeEngine(Engine):
         from transformers import GenerationConfig
 
         return GenerationConfig(
-            max_new_tokens=max(row.params.max_new_tokens for row in rows),
+            max_new_tokens=max(row.limit for row in rows),
             do_sample=False,  # _BatchControl does the sampling, row by row
             num_beams=1,
             pad_token_id=self.tokenizer.pad_token_id,
@@ -289,6 +277,7 @@ class _Row:
     generator: Any
     tokens: list[int] = field(default_factory=list)  # generated, EOS and stop ids left out
     generated: int = 0  # tokens generated, EOS included
+    limit: int = 0  # max_new_tokens, or less where the model's context ends first
     finish_reason: str | None = None
     text: str = ""
     emitted: int = 0  # characters already sent as deltas
@@ -439,7 +428,6 @@ class _Stopper:
 
     def _advance(self, b: int, row: _Row, token: int) -> None:
         control = self.control
-        params = row.params
         row.generated += 1
         if control.counts is not None:
             control.counts[b, token] += 1
@@ -447,7 +435,7 @@ class _Stopper:
             row.finish_reason = "stop"
         else:
             row.tokens.append(token)
-            if row.generated >= params.max_new_tokens:
+            if row.generated >= row.limit:
                 row.finish_reason = "length"
         if row.state.cancelled:
             row.finish_reason = "cancelled"

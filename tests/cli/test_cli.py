@@ -170,6 +170,29 @@ def test_bad_rows_are_reported_and_good_rows_complete(tmp_path):
     }
 
 
+def test_a_failed_generation_fails_its_row_only(tmp_path):
+    src = tmp_path / "in.jsonl"
+    rows = [
+        {"id": "ok-1", "prompt": "hi"},
+        {"id": "huge", "prompt": "word " * 3000},
+        {"id": "ok-2", "prompt": "yo"},
+    ]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert run.returncode == 1
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == [
+        "ok-1",
+        "ok-2",
+    ]
+    (error,) = [
+        json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()
+    ]
+    assert error["id"] == "huge" and error["line"] == 2
+    assert error["error"]["kind"] == "context_length_exceeded"
+    assert f"{src}:2: prompt is" in run.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

@@ -189,7 +189,7 @@ def test_image_parts_fail_the_row_not_the_engine(llama):
 
     image = Message("user", [ContentPart("image_url", image_url="file:///x.png")])
     results = llama.generate([Request("img", [image], GenerationParams(max_new_tokens=4)), "fine"])
-    assert results[0].error is not None and "text-only" in results[0].error.message
+    assert results[0].error is not None and "text only" in results[0].error.message
     assert results[1].ok
 
 
@@ -227,3 +227,9 @@ def test_unsupported_param_is_refused_before_loading():
 def test_missing_model_path():
     with pytest.raises(ModelLoadError, match="'./no/such/model' does not exist"):
         create_engine(load_config(overrides={"model.model_name": "./no/such/model"}))
+
+
+def test_a_row_stops_where_the_context_ends(llama):
+    result = llama.generate(["hi"], GenerationParams(max_new_tokens=5000, min_tokens=5000))[0]
+    assert result.ok and result.finish_reason == "length"
+    assert result.usage.prompt_tokens + result.usage.completion_tokens == llama.context_length

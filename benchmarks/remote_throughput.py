@@ -1,0 +1,139 @@
+"""How close `lmpress batch` on a remote engine comes to keeping a server busy, and whether its
+memory stays flat as the input grows.
+
+    python benchmarks/remote_throughput.py            # both measurements
+    python benchmarks/remote_throughput.py --quick    # 1,000 vs 10,000 rows for the memory part
+
+1. Throughput: a test server that answers every request after 200 ms, 1,600 requests,
+   num_workers=32. The ideal is num_workers / latency = 160 requests/s; the figure is the ratio
+   achieved / ideal (target >= 0.9), measured over the server's busy window (first request in to
+   last reply out) and over lmpress's own wall time (its summary, which includes connecting).
+2. Memory: peak RSS of the `lmpress batch` process for 10,000 vs 100,000 input rows against the
+   same server with no latency (target ratio <= 1.2). Each run is a fresh process; its peak RSS
+   comes from os.wait4, so nothing else is counted.
+
+The server runs in this process on a thread; lmpress runs as the real CLI in a child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.servers.llm_server import Faults, LLMServer  # noqa: E402
+
+LATENCY_S = 0.2
+WORKERS = 32
+REQUESTS = 1600
+
+
+def write_rows(path: Path, count: int) -> None:
+    with path.open("w") as out:
+        for i in range(count):
+            out.write(json.dumps({"id": f"row-{i}", "prompt": f"Question number {i}: why?"}) + "\n")
+
+
+def run_batch(server: LLMServer, rows: Path, out: Path, workers: int) -> tuple[float, int, str]:
+    """Run the real CLI; return its wall time, peak RSS in KiB and stderr."""
+    cmd = [
+        sys.executable, "-m", "lmpress", "batch", "--engine", "REMOTE",
+        "--remote_params.api_url", server.openai_url,
+        "--remote_params.num_workers", str(workers),
+        "--model.model_name", "bench", "--generation.max_new_tokens", "16",
+        "-i", str(rows), "-o", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=REPO)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - started
+        err.seek(0)
+        stderr = err.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"lmpress batch failed ({proc.returncode}):\n{stderr[-3000:]}")
+    return wall, usage.ru_maxrss, stderr
+
+
+def summary_wall(stderr: str) -> float | None:
+    match = re.search(r"wall time\s*│\s*([\d.]+) s", stderr)
+    return float(match.group(1)) if match else None
+
+
+def throughput(tmp: Path) -> dict[str, float]:
+    rows, out = tmp / "tp.jsonl", tmp / "tp.out.jsonl"
+    write_rows(rows, REQUESTS)
+    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
+        wall, _, stderr = run_batch(server, rows, out, WORKERS)
+        s = server.stats
+        assert s.completed == REQUESTS, s.statuses
+        window = s.last_done - s.first_arrival
+        max_in_flight = s.max_in_flight
+    ideal = WORKERS / LATENCY_S
+    lmpress_wall = summary_wall(stderr)
+    return {
+        "ideal_rps": ideal,
+        "server_window_s": window,
+        "ratio_server_window": REQUESTS / window / ideal,
+        "lmpress_wall_s": lmpress_wall or float("nan"),
+        "ratio_lmpress_wall": REQUESTS / lmpress_wall / ideal if lmpress_wall else float("nan"),
+        "process_wall_s": wall,
+        "max_in_flight": max_in_flight,
+    }
+
+
+def memory(tmp: Path, small: int, large: int) -> dict[str, float]:
+    figures = {}
+    with LLMServer(Faults()) as server:
+        for count in (small, large):
+            rows, out = tmp / f"mem{count}.jsonl", tmp / f"mem{count}.out.jsonl"
+            write_rows(rows, count)
+            wall, rss_kib, _ = run_batch(server, rows, out, WORKERS)
+            figures[f"rss_mib_{count}"] = rss_kib / 1024
+            figures[f"wall_s_{count}"] = wall
+            rows.unlink()
+            out.unlink()
+    figures["rss_ratio"] = figures[f"rss_mib_{large}"] / figures[f"rss_mib_{small}"]
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1,000 vs 10,000 rows for memory")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        if not args.skip_throughput:
+            t = throughput(tmp)
+            print(f"throughput: {REQUESTS} requests, num_workers={WORKERS}, latency {LATENCY_S}s, "
+                  f"ideal {t['ideal_rps']:.0f} req/s")  # fmt: skip
+            print(f"  server busy window {t['server_window_s']:.2f}s -> ratio "
+                  f"{t['ratio_server_window']:.3f} (target >= 0.9)")  # fmt: skip
+            print(f"  lmpress wall time  {t['lmpress_wall_s']:.2f}s -> ratio "
+                  f"{t['ratio_lmpress_wall']:.3f}")  # fmt: skip
+            print(f"  whole process {t['process_wall_s']:.2f}s (with interpreter start and "
+                  f"imports); server saw at most {t['max_in_flight']} in flight")  # fmt: skip
+        if not args.skip_memory:
+            small, large = (1_000, 10_000) if args.quick else (10_000, 100_000)
+            m = memory(tmp, small, large)
+            print(f"memory: peak RSS of lmpress batch, {small:,} rows {m[f'rss_mib_{small}']:.1f} "
+                  f"MiB ({m[f'wall_s_{small}']:.0f}s), {large:,} rows "
+                  f"{m[f'rss_mib_{large}']:.1f} MiB ({m[f'wall_s_{large}']:.0f}s) -> ratio "
+                  f"{m['rss_ratio']:.3f} (target <= 1.2)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Run lmpress's VLLM engine for real and compare its throughput with raw vLLM.
+
+    python benchmarks/vllm_check.py MODEL_DIR [--rows 512] [--max-new-tokens 128]
+        [--engine-args '{"tensor_parallel_size": 2, "max_model_len": 4096}']
+
+Needs a Linux machine with a GPU and `pip install 'lmpress[vllm]'`; anywhere else it stops at
+once and says why. It builds the same chat prompts for both sides, then runs, each in a fresh
+process so each gets the whole GPU:
+
+- raw vLLM: `vllm.LLM(MODEL_DIR, **engine_args).chat(conversations, SamplingParams(...))`, the
+  offline API a user would otherwise write;
+- lmpress: `run_batch` over a JSONL of the same conversations on the VLLM engine (AsyncLLM),
+  exactly what `lmpress batch --engine VLLM` does.
+
+Both decode greedily with the same max tokens, and only generation is timed (not model
+loading). It prints rows/s and output tokens/s for each, lmpress's throughput as a ratio of raw
+vLLM's, and how many replies are identical (greedy decoding on the same prompts should give the
+same text; a difference points at the chat template or sampling translation). Exit code 0 when
+both sides ran, 1 when lmpress failed rows, 2 when this machine cannot run vLLM.
+
+data_parallel_size in --engine-args is honoured by lmpress only (vLLM's LLM class does not run
+data parallel), so compare with it unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TOPICS = (
+    "why the sky is blue", "how a bicycle stays upright", "what a hash table is",
+    "the causes of the French revolution", "how vaccines train the immune system",
+    "what makes bread rise", "how GPS finds your position", "why cats purr",
+    "how a transistor works", "what inflation is", "how tides happen", "what DNA does",
+)  # fmt: skip
+STYLES = ("in one paragraph", "to a ten-year-old", "in three bullet points", "in detail")
+
+
+def conversations(rows: int) -> list[list[dict[str, str]]]:
+    """Deterministic chat prompts of varied length."""
+    out = []
+    for i in range(rows):
+        topic, style = TOPICS[i % len(TOPICS)], STYLES[(i // len(TOPICS)) % len(STYLES)]
+        messages = [{"role": "user", "content": f"Explain {topic} {style}. (#{i})"}]
+        if i % 3 == 0:
+            messages.insert(0, {"role": "system", "content": "You are a patient teacher."})
+        out.append(messages)
+    return out
+
+
+def why_not_here(model_dir: str) -> str | None:
+    if find_spec("vllm") is None:
+        return (
+            "vllm is not installed here: pip install 'lmpress[vllm]' (vLLM needs Linux and a GPU)"
+        )
+    from lmpress.engines.vllm_engine import VllmEngine
+
+    reason = VllmEngine.unavailable_reason()
+    if reason:
+        return reason
+    if not Path(model_dir).is_dir():
+        return f"{model_dir}: not a model directory"
+    return None
+
+
+# --- the two sides, each run in its own process ------------------------------------------------
+
+
+def run_raw(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    engine_args = {k: v for k, v in engine_args.items() if k != "data_parallel_size"}
+    llm = LLM(model=model_dir, **engine_args)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+    prompts = conversations(rows)
+    started = time.perf_counter()
+    outputs = llm.chat(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - started
+    return {
+        "rows": len(outputs),
+        "failed": 0,
+        "completion_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "wall_s": wall,
+        "replies": [o.outputs[0].text for o in outputs],
+    }
+
+
+def run_lmpress(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -> dict:
+    from lmpress.batch import BatchOptions, run_batch
+    from lmpress.configs import load_config
+    from lmpress.engines.registry import create_engine
+
+    config = load_config(
+        None,
+        {
+            "model.model_name": model_dir,
+            "model.model_kwargs": engine_args,
+            "generation.max_new_tokens": max_new_tokens,
+            "generation.temperature": 0.0,
+        },
+        engine="VLLM",
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        source, target = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
+        with source.open("w") as f:
+            for i, messages in enumerate(conversations(rows)):
+                f.write(json.dumps({"id": str(i), "messages": messages}) + "\n")
+        engine = create_engine(config)
+
+        async def go():
+            try:
+                options = BatchOptions(str(source), str(target))
+                return await run_batch(config, options, engine=engine, stderr=sys.stderr)
+            finally:
+                await engine.aclose()
+
+        summary = asyncio.run(go())
+        replies = {}
+        for line in target.read_text().splitlines():
+            row = json.loads(line)
+            replies[int(row["id"])] = row["response"]["text"]
+    return {
+        "rows": summary.rows_ok,
+        "failed": summary.rows_failed,
+        "completion_tokens": summary.completion_tokens,
+        "wall_s": summary.wall_s,
+        "replies": [replies.get(i) for i in range(rows)],
+    }
+
+
+SIDES = {"raw": run_raw, "lmpress": run_lmpress}
+
+
+def run_side(side: str, args: argparse.Namespace) -> dict:
+    """One side in a fresh Python process; its result comes back as the last stdout line."""
+    command = [
+        sys.executable, __file__, args.model_dir, "--only", side, "--rows", str(args.rows),
+        "--max-new-tokens", str(args.max_new_tokens), "--engine-args", args.engine_args,
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+    proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"vllm_check: the {side} run failed (exit code {proc.returncode})")
+    return json.loads(lines[-1])
+
+
+def report(raw: dict, ours: dict) -> str:
+    def rate(side: dict) -> tuple[float, float]:
+        return side["rows"] / side["wall_s"], side["completion_tokens"] / side["wall_s"]
+
+    raw_rows, raw_tokens = rate(raw)
+    our_rows, our_tokens = rate(ours)
+    same = sum(a == b for a, b in zip(raw["replies"], ours["replies"], strict=True))
+    lines = [
+        f"{'':10}{'rows':>8}{'tokens':>10}{'wall s':>10}{'rows/s':>10}{'tok/s':>12}",
+        f"{'raw vLLM':10}{raw['rows']:>8}{raw['completion_tokens']:>10}{raw['wall_s']:>10.2f}"
+        f"{raw_rows:>10.2f}{raw_tokens:>12.1f}",
+        f"{'lmpress':10}{ours['rows']:>8}{ours['completion_tokens']:>10}{ours['wall_s']:>10.2f}"
+        f"{our_rows:>10.2f}{our_tokens:>12.1f}",
+        f"lmpress / raw vLLM, output tokens per second: {our_tokens / raw_tokens:.3f}",
+        f"identical replies (greedy): {same} of {len(raw['replies'])}",
+    ]
+    if ours["failed"]:
+        lines.append(f"lmpress failed rows: {ours['failed']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", help="a local model directory vLLM can load")
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--engine-args", default="{}", help="JSON: vLLM engine arguments")
+    parser.add_argument("--only", choices=sorted(SIDES), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    engine_args = json.loads(args.engine_args)
+    if args.only:
+        result = SIDES[args.only](args.model_dir, args.rows, args.max_new_tokens, engine_args)
+        print(json.dumps(result))
+        return 0
+    reason = why_not_here(args.model_dir)
+    if reason:
+        print(f"vllm_check: cannot run here: {reason}", file=sys.stderr)
+        return 2
+    raw = run_side("raw", args)
+    ours = run_side("lmpress", args)
+    print(report(raw, ours))
+    return 1 if ours["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The chat loop: each message becomes one Request carrying the whole conversation, its reply
+streams to stdout, and Ctrl-C during a reply cancels only that reply."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from lmpress.chat.commands import ALIASES, COMMANDS, LeaveChat, command_list
+from lmpress.chat.conversation import Conversation
+from lmpress.chat.terminal import (
+    Style,
+    keys_not_echoed,
+    read_messages,
+    reply_renderer,
+    setup_readline,
+)
+from lmpress.configs.schema import RunConfig
+from lmpress.engines.base import Engine
+from lmpress.engines.registry import create_engine
+from lmpress.errors import LmpressError, RequestError
+from lmpress.types import Delta, GenerationParams, Message, Request, Result
+
+
+@dataclass
+class Turn:
+    """One reply as it streams: filled in place, so a Ctrl-C at any await keeps what came."""
+
+    pieces: list[str] = field(default_factory=list)
+    result: Result | None = None
+    stopped: bool = False
+    error: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+    elapsed: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return self.result.text if self.result and not self.stopped else "".join(self.pieces)
+
+
+class Chat:
+    def __init__(
+        self,
+        engine: Engine,
+        config: RunConfig,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        system: str | None = None,
+        markdown: bool = False,
+        interactive: bool = True,
+        out: TextIO | None = None,
+        info: TextIO | None = None,
+    ):
+        self.engine = engine
+        self.config = config
+        self.params = config.generation
+        self.loop = loop
+        self.conversation = Conversation(system=system)
+        self.markdown = markdown
+        self.interactive = interactive
+        self.out = out or sys.stdout
+        self.style = Style(info or sys.stderr)
+        self.failures = 0
+        self.turns = 0
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def run(self, lines: Iterator[str]) -> int:
+        """Handle each message or command; return the exit code (1 if anything failed)."""
+        for line in lines:
+            try:
+                self.handle(line)
+            except LeaveChat:
+                break
+            except KeyboardInterrupt:  # between a reply's end and the next prompt
+                if not self.interactive:
+                    raise
+                self.style.note("(Ctrl-C stops a reply; Ctrl-D or /exit leaves)")
+        return 1 if self.failures else 0
+
+    def handle(self, line: str) -> None:
+        if line.startswith("/") and not line.startswith("//") and "\n" not in line:
+            name, _, arg = line[1:].strip().partition(" ")
+            command = COMMANDS.get(name.lower()) or ALIASES.get(name.lower())
+            if command is None:
+                self.fail(f"unknown command '/{name}'. Commands: {command_list()}")
+                return
+            try:
+                command.run(self, arg.strip())
+            except LmpressError as exc:
+                self.fail(str(exc))
+            return
+        if self.interactive and line.lower() in ("exit", "quit"):
+            raise LeaveChat  # what newcomers type to leave; " exit" sends the word itself
+        text = line[1:] if line.startswith("//") else line
+        if text.strip():
+            self.send(Message("user", text))
+
+    def fail(self, message: str) -> None:
+        self.failures += 1
+        self.style.error(message)
+
+    # --- one reply -----------------------------------------------------------------------
+
+    def send(self, message: Message) -> None:
+        conversation = self.conversation
+        conversation.unsent = None
+        self.turns += 1
+        request = Request(f"chat-{self.turns}", [*conversation.with_system(), message], self.params)
+        turn = self._run_turn(request)
+        if turn.error:
+            conversation.unsent = message
+            self.fail(f"{turn.error} (/retry sends your message again)")
+            return
+        if turn.stopped and not turn.text:
+            conversation.unsent = message
+            self.style.note("stopped before any text came; /retry sends your message again")
+            return
+        conversation.messages += [message, Message("assistant", turn.text)]
+        if turn.result and not turn.stopped:
+            for i, sample in enumerate(turn.result.samples[1:], start=2):
+                self.out.write(f"--- sample {i} ---\n{sample.text}\n")
+            self.out.flush()
+        self.style.status(status_line(turn, self.params))
+
+    def _run_turn(self, request: Request) -> Turn:
+        turn = Turn()
+        task = self.loop.create_task(self._stream(request, turn))
+        if not self.interactive:  # piped: Ctrl-C ends the whole run, once the reply is freed
+            try:
+                self.loop.run_until_complete(task)
+            except KeyboardInterrupt:
+                task.cancel()
+                self.loop.run_until_complete(task)
+                raise
+            turn.elapsed = time.perf_counter() - turn.started
+            return turn
+
+        # Ctrl-C cancels this reply only; the stream's own cleanup frees it in the engine.
+        def stop_reply(signum, frame):
+            self.loop.call_soon_threadsafe(task.cancel)
+
+        previous = signal.signal(signal.SIGINT, stop_reply)
+        try:
+            with keys_not_echoed():
+                self.loop.run_until_complete(task)
+        except asyncio.CancelledError:  # a second Ctrl-C while the stream was closing
+            turn.stopped = True
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        turn.elapsed = time.perf_counter() - turn.started
+        return turn
+
+    async def _stream(self, request: Request, turn: Turn) -> None:
+        renderer = reply_renderer(self.out, self.markdown)
+        stream = None
+        try:
+            stream = self.engine.stream(request)
+            async for item in stream:
+                if isinstance(item, Delta) and item.index == 0:
+                    turn.pieces.append(item.text)
+                    renderer.add(item.text)
+                elif isinstance(item, Result):
+                    turn.result = item
+                    if item.error:
+                        turn.error = item.error.message
+                    elif not turn.pieces and item.text:  # an engine that sends no deltas
+                        renderer.add(item.text)
+                    break
+        except asyncio.CancelledError:
+            turn.stopped = True
+        except (LmpressError, RequestError) as exc:
+            turn.error = str(exc)
+        except Exception as exc:  # an engine bug must not end the chat
+            if debug():
+                traceback.print_exc()
+            turn.error = f"internal error: {type(exc).__name__}: {exc} (--debug shows more)"
+        finally:
+            renderer.finish(empty_line=not (turn.error or turn.stopped))
+            close = getattr(stream, "aclose", None)  # closing the stream frees the request
+            if close is not None:
+                await close()
+        if turn.result is None and not turn.stopped and not turn.error:
+            turn.error = f"engine {self.engine.name} ended the reply without a result"
+
+
+def status_line(turn: Turn, params: GenerationParams) -> str:
+    if turn.stopped:
+        return (
+            f"stopped by Ctrl-C after {turn.elapsed:.1f} s; the partial reply is kept "
+            f"(/retry regenerates it, /undo drops it)"
+        )
+    assert turn.result is not None
+    usage = turn.result.usage
+    tokens = usage.completion_tokens
+    parts = [f"{tokens} tokens"]
+    if tokens and turn.elapsed > 0:
+        parts.append(f"{tokens / turn.elapsed:.1f} tokens/s")
+    parts.append(f"{turn.elapsed:.2f} s")
+    if usage.prompt_tokens:  # how much of the context the conversation fills
+        parts.append(f"prompt {usage.prompt_tokens} tokens")
+    if turn.result.finish_reason == "length":
+        parts.append(f"cut at generation.max_new_tokens={params.max_new_tokens}")
+    return "[" + " · ".join(parts) + "]"
+
+
+def debug() -> bool:
+    return "--debug" in sys.argv or bool(os.environ.get("LMPRESS_DEBUG"))
+
+
+def run_chat(config: RunConfig, system: str | None = None, markdown: bool = False) -> int:
+    """Chat on stdin/stdout until Ctrl-D or /exit; returns the exit code."""
+    interactive = sys.stdin.isatty()
+    style = Style(sys.stderr)
+    model = config.model.model_name
+    if interactive:
+        style.note(
+            f"loading {model} on {config.engine}…" if model else f"starting {config.engine}…"
+        )
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        engine = create_engine(config)  # refuses unsupported generation settings
+        chat = Chat(engine, config, loop, system=system, markdown=markdown, interactive=interactive)
+        try:
+            if interactive:
+                save_history = setup_readline([f"/{c}" for c in [*COMMANDS, *ALIASES]])
+                what = f"{model} on {engine.name}" if model else engine.name
+                style.info(
+                    f"Chatting with {what}.\n"
+                    f"Type a message and press Enter; /help lists commands; Ctrl-D or /exit leaves."
+                )
+                try:
+                    chat.run(read_messages(interactive=True, on_interrupt=style.note))
+                finally:
+                    save_history()
+                return 0  # errors in a session were shown as they came
+            return chat.run(read_messages(interactive=False))
+        finally:
+            loop.run_until_complete(engine.aclose())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()

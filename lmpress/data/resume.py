@@ -1,0 +1,174 @@
+"""What a batch job leaves beside its output, and how a re-run picks up from it.
+
+OUT.jsonl is the one record of which rows are done: each line is written whole and flushed,
+so after a crash it holds every finished row and at most one torn last line, which is cut off.
+Beside it:
+- OUT.errors.jsonl    rows that failed (retried on the next run unless told not to)
+- OUT.summary.json    the last run's summary
+- OUT.fingerprint.json  the settings the output was started with; a re-run with other
+                      settings is refused, so results of two configurations never mix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmpress import __version__
+from lmpress.configs.schema import RunConfig
+from lmpress.data.formats import output_row_id
+from lmpress.errors import InputError
+
+SCHEDULING = {"batch_size"}  # settings that change speed, not results
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    output: Path
+    errors: Path
+    summary: Path
+    fingerprint: Path
+
+    @classmethod
+    def beside(cls, output: str | Path) -> JobFiles:
+        out = Path(output).expanduser()
+        stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
+        return cls(
+            out,
+            out.with_name(f"{stem}.errors.jsonl"),
+            out.with_name(f"{stem}.summary.json"),
+            out.with_name(f"{stem}.fingerprint.json"),
+        )
+
+    def remove_all(self) -> None:
+        for path in (self.output, self.errors, self.summary, self.fingerprint):
+            path.unlink(missing_ok=True)
+
+
+def fingerprint(config: RunConfig, output_format: str, shard: str | None) -> dict[str, Any]:
+    """The settings that decide what the output holds."""
+    generation = {
+        k: v for k, v in dataclasses.asdict(config.generation).items() if k not in SCHEDULING
+    }
+    return {
+        "engine": config.engine,
+        "model": dataclasses.asdict(config.model),
+        "generation": generation,
+        "remote_params": {"api_url": config.remote_params.api_url},
+        "output_format": output_format,
+        "shard": shard,
+    }
+
+
+def check_fingerprint(files: JobFiles, current: dict[str, Any]) -> None:
+    """Refuse to add to an output started with other settings, saying what changed."""
+    if not files.fingerprint.exists():
+        raise InputError(
+            f"{files.output}: exists but lmpress has no record of how it was made "
+            f"({files.fingerprint.name} is missing); use --overwrite to start over, or "
+            f"choose a new output path"
+        )
+    try:
+        stored = json.loads(files.fingerprint.read_text(encoding="utf-8"))["settings"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"{files.fingerprint}: unreadable ({exc}); use --overwrite") from exc
+    changes = _differences(stored, current)
+    if changes:
+        listed = "; ".join(changes[:6]) + ("; ..." if len(changes) > 6 else "")
+        raise InputError(
+            f"{files.output} was started with other settings ({listed}); results of two "
+            f"configurations must not mix in one file: use --overwrite to start over, or "
+            f"choose a new output path"
+        )
+
+
+def write_fingerprint(files: JobFiles, current: dict[str, Any], recipe: str | None) -> None:
+    record = {
+        "lmpress": __version__,
+        "recipe": recipe,
+        "recipe_sha256": _sha256(recipe),
+        "settings": current,
+    }
+    _write_atomically(files.fingerprint, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+
+
+def repair_torn_tail(path: Path) -> bool:
+    """Cut off a last line that a crash left half-written. True if something was cut."""
+    if not path.exists():
+        return False
+    size = path.stat().st_size
+    if size == 0:
+        return False
+    with path.open("rb+") as handle:
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return False
+        # Scan back for the last complete line's newline.
+        end = size
+        block = 1 << 16
+        keep = 0
+        while end > 0:
+            start = max(0, end - block)
+            handle.seek(start)
+            chunk = handle.read(end - start)
+            at = chunk.rfind(b"\n")
+            if at >= 0:
+                keep = start + at + 1
+                break
+            end = start
+        handle.truncate(keep)
+    return True
+
+
+def done_ids(path: Path) -> Iterator[str]:
+    """The row id of every line in an output (or errors) file, the file read as a stream."""
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError as exc:
+                raise InputError(
+                    f"{path}:{number}: not valid JSON, so the output cannot be resumed; "
+                    f"repair that line or use --overwrite"
+                ) from exc
+            row_id = output_row_id(row) if isinstance(row, dict) else None
+            if row_id is not None:
+                yield row_id
+
+
+def id_key(row_id: str) -> int:
+    """A compact, collision-resistant key for a row id (8 bytes instead of the string)."""
+    return int.from_bytes(hashlib.blake2b(row_id.encode(), digest_size=8).digest(), "big")
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new)):
+            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    if old != new:
+        return [f"{prefix.rstrip('.')} was {json.dumps(old)}, now {json.dumps(new)}"]
+    return []
+
+
+def _sha256(path: str | None) -> str | None:
+    if not path or not Path(path).is_file():
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,239 @@
+"""ANTHROPIC: the Messages API through the `anthropic` SDK.
+
+The Messages API differs from chat completions in ways `request_body` handles: the system prompt
+is a top-level `system` field, not a message; roles must alternate, so consecutive messages of
+one role are merged; `max_tokens` is required; stop strings are `stop_sequences`; images are
+content blocks with a base64 or URL source. `parse_message` maps the reply back: text blocks
+joined, `stop_reason` to lmpress's finish reasons, usage (cached input counted as input).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import mimetypes
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from lmpress.configs.schema import RunConfig
+from lmpress.engines.remote import MalformedResponse, RemoteEngine, Reply, client_options
+from lmpress.errors import RequestError
+from lmpress.types import Delta, GenerationParams, Message, Request, Sample, Usage
+
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+
+
+class AnthropicEngine(RemoteEngine):
+    """Anthropic's Messages API."""
+
+    name = "ANTHROPIC"
+    # The Messages API takes no sampling parameters (temperature, top_p, top_k are gone from
+    # it); lmpress's defaults are simply not sent, a change to them is refused.
+    supported_params = frozenset({"max_new_tokens", "stop_strings", "guided_decoding"})
+    default_api_url = "https://api.anthropic.com"
+    default_key_env = "ANTHROPIC_API_KEY"
+
+    def __init__(self, config: RunConfig):
+        super().__init__(config)
+        import anthropic  # ~2 s of imports: paid here, not by the first request
+
+        self._anthropic = anthropic
+
+    def check_request_params(self, params: GenerationParams) -> None:
+        if params.guided_decoding:
+            output_format(params.guided_decoding)
+
+    def status_kind(self, status: int) -> str:
+        return "overloaded" if status == 529 else super().status_kind(status)
+
+    def _make_client(self) -> Any:
+        return self._anthropic.AsyncAnthropic(
+            api_key=self.api_key,  # given, so the SDK reads no credential from elsewhere
+            base_url=self.api_url,
+            **client_options(
+                self._anthropic, self.remote.num_workers, self.remote.connection_timeout
+            ),
+        )
+
+    async def _send(self, client: Any, request: Request) -> Reply:
+        body = request_body(request, self.model_name)
+        raw = await client.messages.with_raw_response.create(**body)
+        try:
+            data = json.loads(await raw.read())
+        except ValueError as exc:
+            raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
+        return parse_message(data, self.model_name)
+
+    async def _send_stream(self, client: Any, request: Request) -> AsyncIterator[Delta | Reply]:
+        body = request_body(request, self.model_name)
+        stream = await client.messages.create(**body, stream=True)
+        parts: list[str] = []
+        stop_reason = None
+        usage = Usage()
+        model = ""
+        async with stream:
+            async for event in stream:
+                text = ""
+                try:
+                    kind = event.type
+                    if kind == "message_start":
+                        model = event.message.model or ""
+                        usage = _usage(event.message.usage.model_dump(), usage)
+                    elif kind == "content_block_delta" and event.delta.type == "text_delta":
+                        text = event.delta.text
+                    elif kind == "message_delta":
+                        stop_reason = event.delta.stop_reason or stop_reason
+                        if event.usage is not None:
+                            usage = _usage(event.usage.model_dump(), usage)
+                except (AttributeError, TypeError, KeyError, ValueError) as exc:
+                    raise MalformedResponse(
+                        f"a stream event is not a Messages event ({exc})"
+                    ) from exc
+                if text:
+                    parts.append(text)
+                    yield Delta(request.id, text)
+        finish = FINISH_REASONS.get(stop_reason or "end_turn", stop_reason or "stop")
+        yield Reply([Sample("".join(parts), finish, None, usage.completion_tokens)], usage, model)
+
+
+# --- the translation ---------------------------------------------------------------------
+
+
+def request_body(request: Request, model: str) -> dict[str, Any]:
+    """The keyword arguments of `messages.create` for a Request."""
+    if request.prompt is not None:
+        raise RequestError(
+            "engine ANTHROPIC takes chat messages only, not a raw text prompt", "invalid_request"
+        )
+    p = request.params
+    system, messages = convert_messages(request.messages)
+    body: dict[str, Any] = {"model": model, "max_tokens": p.max_new_tokens, "messages": messages}
+    if system:
+        body["system"] = system
+    if p.stop_strings:
+        body["stop_sequences"] = list(p.stop_strings)
+    if p.guided_decoding:
+        body["output_config"] = {"format": output_format(p.guided_decoding)}
+    return body
+
+
+def convert_messages(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
+    """The system text, and the conversation with roles alternating as the API requires:
+    system and developer messages go to `system`, tool results become user turns, and
+    consecutive messages of one role are merged into one."""
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role in ("system", "developer"):
+            system.append(message.text())
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        content = _content(message)
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] = _merge(turns[-1]["content"], content)
+        else:
+            turns.append({"role": role, "content": content})
+    return "\n\n".join(s for s in system if s), turns
+
+
+def _content(message: Message) -> str | list[dict[str, Any]]:
+    if isinstance(message.content, str):
+        return message.content
+    blocks: list[dict[str, Any]] = []
+    for part in message.content:
+        if part.type == "text":
+            blocks.append({"type": "text", "text": part.text or ""})
+        else:
+            blocks.append(image_block(part.image_url or ""))
+    return blocks
+
+
+def _merge(
+    first: str | list[dict[str, Any]], second: str | list[dict[str, Any]]
+) -> str | list[dict[str, Any]]:
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n\n{second}"
+
+    def blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+    return blocks(first) + blocks(second)
+
+
+def image_block(url: str) -> dict[str, Any]:
+    """An image content block: a URL source for http(s), base64 for data: URLs and files."""
+    if url.startswith(("http://", "https://")):
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    if url.startswith("data:"):
+        header, _, data = url.partition(",")
+        media_type = header[len("data:") :].split(";")[0] or "image/png"
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": media_type, "data": data},
+        }
+    path = Path(unquote(urlparse(url).path) if url.startswith("file:") else url)
+    try:
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+    except OSError as exc:
+        raise RequestError(f"cannot read image {path}: {exc.strerror}", "invalid_request") from exc
+    media_type = mimetypes.guess_type(path.name)[0] or "image/png"
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def output_format(guided: dict[str, Any]) -> dict[str, Any]:
+    """guided_decoding {"json": schema} as the Messages API's structured output format."""
+    if set(guided) != {"json"}:
+        raise RequestError(
+            "engine ANTHROPIC supports guided_decoding.json (a JSON schema) only",
+            "unsupported_param",
+        )
+    schema = guided["json"]
+    if isinstance(schema, str):
+        schema = json.loads(schema)
+    if not isinstance(schema, dict):
+        raise RequestError(
+            "guided_decoding.json must be a JSON schema (an object)", "invalid_request"
+        )
+    return {"type": "json_schema", "schema": schema}
+
+
+def parse_message(data: Any, model: str = "") -> Reply:
+    """A Messages API JSON reply as one sample, usage and the model name."""
+    if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+        raise MalformedResponse("the reply is not a Messages API message (no content list)")
+    texts = []
+    for block in data["content"]:
+        if not isinstance(block, dict):
+            raise MalformedResponse("a content block is not an object")
+        if block.get("type") == "text":
+            if not isinstance(block.get("text"), str):
+                raise MalformedResponse("a text block has no text")
+            texts.append(block["text"])
+    stop_reason = data.get("stop_reason") or "end_turn"
+    usage = _usage(data.get("usage") if isinstance(data.get("usage"), dict) else {}, Usage())
+    sample = Sample("".join(texts), FINISH_REASONS.get(stop_reason, stop_reason))
+    sample.completion_tokens = usage.completion_tokens
+    return Reply([sample], usage, data.get("model") or model)
+
+
+def _usage(data: dict[str, Any], previous: Usage) -> Usage:
+    """Input counts cached reads and writes too; later stream events update what they carry."""
+    keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    given = [data.get(k) for k in keys]
+    prompt = (
+        sum(int(v) for v in given if v)
+        if any(v is not None for v in given)
+        else previous.prompt_tokens
+    )
+    output = data.get("output_tokens")
+    return Usage(prompt, int(output) if output is not None else previous.completion_tokens)

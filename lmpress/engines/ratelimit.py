@@ -1,0 +1,361 @@
+"""When a remote request may go, and how long a failed one waits before it goes again.
+
+A remote engine sends through one `Pacer`, which combines four limits:
+
+- concurrency: at most `num_workers` requests in flight, lowered by half when the server says it
+  is overloaded (429, 503, 529) and raised again as requests succeed (`AdaptiveLimit`);
+- a learned rate: once the server pushes back, a little under the rate it was accepting, grown
+  again with each success until it no longer binds (`AdaptiveRate`);
+- a shared cooldown: a `Retry-After` on a 429 holds back every new request until then, so a
+  rate-limited server is not hammered by the other workers meanwhile;
+- per-minute budgets, respected ahead of time: requests, input tokens (estimated before sending,
+  corrected with the reported usage) and output tokens (max_new_tokens reserved, the unused part
+  refunded) (`Budget`, built on `TokenBucket`).
+
+Nothing here imports an SDK; the clock and sleep are injectable for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+Clock = Callable[[], float]
+
+# The concurrency limit never drops below this share of num_workers: a storm of 429s slows
+# the job down, it must not turn it into one request at a time.
+FLOOR_SHARE = 0.25
+# Each success raises the limit by this much: with `limit` requests completing per round trip,
+# the limit grows by about a quarter per round trip, so a halving heals in a few round trips.
+INCREASE_PER_SUCCESS = 0.25
+
+
+def backoff_delay(
+    attempt: int,
+    base: float,
+    cap: float,
+    retry_after: float | None = None,
+    rng: random.Random | None = None,
+) -> float:
+    """Seconds to wait before retry number `attempt` (0 for the first retry).
+
+    Exponential backoff with full jitter (uniform in [0, min(cap, base * 2**attempt)]), so that
+    requests failing together do not retry together. A server's Retry-After wins when given; it
+    is capped at `cap` too, so a server asking for an hour cannot park the job for an hour, and
+    gets a little jitter on top so the waiting requests do not all come back in the same instant.
+    """
+    rng = rng or random
+    if retry_after is not None:
+        wait = min(cap, max(0.0, retry_after))
+        return wait + rng.uniform(0, min(cap, 0.1 * wait + 0.05))
+    return rng.uniform(0, min(cap, base * (2**attempt)))
+
+
+def parse_retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+    """Seconds a response asks us to wait: `retry-after-ms`, else `Retry-After` as seconds or
+    as an HTTP date. None when absent or unreadable."""
+    if not headers:
+        return None
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            value = float(millis) / 1000.0
+            if math.isfinite(value) and value >= 0:
+                return value
+        except ValueError:
+            pass
+    text = headers.get("retry-after")
+    if not text:
+        return None
+    text = text.strip()
+    try:
+        value = float(text)
+        return value if math.isfinite(value) and value >= 0 else None
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+class TokenBucket:
+    """`per_minute` units a minute, refilled continuously, with one second's worth of burst.
+
+    A take larger than the burst is let through once the bucket is full and leaves it in debt,
+    so big requests still go and the average rate still holds.
+    """
+
+    def __init__(self, per_minute: float, clock: Clock = time.monotonic):
+        self.rate = per_minute / 60.0
+        self.capacity = max(self.rate, 1.0)
+        self.level = self.capacity
+        self._clock = clock
+        self._updated = clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self.level = min(self.capacity, self.level + (now - self._updated) * self.rate)
+        self._updated = now
+
+    def wait_time(self, amount: float) -> float:
+        """Seconds until `amount` can be taken (0 when it can now)."""
+        self._refill()
+        need = min(amount, self.capacity)
+        # The epsilon keeps float rounding from asking for sleeps too short to advance a clock.
+        return 0.0 if self.level >= need - 1e-9 else (need - self.level) / self.rate
+
+    def take(self, amount: float) -> None:
+        self._refill()
+        self.level -= amount
+
+    def give_back(self, amount: float) -> None:
+        """Return (or, negative, charge further) `amount`, once the real cost is known."""
+        self._refill()
+        self.level = min(self.capacity, self.level + amount)
+
+
+class Budget:
+    """The per-minute limits together: requests, input tokens, output tokens. Waiters are served
+    in order, one at a time, so a big request is not starved by a stream of small ones."""
+
+    def __init__(
+        self,
+        requests_per_minute: int | None,
+        input_tokens_per_minute: int | None,
+        output_tokens_per_minute: int | None,
+        clock: Clock = time.monotonic,
+        sleep: Callable[[float], object] = asyncio.sleep,
+    ):
+        def bucket(limit: int | None) -> TokenBucket | None:
+            return TokenBucket(limit, clock) if limit else None
+
+        self.requests = bucket(requests_per_minute)
+        self.input = bucket(input_tokens_per_minute)
+        self.output = bucket(output_tokens_per_minute)
+        self._sleep = sleep
+        self._lock = asyncio.Lock()
+
+    def rebind(self) -> None:
+        """Start afresh on a new event loop (an asyncio.Lock belongs to one loop)."""
+        self._lock = asyncio.Lock()
+
+    async def take(self, input_tokens: int, output_tokens: int) -> None:
+        wants = [(b, n) for b, n in ((self.requests, 1), (self.input, input_tokens),
+                 (self.output, output_tokens)) if b is not None]  # fmt: skip
+        async with self._lock:
+            while True:
+                wait = max(b.wait_time(n) for b, n in wants)
+                if wait <= 0:
+                    break
+                await self._sleep(wait)
+            for b, n in wants:
+                b.take(n)
+
+    def settle(self, input_tokens: tuple[int, int], output_tokens: tuple[int, int]) -> None:
+        """Correct the estimates with what was used: each pair is (charged, actual)."""
+        if self.input is not None:
+            self.input.give_back(input_tokens[0] - input_tokens[1])
+        if self.output is not None:
+            self.output.give_back(output_tokens[0] - output_tokens[1])
+
+
+class AdaptiveLimit:
+    """A semaphore whose size moves: halved on overload, at most once per round trip (signals
+    from requests sent before the last cut say nothing new), grown back on success."""
+
+    def __init__(self, maximum: int, clock: Clock = time.monotonic):
+        self.maximum = maximum
+        self.floor = max(1, math.ceil(maximum * FLOOR_SHARE))
+        self.limit = float(maximum)
+        self.in_flight = 0
+        self._clock = clock
+        self._last_cut = -math.inf
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        if not self._waiters and self.in_flight < int(self.limit):
+            self.in_flight += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # the releaser counts us in before waking us
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # granted, then cancelled: hand the slot on
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.in_flight < int(self.limit):
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.in_flight += 1
+                waiter.set_result(None)
+
+    def succeeded(self) -> None:
+        if self.limit < self.maximum:
+            self.limit = min(float(self.maximum), self.limit + INCREASE_PER_SUCCESS)
+            self._wake()
+
+    def overloaded(self, sent_at: float) -> None:
+        if sent_at < self._last_cut:
+            return
+        self._last_cut = self._clock()
+        self.limit = max(float(self.floor), self.limit / 2)
+
+
+class AdaptiveRate:
+    """A send rate learned from pushback: none until the server says it is overloaded, then
+    90% of what it accepted over the last few seconds, growing with each success until it no
+    longer binds. Concurrency alone cannot find a rate limit below what even a few requests in
+    flight produce; this can, so a job without a configured requests_per_minute settles near
+    the provider's limit instead of bouncing off it until rows run out of retries."""
+
+    WINDOW_S = 5.0  # how far back accepted requests are counted
+    CUT = 0.9  # the new rate, as a share of the accepted rate
+    GROWTH = 1.01  # per success: about +1% each, so +25% a second at 25 requests a second
+
+    def __init__(self, clock: Clock = time.monotonic):
+        self.rate: float | None = None  # requests a second; None: no cap
+        self._clock = clock
+        self._accepted: deque[float] = deque()
+        self._started: float | None = None
+        self._last_cut = -math.inf
+        self._next = 0.0
+
+    def _forget_old(self, now: float) -> None:
+        while self._accepted and self._accepted[0] < now - self.WINDOW_S:
+            self._accepted.popleft()
+
+    def _accepted_rate(self, now: float) -> float:
+        self._forget_old(now)
+        span = min(self.WINDOW_S, now - (self._started or now))
+        return len(self._accepted) / span if span > 0 else 0.0
+
+    def succeeded(self) -> None:
+        now = self._clock()
+        if self._started is None:
+            self._started = now
+        self._accepted.append(now)
+        self._forget_old(now)  # at most WINDOW_S of successes are kept, however long the job
+        if self.rate is not None:
+            self.rate *= self.GROWTH
+            if self.rate > 2 * self._accepted_rate(now):
+                self.rate = None  # no longer what holds the sender back
+
+    def overloaded(self, sent_at: float) -> None:
+        now = self._clock()
+        if sent_at < self._last_cut:
+            return
+        accepted = self._accepted_rate(now)
+        if accepted <= 0:
+            return  # nothing gets through: the cooldown and the concurrency cut do the work
+        self._last_cut = now
+        cap = self.CUT * accepted
+        self.rate = cap if self.rate is None else min(self.rate, cap)
+
+    def wait(self) -> float:
+        """Seconds the next request must wait to keep to the rate; reserves its turn."""
+        if self.rate is None:
+            return 0.0
+        now = self._clock()
+        turn = max(now, self._next)
+        self._next = turn + 1.0 / self.rate
+        return turn - now
+
+
+@dataclass
+class Ticket:
+    """One request's permission to go, and what it was charged."""
+
+    sent_at: float
+    input_tokens: int
+    output_tokens: int
+
+
+class Pacer:
+    """The gate every request of one engine passes: concurrency, cooldown, budgets."""
+
+    def __init__(
+        self,
+        num_workers: int,
+        requests_per_minute: int | None = None,
+        input_tokens_per_minute: int | None = None,
+        output_tokens_per_minute: int | None = None,
+        politeness_s: float = 0.0,
+        clock: Clock = time.monotonic,
+    ):
+        self.limit = AdaptiveLimit(num_workers, clock)
+        self.rate = AdaptiveRate(clock)
+        limited = requests_per_minute or input_tokens_per_minute or output_tokens_per_minute
+        self.budget = (
+            Budget(requests_per_minute, input_tokens_per_minute, output_tokens_per_minute, clock)
+            if limited
+            else None
+        )
+        self.politeness_s = politeness_s
+        self.cooldown_until = 0.0
+        self._clock = clock
+
+    async def acquire(self, input_tokens: int, output_tokens: int) -> Ticket:
+        await self.limit.acquire()
+        try:
+            while (wait := self.cooldown_until - self._clock()) > 0:
+                await asyncio.sleep(wait)
+            if (wait := self.rate.wait()) > 0:
+                await asyncio.sleep(wait)
+            if self.budget is not None:
+                await self.budget.take(input_tokens, output_tokens)
+        except BaseException:
+            self.limit.release()
+            raise
+        return Ticket(self._clock(), input_tokens, output_tokens)
+
+    def release(
+        self,
+        ticket: Ticket,
+        *,
+        ok: bool,
+        usage: tuple[int, int] | None = None,
+        overloaded: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        """Give the slot back and learn from the outcome. `usage` is the (input, output)
+        tokens the provider reported; without it, a failed request is charged no output."""
+        if self.budget is not None:
+            used_in, used_out = usage if usage is not None else (ticket.input_tokens, 0)
+            self.budget.settle((ticket.input_tokens, used_in), (ticket.output_tokens, used_out))
+        if ok:
+            self.limit.succeeded()
+            self.rate.succeeded()
+        elif overloaded:
+            self.limit.overloaded(ticket.sent_at)
+            self.rate.overloaded(ticket.sent_at)
+            if retry_after:
+                self.cooldown_until = max(self.cooldown_until, self._clock() + retry_after)
+        if self.politeness_s > 0:
+            asyncio.get_running_loop().call_later(self.politeness_s, self.limit.release)
+        else:
+            self.limit.release()
+
+
+def estimate_tokens(text_chars: int, messages: int = 0, images: int = 0) -> int:
+    """A rough prompt size for budgeting before the provider counts: ~4 characters a token, a
+    few tokens of framing per message, a flat allowance per image."""
+    return text_chars // 4 + 4 * messages + 256 * images + 1

@@ -1,0 +1,337 @@
+"""The VLLM engine's translations between lmpress and vLLM, as plain functions of data:
+
+- `engine_settings()`: the recipe's `model` section -> AsyncEngineArgs keyword arguments
+  (`model.model_kwargs` pass through and win over the fields they overlap);
+- `sampling_params()`: GenerationParams -> SamplingParams, the one translation of sampling;
+- `OutputAssembler`: RequestOutputs -> Deltas and the final Result, the one place vLLM's
+  outputs are read.
+
+Nothing here imports vLLM; the classes come in through `VllmApi` (vllm_engine.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmpress.configs.schema import RunConfig
+from lmpress.engines.native import local_or_hub
+from lmpress.errors import ConfigError, ModelLoadError
+from lmpress.types import Delta, GenerationParams, Result, Sample, TokenLogprob, Usage
+
+if TYPE_CHECKING:
+    from lmpress.engines.vllm_engine import VllmApi
+
+# The LoRA ranks vLLM accepts (vllm.config.lora.MaxLoRARanks); an adapter's rank is rounded up.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+# --- engine arguments -------------------------------------------------------------------------
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _flag(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+# The engine arguments lmpress documents (recipes/vllm-*.yaml), checked here so that a wrong
+# value fails at once with its key rather than deep inside vLLM minutes later.
+DOCUMENTED_ARGS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "tensor_parallel_size": (_whole, "must be a whole number of GPUs, at least 1"),
+    "pipeline_parallel_size": (_whole, "must be a whole number of GPUs, at least 1"),
+    "data_parallel_size": (_whole, "must be a whole number of replicas, at least 1"),
+    "gpu_memory_utilization": (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+        "must be the fraction of each GPU's memory vLLM may take, in (0, 1], e.g. 0.9",
+    ),
+    "max_model_len": (_whole, "must be a number of tokens, at least 1"),
+    "max_num_seqs": (_whole, "must be a number of sequences, at least 1"),
+    "enable_prefix_caching": (_flag, "must be true or false"),
+    "enforce_eager": (_flag, "must be true or false"),
+    "trust_remote_code": (_flag, "must be true or false"),
+    "quantization": (
+        lambda v: v is None or isinstance(v, str),
+        "must be a quantization method such as awq, gptq or fp8, or null",
+    ),
+    "dtype": (
+        lambda v: isinstance(v, str),
+        "must be auto, bfloat16, float16 or float32",
+    ),
+}
+
+DTYPES = {
+    "auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
+    "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
+    "float": "float32",
+}  # fmt: skip
+
+# vLLM's default max_num_seqs on most GPUs; the engine keeps twice that many requests in flight
+# per replica so the scheduler always has the next ones waiting.
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+@dataclass
+class EngineSettings:
+    """What the recipe asks of vLLM, checked."""
+
+    args: dict[str, Any]  # AsyncEngineArgs keyword arguments for one replica
+    data_parallel_size: int = 1
+    gpus_per_replica: int = 1
+    adapter: str | None = None  # model.adapter_model, as vLLM should load it
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS
+
+
+def engine_settings(config: RunConfig, known_args: set[str] | None = None) -> EngineSettings:
+    """The AsyncEngineArgs keyword arguments a run config asks for.
+
+    `known_args` (the field names of vLLM's AsyncEngineArgs) catches a misspelt key in
+    `model.model_kwargs` before vLLM starts.
+    """
+    model = config.model
+    kwargs = dict(model.model_kwargs)
+    for key, value in kwargs.items():
+        if key in DOCUMENTED_ARGS:
+            ok, allowed = DOCUMENTED_ARGS[key]
+            if not ok(value):
+                raise ConfigError(f"model.model_kwargs.{key}: {value!r} {allowed}")
+        elif known_args is not None and key not in known_args:
+            close = difflib.get_close_matches(key, sorted(known_args | set(DOCUMENTED_ARGS)), 1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"model.model_kwargs.{key}: not an engine argument of vLLM{hint}; see "
+                f"https://docs.vllm.ai/en/latest/configuration/engine_args.html"
+            )
+    dtype = DTYPES.get(model.torch_dtype_str.lower())
+    if dtype is None:
+        raise ConfigError(
+            f"model.torch_dtype_str: unknown dtype '{model.torch_dtype_str}' for VLLM "
+            f"(use auto, bfloat16, float16 or float32)"
+        )
+    args: dict[str, Any] = {
+        "model": local_or_hub(model.model_name, "model.model_name"),
+        "dtype": dtype,
+        "trust_remote_code": model.trust_remote_code,
+        "disable_log_stats": True,
+    }
+    if model.tokenizer_name:
+        args["tokenizer"] = local_or_hub(model.tokenizer_name, "model.tokenizer_name")
+    if model.model_revision:
+        args["revision"] = model.model_revision
+    if model.model_max_length:
+        args["max_model_len"] = model.model_max_length
+    adapter = None
+    if model.adapter_model:
+        adapter = local_or_hub(model.adapter_model, "model.adapter_model")
+        args["enable_lora"] = True
+        if "max_lora_rank" not in kwargs:
+            args["max_lora_rank"] = lora_rank(adapter)
+    data_parallel = kwargs.pop("data_parallel_size", 1)
+    args.update(kwargs)
+    per_replica = args.get("tensor_parallel_size", 1) * args.get("pipeline_parallel_size", 1)
+    return EngineSettings(args, data_parallel, per_replica, adapter)
+
+
+def lora_rank(adapter: str) -> int:
+    """The LoRA rank vLLM must reserve for an adapter (its `r`, rounded up to a rank vLLM
+    accepts), read from the adapter's adapter_config.json."""
+    path = Path(adapter)
+    config_file = path / "adapter_config.json"
+    if not path.exists():
+        try:
+            from huggingface_hub import hf_hub_download
+
+            config_file = Path(hf_hub_download(adapter, "adapter_config.json"))
+        except Exception as exc:
+            raise ModelLoadError(
+                f"model.adapter_model: cannot read the adapter's rank from '{adapter}' "
+                f"({first_line(exc)}); give a local adapter directory or set "
+                f"model.model_kwargs.max_lora_rank"
+            ) from exc
+    try:
+        peft = json.loads(config_file.read_text(encoding="utf-8"))
+        ranks = [int(peft["r"]), *(int(r) for r in (peft.get("rank_pattern") or {}).values())]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(
+            f"model.adapter_model: {config_file} is not a PEFT LoRA config with a rank 'r' "
+            f"({first_line(exc)})"
+        ) from exc
+    rank = max(ranks)
+    for allowed in LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ModelLoadError(
+        f"model.adapter_model: LoRA rank {rank} is above the {LORA_RANKS[-1]} vLLM supports"
+    )
+
+
+# --- GenerationParams -> SamplingParams -------------------------------------------------------
+
+STRUCTURED_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+STRUCTURED_OPTIONS = (
+    "disable_any_whitespace",
+    "disable_additional_properties",
+    "whitespace_pattern",
+)
+
+
+def sampling_params(api: VllmApi, params: GenerationParams, *, stream: bool) -> Any:
+    """The vLLM SamplingParams for lmpress generation settings.
+
+    `stream` asks for each output's new text as it is generated (RequestOutputKind.DELTA);
+    otherwise vLLM sends one final output (FINAL_ONLY). Raises ConfigError naming the
+    `generation.*` key when vLLM cannot honour a setting.
+    """
+    if params.n > 1 and params.temperature == 0:
+        raise ConfigError(
+            f"generation.n: {params.n} samples need generation.temperature > 0 on VLLM "
+            f"(vLLM refuses n > 1 with greedy decoding)"
+        )
+    kind = api.RequestOutputKind
+    try:
+        return api.SamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k or 0,  # vLLM: 0 means no limit
+            min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            stop=list(params.stop_strings),
+            stop_token_ids=list(params.stop_token_ids),
+            seed=params.seed,
+            max_tokens=params.max_new_tokens,
+            min_tokens=params.min_tokens,
+            # vLLM returns the chosen token's logprob plus the top k; 0 means the chosen only.
+            logprobs=params.top_logprobs if params.logprobs else None,
+            skip_special_tokens=params.skip_special_tokens,
+            logit_bias=_logit_bias(params.logit_bias),
+            structured_outputs=_structured_outputs(api, params.guided_decoding),
+            output_kind=kind.DELTA if stream else kind.FINAL_ONLY,
+        )
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"generation: vLLM refused these settings: {first_line(exc)}") from exc
+
+
+def _logit_bias(bias: dict[str, float]) -> dict[int, float] | None:
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = float(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"generation.logit_bias: key {key!r} is not a token id; vLLM biases token ids, "
+                f"e.g. {{'1234': -100}}"
+            ) from exc
+    return out
+
+
+def _structured_outputs(api: VllmApi, spec: dict[str, Any] | None) -> Any:
+    if not spec:
+        return None
+    allowed = STRUCTURED_CONSTRAINTS + STRUCTURED_OPTIONS
+    for key in spec:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, 1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"generation.guided_decoding.{key}: not a vLLM structured-output setting{hint}; "
+                f"use one of {', '.join(STRUCTURED_CONSTRAINTS)}"
+            )
+    given = [key for key in STRUCTURED_CONSTRAINTS if spec.get(key) is not None]
+    if len(given) != 1:
+        got = ", ".join(given) or "none"
+        raise ConfigError(
+            f"generation.guided_decoding: give exactly one of "
+            f"{', '.join(STRUCTURED_CONSTRAINTS)} (got {got})"
+        )
+    return api.StructuredOutputsParams(**spec)
+
+
+# --- RequestOutput -> Delta / Result ------------------------------------------------------------
+
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error"}
+
+
+@dataclass
+class _SampleState:
+    text: str = ""
+    tokens: int = 0
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class OutputAssembler:
+    """vLLM's RequestOutputs for one request -> lmpress Deltas as they come, then the Result.
+
+    Requests are sent with RequestOutputKind.DELTA or FINAL_ONLY, so each CompletionOutput
+    carries only text and tokens not seen before (FINAL_ONLY sends everything once).
+    `top_logprobs` is None when logprobs were not asked for.
+    """
+
+    request_id: str
+    top_logprobs: int | None = None
+    prompt_tokens: int = 0
+    samples: dict[int, _SampleState] = field(default_factory=dict)
+
+    def feed(self, output: Any) -> list[Delta]:
+        if output.prompt_token_ids is not None:
+            self.prompt_tokens = len(output.prompt_token_ids)
+        deltas = []
+        for completion in output.outputs:
+            state = self.samples.setdefault(completion.index, _SampleState())
+            state.text += completion.text
+            state.tokens += len(completion.token_ids)
+            if completion.finish_reason is not None:
+                state.finish_reason = FINISH_REASONS.get(completion.finish_reason, "stop")
+            if self.top_logprobs is not None and completion.logprobs:
+                state.logprobs = (state.logprobs or []) + self._logprobs(completion)
+            if completion.text:
+                deltas.append(Delta(self.request_id, completion.text, completion.index))
+        return deltas
+
+    def _logprobs(self, completion: Any) -> list[TokenLogprob]:
+        out = []
+        for token_id, position in zip(completion.token_ids, completion.logprobs, strict=False):
+            chosen = position.get(token_id)
+            if chosen is None:  # not in the map: vLLM always includes the chosen token
+                continue
+            ranked = sorted(position.values(), key=lambda lp: -lp.logprob)[: self.top_logprobs]
+            top = [(lp.decoded_token or "", lp.logprob) for lp in ranked]
+            out.append(TokenLogprob(chosen.decoded_token or "", chosen.logprob, top))
+        return out
+
+    def result(self, *, model: str, engine: str, latency_s: float) -> Result:
+        samples = []
+        for index in sorted(self.samples):
+            state = self.samples[index]
+            if state.logprobs is None and self.top_logprobs is not None:
+                state.logprobs = []
+            samples.append(
+                Sample(state.text, state.finish_reason or "length", state.logprobs, state.tokens)
+            )
+        return Result(
+            request_id=self.request_id,
+            samples=samples,
+            usage=Usage(self.prompt_tokens, sum(s.completion_tokens for s in samples)),
+            model=model,
+            engine=engine,
+            latency_s=latency_s,
+        )
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

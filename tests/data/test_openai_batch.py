@@ -1,0 +1,134 @@
+"""The OpenAI Batch file format: request lines in, output lines that the openai package's own
+types accept."""
+
+from __future__ import annotations
+
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from lmpress.data.formats import RowError, parse_row, render_failure, render_row
+from lmpress.types import Result, Sample, TokenLogprob, Usage
+
+# The request lines from vLLM's run-batch documentation (examples/offline_inference/openai).
+VLLM_EXAMPLE = [
+    {"custom_id": "request-1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello world!"}], "max_completion_tokens": 1000}},
+    {"custom_id": "request-2", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "messages": [{"role": "system", "content": "You are an unhelpful assistant."}, {"role": "user", "content": "Hello world!"}], "max_completion_tokens": 1000}},
+]  # fmt: skip
+
+
+def result(n=1, logprobs=False):
+    samples = [Sample(f"reply {i}", "stop") for i in range(n)]
+    if logprobs:
+        samples[0].logprobs = [TokenLogprob("re", -0.1, [("re", -0.1), ("x", -2.0)])]
+    return Result("x", samples, Usage(7, 3), model="m", engine="NATIVE")
+
+
+def test_vllm_example_lines_parse_with_their_body_parameters():
+    row = parse_row(VLLM_EXAMPLE[0], 1)
+    assert (row.id, row.kind, row.model) == (
+        "request-1",
+        "openai_batch",
+        "meta-llama/Meta-Llama-3-8B-Instruct",
+    )
+    assert [m.role for m in row.messages] == ["system", "user"]
+    assert row.overrides == {"max_new_tokens": 1000}
+
+
+def test_chat_output_is_an_openai_chat_completion():
+    row = parse_row(VLLM_EXAMPLE[1], 2)
+    line = render_row(row, result(n=2, logprobs=True))
+    assert line["custom_id"] == "request-2" and line["error"] is None
+    assert line["id"].startswith("batch_req_")
+    assert line["response"]["status_code"] == 200 and line["response"]["request_id"]
+    body = ChatCompletion.model_validate(line["response"]["body"])
+    assert [c.message.content for c in body.choices] == ["reply 0", "reply 1"]
+    assert body.usage.total_tokens == 10
+    assert body.model == "meta-llama/Meta-Llama-3-8B-Instruct"
+    assert body.choices[0].logprobs.content[0].top_logprobs[1].token == "x"
+
+
+def test_completions_endpoint():
+    raw = {"custom_id": "c", "method": "POST", "url": "/v1/completions",
+           "body": {"model": "m", "prompt": "Once upon", "max_tokens": 5, "stop": "\n", "logprobs": 2}}  # fmt: skip
+    row = parse_row(raw, 1)
+    assert row.prompt == "Once upon"
+    assert row.overrides == {
+        "max_new_tokens": 5,
+        "stop_strings": ["\n"],
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    body = Completion.model_validate(render_row(row, result(logprobs=True))["response"]["body"])
+    assert body.choices[0].text == "reply 0"
+    assert body.choices[0].logprobs.token_logprobs == [-0.1]
+
+
+def test_other_formats_can_be_written_as_openai_batch_and_back():
+    chat = parse_row({"id": "q", "messages": [{"role": "user", "content": "hi"}]}, 1)
+    line = render_row(chat, result(), "openai")
+    assert line["custom_id"] == "q"
+    ChatCompletion.model_validate(line["response"]["body"])
+    batch = parse_row(VLLM_EXAMPLE[0], 1)
+    plain = render_row(batch, result(), "lmpress")
+    assert plain["custom_id"] == "request-1"
+    assert plain["messages"][-1] == {"role": "assistant", "content": "reply 0"}
+
+
+def test_failure_line_follows_the_openai_error_file():
+    line = render_failure(
+        "request-9", 9, "invalid_row", "body has no 'messages'", None, openai=True
+    )
+    assert line["custom_id"] == "request-9" and line["line"] == 9
+    assert line["error"] == {"code": "invalid_row", "message": "body has no 'messages'"}
+    assert line["response"]["status_code"] == 400
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (
+            {"custom_id": "a", "method": "GET", "url": "/v1/chat/completions", "body": {}},
+            'method "GET" is not supported',
+        ),
+        (
+            {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
+            'url "/v1/embeddings" is not supported',
+        ),
+        (
+            {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": "x"},
+            "'body' must be an object",
+        ),
+        (
+            {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}},
+            "body has no 'messages'",
+        ),
+        (
+            {"custom_id": "", "method": "POST", "url": "/v1/chat/completions", "body": {}},
+            "'custom_id' must be a non-empty string",
+        ),
+        (
+            {
+                "custom_id": "a",
+                "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": "x"}], "tools": []},
+            },
+            "body.tools is not supported",
+        ),
+        (
+            {
+                "custom_id": "a",
+                "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": "x"}], "stream": True},
+            },
+            "body.stream",
+        ),
+        (
+            {"custom_id": "a", "url": "/v1/completions", "body": {"prompt": ["a", "b"]}},
+            "one prompt per line",
+        ),
+    ],
+)
+def test_bad_request_lines(raw, expected):
+    with pytest.raises(RowError, match=expected):
+        parse_row(raw, 1)

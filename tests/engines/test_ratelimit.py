@@ -1,0 +1,232 @@
+"""Pacing for remote engines: backoff, Retry-After, token buckets, adaptive concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+
+import pytest
+
+from lmpress.engines.ratelimit import (
+    AdaptiveLimit,
+    AdaptiveRate,
+    Budget,
+    Pacer,
+    TokenBucket,
+    backoff_delay,
+    estimate_tokens,
+    parse_retry_after,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_backoff_grows_exponentially_with_full_jitter_and_is_capped():
+    rng = random.Random(0)
+    for attempt in range(8):
+        bound = min(30.0, 1.0 * 2**attempt)
+        delays = [backoff_delay(attempt, 1.0, 30.0, rng=rng) for _ in range(200)]
+        assert all(0 <= d <= bound for d in delays)
+        assert max(delays) > 0.8 * bound  # jitter spreads over the whole range
+        assert min(delays) < 0.2 * bound
+
+
+def test_backoff_honours_retry_after_up_to_the_cap():
+    rng = random.Random(0)
+    assert 2.0 <= backoff_delay(0, 1.0, 30.0, retry_after=2.0, rng=rng) <= 2.25
+    # A server asking for an hour gets retry_backoff_max, not an hour.
+    assert 30.0 <= backoff_delay(0, 1.0, 30.0, retry_after=3600, rng=rng) <= 30.0 + 30.0
+
+
+def test_parse_retry_after_reads_seconds_milliseconds_and_http_dates():
+    assert parse_retry_after({"retry-after": "7"}) == 7.0
+    assert parse_retry_after({"retry-after": "1.5"}) == 1.5
+    # OpenAI's retry-after-ms is more precise and wins.
+    assert parse_retry_after({"retry-after": "1", "retry-after-ms": "250"}) == 0.25
+    now = time.time()
+    date = email.utils.formatdate(now + 20, usegmt=True)
+    assert 18 <= parse_retry_after({"retry-after": date}, now=now) <= 21
+    past = email.utils.formatdate(now - 20, usegmt=True)
+    assert parse_retry_after({"retry-after": past}, now=now) == 0.0
+    for junk in ({}, {"retry-after": "soon"}, {"retry-after": "-3"}, {"retry-after-ms": "x"}):
+        assert parse_retry_after(junk) is None
+    assert parse_retry_after(None) is None
+
+
+def test_token_bucket_allows_a_second_of_burst_then_the_rate():
+    clock = FakeClock()
+    bucket = TokenBucket(600, clock)  # 10 a second
+    for _ in range(10):
+        assert bucket.wait_time(1) == 0
+        bucket.take(1)
+    assert bucket.wait_time(1) == pytest.approx(0.1)
+    clock.now += 0.5
+    assert bucket.wait_time(5) == 0
+
+
+def test_token_bucket_lets_an_oversized_take_through_and_charges_the_debt():
+    clock = FakeClock()
+    bucket = TokenBucket(60, clock)  # 1 a second, capacity 1
+    assert bucket.wait_time(30) == 0  # bigger than the bucket: allowed when full
+    bucket.take(30)
+    assert bucket.wait_time(1) == pytest.approx(30.0)  # the debt is paid back at the rate
+    bucket.give_back(20)  # the real cost was 10: refund
+    assert bucket.wait_time(1) == pytest.approx(10.0)
+
+
+def test_budget_paces_requests_and_tokens_ahead_of_time():
+    clock = FakeClock()
+
+    async def run() -> list[float]:
+        budget = Budget(600, None, 6000, clock=clock, sleep=clock.sleep)  # 10 req/s, 100 out/s
+        starts = []
+        for _ in range(30):
+            await budget.take(input_tokens=5, output_tokens=10)
+            starts.append(clock.now)
+        return starts
+
+    starts = asyncio.run(run())
+    elapsed = starts[-1] - starts[0]
+    # 30 requests at 10/s with one second of burst: about 2 s, never faster.
+    assert 1.9 <= elapsed <= 2.1
+
+
+def test_budget_refunds_unused_output_tokens():
+    async def run(used: int) -> float:
+        clock = FakeClock()
+        budget = Budget(None, None, 600, clock=clock, sleep=clock.sleep)  # 10 output tokens/s
+        for _ in range(10):
+            await budget.take(0, 10)  # reserve max_new_tokens=10
+            budget.settle((0, 0), (10, used))
+        return clock.now - 1000.0
+
+    assert asyncio.run(run(used=10)) >= 8.0  # every reservation used: paced at the rate
+    assert asyncio.run(run(used=1)) < 1.0  # the unused part refunded: barely waits
+
+
+def test_adaptive_limit_halves_once_per_round_trip_and_grows_back():
+    clock = FakeClock()
+    limit = AdaptiveLimit(32, clock)
+    sent = clock.now
+    clock.now += 1
+    for _ in range(32):  # a wave of 429s from requests sent together cuts once
+        limit.overloaded(sent)
+    assert limit.limit == 16
+    clock.now += 1
+    limit.overloaded(clock.now)  # sent after the cut: cuts again
+    assert limit.limit == 8
+    for _ in range(100):  # never below a quarter of num_workers: no serial crawl
+        clock.now += 1
+        limit.overloaded(clock.now)
+    assert limit.limit == limit.floor == 8
+    for _ in range(200):
+        limit.succeeded()
+    assert limit.limit == 32
+
+
+def test_adaptive_rate_settles_under_the_accepted_rate_and_lifts_when_free():
+    clock = FakeClock()
+    rate = AdaptiveRate(clock)
+    assert rate.wait() == 0 and rate.rate is None  # no pushback yet: no cap
+    for _ in range(100):  # 20 accepted a second for 5 seconds
+        clock.now += 0.05
+        rate.succeeded()
+    rate.overloaded(sent_at=clock.now)
+    assert rate.rate == pytest.approx(0.9 * 20, rel=0.05)
+    waits = [rate.wait() for _ in range(3)]
+    assert waits[0] == 0 and waits[2] == pytest.approx(2 / rate.rate)  # spaced out
+    rate.overloaded(sent_at=clock.now - 1)  # sent before the cut: says nothing new
+    assert rate.rate == pytest.approx(0.9 * 20, rel=0.05)
+    for _ in range(400):  # the limit went away: successes grow the rate until it stops binding
+        clock.now += 0.01
+        rate.succeeded()
+    assert rate.rate is None
+
+
+def test_adaptive_limit_caps_concurrency_and_wakes_waiters_in_order():
+    async def run() -> tuple[int, list[int]]:
+        limit = AdaptiveLimit(3)
+        peak = 0
+        order = []
+
+        async def worker(i: int) -> None:
+            nonlocal peak
+            await limit.acquire()
+            peak = max(peak, limit.in_flight)
+            order.append(i)
+            await asyncio.sleep(0.01)
+            limit.release()
+
+        await asyncio.gather(*(worker(i) for i in range(10)))
+        return peak, order
+
+    peak, order = asyncio.run(run())
+    assert peak == 3
+    assert order == list(range(10))
+
+
+def test_adaptive_limit_survives_cancelled_waiters():
+    async def run() -> int:
+        limit = AdaptiveLimit(1)
+        await limit.acquire()
+        waiter = asyncio.ensure_future(limit.acquire())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.sleep(0)
+        limit.release()
+        await limit.acquire()  # the cancelled waiter did not keep the slot
+        return limit.in_flight
+
+    assert asyncio.run(run()) == 1
+
+
+def test_pacer_cooldown_holds_new_requests_after_a_retry_after():
+    async def run() -> float:
+        pacer = Pacer(4)
+        ticket = await pacer.acquire(10, 10)
+        pacer.release(ticket, ok=False, overloaded=True, retry_after=0.3)
+        started = time.monotonic()
+        ticket = await pacer.acquire(10, 10)
+        pacer.release(ticket, ok=True)
+        return time.monotonic() - started
+
+    assert 0.25 <= asyncio.run(run()) < 1.0
+
+
+def test_estimate_tokens_is_about_four_characters_a_token():
+    assert estimate_tokens(4000) == pytest.approx(1000, abs=2)
+    assert estimate_tokens(0, messages=3) > estimate_tokens(0)
+    assert estimate_tokens(0, images=1) >= 256
+
+
+def test_politeness_keeps_a_worker_resting_after_each_request():
+    async def run() -> float:
+        pacer = Pacer(1, politeness_s=0.3)
+        ticket = await pacer.acquire(1, 1)
+        pacer.release(ticket, ok=True)
+        started = time.monotonic()
+        ticket = await pacer.acquire(1, 1)  # the one worker rests 0.3 s first
+        pacer.release(ticket, ok=True)
+        return time.monotonic() - started
+
+    assert 0.25 <= asyncio.run(run()) < 1.0
+
+
+def test_adaptive_rate_remembers_only_its_window():
+    clock = FakeClock()
+    rate = AdaptiveRate(clock)
+    for _ in range(10_000):  # a long job that never hits a limit
+        clock.now += 0.01
+        rate.succeeded()
+    assert len(rate._accepted) <= AdaptiveRate.WINDOW_S / 0.01 + 1

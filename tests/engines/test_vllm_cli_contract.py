@@ -1,0 +1,192 @@
+"""Contract tests of VLLM through the real `lmpress` command: what a user sees without vLLM,
+without a GPU, and with the vLLM stand-in (tests/engines/vllm_standin) in place of vLLM.
+
+They prove lmpress's side (messages, exit codes, the recipe, the CLI paths), not vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.util import find_spec
+
+import pytest
+
+from lmpress.configs import load_config
+from lmpress.engines.vllm_translate import engine_settings
+from tests.conftest import REPO, run_lmpress
+from tests.engines.vllm_contract_support import (
+    model_dir,
+    standin,
+    standin_env,
+    write_model_dir,
+)
+
+__all__ = ["model_dir", "standin"]  # fixtures
+
+RECIPE = "vllm-qwen2.5-7b-tp2"
+without_vllm = pytest.mark.skipif(find_spec("vllm") is not None, reason="vllm is installed here")
+
+
+def vllm_block(engines_output: str) -> str:
+    return engines_output.split("\nVLLM", 1)[1].split("\n\n", 1)[0]
+
+
+@without_vllm
+def test_without_vllm_engines_says_how_to_install():
+    run = run_lmpress("engines")
+    assert run.returncode == 0
+    assert "not usable: needs vllm: pip install 'lmpress[vllm]'" in vllm_block(run.stdout)
+
+
+@without_vllm
+def test_without_vllm_infer_fails_with_one_line(model_dir):
+    run = run_lmpress("infer", "--engine", "VLLM", "--model.model_name", model_dir, "hi")
+    assert run.returncode == 2
+    assert run.stderr == (
+        "lmpress: error: engine VLLM needs vllm, which is not installed: "
+        "pip install 'lmpress[vllm]'\n"
+    )
+
+
+def test_without_a_gpu_engines_and_infer_say_so(model_dir):
+    env = standin_env(VLLM_STANDIN_NO_GPU="1")
+    listing = run_lmpress("engines", env=env)
+    assert "not usable: vLLM found no GPU on this machine" in vllm_block(listing.stdout)
+    run = run_lmpress("infer", "--engine", "VLLM", "--model.model_name", model_dir, "hi", env=env)
+    assert run.returncode == 2
+    assert run.stderr.startswith(
+        "lmpress: error: engine VLLM cannot run here: vLLM found no GPU on this machine"
+    )
+    assert "use engine NATIVE or LLAMACPP" in run.stderr and run.stderr.count("\n") == 1
+
+
+def test_too_old_a_vllm_is_refused(model_dir):
+    env = standin_env(VLLM_STANDIN_VERSION="0.10.1")
+    run = run_lmpress("infer", "--engine", "VLLM", "--model.model_name", model_dir, "hi", env=env)
+    assert run.returncode == 2
+    assert "needs vllm>=0.12, found 0.10.1: pip install -U 'lmpress[vllm]'" in run.stderr
+
+
+def test_with_vllm_and_a_gpu_the_engine_is_listed_usable():
+    run = run_lmpress("engines", env=standin_env())
+    block = vllm_block(run.stdout)
+    assert "usable" in block and "not usable" not in block
+    assert "guided_decoding" in block and "logit_bias" in block
+
+
+def test_infer_prints_only_the_reply_on_stdout(model_dir):
+    run = run_lmpress(
+        "infer", "--engine", "VLLM", "--model.model_name", model_dir, "why", "is", "it",
+        env=standin_env(),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    # vLLM's own log lines go to stderr, so stdout is the reply and nothing else.
+    assert run.stdout == "<|im_start|>user why is it<|im_end|> <|im_start|>assistant\n"
+    assert "Initializing an engine" in run.stderr
+
+
+def test_batch_writes_rows_and_reports_the_row_vllm_refused(model_dir, tmp_path):
+    rows = [{"id": "a", "prompt": "first row"}, {"id": "b", "prompt": " ".join(["x"] * 80)},
+            {"id": "c", "messages": [{"role": "user", "content": "third"}],
+             "generation": {"max_new_tokens": 2}}]  # fmt: skip
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(
+        "batch", "--engine", "VLLM", "--model.model_name", model_dir,
+        "-i", str(source), "-o", str(out), env=standin_env(),
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    written = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(written) == {"a", "c"}
+    assert (
+        written["a"]["response"]["text"]
+        == "<|im_start|>user first row<|im_end|> <|im_start|>assistant"
+    )
+    assert written["c"]["response"]["finish_reason"] == "length"
+    assert written["c"]["response"]["engine"] == "VLLM"
+    failed = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert [(f["id"], f["error"]["kind"]) for f in failed] == [("b", "context_length_exceeded")]
+
+
+def test_help_imports_no_vllm_even_when_it_is_installed():
+    code = (
+        "import sys\nfrom lmpress.cli.app import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in sys.modules if m == 'vllm' or 'vllm_engine' in m))\n"
+    )
+    env = {**os.environ, **standin_env()}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert "LOADED []" in out.stdout, out.stderr
+
+
+# --- the bundled recipe --------------------------------------------------------------------------
+
+
+def test_recipe_is_listed_and_loads():
+    listed = run_lmpress("recipes")
+    assert RECIPE in listed.stdout
+    config = load_config(RECIPE)
+    assert config.engine == "VLLM"
+    settings = engine_settings(config)
+    assert settings.args["tensor_parallel_size"] == 2
+    assert settings.args["gpu_memory_utilization"] == 0.9
+    assert settings.args["max_model_len"] == 8192
+    assert settings.gpus_per_replica == 2 and settings.data_parallel_size == 1
+
+
+def test_recipe_uses_only_real_engine_arguments(standin):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    names = {f for f in AsyncEngineArgs.__dataclass_fields__}
+    kwargs = load_config(RECIPE).model.model_kwargs
+    assert set(kwargs) <= names, set(kwargs) - names
+
+
+def test_recipe_runs_on_two_gpus(tmp_path):
+    model = write_model_dir(tmp_path / "m")
+    args = ("infer", "-c", RECIPE, "--model.model_name", model, "--generation.seed", "3", "hello")
+    two = run_lmpress(*args, env=standin_env(CUDA_VISIBLE_DEVICES="0,1"))
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.startswith("<|im_start|>user hello")
+    one = run_lmpress(*args, env=standin_env(CUDA_VISIBLE_DEVICES="0"))
+    assert one.returncode == 2
+    assert "World size (2) is larger than the number of available GPUs (1)" in one.stderr
+
+
+# --- benchmarks/vllm_check.py ------------------------------------------------------------------
+
+
+def run_check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    script = str(REPO / "benchmarks" / "vllm_check.py")
+    return subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True,
+        env={**os.environ, **(env or {})}, timeout=300,
+    )  # fmt: skip
+
+
+@without_vllm
+def test_vllm_check_refuses_to_run_without_vllm(model_dir):
+    run = run_check(model_dir)
+    assert run.returncode == 2
+    assert run.stderr == (
+        "vllm_check: cannot run here: vllm is not installed here: pip install 'lmpress[vllm]' "
+        "(vLLM needs Linux and a GPU)\n"
+    )
+
+
+def test_vllm_check_refuses_to_run_without_a_gpu(model_dir):
+    run = run_check(model_dir, env=standin_env(VLLM_STANDIN_NO_GPU="1"))
+    assert run.returncode == 2
+    assert run.stderr.startswith("vllm_check: cannot run here: vLLM found no GPU on this machine")
+
+
+def test_vllm_check_plumbing_runs_end_to_end_on_the_standin(model_dir):
+    # Only the script's plumbing: the stand-in's numbers mean nothing about vLLM.
+    run = run_check(model_dir, "--rows", "20", "--max-new-tokens", "4", env=standin_env())
+    assert run.returncode == 0, run.stderr
+    assert "lmpress / raw vLLM, output tokens per second:" in run.stdout
+    assert "identical replies (greedy): 20 of 20" in run.stdout

@@ -1,0 +1,504 @@
+"""A test server on 127.0.0.1 that speaks OpenAI chat completions (and completions, and /models)
+and Anthropic Messages, streaming (SSE) and not, with knobs for latency and injected faults.
+
+Replies depend on the request: the reply to a conversation is `reply_text(last user message)`,
+so a test can check that every row got its own answer. Faults are chosen by content, so a run
+is reproducible: `transient_rate` of the distinct conversations fail their first attempt
+(429 with Retry-After, 500, a hang past the client's timeout, a dropped connection, a malformed
+body), and conversations containing a `permanent` marker always fail with that status.
+
+Used by the engine tests, the CLI tests and benchmarks/remote_throughput.py:
+
+    with LLMServer(Faults(latency_s=0.2)) as server:
+        ... --remote_params.api_url {server.openai_url} ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+TRANSIENT_KINDS = ("429", "500", "hang", "drop", "malformed")
+
+
+@dataclass
+class Faults:
+    latency_s: float = 0.0  # before every successful reply
+    transient_rate: float = 0.0  # share of distinct conversations whose first attempt fails
+    transient_kinds: tuple[str, ...] = TRANSIENT_KINDS  # chosen among by content
+    retry_after: str | None = "1"  # Retry-After sent with a 429 (seconds or an HTTP date)
+    retry_after_ms: int | None = None  # retry-after-ms sent with a 429, as OpenAI does
+    hang_s: float = 3.0  # how long a "hang" stalls before answering
+    stream_drop_after: int = 2  # a dropped stream ends after this many chunks
+    permanent: dict[str, int] = field(default_factory=dict)  # marker in the conversation -> status
+    required_key: str | None = None  # a request without this key gets 401
+    echo_credentials: bool = False  # error bodies quote the credentials received (careless server)
+    rate_limit_rps: float | None = None  # beyond this rate: 429 with the wait in Retry-After
+    overloaded_until: float = 0.0  # time.monotonic() before which every request gets 429
+    model: str = "test-model"
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    completed: int = 0  # 2xx replies sent
+    statuses: Counter = field(default_factory=Counter)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    first_arrival: float | None = None
+    last_done: float | None = None
+    token_requests: int = 0
+    credentials: set = field(default_factory=set)
+    bodies: deque = field(default_factory=lambda: deque(maxlen=2000))  # (path, body)
+    arrivals: deque = field(default_factory=lambda: deque(maxlen=200_000))  # (t, in flight then)
+    replies: deque = field(default_factory=lambda: deque(maxlen=200_000))  # (t, status)
+
+
+def reply_text(last_user: str) -> str:
+    """The reply the server gives to a conversation whose last user message is `last_user`."""
+    digest = hashlib.sha256(last_user.encode("utf-8")).hexdigest()[:12]
+    return " ".join([f"Reply-{digest}", "to:", *last_user.split()[:6]])
+
+
+def _hash(text: str) -> int:
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:12], 16)
+
+
+class LLMServer:
+    """The server, on a free port, serving from a background thread until `stop()`."""
+
+    def __init__(self, faults: Faults | None = None):
+        self.faults = faults or Faults()
+        self.stats = Stats()
+        self.lock = threading.Lock()
+        self._attempts: Counter = Counter()
+        self._bucket = (0.0, 0.0)  # (tokens, last refill) for rate_limit_rps
+        self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd.app = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def openai_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LLMServer:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> LLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.stats = Stats()
+            self._attempts.clear()
+
+    # --- deciding what a request gets ------------------------------------------------------
+
+    def _arrive(self, key: str) -> int:
+        with self.lock:
+            now = time.monotonic()
+            s = self.stats
+            s.requests += 1
+            s.in_flight += 1
+            s.max_in_flight = max(s.max_in_flight, s.in_flight)
+            if s.first_arrival is None:
+                s.first_arrival = now
+            s.arrivals.append((now, s.in_flight))
+            self._attempts[key] += 1
+            return self._attempts[key]
+
+    def _leave(self, status: int) -> None:
+        with self.lock:
+            now = time.monotonic()
+            s = self.stats
+            s.in_flight -= 1
+            s.statuses[status] += 1
+            if 200 <= status < 300:
+                s.completed += 1
+            s.last_done = now
+            s.replies.append((now, status))
+
+    def _rate_limited(self) -> float | None:
+        """Seconds until the next request would be allowed, or None when it is now."""
+        rps = self.faults.rate_limit_rps
+        if not rps:
+            return None
+        with self.lock:
+            tokens, last = self._bucket
+            now = time.monotonic()
+            tokens = min(rps, tokens + (now - last) * rps) if last else rps
+            if tokens >= 1:
+                self._bucket = (tokens - 1, now)
+                return None
+            self._bucket = (tokens, now)
+            return (1 - tokens) / rps
+
+    def fault_for(self, conversation: str, attempt: int) -> str | int | None:
+        """What goes wrong with this attempt: a permanent status, a transient kind, or None."""
+        f = self.faults
+        for marker, status in f.permanent.items():
+            if marker in conversation:
+                return status
+        if attempt == 1 and f.transient_rate > 0 and f.transient_kinds:
+            h = _hash(conversation)
+            if (h % 10_000) < f.transient_rate * 10_000:
+                return f.transient_kinds[(h // 10_000) % len(f.transient_kinds)]
+        return None
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # a hanging handler must not hold up stop()
+    request_queue_size = 512  # 32+ clients connecting at once must not overflow the backlog
+    app: LLMServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else keep-alive requests wait ~40 ms on delayed ACKs
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    # --- routing ---------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") in ("/v1/models", "/models"):
+            model = self.server.app.faults.model
+            data = [{"id": model, "object": "model", "created": 0, "owned_by": "test"}]
+            self._json(200, {"object": "list", "data": data})
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        path = self.path.split("?")[0].rstrip("/")
+        app = self.server.app
+        if path == "/token":  # a stand-in for Google's OAuth token endpoint
+            with app.lock:
+                app.stats.token_requests += 1
+                n = app.stats.token_requests
+            self._json(200, {"access_token": f"ya29.test-token-{n}", "expires_in": 3600,
+                             "token_type": "Bearer"})  # fmt: skip
+            return
+        anthropic = path in ("/v1/messages", "/messages")
+        if not anthropic and path not in (
+            "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"
+        ):  # fmt: skip
+            self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
+            return
+        try:
+            body = json.loads(raw)
+            assert isinstance(body, dict)
+        except (ValueError, AssertionError):
+            self._error(400, "the body is not a JSON object", anthropic)
+            return
+        with app.lock:
+            app.stats.bodies.append((path, body))
+            app.stats.credentials.add(self._credential(anthropic))
+        conversation = json.dumps(body.get("messages", body.get("prompt")), sort_keys=True)
+        attempt = app._arrive(f"{path}:{conversation}")
+        status = 500
+        try:
+            status = self._answer(path, body, conversation, attempt, anthropic)
+        finally:
+            app._leave(status)
+
+    def _answer(
+        self, path: str, body: dict[str, Any], conversation: str, attempt: int, anthropic: bool
+    ) -> int:
+        app = self.server.app
+        f = app.faults
+        credential = self._credential(anthropic)
+        if f.required_key is not None and credential != f.required_key:
+            echo = f" (got {credential!r})" if f.echo_credentials else ""
+            return self._error(401, f"invalid API key{echo}", anthropic)
+        if time.monotonic() < f.overloaded_until:
+            return self._rate_limit(0.2, anthropic)
+        wait = app._rate_limited()
+        if wait is not None:
+            return self._rate_limit(wait, anthropic)
+        problem = self._validate(body, anthropic)
+        if problem:
+            return self._error(400, problem, anthropic)
+        fault = app.fault_for(conversation, attempt)
+        if isinstance(fault, int):
+            echo = f"; request headers: {dict(self.headers)}" if f.echo_credentials else ""
+            return self._error(fault, f"this conversation is refused (injected {fault}){echo}",
+                               anthropic)  # fmt: skip
+        if fault == "429":
+            return self._rate_limit(None, anthropic)
+        if fault == "500":
+            echo = f" while serving key {credential}" if f.echo_credentials else ""
+            return self._error(500, f"internal error (injected){echo}", anthropic)
+        if fault == "hang":
+            time.sleep(f.hang_s)
+        if f.latency_s:
+            time.sleep(f.latency_s)
+        if fault == "drop" and not body.get("stream"):
+            self.close_connection = True  # say nothing and hang up
+            return 599
+        if fault == "malformed" and not body.get("stream"):
+            return self._raw(200, b'{"id": "broken", "choices": [{"index": 0, "mess')
+        reply = Reply.of(body, anthropic, f.model)
+        if body.get("stream"):
+            broken = fault if fault in ("drop", "malformed") else None
+            return self._stream(reply, body, anthropic, broken)
+        return self._json(200, reply.anthropic() if anthropic else reply.openai(path))
+
+    def _validate(self, body: dict[str, Any], anthropic: bool) -> str | None:
+        if not body.get("model"):
+            return "model: field required"
+        if anthropic:
+            if not isinstance(body.get("max_tokens"), int):
+                return "max_tokens: field required"
+            messages = body.get("messages") or []
+            if not messages or messages[0].get("role") != "user":
+                return "messages: the first message must use the user role"
+            for a, b in zip(messages, messages[1:], strict=False):
+                if a.get("role") == b.get("role"):
+                    return "messages: roles must alternate between user and assistant"
+            if any(m.get("role") not in ("user", "assistant") for m in messages):
+                return "messages: role must be user or assistant (system goes in 'system')"
+        elif "messages" in body and not body["messages"]:
+            return "messages: must not be empty"
+        return None
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def _credential(self, anthropic: bool) -> str:
+        if anthropic and self.headers.get("x-api-key"):
+            return self.headers["x-api-key"]
+        auth = self.headers.get("Authorization") or ""
+        return auth[len("Bearer ") :] if auth.startswith("Bearer ") else auth
+
+    def _raw(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> int:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client gave up (a hang past its timeout)
+            self.close_connection = True
+        return status
+
+    def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> int:
+        return self._raw(status, json.dumps(payload).encode("utf-8"), headers)
+
+    def _error(self, status: int, message: str, anthropic: bool, headers=None) -> int:
+        kind = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 422: "invalid_request_error",
+                429: "rate_limit_error"}.get(status, "api_error")  # fmt: skip
+        if anthropic:
+            payload = {"type": "error", "error": {"type": kind, "message": message}}
+        else:
+            payload = {"error": {"message": message, "type": kind, "code": None}}
+        return self._json(status, payload, headers)
+
+    def _rate_limit(self, wait: float | None, anthropic: bool) -> int:
+        f = self.server.app.faults
+        headers = {}
+        if wait is not None:
+            headers["retry-after-ms"] = str(int(wait * 1000) + 1)
+            headers["Retry-After"] = str(max(1, round(wait)))
+        else:
+            if f.retry_after is not None:
+                headers["Retry-After"] = f.retry_after
+            if f.retry_after_ms is not None:
+                headers["retry-after-ms"] = str(f.retry_after_ms)
+        return self._error(429, "rate limit reached, slow down", anthropic, headers)
+
+    def _stream(self, reply: Reply, body: dict[str, Any], anthropic: bool, broken) -> int:
+        events = reply.anthropic_events() if anthropic else reply.openai_chunks(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for i, event in enumerate(events):
+                if broken and i == self.server.app.faults.stream_drop_after:
+                    if broken == "drop":
+                        self.close_connection = True  # hang up mid-stream, no final chunk
+                        return 599
+                    event = b"event: content_block_delta\ndata: {broken\n\n" if anthropic else (
+                        b"data: {broken\n\n"
+                    )  # fmt: skip
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
+        return 200
+
+
+@dataclass
+class Reply:
+    """The server's answer to one request, in either wire format."""
+
+    samples: list[tuple[str, str]]  # (text, finish reason as OpenAI spells it)
+    prompt_tokens: int
+    model: str
+    logprobs: int | None = None  # top_logprobs asked for, when logprobs were
+
+    @classmethod
+    def of(cls, body: dict[str, Any], anthropic: bool, model: str) -> Reply:
+        messages = body.get("messages")
+        if messages is None:
+            last_user = str(body.get("prompt", ""))
+            prompt_words = len(last_user.split())
+        else:
+            users = [m for m in messages if m.get("role") == "user"]
+            last_user = _text(users[-1].get("content")) if users else ""
+            prompt_words = sum(len(_text(m.get("content")).split()) for m in messages)
+            prompt_words += len(_text(body.get("system") or "").split())
+        limit = body.get("max_tokens") or body.get("max_completion_tokens") or 1000
+        stops = body.get("stop_sequences" if anthropic else "stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        samples = []
+        for i in range(int(body.get("n") or 1)):
+            text = reply_text(last_user) + (f" #{i}" if i else "")
+            finish = "stop"
+            for stop in stops:
+                if stop in text:
+                    text = text[: text.index(stop)]
+            words = text.split(" ")
+            if len(words) > limit:
+                text, finish = " ".join(words[:limit]), "length"
+            samples.append((text, finish))
+        lp = body.get("logprobs")
+        logprobs = (body.get("top_logprobs") or 0) if lp is True else None
+        return cls(samples, prompt_words + 1, body.get("model") or model, logprobs)
+
+    def _usage(self) -> dict[str, int]:
+        out = sum(len(text.split()) for text, _ in self.samples)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": out,
+                "total_tokens": self.prompt_tokens + out}  # fmt: skip
+
+    def _logprobs(self, text: str) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        tokens = [w if i == 0 else " " + w for i, w in enumerate(text.split(" "))]
+        return {"content": [
+            {"token": t, "logprob": -0.25, "bytes": None,
+             "top_logprobs": [{"token": t, "logprob": -0.25, "bytes": None}][: self.logprobs]}
+            for t in tokens
+        ]}  # fmt: skip
+
+    def openai(self, path: str) -> dict[str, Any]:
+        if path.endswith("/completions") and not path.endswith("chat/completions"):
+            choices = [{"index": i, "text": text, "finish_reason": finish, "logprobs": None}
+                       for i, (text, finish) in enumerate(self.samples)]  # fmt: skip
+            kind = "text_completion"
+        else:
+            choices = [
+                {"index": i, "message": {"role": "assistant", "content": text},
+                 "finish_reason": finish, "logprobs": self._logprobs(text)}
+                for i, (text, finish) in enumerate(self.samples)
+            ]  # fmt: skip
+            kind = "chat.completion"
+        return {"id": "cmpl-test", "object": kind, "created": int(time.time()),
+                "model": self.model, "choices": choices, "usage": self._usage()}  # fmt: skip
+
+    def openai_chunks(self, body: dict[str, Any]) -> list[bytes]:
+        chat = "messages" in body
+        base = {"id": "cmpl-test", "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model}  # fmt: skip
+        events = []
+
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> None:
+            events.append(b"data: " + json.dumps({**base, "choices": choices,
+                                                  "usage": usage}).encode() + b"\n\n")  # fmt: skip
+
+        for i, (text, finish) in enumerate(self.samples):
+            if chat:
+                chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None}])  # fmt: skip
+            for j, word in enumerate(text.split(" ")):
+                piece = word if j == 0 else " " + word
+                if chat:
+                    lp = self._logprobs(word)
+                    if lp is not None:
+                        lp["content"][0]["token"] = piece
+                    chunk([{"index": i, "delta": {"content": piece}, "finish_reason": None,
+                            "logprobs": lp}])  # fmt: skip
+                else:
+                    chunk([{"index": i, "text": piece, "finish_reason": None}])
+            end = {"index": i, "finish_reason": finish}
+            chunk([{**end, "delta": {}} if chat else {**end, "text": ""}])
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunk([], self._usage())
+        events.append(b"data: [DONE]\n\n")
+        return events
+
+    def anthropic(self) -> dict[str, Any]:
+        text, finish = self.samples[0]
+        return {"id": "msg_test", "type": "message", "role": "assistant", "model": self.model,
+                "content": [{"type": "text", "text": text}],
+                "stop_reason": _ANTHROPIC_STOP[finish], "stop_sequence": None,
+                "usage": {"input_tokens": self.prompt_tokens,
+                          "output_tokens": len(text.split())}}  # fmt: skip
+
+    def anthropic_events(self) -> list[bytes]:
+        text, finish = self.samples[0]
+        start = self.anthropic()
+        start.update(content=[], stop_reason=None)
+        start["usage"] = {"input_tokens": self.prompt_tokens, "output_tokens": 1}
+        events = [
+            ("message_start", {"type": "message_start", "message": start}),
+            ("content_block_start", {"type": "content_block_start", "index": 0,
+                                     "content_block": {"type": "text", "text": ""}}),
+            ("ping", {"type": "ping"}),
+        ]  # fmt: skip
+        for j, word in enumerate(text.split(" ")):
+            piece = word if j == 0 else " " + word
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
+                           "delta": {"type": "text_delta", "text": piece}}))  # fmt: skip
+        events += [
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta",
+                               "delta": {"stop_reason": _ANTHROPIC_STOP[finish],
+                                         "stop_sequence": None},
+                               "usage": {"output_tokens": len(text.split())}}),
+            ("message_stop", {"type": "message_stop"}),
+        ]  # fmt: skip
+        return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
+
+
+_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens"}
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""

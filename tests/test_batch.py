@@ -1,0 +1,477 @@
+"""`lmpress batch` as a long job: resume after any crash, error policy, ordering, sharding,
+summary. Everything runs the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_lmpress, with_plugin
+
+TINY = [
+    "--model.model_name",
+    "tiny:llama",
+    "--generation.max_new_tokens",
+    "8",
+    "--generation.batch_size",
+    "4",
+]
+
+
+def write_rows(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def rows(count: int) -> list[dict]:
+    out = []
+    for i in range(count):
+        if i % 3 == 0:
+            out.append({"prompt": f"question number {i} " + "more words " * (i % 5)})  # no id
+        elif i % 3 == 1:
+            out.append(
+                {"id": f"chat-{i}", "messages": [{"role": "user", "content": f"tell me {i}"}]}
+            )
+        else:
+            out.append(
+                {
+                    "conversation_id": f"conv-{i}",
+                    "messages": [{"role": "user", "content": f"{i}?"}],
+                    "metadata": {"n": i},
+                }
+            )
+    return out
+
+
+def ident(row: dict) -> str:
+    return row.get("id") or row.get("custom_id") or row["conversation_id"]
+
+
+def spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "lmpress", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted greedy run of the same rows."""
+    tmp = tmp_path_factory.mktemp("reference")
+    src = write_rows(tmp / "in.jsonl", rows(48))
+    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp / "out.jsonl"), *TINY)
+    assert run.returncode == 0, run.stderr
+    return src, {ident(r): r for r in read_rows(tmp / "out.jsonl")}
+
+
+def count_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, reference):
+    src, expected = reference
+    out = tmp_path / "out.jsonl"
+    rng = random.Random(20261121)
+    kills_mid_job = 0
+    for _attempt in range(6):
+        written = count_lines(out)
+        proc = spawn("batch", "-i", str(src), "-o", str(out), *TINY)
+        # Wait for this run to write something, then kill it a random moment later.
+        deadline = time.time() + 120
+        while proc.poll() is None and count_lines(out) <= written and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.6))
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills_mid_job += 0 < count_lines(out) < len(expected)
+        # Between runs every complete line is valid JSON; at most the last one is torn.
+        for line in out.read_bytes().split(b"\n")[:-1]:
+            json.loads(line)
+    assert kills_mid_job >= 3
+    finish = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert finish.returncode == 0, finish.stderr
+    got = read_rows(out)
+    ids = [ident(r) for r in got]
+    assert len(ids) == len(set(ids)) == len(expected)
+    for row in got:
+        want = expected[ident(row)]
+        assert row["messages"] == want["messages"]
+        assert row["response"]["text"] == want["response"]["text"]
+    again = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert again.returncode == 0
+    assert json.loads((tmp_path / "out.summary.json").read_text())["rows_skipped"] == len(expected)
+
+
+def test_torn_last_line_is_repaired(tmp_path, reference):
+    src, expected = reference
+    seed = tmp_path / "seed.jsonl"
+    assert run_lmpress("batch", "-i", str(src), "-o", str(seed), *TINY).returncode == 0
+    # As a crash leaves it: ten whole lines and half of the eleventh.
+    lines = seed.read_text().splitlines(keepends=True)
+    out = tmp_path / "out.jsonl"
+    out.write_text("".join(lines[:10]) + lines[10][: len(lines[10]) // 2])
+    (tmp_path / "seed.fingerprint.json").rename(tmp_path / "out.fingerprint.json")
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert run.returncode == 0, run.stderr
+    assert "cut off a half-written last line" in run.stderr
+    assert "resuming" in run.stderr and "10 rows done" in run.stderr
+    got = read_rows(out)
+    assert sorted(ident(r) for r in got) == sorted(expected)
+
+
+def test_finished_output_rerun_does_no_work(tmp_path):
+    src = write_rows(tmp_path / "in.jsonl", rows(6))
+    out = tmp_path / "out.jsonl"
+    assert run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY).returncode == 0
+    before = out.read_text()
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert run.returncode == 0
+    assert out.read_text() == before
+    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    assert summary["rows_skipped"] == 6 and summary["rows_ok"] == 0
+
+
+def test_changed_settings_are_refused_until_overwrite(tmp_path):
+    src = write_rows(tmp_path / "in.jsonl", rows(4))
+    out = tmp_path / "out.jsonl"
+    assert run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY).returncode == 0
+    changed = run_lmpress(
+        "batch", "-i", str(src), "-o", str(out), *TINY, "--generation.temperature", "0.7"
+    )
+    assert changed.returncode == 2
+    assert "generation.temperature was 0.0, now 0.7" in changed.stderr
+    assert "--overwrite" in changed.stderr
+    model = run_lmpress(
+        "batch", "-i", str(src), "-o", str(out), *TINY, "--model.model_name", "tiny:gpt2"
+    )
+    assert (
+        model.returncode == 2
+        and 'model.model_name was "tiny:llama", now "tiny:gpt2"' in model.stderr
+    )
+    over = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--generation.temperature", "0.7",
+                       "--generation.seed", "1", "--overwrite")  # fmt: skip
+    assert over.returncode == 0, over.stderr
+    assert len(read_rows(out)) == 4
+
+
+def test_output_not_made_by_lmpress_is_left_alone(tmp_path):
+    src = write_rows(tmp_path / "in.jsonl", rows(2))
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"something": "else"}\n')
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert run.returncode == 2 and "no record of how it was made" in run.stderr
+    assert out.read_text() == '{"something": "else"}\n'
+
+
+def test_duplicate_ids_name_both_lines(tmp_path):
+    src = write_rows(
+        tmp_path / "in.jsonl",
+        [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}, {"id": "a", "prompt": "z"}],
+    )
+    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), *TINY)
+    assert run.returncode == 2
+    assert f"{src}:3: duplicate id 'a' (first at line 1)" in run.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_ctrl_c_writes_summary_exits_130_and_resumes(tmp_path, echo_plugin):
+    src = write_rows(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(40)])
+    out = tmp_path / "out.jsonl"
+    env = {**with_plugin(echo_plugin), "ECHO_DELAY_S": "0.05"}
+    proc = spawn(
+        "batch",
+        "--engine",
+        "ECHO",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--generation.batch_size",
+        "2",
+        env=env,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    assert summary["interrupted"] is True and 0 < summary["rows_ok"] < 40
+    done = read_rows(out)
+    finish = run_lmpress(
+        "batch",
+        "--engine",
+        "ECHO",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--generation.batch_size",
+        "2",
+        env=env,
+    )
+    assert finish.returncode == 0, finish.stderr
+    final = read_rows(out)
+    assert sorted(r["id"] for r in final) == sorted(f"r{i}" for i in range(40))
+    assert final[: len(done)] == done
+
+
+def test_second_ctrl_c_exits_at_once(tmp_path, echo_plugin):
+    src = write_rows(
+        tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": "long " * 50} for i in range(8)]
+    )
+    env = {**with_plugin(echo_plugin), "ECHO_DELAY_S": "0.5"}
+    proc = spawn(
+        "batch", "--engine", "ECHO", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), env=env
+    )
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130
+    assert "stopped at once" in err
+
+
+def failing_input(tmp_path: Path) -> Path:
+    good = [{"id": f"g{i}", "prompt": "hi"} for i in range(6)]
+    bad = [
+        {"id": "bad1", "messages": [{"role": "bot", "content": "x"}]},
+        {"id": "bad2", "prompt": "word " * 3000},
+    ]
+    return write_rows(tmp_path / "in.jsonl", good[:3] + bad[:1] + good[3:] + bad[1:])
+
+
+def test_failed_rows_are_retried_on_the_next_run(tmp_path):
+    src = failing_input(tmp_path)
+    out = tmp_path / "out.jsonl"
+    first = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert first.returncode == 1
+    errors = read_rows(tmp_path / "out.errors.jsonl")
+    assert {(e["id"], e["line"]) for e in errors} == {("bad1", 4), ("bad2", 8)}
+    assert {e["error"]["kind"] for e in errors} == {"invalid_row", "context_length_exceeded"}
+    # Fix one bad row in the input: the next run retries the failed rows, and only those.
+    lines = src.read_text().splitlines()
+    lines[3] = json.dumps({"id": "bad1", "messages": [{"role": "user", "content": "x"}]})
+    src.write_text("\n".join(lines) + "\n")
+    second = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert second.returncode == 1
+    assert json.loads((tmp_path / "out.summary.json").read_text())["rows_skipped"] == 6
+    assert sorted(r["id"] for r in read_rows(out)) == sorted([f"g{i}" for i in range(6)] + ["bad1"])
+    assert [e["id"] for e in read_rows(tmp_path / "out.errors.jsonl")] == ["bad2"]
+    third = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--no-retry-failed")
+    assert third.returncode == 0
+    assert json.loads((tmp_path / "out.summary.json").read_text())["rows_skipped"] == 8
+
+
+def test_on_error_fail_and_max_errors_stop_the_job(tmp_path):
+    src = write_rows(
+        tmp_path / "in.jsonl",
+        [{"id": "bad", "messages": []}] + [{"id": f"g{i}", "prompt": "x"} for i in range(30)],
+    )
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--on-error", "fail")
+    assert run.returncode == 1
+    assert "--on-error is fail (line 1)" in run.stderr
+    assert len(read_rows(out)) < 30
+    src = write_rows(
+        tmp_path / "in2.jsonl",
+        [{"id": f"b{i}", "messages": []} for i in range(10)] + [{"id": "g", "prompt": "x"}],
+    )
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(tmp_path / "o2.jsonl"), *TINY, "--max-errors", "3"
+    )
+    assert run.returncode == 1
+    assert "3 rows failed (--max-errors 3)" in run.stderr
+    assert len(read_rows(tmp_path / "o2.errors.jsonl")) == 3
+
+
+def test_ordered_output_follows_the_input(tmp_path, echo_plugin):
+    # ECHO streams one word at a time, so long rows finish after short ones.
+    data = [{"id": f"r{i}", "prompt": "w " * (40 if i % 4 == 0 else 1)} for i in range(24)]
+    src = write_rows(tmp_path / "in.jsonl", data)
+    env = {**with_plugin(echo_plugin), "ECHO_DELAY_S": "0.01"}
+    common = [
+        "--engine",
+        "ECHO",
+        "-i",
+        str(src),
+        "--generation.batch_size",
+        "6",
+        "--generation.max_new_tokens",
+        "100",
+    ]
+    fast = run_lmpress("batch", *common, "-o", str(tmp_path / "fast.jsonl"), env=env)
+    ordered = run_lmpress(
+        "batch", *common, "-o", str(tmp_path / "ordered.jsonl"), "--ordered", env=env
+    )
+    assert fast.returncode == ordered.returncode == 0
+    want = [r["id"] for r in data]
+    assert [r["id"] for r in read_rows(tmp_path / "ordered.jsonl")] == want
+    assert [r["id"] for r in read_rows(tmp_path / "fast.jsonl")] != want  # completion order
+
+
+def test_shards_split_the_file_and_add_up(tmp_path):
+    data = rows(20)
+    src = write_rows(tmp_path / "in.jsonl", data)
+    seen = []
+    for i in range(3):
+        out = tmp_path / f"shard{i}.jsonl"
+        run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--shard", f"{i}/3")
+        assert run.returncode == 0, run.stderr
+        seen += [ident(r) for r in read_rows(out)]
+    whole = tmp_path / "whole.jsonl"
+    assert run_lmpress("batch", "-i", str(src), "-o", str(whole), *TINY).returncode == 0
+    assert sorted(seen) == sorted(ident(r) for r in read_rows(whole))
+    assert len(seen) == len(set(seen)) == 20
+    bad = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "x.jsonl"), "--shard", "3/3")
+    assert bad.returncode == 2 and "expected I/N with 0 <= I < N" in bad.stderr
+
+
+def test_summary_is_printed_and_written(tmp_path):
+    src = write_rows(tmp_path / "in.jsonl", rows(5))
+    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), *TINY)
+    assert run.returncode == 0
+    for label in (
+        "rows ok",
+        "rows failed",
+        "rows skipped",
+        "tokens in / out",
+        "wall time",
+        "rows/s",
+        "tokens/s",
+    ):
+        assert label in run.stderr
+    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    assert summary["rows_ok"] == 5 and summary["completion_tokens"] > 0 and summary["wall_s"] > 0
+
+
+def test_vllm_run_batch_examples_round_trip(tmp_path):
+    from openai.types.chat import ChatCompletion
+
+    from tests.data.test_openai_batch import VLLM_EXAMPLE
+
+    embeddings = {"custom_id": "request-3", "method": "POST", "url": "/v1/embeddings",
+                  "body": {"model": "intfloat/e5-mistral-7b-instruct", "input": "You are a helpful assistant."}}  # fmt: skip
+    src = write_rows(tmp_path / "in.jsonl", [*VLLM_EXAMPLE, embeddings])
+    out = tmp_path / "results.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), "--model.model_name", "tiny:llama")
+    assert run.returncode == 1  # the embeddings line is not lmpress's to answer
+    lines = read_rows(out)
+    assert sorted(line["custom_id"] for line in lines) == ["request-1", "request-2"]
+    for line in lines:
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        body = ChatCompletion.model_validate(line["response"]["body"])
+        assert body.object == "chat.completion"
+        assert body.choices[0].message.role == "assistant"
+        assert body.usage.completion_tokens > 0
+    (error,) = read_rows(tmp_path / "results.errors.jsonl")
+    assert error["custom_id"] == "request-3" and error["line"] == 3
+    assert 'url "/v1/embeddings" is not supported' in error["error"]["message"]
+    # The output is itself valid input for a resumed run: nothing left to do but the refused line.
+    again = run_lmpress(
+        "batch",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--model.model_name",
+        "tiny:llama",
+        "--no-retry-failed",
+    )
+    assert again.returncode == 0
+    assert json.loads((tmp_path / "results.summary.json").read_text())["rows_skipped"] == 3
+
+
+def test_openai_batch_body_overrides_the_recipe(tmp_path):
+    line = {"custom_id": "short", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "n": 2, "temperature": 0.9, "seed": 3}}  # fmt: skip
+    src = write_rows(tmp_path / "in.jsonl", [line])
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert run.returncode == 0, run.stderr
+    (got,) = read_rows(out)
+    body = got["response"]["body"]
+    assert len(body["choices"]) == 2
+    assert body["usage"]["completion_tokens"] <= 4
+    assert all(c["finish_reason"] in ("length", "stop") for c in body["choices"])
+
+
+MALFORMED = [
+    ("this is not json", "not valid JSON"),
+    ('{"prompt": "unterminated', "not valid JSON"),
+    ('["a", "list"]', "expected a JSON object"),
+    ('"just a string"', "expected a JSON object"),
+    ('{"question": "no messages or prompt"}', "neither 'messages' nor 'prompt'"),
+    ('{"messages": []}', "'messages' is empty"),
+    ('{"messages": "hello"}', "'messages' must be a list"),
+    ('{"messages": [{"role": "robot", "content": "x"}]}', 'unknown role "robot"'),
+    ('{"messages": ["hello"]}', "message 1 must be an object"),
+    ('{"messages": [{"role": "user", "content": {"a": 1}}]}', "content must be a string or a list"),
+    (
+        '{"messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}]}',
+        'unknown type "video"',
+    ),
+    ('{"prompt": 42}', "'prompt' must be a string"),
+    ('{"prompt": "x", "generation": {"temperature": -1}}', "generation.temperature"),
+    ('{"prompt": "x", "generation": {"top_p": "high"}}', "top_p"),
+    ('{"prompt": "x", "generation": {"tempreture": 1}}', "unknown key 'tempreture'"),
+    ('{"prompt": "x", "generation": {"num_beams": 3}}', "does not support generation.num_beams"),
+    (
+        '{"custom_id": "a1", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}',
+        "is not supported",
+    ),
+    (
+        '{"custom_id": "a2", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}',
+        "body has no 'messages'",
+    ),
+    (
+        '{"custom_id": "a3", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], "tools": [{}]}}',
+        "body.tools is not supported",
+    ),
+    ('{"id": "huge", "prompt": "' + "word " * 3000 + '"}', "the model's context is"),
+]
+
+
+def test_malformed_corpus_gives_a_clear_error_per_row(tmp_path):
+    lines, expected_at = [], {}
+    for i, (text, expected) in enumerate(MALFORMED):
+        lines.append(json.dumps({"id": f"good-{i}", "prompt": f"fine {i}"}))
+        lines.append(text)
+        expected_at[len(lines)] = expected
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(("\n".join(lines) + "\n").encode() + b'{"prompt": "caf\xe9"}\n')
+    expected_at[len(lines) + 1] = "not valid UTF-8"
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert sorted(r["id"] for r in read_rows(out)) == sorted(
+        f"good-{i}" for i in range(len(MALFORMED))
+    )
+    errors = {e["line"]: e for e in read_rows(tmp_path / "out.errors.jsonl")}
+    assert set(errors) == set(expected_at)
+    for line_no, expected in expected_at.items():
+        reported = [
+            ln for ln in run.stderr.splitlines() if ln.startswith(f"lmpress: {src}:{line_no}: ")
+        ]
+        assert len(reported) == 1 and expected in reported[0], (line_no, expected, reported)
+        message = (errors[line_no].get("error") or {}).get("message", "")
+        assert expected in message
