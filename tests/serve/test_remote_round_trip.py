@@ -1,0 +1,94 @@
+"""The round trip: `lmpress batch --engine REMOTE` against `lmpress serve`."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import run_lmpress
+
+ROWS = [
+    {"id": "a", "messages": [{"role": "user", "content": "first question"}]},
+    {
+        "id": "b",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "second question"},
+        ],
+    },
+    {"id": "c", "prompt": "third question", "generation": {"max_new_tokens": 3}},
+]
+
+
+def write_rows(path, rows) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def read_rows(path) -> dict[str, dict]:
+    return {row["id"]: row for row in map(json.loads, path.read_text().splitlines())}
+
+
+def test_batch_through_remote_reaches_the_served_engine_exactly(echo_server, tmp_path):
+    """ECHO behind the server replies with what reached it: the rows' messages, unchanged."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_rows(source, ROWS)
+    # No model name: REMOTE asks the server's /v1/models.
+    run = run_lmpress(
+        "batch", "--engine", "REMOTE", "--remote_params.api_url", f"{echo_server.url}/v1",
+        "-i", str(source), "-o", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = read_rows(out)
+    for row in ROWS[:2]:
+        sent = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
+        assert rows[row["id"]]["response"]["text"] == "ECHO " + json.dumps(sent)
+    # the row's own max_new_tokens went over the wire as max_tokens: 3 words
+    assert rows["c"]["response"]["text"] == 'ECHO [{"role": "user",'
+    assert rows["c"]["response"]["finish_reason"] == "length"
+
+
+def test_batch_through_remote_on_the_native_engine(llama_server, tmp_path):
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows = [
+        {"id": str(i), "messages": [{"role": "user", "content": f"question {i}"}]}
+        for i in range(20)
+    ]
+    write_rows(source, rows)
+    run = run_lmpress(
+        "batch", "--engine", "REMOTE", "--remote_params.api_url", f"{llama_server.url}/v1",
+        "--model.model_name", "tiny-llama", "--generation.max_new_tokens", "6",
+        "-i", str(source), "-o", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    done = read_rows(out)
+    assert sorted(done) == sorted(row["id"] for row in rows)
+    for row in done.values():
+        usage = row["response"]["usage"]
+        assert 0 < usage["completion_tokens"] <= 6
+        assert row["response"]["finish_reason"] in ("stop", "length")
+        assert row["messages"][-1]["role"] == "assistant"
+
+
+def test_batch_through_remote_with_the_servers_key(serve_process, echo_plugin, tmp_path):
+    from tests.conftest import with_plugin
+
+    key = "sk-round-trip-5521"
+    served = serve_process(
+        "--engine", "ECHO", env={**with_plugin(echo_plugin), "LMPRESS_API_KEY": key}
+    )
+    source = tmp_path / "in.jsonl"
+    write_rows(source, ROWS[:1])
+    common = ["batch", "--engine", "REMOTE", "--remote_params.api_url", f"{served.url}/v1",
+              "--model.model_name", "echo", "--remote_params.max_retries", "0", "-i", str(source)]  # fmt: skip
+    run = run_lmpress(
+        *common, "-o", str(tmp_path / "ok.jsonl"),
+        "--remote_params.api_key_env_varname", "SERVE_KEY", env={"SERVE_KEY": key},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert read_rows(tmp_path / "ok.jsonl")["a"]["response"]["text"].startswith("ECHO ")
+    run = run_lmpress(
+        *common, "-o", str(tmp_path / "refused.jsonl"),
+        "--remote_params.api_key_env_varname", "SERVE_KEY", env={"SERVE_KEY": "wrong"},
+    )  # fmt: skip
+    assert run.returncode == 1  # the row failed...
+    assert "REMOTE: HTTP 401: Incorrect API key provided." in run.stderr  # ...refused by serve
+    assert key not in served.log
