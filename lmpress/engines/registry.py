@@ -43,7 +43,13 @@ BUILTIN: tuple[EngineSpec, ...] = (
         ("vllm",),
         "vLLM offline engine (GPU)",
     ),
-    EngineSpec("LLAMACPP", None, "llamacpp", ("llama_cpp",), "GGUF models via llama-cpp-python"),
+    EngineSpec(
+        "LLAMACPP",
+        "lmpress.engines.llamacpp:LlamaCppEngine",
+        "llamacpp",
+        ("llama_cpp",),
+        "GGUF models via llama-cpp-python",
+    ),
     EngineSpec(
         "OPENAI",
         "lmpress.engines.openai_compat:OpenAIEngine",
