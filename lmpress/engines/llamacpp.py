@@ -607,7 +607,7 @@ def _row_seed(params: GenerationParams, index: int) -> int:
 # --- per-request and per-row state ---------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity
 class _RequestState:
     request: Request
     prompt_ids: list[int]
@@ -629,7 +629,7 @@ def _deliver(state: _RequestState, item: Delta | Result) -> None:
         state.cancelled = True
 
 
-@dataclass
+@dataclass(eq=False)
 class _Row:
     """One sequence in the KV cache: one sample of one request."""
 

@@ -359,6 +359,26 @@ def test_cancelling_a_stream_frees_its_sequence(tmp_path):
         close(eng)
 
 
+def test_closing_the_engine_ends_the_requests_in_flight():
+    eng = make(str(tiny_gguf("gpt2")), batch_size=1)
+
+    async def run():
+        params = GenerationParams(max_new_tokens=1500, min_tokens=1500)
+        running = asyncio.ensure_future(eng.complete(Request("a", [Message("user", "go")], params)))
+        waiting = asyncio.ensure_future(
+            eng.complete(Request("b", [Message("user", "wait")], params))
+        )
+        for _ in range(1000):  # until the first one is being decoded
+            if eng.sequences_in_flight():
+                break
+            await asyncio.sleep(0.01)
+        await eng.aclose()
+        return await asyncio.gather(running, waiting)
+
+    for result in asyncio.run(run()):
+        assert result.error is not None and result.error.kind == "engine_closed"
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 
