@@ -379,53 +379,56 @@ class LlamaCppEngine(Engine):
             self._prefilling.append(state)
 
     def _step(self) -> None:
-        lc = self._lc
-        batch = self._batch
-        n = 0
-
-        def add(token: int, pos: int, seq: int, logits: bool) -> None:
-            nonlocal n
-            batch.token[n] = token
-            batch.pos[n] = pos
-            batch.n_seq_id[n] = 1
-            batch.seq_id[n][0] = seq
-            batch.logits[n] = logits
-            n += 1
-
-        decoding = []
-        for row in self._generating:
-            decoding.append((row, n))
-            add(row.next_token, row.pos, row.seq_id, True)
-            row.pos += 1
-        prefilled = []
-        for state in self._prefilling:
-            budget = self._n_batch - n
-            if budget <= 0:
-                break
-            chunk = state.prompt_ids[state.fed : state.fed + budget]
+        """One token for every sequence being generated, in one batch; then the next chunk of
+        each prompt being read, each in a batch of its own. Keeping prompts apart gives every
+        prompt the same computation whatever else is in flight (llama.cpp picks its kernels by
+        batch shape, and a prompt mixed with others would round differently), which is what
+        keeps greedy replies identical at any batch size."""
+        rows = list(self._generating)
+        if rows:
+            for i, row in enumerate(rows):
+                self._put(i, row.next_token, row.pos, row.seq_id, True)
+                row.pos += 1
+            self._decode(len(rows))
+            for i, row in enumerate(rows):
+                self._sample(row, i)
+        for state in list(self._prefilling):
+            chunk = state.prompt_ids[state.fed : state.fed + self._n_batch]
             seq = state.rows[0].seq_id
+            last = state.fed + len(chunk) == len(state.prompt_ids)
             for j, token in enumerate(chunk):
-                add(token, state.fed + j, seq, False)
+                self._put(j, token, state.fed + j, seq, last and j == len(chunk) - 1)
+            self._decode(len(chunk))
             state.fed += len(chunk)
-            if state.fed == len(state.prompt_ids):
-                batch.logits[n - 1] = True
-                prefilled.append((state, n - 1))
-        batch.n_tokens = n
-        code = lc.llama_decode(self._ctx.ctx, batch)
+            if last:
+                self._start_generating(state, len(chunk) - 1)
+
+    def _put(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        batch = self._batch
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq
+        batch.logits[i] = logits
+
+    def _decode(self, n_tokens: int) -> None:
+        self._batch.n_tokens = n_tokens
+        code = self._lc.llama_decode(self._ctx.ctx, self._batch)
         if code != 0:
             raise RuntimeError(f"llama_decode returned {code}")
-        for row, index in decoding:
+
+    def _start_generating(self, state: _RequestState, index: int) -> None:
+        """The prompt is in the KV cache: every sample samples its first token from the
+        prompt's last logits and joins the sequences being generated."""
+        self._prefilling.remove(state)
+        first = state.rows[0].seq_id
+        for row in state.rows:
+            if row.seq_id != first:  # the other samples share the prompt's KV cells
+                self._lc.llama_memory_seq_cp(self._memory, first, row.seq_id, -1, -1)
+            row.pos = len(state.prompt_ids)
+            self._generating.append(row)
+        for row in state.rows:
             self._sample(row, index)
-        for state, index in prefilled:
-            self._prefilling.remove(state)
-            first = state.rows[0].seq_id
-            for row in state.rows:
-                if row.seq_id != first:  # the other samples share the prompt's KV cells
-                    lc.llama_memory_seq_cp(self._memory, first, row.seq_id, -1, -1)
-                row.pos = len(state.prompt_ids)
-                self._generating.append(row)
-            for row in state.rows:
-                self._sample(row, index)
 
     def _sample(self, row: _Row, index: int) -> None:
         lc = self._lc
