@@ -4,10 +4,11 @@ llama-cpp-python's `Llama` loads the model (every `model.model_kwargs` key must 
 constructor's parameters: it ignores unknown ones, lmpress refuses them) and gives the
 tokenizer and the GGUF metadata. Generation does not go through `Llama`, which decodes one
 sequence at a time. A worker thread owns a llama.cpp context whose KV cache holds up to
-`generation.batch_size` sequences and runs continuous batching on it: each step puts one token
-of every sequence being generated, plus prompt chunks of newly admitted requests, into one
-`llama_batch`; each sequence samples from its own sampler chain (seeded per row); a finished
-sequence's KV cells are freed at once and the next waiting request takes its place.
+`generation.batch_size` sequences and runs continuous batching on it: each step decodes one
+token of every sequence being generated in one `llama_batch` (and the next chunk of each newly
+admitted prompt in a batch of its own); each sequence samples from its own sampler chain (seeded
+per row); a finished sequence's KV cells are freed at once and the next waiting request takes
+its place.
 
 `model_kwargs.n_ctx` (default: the model's own context length) is the size of that shared KV
 cache, as in llama-server with a unified cache: one sequence may use all of it, and a request is
@@ -169,7 +170,8 @@ class LlamaCppEngine(Engine):
         return self.batch_size - len(self._free_seqs)
 
     def kv_cells_used(self) -> int:
-        """KV cells holding some sequence's tokens, read from llama.cpp itself."""
+        """Positions held in the KV cache, summed over sequences and read from llama.cpp
+        itself (0 when nothing is cached)."""
         lc = self._lc
         return sum(
             lc.llama_memory_seq_pos_max(self._memory, seq) + 1 for seq in range(self.batch_size)
