@@ -115,6 +115,7 @@ class LlamaCppEngine(Engine):
         self._reserved = 0  # KV cells promised to admitted requests
         self._prefilling: list[_RequestState] = []
         self._generating: list[_Row] = []
+        self.most_in_flight = 0  # the most sequences decoded in one step so far
         self._worker = threading.Thread(target=self._run, name="lmpress-llamacpp", daemon=True)
         self._worker.start()
 
@@ -388,6 +389,7 @@ class LlamaCppEngine(Engine):
         keeps greedy replies identical at any batch size."""
         rows = list(self._generating)
         if rows:
+            self.most_in_flight = max(self.most_in_flight, len(rows))
             for i, row in enumerate(rows):
                 self._put(i, row.next_token, row.pos, row.seq_id, True)
                 row.pos += 1

@@ -80,28 +80,18 @@ def test_greedy_is_identical_at_batch_size_1_and_16(tokenizer):
     assert len({r.text for r in alone}) > 12  # replies depend on the prompt
 
 
-def test_requests_in_flight_are_decoded_together(llama):
-    """Several streams started at once share the KV cache; when they end, it is empty."""
-
-    async def run():
-        params = GenerationParams(max_new_tokens=40, min_tokens=40)
-        streams = [llama.stream(Request(str(i), [Message("user", p)], params)) for i, p in enumerate(PROMPTS[:4])]  # fmt: skip
-        peak = 0
-
-        async def drain(stream):
-            nonlocal peak
-            async for item in stream:
-                peak = max(peak, llama.sequences_in_flight())
-                if isinstance(item, Result):
-                    return item
-
-        results = await asyncio.gather(*(drain(s) for s in streams))
-        return results, peak
-
-    results, peak = asyncio.run(run())
-    assert all(r.ok and r.usage.completion_tokens == 40 for r in results)
-    assert peak == 4
-    assert llama.sequences_in_flight() == 0 and llama.kv_cells_used() == 0
+def test_requests_in_flight_are_decoded_together():
+    """Requests submitted together are decoded in the same steps; when they end, the KV cache
+    is empty."""
+    eng = make(str(tiny_gguf("llama")), batch_size=4)
+    try:
+        params = GenerationParams(max_new_tokens=200, min_tokens=200)
+        results = eng.generate(PROMPTS[:6], params)
+        assert all(r.ok and r.usage.completion_tokens == 200 for r in results)
+        assert eng.most_in_flight == 4
+        assert eng.sequences_in_flight() == 0 and eng.kv_cells_used() == 0
+    finally:
+        close(eng)
 
 
 def test_a_small_kv_cache_admits_requests_as_room_frees(tmp_path):
