@@ -24,7 +24,7 @@ from typing import Any
 from lmpress.tinymodels import WORDS, cache_root
 
 # Bump when a builder changes, so cached files are rebuilt.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 TINY_GGUF_PREFIX = "tiny-gguf:"
 
@@ -66,7 +66,7 @@ SPECS = {
     spec.name: spec
     for spec in (
         GgufSpec("llama", "llama", 600, 64, 2, 4, 2, 128, 2048),
-        GgufSpec("gpt2", "gpt2", 600, 64, 2, 4, 4, 160, 2048),
+        GgufSpec("gpt2", "gpt2", 1000, 64, 2, 4, 4, 160, 2048),
         # ~100M parameters (tied embeddings), for benchmarks/llamacpp_throughput.py.
         GgufSpec("bench-100m", "llama", 32000, 768, 12, 12, 4, 2048, 4096, 0.02, "f16"),
         GgufSpec("bench-100m-q8", "llama", 32000, 768, 12, 12, 4, 2048, 4096, 0.02, "q8_0"),

@@ -10,9 +10,11 @@ admitted prompt in a batch of its own); each sequence samples from its own sampl
 per row); a finished sequence's KV cells are freed at once and the next waiting request takes
 its place.
 
-`model_kwargs.n_ctx` (default: the model's own context length) is the size of that shared KV
-cache, as in llama-server with a unified cache: one sequence may use all of it, and a request is
-admitted when its prompt plus its `max_new_tokens` fit in the cells not yet promised to others.
+`model_kwargs.n_ctx` (default: the model's own context length) is the size of the KV cache, and
+each of the `batch_size` sequences gets an equal part of it (a multiple of 256, at least 256),
+as llama-server's `-c` and `-np` do. Each sequence attends only to its own part, so a step costs
+the same whatever the others hold, and a sequence computes the same numbers whatever else is in
+flight: greedy replies do not depend on the batch size.
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ class LlamaCppEngine(Engine):
         )
         self._ctx = self._batched_context(kwargs)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx.ctx)
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx.ctx)  # each sequence's part
         self._n_batch = llama_cpp.llama_n_batch(self._ctx.ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
@@ -112,7 +115,6 @@ class LlamaCppEngine(Engine):
         self._wakeup = threading.Condition()
         self._closed = False
         self._free_seqs = list(range(self.batch_size))
-        self._reserved = 0  # KV cells promised to admitted requests
         self._prefilling: list[_RequestState] = []
         self._generating: list[_Row] = []
         self.most_in_flight = 0  # the most sequences decoded in one step so far
@@ -121,18 +123,26 @@ class LlamaCppEngine(Engine):
 
     def _batched_context(self, kwargs: dict[str, Any]) -> Any:
         """A context like the one `Llama` made from the recipe's kwargs, but holding
-        `batch_size` sequences in one shared KV cache. `Llama`'s own single-sequence context is
-        freed first so that the KV memory is not held twice."""
+        `batch_size` sequences, each in its own part of the KV cache. `Llama`'s own
+        single-sequence context is freed first so that the KV memory is not held twice."""
         from llama_cpp import _internals
 
         lc = self._lc
         params = lc.llama_context_params.from_buffer_copy(self.llama.context_params)
         params.n_ctx = self.llama.n_ctx()
+        if self.batch_size > 1:
+            # llama.cpp wants an equal part per sequence, a multiple of 256; ask for that
+            # rather than let it round (and warn).
+            part = max(256, params.n_ctx // self.batch_size // 256 * 256)
+            params.n_ctx = part * self.batch_size
         params.n_seq_max = self.batch_size
-        params.kv_unified = True
+        params.kv_unified = False
         # Every sequence in flight contributes a token to each step's batch.
         params.n_batch = max(params.n_batch, self.batch_size)
         params.n_ubatch = max(params.n_ubatch, self.batch_size)
+        if "flash_attn" not in kwargs:
+            # llama.cpp's own default (llama-cpp-python turns it off): faster on CPU too.
+            params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
         self.llama._ctx.close()
         try:
             return _internals.LlamaContext(
@@ -219,11 +229,11 @@ class LlamaCppEngine(Engine):
             ids = self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         if not ids:
             raise RequestError("the prompt is empty", kind="invalid_request")
-        if len(ids) >= self.n_ctx:
+        if len(ids) >= self.n_ctx_seq:
             raise RequestError(
-                f"prompt is {len(ids)} tokens, the context is {self.n_ctx} "
-                f"(raise model.model_kwargs.n_ctx, up to the model's "
-                f"{self._lc.llama_model_n_ctx_train(self.llama.model)})",
+                f"prompt is {len(ids)} tokens, the context of a sequence is {self.n_ctx_seq} "
+                f"(model.model_kwargs.n_ctx {self.n_ctx} shared by generation.batch_size "
+                f"{self.batch_size}): raise n_ctx or lower batch_size",
                 kind="context_length_exceeded",
             )
         return list(ids)
@@ -249,7 +259,8 @@ class LlamaCppEngine(Engine):
         try:
             prompt_ids = self.encode(request)
             logit_bias = self._logit_bias(request.params)
-            self._check_fits(request.params, len(prompt_ids))
+            self._check_token_ids(request.params)
+            self._check_fits(request.params)
         except RequestError as exc:
             yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
             return
@@ -297,19 +308,16 @@ class LlamaCppEngine(Engine):
             bias.append((token, float(value)))
         return bias
 
-    def _row_limit(self, params: GenerationParams, prompt_tokens: int) -> int:
-        """How many tokens each sample may generate: max_new_tokens, within what the KV
-        cache can hold for the prompt and all n samples at once."""
-        return min(params.max_new_tokens, (self.n_ctx - prompt_tokens) // params.n)
+    def _check_token_ids(self, params: GenerationParams) -> None:
+        for token in params.stop_token_ids:
+            if not 0 <= token < self.n_vocab:
+                raise RequestError(
+                    f"generation.stop_token_ids: {token} is not a token id of this model "
+                    f"(0 to {self.n_vocab - 1})",
+                    kind="invalid_request",
+                )
 
-    def _check_fits(self, params: GenerationParams, prompt_tokens: int) -> None:
-        if self._row_limit(params, prompt_tokens) < 1:
-            raise RequestError(
-                f"prompt is {prompt_tokens} tokens and generation.n is {params.n}: the samples "
-                f"do not fit in the context of {self.n_ctx} tokens; lower n or raise "
-                f"model.model_kwargs.n_ctx",
-                kind="context_length_exceeded",
-            )
+    def _check_fits(self, params: GenerationParams) -> None:
         if params.n > self.batch_size:
             raise RequestError(
                 f"generation.n is {params.n} but generation.batch_size is {self.batch_size}: "
@@ -357,19 +365,16 @@ class LlamaCppEngine(Engine):
             self._finish_row(row)
 
     def _admit(self) -> None:
-        """Start waiting requests, oldest first, while sequence slots and KV cells allow."""
+        """Start waiting requests, oldest first, while sequences are free."""
         while self._pending:
             state = self._pending[0]
             params = state.request.params
             n = params.n
-            prompt = len(state.prompt_ids)
-            limit = self._row_limit(params, prompt)
-            need = prompt + n * limit
-            if len(self._free_seqs) < n or self._reserved + need > self.n_ctx:
+            if len(self._free_seqs) < n:
                 return
             self._pending.popleft()
-            state.reserved = need
-            self._reserved += need
+            # A row ends when its part of the KV cache is full.
+            limit = min(params.max_new_tokens, self.n_ctx_seq - len(state.prompt_ids))
             state.rows = [_Row(state, i, self._free_seqs.pop(0), limit) for i in range(n)]
             try:
                 for row in state.rows:
@@ -503,11 +508,8 @@ class LlamaCppEngine(Engine):
         row.sampler = None
         row.text += row.decoder.decode(b"", final=True)
         row.stream_text()
-        if all(r.finish_reason is not None for r in state.rows):
-            self._reserved -= state.reserved
-            state.reserved = 0
-            if not state.cancelled:
-                _deliver(state, self._result(state))
+        if all(r.finish_reason is not None for r in state.rows) and not state.cancelled:
+            _deliver(state, self._result(state))
 
     def _release(self, state: _RequestState) -> None:
         """Free the sequences a request still holds (it was cancelled or failed)."""
@@ -520,8 +522,6 @@ class LlamaCppEngine(Engine):
             if row.sampler is not None:
                 self._lc.llama_sampler_free(row.sampler)
                 row.sampler = None
-        self._reserved -= state.reserved
-        state.reserved = 0
 
     def _fail_all(self, error: ErrorInfo) -> None:
         states = list(self._prefilling) + [r.state for r in self._generating]
@@ -574,7 +574,7 @@ class LlamaCppEngine(Engine):
             lc.llama_sampler_chain_add(
                 chain, lc.llama_sampler_init_logit_bias(self.n_vocab, len(array), array)
             )
-        window = self._penalty_window or self.n_ctx
+        window = self._penalty_window or self.n_ctx_seq
         if params.repetition_penalty != 1:
             # Repetition counts the prompt too, as transformers does.
             repeat = lc.llama_sampler_init_penalties(
@@ -626,7 +626,6 @@ class _RequestState:
     cancelled: bool = False
     rows: list[_Row] = field(default_factory=list)
     fed: int = 0  # prompt tokens already decoded
-    reserved: int = 0  # KV cells promised to this request
 
 
 def _deliver(state: _RequestState, item: Delta | Result) -> None:
@@ -669,6 +668,7 @@ class _Row:
         if hits:
             self.text = self.text[: min(hits)]
             self.finish_reason = "stop"
+            self.decoder.reset()  # bytes after the stop string are not part of the reply
 
     def stream_text(self) -> None:
         if not self.state.wants_deltas or self.state.cancelled:

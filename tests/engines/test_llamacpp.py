@@ -94,22 +94,27 @@ def test_requests_in_flight_are_decoded_together():
         close(eng)
 
 
-def test_a_small_kv_cache_admits_requests_as_room_frees(tmp_path):
-    """n_ctx 256 holds about two of these requests at once: the rest wait, none fails, and
-    greedy replies are what they are alone."""
+def test_each_sequence_gets_an_equal_part_of_n_ctx():
     path = str(tiny_gguf("gpt2"))
-    small = make(path, {"n_ctx": 256}, batch_size=8)
-    roomy = make(path, batch_size=1)
+    shared = make(path, {"n_ctx": 1024}, batch_size=4)
+    alone = make(path, {"n_ctx": 1024}, batch_size=1)
     try:
-        params = GenerationParams(max_new_tokens=90)
-        squeezed = small.generate(PROMPTS[:8], params)
-        alone = roomy.generate(PROMPTS[:8], params)
+        assert (shared.n_ctx, shared.n_ctx_seq, alone.n_ctx_seq) == (1024, 256, 1024)
+        endless = GenerationParams(max_new_tokens=2000, min_tokens=2000)
+        [full] = shared.generate(["Go on."], endless)
+        assert full.finish_reason == "length"
+        assert full.usage.prompt_tokens + full.usage.completion_tokens == 256
+        long_prompt = ["word " * 300]
+        [refused] = shared.generate(long_prompt, GenerationParams(max_new_tokens=4))
+        assert refused.error is not None and refused.error.kind == "context_length_exceeded"
+        assert (
+            "the context of a sequence is 256 (model.model_kwargs.n_ctx 1024 shared by "
+            "generation.batch_size 4): raise n_ctx or lower batch_size" in refused.error.message
+        )
+        assert alone.generate(long_prompt, GenerationParams(max_new_tokens=4))[0].ok
     finally:
-        close(small)
-        close(roomy)
-    assert small.n_ctx == 256
-    assert all(r.ok for r in squeezed)
-    assert [r.text for r in squeezed] == [r.text for r in alone]
+        close(shared)
+        close(alone)
 
 
 # --- agreement with llama-cpp-python ---------------------------------------------------------
@@ -283,6 +288,24 @@ def test_characters_split_across_tokens_stream_whole():
     assert "".join(deltas) == final.text
 
 
+def test_a_stop_string_drops_the_half_character_after_it():
+    """BPE token 'cafÃ' is 'caf' plus the first byte of 'é': stopping at 'caf' leaves nothing
+    of that byte in the reply."""
+    from lmpress.tinygguf import byte_to_unicode
+
+    path = tiny_gguf("gpt2")
+    token = gguf_fields(path)["tokenizer.ggml.tokens"].index("caf" + byte_to_unicode()[0xC3])
+    eng = make(str(path), batch_size=2)
+    try:
+        params = GenerationParams(max_new_tokens=5, logit_bias={str(token): 100.0})
+        plain = eng.generate(["x"], params)[0]
+        cut = eng.generate(["x"], params.replace(stop_strings=["caf"]))[0]
+    finally:
+        close(eng)
+    assert plain.text.startswith("caf")
+    assert cut.finish_reason == "stop" and cut.text == ""
+
+
 def test_invalid_utf8_becomes_replacement_characters(engine):
     texts = [r.text for r in engine.generate([f"bytes {i}" for i in range(8)], GenerationParams(max_new_tokens=32))]  # fmt: skip
     assert any("\ufffd" in t for t in texts)
@@ -302,9 +325,11 @@ def test_min_tokens_holds_off_the_end_and_stop_token_ids_end_it(llama):
     assert stopped.finish_reason == "stop" and stopped.usage.completion_tokens == 1
 
 
-def test_logit_bias_with_a_bad_token_fails_the_row(llama):
+def test_token_ids_outside_the_vocabulary_fail_the_row(llama):
     result = llama.generate(["hi"], GenerationParams(max_new_tokens=4, logit_bias={"99999": 1.0}))[0]  # fmt: skip
-    assert result.error is not None and "logit_bias" in result.error.message
+    assert result.error is not None and "generation.logit_bias: '99999'" in result.error.message
+    result = llama.generate(["hi"], GenerationParams(max_new_tokens=4, stop_token_ids=[-1]))[0]
+    assert result.error is not None and "generation.stop_token_ids: -1" in result.error.message
 
 
 def test_penalties_change_greedy_output(llama):
@@ -380,7 +405,7 @@ def test_prompt_longer_than_the_context_fails_that_row():
         close(eng)
     assert results[0].error is not None
     assert results[0].error.kind == "context_length_exceeded"
-    assert "context is 256" in results[0].error.message
+    assert "prompt is" in results[0].error.message and "raise n_ctx" in results[0].error.message
     assert results[1].ok
 
 
@@ -416,11 +441,11 @@ def test_chat_template_override():
 
 
 def test_model_kwargs_reach_llama_cpp():
-    eng = make(str(tiny_gguf("gpt2")), {"n_ctx": 512, "n_batch": 64, "n_threads": 1}, batch_size=4)
+    eng = make(str(tiny_gguf("gpt2")), {"n_ctx": 2048, "n_batch": 64, "n_threads": 1}, batch_size=4)
     try:
         import llama_cpp
 
-        assert eng.n_ctx == 512
+        assert (eng.n_ctx, eng.n_ctx_seq) == (2048, 512)
         assert llama_cpp.llama_n_batch(eng._ctx.ctx) == 64
         assert llama_cpp.llama_n_threads(eng._ctx.ctx) == 1
         # A prompt longer than n_batch is fed in chunks.
