@@ -9,11 +9,12 @@ Rounds alternate between the two so machine noise hits both alike; the best roun
 compared.
 
     .venv/bin/python benchmarks/llamacpp_throughput.py [--prompts 32] [--new-tokens 64]
-        [--batch-size 32] [--rounds 2] [--threads N] [--flash-attn]
+        [--batch-size 32] [--rounds 2] [--threads N] [--flash-attn on|off]
         [--model tiny-gguf:bench-100m | tiny-gguf:bench-100m-q8 | tiny-gguf:bench-100m-f32 | PATH]
 
-Both sides get the same `Llama` settings (llama-cpp-python's defaults plus n_ctx and threads;
---flash-attn turns flash attention on for both). Besides tokens/s, the CPU time per token is
+Both sides get the same `Llama` settings: llama-cpp-python's defaults plus n_ctx, threads and
+flash attention (on by default, as llama.cpp and lmpress have it; llama-cpp-python's own default
+is off). Besides tokens/s, the CPU time per token is
 printed: on a machine shared with other work it is the steadier of the two.
 """
 
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--n-ctx", type=int, default=4096)
-    parser.add_argument("--flash-attn", action="store_true")
+    parser.add_argument("--flash-attn", choices=["on", "off"], default="on")
     args = parser.parse_args()
 
     from llama_cpp import Llama
@@ -89,7 +90,7 @@ def main() -> None:
         "n_ctx": args.n_ctx,
         "n_threads": args.threads,
         "n_threads_batch": args.threads,
-        "flash_attn": args.flash_attn,
+        "flash_attn": args.flash_attn == "on",
     }
     config = load_config(
         overrides={
