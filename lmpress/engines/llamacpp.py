@@ -215,7 +215,7 @@ class LlamaCppEngine(Engine):
         else:
             if any(m.has_images() for m in request.messages):
                 raise RequestError(
-                    "the LLAMACPP engine runs text-only models; this row has image parts",
+                    "the LLAMACPP engine in lmpress sends text only; this row has image parts",
                     kind="invalid_request",
                 )
             if not self.chat_template:

@@ -422,7 +422,7 @@ def test_raw_prompt_skips_the_chat_template(llama):
 def test_image_parts_fail_the_row_not_the_engine(llama):
     image = Message("user", [ContentPart("image_url", image_url="file:///x.png")])
     results = llama.generate([Request("img", [image], GenerationParams(max_new_tokens=4)), "fine"])
-    assert results[0].error is not None and "text-only" in results[0].error.message
+    assert results[0].error is not None and "sends text only" in results[0].error.message
     assert results[1].ok
 
 
