@@ -13,8 +13,9 @@ its place.
 `model_kwargs.n_ctx` (default: the model's own context length) is the size of the KV cache, and
 each of the `batch_size` sequences gets an equal part of it (a multiple of 256, at least 256),
 as llama-server's `-c` and `-np` do. Each sequence attends only to its own part, so a step costs
-the same whatever the others hold, and a sequence computes the same numbers whatever else is in
-flight: greedy replies do not depend on the batch size.
+the same whatever the others hold, and what else is in flight moves a sequence's logits only by
+llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on the
+batch size, short of a near-exact tie between two tokens.
 """
 
 from __future__ import annotations
