@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # torch first, pinned: a bare torch requirement would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
-EXTRAS := native,remote,vertex,serve,dev
+EXTRAS := native,llamacpp,remote,vertex,serve,dev
 
 .PHONY: install demo test lint format clean
 

@@ -71,7 +71,7 @@ def spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
 def reference(tmp_path_factory):
     """An uninterrupted greedy run of the same rows."""
     tmp = tmp_path_factory.mktemp("reference")
-    src = write_rows(tmp / "in.jsonl", rows(48))
+    src = write_rows(tmp / "in.jsonl", rows(72))
     run = run_lmpress("batch", "-i", str(src), "-o", str(tmp / "out.jsonl"), *TINY)
     assert run.returncode == 0, run.stderr
     return src, {ident(r): r for r in read_rows(tmp / "out.jsonl")}
@@ -86,14 +86,14 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, refere
     out = tmp_path / "out.jsonl"
     rng = random.Random(20261121)
     kills_mid_job = 0
-    for _attempt in range(6):
+    for _attempt in range(8):
         written = count_lines(out)
         proc = spawn("batch", "-i", str(src), "-o", str(out), *TINY)
         # Wait for this run to write something, then kill it a random moment later.
         deadline = time.time() + 120
         while proc.poll() is None and count_lines(out) <= written and time.time() < deadline:
             time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.6))
+        time.sleep(rng.uniform(0.0, 0.3))
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)

@@ -22,7 +22,7 @@ ENTRY_POINT_GROUP = "lmpress.engines"
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
-    target: str | None  # "module:Class"; None while not implemented yet
+    target: str  # "module:Class"
     extra: str | None  # the lmpress extra that installs its backend
     requires: tuple[str, ...]  # importable modules the backend needs
     summary: str
@@ -43,7 +43,13 @@ BUILTIN: tuple[EngineSpec, ...] = (
         ("vllm",),
         "vLLM offline engine (GPU)",
     ),
-    EngineSpec("LLAMACPP", None, "llamacpp", ("llama_cpp",), "GGUF models via llama-cpp-python"),
+    EngineSpec(
+        "LLAMACPP",
+        "lmpress.engines.llamacpp:LlamaCppEngine",
+        "llamacpp",
+        ("llama_cpp",),
+        "GGUF models via llama-cpp-python",
+    ),
     EngineSpec(
         "OPENAI",
         "lmpress.engines.openai_compat:OpenAIEngine",
@@ -163,11 +169,6 @@ def install_hint(spec: EngineSpec) -> str:
 
 def load_engine_class(name: str) -> type[Engine]:
     spec = get_spec(name)
-    if spec.target is None:
-        raise EngineUnavailableError(
-            f"engine {spec.name} is not implemented yet in this version of lmpress; "
-            f"'lmpress engines' lists the ones that are"
-        )
     missing = missing_modules(spec)
     if missing:
         raise EngineUnavailableError(
@@ -200,8 +201,6 @@ class EngineStatus:
 def engine_status(name: str) -> EngineStatus:
     """Whether an engine can run here and what it supports, without importing its backend."""
     spec = get_spec(name)
-    if spec.target is None:
-        return EngineStatus(spec.name, spec.summary, False, "not implemented yet", frozenset())
     module_name, _, class_name = spec.target.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)

@@ -223,10 +223,6 @@ def test_a_failed_generation_fails_its_row_only(tmp_path):
             "'./nowhere' does not exist",
         ),
         (
-            ["batch", "-i", "{tmp}/in.jsonl", "-o", "{tmp}/o.jsonl", "--engine", "OPENAI"],
-            "not implemented yet",
-        ),
-        (
             [
                 "batch",
                 "-i",

@@ -1,0 +1,150 @@
+"""LLAMACPP engine throughput against llama-cpp-python's `create_chat_completion`, in one run.
+
+Both sides load the same random-weight GGUF of ~100M parameters (built locally by
+lmpress.tinygguf), with the same context size and thread counts, and answer the same chat
+prompts greedily with the same number of new tokens each, EOS held off on both sides (lmpress:
+generation.min_tokens; llama-cpp-python: a -inf logit bias on EOS). The baseline is what a tool
+built on llama-cpp-python does for a batch job: one `create_chat_completion` call per prompt.
+Rounds alternate between the two so machine noise hits both alike; the best round of each is
+compared.
+
+    .venv/bin/python benchmarks/llamacpp_throughput.py [--prompts 32] [--new-tokens 64]
+        [--batch-size 32] [--rounds 2] [--threads N] [--flash-attn on|off]
+        [--model tiny-gguf:bench-100m | tiny-gguf:bench-100m-q8 | tiny-gguf:bench-100m-f32 | PATH]
+
+Both sides get the same `Llama` settings: llama-cpp-python's defaults plus n_ctx, threads and
+flash attention (on by default, as llama.cpp and lmpress have it; llama-cpp-python's own default
+is off). Besides tokens/s, the CPU time per token is
+printed: on a machine shared with other work it is the steadier of the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import time
+
+from lmpress.configs import load_config
+from lmpress.engines.registry import create_engine
+from lmpress.tinygguf import tiny_gguf
+from lmpress.types import GenerationParams
+
+
+def make_prompts(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = "the quick brown fox jumps over a lazy dog while rivers run to the sea".split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(4, 40))) for _ in range(count)]
+
+
+def baseline(llm, prompts: list[str], new_tokens: int) -> int:
+    """One create_chat_completion call per prompt, as row-by-row batch jobs do."""
+    no_eos = {llm.token_eos(): float("-inf")}
+    produced = 0
+    for prompt in prompts:
+        reply = llm.create_chat_completion(
+            [{"role": "user", "content": prompt}],
+            temperature=0.0,
+            max_tokens=new_tokens,
+            logit_bias=no_eos,
+        )
+        produced += reply["usage"]["completion_tokens"]
+    return produced
+
+
+def describe(path: str) -> str:
+    """Parameter count and weight types of a GGUF file."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    count = sum(int(t.n_elements) for t in reader.tensors)
+    types = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
+    return f"{count / 1e6:.0f}M parameters, {'/'.join(types)} weights"
+
+
+def lmpress_run(engine, prompts: list[str], new_tokens: int) -> int:
+    params = GenerationParams(max_new_tokens=new_tokens, min_tokens=new_tokens)
+    results = engine.generate(prompts, params)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
+    return sum(r.usage.completion_tokens for r in results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-gguf:bench-100m")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--n-ctx", type=int, default=4096)
+    parser.add_argument("--flash-attn", choices=["on", "off"], default="on")
+    args = parser.parse_args()
+
+    from llama_cpp import Llama
+
+    if args.model.startswith("tiny-gguf:"):
+        tiny_gguf(args.model.split(":", 1)[1])  # build it before timing anything
+    kwargs = {
+        "n_ctx": args.n_ctx,
+        "n_threads": args.threads,
+        "n_threads_batch": args.threads,
+        "flash_attn": args.flash_attn == "on",
+    }
+    config = load_config(
+        overrides={
+            "engine": "LLAMACPP",
+            "model.model_name": args.model,
+            "model.model_kwargs": kwargs,
+            "generation.batch_size": args.batch_size,
+        }
+    )
+    engine = create_engine(config)
+    llm = Llama(model_path=engine.path, verbose=False, **kwargs)
+    prompts = make_prompts(args.prompts)
+    prompt_tokens = sum(
+        r.usage.prompt_tokens for r in engine.generate(prompts, GenerationParams(max_new_tokens=1))
+    )
+    # Warm up both paths (first-call allocations, page faults on the weights).
+    baseline(llm, prompts[:1], 2)
+    lmpress_run(engine, prompts[:2], 2)
+
+    best = {"llama-cpp-python": 0.0, "lmpress": 0.0}
+    cpu = {"llama-cpp-python": float("inf"), "lmpress": float("inf")}
+    for round_no in range(1, args.rounds + 1):
+        for name in best:
+            started, cpu_started = time.perf_counter(), time.process_time()
+            if name == "lmpress":
+                tokens = lmpress_run(engine, prompts, args.new_tokens)
+            else:
+                tokens = baseline(llm, prompts, args.new_tokens)
+            rate = tokens / (time.perf_counter() - started)
+            cpu_ms = 1000 * (time.process_time() - cpu_started) / tokens
+            best[name] = max(best[name], rate)
+            cpu[name] = min(cpu[name], cpu_ms)
+            print(
+                f"round {round_no} {name:17} {tokens} tokens  {rate:8.1f} tok/s  "
+                f"{cpu_ms:6.2f} CPU ms/token",
+                flush=True,
+            )
+    asyncio.run(engine.aclose())
+    llm.close()
+    print(
+        f"\nmodel {args.model} ({describe(engine.path)}), {args.prompts} prompts "
+        f"({prompt_tokens} prompt tokens), {args.new_tokens} new tokens each, batch "
+        f"{args.batch_size}, {args.threads} threads, n_ctx {args.n_ctx}, flash_attn "
+        f"{args.flash_attn}"
+    )
+    base, ours = best["llama-cpp-python"], best["lmpress"]
+    print(f"llama-cpp-python create_chat_completion: {base:.1f} tok/s")
+    print(f"lmpress LLAMACPP:                        {ours:.1f} tok/s")
+    print(f"ratio lmpress/llama-cpp-python:          {ours / base:.2f}")
+    # CPU time is less disturbed than wall time when other work shares the machine.
+    print(
+        f"CPU time per token, ratio:               {cpu['llama-cpp-python'] / cpu['lmpress']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

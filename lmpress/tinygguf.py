@@ -1,0 +1,283 @@
+"""Tiny real GGUF models written offline with the `gguf` package, for tests and benchmarks.
+
+Nothing is downloaded: the vocabulary is built here from a word list and the weights are random
+with a fixed seed. Two tokenizer families are covered, as llama.cpp names them in
+`tokenizer.ggml.model`: "llama" (SentencePiece-style pieces with scores and byte fallback) and
+"gpt2" (byte-level BPE with merges). Both use llama.cpp's "llama" architecture.
+
+    python -m lmpress.tinygguf llama        # prints the cached file's path
+    python -m lmpress.tinygguf bench-100m   # ~100M parameters, for benchmarks/
+
+The LLAMACPP engine resolves `model.model_name: tiny-gguf:NAME` to one of these files.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmpress.tinymodels import WORDS, cache_root
+
+# Bump when a builder changes, so cached files are rebuilt.
+BUILDER_VERSION = 2
+
+TINY_GGUF_PREFIX = "tiny-gguf:"
+
+# Llama-2 style for the SentencePiece model: the template emits BOS itself, as llama-cpp-python's
+# Jinja2ChatFormatter expects (it tokenizes the rendered prompt without adding BOS).
+INST_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}<<SYS>>{{ message['content'] }}<</SYS>> "
+    "{% elif message['role'] == 'user' %}[INST] {{ message['content'] }} [/INST]"
+    "{% else %} {{ message['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# gguf.TokenType values (kept here so the module imports without gguf installed).
+NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+
+
+@dataclass(frozen=True)
+class GgufSpec:
+    name: str
+    tokenizer: str  # "llama" (SentencePiece-style) | "gpt2" (byte-level BPE)
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    context: int
+    # Wide enough that a random model's greedy reply depends on its prompt.
+    init_std: float = 0.25
+    dtype: str = "f32"  # of the matrices: f32, f16 or q8_0; norms are always f32
+
+
+SPECS = {
+    spec.name: spec
+    for spec in (
+        GgufSpec("llama", "llama", 600, 64, 2, 4, 2, 128, 2048),
+        GgufSpec("gpt2", "gpt2", 1000, 64, 2, 4, 4, 160, 2048),
+        # ~100M parameters (tied embeddings), for benchmarks/llamacpp_throughput.py.
+        GgufSpec("bench-100m", "llama", 32000, 768, 12, 12, 4, 2048, 4096, 0.02, "f16"),
+        GgufSpec("bench-100m-q8", "llama", 32000, 768, 12, 12, 4, 2048, 4096, 0.02, "q8_0"),
+        GgufSpec("bench-100m-f32", "llama", 32000, 768, 12, 12, 4, 2048, 4096, 0.02, "f32"),
+    )
+}
+
+
+def resolve_gguf_name(name: str) -> str:
+    """`tiny-gguf:NAME` names a tiny GGUF model (built on first use); anything else as given."""
+    if not name.startswith(TINY_GGUF_PREFIX):
+        return name
+    tiny = name[len(TINY_GGUF_PREFIX) :]
+    if tiny not in SPECS:
+        from lmpress.errors import ModelLoadError
+
+        raise ModelLoadError(
+            f"model.model_name: unknown tiny GGUF model '{tiny}' (choose from {', '.join(SPECS)})"
+        )
+    return str(tiny_gguf(tiny))
+
+
+def tiny_gguf(name: str = "llama", cache_dir: Path | None = None) -> Path:
+    """The path of a tiny GGUF file, built on first use and cached."""
+    spec = SPECS[name]
+    root = (cache_dir or cache_root()) / "tiny-gguf"
+    target = root / f"{spec.name}-v{BUILDER_VERSION}.gguf"
+    if target.exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(dir=root, prefix=f".{spec.name}-", suffix=".gguf")
+    os.close(fd)
+    try:
+        build(spec, Path(scratch))
+        os.chmod(scratch, 0o644)  # mkstemp makes it private; a model file is not a secret
+        os.replace(scratch, target)  # atomic: a reader never sees half a file
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+    return target
+
+
+def build(spec: GgufSpec, out: Path) -> None:
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(out), "llama")
+    writer.add_name(f"lmpress tiny {spec.name}")
+    writer.add_context_length(spec.context)
+    writer.add_embedding_length(spec.hidden)
+    writer.add_block_count(spec.layers)
+    writer.add_feed_forward_length(spec.intermediate)
+    writer.add_head_count(spec.heads)
+    writer.add_head_count_kv(spec.kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(spec.hidden // spec.heads)
+
+    vocab = spm_vocab(spec) if spec.tokenizer == "llama" else bpe_vocab(spec)
+    writer.add_tokenizer_model(spec.tokenizer)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    if vocab.scores is not None:
+        writer.add_token_scores(vocab.scores)
+    if vocab.merges is not None:
+        writer.add_tokenizer_pre("gpt-2")
+        writer.add_token_merges(vocab.merges)
+    writer.add_bos_token_id(vocab.bos)
+    writer.add_eos_token_id(vocab.eos)
+    if vocab.unk is not None:
+        writer.add_unk_token_id(vocab.unk)
+    writer.add_add_bos_token(vocab.add_bos)
+    writer.add_chat_template(vocab.chat_template)
+
+    rng = np.random.default_rng(0)
+    head_dim = spec.hidden // spec.heads
+
+    def add_matrix(name: str, rows: int, cols: int) -> None:
+        values = rng.standard_normal((rows, cols), dtype=np.float32) * spec.init_std
+        if spec.dtype == "q8_0":
+            qtype = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(
+                name, values.astype(np.float16 if spec.dtype == "f16" else np.float32)
+            )
+
+    def norm() -> Any:
+        return np.ones(spec.hidden, dtype=np.float32)
+
+    n_vocab = len(vocab.tokens)
+    add_matrix("token_embd.weight", n_vocab, spec.hidden)
+    writer.add_tensor("output_norm.weight", norm())  # output.weight absent: tied embeddings
+    for i in range(spec.layers):
+        block = f"blk.{i}"
+        writer.add_tensor(f"{block}.attn_norm.weight", norm())
+        add_matrix(f"{block}.attn_q.weight", spec.heads * head_dim, spec.hidden)
+        add_matrix(f"{block}.attn_k.weight", spec.kv_heads * head_dim, spec.hidden)
+        add_matrix(f"{block}.attn_v.weight", spec.kv_heads * head_dim, spec.hidden)
+        add_matrix(f"{block}.attn_output.weight", spec.hidden, spec.heads * head_dim)
+        writer.add_tensor(f"{block}.ffn_norm.weight", norm())
+        add_matrix(f"{block}.ffn_gate.weight", spec.intermediate, spec.hidden)
+        add_matrix(f"{block}.ffn_up.weight", spec.intermediate, spec.hidden)
+        add_matrix(f"{block}.ffn_down.weight", spec.hidden, spec.intermediate)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@dataclass
+class Vocab:
+    tokens: list[str]
+    types: list[int]
+    scores: list[float] | None
+    merges: list[str] | None
+    bos: int
+    eos: int
+    unk: int | None
+    add_bos: bool
+    chat_template: str
+
+
+def _words(count: int) -> list[str]:
+    """The word list plus made-up words, so a large vocabulary has pieces to fill it."""
+    rng = random.Random(0)
+    letters = "etaoinshrdlucmfwypvbgkqjxz"
+    words = list(dict.fromkeys(WORDS))
+    seen = set(words)
+    while len(words) < count:
+        word = "".join(rng.choice(letters) for _ in range(rng.randint(3, 10)))
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    return words
+
+
+def spm_vocab(spec: GgufSpec) -> Vocab:
+    """SentencePiece-style: control tokens, 256 byte tokens, characters, then word pieces
+    ("▁" marks a leading space) with every prefix present, so llama.cpp's bigram merging
+    can reach each piece."""
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [UNKNOWN, CONTROL, CONTROL]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [BYTE] * 256
+    pieces: dict[str, None] = {}
+    for char in "▁" + "".join(chr(c) for c in range(33, 127)):
+        pieces[char] = None
+    for word in _words(spec.vocab_size):
+        for piece in (f"▁{word}", word):
+            for end in range(2, len(piece) + 1):
+                pieces.setdefault(piece[:end], None)
+        if len(tokens) + len(pieces) >= spec.vocab_size:
+            break
+    listed = list(pieces)[: spec.vocab_size - len(tokens)]
+    tokens += listed
+    types += [NORMAL] * len(listed)
+    # Longer pieces merge first; every score is distinct, so tokenization is deterministic.
+    scores = [0.0] * (3 + 256) + [len(p) - i * 1e-6 for i, p in enumerate(listed)]
+    return Vocab(tokens, types, scores, None, 1, 2, 0, True, INST_TEMPLATE)
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: every byte as a printable character."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def bpe_vocab(spec: GgufSpec) -> Vocab:
+    """Byte-level BPE: the 256 byte characters, then one merge chain per word (each merge joins
+    a word's prefix with its next character), then ChatML's control tokens."""
+    alphabet = byte_to_unicode()
+    tokens = [alphabet[b] for b in range(256)]
+    known = set(tokens)
+    merges: list[str] = []
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    budget = spec.vocab_size - len(specials)
+    for word in _words(spec.vocab_size):
+        for text in (" " + word, word):
+            chars = "".join(alphabet[b] for b in text.encode("utf-8"))
+            for end in range(2, len(chars) + 1):
+                if chars[:end] in known or len(tokens) >= budget:
+                    continue
+                merges.append(f"{chars[: end - 1]} {chars[end - 1]}")
+                tokens.append(chars[:end])
+                known.add(chars[:end])
+        if len(tokens) >= budget:
+            break
+    types = [NORMAL] * len(tokens) + [CONTROL] * len(specials)
+    bos = len(tokens)
+    tokens += specials
+    return Vocab(tokens, types, None, merges, bos, bos + 2, None, False, CHATML_TEMPLATE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    for name in args or ["llama"]:
+        if name not in SPECS:
+            print(
+                f"unknown tiny GGUF model '{name}'; choose from {', '.join(SPECS)}", file=sys.stderr
+            )
+            return 2
+        print(tiny_gguf(name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

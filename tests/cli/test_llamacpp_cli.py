@@ -1,0 +1,112 @@
+"""`lmpress infer` and `lmpress batch` on the LLAMACPP engine, through the real command, on tiny
+GGUF files of both tokenizer families."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from lmpress.configs import load_config
+from lmpress.data.formats import parse_row, row_id
+from lmpress.engines.registry import create_engine
+from lmpress.tinygguf import tiny_gguf
+from lmpress.types import GenerationParams, Message, Request
+from tests.cli.test_cli import mixed_rows
+from tests.conftest import run_lmpress
+
+TOKENIZERS = ["llama", "gpt2"]
+
+
+def expected_replies(path: str, requests: list[Request], **overrides) -> list[str]:
+    """What the engine answers in-process, to compare with what the command prints."""
+    config = load_config(overrides={"engine": "LLAMACPP", "model.model_name": path, **overrides})
+    engine = create_engine(config)
+    try:
+        return [r.text for r in engine.generate(requests)]
+    finally:
+        asyncio.run(engine.aclose())
+
+
+def as_printed(text: str) -> str:
+    """Text read back from a pipe in text mode: any line ending becomes '\\n'."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+@pytest.mark.parametrize("tokenizer", TOKENIZERS)
+def test_infer_prints_the_reply(tokenizer):
+    path = str(tiny_gguf(tokenizer))
+    run = run_lmpress(
+        "infer", "--engine", "LLAMACPP", "--model.model_name", path,
+        "--generation.max_new_tokens", "12", "Why is the sky blue?",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    params = GenerationParams(max_new_tokens=12)
+    request = Request("prompt", [Message("user", "Why is the sky blue?")], params)
+    [reply] = expected_replies(path, [request])
+    assert reply.strip()
+    assert run.stdout == as_printed(reply) + "\n"
+
+
+@pytest.mark.parametrize("tokenizer", TOKENIZERS)
+def test_batch_writes_every_row_and_reports_the_one_too_long(tmp_path, tokenizer):
+
+    path = str(tiny_gguf(tokenizer))
+    rows = mixed_rows(12)
+    rows.insert(5, {"id": "too-long", "prompt": "word " * 400})
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(
+        "batch", "--engine", "LLAMACPP", "--model.model_name", path, "-i", str(src),
+        "-o", str(out), "--model.model_kwargs.n_ctx", "256", "--generation.batch_size", "4",
+        "--generation.max_new_tokens", "10",
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr  # one row failed, the job went on
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == 12
+    assert all(r["response"]["engine"] == "LLAMACPP" for r in written)
+    errors = (tmp_path / "out.errors.jsonl").read_text()
+    assert "too-long" in errors and "context_length_exceeded" in errors
+
+    # Each reply is what the engine gives for that row on its own.
+    parsed = [parse_row(row, i) for i, row in enumerate(rows, 1) if row.get("id") != "too-long"]
+    params = GenerationParams(max_new_tokens=10)
+    expected = expected_replies(
+        path, [p.request(params) for p in parsed], **{"model.model_kwargs": {"n_ctx": 256}}
+    )
+    replies = {row_id(r, 0): r["response"]["text"] for r in written}
+    assert replies == {p.id: text for p, text in zip(parsed, expected, strict=True)}
+
+
+def test_bundled_recipe_runs():
+    run = run_lmpress("infer", "-c", "tiny-llamacpp", "--generation.max_new_tokens", "6", "hi")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model.model_name", "./no/such.gguf"], "'./no/such.gguf' does not exist"),
+        (["--model.model_name", "pyproject.toml"], "'pyproject.toml' is not a GGUF file"),
+        (
+            ["--model.model_name", "tiny-gguf:llama", "--model.model_kwargs.n_ctxx", "512"],
+            "model.model_kwargs.n_ctxx: not a llama-cpp-python Llama parameter; "
+            "did you mean 'n_ctx'?",
+        ),
+        (
+            ["--model.model_name", "tiny-gguf:llama", "--generation.num_beams", "2"],
+            "engine LLAMACPP does not support generation.num_beams",
+        ),
+    ],
+)
+def test_bad_input_is_one_line(args, expected):
+    from tests.conftest import REPO
+
+    run = run_lmpress("infer", "--engine", "LLAMACPP", *args, "hi", cwd=REPO)
+    assert run.returncode == 2, run.stderr
+    assert expected in run.stderr
+    assert "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
