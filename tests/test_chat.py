@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pexpect
@@ -266,6 +267,11 @@ def test_ctrl_c_stops_the_reply_keeps_it_and_stays(echo_chat):
 
     # Ctrl-C at the prompt clears the line and does not leave either.
     chat.child.send("half a line")
+    # As a person does: Ctrl-C after the keys are on screen. CPython's readline loop notices a
+    # signal only when select() is interrupted, so a Ctrl-C landing while it is still
+    # handling the previous keys waits for the next key.
+    chat.child.expect("half a line")
+    time.sleep(0.2)
     chat.child.sendintr()
     chat.child.expect(PROMPT)
     assert "Ctrl-D or /exit leaves" in clean(chat.child.before)
