@@ -24,6 +24,8 @@ TINY = [
     "--generation.batch_size",
     "4",
 ]
+# One row at a time, so the output grows row by row and a kill can land between any two.
+ONE_BY_ONE = [*TINY[:-1], "1"]
 
 
 def write_rows(path: Path, rows: list) -> Path:
@@ -72,7 +74,7 @@ def reference(tmp_path_factory):
     """An uninterrupted greedy run of the same rows."""
     tmp = tmp_path_factory.mktemp("reference")
     src = write_rows(tmp / "in.jsonl", rows(72))
-    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp / "out.jsonl"), *TINY)
+    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp / "out.jsonl"), *ONE_BY_ONE)
     assert run.returncode == 0, run.stderr
     return src, {ident(r): r for r in read_rows(tmp / "out.jsonl")}
 
@@ -88,12 +90,12 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, refere
     kills_mid_job = 0
     for _attempt in range(8):
         written = count_lines(out)
-        proc = spawn("batch", "-i", str(src), "-o", str(out), *TINY)
-        # Wait for this run to write something, then kill it a random moment later.
+        proc = spawn("batch", "-i", str(src), "-o", str(out), *ONE_BY_ONE)
+        # Kill once this run has written a random few rows: mid-job however fast the machine.
+        target = written + rng.randint(1, 6)
         deadline = time.time() + 120
-        while proc.poll() is None and count_lines(out) <= written and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.3))
+        while proc.poll() is None and count_lines(out) < target and time.time() < deadline:
+            time.sleep(0.005)
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)
@@ -103,7 +105,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, refere
         for line in out.read_bytes().split(b"\n")[:-1]:
             json.loads(line)
     assert kills_mid_job >= 3
-    finish = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    finish = run_lmpress("batch", "-i", str(src), "-o", str(out), *ONE_BY_ONE)
     assert finish.returncode == 0, finish.stderr
     got = read_rows(out)
     ids = [ident(r) for r in got]
