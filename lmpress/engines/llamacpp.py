@@ -20,23 +20,20 @@ batch size, short of a near-exact tie between two tokens.
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import ctypes
 import difflib
 import inspect
 import random
-import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Engine, error_result
+from lmpress.engines.base import error_result
 from lmpress.engines.native import resolve_chat_template
+from lmpress.engines.worker import Submission, WorkerEngine
 from lmpress.errors import ConfigError, ModelLoadError, RequestError
 from lmpress.tinygguf import resolve_gguf_name
 from lmpress.types import (
@@ -71,7 +68,7 @@ REFUSED_KWARGS = {
 }
 
 
-class LlamaCppEngine(Engine):
+class LlamaCppEngine(WorkerEngine):
     name = "LLAMACPP"
     supported_params = frozenset({
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -112,15 +109,11 @@ class LlamaCppEngine(Engine):
         self._eog_ids: list[int] | None = None  # filled on first use (min_tokens)
         # Two batches' worth, so a finished sequence's place is taken at once.
         self.max_in_flight = 2 * self.batch_size
-        self._pending: deque[_RequestState] = deque()
-        self._wakeup = threading.Condition()
-        self._closed = False
         self._free_seqs = list(range(self.batch_size))
         self._prefilling: list[_RequestState] = []
         self._generating: list[_Row] = []
         self.most_in_flight = 0  # the most sequences decoded in one step so far
-        self._worker = threading.Thread(target=self._run, name="lmpress-llamacpp", daemon=True)
-        self._worker.start()
+        self._start_worker("lmpress-llamacpp")
 
     def _batched_context(self, kwargs: dict[str, Any]) -> Any:
         """A context like the one `Llama` made from the recipe's kwargs, but holding
@@ -156,23 +149,9 @@ class LlamaCppEngine(Engine):
 
     # --- the interface ---------------------------------------------------------------------
 
-    def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
-        return self._stream(request, deltas=True)
-
-    async def complete(self, request: Request) -> Result:
-        result = None
-        async for item in self._stream(request, deltas=False):
-            result = item
-        assert isinstance(result, Result)
-        return result
-
     async def aclose(self) -> None:
-        with self._wakeup:
-            if self._closed:
-                return
-            self._closed = True
-            self._wakeup.notify_all()
-        await asyncio.to_thread(self._worker.join)
+        if not await self._stop_worker():
+            return
         self._lc.llama_batch_free(self._batch)
         self._ctx.close()
         self.llama.close()
@@ -253,45 +232,14 @@ class LlamaCppEngine(Engine):
             n = self._lc.llama_token_to_piece(self.vocab, token, self._piece, -n, 0, special)
         return self._piece.raw[:n]
 
-    # --- submitting and consuming ----------------------------------------------------------
+    # --- checking a request before it is queued -------------------------------------------
 
-    async def _stream(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
-        started = time.perf_counter()
-        try:
-            prompt_ids = self.encode(request)
-            logit_bias = self._logit_bias(request.params)
-            self._check_token_ids(request.params)
-            self._check_fits(request.params)
-        except RequestError as exc:
-            yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
-            return
-        state = _RequestState(
-            request=request,
-            prompt_ids=prompt_ids,
-            logit_bias=logit_bias,
-            loop=asyncio.get_running_loop(),
-            queue=asyncio.Queue(),
-            wants_deltas=deltas,
-            started=started,
-        )
-        with self._wakeup:
-            if self._closed:
-                raise RuntimeError("the LLAMACPP engine is closed")
-            self._pending.append(state)
-            self._wakeup.notify()
-        try:
-            while True:
-                item = await state.queue.get()
-                if isinstance(item, Delta) and not deltas:
-                    continue
-                yield item
-                if isinstance(item, Result):
-                    return
-        finally:
-            # The consumer stopped listening (finished, cancelled or gone): free the sequences.
-            with self._wakeup:
-                state.cancelled = True
-                self._wakeup.notify()
+    def _prepare(self, request: Request, started: float) -> _RequestState:
+        prompt_ids = self.encode(request)
+        logit_bias = self._logit_bias(request.params)
+        self._check_token_ids(request.params)
+        self._check_fits(request.params)
+        return _RequestState(request, prompt_ids, started, logit_bias=logit_bias)
 
     def _logit_bias(self, params: GenerationParams) -> list[tuple[int, float]]:
         bias = []
@@ -383,7 +331,7 @@ class LlamaCppEngine(Engine):
             except Exception as exc:  # this request's settings, not the engine, are at fault
                 self._release(state)
                 info = ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}")
-                _deliver(state, error_result(state.request, self, info, state.started))
+                state.deliver(error_result(state.request, self, info, state.started))
                 continue
             self._prefilling.append(state)
 
@@ -510,7 +458,7 @@ class LlamaCppEngine(Engine):
         row.text += row.decoder.decode(b"", final=True)
         row.stream_text()
         if all(r.finish_reason is not None for r in state.rows) and not state.cancelled:
-            _deliver(state, self._result(state))
+            state.deliver(self._result(state))
 
     def _release(self, state: _RequestState) -> None:
         """Free the sequences a request still holds (it was cancelled or failed)."""
@@ -530,7 +478,7 @@ class LlamaCppEngine(Engine):
         self._generating.clear()
         for state in dict.fromkeys(states):
             self._release(state)
-            _deliver(state, error_result(state.request, self, error, state.started))
+            state.deliver(error_result(state.request, self, error, state.started))
 
     def _shutdown(self) -> None:
         with self._wakeup:
@@ -540,7 +488,7 @@ class LlamaCppEngine(Engine):
         self._fail_all(ErrorInfo("engine_closed", "the LLAMACPP engine was closed"))
         for state in waiting:
             info = ErrorInfo("engine_closed", "the LLAMACPP engine was closed")
-            _deliver(state, error_result(state.request, self, info, state.started))
+            state.deliver(error_result(state.request, self, info, state.started))
 
     def _result(self, state: _RequestState) -> Result:
         samples = [
@@ -615,25 +563,11 @@ def _row_seed(params: GenerationParams, index: int) -> int:
 # --- per-request and per-row state ---------------------------------------------------------
 
 
-@dataclass(eq=False)  # compared and hashed by identity
-class _RequestState:
-    request: Request
-    prompt_ids: list[int]
-    logit_bias: list[tuple[int, float]]
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    wants_deltas: bool
-    started: float
-    cancelled: bool = False
+@dataclass(eq=False)
+class _RequestState(Submission):
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
     rows: list[_Row] = field(default_factory=list)
     fed: int = 0  # prompt tokens already decoded
-
-
-def _deliver(state: _RequestState, item: Delta | Result) -> None:
-    try:
-        state.loop.call_soon_threadsafe(state.queue.put_nowait, item)
-    except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
-        state.cancelled = True
 
 
 @dataclass(eq=False)
@@ -679,8 +613,8 @@ class _Row:
             # Hold back what may be the beginning of a stop string.
             end -= max(len(s) for s in self.params.stop_strings) - 1
         if end > self.emitted:
-            _deliver(
-                self.state, Delta(self.state.request.id, self.text[self.emitted : end], self.index)
+            self.state.deliver(
+                Delta(self.state.request.id, self.text[self.emitted : end], self.index)
             )
             self.emitted = end
 

@@ -8,19 +8,16 @@ sampling settings and seed, stop strings, max_new_tokens, streaming and cancella
 
 from __future__ import annotations
 
-import asyncio
 import random
-import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
-from lmpress.engines.base import Engine, error_result
+from lmpress.engines.base import error_result
 from lmpress.engines.chat_prompt import render_chat_prompt
+from lmpress.engines.worker import Submission, WorkerEngine
 from lmpress.errors import ModelLoadError, RequestError
 from lmpress.tinymodels import resolve_model_name
 from lmpress.types import (
@@ -45,7 +42,7 @@ CHATML_TEMPLATE = (
 NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, "chat_ml": CHATML_TEMPLATE}
 
 
-class NativeEngine(Engine):
+class NativeEngine(WorkerEngine):
     name = "NATIVE"
     supported_params = frozenset({
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -69,63 +66,13 @@ class NativeEngine(Engine):
         self.batch_size = config.generation.batch_size
         # Two batches' worth: one decoding, the next one waiting so the worker never idles.
         self.max_in_flight = 2 * self.batch_size
-        self._pending: deque[_RequestState] = deque()
-        self._wakeup = threading.Condition()
-        self._closed = False
-        self._worker = threading.Thread(target=self._run, name="lmpress-native", daemon=True)
-        self._worker.start()
-
-    # --- the interface ---------------------------------------------------------------------
-
-    def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
-        return self._stream(request, deltas=True)
-
-    async def complete(self, request: Request) -> Result:
-        result = None
-        async for item in self._stream(request, deltas=False):
-            result = item
-        assert isinstance(result, Result)
-        return result
+        self._start_worker("lmpress-native")
 
     async def aclose(self) -> None:
-        with self._wakeup:
-            self._closed = True
-            self._wakeup.notify_all()
-        await asyncio.to_thread(self._worker.join)
+        await self._stop_worker()
 
-    # --- submitting and consuming ----------------------------------------------------------
-
-    async def _stream(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
-        started = time.perf_counter()
-        try:
-            prompt_ids = self.encode(request)
-        except RequestError as exc:
-            yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
-            return
-        state = _RequestState(
-            request=request,
-            prompt_ids=prompt_ids,
-            loop=asyncio.get_running_loop(),
-            queue=asyncio.Queue(),
-            wants_deltas=deltas,
-            started=started,
-        )
-        with self._wakeup:
-            if self._closed:
-                raise RuntimeError("the NATIVE engine is closed")
-            self._pending.append(state)
-            self._wakeup.notify()
-        try:
-            while True:
-                item = await state.queue.get()
-                if isinstance(item, Delta) and not deltas:
-                    continue
-                yield item
-                if isinstance(item, Result):
-                    return
-        finally:
-            # The consumer stopped listening (finished, cancelled or gone): free the rows.
-            state.cancelled = True
+    def _prepare(self, request: Request, started: float) -> Submission:
+        return Submission(request, self.encode(request), started)
 
     def encode(self, request: Request) -> list[int]:
         """The prompt's token ids: the chat template applied, or the raw prompt."""
@@ -160,8 +107,8 @@ class NativeEngine(Engine):
     def _pending_rows(self) -> int:
         return sum(s.request.params.n for s in list(self._pending))
 
-    def _take_batch(self) -> list[_RequestState]:
-        batch: list[_RequestState] = []
+    def _take_batch(self) -> list[Submission]:
+        batch: list[Submission] = []
         rows = 0
         with self._wakeup:
             while self._pending:
@@ -176,7 +123,7 @@ class NativeEngine(Engine):
                 rows += n
         return batch
 
-    def _generate(self, states: list[_RequestState]) -> None:
+    def _generate(self, states: list[Submission]) -> None:
         torch = self._torch
         rows = [
             _Row(state, i, _row_generator(state.request.params.seed, i, torch))
@@ -208,11 +155,11 @@ class NativeEngine(Engine):
         except Exception as exc:  # one bad batch must not take the worker down
             for state in states:
                 info = ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}")
-                _deliver(state, error_result(state.request, self, info, state.started))
+                state.deliver(error_result(state.request, self, info, state.started))
             return
         for state in states:
             own = [row for row in rows if row.state is state]
-            _deliver(state, self._result(state, own))
+            state.deliver(self._result(state, own))
 
     def _generation_config(self, rows: list[_Row]) -> Any:
         from transformers import GenerationConfig
@@ -225,7 +172,7 @@ class NativeEngine(Engine):
             eos_token_id=sorted(self.eos_ids),
         )
 
-    def _result(self, state: _RequestState, rows: list[_Row]) -> Result:
+    def _result(self, state: Submission, rows: list[_Row]) -> Result:
         samples = []
         for row in rows:
             row.finish(self)
@@ -251,28 +198,10 @@ class NativeEngine(Engine):
 
 
 @dataclass
-class _RequestState:
-    request: Request
-    prompt_ids: list[int]
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    wants_deltas: bool
-    started: float
-    cancelled: bool = False
-
-
-def _deliver(state: _RequestState, item: Delta | Result) -> None:
-    try:
-        state.loop.call_soon_threadsafe(state.queue.put_nowait, item)
-    except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
-        state.cancelled = True
-
-
-@dataclass
 class _Row:
     """One sequence in a batch: one sample of one request."""
 
-    state: _RequestState
+    state: Submission
     index: int
     generator: Any
     tokens: list[int] = field(default_factory=list)  # generated, EOS and stop ids left out
@@ -465,7 +394,7 @@ class _Stopper:
         else:
             end = len(text)
         if end > row.emitted:
-            _deliver(row.state, Delta(row.state.request.id, text[row.emitted : end], row.index))
+            row.state.deliver(Delta(row.state.request.id, text[row.emitted : end], row.index))
             row.emitted = end
 
 

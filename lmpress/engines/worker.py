@@ -1,0 +1,111 @@
+"""What the local engines share: one worker thread owns the model, callers queue requests
+for it, and each request's deltas and final result travel back to the caller's event loop.
+
+A local engine subclasses `WorkerEngine`, turns a request into its `Submission` in
+`_prepare` (tokenizing and checking it there, so a bad row fails alone before it reaches the
+model) and runs its own scheduling loop in `_run` on the worker thread, taking submissions
+from `_pending` under `_wakeup` and answering them with `Submission.deliver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from abc import abstractmethod
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from lmpress.engines.base import Engine, error_result
+from lmpress.errors import RequestError
+from lmpress.types import Delta, ErrorInfo, Request, Result
+
+
+@dataclass(eq=False)  # compared and hashed by identity
+class Submission:
+    """One request handed to the worker thread, and the way back to whoever awaits it."""
+
+    request: Request
+    prompt_ids: list[int]
+    started: float
+    loop: asyncio.AbstractEventLoop | None = None
+    queue: asyncio.Queue | None = None
+    wants_deltas: bool = True
+    # Set when the caller stops listening (finished, cancelled or gone): the worker drops
+    # the request and frees what it holds.
+    cancelled: bool = False
+
+    def deliver(self, item: Delta | Result) -> None:
+        """Hand a delta or the result to the caller; safe to call from any thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            self.cancelled = True
+
+
+class WorkerEngine(Engine):
+    """An engine whose model is driven by one worker thread (see the module docstring)."""
+
+    def _start_worker(self, thread_name: str) -> None:
+        self._pending: deque[Submission] = deque()
+        self._wakeup = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name=thread_name, daemon=True)
+        self._worker.start()
+
+    @abstractmethod
+    def _prepare(self, request: Request, started: float) -> Submission:
+        """The request as the worker will take it; raises RequestError for a bad request."""
+
+    @abstractmethod
+    def _run(self) -> None:
+        """The worker thread: serve `_pending` until `_closed`."""
+
+    def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
+        return self._submit(request, deltas=True)
+
+    async def complete(self, request: Request) -> Result:
+        result = None
+        async for item in self._submit(request, deltas=False):
+            result = item
+        assert isinstance(result, Result)
+        return result
+
+    async def _stop_worker(self) -> bool:
+        """Stop the worker and wait for it; False when it was already stopped."""
+        with self._wakeup:
+            if self._closed:
+                return False
+            self._closed = True
+            self._wakeup.notify_all()
+        await asyncio.to_thread(self._worker.join)
+        return True
+
+    async def _submit(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
+        started = time.perf_counter()
+        try:
+            submission = self._prepare(request, started)
+        except RequestError as exc:
+            yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
+            return
+        submission.loop = asyncio.get_running_loop()
+        submission.queue = asyncio.Queue()
+        submission.wants_deltas = deltas
+        with self._wakeup:
+            if self._closed:
+                raise RuntimeError(f"the {self.name} engine is closed")
+            self._pending.append(submission)
+            self._wakeup.notify()
+        try:
+            while True:
+                item = await submission.queue.get()
+                if isinstance(item, Delta) and not deltas:
+                    continue
+                yield item
+                if isinstance(item, Result):
+                    return
+        finally:
+            with self._wakeup:
+                submission.cancelled = True
+                self._wakeup.notify()
