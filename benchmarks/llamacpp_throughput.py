@@ -5,17 +5,17 @@ lmpress.tinygguf), with the same context size and thread counts, and answer the 
 prompts greedily with the same number of new tokens each, EOS held off on both sides (lmpress:
 generation.min_tokens; llama-cpp-python: a -inf logit bias on EOS). The baseline is what a tool
 built on llama-cpp-python does for a batch job: one `create_chat_completion` call per prompt.
-Rounds alternate between the two so machine noise hits both alike; the best round of each is
-compared.
+Rounds alternate between the two so machine noise hits both alike (see benchmarks/rounds.py for
+the two ratios printed).
 
     .venv/bin/python benchmarks/llamacpp_throughput.py [--prompts 32] [--new-tokens 64]
-        [--batch-size 32] [--rounds 2] [--threads N] [--flash-attn on|off]
+        [--batch-size 32] [--rounds 3] [--threads N] [--flash-attn on|off]
         [--model tiny-gguf:bench-100m | tiny-gguf:bench-100m-q8 | tiny-gguf:bench-100m-f32 | PATH]
 
 Both sides get the same `Llama` settings: llama-cpp-python's defaults plus n_ctx, threads and
 flash attention (on by default, as llama.cpp and lmpress have it; llama-cpp-python's own default
-is off). Besides tokens/s, the CPU time per token is
-printed: on a machine shared with other work it is the steadier of the two.
+is off). Besides tokens/s, tokens per CPU-second are
+printed: on a machine shared with other work they are the steadier of the two.
 """
 
 from __future__ import annotations
@@ -23,19 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
-import time
+
+from rounds import Rounds, lmpress_generate, mixed_prompts
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.tinygguf import tiny_gguf
 from lmpress.types import GenerationParams
-
-
-def make_prompts(count: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    words = "the quick brown fox jumps over a lazy dog while rivers run to the sea".split()
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(4, 40))) for _ in range(count)]
 
 
 def baseline(llm, prompts: list[str], new_tokens: int) -> int:
@@ -63,20 +57,13 @@ def describe(path: str) -> str:
     return f"{count / 1e6:.0f}M parameters, {'/'.join(types)} weights"
 
 
-def lmpress_run(engine, prompts: list[str], new_tokens: int) -> int:
-    params = GenerationParams(max_new_tokens=new_tokens, min_tokens=new_tokens)
-    results = engine.generate(prompts, params)
-    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
-    return sum(r.usage.completion_tokens for r in results)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-gguf:bench-100m")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--flash-attn", choices=["on", "off"], default="on")
@@ -102,32 +89,18 @@ def main() -> None:
     )
     engine = create_engine(config)
     llm = Llama(model_path=engine.path, verbose=False, **kwargs)
-    prompts = make_prompts(args.prompts)
+    prompts = mixed_prompts(args.prompts, max_words=40)
     prompt_tokens = sum(
         r.usage.prompt_tokens for r in engine.generate(prompts, GenerationParams(max_new_tokens=1))
     )
     # Warm up both paths (first-call allocations, page faults on the weights).
     baseline(llm, prompts[:1], 2)
-    lmpress_run(engine, prompts[:2], 2)
+    lmpress_generate(engine, prompts[:2], 2)
 
-    best = {"llama-cpp-python": 0.0, "lmpress": 0.0}
-    cpu = {"llama-cpp-python": float("inf"), "lmpress": float("inf")}
+    rounds = Rounds()
     for round_no in range(1, args.rounds + 1):
-        for name in best:
-            started, cpu_started = time.perf_counter(), time.process_time()
-            if name == "lmpress":
-                tokens = lmpress_run(engine, prompts, args.new_tokens)
-            else:
-                tokens = baseline(llm, prompts, args.new_tokens)
-            rate = tokens / (time.perf_counter() - started)
-            cpu_ms = 1000 * (time.process_time() - cpu_started) / tokens
-            best[name] = max(best[name], rate)
-            cpu[name] = min(cpu[name], cpu_ms)
-            print(
-                f"round {round_no} {name:17} {tokens} tokens  {rate:8.1f} tok/s  "
-                f"{cpu_ms:6.2f} CPU ms/token",
-                flush=True,
-            )
+        rounds.run(round_no, "llama-cpp-python", lambda: baseline(llm, prompts, args.new_tokens))
+        rounds.run(round_no, "lmpress", lambda: lmpress_generate(engine, prompts, args.new_tokens))
     asyncio.run(engine.aclose())
     llm.close()
     print(
@@ -136,14 +109,9 @@ def main() -> None:
         f"{args.batch_size}, {args.threads} threads, n_ctx {args.n_ctx}, flash_attn "
         f"{args.flash_attn}"
     )
-    base, ours = best["llama-cpp-python"], best["lmpress"]
-    print(f"llama-cpp-python create_chat_completion: {base:.1f} tok/s")
-    print(f"lmpress LLAMACPP:                        {ours:.1f} tok/s")
-    print(f"ratio lmpress/llama-cpp-python:          {ours / base:.2f}")
-    # CPU time is less disturbed than wall time when other work shares the machine.
-    print(
-        f"CPU time per token, ratio:               {cpu['llama-cpp-python'] / cpu['lmpress']:.2f}"
-    )
+    print(f"llama-cpp-python create_chat_completion: {rounds.best('llama-cpp-python'):.1f} tok/s")
+    print(f"lmpress LLAMACPP:                        {rounds.best('lmpress'):.1f} tok/s")
+    rounds.report("lmpress", "llama-cpp-python")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Both sides use the same loaded random-weight model of SmolLM2-135M's shape, the 
 of mixed lengths, greedy decoding and the same number of new tokens per prompt (EOS held off,
 so every row generates exactly that many). The baseline runs static batches of the same size
 with left padding. Each round runs raw, lmpress, lmpress, raw (ABBA) so drift in machine load
-hits both alike; the best run of each side is compared.
+hits both alike (see benchmarks/rounds.py for the two ratios printed).
 
 Two ratios are printed: by wall time, and by this process's CPU time (all its threads). On a
 machine shared with other work the wall ratio swings with their load; the CPU-time ratio
@@ -18,19 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
-import time
+
+from rounds import Rounds, lmpress_generate, mixed_prompts
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.types import GenerationParams
-
-
-def make_prompts(count: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    words = "the quick brown fox jumps over a lazy dog while rivers run to the sea".split()
-    # Mixed lengths: 4 to 120 words, so left padding matters.
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(4, 120))) for _ in range(count)]
 
 
 def raw_generate(engine, prompts: list[str], batch_size: int, new_tokens: int) -> int:
@@ -59,13 +51,6 @@ def raw_generate(engine, prompts: list[str], batch_size: int, new_tokens: int) -
     return produced
 
 
-def lmpress_generate(engine, prompts: list[str], new_tokens: int) -> int:
-    params = GenerationParams(max_new_tokens=new_tokens, min_tokens=new_tokens)
-    results = engine.generate(prompts, params)
-    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
-    return sum(r.usage.completion_tokens for r in results)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny:smollm2-135m-shape")
@@ -79,35 +64,28 @@ def main() -> None:
         overrides={"model.model_name": args.model, "generation.batch_size": args.batch_size}
     )
     engine = create_engine(config)
-    prompts = make_prompts(args.prompts)
+    # Mixed lengths: 4 to 120 words, so left padding matters.
+    prompts = mixed_prompts(args.prompts, max_words=120)
     # Warm up both paths (first-call allocations, lazy kernels).
     raw_generate(engine, prompts[: args.batch_size], args.batch_size, 2)
     lmpress_generate(engine, prompts[: args.batch_size], 2)
 
-    best = {"raw": 0.0, "lmpress": 0.0}
-    best_cpu = {"raw": 0.0, "lmpress": 0.0}
+    rounds = Rounds()
+    sides = {
+        "raw": lambda: raw_generate(engine, prompts, args.batch_size, args.new_tokens),
+        "lmpress": lambda: lmpress_generate(engine, prompts, args.new_tokens),
+    }
     for round_no in range(1, args.rounds + 1):
         for name in ("raw", "lmpress", "lmpress", "raw"):
-            started, cpu_started = time.perf_counter(), time.process_time()
-            if name == "raw":
-                tokens = raw_generate(engine, prompts, args.batch_size, args.new_tokens)
-            else:
-                tokens = lmpress_generate(engine, prompts, args.new_tokens)
-            rate = tokens / (time.perf_counter() - started)
-            cpu_rate = tokens / (time.process_time() - cpu_started)
-            best[name] = max(best[name], rate)
-            best_cpu[name] = max(best_cpu[name], cpu_rate)
-            print(f"round {round_no} {name:8} {tokens} tokens  {rate:8.1f} tok/s  "
-                  f"{cpu_rate:8.1f} tok/cpu-s", flush=True)  # fmt: skip
+            rounds.run(round_no, name, sides[name])
     asyncio.run(engine.aclose())
     print(
         f"\nmodel {args.model}, device {engine.device}, {args.prompts} prompts, "
         f"batch {args.batch_size}, {args.new_tokens} new tokens"
     )
-    print(f"raw transformers generate: {best['raw']:.1f} tok/s")
-    print(f"lmpress NATIVE:            {best['lmpress']:.1f} tok/s")
-    print(f"ratio lmpress/raw:         {best['lmpress'] / best['raw']:.3f}  (wall time)")
-    print(f"ratio lmpress/raw:         {best_cpu['lmpress'] / best_cpu['raw']:.3f}  (CPU time)")
+    print(f"raw transformers generate: {rounds.best('raw'):.1f} tok/s")
+    print(f"lmpress NATIVE:            {rounds.best('lmpress'):.1f} tok/s")
+    rounds.report("lmpress", "raw")
 
 
 if __name__ == "__main__":
