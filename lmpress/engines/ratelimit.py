@@ -34,6 +34,9 @@ FLOOR_SHARE = 0.25
 # Each success raises the limit by this much: with `limit` requests completing per round trip,
 # the limit grows by about a quarter per round trip, so a halving heals in a few round trips.
 INCREASE_PER_SUCCESS = 0.25
+# A provider that answered a request this recently is serving: a 429 now is contention for its
+# rate limit, not a verdict on the request that got it.
+SERVING_WINDOW_S = 5.0
 
 
 def backoff_delay(
@@ -311,6 +314,7 @@ class Pacer:
         )
         self.politeness_s = politeness_s
         self.cooldown_until = 0.0
+        self.last_success = -math.inf
         self._clock = clock
 
     async def acquire(self, input_tokens: int, output_tokens: int) -> Ticket:
@@ -335,13 +339,20 @@ class Pacer:
         usage: tuple[int, int] | None = None,
         overloaded: bool = False,
         retry_after: float | None = None,
-    ) -> None:
+    ) -> bool:
         """Give the slot back and learn from the outcome. `usage` is the (input, output)
-        tokens the provider reported; without it, a failed request is charged no output."""
+        tokens the provider reported; without it, a failed request is charged no output.
+
+        Returns True for pushback that says nothing against this request: an overload signal
+        while other requests are getting through (one succeeded in the last SERVING_WINDOW_S),
+        so the provider is serving and this one only lost the race for its rate limit."""
+        now = self._clock()
+        excusable = overloaded and now - self.last_success <= SERVING_WINDOW_S
         if self.budget is not None:
             used_in, used_out = usage if usage is not None else (ticket.input_tokens, 0)
             self.budget.settle((ticket.input_tokens, used_in), (ticket.output_tokens, used_out))
         if ok:
+            self.last_success = now
             self.limit.succeeded()
             self.rate.succeeded()
         elif overloaded:
@@ -353,6 +364,7 @@ class Pacer:
             asyncio.get_running_loop().call_later(self.politeness_s, self.limit.release)
         else:
             self.limit.release()
+        return excusable
 
 
 def estimate_tokens(text_chars: int, messages: int = 0, images: int = 0) -> int:

@@ -70,6 +70,45 @@ class Failure:
         return self.status in OVERLOAD_STATUS
 
 
+# Rate-limit pushback a request may be excused, as a multiple of max_retries.
+EXCUSED_PER_RETRY = 4
+
+
+@dataclass
+class Attempts:
+    """A request's tries so far, and whether a failure may be tried again.
+
+    `max_retries` bounds the failures charged to the request. A 429 (or 503, 529) while other
+    requests are getting through (see `Pacer.release`) is contention for the provider's rate
+    limit, not the request's failure: up to EXCUSED_PER_RETRY * max_retries of those are not
+    charged, so that no row runs out of retries while the engine finds and keeps to the limit.
+    A provider that turns everything away ends each row after max_retries."""
+
+    max_retries: int
+    charged: int = 0
+    excused: int = 0
+
+    @property
+    def made(self) -> int:
+        return 1 + self.charged + self.excused
+
+    def backoff_index(self) -> int:
+        """The exponent for the next retry's backoff (0 for the first charged retry)."""
+        return self.charged
+
+    def may_retry(self, failure: Failure, excusable: bool) -> bool:
+        """Count the failure; True when the request may go again."""
+        if not failure.retryable:
+            return False
+        if excusable and self.excused < EXCUSED_PER_RETRY * self.max_retries:
+            self.excused += 1
+            return True
+        if self.charged >= self.max_retries:
+            return False
+        self.charged += 1
+        return True
+
+
 @dataclass
 class Reply:
     """What one successful attempt produced."""
@@ -169,23 +208,23 @@ class RemoteEngine(Engine):
         client = self._client_for_loop()
         input_tokens = self._estimate(request)
         output_tokens = request.params.max_new_tokens * request.params.n
-        attempt = 0
+        attempts = Attempts(self.remote.max_retries)
         while True:
             ticket = await self.pacer.acquire(input_tokens, output_tokens)
             try:
                 reply = await self._send(client, request)
             except Exception as exc:
-                failure = self._fail(ticket, exc)
+                failure, excusable = self._fail(ticket, exc)
             except BaseException:  # cancelled: the caller went away; free the slot
                 self.pacer.release(ticket, ok=False)
                 raise
             else:
                 self._succeed(ticket, reply)
                 return self._result(request, reply, started)
-            if not failure.retryable or attempt >= self.remote.max_retries:
-                return self._failed(request, failure, attempt, started)
-            await asyncio.sleep(self._delay(attempt, failure))
-            attempt += 1
+            delay = self._delay(attempts.backoff_index(), failure)
+            if not attempts.may_retry(failure, excusable):
+                return self._failed(request, failure, attempts.made, started)
+            await asyncio.sleep(delay)
 
     async def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
         """Deltas as the provider streams them, then the Result. An attempt that fails before
@@ -200,7 +239,7 @@ class RemoteEngine(Engine):
         client = self._client_for_loop()
         input_tokens = self._estimate(request)
         output_tokens = request.params.max_new_tokens * request.params.n
-        attempt = 0
+        attempts = Attempts(self.remote.max_retries)
         while True:
             ticket = await self.pacer.acquire(input_tokens, output_tokens)
             sent_any = False
@@ -219,16 +258,16 @@ class RemoteEngine(Engine):
             except Exception as exc:
                 if released:
                     raise
-                failure = self._fail(ticket, exc)
+                failure, excusable = self._fail(ticket, exc)
                 released = True
             finally:
                 if not released:  # the consumer went away mid-stream
                     self.pacer.release(ticket, ok=False)
-            if sent_any or not failure.retryable or attempt >= self.remote.max_retries:
-                yield self._failed(request, failure, attempt, started)
+            delay = self._delay(attempts.backoff_index(), failure)
+            if sent_any or not attempts.may_retry(failure, excusable):
+                yield self._failed(request, failure, attempts.made, started)
                 return
-            await asyncio.sleep(self._delay(attempt, failure))
-            attempt += 1
+            await asyncio.sleep(delay)
 
     async def _complete_all(self, requests: list[Request], progress: bool) -> list[Result]:
         try:
@@ -266,14 +305,16 @@ class RemoteEngine(Engine):
         usage = reply.usage
         self.pacer.release(ticket, ok=True, usage=(usage.prompt_tokens, usage.completion_tokens))
 
-    def _fail(self, ticket: Ticket, exc: BaseException) -> Failure:
+    def _fail(self, ticket: Ticket, exc: BaseException) -> tuple[Failure, bool]:
+        """The attempt's failure, sorted, and whether it says nothing against the request
+        (see `Attempts`)."""
         failure = classify(exc, self)
         if failure.retry_after is not None:
             failure.retry_after = min(failure.retry_after, self.remote.retry_backoff_max)
-        self.pacer.release(
+        excusable = self.pacer.release(
             ticket, ok=False, overloaded=failure.overloaded, retry_after=failure.retry_after
         )
-        return failure
+        return failure, excusable
 
     def _delay(self, attempt: int, failure: Failure) -> float:
         return backoff_delay(
@@ -293,8 +334,8 @@ class RemoteEngine(Engine):
             latency_s=time.perf_counter() - started,
         )
 
-    def _failed(self, request: Request, failure: Failure, attempt: int, started: float) -> Result:
-        tries = f" (after {attempt + 1} attempts)" if attempt else ""
+    def _failed(self, request: Request, failure: Failure, attempts: int, started: float) -> Result:
+        tries = f" (after {attempts} attempts)" if attempts > 1 else ""
         status = f"HTTP {failure.status}: " if failure.status else ""
         # Redacted before it is shortened, so no cut can leave half a key behind.
         detail = self.redactor(failure.message)

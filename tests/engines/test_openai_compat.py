@@ -384,6 +384,17 @@ def test_retries_give_up_after_max_retries():
         assert server.stats.requests == 3
 
 
+def test_a_provider_that_never_relents_still_ends_the_row():
+    # Every request is turned away with 429 (an exhausted quota, say): with nothing getting
+    # through no 429 is excused, so each row ends after its max_retries.
+    with LLMServer(Faults(permanent={"row": 429}, retry_after="0")) as server:
+        engine = make_engine(server, **{"remote_params.max_retries": 2})
+        results = engine.generate([f"row {i}" for i in range(4)])
+        assert all(r.error.status == 429 for r in results)
+        assert all("attempts)" in r.error.message for r in results)
+        assert server.stats.requests == 4 * 3
+
+
 def test_retry_after_is_honoured():
     with LLMServer(Faults(transient_rate=1.0, transient_kinds=("429",), retry_after="1")) as server:
         started = time.monotonic()
@@ -463,10 +474,10 @@ def test_a_sustained_rate_limit_is_learned_instead_of_exhausting_retries():
     # The server takes 40 requests a second and turns the rest away; no requests_per_minute is
     # configured, so the engine has to find the rate from the 429s.
     with LLMServer(Faults(latency_s=0.02, rate_limit_rps=40)) as server:
-        # Room for an unlucky row while the rate is being learned; the 429 count below is what
-        # shows the learning.
+        # max_retries 2, well under the default: a 429 while other requests get through is
+        # not charged to the row, so no row runs out while the rate is learned.
         engine = make_engine(server, **{"remote_params.num_workers": 32,
-                                        "remote_params.max_retries": 10})  # fmt: skip
+                                        "remote_params.max_retries": 2})  # fmt: skip
         started = time.monotonic()
         results = engine.generate([f"row {i}" for i in range(200)])
         elapsed = time.monotonic() - started

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from lmpress.engines.ratelimit import (
+    SERVING_WINDOW_S,
     AdaptiveLimit,
     AdaptiveRate,
     Budget,
@@ -230,3 +231,43 @@ def test_adaptive_rate_remembers_only_its_window():
         clock.now += 0.01
         rate.succeeded()
     assert len(rate._accepted) <= AdaptiveRate.WINDOW_S / 0.01 + 1
+
+
+def test_pacer_tells_pushback_that_says_nothing_against_the_request():
+    async def run() -> list[bool]:
+        clock = FakeClock()
+        pacer = Pacer(8, clock=clock)
+        verdicts = []
+        for step, ok, overloaded in [
+            (0.1, False, True),  # nothing has got through yet: a verdict on the request
+            (0.1, True, False),  # the provider serves one
+            (0.1, False, True),  # so a 429 now is contention for its rate limit
+            (0.1, False, False),  # a 500 is not pushback at all
+            (SERVING_WINDOW_S + 1, False, True),  # nothing served for a while: a verdict again
+        ]:
+            ticket = await pacer.acquire(1, 1)
+            clock.now += step
+            verdicts.append(pacer.release(ticket, ok=ok, overloaded=overloaded))
+        return verdicts
+
+    assert asyncio.run(run()) == [False, False, True, False, False]
+
+
+def test_excused_pushback_is_bounded_and_charged_failures_keep_max_retries():
+    from lmpress.engines.remote import EXCUSED_PER_RETRY, Attempts, Failure
+
+    too_many = Failure("rate_limited", "slow down", status=429, retryable=True)
+    attempts = Attempts(max_retries=2)
+    # Pushback that says nothing against the request is excused, a bounded number of times...
+    for _ in range(EXCUSED_PER_RETRY * 2):
+        assert attempts.may_retry(too_many, excusable=True)
+    assert attempts.backoff_index() == 0  # excused retries do not grow the backoff
+    # ...then counted like any failure, so a provider that never relents still ends the row.
+    assert attempts.may_retry(too_many, excusable=True)
+    assert attempts.may_retry(too_many, excusable=False)
+    assert not attempts.may_retry(too_many, excusable=True)
+    assert attempts.made == 1 + EXCUSED_PER_RETRY * 2 + 2
+    # No retries asked for: none made, excusable or not; a client error is never retried.
+    assert not Attempts(max_retries=0).may_retry(too_many, excusable=True)
+    refused = Failure("bad_request", "no", status=400)
+    assert not Attempts(max_retries=5).may_retry(refused, excusable=True)
