@@ -5,8 +5,10 @@ lmpress.tinygguf), with the same context size and thread counts, and answer the 
 prompts greedily with the same number of new tokens each, EOS held off on both sides (lmpress:
 generation.min_tokens; llama-cpp-python: a -inf logit bias on EOS). The baseline is what a tool
 built on llama-cpp-python does for a batch job: one `create_chat_completion` call per prompt.
-Rounds alternate between the two so machine noise hits both alike (see benchmarks/rounds.py for
-the two ratios printed).
+Each side runs in a process of its own, loaded once, as users run them (two llama.cpp OpenMP
+thread teams in one process slow each other down on a machine with few cores; see
+rounds.SideProcess). Rounds alternate between the two so machine noise hits both alike (see
+benchmarks/rounds.py for the two ratios printed).
 
     .venv/bin/python benchmarks/llamacpp_throughput.py [--prompts 32] [--new-tokens 64]
         [--batch-size 32] [--rounds 3] [--threads N] [--flash-attn on|off]
@@ -14,21 +16,19 @@ the two ratios printed).
 
 Both sides get the same `Llama` settings: llama-cpp-python's defaults plus n_ctx, threads and
 flash attention (on by default, as llama.cpp and lmpress have it; llama-cpp-python's own default
-is off). Besides tokens/s, tokens per CPU-second are
-printed: on a machine shared with other work they are the steadier of the two.
+is off). Besides tokens/s, tokens per CPU-second of each side's process are printed.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 
-from rounds import Rounds, lmpress_generate, mixed_prompts
+from rounds import Rounds, SideProcess, lmpress_generate, mixed_prompts
 
 from lmpress.configs import load_config
+from lmpress.engines.llamacpp import gguf_path
 from lmpress.engines.registry import create_engine
-from lmpress.tinygguf import tiny_gguf
 from lmpress.types import GenerationParams
 
 
@@ -57,6 +57,23 @@ def describe(path: str) -> str:
     return f"{count / 1e6:.0f}M parameters, {'/'.join(types)} weights"
 
 
+def build_baseline(path: str, kwargs: dict, prompts: list[str], new_tokens: int):
+    """llama-cpp-python's side, in its own process: load, warm up, return the timed work."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=path, verbose=False, **kwargs)
+    baseline(llm, prompts[:1], 2)  # first-call allocations, page faults on the weights
+    return lambda: baseline(llm, prompts, new_tokens)
+
+
+def build_lmpress(config, prompts: list[str], new_tokens: int):
+    """lmpress's side, in its own process: load, warm up, return the timed work."""
+    engine = create_engine(config)
+    warm_up = engine.generate(prompts, GenerationParams(max_new_tokens=1))
+    print(f"{sum(r.usage.prompt_tokens for r in warm_up)} prompt tokens", flush=True)
+    return lambda: lmpress_generate(engine, prompts, new_tokens)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-gguf:bench-100m")
@@ -69,10 +86,7 @@ def main() -> None:
     parser.add_argument("--flash-attn", choices=["on", "off"], default="on")
     args = parser.parse_args()
 
-    from llama_cpp import Llama
-
-    if args.model.startswith("tiny-gguf:"):
-        tiny_gguf(args.model.split(":", 1)[1])  # build it before timing anything
+    path = gguf_path(args.model)  # a tiny-gguf: name is built here, before anything is timed
     kwargs = {
         "n_ctx": args.n_ctx,
         "n_threads": args.threads,
@@ -82,31 +96,26 @@ def main() -> None:
     config = load_config(
         overrides={
             "engine": "LLAMACPP",
-            "model.model_name": args.model,
+            "model.model_name": path,
             "model.model_kwargs": kwargs,
             "generation.batch_size": args.batch_size,
         }
     )
-    engine = create_engine(config)
-    llm = Llama(model_path=engine.path, verbose=False, **kwargs)
     prompts = mixed_prompts(args.prompts, max_words=40)
-    prompt_tokens = sum(
-        r.usage.prompt_tokens for r in engine.generate(prompts, GenerationParams(max_new_tokens=1))
-    )
-    # Warm up both paths (first-call allocations, page faults on the weights).
-    baseline(llm, prompts[:1], 2)
-    lmpress_generate(engine, prompts[:2], 2)
-
+    # Each side in a process of its own, as users run them (see rounds.SideProcess).
+    sides = [
+        SideProcess("llama-cpp-python", build_baseline, path, kwargs, prompts, args.new_tokens),
+        SideProcess("lmpress", build_lmpress, config, prompts, args.new_tokens),
+    ]
     rounds = Rounds()
     for round_no in range(1, args.rounds + 1):
-        rounds.run(round_no, "llama-cpp-python", lambda: baseline(llm, prompts, args.new_tokens))
-        rounds.run(round_no, "lmpress", lambda: lmpress_generate(engine, prompts, args.new_tokens))
-    asyncio.run(engine.aclose())
-    llm.close()
+        for side in sides:
+            rounds.run_side(round_no, side)
+    for side in sides:
+        side.close()
     print(
-        f"\nmodel {args.model} ({describe(engine.path)}), {args.prompts} prompts "
-        f"({prompt_tokens} prompt tokens), {args.new_tokens} new tokens each, batch "
-        f"{args.batch_size}, {args.threads} threads, n_ctx {args.n_ctx}, flash_attn "
+        f"\nmodel {args.model} ({describe(path)}), {args.prompts} prompts, "
+        f"{args.new_tokens} new tokens each, batch {args.batch_size}, {args.threads} threads, n_ctx {args.n_ctx}, flash_attn "
         f"{args.flash_attn}"
     )
     print(f"llama-cpp-python create_chat_completion: {rounds.best('llama-cpp-python'):.1f} tok/s")

@@ -45,10 +45,14 @@ class Rounds:
 
     def run(self, round_no: int, name: str, work: Callable[[], int]) -> None:
         """Time `work` (which returns the tokens it generated) and print the run's line."""
-        started, cpu_started = time.perf_counter(), time.process_time()
-        tokens = work()
-        wall = tokens / (time.perf_counter() - started)
-        cpu = tokens / (time.process_time() - cpu_started)
+        self.record(round_no, name, *timed(work))
+
+    def run_side(self, round_no: int, side: SideProcess) -> None:
+        """Run a side in its own process (see SideProcess) and print the run's line."""
+        self.record(round_no, side.name, *side.run())
+
+    def record(self, round_no: int, name: str, tokens: int, wall_s: float, cpu_s: float) -> None:
+        wall, cpu = tokens / wall_s, tokens / cpu_s
         self.wall.setdefault(name, []).append((round_no, wall))
         self.cpu.setdefault(name, []).append((round_no, cpu))
         print(
@@ -72,6 +76,59 @@ class Rounds:
                 f"{statistics.median(per_round):.2f} (rounds: "
                 f"{', '.join(f'{r:.2f}' for r in per_round)})"
             )
+
+
+def timed(work: Callable[[], int]) -> tuple[int, float, float]:
+    """Tokens `work` generated, the wall seconds and this process's CPU seconds it took."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    tokens = work()
+    return tokens, time.perf_counter() - started, time.process_time() - cpu_started
+
+
+class SideProcess:
+    """One side of a comparison, loaded once in a process of its own and run on request.
+
+    Two sides that use OpenMP (llama.cpp, PyTorch) in one process keep two thread teams; on a
+    machine with as many cores as one team has threads, libgomp sees more threads than cores
+    and stops spinning at barriers, which slows both sides (llama.cpp's per-token path most)
+    in a way neither shows when run alone, as users run them. `build(*args)` runs in the
+    child: it loads the side, warms it up and returns the work to time.
+    """
+
+    def __init__(self, name: str, build: Callable[..., Callable[[], int]], *args: object):
+        import multiprocessing
+
+        self.name = name
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(build, args, child), daemon=True)
+        self._process.start()
+        child.close()
+        self._answer()  # loaded and warmed up
+
+    def run(self) -> tuple[int, float, float]:
+        self._conn.send("run")
+        return self._answer()
+
+    def close(self) -> None:
+        self._conn.send(None)
+        self._process.join()
+
+    def _answer(self):
+        answer = self._conn.recv()
+        if isinstance(answer, BaseException):
+            raise RuntimeError(f"{self.name} failed in its process") from answer
+        return answer
+
+
+def _serve(build: Callable[..., Callable[[], int]], args: tuple, conn) -> None:
+    try:
+        work = build(*args)
+        conn.send("ready")
+        while conn.recv() is not None:
+            conn.send(timed(work))
+    except BaseException as exc:  # shown by the parent
+        conn.send(exc)
 
 
 def _best(runs: list[tuple[int, float]]) -> float:
