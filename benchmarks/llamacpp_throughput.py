@@ -11,12 +11,18 @@ rounds.SideProcess). Rounds alternate between the two so machine noise hits both
 benchmarks/rounds.py for the two ratios printed).
 
     .venv/bin/python benchmarks/llamacpp_throughput.py [--prompts 32] [--new-tokens 64]
-        [--batch-size 32] [--rounds 3] [--threads N] [--flash-attn on|off]
+        [--batch-size 32] [--rounds 3] [--threads N] [--flash-attn on|off] [--raw]
         [--model tiny-gguf:bench-100m | tiny-gguf:bench-100m-q8 | tiny-gguf:bench-100m-f32 | PATH]
 
 Both sides get the same `Llama` settings: llama-cpp-python's defaults plus n_ctx, threads and
 flash attention (on by default, as llama.cpp and lmpress have it; llama-cpp-python's own default
 is off). Besides tokens/s, tokens per CPU-second of each side's process are printed.
+
+`--raw` adds a third side, a bare llama.cpp loop over the same context and prompts: what
+batched decoding itself reaches on this machine, so that lmpress's overhead over it and the
+ceiling on the ratio are measured too. On a CPU, decoding many sequences at once is
+compute-bound: the ratio is capped by how much faster the machine multiplies a batch of rows
+than one row, whatever the engine.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from rounds import Rounds, SideProcess, lmpress_generate, mixed_prompts
 from lmpress.configs import load_config
 from lmpress.engines.llamacpp import gguf_path
 from lmpress.engines.registry import create_engine
-from lmpress.types import GenerationParams
+from lmpress.types import GenerationParams, Message, Request
 
 
 def baseline(llm, prompts: list[str], new_tokens: int) -> int:
@@ -74,6 +80,50 @@ def build_lmpress(config, prompts: list[str], new_tokens: int):
     return lambda: lmpress_generate(engine, prompts, new_tokens)
 
 
+def build_raw(config, prompts: list[str], new_tokens: int):
+    """The ceiling: the same prompts through a bare llama.cpp loop on the engine's own context
+    (each prompt read in a batch of its own, then every sequence one token a step in one
+    batch, greedy by argmax), with none of lmpress's scheduling, sampling chains or text."""
+    import llama_cpp as lc
+    import numpy as np
+
+    # The engine only tokenizes and lends its context: its worker thread never decodes here,
+    # or its OpenMP threads would compete with this thread's (see rounds.SideProcess).
+    engine = create_engine(config)
+    ids = [engine.encode(Request(str(i), [Message("user", p)])) for i, p in enumerate(prompts)]
+    ctx, memory, n_vocab = engine._ctx.ctx, engine._memory, engine.n_vocab
+    batch = lc.llama_batch_init(max(len(ids), max(map(len, ids))), 0, 1)
+
+    def decode(tokens: list[tuple[int, int, int, bool]]) -> None:
+        for i, (token, pos, seq, logits) in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, logits
+        batch.n_tokens = len(tokens)
+        assert lc.llama_decode(ctx, batch) == 0
+
+    def argmax(index: int) -> int:
+        logits = lc.llama_get_logits_ith(ctx, index)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(n_vocab,))))
+
+    def work(new_tokens: int = new_tokens) -> int:
+        assert len(ids) <= engine.batch_size, "the raw loop runs every prompt at once"
+        next_tokens, positions = [], []
+        for seq, prompt in enumerate(ids):
+            decode([(t, j, seq, j == len(prompt) - 1) for j, t in enumerate(prompt)])
+            next_tokens.append(argmax(-1))
+            positions.append(len(prompt))
+        for _ in range(new_tokens - 1):
+            decode([(t, positions[seq], seq, True) for seq, t in enumerate(next_tokens)])
+            next_tokens = [argmax(seq) for seq in range(len(ids))]
+            positions = [p + 1 for p in positions]
+        for seq in range(len(ids)):
+            lc.llama_memory_seq_rm(memory, seq, -1, -1)
+        return len(ids) * new_tokens
+
+    work(2)  # warm up
+    return work
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-gguf:bench-100m")
@@ -84,6 +134,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--flash-attn", choices=["on", "off"], default="on")
+    parser.add_argument(
+        "--raw", action="store_true", help="also time a bare llama.cpp loop: the ceiling"
+    )
     args = parser.parse_args()
 
     path = gguf_path(args.model)  # a tiny-gguf: name is built here, before anything is timed
@@ -107,6 +160,8 @@ def main() -> None:
         SideProcess("llama-cpp-python", build_baseline, path, kwargs, prompts, args.new_tokens),
         SideProcess("lmpress", build_lmpress, config, prompts, args.new_tokens),
     ]
+    if args.raw:
+        sides.append(SideProcess("raw llama.cpp", build_raw, config, prompts, args.new_tokens))
     rounds = Rounds()
     for round_no in range(1, args.rounds + 1):
         for side in sides:
@@ -121,6 +176,10 @@ def main() -> None:
     print(f"llama-cpp-python create_chat_completion: {rounds.best('llama-cpp-python'):.1f} tok/s")
     print(f"lmpress LLAMACPP:                        {rounds.best('lmpress'):.1f} tok/s")
     rounds.report("lmpress", "llama-cpp-python")
+    if args.raw:
+        print(f"raw llama.cpp batched loop:              {rounds.best('raw llama.cpp'):.1f} tok/s")
+        rounds.report("lmpress", "raw llama.cpp")
+        rounds.report("raw llama.cpp", "llama-cpp-python")
 
 
 if __name__ == "__main__":
