@@ -34,6 +34,7 @@ from lmpress.data.formats import (
     render_row,
     row_id,
 )
+from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import JsonlWriter, read_lines
 from lmpress.data.resume import (
     JobFiles,
@@ -169,7 +170,8 @@ class BatchJob:
         total, keys = self._scan_input()
         done, set_aside, fresh = self._read_earlier_run()
         self.summary.rows_total = total
-        if self.engine is None and (keys - done - set_aside or total > len(keys)):
+        left = total > len(keys) or any(k not in done and k not in set_aside for k in keys)
+        if self.engine is None and left:
             # Load the model before anything is written; a finished job loads none.
             self.engine = await asyncio.to_thread(create_engine, self.config)
         if fresh:
@@ -195,10 +197,10 @@ class BatchJob:
             self._write_summary()
         return self.summary
 
-    def _scan_input(self) -> tuple[int, set[int]]:
+    def _scan_input(self) -> tuple[int, IdKeys]:
         """One pass before any work: count this shard's rows, refuse duplicate ids, and
         return the count and the id keys of the rows that have one."""
-        seen: dict[int, int] = {}
+        keys = IdKeys()
         total = 0
         for ordinal, line in enumerate(read_lines(self.options.input_path)):
             if not self._in_shard(ordinal):
@@ -206,39 +208,55 @@ class BatchJob:
             total += 1
             if line.error or not isinstance(line.value, dict):
                 continue
-            rid = row_id(line.value, line.number)
-            key = id_key(rid)
-            if key in seen:
-                raise InputError(
-                    f"{self.options.input_path}:{line.number}: duplicate id '{rid}' (first at "
-                    f"line {seen[key]}); ids must be unique for a job to resume safely"
-                )
-            seen[key] = line.number
+            keys.add(id_key(row_id(line.value, line.number)))
         if total == 0:
             raise InputError(f"{self.options.input_path}: the input has no rows")
-        return total, set(seen)
+        repeated = keys.freeze()
+        if repeated is not None:
+            self._refuse_duplicate(repeated)
+        return total, keys
+
+    def _refuse_duplicate(self, key: int) -> None:
+        """A second pass, only when an id repeats: name both lines."""
+        first = None
+        for ordinal, line in enumerate(read_lines(self.options.input_path)):
+            if not self._in_shard(ordinal) or line.error or not isinstance(line.value, dict):
+                continue
+            rid = row_id(line.value, line.number)
+            if id_key(rid) != key:
+                continue
+            if first is not None:
+                raise InputError(
+                    f"{self.options.input_path}:{line.number}: duplicate id '{rid}' (first at "
+                    f"line {first}); ids must be unique for a job to resume safely"
+                )
+            first = line.number
 
     def _fingerprint(self) -> dict[str, Any]:
         options = self.options
         return fingerprint(self.config, options.output_format, options.shard_label)
 
-    def _read_earlier_run(self) -> tuple[set[int], set[int], bool]:
+    def _read_earlier_run(self) -> tuple[IdKeys, IdKeys, bool]:
         """(ids done, ids set aside as failed, whether to start fresh), the output checked
         against the settings and its torn tail repaired."""
         files, options = self.files, self.options
         resuming = files.output.exists() and files.output.stat().st_size > 0
         if options.overwrite or not resuming:
-            return set(), set(), True
+            return IdKeys(), IdKeys(), True
         check_fingerprint(files, self._fingerprint())
         if repair_torn_tail(files.output):
             self._say(f"{files.output}: cut off a half-written last line from the last run")
         repair_torn_tail(files.errors)
-        done = {id_key(rid) for rid in done_ids(files.output)}
-        set_aside: set[int] = set()
+        done = IdKeys(id_key(rid) for rid in done_ids(files.output))
+        done.freeze()
+        set_aside = IdKeys()
         if options.retry_failed:
             files.errors.unlink(missing_ok=True)  # those rows are tried again
         else:
-            set_aside = {id_key(rid) for rid in done_ids(files.errors)} - done
+            for rid in done_ids(files.errors):
+                if (key := id_key(rid)) not in done:
+                    set_aside.add(key)
+        set_aside.freeze()
         if done or set_aside:
             self._say(
                 f"resuming {files.output}: {len(done)} rows done"
@@ -248,7 +266,7 @@ class BatchJob:
 
     # --- rows ------------------------------------------------------------------------------
 
-    async def _process(self, done: set[int], set_aside: set[int]) -> None:
+    async def _process(self, done: IdKeys, set_aside: IdKeys) -> None:
         options = self.options
         base = self.config.generation
         window = 1  # until the engine exists and says how many it wants
