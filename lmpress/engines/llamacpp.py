@@ -7,8 +7,9 @@ sequence at a time. A worker thread owns a llama.cpp context whose KV cache hold
 `generation.batch_size` sequences and runs continuous batching on it: each step decodes one
 token of every sequence being generated in one `llama_batch` (and the next chunk of each newly
 admitted prompt in a batch of its own); each sequence samples from its own sampler chain (seeded
-per row); a finished sequence's KV cells are freed at once and the next waiting request takes
-its place.
+per row); a finished sequence's place goes to the next waiting request at once. Its KV cells
+stay until then: a request whose prompt begins like a free sequence's last prompt and reply
+(the same system prompt, the next turn of a chat) takes that sequence and reads only the rest.
 
 `model_kwargs.n_ctx` (default: the model's own context length) is the size of the KV cache, and
 each of the `batch_size` sequences gets an equal part of it (a multiple of 256, at least 256),
@@ -109,7 +110,10 @@ class LlamaCppEngine(WorkerEngine):
         self._eog_ids: list[int] | None = None  # filled on first use (min_tokens)
         # Two batches' worth, so a finished sequence's place is taken at once.
         self.max_in_flight = 2 * self.batch_size
-        self._free_seqs = list(range(self.batch_size))
+        self._free_seqs = list(range(self.batch_size))  # least recently used first
+        # The tokens whose KV cells a free sequence still holds from its last request.
+        self._cached: list[list[int]] = [[] for _ in range(self.batch_size)]
+        self.prompt_tokens_reused = 0  # prompt tokens not decoded again, thanks to the cache
         self._prefilling: list[_RequestState] = []
         self._generating: list[_Row] = []
         self.most_in_flight = 0  # the most sequences decoded in one step so far
@@ -324,7 +328,9 @@ class LlamaCppEngine(WorkerEngine):
             self._pending.popleft()
             # A row ends when its part of the KV cache is full.
             limit = min(params.max_new_tokens, self.n_ctx_seq - len(state.prompt_ids))
-            state.rows = [_Row(state, i, self._free_seqs.pop(0), limit) for i in range(n)]
+            seqs, state.fed = self._take_seqs(state.prompt_ids, n)
+            self.prompt_tokens_reused += state.fed
+            state.rows = [_Row(state, i, seq, limit) for i, seq in enumerate(seqs)]
             try:
                 for row in state.rows:
                     row.sampler = self._sampler_chain(state, row)
@@ -334,6 +340,32 @@ class LlamaCppEngine(WorkerEngine):
                 state.deliver(error_result(state.request, self, info, state.started))
                 continue
             self._prefilling.append(state)
+
+    def _take_seqs(self, prompt: list[int], n: int) -> tuple[list[int], int]:
+        """`n` free sequences for a request, and how many of its prompt tokens are already in
+        the first one's KV cells: the free sequence whose cached tokens share the longest
+        prefix with the prompt keeps that prefix (all but the prompt's last token at most,
+        whose logits are needed), so a shared system prompt or an earlier turn of the same
+        conversation is not decoded again. Otherwise the least recently used one is taken."""
+        first, reused = self._free_seqs[0], 0
+        for seq in self._free_seqs:
+            common = _common_prefix(self._cached[seq], prompt)
+            if common > reused:
+                first, reused = seq, common
+        reused = min(reused, len(prompt) - 1)
+        self._free_seqs.remove(first)
+        seqs = [first] + [self._free_seqs.pop(0) for _ in range(n - 1)]
+        lc = self._lc
+        lc.llama_memory_seq_rm(self._memory, first, reused, -1)
+        for seq in seqs[1:]:  # filled from the first one's cells once the prompt is read
+            lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        for seq in seqs:
+            self._cached[seq] = []
+        return seqs, reused
+
+    def kv_cells_cached(self) -> int:
+        """Positions that free sequences keep for reuse (see `_take_seqs`)."""
+        return sum(len(self._cached[seq]) for seq in self._free_seqs)
 
     def _step(self) -> None:
         """One token for every sequence being generated, in one batch; then the next chunk of
@@ -451,7 +483,11 @@ class LlamaCppEngine(WorkerEngine):
         state = row.state
         if row in self._generating:
             self._generating.remove(row)
-        lc.llama_memory_seq_rm(self._memory, row.seq_id, -1, -1)
+        if row.finish_reason == "cancelled":
+            lc.llama_memory_seq_rm(self._memory, row.seq_id, -1, -1)
+        else:  # kept for a later request that starts the same way
+            fed = row.tokens[: row.pos - len(state.prompt_ids)]
+            self._cached[row.seq_id] = state.prompt_ids + fed
         self._free_seqs.append(row.seq_id)
         lc.llama_sampler_free(row.sampler)
         row.sampler = None
@@ -552,6 +588,16 @@ class LlamaCppEngine(WorkerEngine):
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.temperature))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(_row_seed(params, row.index)))
         return chain
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two token lists share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _row_seed(params: GenerationParams, index: int) -> int:

@@ -81,15 +81,63 @@ def test_greedy_is_identical_at_batch_size_1_and_16(tokenizer):
 
 
 def test_requests_in_flight_are_decoded_together():
-    """Requests submitted together are decoded in the same steps; when they end, the KV cache
-    is empty."""
+    """Requests submitted together are decoded in the same steps; when they end, no sequence
+    is in flight and the KV cache holds only what the engine keeps for reuse."""
     eng = make(str(tiny_gguf("llama")), batch_size=4)
     try:
         params = GenerationParams(max_new_tokens=200, min_tokens=200)
         results = eng.generate(PROMPTS[:6], params)
         assert all(r.ok and r.usage.completion_tokens == 200 for r in results)
         assert eng.most_in_flight == 4
-        assert eng.sequences_in_flight() == 0 and eng.kv_cells_used() == 0
+        assert eng.sequences_in_flight() == 0
+        assert eng.kv_cells_used() == eng.kv_cells_cached() > 0
+    finally:
+        close(eng)
+
+
+@pytest.mark.parametrize("tokenizer", TOKENIZERS)
+def test_a_shared_prompt_prefix_is_read_once_per_sequence(tokenizer):
+    """Rows with the same long system prompt: a sequence reused for a later row keeps the
+    system prompt's KV cells and reads only the rest, and the replies are those of an engine
+    that reads every prompt whole."""
+    system = " ".join(["you answer in the words of the rivers and the sea"] * 6)
+    params = GenerationParams(max_new_tokens=12)
+    rows = [
+        Request(str(i), [Message("system", system), Message("user", p)], params)
+        for i, p in enumerate(PROMPTS[:8])
+    ]
+    path = str(tiny_gguf(tokenizer))
+    cached = make(path, batch_size=2)
+    try:
+        replies = cached.generate(rows)
+        system_tokens = len(cached.encode(Request("s", [Message("system", system)]))) // 2
+    finally:
+        close(cached)
+    alone = []
+    for row in rows:  # a new engine per row: nothing cached, every prompt read whole
+        fresh = make(path, batch_size=2)
+        try:
+            alone += fresh.generate([row])
+            assert fresh.prompt_tokens_reused == 0
+        finally:
+            close(fresh)
+    # The first two rows fill the two sequences; each later row reuses the system prompt.
+    assert cached.prompt_tokens_reused >= 6 * system_tokens
+    assert [r.text for r in replies] == [r.text for r in alone]
+
+
+def test_the_next_turn_of_a_chat_reads_only_what_is_new():
+    eng = make(str(tiny_gguf("gpt2")), batch_size=1)
+    try:
+        params = GenerationParams(max_new_tokens=20)
+        turn = [Message("user", "tell me about the sea")]
+        first = eng.generate([Request("1", turn, params)])[0]
+        before = eng.prompt_tokens_reused
+        turn += [Message("assistant", first.text), Message("user", "and the rivers?")]
+        second = eng.generate([Request("2", turn, params)])[0]
+        assert second.ok
+        # The whole first turn (its prompt, at least) was already in the sequence's cells.
+        assert eng.prompt_tokens_reused - before >= first.usage.prompt_tokens
     finally:
         close(eng)
 
@@ -369,7 +417,9 @@ def test_cancelling_a_stream_frees_its_sequence(tmp_path):
     try:
         result = asyncio.run(run())
         assert result.ok and result.usage.completion_tokens <= 4
-        assert eng.sequences_in_flight() == 0 and eng.kv_cells_used() == 0
+        # The cancelled sequence's cells are gone; the short one's are kept for reuse.
+        assert eng.sequences_in_flight() == 0
+        assert eng.kv_cells_used() == eng.kv_cells_cached() < 1500
     finally:
         close(eng)
 
