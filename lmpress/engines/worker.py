@@ -84,6 +84,8 @@ class WorkerEngine(Engine):
 
     async def _submit(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
         started = time.perf_counter()
+        if self._closed:  # before _prepare, which may call into a backend already freed
+            raise RuntimeError(f"the {self.name} engine is closed")
         try:
             submission = self._prepare(request, started)
         except RequestError as exc:

@@ -444,6 +444,14 @@ def test_closing_the_engine_ends_the_requests_in_flight():
         assert result.error is not None and result.error.kind == "engine_closed"
 
 
+def test_a_closed_engine_refuses_new_requests():
+    eng = make(str(tiny_gguf("gpt2")), batch_size=1)
+    close(eng)
+    request = Request("late", [Message("user", "hello?")], GenerationParams(max_new_tokens=2))
+    with pytest.raises(RuntimeError, match="the LLAMACPP engine is closed"):
+        asyncio.run(eng.complete(request))
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 
