@@ -1,14 +1,15 @@
 """NATIVE engine throughput against raw transformers `model.generate`, in the same run.
 
-Both sides use the same loaded random-weight model of SmolLM2-135M's shape, the same prompts
-of mixed lengths, greedy decoding and the same number of new tokens per prompt (EOS held off,
+Both sides load the same random-weight model of SmolLM2-135M's shape and answer the same
+prompts of mixed lengths greedily with the same number of new tokens per prompt (EOS held off,
 so every row generates exactly that many). The baseline runs static batches of the same size
-with left padding. Each round runs raw, lmpress, lmpress, raw (ABBA) so drift in machine load
-hits both alike (see benchmarks/rounds.py for the two ratios printed).
+with left padding. Each side runs in a process of its own (see rounds.SideProcess); each round
+runs raw, lmpress, lmpress, raw (ABBA) so drift in machine load hits both alike.
 
-Two ratios are printed: by wall time, and by this process's CPU time (all its threads). On a
-machine shared with other work the wall ratio swings with their load; the CPU-time ratio
-barely does, since both sides run the same threads on the same model.
+Two ratios are printed (see benchmarks/rounds.py): by wall time, and by each side's process
+CPU time (all its threads). On a machine shared with other work the wall ratio swings with
+their load; the CPU-time ratio barely does, since both sides run the same threads on the same
+model.
 
     .venv/bin/python benchmarks/native_throughput.py [--prompts 64] [--batch-size 16]
         [--new-tokens 32] [--rounds 3]
@@ -17,9 +18,8 @@ barely does, since both sides run the same threads on the same model.
 from __future__ import annotations
 
 import argparse
-import asyncio
 
-from rounds import Rounds, lmpress_generate, mixed_prompts
+from rounds import Rounds, SideProcess, lmpress_generate, mixed_prompts
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
@@ -51,6 +51,21 @@ def raw_generate(engine, prompts: list[str], batch_size: int, new_tokens: int) -
     return produced
 
 
+def build_raw(config, prompts: list[str], batch_size: int, new_tokens: int):
+    """The raw side, in its own process: the engine only loads the model and tokenizer (its
+    worker thread never runs here), then plain `generate` on them."""
+    engine = create_engine(config)
+    raw_generate(engine, prompts[:batch_size], batch_size, 2)  # warm up
+    return lambda: raw_generate(engine, prompts, batch_size, new_tokens)
+
+
+def build_lmpress(config, prompts: list[str], batch_size: int, new_tokens: int):
+    engine = create_engine(config)
+    print(f"device {engine.device}", flush=True)
+    lmpress_generate(engine, prompts[:batch_size], 2)  # warm up
+    return lambda: lmpress_generate(engine, prompts, new_tokens)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny:smollm2-135m-shape")
@@ -63,25 +78,23 @@ def main() -> None:
     config = load_config(
         overrides={"model.model_name": args.model, "generation.batch_size": args.batch_size}
     )
-    engine = create_engine(config)
     # Mixed lengths: 4 to 120 words, so left padding matters.
     prompts = mixed_prompts(args.prompts, max_words=120)
-    # Warm up both paths (first-call allocations, lazy kernels).
-    raw_generate(engine, prompts[: args.batch_size], args.batch_size, 2)
-    lmpress_generate(engine, prompts[: args.batch_size], 2)
-
-    rounds = Rounds()
+    work = (prompts, args.batch_size, args.new_tokens)
+    # Each side in a process of its own, as users run them (see rounds.SideProcess).
     sides = {
-        "raw": lambda: raw_generate(engine, prompts, args.batch_size, args.new_tokens),
-        "lmpress": lambda: lmpress_generate(engine, prompts, args.new_tokens),
+        "raw": SideProcess("raw", build_raw, config, *work),
+        "lmpress": SideProcess("lmpress", build_lmpress, config, *work),
     }
+    rounds = Rounds()
     for round_no in range(1, args.rounds + 1):
         for name in ("raw", "lmpress", "lmpress", "raw"):
-            rounds.run(round_no, name, sides[name])
-    asyncio.run(engine.aclose())
+            rounds.run_side(round_no, sides[name])
+    for side in sides.values():
+        side.close()
     print(
-        f"\nmodel {args.model}, device {engine.device}, {args.prompts} prompts, "
-        f"batch {args.batch_size}, {args.new_tokens} new tokens"
+        f"\nmodel {args.model}, {args.prompts} prompts, batch {args.batch_size}, "
+        f"{args.new_tokens} new tokens"
     )
     print(f"raw transformers generate: {rounds.best('raw'):.1f} tok/s")
     print(f"lmpress NATIVE:            {rounds.best('lmpress'):.1f} tok/s")
