@@ -591,13 +591,17 @@ class LlamaCppEngine(WorkerEngine):
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two token lists share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading tokens two token lists share. Found by bisection with list slices
+    compared in C: admitting a row against every free sequence's cache stays in microseconds
+    even when they share a long system prompt."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # the longest k with a[:k] == b[:k] lies in [lo, hi]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _row_seed(params: GenerationParams, index: int) -> int:
