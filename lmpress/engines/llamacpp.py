@@ -26,6 +26,7 @@ import ctypes
 import difflib
 import inspect
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from lmpress.engines.base import error_result
 from lmpress.engines.native import resolve_chat_template
 from lmpress.engines.worker import Submission, WorkerEngine
 from lmpress.errors import ConfigError, ModelLoadError, RequestError
+from lmpress.packaged import resolve_packaged_name
 from lmpress.tinygguf import resolve_gguf_name
 from lmpress.types import (
     Delta,
@@ -86,8 +88,11 @@ class LlamaCppEngine(WorkerEngine):
         kwargs = check_model_kwargs(config.model.model_kwargs, llama_cpp.Llama)
         kwargs.setdefault("verbose", False)
         kwargs.setdefault("n_ctx", 0)  # 0: the model's own context length
+        extra_bufts = kwargs.pop("use_extra_bufts", None)
+        if extra_bufts is None:
+            extra_bufts = extra_bufts_are_safe(llama_cpp.llama_print_system_info().decode())
         try:
-            self.llama = llama_cpp.Llama(model_path=self.path, **kwargs)
+            self.llama = load_llama(self.path, kwargs, extra_bufts=bool(extra_bufts))
         except Exception as exc:
             raise ModelLoadError(f"cannot load GGUF model '{self.path}': {exc}") from exc
         self.vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
@@ -676,7 +681,7 @@ def gguf_path(name: str) -> str:
     """The local GGUF file `model.model_name` names, checked to exist and to be GGUF."""
     if not name:
         raise ModelLoadError("model.model_name is empty; give the path of a .gguf file")
-    path = Path(resolve_gguf_name(name)).expanduser()
+    path = Path(resolve_gguf_name(resolve_packaged_name(name))).expanduser()
     if path.is_dir():
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         hint = f" (it holds {', '.join(ggufs[:3])})" if ggufs else ""
@@ -698,13 +703,59 @@ def gguf_path(name: str) -> str:
     return str(path)
 
 
+def extra_bufts_are_safe(system_info: str) -> bool:
+    """Whether llama.cpp's extra weight buffer types may be used, given its system info line.
+
+    A build with Intel AMX kernels (`AMX_INT8 = 1`: built with native flags on a CPU that has
+    AMX) stores quantized weights in an AMX buffer, and decoding a multi-token batch through it
+    crashes the process (SIGSEGV in ggml_backend_amx_mul_mat; ggml-org/llama.cpp#20824). Such a
+    build loads weights without the extra buffer types. Everywhere else the CPU repack layouts
+    (Q4_0, Q4_K, IQ4_NL and Q8_0 weights on AVX2) stay on, as llama.cpp's default.
+    """
+    return "AMX_INT8 = 1" not in system_info
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def load_llama(path: str, kwargs: dict[str, Any], *, extra_bufts: bool = True) -> Any:
+    """llama-cpp-python's `Llama` for `path`, its weights in the extra buffer types or not.
+
+    `Llama` has no keyword for `llama_model_params.use_extra_bufts`: it starts from
+    `llama_model_default_params()` and loads the weights within its constructor. For the
+    length of that call its defaults come with the extra buffer types off; the lock keeps two
+    loads from overlapping.
+    """
+    from llama_cpp import Llama
+    from llama_cpp import llama as llama_module
+
+    if extra_bufts:
+        return Llama(model_path=path, **kwargs)
+    low = llama_module.llama_cpp  # the ctypes bindings `Llama` reads its defaults from
+    defaults = low.llama_model_default_params
+
+    def without_extra_bufts() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    with _LOAD_LOCK:
+        low.llama_model_default_params = without_extra_bufts
+        try:
+            return Llama(model_path=path, **kwargs)
+        finally:
+            low.llama_model_default_params = defaults
+
+
 def check_model_kwargs(kwargs: dict[str, Any], llama_class: type) -> dict[str, Any]:
-    """The recipe's model_kwargs, each checked to be a parameter of `Llama`'s constructor."""
+    """The recipe's model_kwargs, each checked to be a parameter of `Llama`'s constructor
+    (or `use_extra_bufts`: true or false overrides lmpress's choice, see load_llama)."""
     accepted = [
         name
         for name, p in inspect.signature(llama_class.__init__).parameters.items()
         if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     ]
+    accepted.append("use_extra_bufts")
     for key in kwargs:
         if key in REFUSED_KWARGS:
             raise ConfigError(f"model.model_kwargs.{key}: {REFUSED_KWARGS[key]}")

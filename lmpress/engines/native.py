@@ -8,6 +8,8 @@ sampling settings and seed, stop strings, max_new_tokens, streaming and cancella
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 import time
 from dataclasses import dataclass, field
@@ -19,6 +21,8 @@ from lmpress.engines.base import error_result
 from lmpress.engines.chat_prompt import render_chat_prompt
 from lmpress.engines.worker import Submission, WorkerEngine
 from lmpress.errors import ModelLoadError, RequestError
+from lmpress.packaged import resolve_packaged_name
+from lmpress.tinygguf import resolve_gguf_name
 from lmpress.tinymodels import resolve_model_name
 from lmpress.types import (
     Delta,
@@ -425,7 +429,7 @@ def local_or_hub(name: str, key: str) -> str:
     """A local model path, expanded and checked to exist, or a hub id as given."""
     if not name:
         raise ModelLoadError(f"{key} is empty; give a model directory or a hub id")
-    name = resolve_model_name(name)
+    name = resolve_gguf_name(resolve_packaged_name(resolve_model_name(name)))
     path = Path(name).expanduser()
     if path.exists():
         return str(path)
@@ -434,17 +438,42 @@ def local_or_hub(name: str, key: str) -> str:
     return name
 
 
+def model_source(model: ModelParams) -> tuple[str, str | None]:
+    """Where transformers loads the model from: a directory or hub id, and the GGUF file in it
+    when the model is one. A `.gguf` path (or a packaged or tiny GGUF name) names the file
+    itself; Oumi's form names a hub repo or directory in `model_name` and the file in
+    `model_kwargs.filename`. transformers dequantizes GGUF weights as it loads them."""
+    name = local_or_hub(model.model_name, "model.model_name")
+    filename = model.model_kwargs.get("filename")
+    if filename is not None:
+        if not isinstance(filename, str) or not filename.endswith(".gguf"):
+            raise ModelLoadError(
+                f"model.model_kwargs.filename: '{filename}' is not a .gguf file name; the NATIVE "
+                f"engine reads it as the GGUF file inside model.model_name"
+            )
+        return name, filename
+    path = Path(name)
+    if path.suffix == ".gguf" and path.is_file():
+        return str(path.parent), path.name
+    return name, None
+
+
 def load_tokenizer(model: ModelParams) -> Any:
     from transformers import AutoTokenizer
 
-    key = "model.tokenizer_name" if model.tokenizer_name else "model.model_name"
-    name = local_or_hub(model.tokenizer_name or model.model_name, key)
+    kwargs = dict(model.tokenizer_kwargs)
+    if model.tokenizer_name:
+        name = local_or_hub(model.tokenizer_name, "model.tokenizer_name")
+    else:
+        name, gguf_file = model_source(model)
+        if gguf_file:
+            kwargs["gguf_file"] = gguf_file
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             name,
             trust_remote_code=model.trust_remote_code,
             revision=model.model_revision,
-            **model.tokenizer_kwargs,
+            **kwargs,
         )
     except Exception as exc:
         raise ModelLoadError(f"cannot load the tokenizer of '{name}': {_first_line(exc)}") from exc
@@ -476,18 +505,23 @@ def resolve_chat_template(value: str) -> str:
 def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
-    name = local_or_hub(model.model_name, "model.model_name")
-    kwargs = dict(model.model_kwargs)
+    name, gguf_file = model_source(model)
+    kwargs = {k: v for k, v in model.model_kwargs.items() if k != "filename"}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
     if model.attn_implementation:
         kwargs["attn_implementation"] = model.attn_implementation
+    # transformers draws a progress bar while it dequantizes GGUF tensors, with no switch.
+    quiet = contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext()
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(
-            name,
-            dtype=dtype,
-            trust_remote_code=model.trust_remote_code,
-            revision=model.model_revision,
-            **kwargs,
-        )
+        with quiet:
+            loaded = AutoModelForCausalLM.from_pretrained(
+                name,
+                dtype=dtype,
+                trust_remote_code=model.trust_remote_code,
+                revision=model.model_revision,
+                **kwargs,
+            )
     except Exception as exc:
         raise ModelLoadError(f"cannot load model '{model.model_name}': {_first_line(exc)}") from exc
     if model.adapter_model:
