@@ -12,16 +12,21 @@ from lmpress.types import Delta, Message, Request, Result
 
 
 async def run_prompt(
-    config: RunConfig, prompt: str, system: str | None = None, out: TextIO | None = None
+    config: RunConfig,
+    prompt: str,
+    system: str | None = None,
+    out: TextIO | None = None,
+    raw: bool = False,
 ) -> int:
     """Stream the reply to `prompt`; with n > 1 each sample is printed after the first.
-    Returns the exit code: 0, or 1 when the request failed."""
+    `raw` sends the text as it is for the model to continue (no chat template), as a base
+    model wants. Returns the exit code: 0, or 1 when the request failed."""
     out = out or sys.stdout
     messages = [Message("user", prompt)]
     if system:
         messages.insert(0, Message("system", system))
     engine = create_engine(config)
-    request = Request("prompt", messages, config.generation)
+    request = Request("prompt", messages, config.generation, prompt=prompt if raw else None)
     check_params(engine, request.params)
     try:
         result: Result | None = None

@@ -3,7 +3,9 @@
 Nothing is downloaded: the vocabulary is built here from a word list and the weights are random
 with a fixed seed. Two tokenizer families are covered, as llama.cpp names them in
 `tokenizer.ggml.model`: "llama" (SentencePiece-style pieces with scores and byte fallback) and
-"gpt2" (byte-level BPE with merges). Both use llama.cpp's "llama" architecture.
+"gpt2" (byte-level BPE with merges). Most use llama.cpp's "llama" architecture; `qwen2-q4k` is
+a Qwen2 (attention biases, an untied output matrix) quantized to Q4_K_M by llama.cpp's own
+quantize tool, and `llama-q8` stores Q8_0 weights: the quantized kernels real GGUFs take.
 
     python -m lmpress.tinygguf llama        # prints the cached file's path
     python -m lmpress.tinygguf bench-100m   # ~100M parameters, for benchmarks/
@@ -24,7 +26,7 @@ from typing import Any
 from lmpress.tinymodels import WORDS, cache_root
 
 # Bump when a builder changes, so cached files are rebuilt.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 
 TINY_GGUF_PREFIX = "tiny-gguf:"
 
@@ -59,7 +61,9 @@ class GgufSpec:
     context: int
     # Wide enough that a random model's greedy reply depends on its prompt.
     init_std: float = 0.25
-    dtype: str = "f32"  # of the matrices: f32, f16 or q8_0; norms are always f32
+    dtype: str = "f32"  # of the matrices: f32, f16, q8_0 or q4_k_m; norms are always f32
+    arch: str = "llama"  # or "qwen2"
+    chat_template: bool = True  # False: a base model, for raw text only
 
 
 SPECS = {
@@ -67,6 +71,12 @@ SPECS = {
     for spec in (
         GgufSpec("llama", "llama", 600, 64, 2, 4, 2, 128, 2048),
         GgufSpec("gpt2", "gpt2", 1000, 64, 2, 4, 4, 160, 2048),
+        GgufSpec("llama-q8", "llama", 600, 64, 2, 4, 2, 128, 2048, dtype="q8_0"),
+        # K-quants pack rows of 256 values: every matrix dimension here is a multiple of 256.
+        GgufSpec("qwen2-q4k", "gpt2", 1000, 256, 2, 4, 2, 512, 2048, 0.1, "q4_k_m", "qwen2"),
+        GgufSpec(
+            "qwen2-q4k-base", "gpt2", 1000, 256, 2, 4, 2, 512, 2048, 0.1, "q4_k_m", "qwen2", False
+        ),
         # ~100M parameters (tied embeddings), for benchmarks/llamacpp_throughput.py.
         GgufSpec("bench-100m", "llama", 32000, 768, 12, 12, 4, 2048, 4096, 0.02, "f16"),
         GgufSpec("bench-100m-q8", "llama", 32000, 768, 12, 12, 4, 2048, 4096, 0.02, "q8_0"),
@@ -110,10 +120,39 @@ def tiny_gguf(name: str = "llama", cache_dir: Path | None = None) -> Path:
 
 
 def build(spec: GgufSpec, out: Path) -> None:
+    if spec.dtype != "q4_k_m":
+        _write(spec, out)
+        return
+    full = out.with_suffix(".f32.gguf")
+    try:
+        _write(spec, full)
+        _quantize(full, out, "LLAMA_FTYPE_MOSTLY_Q4_K_M")
+    finally:
+        full.unlink(missing_ok=True)
+
+
+def _quantize(source: Path, out: Path, ftype: str) -> None:
+    """llama.cpp's own quantize tool, as `llama-quantize` runs it."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, ftype)
+    with suppress_stdout_stderr(disable=False):  # it prints a line per tensor
+        status = llama_cpp.llama_model_quantize(
+            str(source).encode(), str(out).encode(), ctypes.byref(params)
+        )
+    if status != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source} ({status})")
+
+
+def _write(spec: GgufSpec, out: Path) -> None:
     import gguf
     import numpy as np
 
-    writer = gguf.GGUFWriter(str(out), "llama")
+    writer = gguf.GGUFWriter(str(out), spec.arch)
     writer.add_name(f"lmpress tiny {spec.name}")
     writer.add_context_length(spec.context)
     writer.add_embedding_length(spec.hidden)
@@ -138,7 +177,8 @@ def build(spec: GgufSpec, out: Path) -> None:
     if vocab.unk is not None:
         writer.add_unk_token_id(vocab.unk)
     writer.add_add_bos_token(vocab.add_bos)
-    writer.add_chat_template(vocab.chat_template)
+    if spec.chat_template:
+        writer.add_chat_template(vocab.chat_template)
 
     rng = np.random.default_rng(0)
     head_dim = spec.hidden // spec.heads
@@ -156,15 +196,24 @@ def build(spec: GgufSpec, out: Path) -> None:
     def norm() -> Any:
         return np.ones(spec.hidden, dtype=np.float32)
 
+    def bias(rows: int) -> Any:
+        return rng.standard_normal(rows, dtype=np.float32) * spec.init_std
+
     n_vocab = len(vocab.tokens)
     add_matrix("token_embd.weight", n_vocab, spec.hidden)
-    writer.add_tensor("output_norm.weight", norm())  # output.weight absent: tied embeddings
+    writer.add_tensor("output_norm.weight", norm())
+    if spec.arch != "llama":  # the llama ones tie the output matrix to the embeddings
+        add_matrix("output.weight", n_vocab, spec.hidden)
     for i in range(spec.layers):
         block = f"blk.{i}"
         writer.add_tensor(f"{block}.attn_norm.weight", norm())
         add_matrix(f"{block}.attn_q.weight", spec.heads * head_dim, spec.hidden)
         add_matrix(f"{block}.attn_k.weight", spec.kv_heads * head_dim, spec.hidden)
         add_matrix(f"{block}.attn_v.weight", spec.kv_heads * head_dim, spec.hidden)
+        if spec.arch == "qwen2":
+            writer.add_tensor(f"{block}.attn_q.bias", bias(spec.heads * head_dim))
+            writer.add_tensor(f"{block}.attn_k.bias", bias(spec.kv_heads * head_dim))
+            writer.add_tensor(f"{block}.attn_v.bias", bias(spec.kv_heads * head_dim))
         add_matrix(f"{block}.attn_output.weight", spec.hidden, spec.heads * head_dim)
         writer.add_tensor(f"{block}.ffn_norm.weight", norm())
         add_matrix(f"{block}.ffn_gate.weight", spec.intermediate, spec.hidden)

@@ -84,6 +84,12 @@ def infer(
     config: RecipeOpt = None,
     engine: EngineOpt = None,
     system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw", help="Send the prompt as raw text to continue, without the chat template."
+        ),
+    ] = False,
     input: Annotated[
         str | None, typer.Option("-i", "--input", help="Run a JSONL file instead (the batch path).")
     ] = None,
@@ -98,6 +104,8 @@ def infer(
     cfg, words = _config(ctx, config, engine)
     if input or (cfg.input_path and not words):
         raise typer.Exit(_batch(cfg, input, output))
+    if raw and system:
+        raise ConfigError("--system needs the chat template; --raw sends the text as it is")
     prompt = " ".join(words)
     if not prompt:
         if sys.stdin.isatty():
@@ -107,7 +115,7 @@ def infer(
 
     from lmpress.infer import run_prompt
 
-    raise typer.Exit(asyncio.run(run_prompt(cfg, prompt, system)))
+    raise typer.Exit(asyncio.run(run_prompt(cfg, prompt, system, raw=raw)))
 
 
 @app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)

@@ -3,7 +3,8 @@
 Formats, detected row by row:
 - chat:   {"messages": [...], "id"?, "metadata"?}   (OpenAI chat messages)
 - oumi:   {"conversation_id", "messages": [...], "metadata"}   (Oumi conversations)
-- prompt: {"prompt": "...", "system"?: "..."}
+- prompt: {"prompt": "...", "system"?: "..."}   (a chat turn: the chat template applies)
+- text:   {"text": "..."}   (raw text for a base model to continue: no chat template)
 - openai_batch: {"custom_id", "method", "url", "body"}   (OpenAI Batch request lines)
 Any row may carry its own `generation` overrides, a mapping of generation fields.
 
@@ -34,7 +35,7 @@ class RowError(ValueError):
 class ParsedRow:
     line: int  # 1-based line number in the input file
     id: str
-    kind: str  # "chat" | "oumi" | "prompt" | "openai_batch"
+    kind: str  # "chat" | "oumi" | "prompt" | "text" | "openai_batch"
     raw: dict[str, Any]
     messages: list[Message]
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -80,9 +81,17 @@ def parse_row(raw: Any, line: int) -> ParsedRow:
             if not isinstance(system, str):
                 raise RowError(f"'system' must be a string, got {_json_type(system)}")
             messages.insert(0, Message("system", system))
+    elif "text" in raw:
+        text = raw["text"]
+        if not isinstance(text, str):
+            raise RowError(f"'text' must be a string, got {_json_type(text)}")
+        messages = [Message("user", text)]
+        return ParsedRow(line, row_id(raw, line), "text", raw, messages, overrides, prompt=text)
     else:
         keys = ", ".join(sorted(raw)) or "none"
-        raise RowError(f"row has neither 'messages' nor 'prompt' (keys: {keys})")
+        raise RowError(
+            f"row has no 'messages', 'prompt' (a chat turn) or 'text' (raw text) (keys: {keys})"
+        )
     return ParsedRow(line, row_id(raw, line), kind, raw, messages, overrides)
 
 
