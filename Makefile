@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml
 
 demo: install
 	@mkdir -p demo-output
-	$(VENV)/bin/lmpress batch -c tiny-native -i examples/sample.jsonl -o demo-output/sample.out.jsonl
-	@echo "--- first rows of demo-output/sample.out.jsonl ---"
-	@head -n 3 demo-output/sample.out.jsonl
+	$(VENV)/bin/lmpress batch -c smollm2 -i examples/sample.jsonl -o demo-output/sample.out.jsonl --overwrite
+	@echo "--- demo-output/sample.out.jsonl, question by question ---"
+	@$(PY) examples/show_answers.py demo-output/sample.out.jsonl
 
 test: install
 	$(VENV)/bin/pytest -q
