@@ -5,7 +5,7 @@ with a fixed seed. Two tokenizer families are covered, as llama.cpp names them i
 `tokenizer.ggml.model`: "llama" (SentencePiece-style pieces with scores and byte fallback) and
 "gpt2" (byte-level BPE with merges). Most use llama.cpp's "llama" architecture; `qwen2-q4k` is
 a Qwen2 (attention biases, an untied output matrix) quantized to Q4_K_M by llama.cpp's own
-quantize tool, and `llama-q8` stores Q8_0 weights: the quantized kernels real GGUFs take.
+quantize tool, and `gpt2-q8` stores Q8_0 weights: the quantized kernels real GGUFs take.
 
     python -m lmpress.tinygguf llama        # prints the cached file's path
     python -m lmpress.tinygguf bench-100m   # ~100M parameters, for benchmarks/
@@ -71,7 +71,7 @@ SPECS = {
     for spec in (
         GgufSpec("llama", "llama", 600, 64, 2, 4, 2, 128, 2048),
         GgufSpec("gpt2", "gpt2", 1000, 64, 2, 4, 4, 160, 2048),
-        GgufSpec("llama-q8", "llama", 600, 64, 2, 4, 2, 128, 2048, dtype="q8_0"),
+        GgufSpec("gpt2-q8", "gpt2", 1000, 64, 2, 4, 4, 160, 2048, dtype="q8_0"),
         # K-quants pack rows of 256 values: every matrix dimension here is a multiple of 256.
         GgufSpec("qwen2-q4k", "gpt2", 1000, 256, 2, 4, 2, 512, 2048, 0.1, "q4_k_m", "qwen2"),
         GgufSpec(

@@ -116,7 +116,7 @@ def test_llamacpp_greedy_is_identical_at_batch_size_1_and_16_on_smollm2():
 
 QUANTIZED = {
     "smollm2-q4_1": lambda: resolve_packaged_name(SMOLLM2_Q4_1.name),
-    "tiny-q8_0": lambda: str(tiny_gguf("llama-q8")),
+    "tiny-q8_0": lambda: str(tiny_gguf("gpt2-q8")),
     "tiny-qwen2-q4_k_m": lambda: str(tiny_gguf("qwen2-q4k")),
 }
 
@@ -136,8 +136,8 @@ def test_quantized_weights_decode_multi_token_batches(name):
         close(engine)
     assert all(r.ok and r.usage.completion_tokens > 0 for r in results)
     conversations = [[{"role": "user", "content": q}] for q in questions]
-    # llama-cpp-python drops bytes that are not UTF-8 (random weights emit some); lmpress shows
-    # them as U+FFFD.
+    # Random weights emit bytes that are not UTF-8: llama-cpp-python drops them, lmpress shows
+    # each as U+FFFD.
     ours = [r.text.replace("\ufffd", "") for r in results]
     assert ours == llama_cpp_reference(path, kwargs, conversations, 16)
 
@@ -149,7 +149,7 @@ def test_quantized_files_hold_the_quantized_types():
         return {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
 
     assert "Q4_1" in types(resolve_packaged_name(SMOLLM2_Q4_1.name))
-    assert "Q8_0" in types(str(tiny_gguf("llama-q8")))
+    assert "Q8_0" in types(str(tiny_gguf("gpt2-q8")))
     assert "Q4_K" in types(str(tiny_gguf("qwen2-q4k")))
 
 
@@ -158,7 +158,7 @@ def test_a_build_with_amx_kernels_loads_weights_without_extra_buffers():
     epyc = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | REPACK = 1 |"
     assert not extra_bufts_are_safe(amx)
     assert extra_bufts_are_safe(epyc)
-    path = str(tiny_gguf("llama-q8"))
+    path = str(tiny_gguf("gpt2-q8"))
     off = load_llama(path, {"verbose": False, "n_ctx": 256}, extra_bufts=False)
     on = load_llama(path, {"verbose": False, "n_ctx": 256}, extra_bufts=True)
     try:
