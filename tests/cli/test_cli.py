@@ -232,7 +232,7 @@ def test_a_failed_generation_fails_its_row_only(tmp_path):
                 "--generation.temprature",
                 "1",
             ],
-            "did you mean 'generation.temperature'",
+            "--generation.temprature: unknown key (did you mean '--generation.temperature'?)",
         ),
         (["batch", "-o", "{tmp}/o.jsonl"], "no input"),
         (["infer", "--generation.top_p", "2", "hi"], "generation.top_p"),

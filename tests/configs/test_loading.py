@@ -74,7 +74,7 @@ def test_unknown_key_in_recipe_names_file_and_closest_key(tmp_path):
 
 def test_unknown_override_suggests_the_right_section():
     with pytest.raises(
-        ConfigError, match=r"--generation.api_url.*did you mean 'remote_params.api_url'"
+        ConfigError, match=r"--generation.api_url.*did you mean '--remote_params.api_url'"
     ):
         load_config(overrides=[("generation.api_url", "http://x")])
 
