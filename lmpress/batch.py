@@ -427,9 +427,10 @@ class BatchJob:
         if kind != CONNECTION_ERROR or self.summary.rows_ok or self.stopping:
             return
         self.unreachable = True
+        where = self.config.remote_params.api_url or "the endpoint"
         self._stop(
-            f"the endpoint cannot be reached ({message}); no row was generated, so the job "
-            f"stops here: re-run the same command to resume once it is up"
+            f"{where} cannot be reached: {message}; no row was generated, so the job stops "
+            f"here: re-run the same command to resume once it is up"
         )
 
     def _stop(self, reason: str) -> None:

@@ -181,12 +181,19 @@ def load_engine_class(name: str) -> type[Engine]:
     return getattr(module, class_name)
 
 
+HUB_ENGINES = frozenset({"NATIVE", "VLLM"})  # engines that take a hub model id
+
+
 def create_engine(config: RunConfig) -> Engine:
     """Build the engine a config names; its backend is imported and the model loaded here."""
     cls = load_engine_class(config.engine)
     reason = cls.unavailable_reason()
     if reason:
         raise EngineUnavailableError(f"engine {cls.name} cannot run here: {reason}")
+    if cls.name in HUB_ENGINES:
+        from lmpress.engines.hub import check_hub_model
+
+        check_hub_model(config.model.model_name)
     return cls(config)
 
 
