@@ -77,6 +77,6 @@ def read_row(path: str, wanted: int | None = None) -> ParsedRow:
     if chosen.error:
         raise InputError(f"{path} line {chosen.number}: {chosen.error}")
     try:
-        return parse_row(chosen.value, chosen.number)
+        return parse_row(chosen.value, chosen.number, regenerate=False)
     except RowError as exc:
         raise InputError(f"{path} line {chosen.number}: {exc}") from exc

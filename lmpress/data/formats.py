@@ -62,8 +62,9 @@ def row_id(raw: dict[str, Any], line: int) -> str:
     return f"row-{digest.hexdigest()[:16]}"
 
 
-def parse_row(raw: Any, line: int) -> ParsedRow:
-    """Turn one decoded JSON value into a ParsedRow, or raise RowError."""
+def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
+    """Turn one decoded JSON value into a ParsedRow, or raise RowError. `regenerate`: drop a
+    trailing assistant turn to generate it anew (batch); chat's /load keeps it to continue."""
     if not isinstance(raw, dict):
         raise RowError(f"expected a JSON object, got {_json_type(raw)}")
     if openai_batch.is_batch_request(raw):
@@ -71,7 +72,8 @@ def parse_row(raw: Any, line: int) -> ParsedRow:
     overrides = _row_overrides(raw.get("generation"))
     if "messages" in raw:
         kind = "oumi" if "conversation_id" in raw or _has_oumi_items(raw["messages"]) else "chat"
-        messages = regenerate_last_turn(parse_messages(raw["messages"]))
+        messages = parse_messages(raw["messages"])
+        messages = regenerate_last_turn(messages) if regenerate else messages
     elif "prompt" in raw:
         kind = "prompt"
         prompt = raw["prompt"]
