@@ -76,7 +76,7 @@ def resolve_output(output: str, input_path: str | None, side_files: list[Path]) 
     p = Path(output).expanduser()
     if p.is_dir():
         raise InputError(f"{output}: is a directory; give an output file path, or - for stdout")
-    if _is_special(p) or (p.exists() and not stat.S_ISREG(p.stat().st_mode)):
+    if p.exists() and (_is_special(p) or not stat.S_ISREG(p.stat().st_mode)):
         mode = p.stat().st_mode if p.exists() else 0
         if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
             raise InputError(f"{output}: not a regular file; give an output file path, or -")
