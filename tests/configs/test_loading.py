@@ -85,9 +85,7 @@ def test_unknown_option_word():
 
 
 def test_wrong_type_names_the_key():
-    with pytest.raises(
-        ConfigError, match=r"^--generation.max_new_tokens: Value 'many'"
-    ):
+    with pytest.raises(ConfigError, match=r"^--generation.max_new_tokens: Value 'many'"):
         load_config(overrides=[("generation.max_new_tokens", "many")])
 
 
