@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from lmpress.configs.loading import generation_with_overrides
 from lmpress.configs.schema import RunConfig
@@ -45,12 +45,17 @@ from lmpress.data.resume import (
     repair_torn_tail,
     write_fingerprint,
 )
+from lmpress.data.targets import STDIO, check_input, resolve_output
 from lmpress.engines.base import Engine, check_params
 from lmpress.engines.registry import create_engine, load_engine_class
 from lmpress.errors import InputError, LmpressError, UnsupportedParamError
 from lmpress.types import Request, Result
 
+if TYPE_CHECKING:
+    from lmpress.cli.progress import Progress
+
 EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 0, 1, 130
+CONNECTION_ERROR = "connection_error"  # the error kind remote engines give an unreachable host
 
 
 @dataclass
@@ -85,6 +90,7 @@ class BatchSummary:
     wall_s: float = 0.0
     interrupted: bool = False
     stopped_because: str | None = None
+    errors_path: str | None = None  # OUT.errors.jsonl; None when streaming (no side files)
 
     @property
     def rows_done(self) -> int:
@@ -159,7 +165,14 @@ class BatchJob:
         self.progress = progress
         self.stderr = stderr or sys.stderr
         self.files = JobFiles.beside(options.output_path)
-        self.summary = BatchSummary(options.input_path, options.output_path)
+        check_input(options.input_path)
+        side = [self.files.errors, self.files.summary, self.files.fingerprint]
+        self.target = resolve_output(options.output_path, options.input_path, side)
+        label = "stdout" if self.target.path == STDIO else options.output_path
+        self.summary = BatchSummary(options.input_path, label)
+        if not self.target.stream:
+            self.summary.errors_path = str(self.files.errors)
+        self.unreachable = False  # stopped because the endpoint never answered
         self.stopping = False  # no new rows: Ctrl-C, --on-error fail or --max-errors
         self._interrupts = 0
 
@@ -173,8 +186,10 @@ class BatchJob:
         left = total > len(keys) or any(k not in done and k not in set_aside for k in keys)
         if self.engine is None and left:
             # Load the model before anything is written; a finished job loads none.
+            model = self.config.model.model_name
+            self._say(f"loading {model} on {self.config.engine}…" if model else "starting…")
             self.engine = await asyncio.to_thread(create_engine, self.config)
-        if fresh:
+        if fresh and not self.target.stream:
             self.files.remove_all()
             write_fingerprint(self.files, self._fingerprint(), self.options.recipe)
         loop = asyncio.get_running_loop()
@@ -182,10 +197,7 @@ class BatchJob:
         try:
             if self.progress:
                 self.progress.start(total)
-            with (
-                JsonlWriter(self.files.output, mode="a") as out,
-                _LazyWriter(self.files.errors) as errors,
-            ):
+            with self._open_output() as out, _LazyWriter(self._errors_path()) as errors:
                 self._out, self._errors = out, errors
                 await self._process(done, set_aside)
         finally:
@@ -196,6 +208,17 @@ class BatchJob:
                 self.progress.stop(self.summary)
             self._write_summary()
         return self.summary
+
+    def _open_output(self) -> JsonlWriter:
+        """The output: the file (appended to, for resume), or the stream as it is."""
+        if not self.target.stream:
+            return JsonlWriter(self.files.output, mode="a")
+        if self.target.path == STDIO:
+            return JsonlWriter(STDIO, handle=sys.stdout)
+        return JsonlWriter(self.target.path, handle=open(self.target.path, "a", encoding="utf-8"))
+
+    def _errors_path(self) -> Path | None:
+        return None if self.target.stream else self.files.errors
 
     def _scan_input(self) -> tuple[int, IdKeys]:
         """One pass before any work: count this shard's rows, refuse duplicate ids, and
@@ -240,6 +263,8 @@ class BatchJob:
         """(ids done, ids set aside as failed, whether to start fresh), the output checked
         against the settings and its torn tail repaired."""
         files, options = self.files, self.options
+        if self.target.stream:  # nothing to resume from, nothing to start over
+            return IdKeys(), IdKeys(), False
         resuming = files.output.exists() and files.output.stat().st_size > 0
         if options.overwrite or not resuming:
             return IdKeys(), IdKeys(), True
@@ -364,6 +389,7 @@ class BatchJob:
         summary.completion_tokens += result.usage.completion_tokens
         if result.error is not None:
             error = result.error
+            self._check_reachable(error.kind, error.message)
             openai = output_format_for(row, self.options.output_format) == "openai"
             self._fail(row.line, row.id, error.kind, error.message, error.status, openai,
                        reorder=reorder, seq=seq)  # fmt: skip
@@ -380,7 +406,8 @@ class BatchJob:
     def _fail(self, line_no, rid, kind, message, status, openai, *, reorder=None, seq=0) -> None:
         summary = self.summary
         summary.rows_failed += 1
-        print(f"lmpress: {self.options.input_path}:{line_no}: {message}", file=self.stderr)
+        if not (self.unreachable and kind == CONNECTION_ERROR):  # said once, not per row
+            print(f"lmpress: {self.options.input_path}:{line_no}: {message}", file=self.stderr)
         self._errors.write(render_failure(rid, line_no, kind, message, status, openai))
         if reorder is not None:
             reorder.put(seq, None)
@@ -393,6 +420,18 @@ class BatchJob:
             self._stop(f"{summary.rows_failed} rows failed (--max-errors {options.max_errors})")
 
     # --- stopping --------------------------------------------------------------------------
+
+    def _check_reachable(self, kind: str, message: str) -> None:
+        """Stop the job when the endpoint has never answered: with no row done yet and the
+        first failure a connection error, every other row would only fail the same way."""
+        if kind != CONNECTION_ERROR or self.summary.rows_ok or self.stopping:
+            return
+        self.unreachable = True
+        where = self.config.remote_params.api_url or "the endpoint"
+        self._stop(
+            f"{where} cannot be reached: {message}; no row was generated, so the job stops "
+            f"here: re-run the same command to resume once it is up"
+        )
 
     def _stop(self, reason: str) -> None:
         self.stopping = True
@@ -420,6 +459,8 @@ class BatchJob:
         return shard is None or ordinal % shard[1] == shard[0]
 
     def _write_summary(self) -> None:
+        if self.target.stream:
+            return
         try:
             text = json.dumps(self.summary.as_dict(), indent=2) + "\n"
             self.files.summary.write_text(text, encoding="utf-8")
@@ -459,11 +500,13 @@ class _Reorder:
 class _LazyWriter:
     """A JsonlWriter opened (in append mode) only when the first line comes."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path | None):
+        self.path = path  # None: failures are reported on stderr only
         self._writer: JsonlWriter | None = None
 
     def write(self, row: dict[str, Any]) -> None:
+        if self.path is None:
+            return
         if self._writer is None:
             self._writer = JsonlWriter(self.path, mode="a")
         self._writer.write(row)
@@ -494,79 +537,3 @@ def parse_shard(text: str) -> tuple[int, int]:
     if not slash or n < 1 or not 0 <= i < n:
         raise InputError(f"--shard {text}: expected I/N with 0 <= I < N, e.g. 0/4")
     return i, n
-
-
-class Progress:
-    """Rows/s, tokens/s and ETA: a rich bar on a terminal, a plain line now and then otherwise."""
-
-    PLAIN_EVERY_S = 10.0
-
-    def __init__(self, stream: TextIO | None = None, fancy: bool | None = None):
-        self.stream = stream or sys.stderr
-        self.fancy = self.stream.isatty() if fancy is None else fancy
-        self.total = 0
-        self.started = time.perf_counter()
-        self._bar: Any = None
-        self._task: Any = None
-        self._last_plain = 0.0
-
-    def start(self, total: int) -> None:
-        self.total = total
-        self.started = time.perf_counter()
-        if self.fancy:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-            from rich.progress import Progress as RichProgress
-
-            self._bar = RichProgress(
-                TextColumn("[bold]lmpress batch"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"),
-                TimeRemainingColumn(),
-                console=Console(file=self.stream),
-                transient=True,
-            )
-            self._task = self._bar.add_task("rows", total=total, rate="")
-            self._bar.start()
-
-    def update(self, summary: BatchSummary) -> None:
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        done = summary.rows_done
-        rate = f"{done / elapsed:.1f} rows/s  {summary.completion_tokens / elapsed:.0f} tok/s"
-        if self._bar is not None:
-            self._bar.update(self._task, completed=done + summary.rows_skipped, rate=rate)
-        elif elapsed - self._last_plain >= self.PLAIN_EVERY_S:
-            self._last_plain = elapsed
-            left = self.total - done - summary.rows_skipped
-            eta = f"{left / (done / elapsed):.0f}s" if done else "?"
-            print(f"lmpress: {done + summary.rows_skipped}/{self.total} rows, {rate}, ETA {eta}",
-                  file=self.stream)  # fmt: skip
-
-    def stop(self, summary: BatchSummary) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-def print_summary(summary: BatchSummary, files: JobFiles, stream: TextIO | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="lmpress batch", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-    table.add_row("rows ok", str(summary.rows_ok))
-    table.add_row("rows failed", str(summary.rows_failed))
-    table.add_row("rows skipped (done before)", str(summary.rows_skipped))
-    table.add_row("tokens in / out", f"{summary.prompt_tokens} / {summary.completion_tokens}")
-    table.add_row("wall time", f"{summary.wall_s:.2f} s")
-    table.add_row("rows/s", f"{summary.rows_per_s:.2f}")
-    table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
-    table.add_row("output", str(files.output))
-    if summary.rows_failed:
-        table.add_row("failed rows", str(files.errors))
-    if summary.stopped_because:
-        table.add_row("stopped", summary.stopped_because)
-    if summary.interrupted:
-        table.add_row("interrupted", "re-run the same command to resume")
-    Console(file=stream or sys.stderr).print(table)

@@ -317,13 +317,21 @@ def bpe_vocab(spec: GgufSpec) -> Vocab:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    for name in args or ["llama"]:
+    """Build the named tiny GGUF models (default: llama) and print where each is; argparse gives
+    --help and names a model it does not know."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m lmpress.tinygguf",
+        description="Build tiny GGUF models locally and print their paths.",
+    )
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"one of: {', '.join(SPECS)}")  # fmt: skip
+    names = parser.parse_args(argv).names or ["llama"]
+    for name in names:
         if name not in SPECS:
-            print(
-                f"unknown tiny GGUF model '{name}'; choose from {', '.join(SPECS)}", file=sys.stderr
-            )
-            return 2
+            parser.error(f"unknown model '{name}'; choose from {', '.join(SPECS)}")
+    for name in names:
         print(tiny_gguf(name))
     return 0
 

@@ -215,7 +215,10 @@ def test_save_replays_with_batch_and_load_continues(echo_chat, echo_plugin, tmp_
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     [out] = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert json.loads(out["response"]["text"][len("ECHO ") :]) == rows[0]["messages"]
+    # The saved chat ends with the assistant: replayed, that last turn is regenerated.
+    assert json.loads(out["response"]["text"][len("ECHO ") :]) == rows[0]["messages"][:-1]
+    assert out["messages"][:-1] == rows[0]["messages"][:-1]
+    assert out["messages"][-1]["content"] == out["response"]["text"]
 
     chat = echo_chat()
     shown = chat.say("/load chats.jsonl")
@@ -409,7 +412,8 @@ def test_native_chat_keeps_history_saves_for_batch_and_survives_errors(tiny_llam
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     [out] = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert out["messages"][:4] == row["messages"]
+    # The saved last reply is regenerated, not followed by a second one.
+    assert out["messages"][:3] == row["messages"][:3] and len(out["messages"]) == 4
     assert out["response"]["usage"]["completion_tokens"] > 0
 
 
@@ -454,3 +458,17 @@ def test_native_piped(tiny_llama, tmp_path):
     assert len(STATUS.findall(run.stderr)) == 2
     assert re.search(r"^error: prompt is \d+ tokens", run.stderr, re.M)
     assert "Traceback" not in run.stderr
+
+
+def test_set_lists_every_generation_setting(echo_chat):
+    shown = echo_chat().say("/set")
+    for name in ("min_p", "repetition_penalty", "logprobs", "stop_token_ids", "n"):
+        assert f"{name}=" in shown
+
+
+def test_save_into_a_missing_directory_is_refused(echo_chat, tmp_path):
+    chat = echo_chat()
+    chat.say("hello")
+    shown = chat.say("/save nowhere/chats.jsonl")
+    assert "the directory nowhere does not exist" in shown
+    assert not (tmp_path / "nowhere").exists()

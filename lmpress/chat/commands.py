@@ -165,10 +165,13 @@ def help_text() -> str:
 
 
 def settings_text(params: GenerationParams) -> str:
-    shown = ["max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_strings"]
-    shown += [name for name in params.changed_fields() if name not in shown]
+    """Every generation setting, so that /set lists what /set can change."""
+    import textwrap
+
+    shown = [f.name for f in dataclasses.fields(params) if f.name != "batch_size"]
     values = ", ".join(f"{name}={getattr(params, name)!r}" for name in shown)
-    return f"generation: {values}\nchange one with /set generation.KEY=VALUE"
+    text = textwrap.fill(f"generation: {values}", 100, subsequent_indent="  ")
+    return f"{text}\nchange one with /set generation.KEY=VALUE"
 
 
 def split_setting(arg: str) -> tuple[str, str]:

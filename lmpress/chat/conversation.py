@@ -58,6 +58,8 @@ def append_row(conversation: Conversation, path: str) -> int:
     target = Path(path).expanduser()
     if target.is_dir():
         raise InputError(f"{path}: is a directory; give a file name")
+    if not target.parent.is_dir():  # a typo'd directory is not created behind the user's back
+        raise InputError(f"{path}: the directory {target.parent} does not exist; create it first")
     line = (count_lines(target) if target.exists() else 0) + 1
     with JsonlWriter(target, "a") as writer:
         writer.write(conversation.to_row())
@@ -75,6 +77,6 @@ def read_row(path: str, wanted: int | None = None) -> ParsedRow:
     if chosen.error:
         raise InputError(f"{path} line {chosen.number}: {chosen.error}")
     try:
-        return parse_row(chosen.value, chosen.number)
+        return parse_row(chosen.value, chosen.number, regenerate=False)
     except RowError as exc:
         raise InputError(f"{path} line {chosen.number}: {exc}") from exc

@@ -7,6 +7,7 @@ backend: `lmpress --help` stays fast.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import traceback
@@ -42,6 +43,9 @@ app = typer.Typer(
 config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
+# A flag takes no value; shown without a type so that `--overwrite true` is not suggested.
+FLAG = ""
+
 RecipeOpt = Annotated[
     str | None,
     typer.Option("-c", "--config", help="Recipe: a YAML path or a bundled recipe name."),
@@ -60,7 +64,10 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version.", metavar=""
+        ),
     ] = False,
 ) -> None:
     """Run language models over data: one prompt, a JSONL file, a chat or a server, on any engine.
@@ -78,7 +85,9 @@ def _config(
     return load_config(recipe, overrides, engine=engine), positional
 
 
-@app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
+@app.command(
+    context_settings=OVERRIDES, epilog=OVERRIDES_HELP, options_metavar="[OPTIONS] [PROMPT]"
+)
 def infer(
     ctx: typer.Context,
     config: RecipeOpt = None,
@@ -111,6 +120,8 @@ def infer(
         if sys.stdin.isatty():
             raise ConfigError("no prompt: give it as an argument or on stdin")
         prompt = sys.stdin.read().strip()
+        if not prompt:
+            raise ConfigError("no prompt: stdin was empty; give the prompt as an argument")
     import asyncio
 
     from lmpress.infer import run_prompt
@@ -121,24 +132,36 @@ def infer(
 @app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
 def batch(
     ctx: typer.Context,
-    input: Annotated[str | None, typer.Option("-i", "--input", help="Input JSONL file.")] = None,
-    output: Annotated[str | None, typer.Option("-o", "--output", help="Output JSONL file.")] = None,
+    input: Annotated[
+        str | None,
+        typer.Option("-i", "--input", help="Input JSONL file (.gz .zst .bz2 .xz read too)."),
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", help="Output JSONL file, or - for stdout.")
+    ] = None,
     config: RecipeOpt = None,
     engine: EngineOpt = None,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Start over instead of resuming the output.")
+        bool,
+        typer.Option(
+            "--overwrite", help="Start over instead of resuming the output.", metavar=FLAG
+        ),
     ] = False,
     on_error: Annotated[
         str, typer.Option("--on-error", help="skip: set failed rows aside and go on; fail: stop.")
     ] = "skip",
     no_retry_failed: Annotated[
-        bool, typer.Option("--no-retry-failed", help="Leave rows that failed before aside.")
+        bool,
+        typer.Option(
+            "--no-retry-failed", help="Leave rows that failed before aside.", metavar=FLAG
+        ),
     ] = False,
     max_errors: Annotated[
         int | None, typer.Option("--max-errors", help="Stop once this many rows failed.")
     ] = None,
     ordered: Annotated[
-        bool, typer.Option("--ordered", help="Write rows in input order (bounded buffer).")
+        bool,
+        typer.Option("--ordered", help="Write rows in input order (bounded buffer).", metavar=FLAG),
     ] = False,
     shard: Annotated[
         str | None, typer.Option("--shard", help="I/N: every N-th row starting at I.")
@@ -155,7 +178,7 @@ def batch(
     """
     cfg, words = _config(ctx, config, engine)
     if words:
-        raise ConfigError(f"unexpected argument '{words[0]}' (batch reads rows from -i FILE)")
+        raise ConfigError(_unexpected(words[0], "batch reads rows from -i FILE"))
     from lmpress.batch import BatchOptions, parse_shard
     from lmpress.data.formats import OUTPUT_FORMATS
 
@@ -181,11 +204,20 @@ def batch(
     raise typer.Exit(_batch(cfg, input, output, options))
 
 
+def _unexpected(word: str, hint: str) -> str:
+    """A stray word; `true`/`false` after a flag gets the flag's own spelling as the hint."""
+    if word.lower() in ("true", "false", "yes", "no", "1", "0"):
+        hint = "a flag such as --overwrite takes no value: give it alone to turn it on"
+    return f"unexpected argument '{word}' ({hint})"
+
+
 def _batch(cfg: RunConfig, input: str | None, output: str | None, options=None) -> int:
     import asyncio
 
-    from lmpress.batch import BatchOptions, Progress, print_summary, run_batch
+    from lmpress.batch import BatchOptions, run_batch
+    from lmpress.cli.progress import Progress, print_summary
     from lmpress.data.resume import JobFiles
+    from lmpress.data.targets import check_input, resolve_output
     from lmpress.engines.registry import load_engine_class
 
     input_path = input or cfg.input_path
@@ -193,23 +225,26 @@ def _batch(cfg: RunConfig, input: str | None, output: str | None, options=None) 
     if not input_path:
         raise ConfigError("no input: give -i FILE or set input_path")
     if not output_path:
-        raise ConfigError("no output: give -o FILE or set output_path")
-    if not Path(input_path).expanduser().is_file():
-        raise InputError(f"{input_path}: no such input file")
-    _check_writable(output_path)
+        raise ConfigError("no output: give -o FILE (or - for stdout) or set output_path")
+    # Every path checked before anything is opened for writing or any model loads.
+    check_input(input_path)
+    files = JobFiles.beside(output_path)
+    target = resolve_output(
+        output_path, input_path, [files.errors, files.summary, files.fingerprint]
+    )
+    if not target.stream:
+        _check_writable(output_path)
     options = options or BatchOptions("", "")
     options.input_path, options.output_path = input_path, output_path
     load_engine_class(cfg.engine)  # an engine that cannot load is refused before any work
     summary = asyncio.run(run_batch(cfg, options, progress=Progress()))
-    print_summary(summary, JobFiles.beside(output_path))
+    print_summary(summary)
     return summary.exit_code
 
 
 def _check_writable(path: str) -> None:
     """Fail before any work if the output cannot be created (access() lies to root)."""
     target = Path(path).expanduser()
-    if target.is_dir():
-        raise InputError(f"{path}: is a directory, expected an output file path")
     existed = target.exists()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +263,7 @@ def chat(
     engine: EngineOpt = None,
     system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
     markdown: Annotated[
-        bool, typer.Option("--markdown", help="Render replies as Markdown.")
+        bool, typer.Option("--markdown", help="Render replies as Markdown.", metavar=FLAG)
     ] = False,
 ) -> None:
     """Chat with a model in the terminal: multi-turn, streamed, with slash commands (/help).
@@ -273,7 +308,8 @@ def serve(
         ),
     ] = None,
     log_content: Annotated[
-        bool, typer.Option("--log-content", help="Log each request's messages and reply.")
+        bool,
+        typer.Option("--log-content", help="Log each request's messages and reply.", metavar=FLAG),
     ] = False,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API; concurrent requests are batched.
@@ -306,6 +342,8 @@ def engines() -> None:
     for name in engine_names():
         status = engine_status(name)
         usable = "usable" if status.usable else f"not usable: {status.why}"
+        if status.usable and status.why:
+            usable += f", but {status.why}"
         print(f"{status.name:14} {status.summary}\n{'':14} {usable}")
         if status.supported_params:
             params = "parameters: " + ", ".join(sorted(status.supported_params))
@@ -316,12 +354,26 @@ def engines() -> None:
 @app.command()
 def recipes() -> None:
     """List the bundled recipes (use one with -c NAME)."""
+    import shutil
+    import textwrap
+
     from lmpress.configs.loading import bundled_recipes
 
+    width = max(shutil.get_terminal_size((100, 20)).columns, 60)
     for name, path in bundled_recipes().items():
-        first = path.read_text(encoding="utf-8").splitlines()[:1]
-        about = first[0].lstrip("# ").strip() if first and first[0].startswith("#") else ""
-        print(f"{name:28} {about}")
+        about = " ".join(_leading_comment(path.read_text(encoding="utf-8")))
+        print(textwrap.fill(f"{name:28} {about}", width, subsequent_indent=" " * 29))
+
+
+def _leading_comment(text: str) -> list[str]:
+    """The recipe's opening comment block, whole: its first line alone is often half a
+    sentence."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").strip())
+    return lines
 
 
 @config_app.command("show", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)
@@ -335,6 +387,18 @@ def config_show(ctx: typer.Context, config: RecipeOpt = None, engine: EngineOpt 
     print(config_to_yaml(cfg), end="")
 
 
+def _unwrap(doc: str) -> str:
+    """A docstring as help text: each paragraph one line, so the help wraps to the terminal
+    instead of keeping the source's line breaks (ragged at 80 columns)."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(p.split("\n")) for p in paragraphs)
+
+
+for _info in (*app.registered_commands, *config_app.registered_commands):
+    if _info.callback is not None and _info.callback.__doc__:
+        _info.help = _unwrap(_info.callback.__doc__)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console script: run the app, turning user errors into one line on stderr."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -345,9 +409,11 @@ def main(argv: list[str] | None = None) -> int:
         return code if isinstance(code, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
+    except (click.ClickException, typer.TyperException) as exc:
+        return _usage_error(exc)
+    except BrokenPipeError:  # `lmpress batch -o - | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("lmpress: interrupted", file=sys.stderr)
         return 130
@@ -366,6 +432,18 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         return 1
+
+
+def _usage_error(exc: Exception) -> int:
+    """Something the user typed (no command, a typo'd one, a bad option): click's own message,
+    exit 2 as the README promises. Typer bundles its own copy of click, so both are caught."""
+    show = getattr(exc, "show", None)
+    if callable(show):
+        show()
+    else:
+        print(f"lmpress: error: {exc}", file=sys.stderr)
+    code = getattr(exc, "exit_code", 2)
+    return code if isinstance(code, int) and code != 1 else 2
 
 
 if __name__ == "__main__":

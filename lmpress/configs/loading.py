@@ -77,7 +77,7 @@ def parse_overrides(args: Sequence[str]) -> tuple[list[tuple[str, str]], list[st
         if word.startswith("--") and len(word) > 2:
             key, eq, value = word[2:].partition("=")
             if key.split(".")[0] not in top_level:
-                raise ConfigError(f"unknown option '--{key}'{_suggest(key, _all_keys())}")
+                raise ConfigError(f"unknown option '--{key}'{_suggest(key, _all_keys(), '--')}")
             if not eq:
                 if i + 1 >= len(args):
                     raise ConfigError(f"option '--{key}' needs a value")
@@ -118,7 +118,7 @@ def load_config(
         try:
             cfg = OmegaConf.merge(cfg, data)
         except OmegaConfBaseException as exc:
-            raise ConfigError(f"{source}: {_omegaconf_message(exc)}") from exc
+            raise ConfigError(f"{source}: {_omegaconf_message(exc, source)}") from exc
     try:
         config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
@@ -245,13 +245,15 @@ def _all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def _suggest(key: str, candidates: Sequence[str]) -> str:
+def _suggest(key: str, candidates: Sequence[str], dashes: str = "") -> str:
+    """' (did you mean ...)', spelled as the user spelled the key: with `--` on the command
+    line, so the suggestion can be pasted back as it is."""
     # The right name in the wrong section first: generation.api_url -> remote_params.api_url.
     leaf = key.rsplit(".", 1)[-1]
     close = [c for c in candidates if c != key and c.rsplit(".", 1)[-1] == leaf][:1]
     if not close:
         close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    return f" (did you mean '{dashes}{close[0]}'?)" if close else ""
 
 
 def _check_keys(data: Mapping[str, Any], cls: type, source: str, prefix: str) -> None:
@@ -259,7 +261,10 @@ def _check_keys(data: Mapping[str, Any], cls: type, source: str, prefix: str) ->
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in fields:
-            raise ConfigError(f"{source}: unknown key '{dotted}'{_suggest(dotted, _all_keys())}")
+            dashes = "--" if source.startswith("--") else ""
+            hint = _suggest(dotted, _all_keys(), dashes)
+            what = "unknown key" if source == f"--{dotted}" else f"unknown key '{dotted}'"
+            raise ConfigError(f"{source}: {what}{hint}")
         tp = fields[key]
         if dataclasses.is_dataclass(tp):
             if value is None:
@@ -283,7 +288,8 @@ def _coerce_lists(data: Mapping[str, Any], cls: type) -> dict[str, Any]:
     return out
 
 
-def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+def _omegaconf_message(exc: OmegaConfBaseException, source: str = "") -> str:
+    """OmegaConf's first line, prefixed with the key unless the source already names it."""
     key = getattr(exc, "full_key", None)
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return f"{key}: {text}" if key else text
+    return f"{key}: {text}" if key and source != f"--{key}" else text

@@ -8,6 +8,9 @@ Formats, detected row by row:
 - openai_batch: {"custom_id", "method", "url", "body"}   (OpenAI Batch request lines)
 Any row may carry its own `generation` overrides, a mapping of generation fields.
 
+A conversation whose last turn is the assistant's (a saved chat replayed on another model)
+has that turn regenerated: it is dropped, and the reply generated in its place.
+
 Output follows the input by default (OpenAI Batch lines for OpenAI Batch input, the input row
 with the reply appended for the others); `output_format` "lmpress" or "openai" forces one.
 """
@@ -60,8 +63,9 @@ def row_id(raw: dict[str, Any], line: int) -> str:
     return f"row-{digest.hexdigest()[:16]}"
 
 
-def parse_row(raw: Any, line: int) -> ParsedRow:
-    """Turn one decoded JSON value into a ParsedRow, or raise RowError."""
+def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
+    """Turn one decoded JSON value into a ParsedRow, or raise RowError. `regenerate`: drop a
+    trailing assistant turn to generate it anew (batch); chat's /load keeps it to continue."""
     if not isinstance(raw, dict):
         raise RowError(f"expected a JSON object, got {_json_type(raw)}")
     if openai_batch.is_batch_request(raw):
@@ -70,6 +74,7 @@ def parse_row(raw: Any, line: int) -> ParsedRow:
     if "messages" in raw:
         kind = "oumi" if "conversation_id" in raw or _has_oumi_items(raw["messages"]) else "chat"
         messages = parse_messages(raw["messages"])
+        messages = regenerate_last_turn(messages) if regenerate else messages
     elif "prompt" in raw:
         kind = "prompt"
         prompt = raw["prompt"]
@@ -116,7 +121,7 @@ def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
     if url == openai_batch.CHAT_URL:
         if "messages" not in body:
             raise RowError("body has no 'messages'")
-        messages = parse_messages(body["messages"])
+        messages = regenerate_last_turn(parse_messages(body["messages"]))
         return ParsedRow(
             line, custom_id, "openai_batch", raw, messages, overrides, None, url, model
         )
@@ -146,6 +151,17 @@ def parse_messages(items: Any) -> list[Message]:
                 f"(expected one of {', '.join(ROLES)})"
             )
         messages.append(Message(role, _parse_content(item.get("content"), i)))
+    return messages
+
+
+def regenerate_last_turn(messages: list[Message]) -> list[Message]:
+    """The conversation to generate from: a trailing assistant turn is dropped so that its
+    reply is generated anew (what replaying a saved chat on another model means), in batch,
+    serve and infer alike."""
+    if len(messages) > 1 and messages[-1].role == "assistant":
+        return messages[:-1]
+    if messages and messages[-1].role == "assistant":
+        raise RowError("the only message is the assistant's: there is nothing to reply to")
     return messages
 
 
@@ -217,8 +233,9 @@ def output_format_for(row: ParsedRow, output_format: str) -> str:
 def render_row(row: ParsedRow, result: Result, output_format: str = "auto") -> dict[str, Any]:
     """The output line for a completed row."""
     if output_format_for(row, output_format) == "openai":
+        # The model that generated, as vLLM's run-batch reports it, not the name requested.
         return openai_batch.render_output(
-            row.id, row.url, result, row.model or result.model or "unknown"
+            row.id, row.url, result, result.model or row.model or "unknown"
         )
     return _render_lmpress(row, result)
 
@@ -263,7 +280,7 @@ def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
         elif row.kind == "prompt" and key == "system":
             continue
         elif key == "messages":
-            out["messages"] = [*value, reply]
+            out["messages"] = [*value[: len(row.messages)], reply]
         else:
             out[key] = value
     out["response"] = response_record(result)

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from lmpress.data.targets import open_read, open_write
 from lmpress.errors import InputError
+
+BOM = b"\xef\xbb\xbf"  # Excel and Notepad start UTF-8 files with it
 
 
 @dataclass
@@ -26,7 +29,7 @@ def open_input(path: str | Path) -> IO[bytes]:
     if p.is_dir():
         raise InputError(f"{path}: is a directory, expected a JSONL file")
     try:
-        return p.open("rb")
+        return open_read(p)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from exc
 
@@ -34,10 +37,14 @@ def open_input(path: str | Path) -> IO[bytes]:
 def read_lines(path: str | Path) -> Iterator[Line]:
     """Every non-blank line of a JSONL file, decoded, with its line number.
 
-    A line that is not UTF-8 or not JSON comes back with `error` set; reading goes on.
+    A line that is not UTF-8 or not JSON comes back with `error` set; reading goes on. A
+    byte-order mark before the first line is skipped. A compressed file that ends early (a
+    copy cut short) is one clear InputError after the lines that could be read.
     """
     with open_input(path) as handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, raw in enumerate(_raw_lines(handle, path), start=1):
+            if number == 1:
+                raw = raw.removeprefix(BOM)
             if not raw.strip():
                 continue
             try:
@@ -49,6 +56,13 @@ def read_lines(path: str | Path) -> Iterator[Line]:
                 yield Line(number, json.loads(text))
             except json.JSONDecodeError as exc:
                 yield Line(number, error=f"not valid JSON ({exc.msg} at column {exc.colno})")
+
+
+def _raw_lines(handle: IO[bytes], path: str | Path) -> Iterator[bytes]:
+    try:
+        yield from handle
+    except (EOFError, OSError, ValueError) as exc:  # gzip/lzma/bz2/zstd on a truncated file
+        raise InputError(f"{path}: the compressed data is cut off or damaged ({exc})") from exc
 
 
 def count_lines(path: str | Path) -> int:
@@ -66,11 +80,16 @@ def count_lines(path: str | Path) -> int:
 class JsonlWriter:
     """Appends one JSON object per line and flushes it, so a crash loses no written row."""
 
-    def __init__(self, path: str | Path, mode: str = "w"):
+    def __init__(self, path: str | Path, mode: str = "w", handle: IO[str] | None = None):
+        """`handle`: write there (stdout, a device) instead of opening `path`; not closed."""
         self.path = Path(path).expanduser()
+        self._owned = handle is None
+        if handle is not None:
+            self._handle = handle
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = self.path.open(mode, encoding="utf-8")
+            self._handle = open_write(self.path, mode)
         except OSError as exc:
             raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
 
@@ -79,7 +98,10 @@ class JsonlWriter:
         self._handle.flush()
 
     def close(self) -> None:
-        self._handle.close()
+        if self._owned:
+            self._handle.close()
+        else:
+            self._handle.flush()
 
     def __enter__(self) -> JsonlWriter:
         return self

@@ -23,6 +23,8 @@ from typing import Any
 from lmpress import __version__
 from lmpress.configs.schema import RunConfig
 from lmpress.data.formats import output_row_id
+from lmpress.data.jsonl import read_lines
+from lmpress.data.targets import COMPRESSED, is_compressed
 from lmpress.errors import InputError
 
 SCHEDULING = {"batch_size"}  # settings that change speed, not results
@@ -38,7 +40,9 @@ class JobFiles:
     @classmethod
     def beside(cls, output: str | Path) -> JobFiles:
         out = Path(output).expanduser()
-        stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
+        stem = out.name
+        for suffix in (*COMPRESSED, ".jsonl"):  # out.jsonl.gz -> out.errors.jsonl
+            stem = stem.removesuffix(suffix)
         return cls(
             out,
             out.with_name(f"{stem}.errors.jsonl"),
@@ -100,7 +104,7 @@ def write_fingerprint(files: JobFiles, current: dict[str, Any], recipe: str | No
 
 def repair_torn_tail(path: Path) -> bool:
     """Cut off a last line that a crash left half-written. True if something was cut."""
-    if not path.exists():
+    if not path.exists() or is_compressed(path):  # a compressed tail cannot be cut by bytes
         return False
     size = path.stat().st_size
     if size == 0:
@@ -130,20 +134,15 @@ def done_ids(path: Path) -> Iterator[str]:
     """The row id of every line in an output (or errors) file, the file read as a stream."""
     if not path.exists():
         return
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except ValueError as exc:
-                raise InputError(
-                    f"{path}:{number}: not valid JSON, so the output cannot be resumed; "
-                    f"repair that line or use --overwrite"
-                ) from exc
-            row_id = output_row_id(row) if isinstance(row, dict) else None
-            if row_id is not None:
-                yield row_id
+    for line in read_lines(path):
+        if line.error:
+            raise InputError(
+                f"{path}:{line.number}: {line.error}, so the output cannot be resumed; "
+                f"repair that line or use --overwrite"
+            )
+        row_id = output_row_id(line.value) if isinstance(line.value, dict) else None
+        if row_id is not None:
+            yield row_id
 
 
 def id_key(row_id: str) -> int:

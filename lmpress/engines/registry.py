@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
@@ -180,12 +181,19 @@ def load_engine_class(name: str) -> type[Engine]:
     return getattr(module, class_name)
 
 
+HUB_ENGINES = frozenset({"NATIVE", "VLLM"})  # engines that take a hub model id
+
+
 def create_engine(config: RunConfig) -> Engine:
     """Build the engine a config names; its backend is imported and the model loaded here."""
     cls = load_engine_class(config.engine)
     reason = cls.unavailable_reason()
     if reason:
         raise EngineUnavailableError(f"engine {cls.name} cannot run here: {reason}")
+    if cls.name in HUB_ENGINES:
+        from lmpress.engines.hub import check_hub_model
+
+        check_hub_model(config.model.model_name)
     return cls(config)
 
 
@@ -211,4 +219,16 @@ def engine_status(name: str) -> EngineStatus:
         why = f"needs {', '.join(missing)}: {install_hint(spec)}"
         return EngineStatus(spec.name, spec.summary, False, why, cls.supported_params)
     reason = cls.unavailable_reason()
-    return EngineStatus(spec.name, spec.summary, reason is None, reason or "", cls.supported_params)
+    if reason is None:
+        reason_or_note = _missing_key_note(cls)
+        return EngineStatus(spec.name, spec.summary, True, reason_or_note, cls.supported_params)
+    return EngineStatus(spec.name, spec.summary, False, reason, cls.supported_params)
+
+
+def _missing_key_note(cls: type) -> str:
+    """For a remote engine whose key is required but not set: say which variable to set, so
+    "usable" does not promise a run that would fail at its first request."""
+    variable = getattr(cls, "default_key_env", None)
+    if variable and getattr(cls, "key_required", False) and not os.environ.get(variable, ""):
+        return f"the API key is missing: export {variable}=..."
+    return ""

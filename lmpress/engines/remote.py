@@ -421,14 +421,45 @@ def classify(exc: BaseException, engine: RemoteEngine) -> Failure:
     names = {cls.__name__ for cause in _causes(exc) for cls in type(cause).__mro__}
     if isinstance(exc, _MALFORMED) or "ValidationError" in names:
         return Failure("malformed_response", _describe(exc), retryable=True)
+    cause = connection_cause(exc)
+    if cause is not None:  # before timeouts: some transports report a refusal as one
+        deepest = _causes(exc)[-1]
+        detail = f"{type(deepest).__name__}: {str(deepest).strip()}"
+        return Failure("connection_error", f"{cause} ({detail})", retryable=True)
     if names & _DROPPED_NAMES:
         return Failure("connection_error", _describe(exc), retryable=True)
     if names & _TIMEOUT_NAMES:
         timeout = engine.remote.connection_timeout
-        return Failure("timeout", f"no response within {timeout:g}s", retryable=True)
+        return Failure("timeout", f"timeout: no response within {timeout:g}s", retryable=True)
     if names & _CONNECTION_NAMES:
         return Failure("connection_error", _describe(exc), retryable=True)
     return Failure("client_error", _describe(exc))
+
+
+# What, along an exception's causes, says why a connection failed: class names and the texts
+# that the OS, asyncio, httpx and aiohttp put in their messages.
+_CONNECTION_CAUSES = (
+    ("connection refused", {"ConnectionRefusedError"}, ("connection refused", "connect call failed")),
+    ("DNS lookup failed", {"gaierror", "ClientConnectorDNSError"},
+     ("name or service not known", "nodename nor servname", "temporary failure in name resolution",
+      "getaddrinfo failed", "no address associated")),
+    ("TLS error", {"SSLError", "SSLCertVerificationError", "ClientConnectorCertificateError",
+                   "ClientConnectorSSLError", "ClientSSLError"},
+     ("certificate verify failed", "[ssl:", "wrong version number", "tlsv1")),
+)  # fmt: skip
+
+
+def connection_cause(exc: BaseException) -> str | None:
+    """'connection refused', 'DNS lookup failed' or 'TLS error' when the chain of causes says
+    so; a user fixes each differently, and an SDK's "Connection error." or "Request timed out"
+    names none of them."""
+    chain = _causes(exc)
+    names = {cls.__name__ for cause in chain for cls in type(cause).__mro__}
+    text = " ".join(str(cause) for cause in chain).lower()
+    for label, classes, phrases in _CONNECTION_CAUSES:
+        if names & classes or any(phrase in text for phrase in phrases):
+            return label
+    return None
 
 
 def _causes(exc: BaseException) -> list[BaseException]:

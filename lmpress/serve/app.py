@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from lmpress.configs.schema import ServeParams
-from lmpress.data.formats import RowError, parse_messages
+from lmpress.data.formats import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine
 from lmpress.serve import protocol, responses
 from lmpress.serve.asgi import (
@@ -104,7 +104,7 @@ class Server:
         body = protocol.parse_body(protocol.ChatCompletionBody, await self.read_body(request))
         sampling = protocol.chat_sampling(body)
         try:
-            messages = parse_messages(body.messages)
+            messages = regenerate_last_turn(parse_messages(body.messages))
         except RowError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
         self.check_model(body.model)

@@ -74,7 +74,7 @@ def test_unknown_key_in_recipe_names_file_and_closest_key(tmp_path):
 
 def test_unknown_override_suggests_the_right_section():
     with pytest.raises(
-        ConfigError, match=r"--generation.api_url.*did you mean 'remote_params.api_url'"
+        ConfigError, match=r"--generation.api_url.*did you mean '--remote_params.api_url'"
     ):
         load_config(overrides=[("generation.api_url", "http://x")])
 
@@ -85,9 +85,7 @@ def test_unknown_option_word():
 
 
 def test_wrong_type_names_the_key():
-    with pytest.raises(
-        ConfigError, match=r"--generation.max_new_tokens.*generation.max_new_tokens"
-    ):
+    with pytest.raises(ConfigError, match=r"^--generation.max_new_tokens: Value 'many'"):
         load_config(overrides=[("generation.max_new_tokens", "many")])
 
 
