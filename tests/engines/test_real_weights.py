@@ -200,3 +200,38 @@ def test_one_quantized_file_gives_the_same_greedy_text_on_both_engines():
         finally:
             close(engine)
     assert texts["LLAMACPP"] == texts["NATIVE"] != ""
+
+
+# --- seeds: what the README's "Seeds" paragraph states --------------------------------------
+
+TOPICS = ["cats", "dogs", "rivers", "stars", "bread", "music", "snow", "tea"]
+
+
+def seeded(order: int = 1) -> list[Request]:
+    params = GenerationParams(max_new_tokens=24, temperature=0.8)
+    rows = [
+        Request(t, [Message("user", f"Tell me something about {t}.")], params.replace(seed=100 + i))
+        for i, t in enumerate(TOPICS)
+    ]
+    return rows[::order]
+
+
+def texts(engine_name: str, batch_size: int, requests: list[Request]) -> dict[str, str]:
+    engine = make(engine_name, SMOLLM2, batch_size=batch_size)
+    try:
+        return {r.request_id: r.text for r in engine.generate(requests)}
+    finally:
+        close(engine)
+
+
+def test_native_seeded_rows_do_not_depend_on_the_batch():
+    one = texts("NATIVE", 1, seeded())
+    assert texts("NATIVE", 8, seeded(-1)) == one
+    assert len(set(one.values())) == len(TOPICS)
+
+
+@pytest.mark.parametrize("batch_size", [3, 8])
+def test_llamacpp_seeded_rows_reproduce_when_the_job_runs_again(batch_size):
+    first = texts("LLAMACPP", batch_size, seeded())
+    assert texts("LLAMACPP", batch_size, seeded()) == first
+    assert len(set(first.values())) == len(TOPICS)
