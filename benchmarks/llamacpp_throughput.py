@@ -3,7 +3,9 @@
 Both sides load the same random-weight GGUF of ~100M parameters (built locally by
 lmpress.tinygguf), with the same context size and thread counts, and answer the same chat
 prompts greedily with the same number of new tokens each, EOS held off on both sides (lmpress:
-generation.min_tokens; llama-cpp-python: a -inf logit bias on EOS). The baseline is what a tool
+generation.min_tokens; llama-cpp-python: a -inf logit bias on EOS). `--eos` honours EOS on
+both sides instead, so rows finish at different lengths; each side counts the tokens it
+actually generated (usage.completion_tokens). The baseline is what a tool
 built on llama-cpp-python does for a batch job: one `create_chat_completion` call per prompt.
 Each side runs in a process of its own, loaded once, as users run them (two llama.cpp OpenMP
 thread teams in one process slow each other down on a machine with few cores; see
@@ -11,8 +13,9 @@ rounds.SideProcess). Rounds alternate between the two so machine noise hits both
 benchmarks/rounds.py for the two ratios printed).
 
     .venv/bin/python benchmarks/llamacpp_throughput.py [--prompts 32] [--new-tokens 64]
-        [--batch-size 32] [--rounds 3] [--threads N] [--flash-attn on|off] [--raw]
-        [--model tiny-gguf:bench-100m | tiny-gguf:bench-100m-q8 | tiny-gguf:bench-100m-f32 | PATH]
+        [--batch-size 32] [--rounds 3] [--threads N] [--flash-attn on|off] [--raw] [--eos]
+        [--model tiny-gguf:bench-100m | tiny-gguf:bench-100m-q8 | tiny-gguf:bench-100m-f32
+                 | smollm2:135m-instruct | PATH]
 
 Both sides get the same `Llama` settings: llama-cpp-python's defaults plus n_ctx, threads and
 flash attention (on by default, as llama.cpp and lmpress have it; llama-cpp-python's own default
@@ -38,9 +41,9 @@ from lmpress.engines.registry import create_engine
 from lmpress.types import GenerationParams, Message, Request
 
 
-def baseline(llm, prompts: list[str], new_tokens: int) -> int:
+def baseline(llm, prompts: list[str], new_tokens: int, eos: bool = False) -> int:
     """One create_chat_completion call per prompt, as row-by-row batch jobs do."""
-    no_eos = {llm.token_eos(): float("-inf")}
+    no_eos = None if eos else {llm.token_eos(): float("-inf")}
     produced = 0
     for prompt in prompts:
         reply = llm.create_chat_completion(
@@ -49,7 +52,9 @@ def baseline(llm, prompts: list[str], new_tokens: int) -> int:
             max_tokens=new_tokens,
             logit_bias=no_eos,
         )
+        # Its count leaves out the EOS it sampled; lmpress's and transformers' count it.
         produced += reply["usage"]["completion_tokens"]
+        produced += reply["choices"][0]["finish_reason"] == "stop"
     return produced
 
 
@@ -63,21 +68,21 @@ def describe(path: str) -> str:
     return f"{count / 1e6:.0f}M parameters, {'/'.join(types)} weights"
 
 
-def build_baseline(path: str, kwargs: dict, prompts: list[str], new_tokens: int):
+def build_baseline(path: str, kwargs: dict, prompts: list[str], new_tokens: int, eos: bool):
     """llama-cpp-python's side, in its own process: load, warm up, return the timed work."""
     from llama_cpp import Llama
 
     llm = Llama(model_path=path, verbose=False, **kwargs)
     baseline(llm, prompts[:1], 2)  # first-call allocations, page faults on the weights
-    return lambda: baseline(llm, prompts, new_tokens)
+    return lambda: baseline(llm, prompts, new_tokens, eos)
 
 
-def build_lmpress(config, prompts: list[str], new_tokens: int):
+def build_lmpress(config, prompts: list[str], new_tokens: int, eos: bool):
     """lmpress's side, in its own process: load, warm up, return the timed work."""
     engine = create_engine(config)
     warm_up = engine.generate(prompts, GenerationParams(max_new_tokens=1))
     print(f"{sum(r.usage.prompt_tokens for r in warm_up)} prompt tokens", flush=True)
-    return lambda: lmpress_generate(engine, prompts, new_tokens)
+    return lambda: lmpress_generate(engine, prompts, new_tokens, eos)
 
 
 def build_raw(config, prompts: list[str], new_tokens: int):
@@ -137,7 +142,12 @@ def main() -> None:
     parser.add_argument(
         "--raw", action="store_true", help="also time a bare llama.cpp loop: the ceiling"
     )
+    parser.add_argument(
+        "--eos", action="store_true", help="honour EOS: rows stop at different lengths"
+    )
     args = parser.parse_args()
+    if args.eos and args.raw:
+        parser.error("--raw runs every row to --new-tokens; it does not take --eos")
 
     path = gguf_path(args.model)  # a tiny-gguf: name is built here, before anything is timed
     kwargs = {
@@ -157,8 +167,10 @@ def main() -> None:
     prompts = mixed_prompts(args.prompts, max_words=40)
     # Each side in a process of its own, as users run them (see rounds.SideProcess).
     sides = [
-        SideProcess("llama-cpp-python", build_baseline, path, kwargs, prompts, args.new_tokens),
-        SideProcess("lmpress", build_lmpress, config, prompts, args.new_tokens),
+        SideProcess(
+            "llama-cpp-python", build_baseline, path, kwargs, prompts, args.new_tokens, args.eos
+        ),
+        SideProcess("lmpress", build_lmpress, config, prompts, args.new_tokens, args.eos),
     ]
     if args.raw:
         sides.append(SideProcess("raw llama.cpp", build_raw, config, prompts, args.new_tokens))
@@ -170,7 +182,8 @@ def main() -> None:
         side.close()
     print(
         f"\nmodel {args.model} ({describe(path)}), {args.prompts} prompts, "
-        f"{args.new_tokens} new tokens each, batch {args.batch_size}, {args.threads} threads, n_ctx {args.n_ctx}, flash_attn "
+        f"{'at most ' if args.eos else ''}{args.new_tokens} new tokens each "
+        f"(EOS {'honoured' if args.eos else 'held off'}), batch {args.batch_size}, {args.threads} threads, n_ctx {args.n_ctx}, flash_attn "
         f"{args.flash_attn}"
     )
     print(f"llama-cpp-python create_chat_completion: {rounds.best('llama-cpp-python'):.1f} tok/s")

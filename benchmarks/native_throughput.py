@@ -2,7 +2,8 @@
 
 Both sides load the same random-weight model of SmolLM2-135M's shape and answer the same
 prompts of mixed lengths greedily with the same number of new tokens per prompt (EOS held off,
-so every row generates exactly that many). The baseline runs static batches of the same size
+so every row generates exactly that many; `--eos` honours EOS instead, and each side counts
+the tokens each row actually generated). The baseline runs static batches of the same size
 with left padding. Each side runs in a process of its own (see rounds.SideProcess); each round
 runs raw, lmpress, lmpress, raw (ABBA) so drift in machine load hits both alike.
 
@@ -12,7 +13,7 @@ their load; the CPU-time ratio barely does, since both sides run the same thread
 model.
 
     .venv/bin/python benchmarks/native_throughput.py [--prompts 64] [--batch-size 16]
-        [--new-tokens 32] [--rounds 3]
+        [--new-tokens 32] [--rounds 3] [--eos] [--model smollm2:135m-instruct]
 """
 
 from __future__ import annotations
@@ -25,11 +26,16 @@ from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 
 
-def raw_generate(engine, prompts: list[str], batch_size: int, new_tokens: int) -> int:
-    """Plain transformers: chat template, left-padded static batches, model.generate."""
+def raw_generate(
+    engine, prompts: list[str], batch_size: int, new_tokens: int, eos: bool = False
+) -> int:
+    """Plain transformers: chat template, left-padded static batches, model.generate. With
+    `eos`, each row counts its tokens up to and including its first EOS, not the batch width."""
     import torch
 
     tokenizer, model = engine.tokenizer, engine.model
+    eos_ids = model.generation_config.eos_token_id
+    eos_ids = torch.tensor(eos_ids if isinstance(eos_ids, list) else [eos_ids])
     produced = 0
     for start in range(0, len(prompts), batch_size):
         texts = [
@@ -43,27 +49,33 @@ def raw_generate(engine, prompts: list[str], batch_size: int, new_tokens: int) -
             out = model.generate(
                 **batch.to(engine.device),
                 max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
+                min_new_tokens=0 if eos else new_tokens,
                 do_sample=False,
                 pad_token_id=tokenizer.pad_token_id,
             )
-        produced += (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
+        new = out[:, batch["input_ids"].shape[1] :].cpu()
+        if not eos:
+            produced += new.numel()
+            continue
+        ended = torch.isin(new, eos_ids)
+        first = ended.int().argmax(dim=1)  # the first EOS, where a row has one
+        produced += int(torch.where(ended.any(dim=1), first + 1, new.shape[1]).sum())
     return produced
 
 
-def build_raw(config, prompts: list[str], batch_size: int, new_tokens: int):
+def build_raw(config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool):
     """The raw side, in its own process: the engine only loads the model and tokenizer (its
     worker thread never runs here), then plain `generate` on them."""
     engine = create_engine(config)
     raw_generate(engine, prompts[:batch_size], batch_size, 2)  # warm up
-    return lambda: raw_generate(engine, prompts, batch_size, new_tokens)
+    return lambda: raw_generate(engine, prompts, batch_size, new_tokens, eos)
 
 
-def build_lmpress(config, prompts: list[str], batch_size: int, new_tokens: int):
+def build_lmpress(config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool):
     engine = create_engine(config)
     print(f"device {engine.device}", flush=True)
     lmpress_generate(engine, prompts[:batch_size], 2)  # warm up
-    return lambda: lmpress_generate(engine, prompts, new_tokens)
+    return lambda: lmpress_generate(engine, prompts, new_tokens, eos)
 
 
 def main() -> None:
@@ -73,6 +85,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--eos", action="store_true", help="honour EOS: rows stop at different lengths"
+    )
     args = parser.parse_args()
 
     config = load_config(
@@ -80,7 +95,7 @@ def main() -> None:
     )
     # Mixed lengths: 4 to 120 words, so left padding matters.
     prompts = mixed_prompts(args.prompts, max_words=120)
-    work = (prompts, args.batch_size, args.new_tokens)
+    work = (prompts, args.batch_size, args.new_tokens, args.eos)
     # Each side in a process of its own, as users run them (see rounds.SideProcess).
     sides = {
         "raw": SideProcess("raw", build_raw, config, *work),
@@ -94,7 +109,8 @@ def main() -> None:
         side.close()
     print(
         f"\nmodel {args.model}, {args.prompts} prompts, batch {args.batch_size}, "
-        f"{args.new_tokens} new tokens"
+        f"{'at most ' if args.eos else ''}{args.new_tokens} new tokens, "
+        f"EOS {'honoured' if args.eos else 'held off'}"
     )
     print(f"raw transformers generate: {rounds.best('raw'):.1f} tok/s")
     print(f"lmpress NATIVE:            {rounds.best('lmpress'):.1f} tok/s")

@@ -26,10 +26,10 @@ def mixed_prompts(count: int, max_words: int, seed: int = 0) -> list[str]:
     ]
 
 
-def lmpress_generate(engine, prompts: list[str], new_tokens: int) -> int:
-    """Every prompt through the engine, exactly `new_tokens` tokens each (EOS held off);
-    returns the tokens generated."""
-    params = GenerationParams(max_new_tokens=new_tokens, min_tokens=new_tokens)
+def lmpress_generate(engine, prompts: list[str], new_tokens: int, eos: bool = False) -> int:
+    """Every prompt through the engine, exactly `new_tokens` tokens each (EOS held off), or up
+    to `new_tokens` with `eos`; returns the tokens generated."""
+    params = GenerationParams(max_new_tokens=new_tokens, min_tokens=0 if eos else new_tokens)
     results = engine.generate(prompts, params)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
     return sum(r.usage.completion_tokens for r in results)
