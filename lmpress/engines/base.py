@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
-from lmpress.errors import UnsupportedParamError
+from lmpress.errors import RequestError, UnsupportedParamError
 from lmpress.types import (
     ErrorInfo,
     GenerationParams,
@@ -130,6 +130,25 @@ def check_params(engine: Engine | type[Engine], params: GenerationParams) -> Non
             f"engine {engine.name} does not support {listed}; remove it from the recipe or "
             f"overrides, or pick an engine that does ('lmpress engines' lists them)"
         )
+
+
+def check_text(request: Request) -> None:
+    """Refuse text that has no UTF-8 form, such as a lone surrogate: JSON allows the escape
+    "\\ud800" and Python keeps it in a str, but every tokenizer fails on it deep in the
+    backend, where the failure would not name the row's text."""
+    texts = [("the prompt", request.prompt)] if request.prompt is not None else []
+    texts += [(f"message {i} content", m.text()) for i, m in enumerate(request.messages, 1)]
+    texts += [("generation.stop_strings", s) for s in request.params.stop_strings]
+    for where, text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start].encode("unicode_escape").decode("ascii")
+            raise RequestError(
+                f"{where} is not valid Unicode text: a lone surrogate {bad} at character "
+                f"{exc.start + 1}; fix or remove that escape in the input",
+                kind="invalid_request",
+            ) from None
 
 
 def error_result(request: Request, engine: Engine, error: ErrorInfo, started: float) -> Result:

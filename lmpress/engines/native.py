@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
-from lmpress.engines.base import error_result
 from lmpress.engines.chat_prompt import render_chat_prompt
-from lmpress.engines.worker import Submission, WorkerEngine
+from lmpress.engines.worker import Submission, WorkerEngine, failure_info
 from lmpress.errors import ModelLoadError, RequestError
 from lmpress.tinymodels import resolve_model_name
 from lmpress.types import (
     Delta,
-    ErrorInfo,
     Request,
     Result,
     Sample,
@@ -101,8 +99,12 @@ class NativeEngine(WorkerEngine):
             while self._pending_rows() < self.batch_size and time.monotonic() < deadline:
                 time.sleep(0.0005)
             batch = self._take_batch()
-            if batch:
+            if not batch:
+                continue
+            try:
                 self._generate(batch)
+            except Exception as exc:  # one bad batch must not take the worker down
+                self._fail(batch, failure_info(exc))
 
     def _pending_rows(self) -> int:
         return sum(s.request.params.n for s in list(self._pending))
@@ -124,12 +126,11 @@ class NativeEngine(WorkerEngine):
         return batch
 
     def _generate(self, states: list[Submission]) -> None:
+        rows = [row for state in states for row in self._rows(state)]
+        states = list(dict.fromkeys(row.state for row in rows))
+        if not rows:
+            return
         torch = self._torch
-        rows = [
-            _Row(state, i, _row_generator(state.request.params.seed, i, torch))
-            for state in states
-            for i in range(state.request.params.n)
-        ]
         for row in rows:
             # A row stops at the end of the model's context, as it would at max_new_tokens.
             room = self.context_length - len(row.state.prompt_ids) if self.context_length else None
@@ -143,23 +144,28 @@ class NativeEngine(WorkerEngine):
             input_ids[b, width - len(ids) :] = torch.tensor(ids)
             attention[b, width - len(ids) :] = 1
         control = _BatchControl(self, rows)
-        try:
-            with torch.inference_mode():
-                self.model.generate(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=attention.to(self.device),
-                    generation_config=self._generation_config(rows),
-                    logits_processor=[control],
-                    stopping_criteria=[control.stopper],
-                )
-        except Exception as exc:  # one bad batch must not take the worker down
-            for state in states:
-                info = ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}")
-                state.deliver(error_result(state.request, self, info, state.started))
-            return
+        with torch.inference_mode():
+            self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                generation_config=self._generation_config(rows),
+                logits_processor=[control],
+                stopping_criteria=[control.stopper],
+            )
         for state in states:
             own = [row for row in rows if row.state is state]
             state.deliver(self._result(state, own))
+
+    def _rows(self, state: Submission) -> list[_Row]:
+        """A request's rows, one per sample; none when its settings fail (it is answered)."""
+        params = state.request.params
+        try:
+            return [
+                _Row(state, i, _row_generator(params.seed, i, self._torch)) for i in range(params.n)
+            ]
+        except Exception as exc:  # this request's settings, not the batch, are at fault
+            self._fail([state], failure_info(exc))
+            return []
 
     def _generation_config(self, rows: list[_Row]) -> Any:
         from transformers import GenerationConfig
