@@ -81,6 +81,10 @@ class GenerationParams:
     exclude_prompt_from_response: bool = True
     use_cache: bool = True
 
+    def sampling_temperature(self) -> float:
+        """The temperature a local engine samples at: 0 (greedy) below MIN_TEMPERATURE."""
+        return self.temperature if self.temperature >= MIN_TEMPERATURE else 0.0
+
     def changed_fields(self) -> dict[str, Any]:
         """Fields set away from their defaults (scheduling fields left out)."""
         defaults = GenerationParams()
@@ -94,6 +98,11 @@ class GenerationParams:
     def replace(self, **changes: Any) -> GenerationParams:
         return dataclasses.replace(self, **changes)
 
+
+# Below this temperature the local engines decode greedily, the limit sampling approaches as
+# the temperature falls: dividing logits by 1e-40 overflows float32 to inf and the softmax to
+# NaN. vLLM clamps at the same 0.01 instead, which is all but greedy too.
+MIN_TEMPERATURE = 0.01
 
 # Fields that steer how work is scheduled rather than what is generated; never refused.
 SCHEDULING_FIELDS = frozenset({"batch_size", "exclude_prompt_from_response", "use_cache"})

@@ -153,7 +153,8 @@ def _check_ranges(section_value: Any, section: str, source: str | None = None) -
         value = getattr(section_value, name)
         if not ok(value):
             where = f"{source}: " if source and source != section else ""
-            raise ConfigError(f"{where}{dotted}: {value!r} {allowed}")
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            raise ConfigError(f"{where}{dotted}: {shown} {allowed}")
 
 
 def validate(config: RunConfig) -> None:
@@ -170,8 +171,6 @@ def validate(config: RunConfig) -> None:
         _check_ranges(getattr(config, section), section)
     if config.generation.top_logprobs and not config.generation.logprobs:
         raise ConfigError("generation.top_logprobs: needs generation.logprobs: true")
-    if any(not s for s in config.generation.stop_strings):
-        raise ConfigError("generation.stop_strings: an empty stop string would stop at once")
 
 
 def config_to_yaml(config: RunConfig) -> str:

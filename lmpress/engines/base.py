@@ -151,6 +151,24 @@ def check_text(request: Request) -> None:
             ) from None
 
 
+def check_token_settings(params: GenerationParams, n_vocab: int) -> None:
+    """Refuse settings that name more tokens than the model has: a top_k above the vocabulary
+    means nothing, and a stop token id past it would index outside the logits."""
+    if params.top_k is not None and params.top_k > n_vocab:
+        raise RequestError(
+            f"generation.top_k: {params.top_k} is more than the model's {n_vocab} tokens; "
+            f"use null for no limit",
+            kind="invalid_request",
+        )
+    for token in params.stop_token_ids:
+        if not 0 <= token < n_vocab:
+            raise RequestError(
+                f"generation.stop_token_ids: {token} is not a token id of this model "
+                f"(0 to {n_vocab - 1})",
+                kind="invalid_request",
+            )
+
+
 def error_result(request: Request, engine: Engine, error: ErrorInfo, started: float) -> Result:
     return Result(
         request_id=request.id,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
+from lmpress.engines.base import check_token_settings
 from lmpress.engines.chat_prompt import render_chat_prompt
 from lmpress.engines.worker import Submission, WorkerEngine, failure_info
 from lmpress.errors import ModelLoadError, RequestError
@@ -61,6 +62,7 @@ class NativeEngine(WorkerEngine):
         self.model = load_model(config.model, self.device, self.dtype)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.context_length = _context_length(self.model, self.tokenizer)
+        self.n_vocab = self.model.config.get_text_config().vocab_size  # the logits' width
         self.batch_size = config.generation.batch_size
         # Two batches' worth: one decoding, the next one waiting so the worker never idles.
         self.max_in_flight = 2 * self.batch_size
@@ -70,6 +72,7 @@ class NativeEngine(WorkerEngine):
         await self._stop_worker()
 
     def _prepare(self, request: Request, started: float) -> Submission:
+        check_token_settings(request.params, self.n_vocab)
         return Submission(request, self.encode(request), started)
 
     def encode(self, request: Request) -> list[int]:
@@ -254,7 +257,7 @@ class _BatchControl:
         self.stopper = _Stopper(self)
         params = [row.params for row in rows]
         device = engine.device
-        self.sampled = [b for b, p in enumerate(params) if p.temperature > 0]
+        self.sampled = [b for b, p in enumerate(params) if p.sampling_temperature() > 0]
         self.penalised = any(
             p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params
         )
@@ -312,7 +315,7 @@ class _BatchControl:
     def _sample(self, scores: Any, rows: list[_Row]) -> Any:
         torch = self.torch
         device = scores.device
-        temperature = torch.tensor([r.params.temperature for r in rows], device=device)
+        temperature = torch.tensor([r.params.sampling_temperature() for r in rows], device=device)
         top_p = torch.tensor([r.params.top_p for r in rows], device=device)
         min_p = torch.tensor([r.params.min_p for r in rows], device=device)
         vocab = scores.shape[1]
