@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -85,6 +86,25 @@ class GenerationParams:
         """The temperature a local engine samples at: 0 (greedy) below MIN_TEMPERATURE."""
         return self.temperature if self.temperature >= MIN_TEMPERATURE else 0.0
 
+    def explicit_fields(self) -> frozenset[str]:
+        """The fields a user set (recipe, flag, row, request), whatever their value: a model's
+        own defaults may fill only the others. Kept off the dataclass fields, so it is no
+        config key."""
+        return getattr(self, "_explicit", frozenset())
+
+    def mark_explicit(self, names: Iterable[str]) -> GenerationParams:
+        self._explicit = self.explicit_fields() | frozenset(names)
+        return self
+
+    def with_defaults(self, defaults: Mapping[str, Any]) -> GenerationParams:
+        """These params with `defaults` filling the fields the user did not set."""
+        fill = {k: v for k, v in defaults.items() if k not in self.explicit_fields()}
+        return (
+            dataclasses.replace(self, **fill).mark_explicit(self.explicit_fields())
+            if fill
+            else self
+        )
+
     def changed_fields(self) -> dict[str, Any]:
         """Fields set away from their defaults (scheduling fields left out)."""
         defaults = GenerationParams()
@@ -96,7 +116,10 @@ class GenerationParams:
         }
 
     def replace(self, **changes: Any) -> GenerationParams:
-        return dataclasses.replace(self, **changes)
+        """These params with `changes`, which count as set by the user."""
+        return dataclasses.replace(self, **changes).mark_explicit(
+            {*self.explicit_fields(), *changes}
+        )
 
 
 # Below this temperature the local engines decode greedily, the limit sampling approaches as

@@ -112,8 +112,10 @@ def load_config(
         layers.append(("--engine", {"engine": engine}))
 
     cfg = OmegaConf.structured(RunConfig)
+    explicit: set[str] = set()
     for source, data in layers:
         _check_keys(data, RunConfig, source, prefix="")
+        explicit |= set(data.get("generation") or {})
         data = _coerce_lists(data, RunConfig)
         try:
             cfg = OmegaConf.merge(cfg, data)
@@ -124,6 +126,7 @@ def load_config(
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from exc
     config.engine = config.engine.upper()
+    config.generation.mark_explicit(explicit)
     validate(config)
     return config
 
@@ -141,6 +144,7 @@ def generation_with_overrides(
         params: GenerationParams = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{source}: {_omegaconf_message(exc)}") from exc
+    params.mark_explicit(base.explicit_fields() | set(overrides))
     _check_ranges(params, "generation", source)
     return params
 
@@ -167,7 +171,7 @@ def validate(config: RunConfig) -> None:
             f"engine: unknown engine '{config.engine}'{_suggest(config.engine, names)} "
             f"Run 'lmpress engines' to see them all."
         )
-    for section in ("generation", "remote_params", "serve"):
+    for section in ("model", "generation", "remote_params", "serve"):
         _check_ranges(getattr(config, section), section)
     if config.generation.top_logprobs and not config.generation.logprobs:
         raise ConfigError("generation.top_logprobs: needs generation.logprobs: true")

@@ -25,6 +25,10 @@ class ModelParams:
     trust_remote_code: bool = False
     model_revision: str | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The sampling defaults a checkpoint ships (generation_config.json): "ignore" them, so a
+    # recipe means the same on every engine and model, or "use" them for the fields the user
+    # did not set, as vLLM's --generation-config auto does.
+    generation_defaults: str = "ignore"
 
 
 @dataclass
@@ -80,6 +84,7 @@ def _finite(v: float) -> bool:
 # dotted key -> (predicate, what is allowed). NaN fails every comparison, so a bounded check
 # refuses it; an open-ended one says `_finite` too, or inf would pass.
 RANGE_CHECKS: dict[str, tuple[Any, str]] = {
+    "model.generation_defaults": (lambda v: v in ("ignore", "use"), "must be ignore or use"),
     "generation.max_new_tokens": (lambda v: v >= 1, "must be at least 1"),
     "generation.temperature": (
         lambda v: v >= 0 and _finite(v),

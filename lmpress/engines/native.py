@@ -8,6 +8,7 @@ sampling settings and seed, stop strings, max_new_tokens, streaming and cancella
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ class NativeEngine(WorkerEngine):
         self.device, self.dtype = pick_device_and_dtype(config.model, torch)
         self.tokenizer = load_tokenizer(config.model)
         self.model = load_model(config.model, self.device, self.dtype)
+        self.model_defaults = checkpoint_defaults(self.model, config.model.generation_defaults)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.context_length = _context_length(self.model, self.tokenizer)
         self.n_vocab = self.model.config.get_text_config().vocab_size  # the logits' width
@@ -72,6 +74,10 @@ class NativeEngine(WorkerEngine):
         await self._stop_worker()
 
     def _prepare(self, request: Request, started: float) -> Submission:
+        if self.model_defaults:
+            request = dataclasses.replace(
+                request, params=request.params.with_defaults(self.model_defaults)
+            )
         check_token_settings(request.params, self.n_vocab)
         return Submission(request, self.encode(request), started)
 
@@ -177,6 +183,8 @@ class NativeEngine(WorkerEngine):
             max_new_tokens=max(row.limit for row in rows),
             do_sample=False,  # _BatchControl does the sampling, row by row
             num_beams=1,
+            # _BatchControl applies each row's own penalty; the checkpoint's must not add one.
+            repetition_penalty=1.0,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=sorted(self.eos_ids),
         )
@@ -506,6 +514,36 @@ def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
             raise ModelLoadError("model.adapter_model needs peft: pip install peft") from exc
         loaded = PeftModel.from_pretrained(loaded, model.adapter_model)
     return loaded.to(device).eval()
+
+
+# The checkpoint's generation_config.json fields that lmpress has fields for. The sampling
+# ones count only where the checkpoint samples (do_sample), as transformers reads them.
+DEFAULTS_ALWAYS = ("max_new_tokens", "repetition_penalty")
+DEFAULTS_WHEN_SAMPLING = ("temperature", "top_p", "top_k", "min_p")
+
+
+def checkpoint_defaults(model: Any, policy: str) -> dict[str, Any]:
+    """What `model.generation_defaults` takes from the checkpoint's generation config.
+
+    "ignore" leaves it only its token ids (EOS still ends a reply), since transformers fills
+    every field lmpress leaves unset from it: a shipped repetition_penalty or
+    no_repeat_ngram_size would otherwise change even greedy decoding. "use" keeps it, so
+    transformers applies the fields lmpress has no name for, and returns the ones lmpress
+    has, to fill each request's unset fields.
+    """
+    from transformers import GenerationConfig
+
+    shipped = model.generation_config
+    if policy != "use":
+        ids = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+        model.generation_config = GenerationConfig(**{k: getattr(shipped, k, None) for k in ids})
+        return {}
+    given = {k: v for k, v in shipped.to_diff_dict().items() if v is not None}
+    names = DEFAULTS_ALWAYS + (DEFAULTS_WHEN_SAMPLING if given.get("do_sample") else ())
+    defaults = {k: given[k] for k in names if k in given}
+    if given.get("do_sample"):
+        defaults.setdefault("temperature", 1.0)
+    return defaults
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
