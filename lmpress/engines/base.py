@@ -32,10 +32,18 @@ class Engine(ABC):
 
     name: ClassVar[str]
     supported_params: ClassVar[frozenset[str]]
+    # Whether `model.generation_defaults: use` means something here: the engine can read the
+    # sampling defaults a checkpoint ships. Every engine ignores them by default.
+    uses_generation_defaults: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig):
         self.config = config
         check_params(self, config.generation)
+        if config.model.generation_defaults == "use" and not self.uses_generation_defaults:
+            raise UnsupportedParamError(
+                f"model.generation_defaults: engine {self.name} cannot read a checkpoint's "
+                f"generation defaults; set the values under generation instead, or use ignore"
+            )
         # How many requests callers should keep submitted to keep this engine busy.
         self.max_in_flight: int = max(1, config.generation.batch_size)
 

@@ -49,6 +49,7 @@ class NativeEngine(WorkerEngine):
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens",
     })  # fmt: skip
+    uses_generation_defaults = True
 
     def __init__(self, config: RunConfig):
         super().__init__(config)

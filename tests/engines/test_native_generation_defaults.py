@@ -98,3 +98,12 @@ def test_config_show_prints_the_policy_and_refuses_others():
     bad = run_lmpress("config", "show", "-c", "tiny-native", "--model.generation_defaults=auto")
     assert bad.returncode == 2
     assert "model.generation_defaults: 'auto' must be ignore or use" in bad.stderr
+
+
+def test_an_engine_that_cannot_read_checkpoint_defaults_refuses_use():
+    run = run_lmpress(
+        "infer", "-c", "tiny-llamacpp", "--model.generation_defaults", "use", "hello"
+    )  # fmt: skip
+    assert run.returncode == 2
+    [line] = run.stderr.strip().splitlines()
+    assert "model.generation_defaults" in line and "LLAMACPP" in line
