@@ -88,7 +88,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "generation.max_new_tokens": (lambda v: v >= 1, "must be at least 1"),
     "generation.temperature": (
         lambda v: v >= 0 and _finite(v),
-        "must be 0 (greedy) or a finite number above 0",
+        "must be 0 (greedy) or more, and finite",
     ),
     "generation.top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "generation.top_k": (lambda v: v is None or v >= 1, "must be at least 1, or null for no limit"),
