@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -81,6 +82,29 @@ class GenerationParams:
     exclude_prompt_from_response: bool = True
     use_cache: bool = True
 
+    def sampling_temperature(self) -> float:
+        """The temperature a local engine samples at: 0 (greedy) below MIN_TEMPERATURE."""
+        return self.temperature if self.temperature >= MIN_TEMPERATURE else 0.0
+
+    def explicit_fields(self) -> frozenset[str]:
+        """The fields a user set (recipe, flag, row, request), whatever their value: a model's
+        own defaults may fill only the others. Kept off the dataclass fields, so it is no
+        config key."""
+        return getattr(self, "_explicit", frozenset())
+
+    def mark_explicit(self, names: Iterable[str]) -> GenerationParams:
+        self._explicit = self.explicit_fields() | frozenset(names)
+        return self
+
+    def with_defaults(self, defaults: Mapping[str, Any]) -> GenerationParams:
+        """These params with `defaults` filling the fields the user did not set."""
+        fill = {k: v for k, v in defaults.items() if k not in self.explicit_fields()}
+        return (
+            dataclasses.replace(self, **fill).mark_explicit(self.explicit_fields())
+            if fill
+            else self
+        )
+
     def changed_fields(self) -> dict[str, Any]:
         """Fields set away from their defaults (scheduling fields left out)."""
         defaults = GenerationParams()
@@ -92,8 +116,16 @@ class GenerationParams:
         }
 
     def replace(self, **changes: Any) -> GenerationParams:
-        return dataclasses.replace(self, **changes)
+        """These params with `changes`, which count as set by the user."""
+        return dataclasses.replace(self, **changes).mark_explicit(
+            {*self.explicit_fields(), *changes}
+        )
 
+
+# Below this temperature the local engines decode greedily, the limit sampling approaches as
+# the temperature falls: dividing logits by 1e-40 overflows float32 to inf and the softmax to
+# NaN. vLLM clamps at the same 0.01 instead, which is all but greedy too.
+MIN_TEMPERATURE = 0.01
 
 # Fields that steer how work is scheduled rather than what is generated; never refused.
 SCHEDULING_FIELDS = frozenset({"batch_size", "exclude_prompt_from_response", "use_cache"})

@@ -112,8 +112,10 @@ def load_config(
         layers.append(("--engine", {"engine": engine}))
 
     cfg = OmegaConf.structured(RunConfig)
+    explicit: set[str] = set()
     for source, data in layers:
         _check_keys(data, RunConfig, source, prefix="")
+        explicit |= set(data.get("generation") or {})
         data = _coerce_lists(data, RunConfig)
         try:
             cfg = OmegaConf.merge(cfg, data)
@@ -124,6 +126,7 @@ def load_config(
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from exc
     config.engine = config.engine.upper()
+    config.generation.mark_explicit(explicit)
     validate(config)
     return config
 
@@ -141,6 +144,7 @@ def generation_with_overrides(
         params: GenerationParams = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{source}: {_omegaconf_message(exc)}") from exc
+    params.mark_explicit(base.explicit_fields() | set(overrides))
     _check_ranges(params, "generation", source)
     return params
 
@@ -153,7 +157,8 @@ def _check_ranges(section_value: Any, section: str, source: str | None = None) -
         value = getattr(section_value, name)
         if not ok(value):
             where = f"{source}: " if source and source != section else ""
-            raise ConfigError(f"{where}{dotted}: {value!r} {allowed}")
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            raise ConfigError(f"{where}{dotted}: {shown} {allowed}")
 
 
 def validate(config: RunConfig) -> None:
@@ -166,12 +171,10 @@ def validate(config: RunConfig) -> None:
             f"engine: unknown engine '{config.engine}'{_suggest(config.engine, names)} "
             f"Run 'lmpress engines' to see them all."
         )
-    for section in ("generation", "remote_params", "serve"):
+    for section in ("model", "generation", "remote_params", "serve"):
         _check_ranges(getattr(config, section), section)
     if config.generation.top_logprobs and not config.generation.logprobs:
         raise ConfigError("generation.top_logprobs: needs generation.logprobs: true")
-    if any(not s for s in config.generation.stop_strings):
-        raise ConfigError("generation.stop_strings: an empty stop string would stop at once")
 
 
 def config_to_yaml(config: RunConfig) -> str:

@@ -3,6 +3,7 @@ inference YAML loads unchanged."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,10 @@ class ModelParams:
     trust_remote_code: bool = False
     model_revision: str | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The sampling defaults a checkpoint ships (generation_config.json): "ignore" them, so a
+    # recipe means the same on every engine and model, or "use" them for the fields the user
+    # did not set, as vLLM's --generation-config auto does.
+    generation_defaults: str = "ignore"
 
 
 @dataclass
@@ -66,17 +71,51 @@ class RunConfig:
     output_path: str | None = None
 
 
-# Impossible values, checked after loading: dotted key -> (predicate, what is allowed).
+# The largest seed every engine takes: torch's generators and vLLM read a seed as a signed
+# 64-bit integer (a row's n samples use seed + index, which still fits in torch's unsigned 64).
+MAX_SEED = 2**63 - 1
+
+
+def _finite(v: float) -> bool:
+    return not (math.isinf(v) or math.isnan(v))
+
+
+# Impossible values, checked after loading and on every row's and request's own settings:
+# dotted key -> (predicate, what is allowed). NaN fails every comparison, so a bounded check
+# refuses it; an open-ended one says `_finite` too, or inf would pass.
 RANGE_CHECKS: dict[str, tuple[Any, str]] = {
+    "model.generation_defaults": (lambda v: v in ("ignore", "use"), "must be ignore or use"),
     "generation.max_new_tokens": (lambda v: v >= 1, "must be at least 1"),
-    "generation.temperature": (lambda v: v >= 0, "must be 0 (greedy) or more"),
+    "generation.temperature": (
+        lambda v: v >= 0 and _finite(v),
+        "must be 0 (greedy) or more, and finite",
+    ),
     "generation.top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "generation.top_k": (lambda v: v is None or v >= 1, "must be at least 1, or null for no limit"),
     "generation.min_p": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-    "generation.repetition_penalty": (lambda v: v > 0, "must be greater than 0"),
+    "generation.repetition_penalty": (
+        lambda v: v > 0 and _finite(v),
+        "must be a finite number greater than 0",
+    ),
     "generation.presence_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
     "generation.frequency_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
     "generation.min_tokens": (lambda v: v >= 0, "must be 0 or more"),
+    "generation.seed": (
+        lambda v: v is None or 0 <= v <= MAX_SEED,
+        f"must be in [0, {MAX_SEED}] (2**63 - 1), or null for a random seed",
+    ),
+    "generation.stop_strings": (
+        lambda v: all(v),
+        "holds an empty stop string, which would stop at once; remove it",
+    ),
+    "generation.stop_token_ids": (
+        lambda v: all(t >= 0 for t in v),
+        "must be token ids (0 or more)",
+    ),
+    "generation.logit_bias": (
+        lambda v: all(-100 <= b <= 100 for b in v.values()),
+        "values must be in [-100, 100], as in OpenAI's API",
+    ),
     "generation.n": (lambda v: v >= 1, "must be at least 1"),
     "generation.top_logprobs": (lambda v: 0 <= v <= 20, "must be in [0, 20]"),
     "generation.num_beams": (lambda v: v >= 1, "must be at least 1"),

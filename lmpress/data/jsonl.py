@@ -94,7 +94,13 @@ class JsonlWriter:
             raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
 
     def write(self, row: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        try:
+            self._handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        except UnicodeEncodeError:
+            # A lone surrogate ("\\ud800", valid JSON) has no UTF-8 form: write the line with
+            # escapes, so the row goes out as it came in. Nothing was written: the text is
+            # encoded whole before it reaches the file.
+            self._handle.write(json.dumps(row) + "\n")
         self._handle.flush()
 
     def close(self) -> None:

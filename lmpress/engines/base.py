@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
-from lmpress.errors import UnsupportedParamError
+from lmpress.errors import RequestError, UnsupportedParamError
 from lmpress.types import (
     ErrorInfo,
     GenerationParams,
@@ -32,10 +32,18 @@ class Engine(ABC):
 
     name: ClassVar[str]
     supported_params: ClassVar[frozenset[str]]
+    # Whether `model.generation_defaults: use` means something here: the engine can read the
+    # sampling defaults a checkpoint ships. Every engine ignores them by default.
+    uses_generation_defaults: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig):
         self.config = config
         check_params(self, config.generation)
+        if config.model.generation_defaults == "use" and not self.uses_generation_defaults:
+            raise UnsupportedParamError(
+                f"model.generation_defaults: engine {self.name} cannot read a checkpoint's "
+                f"generation defaults; set the values under generation instead, or use ignore"
+            )
         # How many requests callers should keep submitted to keep this engine busy.
         self.max_in_flight: int = max(1, config.generation.batch_size)
 
@@ -130,6 +138,43 @@ def check_params(engine: Engine | type[Engine], params: GenerationParams) -> Non
             f"engine {engine.name} does not support {listed}; remove it from the recipe or "
             f"overrides, or pick an engine that does ('lmpress engines' lists them)"
         )
+
+
+def check_text(request: Request) -> None:
+    """Refuse text that has no UTF-8 form, such as a lone surrogate: JSON allows the escape
+    "\\ud800" and Python keeps it in a str, but every tokenizer fails on it deep in the
+    backend, where the failure would not name the row's text."""
+    texts = [("the prompt", request.prompt)] if request.prompt is not None else []
+    texts += [(f"message {i} content", m.text()) for i, m in enumerate(request.messages, 1)]
+    texts += [("generation.stop_strings", s) for s in request.params.stop_strings]
+    for where, text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start].encode("unicode_escape").decode("ascii")
+            raise RequestError(
+                f"{where} is not valid Unicode text: a lone surrogate {bad} at character "
+                f"{exc.start + 1}; fix or remove that escape in the input",
+                kind="invalid_request",
+            ) from None
+
+
+def check_token_settings(params: GenerationParams, n_vocab: int) -> None:
+    """Refuse settings that name more tokens than the model has: a top_k above the vocabulary
+    means nothing, and a stop token id past it would index outside the logits."""
+    if params.top_k is not None and params.top_k > n_vocab:
+        raise RequestError(
+            f"generation.top_k: {params.top_k} is more than the model's {n_vocab} tokens; "
+            f"use null for no limit",
+            kind="invalid_request",
+        )
+    for token in params.stop_token_ids:
+        if not 0 <= token < n_vocab:
+            raise RequestError(
+                f"generation.stop_token_ids: {token} is not a token id of this model "
+                f"(0 to {n_vocab - 1})",
+                kind="invalid_request",
+            )
 
 
 def error_result(request: Request, engine: Engine, error: ErrorInfo, started: float) -> Result:

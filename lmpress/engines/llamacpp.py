@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import error_result
+from lmpress.engines.base import check_token_settings, error_result
 from lmpress.engines.native import resolve_chat_template
 from lmpress.engines.worker import Submission, WorkerEngine
 from lmpress.errors import ConfigError, ModelLoadError, RequestError
@@ -246,7 +246,7 @@ class LlamaCppEngine(WorkerEngine):
     def _prepare(self, request: Request, started: float) -> _RequestState:
         prompt_ids = self.encode(request)
         logit_bias = self._logit_bias(request.params)
-        self._check_token_ids(request.params)
+        check_token_settings(request.params, self.n_vocab)
         self._check_fits(request.params)
         return _RequestState(request, prompt_ids, started, logit_bias=logit_bias)
 
@@ -265,15 +265,6 @@ class LlamaCppEngine(WorkerEngine):
                 )
             bias.append((token, float(value)))
         return bias
-
-    def _check_token_ids(self, params: GenerationParams) -> None:
-        for token in params.stop_token_ids:
-            if not 0 <= token < self.n_vocab:
-                raise RequestError(
-                    f"generation.stop_token_ids: {token} is not a token id of this model "
-                    f"(0 to {self.n_vocab - 1})",
-                    kind="invalid_request",
-                )
 
     def _check_fits(self, params: GenerationParams) -> None:
         if params.n > self.batch_size:
@@ -581,7 +572,7 @@ class LlamaCppEngine(WorkerEngine):
                     self.n_vocab, window, 1.0, params.frequency_penalty, params.presence_penalty
                 ),
             )
-        if params.temperature == 0:
+        if params.sampling_temperature() == 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
             return chain
         if params.top_k:
@@ -590,7 +581,7 @@ class LlamaCppEngine(WorkerEngine):
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
         if params.min_p > 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(params.min_p, 1))
-        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.temperature))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.sampling_temperature()))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(_row_seed(params, row.index)))
         return chain
 

@@ -9,6 +9,7 @@ sampling settings and seed, stop strings, max_new_tokens, streaming and cancella
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import random
 import time
@@ -17,16 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
-from lmpress.engines.base import error_result
+from lmpress.engines.base import check_token_settings
 from lmpress.engines.chat_prompt import render_chat_prompt
-from lmpress.engines.worker import Submission, WorkerEngine
+from lmpress.engines.worker import Submission, WorkerEngine, failure_info
 from lmpress.errors import ModelLoadError, RequestError
 from lmpress.packaged import resolve_packaged_name
 from lmpress.tinygguf import resolve_gguf_name
 from lmpress.tinymodels import resolve_model_name
 from lmpress.types import (
     Delta,
-    ErrorInfo,
     Request,
     Result,
     Sample,
@@ -53,6 +53,7 @@ class NativeEngine(WorkerEngine):
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens",
     })  # fmt: skip
+    uses_generation_defaults = True
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -65,8 +66,10 @@ class NativeEngine(WorkerEngine):
         self.device, self.dtype = pick_device_and_dtype(config.model, torch)
         self.tokenizer = load_tokenizer(config.model)
         self.model = load_model(config.model, self.device, self.dtype)
+        self.model_defaults = checkpoint_defaults(self.model, config.model.generation_defaults)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.context_length = _context_length(self.model, self.tokenizer)
+        self.n_vocab = self.model.config.get_text_config().vocab_size  # the logits' width
         self.batch_size = config.generation.batch_size
         # Two batches' worth: one decoding, the next one waiting so the worker never idles.
         self.max_in_flight = 2 * self.batch_size
@@ -76,6 +79,11 @@ class NativeEngine(WorkerEngine):
         await self._stop_worker()
 
     def _prepare(self, request: Request, started: float) -> Submission:
+        if self.model_defaults:
+            request = dataclasses.replace(
+                request, params=request.params.with_defaults(self.model_defaults)
+            )
+        check_token_settings(request.params, self.n_vocab)
         return Submission(request, self.encode(request), started)
 
     def encode(self, request: Request) -> list[int]:
@@ -105,8 +113,12 @@ class NativeEngine(WorkerEngine):
             while self._pending_rows() < self.batch_size and time.monotonic() < deadline:
                 time.sleep(0.0005)
             batch = self._take_batch()
-            if batch:
+            if not batch:
+                continue
+            try:
                 self._generate(batch)
+            except Exception as exc:  # one bad batch must not take the worker down
+                self._fail(batch, failure_info(exc))
 
     def _pending_rows(self) -> int:
         return sum(s.request.params.n for s in list(self._pending))
@@ -128,12 +140,11 @@ class NativeEngine(WorkerEngine):
         return batch
 
     def _generate(self, states: list[Submission]) -> None:
+        rows = [row for state in states for row in self._rows(state)]
+        states = list(dict.fromkeys(row.state for row in rows))
+        if not rows:
+            return
         torch = self._torch
-        rows = [
-            _Row(state, i, _row_generator(state.request.params.seed, i, torch))
-            for state in states
-            for i in range(state.request.params.n)
-        ]
         for row in rows:
             # A row stops at the end of the model's context, as it would at max_new_tokens.
             room = self.context_length - len(row.state.prompt_ids) if self.context_length else None
@@ -147,23 +158,28 @@ class NativeEngine(WorkerEngine):
             input_ids[b, width - len(ids) :] = torch.tensor(ids)
             attention[b, width - len(ids) :] = 1
         control = _BatchControl(self, rows)
-        try:
-            with torch.inference_mode():
-                self.model.generate(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=attention.to(self.device),
-                    generation_config=self._generation_config(rows),
-                    logits_processor=[control],
-                    stopping_criteria=[control.stopper],
-                )
-        except Exception as exc:  # one bad batch must not take the worker down
-            for state in states:
-                info = ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}")
-                state.deliver(error_result(state.request, self, info, state.started))
-            return
+        with torch.inference_mode():
+            self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                generation_config=self._generation_config(rows),
+                logits_processor=[control],
+                stopping_criteria=[control.stopper],
+            )
         for state in states:
             own = [row for row in rows if row.state is state]
             state.deliver(self._result(state, own))
+
+    def _rows(self, state: Submission) -> list[_Row]:
+        """A request's rows, one per sample; none when its settings fail (it is answered)."""
+        params = state.request.params
+        try:
+            return [
+                _Row(state, i, _row_generator(params.seed, i, self._torch)) for i in range(params.n)
+            ]
+        except Exception as exc:  # this request's settings, not the batch, are at fault
+            self._fail([state], failure_info(exc))
+            return []
 
     def _generation_config(self, rows: list[_Row]) -> Any:
         from transformers import GenerationConfig
@@ -172,6 +188,8 @@ class NativeEngine(WorkerEngine):
             max_new_tokens=max(row.limit for row in rows),
             do_sample=False,  # _BatchControl does the sampling, row by row
             num_beams=1,
+            # _BatchControl applies each row's own penalty; the checkpoint's must not add one.
+            repetition_penalty=1.0,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=sorted(self.eos_ids),
         )
@@ -252,7 +270,7 @@ class _BatchControl:
         self.stopper = _Stopper(self)
         params = [row.params for row in rows]
         device = engine.device
-        self.sampled = [b for b, p in enumerate(params) if p.temperature > 0]
+        self.sampled = [b for b, p in enumerate(params) if p.sampling_temperature() > 0]
         self.penalised = any(
             p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params
         )
@@ -310,7 +328,7 @@ class _BatchControl:
     def _sample(self, scores: Any, rows: list[_Row]) -> Any:
         torch = self.torch
         device = scores.device
-        temperature = torch.tensor([r.params.temperature for r in rows], device=device)
+        temperature = torch.tensor([r.params.sampling_temperature() for r in rows], device=device)
         top_p = torch.tensor([r.params.top_p for r in rows], device=device)
         min_p = torch.tensor([r.params.min_p for r in rows], device=device)
         vocab = scores.shape[1]
@@ -531,6 +549,36 @@ def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
             raise ModelLoadError("model.adapter_model needs peft: pip install peft") from exc
         loaded = PeftModel.from_pretrained(loaded, model.adapter_model)
     return loaded.to(device).eval()
+
+
+# The checkpoint's generation_config.json fields that lmpress has fields for. The sampling
+# ones count only where the checkpoint samples (do_sample), as transformers reads them.
+DEFAULTS_ALWAYS = ("max_new_tokens", "repetition_penalty")
+DEFAULTS_WHEN_SAMPLING = ("temperature", "top_p", "top_k", "min_p")
+
+
+def checkpoint_defaults(model: Any, policy: str) -> dict[str, Any]:
+    """What `model.generation_defaults` takes from the checkpoint's generation config.
+
+    "ignore" leaves it only its token ids (EOS still ends a reply), since transformers fills
+    every field lmpress leaves unset from it: a shipped repetition_penalty or
+    no_repeat_ngram_size would otherwise change even greedy decoding. "use" keeps it, so
+    transformers applies the fields lmpress has no name for, and returns the ones lmpress
+    has, to fill each request's unset fields.
+    """
+    from transformers import GenerationConfig
+
+    shipped = model.generation_config
+    if policy != "use":
+        ids = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+        model.generation_config = GenerationConfig(**{k: getattr(shipped, k, None) for k in ids})
+        return {}
+    given = {k: v for k, v in shipped.to_diff_dict().items() if v is not None}
+    names = DEFAULTS_ALWAYS + (DEFAULTS_WHEN_SAMPLING if given.get("do_sample") else ())
+    defaults = {k: given[k] for k in names if k in given}
+    if given.get("do_sample"):
+        defaults.setdefault("temperature", 1.0)
+    return defaults
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Engine, error_result
+from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.engines.credentials import Redactor, resolve_api_key
 from lmpress.engines.ratelimit import (
     Pacer,
@@ -202,6 +202,7 @@ class RemoteEngine(Engine):
     async def complete(self, request: Request) -> Result:
         started = time.perf_counter()
         try:
+            check_text(request)
             self.check_request_params(request.params)
         except (RequestError, ConfigError) as exc:
             return error_result(request, self, ErrorInfo("invalid_request", str(exc)), started)
@@ -232,6 +233,7 @@ class RemoteEngine(Engine):
         with an error, since the text already handed out cannot be taken back."""
         started = time.perf_counter()
         try:
+            check_text(request)
             self.check_request_params(request.params)
         except (RequestError, ConfigError) as exc:
             yield error_result(request, self, ErrorInfo("invalid_request", str(exc)), started)

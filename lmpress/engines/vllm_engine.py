@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Engine, error_result
+from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.engines.chat_prompt import render_chat_prompt
 from lmpress.engines.native import resolve_chat_template
 from lmpress.engines.vllm_translate import (
@@ -271,11 +271,15 @@ class AsyncLLMRunner:
         engine = self.engine
         started = time.perf_counter()
         try:
+            check_text(request)
             prompt, tokenization = self.render(request)
             params = sampling_params(self.api, request.params, stream=deltas)
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", "invalid_request")
             yield error_result(request, engine, ErrorInfo(kind, str(exc)), started)
+            return
+        except Exception as exc:  # vLLM refused this request's settings: it fails alone
+            yield error_result(request, engine, _error_info(exc), started)
             return
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()

@@ -5,6 +5,12 @@ A local engine subclasses `WorkerEngine`, turns a request into its `Submission` 
 `_prepare` (tokenizing and checking it there, so a bad row fails alone before it reaches the
 model) and runs its own scheduling loop in `_run` on the worker thread, taking submissions
 from `_pending` under `_wakeup` and answering them with `Submission.deliver`.
+
+No caller may wait on a request the worker can no longer answer: the base keeps every
+submission whose caller is still listening, and when an exception escapes `_run` it fails each
+one not yet answered and starts `_run` again; when the worker ends (closed, or killed by
+something worse than an Exception) it fails them with `engine_closed`. An engine that holds
+backend state per request (KV sequences, samplers) frees it in `_run` itself.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from lmpress.engines.base import Engine, error_result
+from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.errors import RequestError
 from lmpress.types import Delta, ErrorInfo, Request, Result
 
@@ -35,9 +41,14 @@ class Submission:
     # Set when the caller stops listening (finished, cancelled or gone): the worker drops
     # the request and frees what it holds.
     cancelled: bool = False
+    answered: bool = False  # its Result was handed back
 
     def deliver(self, item: Delta | Result) -> None:
         """Hand a delta or the result to the caller; safe to call from any thread."""
+        if isinstance(item, Result):
+            if self.answered:
+                return  # a request gets one Result, however its step failed
+            self.answered = True
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the caller's loop is closed: nobody is listening any more
@@ -51,7 +62,9 @@ class WorkerEngine(Engine):
         self._pending: deque[Submission] = deque()
         self._wakeup = threading.Condition()
         self._closed = False
-        self._worker = threading.Thread(target=self._run, name=thread_name, daemon=True)
+        self._stopping = False
+        self._live: set[Submission] = set()  # queued, and the caller still listening
+        self._worker = threading.Thread(target=self._worker_main, name=thread_name, daemon=True)
         self._worker.start()
 
     @abstractmethod
@@ -61,6 +74,30 @@ class WorkerEngine(Engine):
     @abstractmethod
     def _run(self) -> None:
         """The worker thread: serve `_pending` until `_closed`."""
+
+    def _worker_main(self) -> None:
+        try:
+            while True:
+                try:
+                    self._run()
+                    return
+                except Exception as exc:  # fail what the worker held, then serve on
+                    self._fail_held(failure_info(exc))
+        finally:
+            with self._wakeup:
+                self._closed = True
+            self._fail_held(ErrorInfo("engine_closed", f"the {self.name} engine was closed"))
+
+    def _fail_held(self, info: ErrorInfo) -> None:
+        """Answer every request still waiting on the worker with `info`."""
+        with self._wakeup:
+            held = [s for s in self._live if not s.answered]
+            self._pending.clear()
+        self._fail(held, info)
+
+    def _fail(self, submissions: list[Submission], info: ErrorInfo) -> None:
+        for submission in submissions:
+            submission.deliver(error_result(submission.request, self, info, submission.started))
 
     def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
         return self._submit(request, deltas=True)
@@ -75,8 +112,9 @@ class WorkerEngine(Engine):
     async def _stop_worker(self) -> bool:
         """Stop the worker and wait for it; False when it was already stopped."""
         with self._wakeup:
-            if self._closed:
+            if self._stopping:
                 return False
+            self._stopping = True  # not `_closed`, which a dying worker sets too
             self._closed = True
             self._wakeup.notify_all()
         await asyncio.to_thread(self._worker.join)
@@ -87,9 +125,13 @@ class WorkerEngine(Engine):
         if self._closed:  # before _prepare, which may call into a backend already freed
             raise RuntimeError(f"the {self.name} engine is closed")
         try:
+            check_text(request)
             submission = self._prepare(request, started)
         except RequestError as exc:
             yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
+            return
+        except Exception as exc:  # whatever the backend met in this request fails it alone
+            yield error_result(request, self, failure_info(exc), started)
             return
         submission.loop = asyncio.get_running_loop()
         submission.queue = asyncio.Queue()
@@ -98,6 +140,7 @@ class WorkerEngine(Engine):
             if self._closed:
                 raise RuntimeError(f"the {self.name} engine is closed")
             self._pending.append(submission)
+            self._live.add(submission)
             self._wakeup.notify()
         try:
             while True:
@@ -110,4 +153,10 @@ class WorkerEngine(Engine):
         finally:
             with self._wakeup:
                 submission.cancelled = True
+                self._live.discard(submission)
                 self._wakeup.notify()
+
+
+def failure_info(exc: Exception) -> ErrorInfo:
+    """The error a request gets when its step raised something unforeseen."""
+    return ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,166 @@
+"""Rows with values at and past the edges, through the real `lmpress batch` on the NATIVE and
+LLAMACPP engines: each bad row is refused or fails alone, with one line naming the key, and
+every other row is written. Run under a timeout: before the worker guard, a row that raised on
+the worker thread (a huge seed) left the job waiting forever."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_lmpress
+
+RECIPES = ["tiny-native", "tiny-llamacpp"]
+TIMEOUT_S = 240  # a hang fails the test instead of the suite
+
+# (row id, row's generation overrides or content, what the error line must name)
+BAD_ROWS = [
+    ("temp-inf", {"temperature": float("inf")}, "generation.temperature"),
+    ("temp-nan", {"temperature": float("nan")}, "generation.temperature"),
+    ("temp-neg", {"temperature": -0.5}, "generation.temperature"),
+    ("top-p-nan", {"top_p": float("nan")}, "generation.top_p"),
+    ("rep-inf", {"repetition_penalty": float("inf")}, "generation.repetition_penalty"),
+    ("rep-neg", {"repetition_penalty": -1.0}, "generation.repetition_penalty"),
+    ("min-p-neg", {"min_p": -0.1}, "generation.min_p"),
+    ("tokens-neg", {"max_new_tokens": -3}, "generation.max_new_tokens"),
+    ("seed-huge", {"seed": 18446744073709551617, "temperature": 0.7}, "generation.seed"),
+    ("seed-2-64", {"seed": 2**64}, "generation.seed"),
+    ("seed-neg", {"seed": -1, "temperature": 0.7}, "generation.seed"),
+    ("top-k-vocab", {"top_k": 10**9, "temperature": 0.7}, "generation.top_k"),
+    ("top-k-zero", {"top_k": 0}, "generation.top_k"),
+    ("stop-empty", {"stop_strings": ["", "x"]}, "generation.stop_strings"),
+    ("stop-id-neg", {"stop_token_ids": [-1]}, "generation.stop_token_ids"),
+    ("stop-id-vocab", {"stop_token_ids": [10**9]}, "generation.stop_token_ids"),
+]
+
+
+def _row(rid: str, generation: dict | None = None, content: str = "Say something.") -> dict:
+    row = {"id": rid, "messages": [{"role": "user", "content": content}]}
+    if generation is not None:
+        row["generation"] = generation
+    return row
+
+
+def _run_batch(tmp_path, recipe: str, rows: list[dict], *extra: str):
+    src = tmp_path / "in.jsonl"
+    # json.dumps writes inf and nan as Infinity and NaN, which Python's JSON reader (and so
+    # lmpress's) accepts: exactly what a careless producer emits.
+    src.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(
+        "batch", "-c", recipe, "-i", str(src), "-o", str(out),
+        "--generation.max_new_tokens", "6", *extra, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    written = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    errors_path = tmp_path / "out.errors.jsonl"
+    errors = (
+        [json.loads(line) for line in errors_path.read_text(encoding="utf-8").splitlines()]
+        if errors_path.exists()
+        else []
+    )
+    return run, {r["id"]: r for r in written}, {e["id"]: e for e in errors}
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_each_bad_value_fails_its_row_alone(tmp_path, recipe):
+    rows = [_row("first")]
+    for rid, generation, _ in BAD_ROWS:
+        rows += [_row(rid, generation), _row(f"after-{rid}")]
+    run, written, errors = _run_batch(tmp_path, recipe, rows)
+    assert run.returncode == 1, run.stderr  # some rows failed; the job finished
+    assert set(errors) == {rid for rid, _, _ in BAD_ROWS}, run.stderr
+    assert set(written) == {"first"} | {f"after-{rid}" for rid, _, _ in BAD_ROWS}
+    assert all(r["response"]["text"] for r in written.values())
+    for rid, _, key in BAD_ROWS:
+        message = errors[rid]["error"]["message"]
+        assert key in message, (rid, message)
+        assert "\n" not in message and "Traceback" not in message
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_tiny_temperature_decodes_greedily(tmp_path, recipe):
+    """1e-40 once turned NATIVE's logits into inf and its softmax into NaN, which sampled the
+    last token of the vocabulary every step; below 0.01 both CPU engines decode greedily."""
+    prompts = ["Why is the sky blue?", "Name three colours.", "Count to five."]
+    rows = [_row(f"greedy-{i}", {"temperature": 0.0}, p) for i, p in enumerate(prompts)]
+    rows += [_row(f"tiny-{i}", {"temperature": 1e-40, "seed": 7}, p) for i, p in enumerate(prompts)]
+    run, written, errors = _run_batch(tmp_path, recipe, rows)
+    assert run.returncode == 0, run.stderr
+    assert not errors
+    for i in range(len(prompts)):
+        assert (
+            written[f"tiny-{i}"]["response"]["text"] == written[f"greedy-{i}"]["response"]["text"]
+        )
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_10_mb_stop_string_is_honoured_and_the_job_finishes(tmp_path, recipe):
+    huge = "ab" * (5 * 1024 * 1024)
+    rows = [_row("plain"), _row("huge-stop", {"stop_strings": [huge]}), _row("after")]
+    run, written, errors = _run_batch(tmp_path, recipe, rows)
+    assert run.returncode == 0, run.stderr
+    assert not errors
+    # A stop string longer than any reply can never match: the reply is the plain one.
+    assert written["huge-stop"]["response"]["text"] == written["plain"]["response"]["text"]
+    assert set(written) == {"plain", "huge-stop", "after"}
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("--generation.temperature=.inf", "generation.temperature"),
+        ("--generation.temperature=.nan", "generation.temperature"),
+        ("--generation.repetition_penalty=.inf", "generation.repetition_penalty"),
+        ("--generation.seed=18446744073709551617", "generation.seed"),
+        ("--generation.seed=-5", "generation.seed"),
+        ("--generation.logit_bias={'5': .inf}", "generation.logit_bias"),
+    ],
+)
+def test_a_bad_value_in_the_config_is_refused_at_load(override, key):
+    run = run_lmpress("config", "show", "-c", "tiny-native", override)
+    assert run.returncode == 2, run.stdout
+    [line] = run.stderr.strip().splitlines()
+    assert key in line and "Traceback" not in line
+
+
+# --- text with no UTF-8 form ---------------------------------------------------------------
+
+SURROGATE_LINE = '{"id": "bad", "messages": [{"role": "user", "content": "bad \\ud800 x"}]}'
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_lone_surrogate_fails_its_row_alone(tmp_path, recipe):
+    src = tmp_path / "in.jsonl"
+    lines = [
+        json.dumps(_row("before")),
+        SURROGATE_LINE,
+        # Carried in metadata only, the surrogate reaches the output file: escaped, not fatal.
+        '{"id": "meta", "messages": [{"role": "user", "content": "hi"}], "metadata": {"x": "\\udc80"}}',
+        json.dumps(_row("after")),
+    ]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("batch", "-c", recipe, "-i", str(src), "-o", str(out), timeout=TIMEOUT_S)
+    assert run.returncode == 1, run.stderr
+    assert "internal error" not in run.stderr
+    written = {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+    assert set(written) == {"before", "meta", "after"}
+    assert written["meta"]["metadata"] == {"x": "\udc80"}
+    error_lines = [line for line in run.stderr.splitlines() if ":2: " in line]
+    assert len(error_lines) == 1
+    assert "message 1 content" in error_lines[0] and "\\ud800" in error_lines[0]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_infer_refuses_a_prompt_with_no_utf8_form(recipe):
+    # An argument that is not UTF-8 reaches Python as a lone surrogate (surrogateescape).
+    run = run_lmpress("infer", "-c", recipe, "bad \udcff x", timeout=TIMEOUT_S)
+    assert run.returncode != 0
+    assert "internal error" not in run.stderr and "Traceback" not in run.stderr
+    assert "not valid Unicode text" in run.stderr
