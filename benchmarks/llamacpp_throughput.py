@@ -36,7 +36,7 @@ import os
 from rounds import Rounds, SideProcess, lmpress_generate, mixed_prompts
 
 from lmpress.configs import load_config
-from lmpress.engines.llamacpp import gguf_path
+from lmpress.engines.llamacpp import extra_bufts_are_safe, gguf_path, load_llama
 from lmpress.engines.registry import create_engine
 from lmpress.types import GenerationParams, Message, Request
 
@@ -58,6 +58,17 @@ def baseline(llm, prompts: list[str], new_tokens: int, eos: bool = False) -> int
     return produced
 
 
+def lmpress_config(path: str, kwargs: dict, batch_size: int):
+    return load_config(
+        overrides={
+            "engine": "LLAMACPP",
+            "model.model_name": path,
+            "model.model_kwargs": kwargs,
+            "generation.batch_size": batch_size,
+        }
+    )
+
+
 def describe(path: str) -> str:
     """Parameter count and weight types of a GGUF file."""
     import gguf
@@ -69,10 +80,13 @@ def describe(path: str) -> str:
 
 
 def build_baseline(path: str, kwargs: dict, prompts: list[str], new_tokens: int, eos: bool):
-    """llama-cpp-python's side, in its own process: load, warm up, return the timed work."""
-    from llama_cpp import Llama
+    """llama-cpp-python's side, in its own process: load, warm up, return the timed work.
+    It loads as lmpress does on this CPU (a build with AMX kernels crashes on quantized weights
+    otherwise; see lmpress.engines.llamacpp.extra_bufts_are_safe)."""
+    import llama_cpp
 
-    llm = Llama(model_path=path, verbose=False, **kwargs)
+    safe = extra_bufts_are_safe(llama_cpp.llama_print_system_info().decode())
+    llm = load_llama(path, {"verbose": False, **kwargs}, extra_bufts=safe)
     baseline(llm, prompts[:1], 2)  # first-call allocations, page faults on the weights
     return lambda: baseline(llm, prompts, new_tokens, eos)
 
@@ -145,6 +159,12 @@ def main() -> None:
     parser.add_argument(
         "--eos", action="store_true", help="honour EOS: rows stop at different lengths"
     )
+    parser.add_argument(
+        "--no-extra-bufts",
+        action="store_true",
+        help="also time lmpress with llama.cpp's extra weight buffers (CPU repack) off: what "
+        "the AMX crash avoidance would cost if it were applied on every CPU",
+    )
     args = parser.parse_args()
     if args.eos and args.raw:
         parser.error("--raw runs every row to --new-tokens; it does not take --eos")
@@ -156,14 +176,7 @@ def main() -> None:
         "n_threads_batch": args.threads,
         "flash_attn": args.flash_attn == "on",
     }
-    config = load_config(
-        overrides={
-            "engine": "LLAMACPP",
-            "model.model_name": path,
-            "model.model_kwargs": kwargs,
-            "generation.batch_size": args.batch_size,
-        }
-    )
+    config = lmpress_config(path, kwargs, args.batch_size)
     prompts = mixed_prompts(args.prompts, max_words=40)
     # Each side in a process of its own, as users run them (see rounds.SideProcess).
     sides = [
@@ -174,6 +187,11 @@ def main() -> None:
     ]
     if args.raw:
         sides.append(SideProcess("raw llama.cpp", build_raw, config, prompts, args.new_tokens))
+    if args.no_extra_bufts:
+        plain = lmpress_config(path, {**kwargs, "use_extra_bufts": False}, args.batch_size)
+        sides.append(
+            SideProcess("no extra bufts", build_lmpress, plain, prompts, args.new_tokens, args.eos)
+        )
     rounds = Rounds()
     for round_no in range(1, args.rounds + 1):
         for side in sides:
@@ -193,6 +211,9 @@ def main() -> None:
         print(f"raw llama.cpp batched loop:              {rounds.best('raw llama.cpp'):.1f} tok/s")
         rounds.report("lmpress", "raw llama.cpp")
         rounds.report("raw llama.cpp", "llama-cpp-python")
+    if args.no_extra_bufts:
+        print(f"lmpress, extra buffers off:              {rounds.best('no extra bufts'):.1f} tok/s")
+        rounds.report("lmpress", "no extra bufts")
 
 
 if __name__ == "__main__":
