@@ -421,7 +421,7 @@ MALFORMED = [
     ('{"prompt": "unterminated', "not valid JSON"),
     ('["a", "list"]', "expected a JSON object"),
     ('"just a string"', "expected a JSON object"),
-    ('{"question": "no messages or prompt"}', "neither 'messages' nor 'prompt'"),
+    ('{"question": "no messages or prompt"}', "row has no 'messages', 'prompt'"),
     ('{"messages": []}', "'messages' is empty"),
     ('{"messages": "hello"}', "'messages' must be a list"),
     ('{"messages": [{"role": "robot", "content": "x"}]}', 'unknown role "robot"'),

@@ -135,7 +135,7 @@ BAD_LINES = [
     ("not json at all", "not valid JSON"),
     ('{"messages": [{"role": "user", "content": "ok"}]', "not valid JSON"),
     ("[1, 2, 3]", "expected a JSON object"),
-    ('{"text": "no messages"}', "neither 'messages' nor 'prompt'"),
+    ('{"txt": "no messages"}', "row has no 'messages', 'prompt'"),
     ('{"messages": []}', "'messages' is empty"),
     ('{"messages": [{"role": "wizard", "content": "hi"}]}', 'unknown role "wizard"'),
     ('{"messages": [{"role": "user", "content": 42}]}', "content must be a string or a list"),

@@ -107,7 +107,7 @@ def test_ids_without_an_id_are_stable_and_position_dependent():
     [
         ([1, 2], "expected a JSON object, got an array"),
         ("text", "expected a JSON object, got a string"),
-        ({"foo": 1}, "neither 'messages' nor 'prompt'"),
+        ({"foo": 1}, "row has no 'messages', 'prompt'"),
         ({"messages": []}, "'messages' is empty"),
         ({"messages": "hi"}, "'messages' must be a list"),
         ({"messages": [{"role": "bot", "content": "x"}]}, 'unknown role "bot"'),
