@@ -42,6 +42,7 @@ class AnthropicEngine(RemoteEngine):
     supported_params = frozenset({"max_new_tokens", "stop_strings", "guided_decoding"})
     default_api_url = "https://api.anthropic.com"
     default_key_env = "ANTHROPIC_API_KEY"
+    endpoint_paths = ("/v1/messages", "/messages", "/v1")  # the SDK appends /v1/messages
 
     def __init__(self, config: RunConfig):
         super().__init__(config)

@@ -66,6 +66,7 @@ class OpenAICompatEngine(RemoteEngine):
     dialect: ClassVar[Dialect] = Dialect()
     key_required = False  # a local server usually has no key; a named variable must exist
     model_required = False  # asked of the server (GET /models) when not given
+    endpoint_paths = ("/chat/completions", "/completions")
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -272,6 +273,50 @@ class FireworksEngine(_Preset):
     default_key_env = "FIREWORKS_API_KEY"
     supported_params = _OPEN_MODEL_HOST_PARAMS
     dialect = Dialect(extra_fields=OPEN_MODEL_PARAMS)
+
+
+class SambaNovaEngine(_Preset):
+    name = "SAMBANOVA"
+    default_api_url = "https://api.sambanova.ai/v1"
+    default_key_env = "SAMBANOVA_API_KEY"
+    supported_params = frozenset({
+        "max_new_tokens", "temperature", "top_p", "top_k", "stop_strings",
+    })  # fmt: skip
+    dialect = Dialect(extra_fields=frozenset({"top_k"}))
+
+
+class CerebrasEngine(_Preset):
+    name = "CEREBRAS"
+    default_api_url = "https://api.cerebras.ai/v1"
+    default_key_env = "CEREBRAS_API_KEY"
+    supported_params = frozenset({
+        "max_new_tokens", "temperature", "top_p", "stop_strings", "seed", "logprobs",
+        "top_logprobs", "guided_decoding",
+    })  # fmt: skip
+
+
+class HuggingFaceRouterEngine(_Preset):
+    """Hugging Face Inference Providers, through the router's OpenAI-compatible API."""
+
+    name = "HUGGING_FACE_ROUTER"
+    default_api_url = "https://router.huggingface.co/v1"
+    default_key_env = "HF_TOKEN"
+    supported_params = OPENAI_PARAMS - {"logit_bias"}
+
+
+class SGLangEngine(OpenAICompatEngine):
+    """A running SGLang server, through its OpenAI-compatible API (/v1). Oumi's configs name
+    SGLang's native endpoint (http://HOST:PORT/generate); that URL means the same server."""
+
+    name = "SGLANG"
+    supported_params = OPENAI_PARAMS | VLLM_PARAMS
+    dialect = Dialect(extra_fields=VLLM_PARAMS)  # guided_decoding.json as response_format
+    endpoint_paths = ("/v1/chat/completions", "/v1/completions", "/generate", "/v1")
+
+    @classmethod
+    def base_url(cls, url: str) -> str:
+        base = super().base_url(url)
+        return f"{base}/v1" if base else base
 
 
 # --- the translation ---------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""Every remote engine takes a base URL or the full endpoint URL Oumi's configs name."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmpress.configs import load_config
+from lmpress.engines.registry import create_engine
+from tests.servers.llm_server import LLMServer, reply_text
+
+pytestmark = pytest.mark.timeout(120)
+
+# engine -> the key variable it needs (None: a keyless local server is fine)
+OPENAI_FAMILY = {
+    "REMOTE": None, "REMOTE_VLLM": None, "SGLANG": None, "OPENAI": "OPENAI_API_KEY",
+    "GEMINI": "GEMINI_API_KEY", "TOGETHER": "TOGETHER_API_KEY", "PARASAIL": "PARASAIL_API_KEY",
+    "DEEPSEEK": "DEEPSEEK_API_KEY", "OPENROUTER": "OPENROUTER_API_KEY",
+    "FIREWORKS": "FIREWORKS_API_KEY", "SAMBANOVA": "SAMBANOVA_API_KEY",
+    "CEREBRAS": "CEREBRAS_API_KEY", "HUGGING_FACE_ROUTER": "HF_TOKEN",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server():
+    with LLMServer() as s:
+        yield s
+
+
+def answer(engine: str, url: str, monkeypatch, variable: str | None) -> str:
+    if variable:
+        monkeypatch.setenv(variable, "k-test")
+    config = load_config(
+        None,
+        {"engine": engine, "model.model_name": "m", "remote_params.api_url": url},
+    )
+    (result,) = create_engine(config).generate(["hello"])
+    assert result.ok, result.error
+    return result.text
+
+
+@pytest.mark.parametrize("engine", sorted(OPENAI_FAMILY))
+@pytest.mark.parametrize("suffix", ["", "/", "/chat/completions"])
+def test_openai_family_takes_base_or_endpoint_url(engine, suffix, server, monkeypatch):
+    url = server.openai_url + suffix
+    assert answer(engine, url, monkeypatch, OPENAI_FAMILY[engine]) == reply_text("hello")
+
+
+def test_sglang_takes_the_native_generate_url_oumi_configs_name(server, monkeypatch):
+    url = f"http://127.0.0.1:{server.port}/generate"
+    assert answer("SGLANG", url, monkeypatch, None) == reply_text("hello")
+
+
+@pytest.mark.parametrize("suffix", ["", "/v1", "/v1/messages"])
+def test_anthropic_takes_base_or_endpoint_url(suffix, server, monkeypatch):
+    url = f"http://127.0.0.1:{server.port}{suffix}"
+    assert answer("ANTHROPIC", url, monkeypatch, "ANTHROPIC_API_KEY") == reply_text("hello")
