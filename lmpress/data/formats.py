@@ -17,6 +17,7 @@ with the reply appended for the others); `output_format` "lmpress" or "openai" f
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -182,6 +183,9 @@ def _parse_content(content: Any, index: int) -> str | list[ContentPart]:
             if not isinstance(text, str):
                 raise RowError(f"message {index} has a text part without text")
             parts.append(ContentPart("text", text=text))
+        elif kind in ("image_url", "image_path") and part.get("binary"):
+            # Oumi may carry the loaded bytes beside the path or URL: they travel as they are.
+            parts.append(ContentPart("image_url", image_url=_binary_image_url(part, index)))
         elif kind in ("image_url", "image_path"):
             url = part.get("image_url", part.get("content"))
             if isinstance(url, dict):
@@ -191,12 +195,33 @@ def _parse_content(content: Any, index: int) -> str | list[ContentPart]:
             if kind == "image_path" and not url.startswith(("file:", "data:", "http")):
                 url = f"file://{url}"
             parts.append(ContentPart("image_url", image_url=url))
+        elif kind == "image_binary":
+            parts.append(ContentPart("image_url", image_url=_binary_image_url(part, index)))
         else:
             raise RowError(
                 f"message {index} has a content part of unknown type {json.dumps(kind)} "
-                f"(expected text or image_url)"
+                f"(expected text, image_url, image_path or image_binary)"
             )
     return parts
+
+
+# The first bytes of the image formats a chat model takes, for an Oumi image_binary's type.
+IMAGE_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"))
+
+
+def _binary_image_url(part: dict[str, Any], index: int) -> str:
+    """Oumi's image_binary item: the image's bytes, base64 in `binary`, as a data: URL."""
+    data = part.get("binary")
+    try:
+        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else b""
+    except ValueError:
+        raw = b""
+    if not raw:
+        raise RowError(f"message {index} has an image_binary part without base64 'binary'")
+    mime = next((m for magic, m in IMAGE_MAGIC if raw.startswith(magic)), None)
+    if mime is None and raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        mime = "image/webp"
+    return f"data:{mime or 'image/png'};base64,{data}"
 
 
 def _has_oumi_items(messages: Any) -> bool:
