@@ -15,8 +15,10 @@ million-row job pays stays small.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import mimetypes
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ from urllib.parse import unquote, urlparse
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote import MalformedResponse, RemoteEngine, Reply, client_options
-from lmpress.errors import RequestError
+from lmpress.errors import ConfigError, RequestError
 from lmpress.types import Delta, GenerationParams, Message, Request, Sample, TokenLogprob, Usage
 
 # What every OpenAI-compatible chat endpoint takes.
@@ -302,6 +304,31 @@ class HuggingFaceRouterEngine(_Preset):
     default_api_url = "https://router.huggingface.co/v1"
     default_key_env = "HF_TOKEN"
     supported_params = OPENAI_PARAMS - {"logit_bias"}
+
+
+class BedrockEngine(_Preset):
+    """Amazon Bedrock's OpenAI-compatible Chat Completions on bedrock-runtime, with a Bedrock
+    API key. Oumi goes through boto3's Converse API instead, which reaches more models (this
+    endpoint serves the open-weight ones); the region comes from AWS_REGION, as in Oumi."""
+
+    name = "BEDROCK"
+    default_key_env = "AWS_BEARER_TOKEN_BEDROCK"
+    supported_params = frozenset({
+        "max_new_tokens", "temperature", "top_p", "stop_strings",
+    })  # fmt: skip
+
+    def __init__(self, config: RunConfig):
+        if not config.remote_params.api_url:
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            if not region:
+                raise ConfigError(
+                    "engine BEDROCK needs a region: export AWS_REGION=us-east-1 (or give "
+                    "--remote_params.api_url)"
+                )
+            url = f"https://bedrock-runtime.{region}.amazonaws.com/openai/v1"
+            remote = dataclasses.replace(config.remote_params, api_url=url)
+            config = dataclasses.replace(config, remote_params=remote)
+        super().__init__(config)
 
 
 class SGLangEngine(OpenAICompatEngine):

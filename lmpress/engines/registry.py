@@ -156,6 +156,13 @@ BUILTIN: tuple[EngineSpec, ...] = (
         ("openai",),
         "Hugging Face Inference Providers (router)",
     ),
+    EngineSpec(
+        "BEDROCK",
+        "lmpress.engines.openai_compat:BedrockEngine",
+        "remote",
+        ("openai",),
+        "Amazon Bedrock (OpenAI-compatible Chat Completions)",
+    ),
 )
 
 

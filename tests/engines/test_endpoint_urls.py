@@ -6,6 +6,7 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
+from lmpress.errors import ConfigError
 from tests.servers.llm_server import LLMServer, reply_text
 
 pytestmark = pytest.mark.timeout(120)
@@ -17,6 +18,7 @@ OPENAI_FAMILY = {
     "DEEPSEEK": "DEEPSEEK_API_KEY", "OPENROUTER": "OPENROUTER_API_KEY",
     "FIREWORKS": "FIREWORKS_API_KEY", "SAMBANOVA": "SAMBANOVA_API_KEY",
     "CEREBRAS": "CEREBRAS_API_KEY", "HUGGING_FACE_ROUTER": "HF_TOKEN",
+    "BEDROCK": "AWS_BEARER_TOKEN_BEDROCK",
 }  # fmt: skip
 
 
@@ -54,3 +56,15 @@ def test_sglang_takes_the_native_generate_url_oumi_configs_name(server, monkeypa
 def test_anthropic_takes_base_or_endpoint_url(suffix, server, monkeypatch):
     url = f"http://127.0.0.1:{server.port}{suffix}"
     assert answer("ANTHROPIC", url, monkeypatch, "ANTHROPIC_API_KEY") == reply_text("hello")
+
+
+def test_bedrock_builds_its_url_from_the_region(monkeypatch):
+    monkeypatch.setenv("AWS_BEARER_TOKEN_BEDROCK", "k-test")
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    config = load_config(None, {"engine": "BEDROCK", "model.model_name": "m"})
+    with pytest.raises(ConfigError, match="engine BEDROCK needs a region: export AWS_REGION"):
+        create_engine(config)
+    monkeypatch.setenv("AWS_REGION", "us-west-2")
+    engine = create_engine(config)
+    assert engine.api_url == "https://bedrock-runtime.us-west-2.amazonaws.com/openai/v1"
