@@ -96,7 +96,13 @@ class NativeEngine(WorkerEngine):
         if request.prompt is not None:
             ids = self.tokenizer(request.prompt)["input_ids"]
         else:
-            text = render_chat_prompt(self.tokenizer, request, self.name, self.model_name)
+            text = render_chat_prompt(
+                self.tokenizer,
+                request,
+                self.name,
+                self.model_name,
+                template_kwargs=self.config.model.chat_template_kwargs,
+            )
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(

@@ -67,3 +67,27 @@ def test_compile_wraps_the_forward_in_torch_compile(tiny_llama):
         assert hasattr(engine.model.forward, "_torchdynamo_orig_callable")
     finally:
         asyncio.run(engine.aclose())
+
+
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% if think %}<think>{% endif %}{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_the_template(tiny_llama):
+    from lmpress.types import Message, Request
+
+    request = Request("r", [Message("user", "hi")], GenerationParams())
+    prompts = {}
+    for think in (True, False):
+        engine = make(
+            tiny_llama,
+            **{"model.chat_template": TEMPLATE, "model.chat_template_kwargs": {"think": think}},
+        )
+        try:
+            prompts[think] = engine.tokenizer.decode(engine.encode(request))
+        finally:
+            asyncio.run(engine.aclose())
+    assert prompts[True] == "<|user|>hi\n<|assistant|><think>"
+    assert prompts[False] == "<|user|>hi\n<|assistant|>"
