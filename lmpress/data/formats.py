@@ -72,6 +72,11 @@ def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
     if openai_batch.is_batch_request(raw):
         return _parse_batch_request(raw, line)
     overrides = _row_overrides(raw.get("generation"))
+    if raw.get("tools"):  # Oumi's Conversation.tools: refused, since no engine would see them
+        raise RowError(
+            "'tools': lmpress sends no tools yet (tool_choice and tool_call_parser load but "
+            "do nothing); remove the tools to run the row without them"
+        )
     if "messages" in raw:
         kind = "oumi" if "conversation_id" in raw or _has_oumi_items(raw["messages"]) else "chat"
         messages = parse_messages(raw["messages"])
