@@ -160,6 +160,7 @@ class RemoteEngine(Engine):
             remote.input_tokens_per_minute,
             remote.output_tokens_per_minute,
             remote.politeness_policy,
+            adaptive=remote.use_adaptive_concurrency,
         )
         self._client: Any = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
