@@ -84,6 +84,11 @@ class LlamaCppEngine(WorkerEngine):
         import llama_cpp
 
         self._lc = llama_cpp
+        if not config.model.load_pretrained_weights:
+            raise ConfigError(
+                "model.load_pretrained_weights: false: LLAMACPP reads its weights from the GGUF "
+                "file; random weights need the NATIVE or VLLM engine"
+            )
         self.path = gguf_path(oumi_gguf_file(config.model) or config.model.model_name)
         model_kwargs = {k: v for k, v in config.model.model_kwargs.items() if k != "filename"}
         kwargs = check_model_kwargs(model_kwargs, llama_cpp.Llama)

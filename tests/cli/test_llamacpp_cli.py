@@ -144,3 +144,12 @@ def test_oumi_form_hub_repo_and_filename_reads_the_hub_cache(tmp_path):
     assert missing.returncode != 0
     assert "'other.gguf' of 'someone/tiny-GGUF' is neither in a local directory" in missing.stderr
     assert "downloads nothing" in missing.stderr
+
+
+def test_random_weights_are_refused_on_llamacpp():
+    run = run_lmpress(
+        "infer", "--engine", "LLAMACPP", "--model.model_name", str(tiny_gguf("llama")),
+        "--model.load_pretrained_weights", "false", "hi",
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "LLAMACPP reads its weights from the GGUF file" in run.stderr

@@ -91,3 +91,17 @@ def test_chat_template_kwargs_reach_the_template(tiny_llama):
             asyncio.run(engine.aclose())
     assert prompts[True] == "<|user|>hi\n<|assistant|><think>"
     assert prompts[False] == "<|user|>hi\n<|assistant|>"
+
+
+def test_tokenizer_pad_token_sets_the_pad_token(tiny_llama):
+    engine = make(tiny_llama)
+    try:
+        chosen = engine.tokenizer.convert_ids_to_tokens(5)
+        assert engine.tokenizer.pad_token != chosen
+    finally:
+        asyncio.run(engine.aclose())
+    engine = make(tiny_llama, **{"model.tokenizer_pad_token": chosen})
+    try:
+        assert engine.tokenizer.pad_token_id == 5
+    finally:
+        asyncio.run(engine.aclose())
