@@ -69,6 +69,7 @@ class OpenAICompatEngine(RemoteEngine):
     key_required = False  # a local server usually has no key; a named variable must exist
     model_required = False  # asked of the server (GET /models) when not given
     endpoint_paths = ("/chat/completions", "/completions")
+    user_field: ClassVar[bool] = False  # send remote_params.user_id as OpenAI's `user`
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -92,6 +93,12 @@ class OpenAICompatEngine(RemoteEngine):
             base_url=self.api_url,
             **client_options(self._openai, self.remote.num_workers, self._timeout),
         )
+
+    def _with_user(self, body: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI's `user` field from remote_params.user_id, which Oumi sends to OpenAI."""
+        if self.user_field and self.remote.user_id:
+            body["user"] = self.remote.user_id
+        return body
 
     async def _before_send(self, client: Any) -> None:
         """A hook run before each attempt (GOOGLE_VERTEX refreshes its token here)."""
@@ -119,7 +126,7 @@ class OpenAICompatEngine(RemoteEngine):
 
     async def _send(self, client: Any, request: Request) -> Reply:
         await self._before_send(client)
-        body = request_body(request, await self._model(client), self.dialect)
+        body = self._with_user(request_body(request, await self._model(client), self.dialect))
         # The SDK's generic `post` (its documented way to send a body as is): the SDK still
         # builds, authenticates and sends the request and raises its errors, but skips
         # re-validating a body request_body already shaped and building response models,
@@ -135,6 +142,7 @@ class OpenAICompatEngine(RemoteEngine):
     async def _send_stream(self, client: Any, request: Request) -> AsyncIterator[Delta | Reply]:
         await self._before_send(client)
         body = request_body(request, await self._model(client), self.dialect, stream=True)
+        body = self._with_user(body)
         kwargs, extra = _split(body)
         api = client.completions if request.prompt is not None else client.chat.completions
         stream = await api.create(**kwargs, extra_body=extra or None)
@@ -197,6 +205,7 @@ class OpenAIEngine(OpenAICompatEngine):
     key_required = True
     model_required = True
     dialect = Dialect(max_tokens_field="max_completion_tokens")
+    user_field = True
 
 
 class RemoteVLLMEngine(OpenAICompatEngine):

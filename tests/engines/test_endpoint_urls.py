@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.errors import ConfigError
+from lmpress.types import GenerationParams, Message, Request, Result
 from tests.servers.llm_server import LLMServer, reply_text
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,3 +71,47 @@ def test_bedrock_builds_its_url_from_the_region(monkeypatch):
     monkeypatch.setenv("AWS_REGION", "us-west-2")
     engine = create_engine(config)
     assert engine.api_url == "https://bedrock-runtime.us-west-2.amazonaws.com/openai/v1"
+
+
+def stream_once(engine) -> None:
+    async def run() -> None:
+        request = Request("s", [Message("user", "hello")], GenerationParams())
+        items = [item async for item in engine.stream(request)]
+        await engine.aclose()
+        assert isinstance(items[-1], Result) and items[-1].ok
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "engine, variable, expected",
+    [
+        ("OPENAI", "OPENAI_API_KEY", ("user", "u-42")),
+        ("ANTHROPIC", "ANTHROPIC_API_KEY", ("metadata", {"user_id": "u-42"})),
+        ("REMOTE", None, None),  # only where Oumi sends it
+    ],
+)
+@pytest.mark.parametrize("streamed", [False, True])
+def test_user_id_is_sent_as_oumi_sends_it(
+    engine, variable, expected, streamed, server, monkeypatch
+):
+    if variable:
+        monkeypatch.setenv(variable, "k-test")
+    suffix = "" if engine == "ANTHROPIC" else "/v1"
+    overrides = {
+        "engine": engine,
+        "model.model_name": "m",
+        "remote_params.api_url": f"http://127.0.0.1:{server.port}{suffix}",
+        "remote_params.user_id": "u-42",
+    }
+    created = create_engine(load_config(None, overrides))
+    if streamed:
+        stream_once(created)
+    else:
+        (result,) = created.generate(["hello"])
+        assert result.ok, result.error
+    body = server.stats.bodies[-1][1]
+    if expected is None:
+        assert "user" not in body and "metadata" not in body
+    else:
+        assert body[expected[0]] == expected[1]
