@@ -269,7 +269,8 @@ def test_engines_lists_every_reserved_name():
     run = run_lmpress("engines")
     assert run.returncode == 0
     for name in ("NATIVE", "VLLM", "LLAMACPP", "OPENAI", "ANTHROPIC", "REMOTE", "REMOTE_VLLM", "GEMINI",
-                 "GOOGLE_VERTEX", "TOGETHER", "PARASAIL", "DEEPSEEK", "OPENROUTER", "FIREWORKS"):  # fmt: skip
+                 "GOOGLE_VERTEX", "TOGETHER", "PARASAIL", "DEEPSEEK", "OPENROUTER", "FIREWORKS",
+                 "SGLANG", "SAMBANOVA", "CEREBRAS", "HUGGING_FACE_ROUTER", "BEDROCK"):  # fmt: skip
         assert name in run.stdout
     native = run.stdout.split("NATIVE", 1)[1].split("\n\n", 1)[0]
     assert "usable" in native and "temperature" in native
