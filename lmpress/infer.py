@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_params
 from lmpress.engines.registry import create_engine
-from lmpress.types import Delta, Message, Request, Result
+from lmpress.errors import InputError
+from lmpress.types import ContentPart, Delta, Message, Request, Result
 
 
 async def run_prompt(
@@ -17,12 +19,15 @@ async def run_prompt(
     system: str | None = None,
     out: TextIO | None = None,
     raw: bool = False,
+    image: str | None = None,
 ) -> int:
     """Stream the reply to `prompt`; with n > 1 each sample is printed after the first.
     `raw` sends the text as it is for the model to continue (no chat template), as a base
     model wants. Returns the exit code: 0, or 1 when the request failed."""
     out = out or sys.stdout
-    messages = [Message("user", prompt)]
+    messages = [
+        Message("user", [image_part(image), ContentPart("text", prompt)] if image else prompt)
+    ]
     if system:
         messages.insert(0, Message("system", system))
     engine = create_engine(config)
@@ -48,3 +53,13 @@ async def run_prompt(
         out.write(f"--- sample {i} ---\n{sample.text}\n")
     out.flush()
     return 0
+
+
+def image_part(image: str) -> ContentPart:
+    """`--image`: a local file (sent as a file URL, which each engine reads) or a URL."""
+    if image.startswith(("http://", "https://", "data:")):
+        return ContentPart("image_url", image_url=image)
+    path = Path(image).expanduser().resolve()
+    if not path.is_file():
+        raise InputError(f"--image: {image}: no such file")
+    return ContentPart("image_url", image_url=path.as_uri())

@@ -81,6 +81,23 @@ class GenerationParams:
     # always uses the KV cache, which is what these defaults mean.
     exclude_prompt_from_response: bool = True
     use_cache: bool = True
+    # Oumi's switch: false decodes greedily whatever the temperature (Oumi's NATIVE default);
+    # null (lmpress's default) follows the temperature, 0 being greedy.
+    use_sampling: bool | None = None
+    # Accepted so Oumi configs load; lmpress sends no tools yet, so they change nothing.
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+
+    def __post_init__(self) -> None:
+        if self.use_sampling is False:
+            self.temperature = 0.0
+        if isinstance(self.guided_decoding, Mapping):
+            # Oumi writes every guided-decoding field, the unused ones null and strict false.
+            self.guided_decoding = {
+                k: v
+                for k, v in self.guided_decoding.items()
+                if v is not None and not (k == "strict" and v is False)
+            } or None
 
     def sampling_temperature(self) -> float:
         """The temperature a local engine samples at: 0 (greedy) below MIN_TEMPERATURE."""
@@ -111,8 +128,7 @@ class GenerationParams:
         return {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in SCHEDULING_FIELDS
-            and getattr(self, f.name) != getattr(defaults, f.name)
+            if f.name not in NEVER_REFUSED and getattr(self, f.name) != getattr(defaults, f.name)
         }
 
     def replace(self, **changes: Any) -> GenerationParams:
@@ -129,6 +145,9 @@ MIN_TEMPERATURE = 0.01
 
 # Fields that steer how work is scheduled rather than what is generated; never refused.
 SCHEDULING_FIELDS = frozenset({"batch_size", "exclude_prompt_from_response", "use_cache"})
+# Not refused either: use_sampling acts through the temperature, and the tool fields change
+# nothing until lmpress sends tools.
+NEVER_REFUSED = SCHEDULING_FIELDS | {"use_sampling", "tool_choice", "parallel_tool_calls"}
 
 
 @dataclass

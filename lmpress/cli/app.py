@@ -85,6 +85,15 @@ def _config(
     return load_config(recipe, overrides, engine=engine), positional
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _list_recipes(value: bool) -> None:
+    if value:
+        recipes()
+        raise typer.Exit()
+
+
 @app.command(
     context_settings=OVERRIDES, epilog=OVERRIDES_HELP, options_metavar="[OPTIONS] [PROMPT]"
 )
@@ -92,7 +101,17 @@ def infer(
     ctx: typer.Context,
     config: RecipeOpt = None,
     engine: EngineOpt = None,
-    system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
+    interactive: Annotated[
+        bool,
+        typer.Option("-i", "--interactive", help="Open the chat, as `lmpress chat`.", metavar=FLAG),
+    ] = False,
+    system: Annotated[
+        str | None, typer.Option("--system-prompt", "--system", help="A system prompt.")
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option("--image", help="An image file (or http/data URL) to send with the prompt."),
+    ] = None,
     raw: Annotated[
         bool,
         typer.Option(
@@ -100,21 +119,53 @@ def infer(
         ),
     ] = False,
     input: Annotated[
-        str | None, typer.Option("-i", "--input", help="Run a JSONL file instead (the batch path).")
+        str | None,
+        typer.Option("--input_path", "--input", help="Run a JSONL file instead (the batch path)."),
     ] = None,
     output: Annotated[
-        str | None, typer.Option("-o", "--output", help="Output JSONL (with -i).")
+        str | None,
+        typer.Option("--output_path", "--output", "-o", help="Output JSONL (with --input_path)."),
     ] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option("-log", "--log-level", help=f"Logging level: {', '.join(LOG_LEVELS)}."),
+    ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option("-v", "--verbose", help="Print the merged config first.", metavar=FLAG),
+    ] = False,
+    list_recipes: Annotated[
+        bool,
+        typer.Option(
+            "--list",
+            callback=_list_recipes,
+            is_eager=True,
+            help="List the bundled recipes.",
+            metavar=FLAG,
+        ),
+    ] = False,
 ) -> None:
     """Answer one prompt (an argument, or stdin), printing the reply as it streams.
 
     [bold]lmpress infer --engine NATIVE --model.model_name HuggingFaceTB/SmolLM2-135M-Instruct "Why is the sky blue?"[/bold]
+
+    Takes `oumi infer`'s flags: -i opens the chat, --input_path/--output_path run a file.
     """
+    _logging(log_level)
     cfg, words = _config(ctx, config, engine)
+    if verbose:
+        from lmpress.configs.loading import config_to_yaml
+
+        print(config_to_yaml(cfg), file=sys.stderr, end="")
+    if interactive:
+        _refuse_chat_extras(words, image, raw)
+        from lmpress.chat import run_chat
+
+        raise typer.Exit(run_chat(cfg, system=system))
     if input or (cfg.input_path and not words):
         raise typer.Exit(_batch(cfg, input, output))
-    if raw and system:
-        raise ConfigError("--system needs the chat template; --raw sends the text as it is")
+    if raw and (system or image):
+        raise ConfigError("--system and --image need the chat template; --raw sends text as is")
     prompt = " ".join(words)
     if not prompt:
         if sys.stdin.isatty():
@@ -126,7 +177,30 @@ def infer(
 
     from lmpress.infer import run_prompt
 
-    raise typer.Exit(asyncio.run(run_prompt(cfg, prompt, system, raw=raw)))
+    raise typer.Exit(asyncio.run(run_prompt(cfg, prompt, system, raw=raw, image=image)))
+
+
+def _logging(level: str | None) -> None:
+    if level is None:
+        return
+    if level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"--log-level: '{level}' is not one of {', '.join(LOG_LEVELS)}")
+    import logging
+
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+
+def _refuse_chat_extras(words: list[str], image: str | None, raw: bool) -> None:
+    if words:
+        hint = "type messages at the chat prompt, or pipe them in"
+        if words[0].endswith((".jsonl", ".json")) or Path(words[0]).is_file():
+            hint = (
+                "-i opens the chat, as in `oumi infer`; run a file with --input_path FILE "
+                "--output_path OUT, or lmpress batch -i FILE -o OUT"
+            )
+        raise ConfigError(f"unexpected argument '{words[0]}' ({hint})")
+    if image or raw:
+        raise ConfigError(f"{'--image' if image else '--raw'} is for one prompt, not the chat")
 
 
 @app.command(context_settings=OVERRIDES, epilog=OVERRIDES_HELP)

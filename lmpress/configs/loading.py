@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lmpress.configs.schema import RANGE_CHECKS, RunConfig
+from lmpress.configs.schema import ENGINE_ALIASES, RANGE_CHECKS, TRAINING_ONLY, RunConfig
 from lmpress.errors import ConfigError
 from lmpress.types import GenerationParams
 
@@ -126,9 +127,28 @@ def load_config(
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from exc
     config.engine = config.engine.upper()
+    config.engine = ENGINE_ALIASES.get(config.engine, config.engine)
     config.generation.mark_explicit(explicit)
     validate(config)
+    ignored = training_only_fields(config)
+    if ignored:
+        print(
+            f"lmpress: note: ignoring training-only fields {', '.join(ignored)} "
+            f"(inference does not read them)",
+            file=sys.stderr,
+        )
     return config
+
+
+def training_only_fields(config: RunConfig) -> list[str]:
+    """The Oumi training-only fields a config sets away from their defaults."""
+    defaults = RunConfig()
+    ignored = []
+    for dotted in TRAINING_ONLY:
+        section, name = dotted.split(".")
+        if getattr(getattr(config, section), name) != getattr(getattr(defaults, section), name):
+            ignored.append(dotted)
+    return ignored
 
 
 def generation_with_overrides(
@@ -203,6 +223,11 @@ def _read_recipe(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
+    if {"resources", "run"} <= set(data) and "engine" not in data:
+        raise ConfigError(
+            f"{path}: an Oumi job config (for `oumi launch`: resources, setup, run), not an "
+            f"inference config; give the inference config its run command names"
+        )
     return data
 
 

@@ -17,14 +17,23 @@ class ModelParams:
     tokenizer_name: str | None = None
     tokenizer_pad_token: str | None = None
     tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    processor_kwargs: dict[str, Any] = field(default_factory=dict)  # a multimodal model's processor
     model_max_length: int | None = None
+    load_pretrained_weights: bool = True  # false: random weights from the model's config
+    compile: bool = False  # torch.compile the model (NATIVE)
     chat_template: str | None = None  # a Jinja string, a path to a template file, or "chatml"
+    chat_template_kwargs: dict[str, Any] | None = None
     torch_dtype_str: str = "auto"
     device_map: str | None = "auto"
     attn_implementation: str | None = None
     trust_remote_code: bool = False
     model_revision: str | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    tool_call_parser: str | None = None  # accepted; lmpress sends no tools yet
+    # Oumi's training-only fields: accepted so a shared config loads, and named in a notice.
+    enable_liger_kernel: bool = False
+    shard_for_eval: bool = False
+    freeze_layers: list[str] = field(default_factory=list)
     # The sampling defaults a checkpoint ships (generation_config.json): "ignore" them, so a
     # recipe means the same on every engine and model, or "use" them for the fields the user
     # did not set, as vLLM's --generation-config auto does.
@@ -36,6 +45,7 @@ class RemoteParams:
     api_url: str | None = None
     api_key: str | None = None
     api_key_env_varname: str | None = None
+    user_id: str | None = None  # accepted for Oumi configs; lmpress sends no user id
     num_workers: int = 32
     max_retries: int = 5
     retry_backoff_base: float = 1.0
@@ -45,6 +55,11 @@ class RemoteParams:
     requests_per_minute: int | None = None
     input_tokens_per_minute: int | None = None
     output_tokens_per_minute: int | None = None
+    # Oumi's batch-API window and adaptive concurrency: accepted so Oumi configs load. lmpress
+    # sends requests as they come (no provider batch API) and already adapts to 429s by
+    # backing off, so neither changes a run; see TRAINING_ONLY's notice for the first.
+    batch_completion_window: str | None = "24h"
+    use_adaptive_concurrency: bool = True
 
 
 @dataclass
@@ -62,6 +77,7 @@ class ServeParams:
 
 @dataclass
 class RunConfig:
+    name: str | None = None  # a label, as Oumi configs carry one
     engine: str = "NATIVE"
     model: ModelParams = field(default_factory=ModelParams)
     generation: GenerationParams = field(default_factory=GenerationParams)
@@ -69,6 +85,15 @@ class RunConfig:
     serve: ServeParams = field(default_factory=ServeParams)
     input_path: str | None = None
     output_path: str | None = None
+    progress_path: str | None = None  # accepted for Oumi configs; lmpress resumes from output
+
+
+# Oumi fields that only training reads: a config that sets one loads, with one notice line
+# naming them, since a user sharing one YAML between training and inference expects that.
+TRAINING_ONLY = ("model.enable_liger_kernel", "model.shard_for_eval", "model.freeze_layers")
+
+# Oumi's other engine names for lmpress engines (Oumi's enum member name and value differ).
+ENGINE_ALIASES = {"GOOGLE_GEMINI": "GEMINI"}
 
 
 # The largest seed every engine takes: torch's generators and vLLM read a seed as a signed

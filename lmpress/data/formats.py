@@ -17,6 +17,7 @@ with the reply appended for the others); `output_format` "lmpress" or "openai" f
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -71,6 +72,11 @@ def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
     if openai_batch.is_batch_request(raw):
         return _parse_batch_request(raw, line)
     overrides = _row_overrides(raw.get("generation"))
+    if raw.get("tools"):  # Oumi's Conversation.tools: refused, since no engine would see them
+        raise RowError(
+            "'tools': lmpress sends no tools yet (tool_choice and tool_call_parser load but "
+            "do nothing); remove the tools to run the row without them"
+        )
     if "messages" in raw:
         kind = "oumi" if "conversation_id" in raw or _has_oumi_items(raw["messages"]) else "chat"
         messages = parse_messages(raw["messages"])
@@ -182,6 +188,9 @@ def _parse_content(content: Any, index: int) -> str | list[ContentPart]:
             if not isinstance(text, str):
                 raise RowError(f"message {index} has a text part without text")
             parts.append(ContentPart("text", text=text))
+        elif kind in ("image_url", "image_path") and part.get("binary"):
+            # Oumi may carry the loaded bytes beside the path or URL: they travel as they are.
+            parts.append(ContentPart("image_url", image_url=_binary_image_url(part, index)))
         elif kind in ("image_url", "image_path"):
             url = part.get("image_url", part.get("content"))
             if isinstance(url, dict):
@@ -191,12 +200,33 @@ def _parse_content(content: Any, index: int) -> str | list[ContentPart]:
             if kind == "image_path" and not url.startswith(("file:", "data:", "http")):
                 url = f"file://{url}"
             parts.append(ContentPart("image_url", image_url=url))
+        elif kind == "image_binary":
+            parts.append(ContentPart("image_url", image_url=_binary_image_url(part, index)))
         else:
             raise RowError(
                 f"message {index} has a content part of unknown type {json.dumps(kind)} "
-                f"(expected text or image_url)"
+                f"(expected text, image_url, image_path or image_binary)"
             )
     return parts
+
+
+# The first bytes of the image formats a chat model takes, for an Oumi image_binary's type.
+IMAGE_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"))
+
+
+def _binary_image_url(part: dict[str, Any], index: int) -> str:
+    """Oumi's image_binary item: the image's bytes, base64 in `binary`, as a data: URL."""
+    data = part.get("binary")
+    try:
+        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else b""
+    except ValueError:
+        raw = b""
+    if not raw:
+        raise RowError(f"message {index} has an image_binary part without base64 'binary'")
+    mime = next((m for magic, m in IMAGE_MAGIC if raw.startswith(magic)), None)
+    if mime is None and raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        mime = "image/webp"
+    return f"data:{mime or 'image/png'};base64,{data}"
 
 
 def _has_oumi_items(messages: Any) -> bool:

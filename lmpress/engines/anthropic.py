@@ -42,6 +42,7 @@ class AnthropicEngine(RemoteEngine):
     supported_params = frozenset({"max_new_tokens", "stop_strings", "guided_decoding"})
     default_api_url = "https://api.anthropic.com"
     default_key_env = "ANTHROPIC_API_KEY"
+    endpoint_paths = ("/v1/messages", "/messages", "/v1")  # the SDK appends /v1/messages
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -65,8 +66,14 @@ class AnthropicEngine(RemoteEngine):
             ),
         )
 
-    async def _send(self, client: Any, request: Request) -> Reply:
+    def _body(self, request: Request) -> dict[str, Any]:
         body = request_body(request, self.model_name)
+        if self.remote.user_id:  # as Oumi sends it: the Messages API's metadata.user_id
+            body["metadata"] = {"user_id": self.remote.user_id}
+        return body
+
+    async def _send(self, client: Any, request: Request) -> Reply:
+        body = self._body(request)
         raw = await client.messages.with_raw_response.create(**body)
         try:
             data = json.loads(await raw.read())
@@ -75,7 +82,7 @@ class AnthropicEngine(RemoteEngine):
         return parse_message(data, self.model_name)
 
     async def _send_stream(self, client: Any, request: Request) -> AsyncIterator[Delta | Reply]:
-        body = request_body(request, self.model_name)
+        body = self._body(request)
         stream = await client.messages.create(**body, stream=True)
         parts: list[str] = []
         stop_reason = None

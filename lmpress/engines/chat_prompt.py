@@ -10,16 +10,27 @@ from lmpress.types import Request
 
 
 def render_chat_prompt(
-    tokenizer: Any, request: Request, engine: str, model: str, chat_template: str | None = None
+    tokenizer: Any,
+    request: Request,
+    engine: str,
+    model: str,
+    chat_template: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The prompt text for a text-only chat request; the template writes BOS and the other
-    special tokens itself. A row the template cannot render fails as a RequestError."""
+    special tokens itself. `template_kwargs` (model.chat_template_kwargs, e.g.
+    enable_thinking) are variables the template reads. A row the template cannot render
+    fails as a RequestError."""
     if any(m.has_images() for m in request.messages):
         raise RequestError(
             f"the {engine} engine in lmpress sends text only; this row has image parts",
             kind="invalid_request",
         )
-    options: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+    options: dict[str, Any] = {
+        **(template_kwargs or {}),
+        "tokenize": False,
+        "add_generation_prompt": True,
+    }
     if chat_template:
         options["chat_template"] = chat_template
     elif not getattr(tokenizer, "chat_template", None):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmpress.configs.schema import RunConfig
+from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings, error_result
 from lmpress.engines.native import resolve_chat_template
 from lmpress.engines.worker import Submission, WorkerEngine
@@ -84,8 +84,14 @@ class LlamaCppEngine(WorkerEngine):
         import llama_cpp
 
         self._lc = llama_cpp
-        self.path = gguf_path(config.model.model_name)
-        kwargs = check_model_kwargs(config.model.model_kwargs, llama_cpp.Llama)
+        if not config.model.load_pretrained_weights:
+            raise ConfigError(
+                "model.load_pretrained_weights: false: LLAMACPP reads its weights from the GGUF "
+                "file; random weights need the NATIVE or VLLM engine"
+            )
+        self.path = gguf_path(oumi_gguf_file(config.model) or config.model.model_name)
+        model_kwargs = {k: v for k, v in config.model.model_kwargs.items() if k != "filename"}
+        kwargs = check_model_kwargs(model_kwargs, llama_cpp.Llama)
         kwargs.setdefault("verbose", False)
         kwargs.setdefault("n_ctx", 0)  # 0: the model's own context length
         extra_bufts = kwargs.pop("use_extra_bufts", None)
@@ -692,6 +698,33 @@ def gguf_path(name: str) -> str:
             f"convert_hf_to_gguf.py, or use an engine that reads this format"
         )
     return str(path)
+
+
+def oumi_gguf_file(model: ModelParams) -> str | None:
+    """Oumi's form: `model_name` a hub repo or a directory, `model_kwargs.filename` the GGUF
+    file in it. A directory is joined with the file name; a repo is looked up in the Hugging
+    Face cache, since LLAMACPP downloads nothing. None when no filename is given."""
+    filename = model.model_kwargs.get("filename")
+    if filename is None:
+        return None
+    if not isinstance(filename, str) or not filename:
+        raise ModelLoadError("model.model_kwargs.filename: give the GGUF file's name")
+    directory = Path(model.model_name).expanduser()
+    if directory.is_dir():
+        return str(directory / filename)
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model.model_name, filename, revision=model.model_revision)
+    except Exception:  # not a repo id either (a path that does not exist)
+        cached = None
+    if isinstance(cached, str):
+        return cached
+    raise ModelLoadError(
+        f"model.model_kwargs.filename: '{filename}' of '{model.model_name}' is neither in a "
+        f"local directory nor in the Hugging Face cache; the LLAMACPP engine downloads nothing: "
+        f"run `hf download {model.model_name} {filename}` first"
+    )
 
 
 def extra_bufts_are_safe(system_info: str) -> bool:

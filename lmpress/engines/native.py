@@ -69,6 +69,11 @@ class NativeEngine(WorkerEngine):
         self.model_defaults = checkpoint_defaults(self.model, config.model.generation_defaults)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.context_length = _context_length(self.model, self.tokenizer)
+        if config.model.model_max_length:  # Oumi's cap on the sequence length, prompt included
+            self.context_length = min(
+                self.context_length or config.model.model_max_length,
+                config.model.model_max_length,
+            )
         self.n_vocab = self.model.config.get_text_config().vocab_size  # the logits' width
         self.batch_size = config.generation.batch_size
         # Two batches' worth: one decoding, the next one waiting so the worker never idles.
@@ -91,7 +96,13 @@ class NativeEngine(WorkerEngine):
         if request.prompt is not None:
             ids = self.tokenizer(request.prompt)["input_ids"]
         else:
-            text = render_chat_prompt(self.tokenizer, request, self.name, self.model_name)
+            text = render_chat_prompt(
+                self.tokenizer,
+                request,
+                self.name,
+                self.model_name,
+                template_kwargs=self.config.model.chat_template_kwargs,
+            )
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(
@@ -533,13 +544,16 @@ def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
     quiet = contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext()
     try:
         with quiet:
-            loaded = AutoModelForCausalLM.from_pretrained(
-                name,
-                dtype=dtype,
-                trust_remote_code=model.trust_remote_code,
-                revision=model.model_revision,
-                **kwargs,
-            )
+            if model.load_pretrained_weights:
+                loaded = AutoModelForCausalLM.from_pretrained(
+                    name,
+                    dtype=dtype,
+                    trust_remote_code=model.trust_remote_code,
+                    revision=model.model_revision,
+                    **kwargs,
+                )
+            else:
+                loaded = _random_model(model, name, dtype, kwargs)
     except Exception as exc:
         raise ModelLoadError(f"cannot load model '{model.model_name}': {_first_line(exc)}") from exc
     if model.adapter_model:
@@ -548,7 +562,27 @@ def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
         except ImportError as exc:
             raise ModelLoadError("model.adapter_model needs peft: pip install peft") from exc
         loaded = PeftModel.from_pretrained(loaded, model.adapter_model)
-    return loaded.to(device).eval()
+    loaded = loaded.to(device).eval()
+    if model.compile:
+        import torch
+
+        # Compiles on the first batch; dynamic shapes, since every batch's length differs.
+        loaded.forward = torch.compile(loaded.forward, dynamic=True)
+    return loaded
+
+
+def _random_model(model: ModelParams, name: str, dtype: Any, kwargs: dict[str, Any]) -> Any:
+    """`model.load_pretrained_weights: false`: the architecture from the model's config, with
+    freshly initialised weights (no weight file is read), as Oumi does; handy to benchmark."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    gguf = {"gguf_file": kwargs.pop("gguf_file")} if "gguf_file" in kwargs else {}
+    config = AutoConfig.from_pretrained(
+        name, trust_remote_code=model.trust_remote_code, revision=model.model_revision, **gguf
+    )
+    return AutoModelForCausalLM.from_config(
+        config, trust_remote_code=model.trust_remote_code, dtype=dtype, **kwargs
+    )
 
 
 # The checkpoint's generation_config.json fields that lmpress has fields for. The sampling

@@ -15,8 +15,10 @@ million-row job pays stays small.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import mimetypes
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ from urllib.parse import unquote, urlparse
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote import MalformedResponse, RemoteEngine, Reply, client_options
-from lmpress.errors import RequestError
+from lmpress.errors import ConfigError, RequestError
 from lmpress.types import Delta, GenerationParams, Message, Request, Sample, TokenLogprob, Usage
 
 # What every OpenAI-compatible chat endpoint takes.
@@ -66,6 +68,8 @@ class OpenAICompatEngine(RemoteEngine):
     dialect: ClassVar[Dialect] = Dialect()
     key_required = False  # a local server usually has no key; a named variable must exist
     model_required = False  # asked of the server (GET /models) when not given
+    endpoint_paths = ("/chat/completions", "/completions")
+    user_field: ClassVar[bool] = False  # send remote_params.user_id as OpenAI's `user`
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -89,6 +93,12 @@ class OpenAICompatEngine(RemoteEngine):
             base_url=self.api_url,
             **client_options(self._openai, self.remote.num_workers, self._timeout),
         )
+
+    def _with_user(self, body: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI's `user` field from remote_params.user_id, which Oumi sends to OpenAI."""
+        if self.user_field and self.remote.user_id:
+            body["user"] = self.remote.user_id
+        return body
 
     async def _before_send(self, client: Any) -> None:
         """A hook run before each attempt (GOOGLE_VERTEX refreshes its token here)."""
@@ -116,7 +126,7 @@ class OpenAICompatEngine(RemoteEngine):
 
     async def _send(self, client: Any, request: Request) -> Reply:
         await self._before_send(client)
-        body = request_body(request, await self._model(client), self.dialect)
+        body = self._with_user(request_body(request, await self._model(client), self.dialect))
         # The SDK's generic `post` (its documented way to send a body as is): the SDK still
         # builds, authenticates and sends the request and raises its errors, but skips
         # re-validating a body request_body already shaped and building response models,
@@ -132,6 +142,7 @@ class OpenAICompatEngine(RemoteEngine):
     async def _send_stream(self, client: Any, request: Request) -> AsyncIterator[Delta | Reply]:
         await self._before_send(client)
         body = request_body(request, await self._model(client), self.dialect, stream=True)
+        body = self._with_user(body)
         kwargs, extra = _split(body)
         api = client.completions if request.prompt is not None else client.chat.completions
         stream = await api.create(**kwargs, extra_body=extra or None)
@@ -194,6 +205,7 @@ class OpenAIEngine(OpenAICompatEngine):
     key_required = True
     model_required = True
     dialect = Dialect(max_tokens_field="max_completion_tokens")
+    user_field = True
 
 
 class RemoteVLLMEngine(OpenAICompatEngine):
@@ -272,6 +284,75 @@ class FireworksEngine(_Preset):
     default_key_env = "FIREWORKS_API_KEY"
     supported_params = _OPEN_MODEL_HOST_PARAMS
     dialect = Dialect(extra_fields=OPEN_MODEL_PARAMS)
+
+
+class SambaNovaEngine(_Preset):
+    name = "SAMBANOVA"
+    default_api_url = "https://api.sambanova.ai/v1"
+    default_key_env = "SAMBANOVA_API_KEY"
+    supported_params = frozenset({
+        "max_new_tokens", "temperature", "top_p", "top_k", "stop_strings",
+    })  # fmt: skip
+    dialect = Dialect(extra_fields=frozenset({"top_k"}))
+
+
+class CerebrasEngine(_Preset):
+    name = "CEREBRAS"
+    default_api_url = "https://api.cerebras.ai/v1"
+    default_key_env = "CEREBRAS_API_KEY"
+    supported_params = frozenset({
+        "max_new_tokens", "temperature", "top_p", "stop_strings", "seed", "logprobs",
+        "top_logprobs", "guided_decoding",
+    })  # fmt: skip
+
+
+class HuggingFaceRouterEngine(_Preset):
+    """Hugging Face Inference Providers, through the router's OpenAI-compatible API."""
+
+    name = "HUGGING_FACE_ROUTER"
+    default_api_url = "https://router.huggingface.co/v1"
+    default_key_env = "HF_TOKEN"
+    supported_params = OPENAI_PARAMS - {"logit_bias"}
+
+
+class BedrockEngine(_Preset):
+    """Amazon Bedrock's OpenAI-compatible Chat Completions on bedrock-runtime, with a Bedrock
+    API key. Oumi goes through boto3's Converse API instead, which reaches more models (this
+    endpoint serves the open-weight ones); the region comes from AWS_REGION, as in Oumi."""
+
+    name = "BEDROCK"
+    default_key_env = "AWS_BEARER_TOKEN_BEDROCK"
+    supported_params = frozenset({
+        "max_new_tokens", "temperature", "top_p", "stop_strings",
+    })  # fmt: skip
+
+    def __init__(self, config: RunConfig):
+        if not config.remote_params.api_url:
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            if not region:
+                raise ConfigError(
+                    "engine BEDROCK needs a region: export AWS_REGION=us-east-1 (or give "
+                    "--remote_params.api_url)"
+                )
+            url = f"https://bedrock-runtime.{region}.amazonaws.com/openai/v1"
+            remote = dataclasses.replace(config.remote_params, api_url=url)
+            config = dataclasses.replace(config, remote_params=remote)
+        super().__init__(config)
+
+
+class SGLangEngine(OpenAICompatEngine):
+    """A running SGLang server, through its OpenAI-compatible API (/v1). Oumi's configs name
+    SGLang's native endpoint (http://HOST:PORT/generate); that URL means the same server."""
+
+    name = "SGLANG"
+    supported_params = OPENAI_PARAMS | VLLM_PARAMS
+    dialect = Dialect(extra_fields=VLLM_PARAMS)  # guided_decoding.json as response_format
+    endpoint_paths = ("/v1/chat/completions", "/v1/completions", "/generate", "/v1")
+
+    @classmethod
+    def base_url(cls, url: str) -> str:
+        base = super().base_url(url)
+        return f"{base}/v1" if base else base
 
 
 # --- the translation ---------------------------------------------------------------------

@@ -303,8 +303,12 @@ class Pacer:
         output_tokens_per_minute: int | None = None,
         politeness_s: float = 0.0,
         clock: Clock = time.monotonic,
+        adaptive: bool = True,
     ):
         self.limit = AdaptiveLimit(num_workers, clock)
+        # remote_params.use_adaptive_concurrency: false keeps num_workers in flight through
+        # overload (the cooldown and the learned send rate still hold requests back).
+        self.adaptive = adaptive
         self.rate = AdaptiveRate(clock)
         limited = requests_per_minute or input_tokens_per_minute or output_tokens_per_minute
         self.budget = (
@@ -356,7 +360,8 @@ class Pacer:
             self.limit.succeeded()
             self.rate.succeeded()
         elif overloaded:
-            self.limit.overloaded(ticket.sent_at)
+            if self.adaptive:
+                self.limit.overloaded(ticket.sent_at)
             self.rate.overloaded(ticket.sent_at)
             if retry_after:
                 self.cooldown_until = max(self.cooldown_until, self._clock() + retry_after)

@@ -128,6 +128,41 @@ BUILTIN: tuple[EngineSpec, ...] = (
         ("openai",),
         "Fireworks AI",
     ),
+    EngineSpec(
+        "SGLANG",
+        "lmpress.engines.openai_compat:SGLangEngine",
+        "remote",
+        ("openai",),
+        "a running SGLang server (OpenAI-compatible API)",
+    ),
+    EngineSpec(
+        "SAMBANOVA",
+        "lmpress.engines.openai_compat:SambaNovaEngine",
+        "remote",
+        ("openai",),
+        "SambaNova Cloud",
+    ),
+    EngineSpec(
+        "CEREBRAS",
+        "lmpress.engines.openai_compat:CerebrasEngine",
+        "remote",
+        ("openai",),
+        "Cerebras Inference",
+    ),
+    EngineSpec(
+        "HUGGING_FACE_ROUTER",
+        "lmpress.engines.openai_compat:HuggingFaceRouterEngine",
+        "remote",
+        ("openai",),
+        "Hugging Face Inference Providers (router)",
+    ),
+    EngineSpec(
+        "BEDROCK",
+        "lmpress.engines.openai_compat:BedrockEngine",
+        "remote",
+        ("openai",),
+        "Amazon Bedrock (OpenAI-compatible Chat Completions)",
+    ),
 )
 
 

@@ -125,12 +125,15 @@ class RemoteEngine(Engine):
     default_key_env: ClassVar[str | None] = None
     key_required: ClassVar[bool] = True  # False: a keyless local server is fine
     model_required: ClassVar[bool] = True
+    # Endpoint paths the SDK appends to the base URL, longest first: an api_url that ends in
+    # one (Oumi's configs name the full endpoint) is cut back to its base.
+    endpoint_paths: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
         remote = config.remote_params
         self.remote = remote
-        self.api_url = (remote.api_url or self.default_api_url or "").strip()
+        self.api_url = self.base_url(remote.api_url or self.default_api_url or "")
         if not self.api_url:
             raise ConfigError(
                 f"engine {self.name} needs remote_params.api_url, the server's base URL "
@@ -157,9 +160,19 @@ class RemoteEngine(Engine):
             remote.input_tokens_per_minute,
             remote.output_tokens_per_minute,
             remote.politeness_policy,
+            adaptive=remote.use_adaptive_concurrency,
         )
         self._client: Any = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def base_url(cls, url: str) -> str:
+        """The base URL the SDK takes, from a base URL or a full endpoint URL."""
+        url = url.strip().rstrip("/")
+        for path in cls.endpoint_paths:
+            if url.endswith(path):
+                return url[: -len(path)]
+        return url
 
     # --- what a provider module supplies ---------------------------------------------------
 

@@ -316,7 +316,12 @@ class AsyncLLMRunner:
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
         text = render_chat_prompt(
-            self.tokenizer, request, "VLLM", self.engine.model_name, self.engine.chat_template
+            self.tokenizer,
+            request,
+            "VLLM",
+            self.engine.model_name,
+            self.engine.chat_template,
+            self.engine.config.model.chat_template_kwargs,
         )
         # The template writes BOS and the other special tokens itself.
         return {"prompt": text}, {"add_special_tokens": False}

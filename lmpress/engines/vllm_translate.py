@@ -128,6 +128,10 @@ def engine_settings(config: RunConfig, known_args: set[str] | None = None) -> En
         args["revision"] = model.model_revision
     if model.model_max_length:
         args["max_model_len"] = model.model_max_length
+    if model.processor_kwargs:
+        args["mm_processor_kwargs"] = dict(model.processor_kwargs)
+    if not model.load_pretrained_weights:
+        args["load_format"] = "dummy"  # vLLM's random weights, shaped by the model's config
     adapter = None
     if model.adapter_model:
         adapter = local_or_hub(model.adapter_model, "model.adapter_model")

@@ -59,11 +59,12 @@ def test_infer_reads_stdin_and_system_prompt(echo_plugin):
     ]
 
 
-def test_infer_with_input_runs_the_batch_path(tmp_path):
+def test_infer_with_input_path_runs_the_batch_path(tmp_path):
+    # Oumi's spelling; -i means --interactive in `infer`, as in `oumi infer`.
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": "a", "prompt": "hi"}\n')
     out = tmp_path / "out.jsonl"
-    run = run_lmpress("infer", *TINY, "-i", str(src), "-o", str(out))
+    run = run_lmpress("infer", *TINY, "--input_path", str(src), "--output_path", str(out))
     assert run.returncode == 0, run.stderr
     assert json.loads(out.read_text())["id"] == "a"
 
@@ -268,7 +269,8 @@ def test_engines_lists_every_reserved_name():
     run = run_lmpress("engines")
     assert run.returncode == 0
     for name in ("NATIVE", "VLLM", "LLAMACPP", "OPENAI", "ANTHROPIC", "REMOTE", "REMOTE_VLLM", "GEMINI",
-                 "GOOGLE_VERTEX", "TOGETHER", "PARASAIL", "DEEPSEEK", "OPENROUTER", "FIREWORKS"):  # fmt: skip
+                 "GOOGLE_VERTEX", "TOGETHER", "PARASAIL", "DEEPSEEK", "OPENROUTER", "FIREWORKS",
+                 "SGLANG", "SAMBANOVA", "CEREBRAS", "HUGGING_FACE_ROUTER", "BEDROCK"):  # fmt: skip
         assert name in run.stdout
     native = run.stdout.split("NATIVE", 1)[1].split("\n\n", 1)[0]
     assert "usable" in native and "temperature" in native

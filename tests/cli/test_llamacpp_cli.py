@@ -110,3 +110,46 @@ def test_bad_input_is_one_line(args, expected):
     assert expected in run.stderr
     assert "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def oumi_gguf_run(model_name: str, filename: str, env: dict | None = None):
+    return run_lmpress(
+        "infer", "--engine", "LLAMACPP", "--model.model_name", model_name,
+        "--model.model_kwargs.filename", filename,
+        "--generation.max_new_tokens", "8", "Why is the sky blue?", env=env,
+    )  # fmt: skip
+
+
+def test_oumi_form_directory_and_filename_loads_the_file():
+    path = tiny_gguf("llama")
+    run = oumi_gguf_run(str(path.parent), path.name)
+    assert run.returncode == 0, run.stderr
+    params = GenerationParams(max_new_tokens=8)
+    request = Request("prompt", [Message("user", "Why is the sky blue?")], params)
+    assert run.stdout == as_printed(expected_replies(str(path), [request])[0]) + "\n"
+
+
+def test_oumi_form_hub_repo_and_filename_reads_the_hub_cache(tmp_path):
+    path = tiny_gguf("llama")
+    snapshot = tmp_path / "models--someone--tiny-GGUF" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "tiny.gguf").write_bytes(path.read_bytes())
+    (tmp_path / "models--someone--tiny-GGUF" / "refs").mkdir()
+    (tmp_path / "models--someone--tiny-GGUF" / "refs" / "main").write_text("abc123")
+    env = {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    run = oumi_gguf_run("someone/tiny-GGUF", "tiny.gguf", env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()
+    missing = oumi_gguf_run("someone/tiny-GGUF", "other.gguf", env)
+    assert missing.returncode != 0
+    assert "'other.gguf' of 'someone/tiny-GGUF' is neither in a local directory" in missing.stderr
+    assert "downloads nothing" in missing.stderr
+
+
+def test_random_weights_are_refused_on_llamacpp():
+    run = run_lmpress(
+        "infer", "--engine", "LLAMACPP", "--model.model_name", str(tiny_gguf("llama")),
+        "--model.load_pretrained_weights", "false", "hi",
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "LLAMACPP reads its weights from the GGUF file" in run.stderr

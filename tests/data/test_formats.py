@@ -130,3 +130,58 @@ def test_ids_without_an_id_are_stable_and_position_dependent():
 def test_bad_rows_say_what_is_wrong(raw, expected):
     with pytest.raises(RowError, match=expected):
         parse_row(raw, 1)
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
+
+
+def test_oumi_conversation_with_every_content_type_round_trips():
+    import base64
+
+    png64 = base64.b64encode(PNG).decode()
+    jpeg64 = base64.b64encode(b"\xff\xd8\xff\xe0rest").decode()
+    raw = {
+        "conversation_id": "c2",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_path", "content": "/data/cat.png"},
+                    {"type": "image_url", "content": "https://example.com/dog.jpg"},
+                    {"type": "image_binary", "binary": png64},
+                    {"type": "image_path", "content": "/elsewhere/x.jpg", "binary": jpeg64},
+                    {"type": "text", "content": "What are these?"},
+                ],
+            },
+        ],
+        "metadata": {"split": "test", "n": 3},
+    }
+    row = parse_row(raw, 1)
+    assert (row.id, row.kind) == ("c2", "oumi")
+    urls = [p.image_url for p in row.messages[1].content if p.type == "image_url"]
+    assert urls == [
+        "file:///data/cat.png",
+        "https://example.com/dog.jpg",
+        f"data:image/png;base64,{png64}",
+        f"data:image/jpeg;base64,{jpeg64}",
+    ]
+    assert row.messages[1].text() == "What are these?"
+    out = render_row(row, result("Animals."))
+    # What Oumi's Conversation reads: its own keys, messages as they came plus the reply.
+    assert out["conversation_id"] == "c2" and out["metadata"] == raw["metadata"]
+    assert out["messages"] == [*raw["messages"], {"role": "assistant", "content": "Animals."}]
+
+
+def test_an_image_binary_item_without_bytes_is_a_bad_row():
+    raw = {"messages": [{"role": "user", "content": [{"type": "image_binary", "binary": "@@"}]}]}
+    with pytest.raises(RowError, match="image_binary part without base64 'binary'"):
+        parse_row(raw, 1)
+
+
+def test_a_row_with_tools_is_refused_in_one_line():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    raw = {"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    with pytest.raises(RowError, match=r"^'tools': lmpress sends no tools yet"):
+        parse_row(raw, 1)
+    assert parse_row({**raw, "tools": []}, 1).kind == "chat"  # an empty list sends nothing

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.timeout(120)
 
 KEY_VARIABLES = ("OPENAI_API_KEY", "OPENAI_ADMIN_KEY", "GEMINI_API_KEY", "TOGETHER_API_KEY",
                  "PARASAIL_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY",
-                 "FIREWORKS_API_KEY", "MY_KEY")  # fmt: skip
+                 "FIREWORKS_API_KEY", "SAMBANOVA_API_KEY", "CEREBRAS_API_KEY", "HF_TOKEN",
+                 "MY_KEY")  # fmt: skip
 PRESETS = {
     "GEMINI": ("GEMINI_API_KEY", "generativelanguage.googleapis.com"),
     "TOGETHER": ("TOGETHER_API_KEY", "api.together.xyz"),
@@ -37,6 +38,9 @@ PRESETS = {
     "OPENROUTER": ("OPENROUTER_API_KEY", "openrouter.ai"),
     "FIREWORKS": ("FIREWORKS_API_KEY", "api.fireworks.ai"),
     "OPENAI": ("OPENAI_API_KEY", "api.openai.com"),
+    "SAMBANOVA": ("SAMBANOVA_API_KEY", "api.sambanova.ai"),
+    "CEREBRAS": ("CEREBRAS_API_KEY", "api.cerebras.ai"),
+    "HUGGING_FACE_ROUTER": ("HF_TOKEN", "router.huggingface.co"),
 }
 
 

@@ -271,3 +271,24 @@ def test_excused_pushback_is_bounded_and_charged_failures_keep_max_retries():
     assert not Attempts(max_retries=0).may_retry(too_many, excusable=True)
     refused = Failure("bad_request", "no", status=400)
     assert not Attempts(max_retries=5).may_retry(refused, excusable=True)
+
+
+@pytest.mark.parametrize("adaptive, after", [(True, 4), (False, 8)])
+def test_use_adaptive_concurrency_false_keeps_num_workers_through_overload(adaptive, after):
+    """Oumi's remote_params.use_adaptive_concurrency: how many requests may be in flight
+    after a 429, with it on (halved) and off (num_workers still)."""
+
+    async def run() -> int:
+        clock = FakeClock()
+        pacer = Pacer(8, clock=clock, adaptive=adaptive)
+        ticket = await pacer.acquire(1, 1)
+        clock.now += 0.1
+        pacer.release(ticket, ok=False, overloaded=True)
+        held = []
+        while True:
+            try:
+                held.append(await asyncio.wait_for(pacer.acquire(1, 1), 0.5))
+            except TimeoutError:
+                return len(held)
+
+    assert asyncio.run(run()) == after

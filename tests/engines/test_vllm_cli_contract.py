@@ -190,3 +190,19 @@ def test_vllm_check_plumbing_runs_end_to_end_on_the_standin(model_dir):
     assert run.returncode == 0, run.stderr
     assert "lmpress / raw vLLM, output tokens per second:" in run.stdout
     assert "identical replies (greedy): 20 of 20" in run.stdout
+
+
+def test_oumi_model_fields_reach_vllm():
+    config = load_config(
+        overrides={
+            "engine": "VLLM",
+            "model.model_name": "some/model",
+            "model.processor_kwargs": "{num_crops: 4}",
+            "model.load_pretrained_weights": "false",
+            "model.model_max_length": "1024",
+        }
+    )
+    args = engine_settings(config).args
+    assert args["mm_processor_kwargs"] == {"num_crops": 4}
+    assert args["load_format"] == "dummy"
+    assert args["max_model_len"] == 1024

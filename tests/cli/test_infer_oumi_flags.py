@@ -1,0 +1,80 @@
+"""`lmpress infer` with `oumi infer`'s flags, meaning what they mean there."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from tests.conftest import run_lmpress, with_plugin
+from tests.servers.llm_server import LLMServer, reply_text
+
+TINY = ["-c", "tiny-native", "--generation.max_new_tokens", "6"]
+
+
+def test_dash_i_opens_the_chat_as_lmpress_chat_does():
+    lines = "first question\nsecond question\n"
+    chat = run_lmpress("chat", *TINY, input=lines)
+    infer = run_lmpress("infer", "-i", *TINY, input=lines)
+    assert chat.returncode == 0, chat.stderr
+    assert infer.returncode == 0, infer.stderr
+    assert infer.stdout == chat.stdout and len(infer.stdout.strip().splitlines()) >= 2
+
+
+def test_the_old_dash_i_file_form_says_what_changed(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "hi"}\n')
+    run = run_lmpress("infer", *TINY, "-i", str(src), "-o", str(tmp_path / "out.jsonl"))
+    assert run.returncode != 0
+    assert "-i opens the chat, as in `oumi infer`; run a file with --input_path" in run.stderr
+
+
+def test_system_prompt_and_its_alias_send_a_system_message(echo_plugin):
+    env = with_plugin(echo_plugin)
+    for flag in ("--system-prompt", "--system"):
+        run = run_lmpress("infer", "--engine", "ECHO", flag, "be brief", "hi", env=env)
+        assert run.returncode == 0, run.stderr
+        sent = json.loads(run.stdout.removeprefix("ECHO ").strip())
+        assert sent[0] == {"role": "system", "content": "be brief"}
+
+
+def test_image_is_sent_with_the_prompt(tmp_path):
+    image = tmp_path / "dot.png"
+    image.write_bytes(b"\x89PNG\r\n\x1a\nnot-really-a-png")
+    with LLMServer() as server:
+        run = run_lmpress(
+            "infer", "--engine", "REMOTE", "--remote_params.api_url", server.openai_url,
+            "--model.model_name", "m", "--image", str(image), "What is this?",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == reply_text("What is this?")
+        (path, body), *_ = server.stats.bodies
+    parts = body["messages"][-1]["content"]
+    data = base64.b64encode(image.read_bytes()).decode()
+    assert {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}} in parts
+    assert {"type": "text", "text": "What is this?"} in parts
+
+
+def test_a_missing_image_is_one_clear_line():
+    run = run_lmpress("infer", *TINY, "--image", "/no/such.png", "hi")
+    assert run.returncode != 0
+    assert run.stderr.strip() == "lmpress: error: --image: /no/such.png: no such file"
+
+
+def test_verbose_prints_the_config_and_list_lists_recipes(echo_plugin):
+    run = run_lmpress("infer", "-v", "--engine", "ECHO", "hi", env=with_plugin(echo_plugin))
+    assert run.returncode == 0, run.stderr
+    assert "engine: ECHO" in run.stderr
+    listed = run_lmpress("infer", "--list")
+    assert listed.returncode == 0 and "tiny-native" in listed.stdout
+
+
+@pytest.mark.parametrize("level, ok", [("debug", True), ("loud", False)])
+def test_log_level(level, ok, echo_plugin):
+    run = run_lmpress(
+        "infer", "-log", level, "--engine", "ECHO", "hi", env=with_plugin(echo_plugin)
+    )
+    assert (run.returncode == 0) is ok, run.stderr
+    if not ok:
+        assert "--log-level: 'loud' is not one of DEBUG" in run.stderr
