@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpress.tinymodels import WORDS, cache_root
+from lmpress.tinymodels import WORDS, builder_main, cache_root
 
 # Bump when a builder changes, so cached files are rebuilt.
 BUILDER_VERSION = 3
@@ -317,23 +317,7 @@ def bpe_vocab(spec: GgufSpec) -> Vocab:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build the named tiny GGUF models (default: llama) and print where each is; argparse gives
-    --help and names a model it does not know."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m lmpress.tinygguf",
-        description="Build tiny GGUF models locally and print their paths.",
-    )
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"one of: {', '.join(SPECS)}")  # fmt: skip
-    names = parser.parse_args(argv).names or ["llama"]
-    for name in names:
-        if name not in SPECS:
-            parser.error(f"unknown model '{name}'; choose from {', '.join(SPECS)}")
-    for name in names:
-        print(tiny_gguf(name))
-    return 0
+    return builder_main(argv, "lmpress.tinygguf", "tiny GGUF models", SPECS, tiny_gguf)
 
 
 if __name__ == "__main__":

@@ -228,22 +228,24 @@ def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build the named tiny models (default: llama) and print where each is; argparse gives
-    --help and names a model it does not know."""
+    return builder_main(argv, "lmpress.tinymodels", "tiny models", SPECS, tiny_model)
+
+
+def builder_main(argv: list[str] | None, module: str, what: str, names: Any, build: Any) -> int:
+    """`python -m MODULE [NAME ...]`: build the named models (default: llama) and print where
+    each is; argparse gives --help and names a model it does not know."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m lmpress.tinymodels",
-        description="Build tiny models locally and print their paths.",
+        prog=f"python -m {module}", description=f"Build {what} locally and print their paths."
     )
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"one of: {', '.join(SPECS)}")  # fmt: skip
-    names = parser.parse_args(argv).names or ["llama"]
-    for name in names:
-        if name not in SPECS:
-            parser.error(f"unknown model '{name}'; choose from {', '.join(SPECS)}")
-    for name in names:
-        print(tiny_model(name))
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"one of: {', '.join(names)}")
+    chosen = parser.parse_args(argv).names or ["llama"]
+    for name in chosen:
+        if name not in names:
+            parser.error(f"unknown model '{name}'; choose from {', '.join(names)}")
+    for name in chosen:
+        print(build(name))
     return 0
 
 
