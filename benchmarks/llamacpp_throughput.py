@@ -36,7 +36,7 @@ import os
 from rounds import Rounds, SideProcess, lmpress_generate, mixed_prompts
 
 from lmpress.configs import load_config
-from lmpress.engines.llamacpp import extra_bufts_are_safe, gguf_path, load_llama
+from lmpress.engines.llamacpp import gguf_path, load_llama
 from lmpress.engines.registry import create_engine
 from lmpress.types import GenerationParams, Message, Request
 
@@ -83,10 +83,7 @@ def build_baseline(path: str, kwargs: dict, prompts: list[str], new_tokens: int,
     """llama-cpp-python's side, in its own process: load, warm up, return the timed work.
     It loads as lmpress does on this CPU (a build with AMX kernels crashes on quantized weights
     otherwise; see lmpress.engines.llamacpp.extra_bufts_are_safe)."""
-    import llama_cpp
-
-    safe = extra_bufts_are_safe(llama_cpp.llama_print_system_info().decode())
-    llm = load_llama(path, {"verbose": False, **kwargs}, extra_bufts=safe)
+    llm = load_llama(path, {"verbose": False, **kwargs})
     baseline(llm, prompts[:1], 2)  # first-call allocations, page faults on the weights
     return lambda: baseline(llm, prompts, new_tokens, eos)
 

@@ -95,10 +95,8 @@ class LlamaCppEngine(WorkerEngine):
         kwargs.setdefault("verbose", False)
         kwargs.setdefault("n_ctx", 0)  # 0: the model's own context length
         extra_bufts = kwargs.pop("use_extra_bufts", None)
-        if extra_bufts is None:
-            extra_bufts = extra_bufts_are_safe(llama_cpp.llama_print_system_info().decode())
         try:
-            self.llama = load_llama(self.path, kwargs, extra_bufts=bool(extra_bufts))
+            self.llama = load_llama(self.path, kwargs, extra_bufts=extra_bufts)
         except Exception as exc:
             raise ModelLoadError(f"cannot load GGUF model '{self.path}': {exc}") from exc
         self.vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
@@ -742,17 +740,20 @@ def extra_bufts_are_safe(system_info: str) -> bool:
 _LOAD_LOCK = threading.Lock()
 
 
-def load_llama(path: str, kwargs: dict[str, Any], *, extra_bufts: bool = True) -> Any:
-    """llama-cpp-python's `Llama` for `path`, its weights in the extra buffer types or not.
+def load_llama(path: str, kwargs: dict[str, Any], *, extra_bufts: bool | None = None) -> Any:
+    """llama-cpp-python's `Llama` for `path`, its weights in the extra buffer types or not
+    (None: as `extra_bufts_are_safe` says for this llama.cpp build).
 
     `Llama` has no keyword for `llama_model_params.use_extra_bufts`: it starts from
     `llama_model_default_params()` and loads the weights within its constructor. For the
     length of that call its defaults come with the extra buffer types off; the lock keeps two
     loads from overlapping.
     """
-    from llama_cpp import Llama
+    from llama_cpp import Llama, llama_print_system_info
     from llama_cpp import llama as llama_module
 
+    if extra_bufts is None:
+        extra_bufts = extra_bufts_are_safe(llama_print_system_info().decode())
     if extra_bufts:
         return Llama(model_path=path, **kwargs)
     low = llama_module.llama_cpp  # the ctypes bindings `Llama` reads its defaults from

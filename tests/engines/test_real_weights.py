@@ -72,10 +72,7 @@ def test_smollm2_answers_simple_questions(smollm2):
 def llama_cpp_reference(path: str, kwargs: dict, conversations: list, max_tokens: int) -> list[str]:
     """llama-cpp-python's own chat completion, one conversation at a time, loaded as lmpress
     loads it on this CPU (the extra buffer types off on a build with AMX kernels)."""
-    import llama_cpp
-
-    safe = extra_bufts_are_safe(llama_cpp.llama_print_system_info().decode())
-    llm = load_llama(path, {"verbose": False, **kwargs}, extra_bufts=safe)
+    llm = load_llama(path, {"verbose": False, **kwargs})
     try:
         return [
             llm.create_chat_completion(c, temperature=0.0, max_tokens=max_tokens)["choices"][0][
