@@ -38,8 +38,11 @@ class AnthropicEngine(RemoteEngine):
 
     name = "ANTHROPIC"
     # The Messages API takes no sampling parameters (temperature, top_p, top_k are gone from
-    # it); lmpress's defaults are simply not sent, a change to them is refused.
+    # it) and samples at temperature 1 over the whole distribution: lmpress's defaults are
+    # simply not sent, asking for what the API does anyway is accepted (Oumi's Claude configs
+    # set temperature 1.0), and any other value is refused.
     supported_params = frozenset({"max_new_tokens", "stop_strings", "guided_decoding"})
+    inherent_params = {"temperature": 1.0, "top_p": 1.0}
     default_api_url = "https://api.anthropic.com"
     default_key_env = "ANTHROPIC_API_KEY"
     endpoint_paths = ("/v1/messages", "/messages", "/v1")  # the SDK appends /v1/messages

@@ -32,6 +32,9 @@ class Engine(ABC):
 
     name: ClassVar[str]
     supported_params: ClassVar[frozenset[str]]
+    # Generation values the backend always uses and cannot be asked for: asking for exactly
+    # them is accepted (an API that samples at temperature 1 honours `temperature: 1.0`).
+    inherent_params: ClassVar[dict[str, Any]] = {}
     # Whether `model.generation_defaults: use` means something here: the engine can read the
     # sampling defaults a checkpoint ships. Every engine ignores them by default.
     uses_generation_defaults: ClassVar[bool] = False
@@ -129,9 +132,20 @@ class Engine(ABC):
         asyncio.run(self.aclose())
 
 
+def unsupported_params(engine: Engine | type[Engine], params: GenerationParams) -> list[str]:
+    """The generation fields set away from lmpress's defaults that the engine does not honour.
+    A value the engine's API always uses (`inherent_params`) is honoured by construction."""
+    inherent = engine.inherent_params
+    return sorted(
+        name
+        for name, value in params.changed_fields().items()
+        if name not in engine.supported_params and inherent.get(name, object()) != value
+    )
+
+
 def check_params(engine: Engine | type[Engine], params: GenerationParams) -> None:
     """Refuse, before any work, a generation parameter the engine does not honour."""
-    unsupported = sorted(set(params.changed_fields()) - engine.supported_params)
+    unsupported = unsupported_params(engine, params)
     if unsupported:
         listed = ", ".join(f"generation.{name}" for name in unsupported)
         raise UnsupportedParamError(

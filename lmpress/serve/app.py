@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect
 
 from lmpress.configs.schema import ServeParams
 from lmpress.data.formats import RowError, parse_messages, regenerate_last_turn
-from lmpress.engines.base import Engine
+from lmpress.engines.base import Engine, unsupported_params
 from lmpress.serve import protocol, responses
 from lmpress.serve.asgi import (
     EventStream,
@@ -87,7 +87,7 @@ class Server:
         """The server's generation settings with the request's, refusing what the engine
         does not honour."""
         params = self.engine.config.generation.replace(**sampling.overrides)
-        unsupported = sorted(set(params.changed_fields()) - self.engine.supported_params)
+        unsupported = unsupported_params(self.engine, params)
         if unsupported:
             names = [sampling.source.get(name, name) for name in unsupported]
             raise ApiError(

@@ -179,6 +179,16 @@ def test_sampling_parameters_the_api_lacks_are_refused_up_front(server):
     assert server.stats.requests == 0
 
 
+def test_asking_for_the_sampling_the_api_always_uses_is_accepted_and_not_sent(server):
+    """Oumi's Claude configs set temperature 1.0: what the Messages API does anyway."""
+    engine = make_engine(server, **{"generation.temperature": 1.0, "generation.top_p": 1.0})
+    _, result = run(engine, conversation(("user", "hello claude")))
+    assert result.ok and result.text == reply_text("hello claude")
+    path, body = server.stats.bodies[-1]
+    assert path == "/v1/messages"
+    assert "temperature" not in body and "top_p" not in body
+
+
 def test_a_missing_key_fails_first_naming_the_variable(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY")
     with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):
