@@ -64,7 +64,7 @@ def why_not_here(model_dir: str) -> str | None:
         return (
             "vllm is not installed here: pip install 'lmpress[vllm]' (vLLM needs Linux and a GPU)"
         )
-    from lmpress.engines.vllm_engine import VllmEngine
+    from lmpress.engines.local.vllm.engine import VllmEngine
 
     reason = VllmEngine.unavailable_reason()
     if reason:

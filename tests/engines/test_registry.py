@@ -34,7 +34,11 @@ def test_unknown_engine():
 
 def test_missing_extra_gives_the_exact_install_command():
     spec = EngineSpec(
-        "X", "lmpress.engines.native:NativeEngine", "native", ("no_such_backend_mod",), ""
+        "X",
+        "lmpress.engines.local.native.engine:NativeEngine",
+        "native",
+        ("no_such_backend_mod",),
+        "",
     )
     assert missing_modules(spec) == ["no_such_backend_mod"]
     assert install_hint(spec) == "pip install 'lmpress[native]'"

@@ -3,7 +3,7 @@ one process each, pinned to its own GPUs with CUDA_VISIBLE_DEVICES, and spreads 
 them (each new request goes to the replica with the fewest in flight).
 
 vLLM's offline engine does not run data parallel itself, so lmpress does. The parent process
-never loads a model: it starts `python -m lmpress.engines.vllm_replicas` once per replica and
+never loads a model: it starts `python -m lmpress.engines.local.vllm.replicas` once per replica and
 talks to each over its stdin and stdout, one JSON message per line:
 
     parent -> replica   {"config": {...}}     first line: the run config, data_parallel_size 1
@@ -142,7 +142,7 @@ class _Replica:
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus), "PYTHONPATH": path}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lmpress.engines.vllm_replicas"],
+            [sys.executable, "-m", "lmpress.engines.local.vllm.replicas"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -284,7 +284,7 @@ def main() -> int:
     header = sys.stdin.readline()
     if not header:
         return 0
-    from lmpress.engines.vllm_engine import VllmEngine, describe
+    from lmpress.engines.local.vllm.engine import VllmEngine, describe
 
     try:
         engine = VllmEngine(config_from_wire(json.loads(header)["config"]))

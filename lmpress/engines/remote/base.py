@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result
-from lmpress.engines.credentials import Redactor, resolve_api_key
-from lmpress.engines.ratelimit import (
+from lmpress.engines.remote.credentials import Redactor, resolve_api_key
+from lmpress.engines.remote.pacing import (
     Pacer,
     Ticket,
     backoff_delay,

@@ -10,16 +10,16 @@ import time
 import pytest
 
 from lmpress.configs import load_config
-from lmpress.engines.credentials import Redactor
-from lmpress.engines.openai_compat import (
+from lmpress.engines.registry import create_engine, engine_status
+from lmpress.engines.remote.base import MalformedResponse
+from lmpress.engines.remote.credentials import Redactor
+from lmpress.engines.remote.openai_compat import (
     Dialect,
     OpenAIEngine,
     RemoteVLLMEngine,
     parse_chat_completion,
     request_body,
 )
-from lmpress.engines.registry import create_engine, engine_status
-from lmpress.engines.remote import MalformedResponse
 from lmpress.errors import ConfigError, RequestError, UnsupportedParamError
 from lmpress.types import ContentPart, Delta, GenerationParams, Message, Request, Result
 from tests.servers.llm_server import Faults, LLMServer, reply_text

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.native import local_or_hub
+from lmpress.engines.local.native.engine import local_or_hub
 from lmpress.errors import ConfigError, ModelLoadError
 from lmpress.types import Delta, GenerationParams, Result, Sample, TokenLogprob, Usage
 
 if TYPE_CHECKING:
-    from lmpress.engines.vllm_engine import VllmApi
+    from lmpress.engines.local.vllm.engine import VllmApi
 
 # The LoRA ranks vLLM accepts (vllm.config.lora.MaxLoRARanks); an adapter's rank is rounded up.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -2,7 +2,7 @@
 
 `data_parallel_size: N` makes lmpress start N replica processes, each pinned to its own GPUs
 with CUDA_VISIBLE_DEVICES, and spread rows across them. Here the replicas import the stand-in
-(tests/engines/vllm_standin) instead of vLLM, and pretend GPUs come from CUDA_VISIBLE_DEVICES;
+(tests/engines/local/vllm_standin) instead of vLLM, and pretend GPUs come from CUDA_VISIBLE_DEVICES;
 each stand-in engine logs its pid, its GPUs and the requests it served. These tests prove
 lmpress's replica machinery (pinning, spreading, streaming, cancellation, failures), not vLLM.
 """
@@ -18,13 +18,13 @@ from collections import Counter
 import pytest
 
 from lmpress.configs import load_config
-from lmpress.engines.registry import create_engine
-from lmpress.engines.vllm_replicas import (
+from lmpress.engines.local.vllm.replicas import (
     ReplicaPool,
     replica_gpus,
     request_from_wire,
     result_from_wire,
 )
+from lmpress.engines.registry import create_engine
 from lmpress.errors import ConfigError
 from lmpress.types import (
     ContentPart,
@@ -39,7 +39,7 @@ from lmpress.types import (
     Usage,
 )
 from tests.conftest import run_lmpress
-from tests.engines.vllm_contract_support import (
+from tests.engines.local.vllm_contract_support import (
     STANDIN,
     STANDIN_VARS,
     forget_vllm,

@@ -556,7 +556,7 @@ def test_unsupported_param_is_refused_before_loading():
 
 def test_the_module_imports_no_backend():
     code = (
-        "import sys, lmpress.engines.llamacpp, lmpress.tinygguf\n"
+        "import sys, lmpress.engines.local.llamacpp.engine, lmpress.tinygguf\n"
         "print(sorted(m for m in ('llama_cpp', 'gguf', 'numpy', 'torch') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)  # fmt: skip

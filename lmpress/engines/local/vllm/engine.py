@@ -34,9 +34,9 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result
-from lmpress.engines.chat_prompt import render_chat_prompt
-from lmpress.engines.native import resolve_chat_template
-from lmpress.engines.vllm_translate import (
+from lmpress.engines.common.prompts import render_chat_prompt
+from lmpress.engines.local.native.engine import resolve_chat_template
+from lmpress.engines.local.vllm.translate import (
     OutputAssembler,
     engine_settings,
     first_line,
@@ -194,7 +194,7 @@ class VllmEngine(Engine):
         self.max_in_flight = 2 * self.settings.max_num_seqs * replicas
         self._backend: Any
         if replicas > 1:
-            from lmpress.engines.vllm_replicas import ReplicaPool, replica_gpus
+            from lmpress.engines.local.vllm.replicas import ReplicaPool, replica_gpus
 
             groups = replica_gpus(replicas, self.settings.gpus_per_replica, visible_gpus())
             self._backend = ReplicaPool(self, groups)

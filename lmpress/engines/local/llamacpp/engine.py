@@ -34,8 +34,8 @@ from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings, error_result
-from lmpress.engines.native import resolve_chat_template
-from lmpress.engines.worker import Submission, WorkerEngine
+from lmpress.engines.local.native.engine import resolve_chat_template
+from lmpress.engines.local.worker import Submission, WorkerEngine
 from lmpress.errors import ConfigError, ModelLoadError, RequestError
 from lmpress.packaged import resolve_packaged_name
 from lmpress.tinygguf import resolve_gguf_name

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from lmpress.errors import ConfigError
 
 if TYPE_CHECKING:
-    from lmpress.engines.remote import RemoteEngine
+    from lmpress.engines.remote.base import RemoteEngine
 
 
 def resolve_api_key(engine: RemoteEngine) -> str | None:

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.openai_compat import GOOGLE_PARAMS, OpenAICompatEngine
+from lmpress.engines.remote.openai_compat import GOOGLE_PARAMS, OpenAICompatEngine
 from lmpress.errors import ConfigError, RequestError
 
 

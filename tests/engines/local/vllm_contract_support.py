@@ -1,6 +1,6 @@
 """Shared pieces of the VLLM contract tests: the vLLM stand-in on the import path, and a model
 directory it can "load". The stand-in proves lmpress's adapter, not vLLM (see
-tests/engines/vllm_standin/README.md)."""
+tests/engines/local/vllm_standin/README.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Contract tests of VLLM through the real `lmpress` command: what a user sees without vLLM,
-without a GPU, and with the vLLM stand-in (tests/engines/vllm_standin) in place of vLLM.
+without a GPU, and with the vLLM stand-in (tests/engines/local/vllm_standin) in place of vLLM.
 
 They prove lmpress's side (messages, exit codes, the recipe, the CLI paths), not vLLM.
 """
@@ -15,9 +15,9 @@ from importlib.util import find_spec
 import pytest
 
 from lmpress.configs import load_config
-from lmpress.engines.vllm_translate import engine_settings
+from lmpress.engines.local.vllm.translate import engine_settings
 from tests.conftest import REPO, run_lmpress
-from tests.engines.vllm_contract_support import (
+from tests.engines.local.vllm_contract_support import (
     model_dir,
     standin,
     standin_env,

@@ -19,8 +19,8 @@ from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings
-from lmpress.engines.chat_prompt import render_chat_prompt
-from lmpress.engines.worker import Submission, WorkerEngine, failure_info
+from lmpress.engines.common.prompts import render_chat_prompt
+from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
 from lmpress.errors import ModelLoadError, RequestError
 from lmpress.packaged import resolve_packaged_name
 from lmpress.tinygguf import resolve_gguf_name

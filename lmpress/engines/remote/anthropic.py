@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.remote import MalformedResponse, RemoteEngine, Reply, client_options
+from lmpress.engines.remote.base import MalformedResponse, RemoteEngine, Reply, client_options
 from lmpress.errors import RequestError
 from lmpress.types import Delta, GenerationParams, Message, Request, Sample, Usage
 

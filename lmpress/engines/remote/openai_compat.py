@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from urllib.parse import unquote, urlparse
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.remote import MalformedResponse, RemoteEngine, Reply, client_options
+from lmpress.engines.remote.base import MalformedResponse, RemoteEngine, Reply, client_options
 from lmpress.errors import ConfigError, RequestError
 from lmpress.types import Delta, GenerationParams, Message, Request, Sample, TokenLogprob, Usage
 

@@ -1,7 +1,7 @@
 """Contract tests of the VLLM engine against a stand-in for vLLM.
 
 vLLM cannot be installed here (CUDA-only wheels), so these tests run lmpress's VLLM engine
-against tests/engines/vllm_standin, which mirrors the public signatures of the vLLM classes
+against tests/engines/local/vllm_standin, which mirrors the public signatures of the vLLM classes
 lmpress calls (AsyncLLM, AsyncEngineArgs, SamplingParams, StructuredOutputsParams, LoRARequest,
 RequestOutput, CompletionOutput) and echoes prompts instead of running a model. They prove the
 adapter: translation both ways, engine arguments, streaming, cancellation and errors. They do
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from lmpress.configs import load_config
+from lmpress.engines.local.vllm.engine import VllmApi, VllmEngine
+from lmpress.engines.local.vllm.translate import OutputAssembler, engine_settings, sampling_params
 from lmpress.engines.registry import create_engine
-from lmpress.engines.vllm_engine import VllmApi, VllmEngine
-from lmpress.engines.vllm_translate import OutputAssembler, engine_settings, sampling_params
 from lmpress.errors import ConfigError, EngineUnavailableError, ModelLoadError
 from lmpress.types import (
     ContentPart,
@@ -31,7 +31,7 @@ from lmpress.types import (
     Result,
     TokenLogprob,
 )
-from tests.engines.vllm_contract_support import model_dir, standin, write_model_dir
+from tests.engines.local.vllm_contract_support import model_dir, standin, write_model_dir
 
 __all__ = ["model_dir", "standin"]  # fixtures
 
@@ -604,7 +604,7 @@ def test_closing_the_engine_shuts_vllm_down(standin, model_dir):
 def test_availability(standin, monkeypatch):
     assert VllmEngine.unavailable_reason() is None
     monkeypatch.setenv("VLLM_STANDIN_NO_GPU", "1")
-    from tests.engines.vllm_contract_support import forget_vllm
+    from tests.engines.local.vllm_contract_support import forget_vllm
 
     forget_vllm()
     assert VllmEngine.unavailable_reason().startswith("vLLM found no GPU on this machine")
