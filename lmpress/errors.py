@@ -34,3 +34,16 @@ class RequestError(Exception):
         super().__init__(message)
         self.kind = kind
         self.status = status
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line for a user: its first non-empty line, or the
+    exception's type where it has no message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def exception_line(exc: BaseException) -> str:
+    """An unforeseen exception as one line, type first: "KeyError: 'x'"."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -25,7 +25,7 @@ from lmpress.chat.terminal import (
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine
-from lmpress.errors import LmpressError, RequestError
+from lmpress.errors import LmpressError, RequestError, exception_line
 from lmpress.types import Delta, GenerationParams, Message, Request, Result
 
 
@@ -181,7 +181,7 @@ class Chat:
         except Exception as exc:  # an engine bug must not end the chat
             if debug():
                 traceback.print_exc()
-            turn.error = f"internal error: {type(exc).__name__}: {exc} (--debug shows more)"
+            turn.error = f"internal error: {exception_line(exc)} (--debug shows more)"
         finally:
             renderer.finish(empty_line=not (turn.error or turn.stopped))
             close = getattr(stream, "aclose", None)  # closing the stream frees the request

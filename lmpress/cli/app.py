@@ -18,7 +18,7 @@ import click
 import typer
 
 from lmpress import __version__
-from lmpress.errors import ConfigError, InputError, LmpressError
+from lmpress.errors import ConfigError, InputError, LmpressError, exception_line
 
 if TYPE_CHECKING:
     from lmpress.configs.schema import RunConfig
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         else:
             print(
-                f"lmpress: internal error: {type(exc).__name__}: {exc} (run with --debug for "
+                f"lmpress: internal error: {exception_line(exc)} (run with --debug for "
                 f"the traceback)",
                 file=sys.stderr,
             )

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lmpress.configs.schema import ENGINE_ALIASES, RANGE_CHECKS, TRAINING_ONLY, RunConfig
-from lmpress.errors import ConfigError
+from lmpress.errors import ConfigError, first_line
 from lmpress.types import GenerationParams
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
@@ -319,5 +319,5 @@ def _coerce_lists(data: Mapping[str, Any], cls: type) -> dict[str, Any]:
 def _omegaconf_message(exc: OmegaConfBaseException, source: str = "") -> str:
     """OmegaConf's first line, prefixed with the key unless the source already names it."""
     key = getattr(exc, "full_key", None)
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = first_line(exc)
     return f"{key}: {text}" if key and source != f"--{key}" else text

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from lmpress.engines.base import Engine, check_text, error_result
-from lmpress.errors import RequestError
+from lmpress.errors import RequestError, exception_line
 from lmpress.types import Delta, ErrorInfo, Request, Result
 
 
@@ -159,4 +159,4 @@ class WorkerEngine(Engine):
 
 def failure_info(exc: Exception) -> ErrorInfo:
     """The error a request gets when its step raised something unforeseen."""
-    return ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}")
+    return ErrorInfo("generation_error", exception_line(exc))

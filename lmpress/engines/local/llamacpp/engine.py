@@ -35,7 +35,7 @@ from typing import Any
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings, error_result
 from lmpress.engines.local.native.engine import resolve_chat_template
-from lmpress.engines.local.worker import Submission, WorkerEngine
+from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
 from lmpress.errors import ConfigError, ModelLoadError, RequestError
 from lmpress.packaged import resolve_packaged_name
 from lmpress.tinygguf import resolve_gguf_name
@@ -292,15 +292,13 @@ class LlamaCppEngine(WorkerEngine):
                         self._drop_cancelled()
                         self._admit()
                     except Exception as exc:  # never leave callers waiting on a dead worker
-                        self._fail_all(
-                            ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}")
-                        )
+                        self._fail_all(failure_info(exc))
                 if not self._busy():
                     continue
                 try:
                     self._step()
                 except Exception as exc:  # one bad step must not take the worker down
-                    self._fail_all(ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}"))
+                    self._fail_all(failure_info(exc))
         finally:
             self._shutdown()
 
@@ -336,7 +334,7 @@ class LlamaCppEngine(WorkerEngine):
                     row.sampler = self._sampler_chain(state, row)
             except Exception as exc:  # this request's settings, not the engine, are at fault
                 self._release(state)
-                info = ErrorInfo("generation_error", f"{type(exc).__name__}: {exc}")
+                info = failure_info(exc)
                 state.deliver(error_result(state.request, self, info, state.started))
                 continue
             self._prefilling.append(state)

@@ -21,7 +21,7 @@ from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings
 from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
-from lmpress.errors import ModelLoadError, RequestError
+from lmpress.errors import ModelLoadError, RequestError, first_line
 from lmpress.packaged import resolve_packaged_name
 from lmpress.tinygguf import resolve_gguf_name
 from lmpress.tinymodels import resolve_model_name
@@ -505,7 +505,7 @@ def load_tokenizer(model: ModelParams) -> Any:
             **kwargs,
         )
     except Exception as exc:
-        raise ModelLoadError(f"cannot load the tokenizer of '{name}': {_first_line(exc)}") from exc
+        raise ModelLoadError(f"cannot load the tokenizer of '{name}': {first_line(exc)}") from exc
     if model.tokenizer_pad_token:
         tokenizer.pad_token = model.tokenizer_pad_token
     if tokenizer.pad_token_id is None:
@@ -555,7 +555,7 @@ def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
             else:
                 loaded = _random_model(model, name, dtype, kwargs)
     except Exception as exc:
-        raise ModelLoadError(f"cannot load model '{model.model_name}': {_first_line(exc)}") from exc
+        raise ModelLoadError(f"cannot load model '{model.model_name}': {first_line(exc)}") from exc
     if model.adapter_model:
         try:
             from peft import PeftModel
@@ -630,8 +630,3 @@ def _context_length(model: Any, tokenizer: Any) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -39,7 +39,6 @@ from lmpress.engines.local.native.engine import resolve_chat_template
 from lmpress.engines.local.vllm.translate import (
     OutputAssembler,
     engine_settings,
-    first_line,
     sampling_params,
 )
 from lmpress.errors import (
@@ -48,6 +47,7 @@ from lmpress.errors import (
     LmpressError,
     ModelLoadError,
     RequestError,
+    first_line,
 )
 from lmpress.types import Delta, ErrorInfo, Request, Result
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.local.native.engine import local_or_hub
-from lmpress.errors import ConfigError, ModelLoadError
+from lmpress.errors import ConfigError, ModelLoadError, first_line
 from lmpress.types import Delta, GenerationParams, Result, Sample, TokenLogprob, Usage
 
 if TYPE_CHECKING:
@@ -334,8 +334,3 @@ class OutputAssembler:
             engine=engine,
             latency_s=latency_s,
         )
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
