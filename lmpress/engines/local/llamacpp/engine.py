@@ -34,7 +34,7 @@ from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings, error_result
-from lmpress.engines.local.native.engine import resolve_chat_template
+from lmpress.engines.common.prompts import resolve_chat_template
 from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
 from lmpress.errors import ConfigError, ModelLoadError, RequestError
 from lmpress.packaged import resolve_packaged_name

@@ -19,12 +19,10 @@ from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings
-from lmpress.engines.common.prompts import render_chat_prompt
+from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
+from lmpress.engines.common.prompts import render_chat_prompt, resolve_chat_template
 from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
 from lmpress.errors import ModelLoadError, RequestError, first_line
-from lmpress.packaged import resolve_packaged_name
-from lmpress.tinygguf import resolve_gguf_name
-from lmpress.tinymodels import resolve_model_name
 from lmpress.types import (
     Delta,
     Request,
@@ -37,13 +35,6 @@ from lmpress.types import (
 # How long the worker waits for more requests to fill a batch once one has arrived. Callers
 # submit a batch's worth within microseconds, so a few milliseconds catches them all.
 GATHER_WINDOW_S = 0.005
-
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, "chat_ml": CHATML_TEMPLATE}
 
 
 class NativeEngine(WorkerEngine):
@@ -443,28 +434,10 @@ def pick_device_and_dtype(model: ModelParams, torch: Any) -> tuple[str, Any]:
         if device.startswith("cuda"):
             return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return device, torch.float32
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
-               "float": "float32"}  # fmt: skip
-    dtype = getattr(torch, aliases.get(name, name), None)
+    dtype = getattr(torch, dtype_name(name), None)
     if not isinstance(dtype, torch.dtype):
-        raise ModelLoadError(
-            f"model.torch_dtype_str: unknown dtype '{name}' "
-            f"(use auto, bfloat16, float16 or float32)"
-        )
+        raise ModelLoadError(f"model.torch_dtype_str: unknown dtype '{name}' (use {DTYPE_CHOICES})")
     return device, dtype
-
-
-def local_or_hub(name: str, key: str) -> str:
-    """A local model path, expanded and checked to exist, or a hub id as given."""
-    if not name:
-        raise ModelLoadError(f"{key} is empty; give a model directory or a hub id")
-    name = resolve_gguf_name(resolve_packaged_name(resolve_model_name(name)))
-    path = Path(name).expanduser()
-    if path.exists():
-        return str(path)
-    if name.startswith((".", "/", "~")):
-        raise ModelLoadError(f"{key}: '{name}' does not exist")
-    return name
 
 
 def model_source(model: ModelParams) -> tuple[str, str | None]:
@@ -514,21 +487,6 @@ def load_tokenizer(model: ModelParams) -> Any:
         tokenizer.chat_template = resolve_chat_template(model.chat_template)
     tokenizer.padding_side = "left"
     return tokenizer
-
-
-def resolve_chat_template(value: str) -> str:
-    """A named template, a path to a template file, or a literal Jinja template."""
-    if value.lower() in NAMED_TEMPLATES:
-        return NAMED_TEMPLATES[value.lower()]
-    if "{{" in value or "{%" in value:
-        return value
-    path = Path(value).expanduser()
-    if path.is_file():
-        return path.read_text(encoding="utf-8")
-    raise ModelLoadError(
-        f"model.chat_template: '{value}' is not a template name "
-        f"({', '.join(NAMED_TEMPLATES)}), a file, or a Jinja template"
-    )
 
 
 def load_model(model: ModelParams, device: str, dtype: Any) -> Any:

@@ -34,8 +34,7 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result
-from lmpress.engines.common.prompts import render_chat_prompt
-from lmpress.engines.local.native.engine import resolve_chat_template
+from lmpress.engines.common.prompts import render_chat_prompt, resolve_chat_template
 from lmpress.engines.local.vllm.translate import (
     OutputAssembler,
     engine_settings,
