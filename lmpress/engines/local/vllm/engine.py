@@ -40,6 +40,7 @@ from lmpress.engines.local.vllm.translate import (
     engine_settings,
     sampling_params,
 )
+from lmpress.engines.local.worker import CallerQueue
 from lmpress.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -280,16 +281,15 @@ class AsyncLLMRunner:
         except Exception as exc:  # vLLM refused this request's settings: it fails alone
             yield error_result(request, engine, _error_info(exc), started)
             return
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
+        replies = CallerQueue()
         vllm_id = f"{request.id}-{next(self._ids)}"
-        pump = self._pump(vllm_id, prompt, params, tokenization, loop, queue)
+        pump = self._pump(vllm_id, prompt, params, tokenization, replies)
         future = asyncio.run_coroutine_threadsafe(pump, self._loop)
         top = request.params.top_logprobs if request.params.logprobs else None
         assembler = OutputAssembler(request.id, top)
         try:
             while True:
-                item = await queue.get()
+                item = await replies.get()
                 if isinstance(item, _End):
                     break
                 if isinstance(item, _Failure):
@@ -333,15 +333,9 @@ class AsyncLLMRunner:
         prompt: dict[str, Any],
         params: Any,
         tokenization: dict[str, Any] | None,
-        loop: asyncio.AbstractEventLoop,
-        queue: asyncio.Queue,
+        replies: CallerQueue,
     ) -> None:
-        def send(item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the caller's loop is closed: nobody is listening
-                pass
-
+        # A put that finds the caller's loop closed is dropped: nobody is listening.
         try:
             async for output in self.llm.generate(
                 prompt,
@@ -350,16 +344,16 @@ class AsyncLLMRunner:
                 lora_request=self.lora_request,
                 tokenization_kwargs=tokenization,
             ):
-                send(output)
+                replies.put(output)
         except asyncio.CancelledError:
             # generate() aborts on cancellation itself; aborting by id as well costs nothing
             # and frees the sequence whatever the version does.
             await self.llm.abort(vllm_id)
             raise
         except Exception as exc:
-            send(_Failure(exc, self.api.is_dead(self.llm)))
+            replies.put(_Failure(exc, self.api.is_dead(self.llm)))
             return
-        send(_End())
+        replies.put(_End())
 
     # --- shutting down ----------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 from lmpress import errors
 from lmpress.configs.schema import RunConfig
+from lmpress.engines.local.worker import CallerQueue
 from lmpress.errors import ConfigError, EngineUnavailableError, LmpressError, ModelLoadError
 from lmpress.types import (
     ContentPart,
@@ -128,7 +129,7 @@ class _Replica:
         self.gpus = gpus
         self.proc = proc
         self.label = f"vLLM replica {index} (GPUs {','.join(gpus)})"
-        self.waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.waiters: dict[str, CallerQueue] = {}
         self.alive = True
         self.startup: dict[str, Any] | None = None
         self._ready = threading.Event()
@@ -163,15 +164,15 @@ class _Replica:
                 error = ModelLoadError
             raise error(f"{self.label}: {startup['fatal']}")
 
-    def submit(self, uid: str, request: Request, deltas: bool) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue()
-        self.waiters[uid] = (asyncio.get_running_loop(), queue)
+    def submit(self, uid: str, request: Request, deltas: bool) -> CallerQueue:
+        replies = CallerQueue()
+        self.waiters[uid] = replies
         message = {"op": "submit", "id": uid, "request": dataclasses.asdict(request)}
         message["deltas"] = deltas
         if not self._send(message):
             self.waiters.pop(uid, None)
             raise EngineUnavailableError(f"{self.label} has stopped; see the log above")
-        return queue
+        return replies
 
     def forget(self, uid: str, *, cancel: bool) -> None:
         self.waiters.pop(uid, None)
@@ -202,12 +203,12 @@ class _Replica:
                 continue
             waiter = self.waiters.get(message["id"])
             if waiter is not None:
-                _deliver(waiter, message)
+                waiter.put(message)
         code = self.proc.wait()
         self.alive = False
         self._ready.set()
         for waiter in list(self.waiters.values()):
-            _deliver(waiter, {"fatal": f"the replica process exited with code {code}"})
+            waiter.put({"fatal": f"the replica process exited with code {code}"})
 
     def close(self) -> None:
         self._send({"op": "close"})
@@ -220,14 +221,6 @@ class _Replica:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-def _deliver(waiter: tuple[asyncio.AbstractEventLoop, asyncio.Queue], message: Any) -> None:
-    loop, queue = waiter
-    try:
-        loop.call_soon_threadsafe(queue.put_nowait, message)
-    except RuntimeError:  # the caller's loop is closed: nobody is listening
-        pass
 
 
 # --- the wire format ----------------------------------------------------------------------------
