@@ -6,7 +6,7 @@
 - `OutputAssembler`: RequestOutputs -> Deltas and the final Result, the one place vLLM's
   outputs are read.
 
-Nothing here imports vLLM; the classes come in through `VllmApi` (vllm_engine.py).
+Nothing here imports vLLM; the classes come in through `VllmApi` (api.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lmpress.errors import ConfigError, ModelLoadError, first_line
 from lmpress.types import Delta, GenerationParams, Result, Sample, TokenLogprob, Usage
 
 if TYPE_CHECKING:
-    from lmpress.engines.local.vllm.engine import VllmApi
+    from lmpress.engines.local.vllm.api import VllmApi
 
 # The LoRA ranks vLLM accepts (vllm.config.lora.MaxLoRARanks); an adapter's rank is rounded up.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
