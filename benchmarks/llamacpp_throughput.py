@@ -36,7 +36,7 @@ import os
 from rounds import Rounds, SideProcess, lmpress_generate, mixed_prompts
 
 from lmpress.configs import load_config
-from lmpress.engines.local.llamacpp.engine import gguf_path, load_llama
+from lmpress.engines.local.llamacpp.loading import gguf_path, load_llama
 from lmpress.engines.registry import create_engine
 from lmpress.types import GenerationParams, Message, Request
 
@@ -82,7 +82,7 @@ def describe(path: str) -> str:
 def build_baseline(path: str, kwargs: dict, prompts: list[str], new_tokens: int, eos: bool):
     """llama-cpp-python's side, in its own process: load, warm up, return the timed work.
     It loads as lmpress does on this CPU (a build with AMX kernels crashes on quantized weights
-    otherwise; see lmpress.engines.local.llamacpp.engine.extra_bufts_are_safe)."""
+    otherwise; see lmpress.engines.local.llamacpp.loading.extra_bufts_are_safe)."""
     llm = load_llama(path, {"verbose": False, **kwargs})
     baseline(llm, prompts[:1], 2)  # first-call allocations, page faults on the weights
     return lambda: baseline(llm, prompts, new_tokens, eos)

@@ -23,26 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpress.tinymodels import WORDS, builder_main, cache_root
+from lmpress.engines.common.prompts import CHATML_TEMPLATE
+from lmpress.tinymodels import INST_TEMPLATE, WORDS, builder_main, cache_root
 
 # Bump when a builder changes, so cached files are rebuilt.
 BUILDER_VERSION = 3
 
 TINY_GGUF_PREFIX = "tiny-gguf:"
-
-# Llama-2 style for the SentencePiece model: the template emits BOS itself, as llama-cpp-python's
-# Jinja2ChatFormatter expects (it tokenizes the rendered prompt without adding BOS).
-INST_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{% if message['role'] == 'system' %}<<SYS>>{{ message['content'] }}<</SYS>> "
-    "{% elif message['role'] == 'user' %}[INST] {{ message['content'] }} [/INST]"
-    "{% else %} {{ message['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
-)
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 # gguf.TokenType values (kept here so the module imports without gguf installed).
 NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmpress.engines.common.prompts import CHATML_TEMPLATE
+
 # Bump when a builder changes, so cached models are rebuilt.
 BUILDER_VERSION = 2
 
@@ -33,13 +35,10 @@ WORDS = (
     "yesterday always never sometimes very really quite blue café naïve über 東京 ☀"
 ).split()
 
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# Llama-2 style: the system prompt folds into the first user turn.
-INST = (
+# Llama-2 style: the system prompt folds into the first user turn. The template emits BOS
+# itself, as llama-cpp-python's Jinja2ChatFormatter expects (it tokenizes the rendered prompt
+# without adding BOS).
+INST_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{% if message['role'] == 'system' %}<<SYS>>{{ message['content'] }}<</SYS>> "
     "{% elif message['role'] == 'user' %}[INST] {{ message['content'] }} [/INST]"
@@ -163,7 +162,7 @@ def train_tokenizer(spec: TinySpec) -> Any:
             bos_token="<|endoftext|>",
             eos_token="<|im_end|>",
             pad_token="<|endoftext|>",
-            chat_template=CHATML,
+            chat_template=CHATML_TEMPLATE,
         )
     else:
         special = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -183,7 +182,7 @@ def train_tokenizer(spec: TinySpec) -> Any:
             eos_token="</s>",
             pad_token="<pad>",
             unk_token="<unk>",
-            chat_template=INST,
+            chat_template=INST_TEMPLATE,
         )
     return wrapped
 

@@ -1,12 +1,37 @@
-"""A chat request rendered to prompt text through a Hugging Face tokenizer's chat template,
-for the engines that tokenize with one (NATIVE, VLLM)."""
+"""Chat templates and prompts: the template a recipe names (`model.chat_template`), and a chat
+request rendered to prompt text through a Hugging Face tokenizer's chat template, for the
+engines that tokenize with one (NATIVE, VLLM). LLAMACPP renders with llama-cpp-python's own
+formatter, from the template `resolve_chat_template` gives."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from lmpress.errors import RequestError
+from lmpress.errors import ModelLoadError, RequestError
 from lmpress.types import Request
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, "chat_ml": CHATML_TEMPLATE}
+
+
+def resolve_chat_template(value: str) -> str:
+    """A named template, a path to a template file, or a literal Jinja template."""
+    if value.lower() in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[value.lower()]
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    raise ModelLoadError(
+        f"model.chat_template: '{value}' is not a template name "
+        f"({', '.join(NAMED_TEMPLATES)}), a file, or a Jinja template"
+    )
 
 
 def render_chat_prompt(

@@ -4,7 +4,9 @@ for it, and each request's deltas and final result travel back to the caller's e
 A local engine subclasses `WorkerEngine`, turns a request into its `Submission` in
 `_prepare` (tokenizing and checking it there, so a bad row fails alone before it reaches the
 model) and runs its own scheduling loop in `_run` on the worker thread, taking submissions
-from `_pending` under `_wakeup` and answering them with `Submission.deliver`.
+from `_pending` under `_wakeup` and answering them with `Submission.deliver`. Its
+`CallerQueue` is the one way a local engine hands something back across threads (the VLLM
+engine's own loop and its replicas' pipe readers use it too).
 
 No caller may wait on a request the worker can no longer answer: the base keeps every
 submission whose caller is still listening, and when an exception escapes `_run` it fails each
@@ -22,10 +24,33 @@ from abc import abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.errors import RequestError, exception_line
 from lmpress.types import Delta, ErrorInfo, Request, Result
+
+
+class CallerQueue:
+    """A queue on the caller's event loop that any thread may put into: how a worker thread
+    (or another event loop, or a pipe reader) hands deltas and results back to whoever awaits
+    them. Made on the caller's loop, read there with `get`."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item: Any) -> bool:
+        """Hand `item` to the caller, from any thread; False when the caller's loop is closed
+        (nobody is listening any more)."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:
+            return False
+        return True
+
+    async def get(self) -> Any:
+        return await self._queue.get()
 
 
 @dataclass(eq=False)  # compared and hashed by identity
@@ -35,8 +60,7 @@ class Submission:
     request: Request
     prompt_ids: list[int]
     started: float
-    loop: asyncio.AbstractEventLoop | None = None
-    queue: asyncio.Queue | None = None
+    replies: CallerQueue | None = None
     wants_deltas: bool = True
     # Set when the caller stops listening (finished, cancelled or gone): the worker drops
     # the request and frees what it holds.
@@ -49,9 +73,7 @@ class Submission:
             if self.answered:
                 return  # a request gets one Result, however its step failed
             self.answered = True
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+        if not self.replies.put(item):
             self.cancelled = True
 
 
@@ -133,8 +155,7 @@ class WorkerEngine(Engine):
         except Exception as exc:  # whatever the backend met in this request fails it alone
             yield error_result(request, self, failure_info(exc), started)
             return
-        submission.loop = asyncio.get_running_loop()
-        submission.queue = asyncio.Queue()
+        submission.replies = CallerQueue()
         submission.wants_deltas = deltas
         with self._wakeup:
             if self._closed:
@@ -144,7 +165,7 @@ class WorkerEngine(Engine):
             self._wakeup.notify()
         try:
             while True:
-                item = await submission.queue.get()
+                item = await submission.replies.get()
                 if isinstance(item, Delta) and not deltas:
                     continue
                 yield item

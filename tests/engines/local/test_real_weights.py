@@ -13,7 +13,7 @@ import re
 import pytest
 
 from lmpress.configs import load_config
-from lmpress.engines.local.llamacpp.engine import extra_bufts_are_safe, load_llama
+from lmpress.engines.local.llamacpp.loading import extra_bufts_are_safe, load_llama
 from lmpress.engines.registry import create_engine
 from lmpress.packaged import SMOLLM2, SMOLLM2_Q4_1, resolve_packaged_name
 from lmpress.tinygguf import tiny_gguf

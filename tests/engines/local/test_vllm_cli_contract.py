@@ -116,7 +116,7 @@ def test_help_imports_no_vllm_even_when_it_is_installed():
     code = (
         "import sys\nfrom lmpress.cli.app import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "print('LOADED', sorted(m for m in sys.modules if m == 'vllm' or 'vllm_engine' in m))\n"
+        "print('LOADED', sorted(m for m in sys.modules if m == 'vllm' or m.startswith('lmpress.engines.local.vllm')))\n"
     )
     env = {**os.environ, **standin_env()}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from lmpress.configs import load_config
-from lmpress.engines.local.vllm.engine import VllmApi, VllmEngine
+from lmpress.engines.local.vllm.api import VllmApi
+from lmpress.engines.local.vllm.engine import VllmEngine
 from lmpress.engines.local.vllm.translate import OutputAssembler, engine_settings, sampling_params
 from lmpress.engines.registry import create_engine
 from lmpress.errors import ConfigError, EngineUnavailableError, ModelLoadError

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lmpress.engines.common.prompts import CHATML_TEMPLATE
 from tests.conftest import REPO
 
 STANDIN = Path(__file__).resolve().parent / "vllm_standin"
@@ -22,14 +23,11 @@ STANDIN_VARS = (
     "VLLM_STANDIN_LOG",
     "CUDA_VISIBLE_DEVICES",
 )
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
-def write_model_dir(path: Path, *, chat_template: str | None = CHATML, context: int = 64) -> str:
+def write_model_dir(
+    path: Path, *, chat_template: str | None = CHATML_TEMPLATE, context: int = 64
+) -> str:
     """A model directory as the stand-in reads it: a context length and a tokenizer config."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({"max_position_embeddings": context}))

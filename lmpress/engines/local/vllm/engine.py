@@ -1,30 +1,27 @@
 """VLLM: vLLM's asynchronous engine (AsyncLLM), on one group of GPUs or as data-parallel replicas.
 
-Requests stream into vLLM as they are submitted and come back as each finishes; vLLM's
-scheduler batches whatever is in flight. AsyncLLM lives on an event loop of its own, on a worker
-thread, so one engine serves any caller's loop (batch, chat, serve, and `generate()`, which
-starts a new loop per call). Closing a request's stream aborts the request in vLLM.
+`VllmEngine` picks its backend once: `AsyncLLMRunner` (here) for one group of GPUs, or
+`ReplicaPool` (replicas.py) for `model.model_kwargs.data_parallel_size > 1`; both take a
+request and yield its deltas and final Result through the same `run()`.
 
-Where each concern lives:
-- `VllmApi` (here): the vLLM classes lmpress calls, imported in one place; every difference
-  between vLLM versions is handled there and nowhere else.
-- vllm_translate.py: recipe -> AsyncEngineArgs (`engine_settings`), GenerationParams ->
-  SamplingParams (`sampling_params`), RequestOutput -> Delta/Result (`OutputAssembler`).
-- vllm_replicas.py: `data_parallel_size > 1`, one engine process per group of GPUs.
+`AsyncLLMRunner` streams requests into vLLM as they are submitted; vLLM's scheduler batches
+whatever is in flight. AsyncLLM lives on an event loop of its own, on a worker thread, so one
+engine serves any caller's loop (batch, chat, serve, and `generate()`, which starts a new loop
+per call). Closing a request's stream aborts the request in vLLM.
 
 Chat rows are rendered with vLLM's tokenizer and the model's chat template (or
 `model.chat_template`), then tokenized by vLLM without adding special tokens again, as vLLM's
 own `LLM.chat` does for text conversations. Image parts are refused for now.
+
+The rest of the package: api.py (the vLLM classes lmpress calls, and every version
+difference), translate.py (recipe -> engine arguments, GenerationParams -> SamplingParams,
+RequestOutput -> Delta/Result), replicas.py and replica.py (the two sides of data parallelism).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import inspect
 import itertools
-import os
-import re
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -34,13 +31,22 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result
-from lmpress.engines.common.prompts import render_chat_prompt
-from lmpress.engines.local.native.engine import resolve_chat_template
+from lmpress.engines.common.prompts import render_chat_prompt, resolve_chat_template
+from lmpress.engines.local.vllm.api import (
+    INSTALL_HINT,
+    VllmApi,
+    accelerator_reason,
+    describe,
+    visible_gpus,
+    vllm_version,
+)
+from lmpress.engines.local.vllm.replicas import ReplicaPool, replica_gpus
 from lmpress.engines.local.vllm.translate import (
     OutputAssembler,
     engine_settings,
     sampling_params,
 )
+from lmpress.engines.local.worker import CallerQueue
 from lmpress.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -50,116 +56,6 @@ from lmpress.errors import (
     first_line,
 )
 from lmpress.types import Delta, ErrorInfo, Request, Result
-
-INSTALL_HINT = "pip install -U 'lmpress[vllm]'"
-
-# --- the vLLM API lmpress calls, and every version difference -------------------------------
-
-# structured_outputs=StructuredOutputsParams(...) replaced guided decoding in vLLM 0.12.
-MIN_VERSION = (0, 12)
-
-
-@dataclass(frozen=True)
-class VllmApi:
-    """The vLLM classes lmpress calls, imported on first use (never at module level)."""
-
-    version: str
-    AsyncLLM: Any
-    AsyncEngineArgs: Any
-    SamplingParams: Any
-    StructuredOutputsParams: Any
-    RequestOutputKind: Any
-    LoRARequest: Any
-
-    @classmethod
-    def load(cls) -> VllmApi:
-        version = vllm_version()  # raises with the install hint when vllm is missing or too old
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.lora.request import LoRARequest
-        from vllm.sampling_params import (
-            RequestOutputKind,
-            SamplingParams,
-            StructuredOutputsParams,
-        )
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        return cls(
-            version,
-            AsyncLLM,
-            AsyncEngineArgs,
-            SamplingParams,
-            StructuredOutputsParams,
-            RequestOutputKind,
-            LoRARequest,
-        )
-
-    def engine_arg_names(self) -> set[str]:
-        return {f.name for f in dataclasses.fields(self.AsyncEngineArgs)}
-
-    @staticmethod
-    async def tokenizer(llm: Any) -> Any:
-        """AsyncLLM.get_tokenizer() is a coroutine in some vLLM versions and a plain method in
-        later ones."""
-        tokenizer = llm.get_tokenizer()
-        if inspect.isawaitable(tokenizer):
-            tokenizer = await tokenizer
-        return tokenizer
-
-    @staticmethod
-    def is_dead(llm: Any) -> bool:
-        """Whether the engine core has died (every later request would fail too)."""
-        return bool(getattr(llm, "errored", False))
-
-
-def vllm_version() -> str:
-    """vLLM's version, or EngineUnavailableError saying how to install a usable one."""
-    # vLLM logs to stdout unless told otherwise; lmpress's stdout carries replies and JSONL.
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    try:
-        import vllm
-    except ImportError as exc:
-        raise EngineUnavailableError(
-            f"engine VLLM needs vllm>={'.'.join(map(str, MIN_VERSION))}, which does not import "
-            f"here ({first_line(exc)}): {INSTALL_HINT} (vLLM runs on Linux with a GPU)"
-        ) from exc
-    version = str(getattr(vllm, "__version__", "0"))
-    if _version_tuple(version) < MIN_VERSION:
-        raise EngineUnavailableError(
-            f"engine VLLM needs vllm>={'.'.join(map(str, MIN_VERSION))}, found {version}: "
-            f"{INSTALL_HINT}"
-        )
-    return version
-
-
-def accelerator_reason() -> str | None:
-    """Why vLLM cannot run on this machine's hardware, or None when it found a device."""
-    from vllm.platforms import current_platform
-
-    if not getattr(current_platform, "device_type", ""):
-        return (
-            "vLLM found no GPU on this machine (it needs a CUDA or ROCm GPU, or a vLLM build "
-            "for another accelerator); on CPU use engine NATIVE or LLAMACPP"
-        )
-    return None
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else every device."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [gpu.strip() for gpu in listed.split(",") if gpu.strip()]
-    try:
-        import torch  # vLLM depends on it
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:
-        return []
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = re.findall(r"\d+", version.split("+")[0])[:3]
-    return tuple(int(p) for p in parts) or (0,)
-
 
 # --- the engine -----------------------------------------------------------------------------
 
@@ -194,8 +90,6 @@ class VllmEngine(Engine):
         self.max_in_flight = 2 * self.settings.max_num_seqs * replicas
         self._backend: Any
         if replicas > 1:
-            from lmpress.engines.local.vllm.replicas import ReplicaPool, replica_gpus
-
             groups = replica_gpus(replicas, self.settings.gpus_per_replica, visible_gpus())
             self._backend = ReplicaPool(self, groups)
         else:
@@ -281,16 +175,15 @@ class AsyncLLMRunner:
         except Exception as exc:  # vLLM refused this request's settings: it fails alone
             yield error_result(request, engine, _error_info(exc), started)
             return
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
+        replies = CallerQueue()
         vllm_id = f"{request.id}-{next(self._ids)}"
-        pump = self._pump(vllm_id, prompt, params, tokenization, loop, queue)
+        pump = self._pump(vllm_id, prompt, params, tokenization, replies)
         future = asyncio.run_coroutine_threadsafe(pump, self._loop)
         top = request.params.top_logprobs if request.params.logprobs else None
         assembler = OutputAssembler(request.id, top)
         try:
             while True:
-                item = await queue.get()
+                item = await replies.get()
                 if isinstance(item, _End):
                     break
                 if isinstance(item, _Failure):
@@ -334,15 +227,9 @@ class AsyncLLMRunner:
         prompt: dict[str, Any],
         params: Any,
         tokenization: dict[str, Any] | None,
-        loop: asyncio.AbstractEventLoop,
-        queue: asyncio.Queue,
+        replies: CallerQueue,
     ) -> None:
-        def send(item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the caller's loop is closed: nobody is listening
-                pass
-
+        # A put that finds the caller's loop closed is dropped: nobody is listening.
         try:
             async for output in self.llm.generate(
                 prompt,
@@ -351,16 +238,16 @@ class AsyncLLMRunner:
                 lora_request=self.lora_request,
                 tokenization_kwargs=tokenization,
             ):
-                send(output)
+                replies.put(output)
         except asyncio.CancelledError:
             # generate() aborts on cancellation itself; aborting by id as well costs nothing
             # and frees the sequence whatever the version does.
             await self.llm.abort(vllm_id)
             raise
         except Exception as exc:
-            send(_Failure(exc, self.api.is_dead(self.llm)))
+            replies.put(_Failure(exc, self.api.is_dead(self.llm)))
             return
-        send(_End())
+        replies.put(_End())
 
     # --- shutting down ----------------------------------------------------------------------
 
@@ -388,19 +275,3 @@ def _error_info(exc: BaseException) -> ErrorInfo:
         kind = "context_length_exceeded" if "context length" in message else "invalid_request"
         return ErrorInfo(kind, message)
     return ErrorInfo("generation_error", message)
-
-
-def describe(exc: BaseException) -> str:
-    """An exception's message on one line, looking through vLLM's wrappers (EngineGenerateError
-    carries no message of its own, only its cause). Multi-line messages, such as pydantic's
-    validation errors for engine arguments, are folded into one line."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
-        lines = [line for line in lines if not line.startswith("For further information")]
-        if lines:
-            text = " ".join(lines)
-            text = text if len(text) <= 500 else text[:497] + "..."
-            return text if seen is exc else f"{type(exc).__name__}: {text}"
-        seen = seen.__cause__ or seen.__context__
-    return type(exc).__name__

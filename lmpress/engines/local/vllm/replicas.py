@@ -3,8 +3,8 @@ one process each, pinned to its own GPUs with CUDA_VISIBLE_DEVICES, and spreads 
 them (each new request goes to the replica with the fewest in flight).
 
 vLLM's offline engine does not run data parallel itself, so lmpress does. The parent process
-never loads a model: it starts `python -m lmpress.engines.local.vllm.replicas` once per replica and
-talks to each over its stdin and stdout, one JSON message per line:
+never loads a model: it starts `python -m lmpress.engines.local.vllm.replica` (replica.py) once
+per replica and talks to each over its stdin and stdout, one JSON message per line:
 
     parent -> replica   {"config": {...}}     first line: the run config, data_parallel_size 1
                         {"op": "submit", "id": ID, "request": {...}, "deltas": true|false}
@@ -27,16 +27,17 @@ import dataclasses
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+import lmpress
 from lmpress import errors
 from lmpress.configs.schema import RunConfig
+from lmpress.engines.local.worker import CallerQueue
 from lmpress.errors import ConfigError, EngineUnavailableError, LmpressError, ModelLoadError
 from lmpress.types import (
     ContentPart,
@@ -128,7 +129,7 @@ class _Replica:
         self.gpus = gpus
         self.proc = proc
         self.label = f"vLLM replica {index} (GPUs {','.join(gpus)})"
-        self.waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.waiters: dict[str, CallerQueue] = {}
         self.alive = True
         self.startup: dict[str, Any] | None = None
         self._ready = threading.Event()
@@ -138,11 +139,12 @@ class _Replica:
 
     @classmethod
     def start(cls, index: int, gpus: list[str], config: dict[str, Any]) -> _Replica:
-        package_root = str(Path(__file__).resolve().parents[2])
+        # The directory holding the lmpress package, so a replica imports this same copy.
+        package_root = str(Path(lmpress.__file__).resolve().parents[1])
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus), "PYTHONPATH": path}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lmpress.engines.local.vllm.replicas"],
+            [sys.executable, "-m", "lmpress.engines.local.vllm.replica"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -163,15 +165,15 @@ class _Replica:
                 error = ModelLoadError
             raise error(f"{self.label}: {startup['fatal']}")
 
-    def submit(self, uid: str, request: Request, deltas: bool) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue()
-        self.waiters[uid] = (asyncio.get_running_loop(), queue)
+    def submit(self, uid: str, request: Request, deltas: bool) -> CallerQueue:
+        replies = CallerQueue()
+        self.waiters[uid] = replies
         message = {"op": "submit", "id": uid, "request": dataclasses.asdict(request)}
         message["deltas"] = deltas
         if not self._send(message):
             self.waiters.pop(uid, None)
             raise EngineUnavailableError(f"{self.label} has stopped; see the log above")
-        return queue
+        return replies
 
     def forget(self, uid: str, *, cancel: bool) -> None:
         self.waiters.pop(uid, None)
@@ -202,12 +204,12 @@ class _Replica:
                 continue
             waiter = self.waiters.get(message["id"])
             if waiter is not None:
-                _deliver(waiter, message)
+                waiter.put(message)
         code = self.proc.wait()
         self.alive = False
         self._ready.set()
         for waiter in list(self.waiters.values()):
-            _deliver(waiter, {"fatal": f"the replica process exited with code {code}"})
+            waiter.put({"fatal": f"the replica process exited with code {code}"})
 
     def close(self) -> None:
         self._send({"op": "close"})
@@ -220,14 +222,6 @@ class _Replica:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-def _deliver(waiter: tuple[asyncio.AbstractEventLoop, asyncio.Queue], message: Any) -> None:
-    loop, queue = waiter
-    try:
-        loop.call_soon_threadsafe(queue.put_nowait, message)
-    except RuntimeError:  # the caller's loop is closed: nobody is listening
-        pass
 
 
 # --- the wire format ----------------------------------------------------------------------------
@@ -270,81 +264,3 @@ def config_from_wire(data: dict[str, Any]) -> RunConfig:
 
     merged = OmegaConf.merge(OmegaConf.structured(RunConfig), data)
     return OmegaConf.to_object(merged)  # type: ignore[return-value]
-
-
-# --- the replica side ---------------------------------------------------------------------------
-
-
-def main() -> int:
-    """A replica: one VLLM engine on the GPUs in CUDA_VISIBLE_DEVICES, driven over stdin."""
-    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
-    os.dup2(2, 1)  # anything printed from here on goes to stderr, not into the protocol
-    # Ctrl-C reaches the whole process group; the parent decides when replicas stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    header = sys.stdin.readline()
-    if not header:
-        return 0
-    from lmpress.engines.local.vllm.engine import VllmEngine, describe
-
-    try:
-        engine = VllmEngine(config_from_wire(json.loads(header)["config"]))
-    except LmpressError as exc:
-        _write(protocol, {"fatal": str(exc), "error": type(exc).__name__})
-        return 2
-    except Exception as exc:
-        _write(protocol, {"fatal": describe(exc), "error": "ModelLoadError"})
-        return 1
-    _write(protocol, {"ready": True, "pid": os.getpid()})
-    return asyncio.run(_serve(engine, protocol))
-
-
-async def _serve(engine: Any, protocol: TextIO) -> int:
-    tasks: dict[str, asyncio.Task] = {}
-
-    async def run(uid: str, request: Request, deltas: bool) -> None:
-        try:
-            if deltas:
-                async for item in engine.stream(request):
-                    if isinstance(item, Delta):
-                        _write(protocol, {"id": uid, "delta": {"text": item.text, "index": item.index}})  # fmt: skip
-                    else:
-                        _write(protocol, {"id": uid, "result": dataclasses.asdict(item)})
-            else:
-                result = await engine.complete(request)
-                _write(protocol, {"id": uid, "result": dataclasses.asdict(result)})
-        except asyncio.CancelledError:
-            pass  # the engine's stream aborted the request in vLLM
-        except Exception as exc:
-            _write(protocol, {"id": uid, "fatal": str(exc) or type(exc).__name__})
-        finally:
-            tasks.pop(uid, None)
-
-    while True:
-        line = await asyncio.to_thread(sys.stdin.readline)
-        if not line:
-            break  # the parent is gone
-        message = json.loads(line)
-        op = message.get("op")
-        if op == "submit":
-            request = request_from_wire(message["request"])
-            uid = message["id"]
-            tasks[uid] = asyncio.create_task(run(uid, request, message["deltas"]))
-        elif op == "cancel":
-            task = tasks.get(message["id"])
-            if task is not None:
-                task.cancel()
-        elif op == "close":
-            break
-    for task in list(tasks.values()):
-        task.cancel()
-    await asyncio.gather(*tasks.values(), return_exceptions=True)
-    await engine.aclose()
-    return 0
-
-
-def _write(protocol: TextIO, message: dict[str, Any]) -> None:
-    protocol.write(json.dumps(message) + "\n")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

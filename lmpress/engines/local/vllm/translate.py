@@ -6,7 +6,7 @@
 - `OutputAssembler`: RequestOutputs -> Deltas and the final Result, the one place vLLM's
   outputs are read.
 
-Nothing here imports vLLM; the classes come in through `VllmApi` (vllm_engine.py).
+Nothing here imports vLLM; the classes come in through `VllmApi` (api.py).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.local.native.engine import local_or_hub
+from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
 from lmpress.errors import ConfigError, ModelLoadError, first_line
 from lmpress.types import Delta, GenerationParams, Result, Sample, TokenLogprob, Usage
 
 if TYPE_CHECKING:
-    from lmpress.engines.local.vllm.engine import VllmApi
+    from lmpress.engines.local.vllm.api import VllmApi
 
 # The LoRA ranks vLLM accepts (vllm.config.lora.MaxLoRARanks); an adapter's rank is rounded up.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -61,15 +61,11 @@ DOCUMENTED_ARGS: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "dtype": (
         lambda v: isinstance(v, str),
-        "must be auto, bfloat16, float16 or float32",
+        f"must be {DTYPE_CHOICES}",
     ),
 }
 
-DTYPES = {
-    "auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
-    "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
-    "float": "float32",
-}  # fmt: skip
+VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 # vLLM's default max_num_seqs on most GPUs; the engine keeps twice that many requests in flight
 # per replica so the scheduler always has the next ones waiting.
@@ -110,11 +106,11 @@ def engine_settings(config: RunConfig, known_args: set[str] | None = None) -> En
                 f"model.model_kwargs.{key}: not an engine argument of vLLM{hint}; see "
                 f"https://docs.vllm.ai/en/latest/configuration/engine_args.html"
             )
-    dtype = DTYPES.get(model.torch_dtype_str.lower())
-    if dtype is None:
+    dtype = dtype_name(model.torch_dtype_str.lower())
+    if dtype not in VLLM_DTYPES:
         raise ConfigError(
             f"model.torch_dtype_str: unknown dtype '{model.torch_dtype_str}' for VLLM "
-            f"(use auto, bfloat16, float16 or float32)"
+            f"(use {DTYPE_CHOICES})"
         )
     args: dict[str, Any] = {
         "model": local_or_hub(model.model_name, "model.model_name"),

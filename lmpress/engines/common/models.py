@@ -1,0 +1,41 @@
+"""Where a local engine's model comes from, and the dtype names recipes use for it.
+
+`model.model_name` (and tokenizer_name, adapter_model) is a local path, one of lmpress's own
+model names (a packaged model, a tiny model built on first use) or a hub id; `local_or_hub`
+turns it into what a loader takes. NATIVE and VLLM both read `model.torch_dtype_str`, with the
+same short forms.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmpress.errors import ModelLoadError
+from lmpress.packaged import resolve_packaged_name
+from lmpress.tinygguf import resolve_gguf_name
+from lmpress.tinymodels import resolve_model_name
+
+# Short forms people write for torch's dtype names.
+DTYPE_ALIASES = {
+    "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+    "float": "float32",
+}  # fmt: skip
+DTYPE_CHOICES = "auto, bfloat16, float16 or float32"  # what an error message suggests
+
+
+def dtype_name(value: str) -> str:
+    """torch's name for `model.torch_dtype_str`: a short form resolved, anything else as given."""
+    return DTYPE_ALIASES.get(value, value)
+
+
+def local_or_hub(name: str, key: str) -> str:
+    """A local model path, expanded and checked to exist, or a hub id as given."""
+    if not name:
+        raise ModelLoadError(f"{key} is empty; give a model directory or a hub id")
+    name = resolve_gguf_name(resolve_packaged_name(resolve_model_name(name)))
+    path = Path(name).expanduser()
+    if path.exists():
+        return str(path)
+    if name.startswith((".", "/", "~")):
+        raise ModelLoadError(f"{key}: '{name}' does not exist")
+    return name

@@ -1,0 +1,245 @@
+"""Loading for LLAMACPP: the GGUF file a recipe names (a path, a packaged or tiny model, or
+Oumi's repo-and-filename form), llama-cpp-python's `Llama` built from `model.model_kwargs`
+(each checked to be one of its parameters), the batched context the engine decodes in, the
+chat template, and the GGUF's tokenizer token by token (`Vocab`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import difflib
+import inspect
+import threading
+from pathlib import Path
+from typing import Any
+
+from lmpress.configs.schema import ModelParams, RunConfig
+from lmpress.engines.common.prompts import resolve_chat_template
+from lmpress.errors import ConfigError, ModelLoadError
+from lmpress.packaged import resolve_packaged_name
+from lmpress.tinygguf import resolve_gguf_name
+from lmpress.types import GenerationParams
+
+GGUF_MAGIC = b"GGUF"
+
+# `Llama` parameters that mean nothing here, with what to do instead.
+REFUSED_KWARGS = {
+    "model_path": "set model.model_name instead",
+    "seed": "set generation.seed instead (lmpress seeds every row)",
+    "chat_format": "set model.chat_template instead (a Jinja template, a file, or 'chatml')",
+    "chat_handler": "set model.chat_template instead",
+    "tokenizer": "lmpress uses the GGUF file's own tokenizer",
+    "draft_model": "speculative decoding is not supported by the LLAMACPP engine",
+    "embedding": "the LLAMACPP engine generates text; it does not compute embeddings",
+    "vocab_only": "the LLAMACPP engine needs the model's weights",
+    "logits_all": "not needed: generation.logprobs works without it",
+    "lora_path": "LoRA adapters are not supported by the LLAMACPP engine yet; merge the adapter "
+    "into the GGUF file (llama.cpp's llama-export-lora)",
+    "lora_base": "LoRA adapters are not supported by the LLAMACPP engine yet",
+    "lora_scale": "LoRA adapters are not supported by the LLAMACPP engine yet",
+    "spm_infill": "infill is not supported by the LLAMACPP engine",
+}
+
+
+def gguf_path(name: str) -> str:
+    """The local GGUF file `model.model_name` names, checked to exist and to be GGUF."""
+    if not name:
+        raise ModelLoadError("model.model_name is empty; give the path of a .gguf file")
+    path = Path(resolve_gguf_name(resolve_packaged_name(name))).expanduser()
+    if path.is_dir():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        hint = f" (it holds {', '.join(ggufs[:3])})" if ggufs else ""
+        raise ModelLoadError(
+            f"model.model_name: '{name}' is a directory; give the path of a .gguf file{hint}"
+        )
+    if not path.is_file():
+        raise ModelLoadError(
+            f"model.model_name: '{name}' does not exist; the LLAMACPP engine loads a local "
+            f".gguf file (it downloads nothing)"
+        )
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(
+            f"model.model_name: '{name}' is not a GGUF file; convert the model with llama.cpp's "
+            f"convert_hf_to_gguf.py, or use an engine that reads this format"
+        )
+    return str(path)
+
+
+def oumi_gguf_file(model: ModelParams) -> str | None:
+    """Oumi's form: `model_name` a hub repo or a directory, `model_kwargs.filename` the GGUF
+    file in it. A directory is joined with the file name; a repo is looked up in the Hugging
+    Face cache, since LLAMACPP downloads nothing. None when no filename is given."""
+    filename = model.model_kwargs.get("filename")
+    if filename is None:
+        return None
+    if not isinstance(filename, str) or not filename:
+        raise ModelLoadError("model.model_kwargs.filename: give the GGUF file's name")
+    directory = Path(model.model_name).expanduser()
+    if directory.is_dir():
+        return str(directory / filename)
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model.model_name, filename, revision=model.model_revision)
+    except Exception:  # not a repo id either (a path that does not exist)
+        cached = None
+    if isinstance(cached, str):
+        return cached
+    raise ModelLoadError(
+        f"model.model_kwargs.filename: '{filename}' of '{model.model_name}' is neither in a "
+        f"local directory nor in the Hugging Face cache; the LLAMACPP engine downloads nothing: "
+        f"run `hf download {model.model_name} {filename}` first"
+    )
+
+
+def extra_bufts_are_safe(system_info: str) -> bool:
+    """Whether llama.cpp's extra weight buffer types may be used, given its system info line.
+
+    A build with Intel AMX kernels (`AMX_INT8 = 1`: built with native flags on a CPU that has
+    AMX) stores quantized weights in an AMX buffer, and decoding a multi-token batch through it
+    crashes the process (SIGSEGV in ggml_backend_amx_mul_mat; ggml-org/llama.cpp#20824). Such a
+    build loads weights without the extra buffer types. Everywhere else the CPU repack layouts
+    (Q4_0, Q4_K, IQ4_NL and Q8_0 weights on AVX2) stay on, as llama.cpp's default.
+    """
+    return "AMX_INT8 = 1" not in system_info
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def load_llama(path: str, kwargs: dict[str, Any], *, extra_bufts: bool | None = None) -> Any:
+    """llama-cpp-python's `Llama` for `path`, its weights in the extra buffer types or not
+    (None: as `extra_bufts_are_safe` says for this llama.cpp build).
+
+    `Llama` has no keyword for `llama_model_params.use_extra_bufts`: it starts from
+    `llama_model_default_params()` and loads the weights within its constructor. For the
+    length of that call its defaults come with the extra buffer types off; the lock keeps two
+    loads from overlapping.
+    """
+    from llama_cpp import Llama, llama_print_system_info
+    from llama_cpp import llama as llama_module
+
+    if extra_bufts is None:
+        extra_bufts = extra_bufts_are_safe(llama_print_system_info().decode())
+    if extra_bufts:
+        return Llama(model_path=path, **kwargs)
+    low = llama_module.llama_cpp  # the ctypes bindings `Llama` reads its defaults from
+    defaults = low.llama_model_default_params
+
+    def without_extra_bufts() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    with _LOAD_LOCK:
+        low.llama_model_default_params = without_extra_bufts
+        try:
+            return Llama(model_path=path, **kwargs)
+        finally:
+            low.llama_model_default_params = defaults
+
+
+def check_model_kwargs(kwargs: dict[str, Any], llama_class: type) -> dict[str, Any]:
+    """The recipe's model_kwargs, each checked to be a parameter of `Llama`'s constructor
+    (or `use_extra_bufts`: true or false overrides lmpress's choice, see load_llama)."""
+    accepted = [
+        name
+        for name, p in inspect.signature(llama_class.__init__).parameters.items()
+        if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    accepted.append("use_extra_bufts")
+    for key in kwargs:
+        if key in REFUSED_KWARGS:
+            raise ConfigError(f"model.model_kwargs.{key}: {REFUSED_KWARGS[key]}")
+        if key not in accepted:
+            usable = [name for name in accepted if name not in REFUSED_KWARGS]
+            close = difflib.get_close_matches(key, usable, n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(usable)}"
+            raise ConfigError(
+                f"model.model_kwargs.{key}: not a llama-cpp-python Llama parameter; {hint}"
+            )
+    return dict(kwargs)
+
+
+def batched_context(llama: Any, path: str, kwargs: dict[str, Any], batch_size: int) -> Any:
+    """A context like the one `Llama` made from the recipe's kwargs, but holding
+    `batch_size` sequences, each in its own part of the KV cache. `Llama`'s own
+    single-sequence context is freed first so that the KV memory is not held twice."""
+    import llama_cpp as lc
+    from llama_cpp import _internals
+
+    params = lc.llama_context_params.from_buffer_copy(llama.context_params)
+    params.n_ctx = llama.n_ctx()
+    if batch_size > 1:
+        # llama.cpp wants an equal part per sequence, a multiple of 256; ask for that
+        # rather than let it round (and warn).
+        part = max(256, params.n_ctx // batch_size // 256 * 256)
+        params.n_ctx = part * batch_size
+    params.n_seq_max = batch_size
+    params.kv_unified = False
+    # Every sequence in flight contributes a token to each step's batch.
+    params.n_batch = max(params.n_batch, batch_size)
+    params.n_ubatch = max(params.n_ubatch, batch_size)
+    if "flash_attn" not in kwargs:
+        # llama.cpp's own default (llama-cpp-python turns it off): faster on CPU too.
+        params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
+    llama._ctx.close()
+    try:
+        return _internals.LlamaContext(
+            model=llama._model, params=params, verbose=bool(kwargs["verbose"])
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"cannot create a llama.cpp context for '{path}': {exc}") from exc
+
+
+def chat_template(config: RunConfig, metadata: dict[str, str]) -> str | None:
+    """The recipe's model.chat_template, else the one in the GGUF metadata (None: neither)."""
+    if config.model.chat_template:
+        return resolve_chat_template(config.model.chat_template)
+    return metadata.get("tokenizer.chat_template")
+
+
+class Vocab:
+    """The GGUF file's tokenizer, one token at a time: its text, and the bytes it decodes to."""
+
+    def __init__(self, llama: Any):
+        import llama_cpp
+
+        self._lc = llama_cpp
+        self.vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        self.size = llama.n_vocab()
+        self._piece = ctypes.create_string_buffer(256)
+        self._end_ids: list[int] | None = None  # filled on first use (min_tokens)
+
+    def text(self, token: int) -> str:
+        """A token as the vocabulary spells it ('' for none: a negative id)."""
+        if token < 0:
+            return ""
+        return self._lc.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
+
+    def piece(self, token: int, special: bool) -> bytes:
+        """The bytes a token adds to the reply; special tokens give none unless `special`."""
+        n = self._lc.llama_token_to_piece(
+            self.vocab, token, self._piece, len(self._piece), 0, special
+        )
+        if n < 0:  # longer than the buffer: grow it and ask again
+            self._piece = ctypes.create_string_buffer(-n)
+            n = self._lc.llama_token_to_piece(self.vocab, token, self._piece, -n, 0, special)
+        return self._piece.raw[:n]
+
+    def string(self, token: int, params: GenerationParams) -> str:
+        """A token as a row reports it in its logprobs."""
+        return self.piece(token, special=not params.skip_special_tokens).decode(
+            "utf-8", errors="replace"
+        )
+
+    def is_end(self, token: int) -> bool:
+        """Whether a token ends generation (EOS, EOT and the like)."""
+        return self._lc.llama_vocab_is_eog(self.vocab, token)
+
+    def end_ids(self) -> list[int]:
+        if self._end_ids is None:
+            self._end_ids = [t for t in range(self.size) if self.is_end(t)]
+        return self._end_ids

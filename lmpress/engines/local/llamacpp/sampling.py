@@ -1,0 +1,119 @@
+"""Sampling for LLAMACPP: one llama.cpp sampler chain per sequence, so every row keeps its own
+settings, penalty history and random state (seeded per row), and each step's pick from a row's
+logits, with min_tokens holding off the end and the log-probabilities a row asks for.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from lmpress.engines.local.llamacpp.loading import Vocab
+from lmpress.types import GenerationParams, TokenLogprob
+
+
+class Sampling:
+    """Sampler chains and picks for the sequences of one llama.cpp context."""
+
+    def __init__(self, ctx: Any, vocab: Vocab, penalty_window: int):
+        import llama_cpp
+
+        self._lc = llama_cpp
+        self._ctx = ctx  # the llama_context pointer whose logits are read
+        self.vocab = vocab
+        self.penalty_window = penalty_window  # tokens the penalties look back over
+
+    def chain(
+        self,
+        params: GenerationParams,
+        index: int,
+        prompt_ids: list[int],
+        logit_bias: list[tuple[int, float]],
+    ) -> Any:
+        """A row's sampler chain: logit bias, penalties, then greedy, or top-k, top-p, min-p,
+        temperature and a draw seeded per row (the same seed gives the same tokens whatever
+        else is in flight)."""
+        lc = self._lc
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        if logit_bias:
+            array = (lc.llama_logit_bias * len(logit_bias))(*logit_bias)
+            lc.llama_sampler_chain_add(
+                chain, lc.llama_sampler_init_logit_bias(self.vocab.size, len(array), array)
+            )
+        window = self.penalty_window
+        if params.repetition_penalty != 1:
+            # Repetition counts the prompt too, as transformers does.
+            repeat = lc.llama_sampler_init_penalties(
+                self.vocab.size, window, params.repetition_penalty, 0.0, 0.0
+            )
+            for token in prompt_ids[-window:]:
+                lc.llama_sampler_accept(repeat, token)
+            lc.llama_sampler_chain_add(chain, repeat)
+        if params.presence_penalty or params.frequency_penalty:
+            # Presence and frequency count generated tokens only, as OpenAI's API does.
+            lc.llama_sampler_chain_add(
+                chain,
+                lc.llama_sampler_init_penalties(
+                    self.vocab.size, window, 1.0, params.frequency_penalty, params.presence_penalty
+                ),
+            )
+        if params.sampling_temperature() == 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+            return chain
+        if params.top_k:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(params.min_p, 1))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.sampling_temperature()))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(row_seed(params, index)))
+        return chain
+
+    def free(self, chain: Any) -> None:
+        self._lc.llama_sampler_free(chain)
+
+    def pick(
+        self, sampler: Any, params: GenerationParams, generated: int, index: int, logprobs: bool
+    ) -> tuple[int, TokenLogprob | None]:
+        """The next token of the row whose logits sit at `index` of the last batch, and its
+        log-probability entry when the row asks for logprobs."""
+        if generated < params.min_tokens:
+            self._forbid_end(params, index)
+        distribution = self._logprobs(params, index) if logprobs else None
+        token = self._lc.llama_sampler_sample(sampler, self._ctx, index)
+        if distribution is None:
+            return token, None
+        values, top = distribution
+        return token, TokenLogprob(self.vocab.string(token, params), float(values[token]), top)
+
+    def _forbid_end(self, params: GenerationParams, index: int) -> None:
+        """min_tokens: end-of-generation tokens cannot be picked yet."""
+        logits = self._lc.llama_get_logits_ith(self._ctx, index)
+        for token in (*self.vocab.end_ids(), *params.stop_token_ids):
+            logits[token] = float("-inf")
+
+    def _logprobs(
+        self, params: GenerationParams, index: int
+    ) -> tuple[Any, list[tuple[str, float]]]:
+        """Log-probabilities of every token under the model's distribution (before
+        temperature, top-k/p and penalties), and the row's `top_logprobs` most likely ones."""
+        import numpy as np
+
+        pointer = self._lc.llama_get_logits_ith(self._ctx, index)
+        logits = np.ctypeslib.as_array(pointer, shape=(self.vocab.size,)).astype(np.float64)
+        top = logits.max()
+        logprobs = logits - (top + np.log(np.exp(logits - top).sum()))
+        k = params.top_logprobs
+        best = []
+        if k:
+            ids = np.argpartition(-logprobs, k - 1)[:k]
+            ids = ids[np.argsort(-logprobs[ids], kind="stable")]
+            best = [(self.vocab.string(int(t), params), float(logprobs[t])) for t in ids]
+        return logprobs, best
+
+
+def row_seed(params: GenerationParams, index: int) -> int:
+    seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**32)
+    # llama.cpp reads 0xFFFFFFFF as "pick a random seed".
+    return (seed + index) % 0xFFFFFFFF

@@ -1,0 +1,377 @@
+"""The worker thread of LLAMACPP: continuous batching over one llama.cpp context.
+
+The context's KV cache holds up to `batch_size` sequences, each in its own part. Each step
+decodes one token of every sequence being generated in one `llama_batch`, and the next chunk of
+each newly admitted prompt in a batch of its own; each row then samples from its own sampler
+chain (sampling.py). A finished sequence's place goes to the next waiting request at once. Its
+KV cells stay until then: a request whose prompt begins like a free sequence's last prompt and
+reply (the same system prompt, the next turn of a chat) takes that sequence and reads only the
+rest.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmpress.engines.base import error_result
+from lmpress.engines.local.llamacpp.loading import Vocab
+from lmpress.engines.local.llamacpp.sampling import Sampling
+from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
+from lmpress.types import Delta, ErrorInfo, GenerationParams, Result, Sample, TokenLogprob, Usage
+
+
+class LlamaCppScheduler(WorkerEngine):
+    """The worker side of LlamaCppEngine, which loads the model and its `vocab` and then calls
+    `_start_scheduling` with the batched context."""
+
+    vocab: Vocab
+
+    def _start_scheduling(self, ctx: Any, batch_size: int, penalty_window: int | None) -> None:
+        """Take over `ctx` (a context holding `batch_size` sequences) and start the worker.
+        `penalty_window`: the tokens penalties look back over; None for the whole sequence."""
+        import llama_cpp
+
+        lc = self._lc = llama_cpp
+        self._ctx = ctx
+        self.batch_size = batch_size
+        self.n_ctx = lc.llama_n_ctx(ctx.ctx)
+        self.n_ctx_seq = lc.llama_n_ctx_seq(ctx.ctx)  # each sequence's part
+        self._n_batch = lc.llama_n_batch(ctx.ctx)
+        self._memory = lc.llama_get_memory(ctx.ctx)
+        self._batch = lc.llama_batch_init(self._n_batch, 0, 1)
+        self._sampling = Sampling(ctx.ctx, self.vocab, penalty_window or self.n_ctx_seq)
+        # Two batches' worth, so a finished sequence's place is taken at once.
+        self.max_in_flight = 2 * batch_size
+        self._free_seqs = list(range(batch_size))  # least recently used first
+        # The tokens whose KV cells a free sequence still holds from its last request.
+        self._cached: list[list[int]] = [[] for _ in range(batch_size)]
+        self.prompt_tokens_reused = 0  # prompt tokens not decoded again, thanks to the cache
+        self._prefilling: list[RequestState] = []
+        self._generating: list[Row] = []
+        self.most_in_flight = 0  # the most sequences decoded in one step so far
+        self._start_worker("lmpress-llamacpp")
+
+    def _close_context(self) -> None:
+        """Free the context and the batch; the worker has stopped."""
+        self._lc.llama_batch_free(self._batch)
+        self._ctx.close()
+
+    def sequences_in_flight(self) -> int:
+        """Sequences holding a slot in the KV cache right now (0 when idle)."""
+        return self.batch_size - len(self._free_seqs)
+
+    def kv_cells_used(self) -> int:
+        """Positions held in the KV cache, summed over sequences and read from llama.cpp
+        itself (0 when nothing is cached)."""
+        lc = self._lc
+        return sum(
+            lc.llama_memory_seq_pos_max(self._memory, seq) + 1 for seq in range(self.batch_size)
+        )
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wakeup:
+                    while not (self._pending or self._busy() or self._closed):
+                        self._wakeup.wait()
+                    if self._closed:
+                        return
+                    try:
+                        self._drop_cancelled()
+                        self._admit()
+                    except Exception as exc:  # never leave callers waiting on a dead worker
+                        self._fail_all(failure_info(exc))
+                if not self._busy():
+                    continue
+                try:
+                    self._step()
+                except Exception as exc:  # one bad step must not take the worker down
+                    self._fail_all(failure_info(exc))
+        finally:
+            self._shutdown()
+
+    def _busy(self) -> bool:
+        return bool(self._prefilling or self._generating)
+
+    def _drop_cancelled(self) -> None:
+        for state in [s for s in self._pending if s.cancelled]:
+            self._pending.remove(state)
+        for state in [s for s in self._prefilling if s.cancelled]:
+            self._prefilling.remove(state)
+            self._release(state)
+        for row in [r for r in self._generating if r.state.cancelled]:
+            row.finish_reason = "cancelled"
+            self._finish_row(row)
+
+    def _admit(self) -> None:
+        """Start waiting requests, oldest first, while sequences are free."""
+        while self._pending:
+            state = self._pending[0]
+            params = state.request.params
+            n = params.n
+            if len(self._free_seqs) < n:
+                return
+            self._pending.popleft()
+            # A row ends when its part of the KV cache is full.
+            limit = min(params.max_new_tokens, self.n_ctx_seq - len(state.prompt_ids))
+            seqs, state.fed = self._take_seqs(state.prompt_ids, n)
+            self.prompt_tokens_reused += state.fed
+            state.rows = [Row(state, i, seq, limit) for i, seq in enumerate(seqs)]
+            try:
+                for row in state.rows:
+                    row.sampler = self._sampling.chain(
+                        params, row.index, state.prompt_ids, state.logit_bias
+                    )
+            except Exception as exc:  # this request's settings, not the engine, are at fault
+                self._release(state)
+                info = failure_info(exc)
+                state.deliver(error_result(state.request, self, info, state.started))
+                continue
+            self._prefilling.append(state)
+
+    def _take_seqs(self, prompt: list[int], n: int) -> tuple[list[int], int]:
+        """`n` free sequences for a request, and how many of its prompt tokens are already in
+        the first one's KV cells: the free sequence whose cached tokens share the longest
+        prefix with the prompt keeps that prefix (all but the prompt's last token at most,
+        whose logits are needed), so a shared system prompt or an earlier turn of the same
+        conversation is not decoded again. Otherwise the least recently used one is taken."""
+        first, reused = self._free_seqs[0], 0
+        for seq in self._free_seqs:
+            common = common_prefix(self._cached[seq], prompt)
+            if common > reused:
+                first, reused = seq, common
+        reused = min(reused, len(prompt) - 1)
+        self._free_seqs.remove(first)
+        seqs = [first] + [self._free_seqs.pop(0) for _ in range(n - 1)]
+        lc = self._lc
+        lc.llama_memory_seq_rm(self._memory, first, reused, -1)
+        for seq in seqs[1:]:  # filled from the first one's cells once the prompt is read
+            lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        for seq in seqs:
+            self._cached[seq] = []
+        return seqs, reused
+
+    def kv_cells_cached(self) -> int:
+        """Positions that free sequences keep for reuse (see `_take_seqs`)."""
+        return sum(len(self._cached[seq]) for seq in self._free_seqs)
+
+    def _step(self) -> None:
+        """One token for every sequence being generated, in one batch; then the next chunk of
+        each prompt being read, each in a batch of its own. Keeping prompts apart gives every
+        prompt the same computation whatever else is in flight (llama.cpp picks its kernels by
+        batch shape, and a prompt mixed with others would round differently), which is what
+        keeps greedy replies identical at any batch size."""
+        rows = list(self._generating)
+        if rows:
+            self.most_in_flight = max(self.most_in_flight, len(rows))
+            for i, row in enumerate(rows):
+                self._put(i, row.next_token, row.pos, row.seq_id, True)
+                row.pos += 1
+            self._decode(len(rows))
+            for i, row in enumerate(rows):
+                self._sample(row, i)
+        for state in list(self._prefilling):
+            chunk = state.prompt_ids[state.fed : state.fed + self._n_batch]
+            seq = state.rows[0].seq_id
+            last = state.fed + len(chunk) == len(state.prompt_ids)
+            for j, token in enumerate(chunk):
+                self._put(j, token, state.fed + j, seq, last and j == len(chunk) - 1)
+            self._decode(len(chunk))
+            state.fed += len(chunk)
+            if last:
+                self._start_generating(state, len(chunk) - 1)
+
+    def _put(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        batch = self._batch
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq
+        batch.logits[i] = logits
+
+    def _decode(self, n_tokens: int) -> None:
+        self._batch.n_tokens = n_tokens
+        code = self._lc.llama_decode(self._ctx.ctx, self._batch)
+        if code != 0:
+            raise RuntimeError(f"llama_decode returned {code}")
+
+    def _start_generating(self, state: RequestState, index: int) -> None:
+        """The prompt is in the KV cache: every sample samples its first token from the
+        prompt's last logits and joins the sequences being generated."""
+        self._prefilling.remove(state)
+        first = state.rows[0].seq_id
+        for row in state.rows:
+            if row.seq_id != first:  # the other samples share the prompt's KV cells
+                self._lc.llama_memory_seq_cp(self._memory, first, row.seq_id, -1, -1)
+            row.pos = len(state.prompt_ids)
+            self._generating.append(row)
+        for row in state.rows:
+            self._sample(row, index)
+
+    def _sample(self, row: Row, index: int) -> None:
+        params = row.params
+        wants_logprobs = row.logprobs is not None
+        token, logprob = self._sampling.pick(
+            row.sampler, params, row.generated, index, wants_logprobs
+        )
+        row.generated += 1
+        if self.vocab.is_end(token) or token in params.stop_token_ids:
+            row.finish_reason = "stop"
+        else:
+            row.tokens.append(token)
+            if logprob is not None:
+                row.logprobs.append(logprob)
+            piece = self.vocab.piece(token, special=not params.skip_special_tokens)
+            row.text += row.decoder.decode(piece)
+            if params.stop_strings:
+                row.cut_at_stop_string()
+            if row.finish_reason is None and row.generated >= row.limit:
+                row.finish_reason = "length"
+        if row.finish_reason is None:
+            row.next_token = token
+            row.stream_text()
+        else:
+            self._finish_row(row)
+
+    def _finish_row(self, row: Row) -> None:
+        lc = self._lc
+        state = row.state
+        if row in self._generating:
+            self._generating.remove(row)
+        if row.finish_reason == "cancelled":
+            lc.llama_memory_seq_rm(self._memory, row.seq_id, -1, -1)
+        else:  # kept for a later request that starts the same way
+            fed = row.tokens[: row.pos - len(state.prompt_ids)]
+            self._cached[row.seq_id] = state.prompt_ids + fed
+        self._free_seqs.append(row.seq_id)
+        self._sampling.free(row.sampler)
+        row.sampler = None
+        row.text += row.decoder.decode(b"", final=True)
+        row.stream_text()
+        if all(r.finish_reason is not None for r in state.rows) and not state.cancelled:
+            state.deliver(self._result(state))
+
+    def _release(self, state: RequestState) -> None:
+        """Free the sequences a request still holds (it was cancelled or failed)."""
+        for row in state.rows:
+            if row.finish_reason is not None:
+                continue  # already freed by _finish_row
+            row.finish_reason = "cancelled" if state.cancelled else "error"
+            self._lc.llama_memory_seq_rm(self._memory, row.seq_id, -1, -1)
+            self._free_seqs.append(row.seq_id)
+            if row.sampler is not None:
+                self._sampling.free(row.sampler)
+                row.sampler = None
+
+    def _fail_all(self, error: ErrorInfo) -> None:
+        states = list(self._prefilling) + [r.state for r in self._generating]
+        self._prefilling.clear()
+        self._generating.clear()
+        for state in dict.fromkeys(states):
+            self._release(state)
+            state.deliver(error_result(state.request, self, error, state.started))
+
+    def _shutdown(self) -> None:
+        with self._wakeup:
+            self._closed = True
+            waiting = list(self._pending)
+            self._pending.clear()
+        self._fail_all(ErrorInfo("engine_closed", "the LLAMACPP engine was closed"))
+        for state in waiting:
+            info = ErrorInfo("engine_closed", "the LLAMACPP engine was closed")
+            state.deliver(error_result(state.request, self, info, state.started))
+
+    def _result(self, state: RequestState) -> Result:
+        samples = [
+            Sample(
+                text=row.text,
+                finish_reason=row.finish_reason or "length",
+                logprobs=row.logprobs,
+                completion_tokens=row.generated,
+            )
+            for row in state.rows
+        ]
+        return Result(
+            request_id=state.request.id,
+            samples=samples,
+            usage=Usage(len(state.prompt_ids), sum(row.generated for row in state.rows)),
+            model=self.model_name,
+            engine=self.name,
+            latency_s=time.perf_counter() - state.started,
+        )
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two token lists share. Found by bisection with list slices
+    compared in C: admitting a row against every free sequence's cache stays in microseconds
+    even when they share a long system prompt."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # the longest k with a[:k] == b[:k] lies in [lo, hi]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+# --- per-request and per-row state ---------------------------------------------------------
+
+
+@dataclass(eq=False)
+class RequestState(Submission):
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    fed: int = 0  # prompt tokens already decoded
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence in the KV cache: one sample of one request."""
+
+    state: RequestState
+    index: int
+    seq_id: int
+    limit: int  # tokens this row may generate
+    sampler: Any = None
+    pos: int = 0  # tokens of this sequence in the KV cache
+    next_token: int = -1  # sampled, to be decoded at the next step
+    tokens: list[int] = field(default_factory=list)  # generated, end tokens left out
+    generated: int = 0  # tokens generated, end tokens included
+    text: str = ""
+    emitted: int = 0  # characters already sent as deltas
+    finish_reason: str | None = None
+    # An incremental decoder keeps a character split across tokens until it is whole.
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    logprobs: list[TokenLogprob] | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.logprobs:
+            self.logprobs = []
+
+    @property
+    def params(self) -> GenerationParams:
+        return self.state.request.params
+
+    def cut_at_stop_string(self) -> None:
+        hits = [i for i in (self.text.find(s) for s in self.params.stop_strings) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.finish_reason = "stop"
+            self.decoder.reset()  # bytes after the stop string are not part of the reply
+
+    def stream_text(self) -> None:
+        if not self.state.wants_deltas or self.state.cancelled:
+            return
+        end = len(self.text)
+        if self.finish_reason is None and self.params.stop_strings:
+            # Hold back what may be the beginning of a stop string.
+            end -= max(len(s) for s in self.params.stop_strings) - 1
+        if end > self.emitted:
+            self.state.deliver(
+                Delta(self.state.request.id, self.text[self.emitted : end], self.index)
+            )
+            self.emitted = end

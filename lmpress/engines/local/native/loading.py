@@ -1,0 +1,181 @@
+"""Loading for NATIVE: the device and dtype, the tokenizer and the model (a directory, a hub id
+or a GGUF file that transformers dequantizes), and what the engine reads from them: the
+checkpoint's generation defaults, its end-of-sequence ids and its context length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+from lmpress.configs.schema import ModelParams
+from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
+from lmpress.engines.common.prompts import resolve_chat_template
+from lmpress.errors import ModelLoadError, first_line
+
+
+def pick_device_and_dtype(model: ModelParams, torch: Any) -> tuple[str, Any]:
+    device = model.device_map
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = model.torch_dtype_str
+    if name == "auto":
+        if device.startswith("cuda"):
+            return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return device, torch.float32
+    dtype = getattr(torch, dtype_name(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ModelLoadError(f"model.torch_dtype_str: unknown dtype '{name}' (use {DTYPE_CHOICES})")
+    return device, dtype
+
+
+def model_source(model: ModelParams) -> tuple[str, str | None]:
+    """Where transformers loads the model from: a directory or hub id, and the GGUF file in it
+    when the model is one. A `.gguf` path (or a packaged or tiny GGUF name) names the file
+    itself; Oumi's form names a hub repo or directory in `model_name` and the file in
+    `model_kwargs.filename`. transformers dequantizes GGUF weights as it loads them."""
+    name = local_or_hub(model.model_name, "model.model_name")
+    filename = model.model_kwargs.get("filename")
+    if filename is not None:
+        if not isinstance(filename, str) or not filename.endswith(".gguf"):
+            raise ModelLoadError(
+                f"model.model_kwargs.filename: '{filename}' is not a .gguf file name; the NATIVE "
+                f"engine reads it as the GGUF file inside model.model_name"
+            )
+        return name, filename
+    path = Path(name)
+    if path.suffix == ".gguf" and path.is_file():
+        return str(path.parent), path.name
+    return name, None
+
+
+def load_tokenizer(model: ModelParams) -> Any:
+    from transformers import AutoTokenizer
+
+    kwargs = dict(model.tokenizer_kwargs)
+    if model.tokenizer_name:
+        name = local_or_hub(model.tokenizer_name, "model.tokenizer_name")
+    else:
+        name, gguf_file = model_source(model)
+        if gguf_file:
+            kwargs["gguf_file"] = gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            name,
+            trust_remote_code=model.trust_remote_code,
+            revision=model.model_revision,
+            **kwargs,
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of '{name}': {first_line(exc)}") from exc
+    if model.tokenizer_pad_token:
+        tokenizer.pad_token = model.tokenizer_pad_token
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    if model.chat_template:
+        tokenizer.chat_template = resolve_chat_template(model.chat_template)
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    name, gguf_file = model_source(model)
+    kwargs = {k: v for k, v in model.model_kwargs.items() if k != "filename"}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    if model.attn_implementation:
+        kwargs["attn_implementation"] = model.attn_implementation
+    # transformers draws a progress bar while it dequantizes GGUF tensors, with no switch.
+    quiet = contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext()
+    try:
+        with quiet:
+            if model.load_pretrained_weights:
+                loaded = AutoModelForCausalLM.from_pretrained(
+                    name,
+                    dtype=dtype,
+                    trust_remote_code=model.trust_remote_code,
+                    revision=model.model_revision,
+                    **kwargs,
+                )
+            else:
+                loaded = _random_model(model, name, dtype, kwargs)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load model '{model.model_name}': {first_line(exc)}") from exc
+    if model.adapter_model:
+        try:
+            from peft import PeftModel
+        except ImportError as exc:
+            raise ModelLoadError("model.adapter_model needs peft: pip install peft") from exc
+        loaded = PeftModel.from_pretrained(loaded, model.adapter_model)
+    loaded = loaded.to(device).eval()
+    if model.compile:
+        import torch
+
+        # Compiles on the first batch; dynamic shapes, since every batch's length differs.
+        loaded.forward = torch.compile(loaded.forward, dynamic=True)
+    return loaded
+
+
+def _random_model(model: ModelParams, name: str, dtype: Any, kwargs: dict[str, Any]) -> Any:
+    """`model.load_pretrained_weights: false`: the architecture from the model's config, with
+    freshly initialised weights (no weight file is read), as Oumi does; handy to benchmark."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    gguf = {"gguf_file": kwargs.pop("gguf_file")} if "gguf_file" in kwargs else {}
+    config = AutoConfig.from_pretrained(
+        name, trust_remote_code=model.trust_remote_code, revision=model.model_revision, **gguf
+    )
+    return AutoModelForCausalLM.from_config(
+        config, trust_remote_code=model.trust_remote_code, dtype=dtype, **kwargs
+    )
+
+
+# The checkpoint's generation_config.json fields that lmpress has fields for. The sampling
+# ones count only where the checkpoint samples (do_sample), as transformers reads them.
+DEFAULTS_ALWAYS = ("max_new_tokens", "repetition_penalty")
+DEFAULTS_WHEN_SAMPLING = ("temperature", "top_p", "top_k", "min_p")
+
+
+def checkpoint_defaults(model: Any, policy: str) -> dict[str, Any]:
+    """What `model.generation_defaults` takes from the checkpoint's generation config.
+
+    "ignore" leaves it only its token ids (EOS still ends a reply), since transformers fills
+    every field lmpress leaves unset from it: a shipped repetition_penalty or
+    no_repeat_ngram_size would otherwise change even greedy decoding. "use" keeps it, so
+    transformers applies the fields lmpress has no name for, and returns the ones lmpress
+    has, to fill each request's unset fields.
+    """
+    from transformers import GenerationConfig
+
+    shipped = model.generation_config
+    if policy != "use":
+        ids = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+        model.generation_config = GenerationConfig(**{k: getattr(shipped, k, None) for k in ids})
+        return {}
+    given = {k: v for k, v in shipped.to_diff_dict().items() if v is not None}
+    names = DEFAULTS_ALWAYS + (DEFAULTS_WHEN_SAMPLING if given.get("do_sample") else ())
+    defaults = {k: given[k] for k in names if k in given}
+    if given.get("do_sample"):
+        defaults.setdefault("temperature", 1.0)
+    return defaults
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    found = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if tokenizer.eos_token_id is not None:
+        found.add(tokenizer.eos_token_id)
+    return found
+
+
+def context_length(model: Any, tokenizer: Any) -> int | None:
+    text_config = model.config.get_text_config()
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(text_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -1,0 +1,222 @@
+"""What NATIVE runs inside `model.generate` at every step, row by row.
+
+A batch's rows share one forward pass but nothing else: `BatchControl` plugs into generate as
+a logits processor and applies each row's own penalties, min_tokens, temperature, top-k/top-p/
+min-p and seed (its own generator), then forces the token it picked, so generate's own
+sampling never runs; its `stopper` plugs in as a stopping criterion and ends each row on its
+own EOS, stop ids, stop strings, max_new_tokens or cancellation, streaming its text as deltas.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmpress.engines.local.worker import Submission
+from lmpress.types import Delta, GenerationParams, TokenLogprob
+
+
+@dataclass
+class Row:
+    """One sequence in a batch: one sample of one request."""
+
+    state: Submission
+    index: int
+    generator: Any
+    tokens: list[int] = field(default_factory=list)  # generated, EOS and stop ids left out
+    generated: int = 0  # tokens generated, EOS included
+    limit: int = 0  # max_new_tokens, or less where the model's context ends first
+    finish_reason: str | None = None
+    text: str = ""
+    emitted: int = 0  # characters already sent as deltas
+    logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def params(self) -> GenerationParams:
+        return self.state.request.params
+
+    @property
+    def needs_text(self) -> bool:
+        return self.state.wants_deltas or bool(self.params.stop_strings)
+
+    def finish(self, tokenizer: Any) -> None:
+        """The row's final text, and "length" where nothing else ended it."""
+        if self.finish_reason != "stop" or not self.params.stop_strings:
+            self.text = tokenizer.decode(
+                self.tokens, skip_special_tokens=self.params.skip_special_tokens
+            )
+        if self.finish_reason is None:
+            self.finish_reason = "length"
+
+
+def row_generator(seed: int | None, index: int) -> Any:
+    """Each row draws from its own generator, so a seeded row samples the same tokens
+    whatever else shares its batch."""
+    import torch
+
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**62)
+    return torch.Generator().manual_seed(seed + index)
+
+
+class BatchControl:
+    """Per-row sampling (as a logits processor) and per-row stopping (as `stopper`)."""
+
+    def __init__(
+        self, rows: list[Row], tokenizer: Any, eos_ids: set[int], device: str, n_vocab: int
+    ):
+        import torch
+
+        self.torch = torch
+        self.tokenizer = tokenizer
+        self.rows = rows
+        self.stopper = Stopper(self)
+        params = [row.params for row in rows]
+        self.sampled = [b for b, p in enumerate(params) if p.sampling_temperature() > 0]
+        self.penalised = any(
+            p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params
+        )
+        self.min_tokens = any(p.min_tokens for p in params)
+        self.want_logprobs = any(p.logprobs for p in params)
+        self.plain = not (self.sampled or self.penalised or self.min_tokens or self.want_logprobs)
+        self.counts = None  # generated-token counts per row, for presence/frequency penalties
+        if self.penalised:
+            self.counts = torch.zeros((len(rows), n_vocab), device=device)
+        for row in rows:
+            if row.params.logprobs:
+                row.logprobs = []
+        self.stop_ids = [set(eos_ids) | set(p.stop_token_ids) for p in params]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.plain:
+            return scores
+        torch = self.torch
+        scores = scores.float()
+        rows = self.rows
+        if self.penalised:
+            scores = self._penalise(scores)
+        if self.min_tokens:
+            for b, row in enumerate(rows):
+                if row.generated < row.params.min_tokens:
+                    scores[b, list(self.stop_ids[b])] = float("-inf")
+        chosen = scores.argmax(dim=-1)
+        if self.sampled:
+            idx = torch.tensor(self.sampled, device=scores.device)
+            chosen[idx] = self._sample(scores[idx], [rows[b] for b in self.sampled])
+        if self.want_logprobs:
+            self._record_logprobs(scores, chosen)
+        forced = torch.full_like(scores, float("-inf"))
+        forced.scatter_(1, chosen[:, None], 0.0)
+        return forced
+
+    def _penalise(self, scores: Any) -> Any:
+        torch = self.torch
+        for b, row in enumerate(self.rows):
+            p = row.params
+            if p.repetition_penalty != 1:
+                seen = torch.tensor(
+                    sorted(set(row.state.prompt_ids) | set(row.tokens)), device=scores.device
+                )
+                picked = scores[b, seen]
+                scores[b, seen] = torch.where(
+                    picked < 0, picked * p.repetition_penalty, picked / p.repetition_penalty
+                )
+            if p.presence_penalty or p.frequency_penalty:
+                counts = self.counts[b, : scores.shape[1]]
+                scores[b] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        return scores
+
+    def _sample(self, scores: Any, rows: list[Row]) -> Any:
+        torch = self.torch
+        device = scores.device
+        temperature = torch.tensor([r.params.sampling_temperature() for r in rows], device=device)
+        top_p = torch.tensor([r.params.top_p for r in rows], device=device)
+        min_p = torch.tensor([r.params.min_p for r in rows], device=device)
+        vocab = scores.shape[1]
+        top_k = torch.tensor([r.params.top_k or vocab for r in rows], device=device)
+        logits, order = (scores / temperature[:, None]).sort(dim=-1, descending=True)
+        probs = logits.softmax(dim=-1)
+        position = torch.arange(vocab, device=device)[None, :]
+        drop = position >= top_k[:, None]
+        drop |= (probs.cumsum(dim=-1) - probs) > top_p[:, None]
+        drop |= probs < min_p[:, None] * probs[:, :1]
+        drop[:, 0] = False  # the most likely token always stays
+        probs = probs.masked_fill(drop, 0.0)
+        cdf = probs.cumsum(dim=-1)
+        draws = torch.cat([torch.rand(1, generator=r.generator) for r in rows]).to(device)
+        picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None]).clamp(max=vocab - 1)
+        return order.gather(1, picked).squeeze(1)
+
+    def _record_logprobs(self, scores: Any, chosen: Any) -> None:
+        decode = self.tokenizer.decode
+        logprobs = scores.log_softmax(dim=-1)
+        for b, row in enumerate(self.rows):
+            if row.logprobs is None or row.finish_reason is not None:
+                continue
+            token = int(chosen[b])
+            top = []
+            if row.params.top_logprobs:
+                values, ids = logprobs[b].topk(row.params.top_logprobs)
+                top = [(decode([int(i)]), float(v)) for v, i in zip(values, ids, strict=True)]
+            row.logprobs.append(TokenLogprob(decode([token]), float(logprobs[b, token]), top))
+
+
+class Stopper:
+    """Called by generate after every step with the new tokens appended."""
+
+    def __init__(self, control: BatchControl):
+        self.control = control
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        control = self.control
+        torch = control.torch
+        done = []
+        new_tokens = input_ids[:, -1].tolist()
+        for b, row in enumerate(control.rows):
+            if row.finish_reason is None:
+                self._advance(b, row, new_tokens[b])
+            done.append(row.finish_reason is not None)
+        return torch.tensor(done, device=input_ids.device)
+
+    def _advance(self, b: int, row: Row, token: int) -> None:
+        control = self.control
+        row.generated += 1
+        if control.counts is not None:
+            control.counts[b, token] += 1
+        if token in control.stop_ids[b]:
+            row.finish_reason = "stop"
+        else:
+            row.tokens.append(token)
+            if row.generated >= row.limit:
+                row.finish_reason = "length"
+        if row.state.cancelled:
+            row.finish_reason = "cancelled"
+            return
+        if row.needs_text:
+            self._update_text(row)
+
+    def _update_text(self, row: Row) -> None:
+        params = row.params
+        text = self.control.tokenizer.decode(
+            row.tokens, skip_special_tokens=params.skip_special_tokens
+        )
+        holdback = 0
+        if params.stop_strings:
+            hits = [i for i in (text.find(s) for s in params.stop_strings) if i >= 0]
+            if hits:
+                text = text[: min(hits)]
+                row.finish_reason = "stop"
+            else:
+                holdback = max(len(s) for s in params.stop_strings) - 1
+        row.text = text
+        if not row.state.wants_deltas:
+            return
+        if row.finish_reason is None:
+            # Hold back a half-formed character and anything that may begin a stop string.
+            end = len(text.rstrip("\ufffd")) - holdback
+        else:
+            end = len(text)
+        if end > row.emitted:
+            row.state.deliver(Delta(row.state.request.id, text[row.emitted : end], row.index))
+            row.emitted = end

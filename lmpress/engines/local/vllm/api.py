@@ -1,0 +1,138 @@
+"""The vLLM API lmpress calls, imported in one place: `VllmApi` holds the classes, and every
+difference between vLLM versions is handled here and nowhere else. Nothing imports vLLM at
+module level, so that `lmpress --help` and `lmpress engines` never load it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from lmpress.errors import EngineUnavailableError, first_line
+
+INSTALL_HINT = "pip install -U 'lmpress[vllm]'"
+
+# structured_outputs=StructuredOutputsParams(...) replaced guided decoding in vLLM 0.12.
+MIN_VERSION = (0, 12)
+
+
+@dataclass(frozen=True)
+class VllmApi:
+    """The vLLM classes lmpress calls, imported on first use (never at module level)."""
+
+    version: str
+    AsyncLLM: Any
+    AsyncEngineArgs: Any
+    SamplingParams: Any
+    StructuredOutputsParams: Any
+    RequestOutputKind: Any
+    LoRARequest: Any
+
+    @classmethod
+    def load(cls) -> VllmApi:
+        version = vllm_version()  # raises with the install hint when vllm is missing or too old
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.lora.request import LoRARequest
+        from vllm.sampling_params import (
+            RequestOutputKind,
+            SamplingParams,
+            StructuredOutputsParams,
+        )
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return cls(
+            version,
+            AsyncLLM,
+            AsyncEngineArgs,
+            SamplingParams,
+            StructuredOutputsParams,
+            RequestOutputKind,
+            LoRARequest,
+        )
+
+    def engine_arg_names(self) -> set[str]:
+        return {f.name for f in dataclasses.fields(self.AsyncEngineArgs)}
+
+    @staticmethod
+    async def tokenizer(llm: Any) -> Any:
+        """AsyncLLM.get_tokenizer() is a coroutine in some vLLM versions and a plain method in
+        later ones."""
+        tokenizer = llm.get_tokenizer()
+        if inspect.isawaitable(tokenizer):
+            tokenizer = await tokenizer
+        return tokenizer
+
+    @staticmethod
+    def is_dead(llm: Any) -> bool:
+        """Whether the engine core has died (every later request would fail too)."""
+        return bool(getattr(llm, "errored", False))
+
+
+def vllm_version() -> str:
+    """vLLM's version, or EngineUnavailableError saying how to install a usable one."""
+    # vLLM logs to stdout unless told otherwise; lmpress's stdout carries replies and JSONL.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    try:
+        import vllm
+    except ImportError as exc:
+        raise EngineUnavailableError(
+            f"engine VLLM needs vllm>={'.'.join(map(str, MIN_VERSION))}, which does not import "
+            f"here ({first_line(exc)}): {INSTALL_HINT} (vLLM runs on Linux with a GPU)"
+        ) from exc
+    version = str(getattr(vllm, "__version__", "0"))
+    if _version_tuple(version) < MIN_VERSION:
+        raise EngineUnavailableError(
+            f"engine VLLM needs vllm>={'.'.join(map(str, MIN_VERSION))}, found {version}: "
+            f"{INSTALL_HINT}"
+        )
+    return version
+
+
+def accelerator_reason() -> str | None:
+    """Why vLLM cannot run on this machine's hardware, or None when it found a device."""
+    from vllm.platforms import current_platform
+
+    if not getattr(current_platform, "device_type", ""):
+        return (
+            "vLLM found no GPU on this machine (it needs a CUDA or ROCm GPU, or a vLLM build "
+            "for another accelerator); on CPU use engine NATIVE or LLAMACPP"
+        )
+    return None
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else every device."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [gpu.strip() for gpu in listed.split(",") if gpu.strip()]
+    try:
+        import torch  # vLLM depends on it
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        return []
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = re.findall(r"\d+", version.split("+")[0])[:3]
+    return tuple(int(p) for p in parts) or (0,)
+
+
+def describe(exc: BaseException) -> str:
+    """An exception's message on one line, looking through vLLM's wrappers (EngineGenerateError
+    carries no message of its own, only its cause). Multi-line messages, such as pydantic's
+    validation errors for engine arguments, are folded into one line."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
+        lines = [line for line in lines if not line.startswith("For further information")]
+        if lines:
+            text = " ".join(lines)
+            text = text if len(text) <= 500 else text[:497] + "..."
+            return text if seen is exc else f"{type(exc).__name__}: {text}"
+        seen = seen.__cause__ or seen.__context__
+    return type(exc).__name__
