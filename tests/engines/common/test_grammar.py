@@ -25,7 +25,7 @@ SCHEMA = {
 @pytest.fixture(scope="module")
 def vocab():
     llama_cpp = pytest.importorskip("llama_cpp")
-    from lmpress.engines.local.llamacpp.engine import load_llama
+    from lmpress.engines.local.llamacpp.loading import load_llama
 
     llm = load_llama(str(SMOLLM2_Q4_1.path()), {"vocab_only": True, "verbose": False})
     return llm, Grammars.for_llama_vocab(llama_cpp.llama_model_get_vocab(llm.model), llm.n_vocab())
