@@ -111,7 +111,7 @@ def test_failure_line_follows_the_openai_error_file():
             {
                 "custom_id": "a",
                 "url": "/v1/chat/completions",
-                "body": {"messages": [{"role": "user", "content": "x"}], "tools": []},
+                "body": {"messages": [{"role": "user", "content": "x"}], "tools": [{}]},
             },
             "body.tools is not supported",
         ),
