@@ -132,7 +132,7 @@ class GuidedDecoding:
         if form is not None and form not in forms:
             allowed = ", ".join(f for f in FORMS if f in forms)
             raise RequestError(
-                f"engine {engine} takes generation.guided_decoding.{allowed} only, not {form}",
+                f"engine {engine} takes generation.guided_decoding {allowed} only, not {form}",
                 ErrorKind.UNSUPPORTED_PARAM,
             )
         if not options and self.options():

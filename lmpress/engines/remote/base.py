@@ -76,7 +76,10 @@ class RemoteEngine(Engine):
         try:
             self.check_request_params(config.generation)
         except RequestError as exc:
-            raise UnsupportedParamError(f"engine {self.name}: {exc}") from exc
+            message = (
+                str(exc) if f"engine {self.name} " in str(exc) else f"engine {self.name}: {exc}"
+            )
+            raise UnsupportedParamError(message) from exc
         # Callers keep twice num_workers submitted, as NATIVE keeps two batches: a row waiting
         # out a retry's backoff must not leave a worker idle (600 rows, 10% of them 500 once:
         # 6% faster than num_workers). The pacer still lets only num_workers requests out.
