@@ -25,7 +25,7 @@ FORMS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
 
 
-@dataclass
+@dataclass(repr=False)
 class GuidedDecoding:
     """One constraint on what is generated, and vLLM's whitespace options.
 
@@ -73,6 +73,13 @@ class GuidedDecoding:
             not self.choice or not all(isinstance(c, str) for c in self.choice)
         ):
             raise ConfigError("generation.guided_decoding.choice must be a list of strings")
+
+    def __repr__(self) -> str:
+        """Only what is set: what `/set` and error messages show."""
+        fields = dataclasses.fields(self)
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields
+                 if getattr(self, f.name) != f.default]  # fmt: skip
+        return f"GuidedDecoding({', '.join(shown)})"
 
     @classmethod
     def parse(cls, value: Any) -> GuidedDecoding | None:
