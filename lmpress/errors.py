@@ -1,4 +1,44 @@
-"""Errors a user can cause. The CLI prints their message as one line; `--debug` adds the traceback."""
+"""Errors a user can cause, and the vocabulary of a failed request. The CLI prints an error's
+message as one line; `--debug` adds the traceback."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorKind(str, Enum):
+    """Why one request failed: `ErrorInfo.kind`, `RequestError.kind`, the `code` of an OpenAI
+    error body and of an OpenAI Batch error line. A vocabulary, so that every mapping of it
+    (serve's HTTP statuses) is checked whole by a test and an unknown kind fails where it is
+    made, not as a 500 far away."""
+
+    # The request itself is wrong, or the engine cannot take it.
+    INVALID_REQUEST = "invalid_request"
+    INVALID_ROW = "invalid_row"  # a batch input row that is no request at all
+    UNSUPPORTED_PARAM = "unsupported_param"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    # What a remote API answered (engines/remote/base.py sorts HTTP statuses into these).
+    BAD_REQUEST = "bad_request"
+    AUTHENTICATION_ERROR = "authentication_error"
+    PERMISSION_DENIED = "permission_denied"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+    REQUEST_TOO_LARGE = "request_too_large"
+    UNPROCESSABLE_ENTITY = "unprocessable_entity"
+    RATE_LIMITED = "rate_limited"
+    OVERLOADED = "overloaded"
+    SERVER_ERROR = "server_error"
+    HTTP_ERROR = "http_error"  # another status
+    TIMEOUT = "timeout"
+    CONNECTION_ERROR = "connection_error"
+    MALFORMED_RESPONSE = "malformed_response"
+    CLIENT_ERROR = "client_error"  # the SDK failed before sending
+    # The engine itself.
+    GENERATION_ERROR = "generation_error"
+    ENGINE_CLOSED = "engine_closed"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class LmpressError(Exception):
@@ -30,9 +70,14 @@ class ModelLoadError(LmpressError):
 class RequestError(Exception):
     """One request failed; the job goes on. `kind` is a short machine-readable category."""
 
-    def __init__(self, message: str, kind: str = "generation_error", status: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        kind: ErrorKind | str = ErrorKind.GENERATION_ERROR,
+        status: int | None = None,
+    ):
         super().__init__(message)
-        self.kind = kind
+        self.kind = ErrorKind(kind)
         self.status = status
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from lmpress.errors import ErrorKind
+from lmpress.guided import GuidedDecoding
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -72,7 +75,7 @@ class GenerationParams:
     logprobs: bool = False
     top_logprobs: int = 0
     logit_bias: dict[str, float] = field(default_factory=dict)
-    guided_decoding: dict[str, Any] | None = None
+    guided_decoding: GuidedDecoding | None = None  # a mapping given here is parsed into one
     skip_special_tokens: bool = True
     num_beams: int = 1
     # Scheduling, not sampling: how many sequences a local engine decodes together.
@@ -91,13 +94,9 @@ class GenerationParams:
     def __post_init__(self) -> None:
         if self.use_sampling is False:
             self.temperature = 0.0
-        if isinstance(self.guided_decoding, Mapping):
-            # Oumi writes every guided-decoding field, the unused ones null and strict false.
-            self.guided_decoding = {
-                k: v
-                for k, v in self.guided_decoding.items()
-                if v is not None and not (k == "strict" and v is False)
-            } or None
+        # The one place guided decoding is parsed; one that sets no constraint (Oumi writes
+        # every field, the unused ones null) is none.
+        self.guided_decoding = GuidedDecoding.parse(self.guided_decoding)
 
     def sampling_temperature(self) -> float:
         """The temperature a local engine samples at: 0 (greedy) below MIN_TEMPERATURE."""
@@ -176,10 +175,16 @@ class TokenLogprob:
     top: list[tuple[str, float]] = field(default_factory=list)
 
 
+# Why a sample ended: OpenAI's finish reasons (a remote engine reads any other a provider sends
+# as "stop"; lmpress sends no tools), and lmpress's own for a request cancelled or failed midway.
+FinishReason = Literal["stop", "length", "content_filter", "cancelled", "error"]
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
+
+
 @dataclass
 class Sample:
     text: str
-    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+    finish_reason: FinishReason
     logprobs: list[TokenLogprob] | None = None
     completion_tokens: int = 0
 
@@ -196,9 +201,12 @@ class Usage:
 
 @dataclass
 class ErrorInfo:
-    kind: str
+    kind: ErrorKind  # a string naming a kind is read as that kind; an unknown one is refused
     message: str
     status: int | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = ErrorKind(self.kind)
 
 
 @dataclass
@@ -222,5 +230,5 @@ class Result:
         return self.samples[0].text if self.samples else ""
 
     @property
-    def finish_reason(self) -> str | None:
+    def finish_reason(self) -> FinishReason | None:
         return self.samples[0].finish_reason if self.samples else None

@@ -17,7 +17,6 @@ with the reply appended for the others); `output_format` "lmpress" or "openai" f
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -25,14 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmpress.data import openai_batch
-from lmpress.types import ROLES, ContentPart, GenerationParams, Message, Request, Result
+from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
+from lmpress.types import GenerationParams, Message, Request, Result
 
 GENERATION_FIELDS = {f.name for f in dataclasses.fields(GenerationParams)}
 OUTPUT_FORMATS = ("auto", "lmpress", "openai")
-
-
-class RowError(ValueError):
-    """A row that cannot be turned into a request; the message says what is wrong."""
 
 
 @dataclass
@@ -68,7 +64,7 @@ def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
     """Turn one decoded JSON value into a ParsedRow, or raise RowError. `regenerate`: drop a
     trailing assistant turn to generate it anew (batch); chat's /load keeps it to continue."""
     if not isinstance(raw, dict):
-        raise RowError(f"expected a JSON object, got {_json_type(raw)}")
+        raise RowError(f"expected a JSON object, got {json_type(raw)}")
     if openai_batch.is_batch_request(raw):
         return _parse_batch_request(raw, line)
     overrides = _row_overrides(raw.get("generation"))
@@ -85,17 +81,17 @@ def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
         kind = "prompt"
         prompt = raw["prompt"]
         if not isinstance(prompt, str):
-            raise RowError(f"'prompt' must be a string, got {_json_type(prompt)}")
+            raise RowError(f"'prompt' must be a string, got {json_type(prompt)}")
         messages = [Message("user", prompt)]
         system = raw.get("system")
         if system is not None:
             if not isinstance(system, str):
-                raise RowError(f"'system' must be a string, got {_json_type(system)}")
+                raise RowError(f"'system' must be a string, got {json_type(system)}")
             messages.insert(0, Message("system", system))
     elif "text" in raw:
         text = raw["text"]
         if not isinstance(text, str):
-            raise RowError(f"'text' must be a string, got {_json_type(text)}")
+            raise RowError(f"'text' must be a string, got {json_type(text)}")
         messages = [Message("user", text)]
         return ParsedRow(line, row_id(raw, line), "text", raw, messages, overrides, prompt=text)
     else:
@@ -121,13 +117,13 @@ def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
         )
     body = raw.get("body")
     if not isinstance(body, dict):
-        raise RowError(f"'body' must be an object, got {_json_type(body)}")
-    overrides = _row_overrides(openai_batch.body_overrides(body, url))
+        raise RowError(f"'body' must be an object, got {json_type(body)}")
     model = body.get("model") if isinstance(body.get("model"), str) else None
     if url == openai_batch.CHAT_URL:
         if "messages" not in body:
             raise RowError("body has no 'messages'")
         messages = regenerate_last_turn(parse_messages(body["messages"]))
+        overrides = _row_overrides(openai_batch.body_overrides(body, url))
         return ParsedRow(
             line, custom_id, "openai_batch", raw, messages, overrides, None, url, model
         )
@@ -136,97 +132,9 @@ def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise RowError("body.prompt must be a string (one prompt per line)")
+    overrides = _row_overrides(openai_batch.body_overrides(body, url))
     messages = [Message("user", prompt)]
     return ParsedRow(line, custom_id, "openai_batch", raw, messages, overrides, prompt, url, model)
-
-
-def parse_messages(items: Any) -> list[Message]:
-    """OpenAI chat messages (or Oumi's, whose content items say `content` for `text`)."""
-    if not isinstance(items, list):
-        raise RowError(f"'messages' must be a list, got {_json_type(items)}")
-    if not items:
-        raise RowError("'messages' is empty")
-    messages = []
-    for i, item in enumerate(items, start=1):
-        if not isinstance(item, dict):
-            raise RowError(f"message {i} must be an object, got {_json_type(item)}")
-        role = item.get("role")
-        if role not in ROLES:
-            raise RowError(
-                f"message {i} has unknown role {json.dumps(role)} "
-                f"(expected one of {', '.join(ROLES)})"
-            )
-        messages.append(Message(role, _parse_content(item.get("content"), i)))
-    return messages
-
-
-def regenerate_last_turn(messages: list[Message]) -> list[Message]:
-    """The conversation to generate from: a trailing assistant turn is dropped so that its
-    reply is generated anew (what replaying a saved chat on another model means), in batch,
-    serve and infer alike."""
-    if len(messages) > 1 and messages[-1].role == "assistant":
-        return messages[:-1]
-    if messages and messages[-1].role == "assistant":
-        raise RowError("the only message is the assistant's: there is nothing to reply to")
-    return messages
-
-
-def _parse_content(content: Any, index: int) -> str | list[ContentPart]:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise RowError(f"message {index} content must be a string or a list of parts")
-    parts = []
-    for part in content:
-        if not isinstance(part, dict):
-            raise RowError(f"message {index} has a content part that is not an object")
-        kind = part.get("type")
-        if kind == "text":
-            text = part.get("text", part.get("content"))
-            if not isinstance(text, str):
-                raise RowError(f"message {index} has a text part without text")
-            parts.append(ContentPart("text", text=text))
-        elif kind in ("image_url", "image_path") and part.get("binary"):
-            # Oumi may carry the loaded bytes beside the path or URL: they travel as they are.
-            parts.append(ContentPart("image_url", image_url=_binary_image_url(part, index)))
-        elif kind in ("image_url", "image_path"):
-            url = part.get("image_url", part.get("content"))
-            if isinstance(url, dict):
-                url = url.get("url")
-            if not isinstance(url, str) or not url:
-                raise RowError(f"message {index} has an image part without a URL")
-            if kind == "image_path" and not url.startswith(("file:", "data:", "http")):
-                url = f"file://{url}"
-            parts.append(ContentPart("image_url", image_url=url))
-        elif kind == "image_binary":
-            parts.append(ContentPart("image_url", image_url=_binary_image_url(part, index)))
-        else:
-            raise RowError(
-                f"message {index} has a content part of unknown type {json.dumps(kind)} "
-                f"(expected text, image_url, image_path or image_binary)"
-            )
-    return parts
-
-
-# The first bytes of the image formats a chat model takes, for an Oumi image_binary's type.
-IMAGE_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"))
-
-
-def _binary_image_url(part: dict[str, Any], index: int) -> str:
-    """Oumi's image_binary item: the image's bytes, base64 in `binary`, as a data: URL."""
-    data = part.get("binary")
-    try:
-        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else b""
-    except ValueError:
-        raw = b""
-    if not raw:
-        raise RowError(f"message {index} has an image_binary part without base64 'binary'")
-    mime = next((m for magic, m in IMAGE_MAGIC if raw.startswith(magic)), None)
-    if mime is None and raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
-        mime = "image/webp"
-    return f"data:{mime or 'image/png'};base64,{data}"
 
 
 def _has_oumi_items(messages: Any) -> bool:
@@ -245,7 +153,7 @@ def _row_overrides(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise RowError(f"'generation' must be an object, got {_json_type(value)}")
+        raise RowError(f"'generation' must be an object, got {json_type(value)}")
     unknown = sorted(set(value) - GENERATION_FIELDS)
     if unknown:
         raise RowError(f"'generation' has unknown key '{unknown[0]}'")
@@ -264,8 +172,10 @@ def render_row(row: ParsedRow, result: Result, output_format: str = "auto") -> d
     """The output line for a completed row."""
     if output_format_for(row, output_format) == "openai":
         # The model that generated, as vLLM's run-batch reports it, not the name requested.
+        body = row.raw.get("body") if row.kind == "openai_batch" else None
+        echo = row.prompt or "" if isinstance(body, dict) and body.get("echo") else ""
         return openai_batch.render_output(
-            row.id, row.url, result, result.model or row.model or "unknown"
+            row.id, row.url, result, result.model or row.model or "unknown", echo
         )
     return _render_lmpress(row, result)
 
@@ -346,9 +256,3 @@ def response_record(result: Result) -> dict[str, Any]:
     if result.error is not None:
         record["error"] = dataclasses.asdict(result.error)
     return record
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-             int: "a number", float: "a number", type(None): "null"}  # fmt: skip
-    return names.get(type(value), type(value).__name__)

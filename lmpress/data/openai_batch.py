@@ -2,7 +2,11 @@
 
 Request line:  {"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
 Output line:   {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}
-The body's sampling parameters override the recipe for that row.
+
+A line's body is read by `openai_wire.requests` and its output body built by
+`openai_wire.responses`, the code `lmpress serve` runs for the same endpoint, so a body means
+the same in a batch file as in an HTTP request. Its sampling parameters override the recipe for
+that row.
 """
 
 from __future__ import annotations
@@ -11,34 +15,15 @@ import time
 import uuid
 from typing import Any
 
+from lmpress.data.messages import RowError
+from lmpress.errors import ErrorKind
+from lmpress.openai_wire import requests, responses
+from lmpress.openai_wire.errors import HTTP_STATUS, ApiError
 from lmpress.types import Result
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
+CHAT_URL = requests.CHAT_PATH
+COMPLETIONS_URL = requests.COMPLETIONS_PATH
 URLS = (CHAT_URL, COMPLETIONS_URL)
-
-# body key -> generation field; values pass through unchanged unless converted below.
-BODY_PARAMS = {
-    "max_tokens": "max_new_tokens",
-    "max_completion_tokens": "max_new_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "stop": "stop_strings",
-    "stop_token_ids": "stop_token_ids",
-    "seed": "seed",
-    "n": "n",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_tokens",
-    "logprobs": "logprobs",
-    "top_logprobs": "top_logprobs",
-    "skip_special_tokens": "skip_special_tokens",
-}
-# Accepted and without effect on what is generated.
-IGNORED_BODY_KEYS = {"model", "user", "stream", "metadata", "store", "messages", "prompt"}
 
 
 def is_batch_request(raw: dict[str, Any]) -> bool:
@@ -46,63 +31,30 @@ def is_batch_request(raw: dict[str, Any]) -> bool:
 
 
 def body_overrides(body: dict[str, Any], url: str) -> dict[str, Any]:
-    """Generation overrides from a request body; unknown keys are refused, not dropped."""
-    from lmpress.data.formats import RowError
-
-    overrides: dict[str, Any] = {}
-    for key, value in body.items():
-        if key in IGNORED_BODY_KEYS:
-            continue
-        if key not in BODY_PARAMS:
-            raise RowError(f"body.{key} is not supported by lmpress")
-        if value is None:
-            continue
-        field = BODY_PARAMS[key]
-        if key == "stop" and isinstance(value, str):
-            value = [value]
-        if key == "logprobs" and url == COMPLETIONS_URL and not isinstance(value, bool):
-            # /v1/completions takes logprobs as the number of alternatives to show.
-            overrides["logprobs"] = True
-            overrides["top_logprobs"] = value
-            continue
-        overrides[field] = value
+    """Generation overrides from a request body, as serve reads the same body; what serve
+    refuses is refused, naming the argument."""
     if body.get("stream"):
         raise RowError("body.stream: streaming is not available in a batch file")
-    return overrides
+    try:
+        if url == COMPLETIONS_URL:
+            completion = requests.validate_body(requests.CompletionBody, body, "body.")
+            return requests.completion_sampling(completion, "body.").overrides
+        chat = requests.validate_body(requests.ChatCompletionBody, body, "body.")
+        return requests.chat_sampling(chat, "body.").overrides
+    except ApiError as exc:
+        raise RowError(exc.message) from exc
 
 
-def render_output(custom_id: str, url: str, result: Result, model: str) -> dict[str, Any]:
-    """A successful output line with an OpenAI chat.completion (or text_completion) body."""
+def render_output(
+    custom_id: str, url: str, result: Result, model: str, echo: str = ""
+) -> dict[str, Any]:
+    """A successful output line, its body the chat.completion (or text_completion) serve
+    would answer; `echo` is the prompt a completions body asked to have echoed."""
     created = int(time.time())
-    usage = {
-        "prompt_tokens": result.usage.prompt_tokens,
-        "completion_tokens": result.usage.completion_tokens,
-        "total_tokens": result.usage.total_tokens,
-    }
     if url == COMPLETIONS_URL:
-        choices = [
-            {
-                "index": i,
-                "text": sample.text,
-                "logprobs": _completion_logprobs(sample),
-                "finish_reason": sample.finish_reason,
-            }
-            for i, sample in enumerate(result.samples)
-        ]
-        body = {"id": f"cmpl-{_hex()}", "object": "text_completion", "created": created,
-                "model": model, "choices": choices, "usage": usage}  # fmt: skip
+        body = responses.text_completion(f"cmpl-{_hex()}", created, model, [result], [echo])
     else:
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": sample.text},
-                "logprobs": _chat_logprobs(sample),
-                "finish_reason": sample.finish_reason,
-            }
-            for i, sample in enumerate(result.samples)
-        ]
-        body = {"id": f"chatcmpl-{_hex()}", "object": "chat.completion", "created": created,
-                "model": model, "choices": choices, "usage": usage}  # fmt: skip
+        body = responses.chat_completion(f"chatcmpl-{_hex()}", created, model, result)
     return {
         "id": f"batch_req_{_hex()}",
         "custom_id": custom_id,
@@ -112,41 +64,15 @@ def render_output(custom_id: str, url: str, result: Result, model: str) -> dict[
 
 
 def render_error(custom_id: str | None, kind: str, message: str, status: int | None) -> dict:
-    """A failed request as the OpenAI Batch API writes it to its error file."""
+    """A failed request as the OpenAI Batch API writes it to its error file, with the status
+    serve would answer."""
+    if status is None:
+        status = HTTP_STATUS[ErrorKind(kind)]
     return {
         "id": f"batch_req_{_hex()}",
         "custom_id": custom_id,
-        "response": {"status_code": status or 400, "request_id": _hex(), "body": None},
-        "error": {"code": kind, "message": message},
-    }
-
-
-def _chat_logprobs(sample) -> dict[str, Any] | None:
-    if sample.logprobs is None:
-        return None
-    return {
-        "content": [
-            {
-                "token": t.token,
-                "logprob": t.logprob,
-                "bytes": list(t.token.encode("utf-8")),
-                "top_logprobs": [
-                    {"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8"))}
-                    for tok, lp in t.top
-                ],
-            }
-            for t in sample.logprobs
-        ]
-    }
-
-
-def _completion_logprobs(sample) -> dict[str, Any] | None:
-    if sample.logprobs is None:
-        return None
-    return {
-        "tokens": [t.token for t in sample.logprobs],
-        "token_logprobs": [t.logprob for t in sample.logprobs],
-        "top_logprobs": [dict(t.top) for t in sample.logprobs],
+        "response": {"status_code": status, "request_id": _hex(), "body": None},
+        "error": {"code": str(kind), "message": message},
     }
 
 

@@ -91,7 +91,7 @@ class Engine(ABC):
 
         An input is a prompt string, a list of chat messages, or a Request.
         """
-        from lmpress.data.formats import parse_messages
+        from lmpress.data.messages import parse_messages
 
         requests = []
         for i, item in enumerate(inputs):

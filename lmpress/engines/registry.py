@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
+from lmpress.engines.remote.presets import PROVIDERS, engine_class
 from lmpress.errors import EngineUnavailableError
 
 ENTRY_POINT_GROUP = "lmpress.engines"
@@ -27,9 +28,10 @@ class EngineSpec:
     extra: str | None  # the lmpress extra that installs its backend
     requires: tuple[str, ...]  # importable modules the backend needs
     summary: str
+    preset: bool = False  # a row of engines/remote/presets.py, bound onto its protocol class
 
 
-BUILTIN: tuple[EngineSpec, ...] = (
+LOCAL: tuple[EngineSpec, ...] = (
     EngineSpec(
         "NATIVE",
         "lmpress.engines.local.native.engine:NativeEngine",
@@ -51,119 +53,14 @@ BUILTIN: tuple[EngineSpec, ...] = (
         ("llama_cpp",),
         "GGUF models via llama-cpp-python",
     ),
-    EngineSpec(
-        "OPENAI",
-        "lmpress.engines.remote.openai_compat:OpenAIEngine",
-        "remote",
-        ("openai",),
-        "OpenAI chat completions API",
-    ),
-    EngineSpec(
-        "ANTHROPIC",
-        "lmpress.engines.remote.anthropic:AnthropicEngine",
-        "remote",
-        ("anthropic",),
-        "Anthropic Messages API",
-    ),
-    EngineSpec(
-        "REMOTE",
-        "lmpress.engines.remote.openai_compat:OpenAICompatEngine",
-        "remote",
-        ("openai",),
-        "any OpenAI-compatible server",
-    ),
-    EngineSpec(
-        "REMOTE_VLLM",
-        "lmpress.engines.remote.openai_compat:RemoteVLLMEngine",
-        "remote",
-        ("openai",),
-        "a remote vLLM server",
-    ),
-    EngineSpec(
-        "GEMINI",
-        "lmpress.engines.remote.openai_compat:GeminiEngine",
-        "remote",
-        ("openai",),
-        "Google Gemini (OpenAI-compatible)",
-    ),
-    EngineSpec(
-        "GOOGLE_VERTEX",
-        "lmpress.engines.remote.vertex:GoogleVertexEngine",
-        "vertex",
-        ("openai", "google.auth"),
-        "Google Vertex AI",
-    ),
-    EngineSpec(
-        "TOGETHER",
-        "lmpress.engines.remote.openai_compat:TogetherEngine",
-        "remote",
-        ("openai",),
-        "Together AI",
-    ),
-    EngineSpec(
-        "PARASAIL",
-        "lmpress.engines.remote.openai_compat:ParasailEngine",
-        "remote",
-        ("openai",),
-        "Parasail",
-    ),
-    EngineSpec(
-        "DEEPSEEK",
-        "lmpress.engines.remote.openai_compat:DeepSeekEngine",
-        "remote",
-        ("openai",),
-        "DeepSeek",
-    ),
-    EngineSpec(
-        "OPENROUTER",
-        "lmpress.engines.remote.openai_compat:OpenRouterEngine",
-        "remote",
-        ("openai",),
-        "OpenRouter",
-    ),
-    EngineSpec(
-        "FIREWORKS",
-        "lmpress.engines.remote.openai_compat:FireworksEngine",
-        "remote",
-        ("openai",),
-        "Fireworks AI",
-    ),
-    EngineSpec(
-        "SGLANG",
-        "lmpress.engines.remote.openai_compat:SGLangEngine",
-        "remote",
-        ("openai",),
-        "a running SGLang server (OpenAI-compatible API)",
-    ),
-    EngineSpec(
-        "SAMBANOVA",
-        "lmpress.engines.remote.openai_compat:SambaNovaEngine",
-        "remote",
-        ("openai",),
-        "SambaNova Cloud",
-    ),
-    EngineSpec(
-        "CEREBRAS",
-        "lmpress.engines.remote.openai_compat:CerebrasEngine",
-        "remote",
-        ("openai",),
-        "Cerebras Inference",
-    ),
-    EngineSpec(
-        "HUGGING_FACE_ROUTER",
-        "lmpress.engines.remote.openai_compat:HuggingFaceRouterEngine",
-        "remote",
-        ("openai",),
-        "Hugging Face Inference Providers (router)",
-    ),
-    EngineSpec(
-        "BEDROCK",
-        "lmpress.engines.remote.openai_compat:BedrockEngine",
-        "remote",
-        ("openai",),
-        "Amazon Bedrock (OpenAI-compatible Chat Completions)",
-    ),
 )
+
+
+# The remote engines, one per row of the providers table.
+REMOTE: tuple[EngineSpec, ...] = tuple(
+    EngineSpec(p.name, p.engine, p.extra, p.requires, p.summary, preset=True) for p in PROVIDERS
+)
+BUILTIN = LOCAL + REMOTE
 
 
 @cache
@@ -211,9 +108,14 @@ def load_engine_class(name: str) -> type[Engine]:
             f"engine {spec.name} needs {', '.join(missing)}, which is not installed: "
             f"{install_hint(spec)}"
         )
+    return _engine_class(spec)
+
+
+def _engine_class(spec: EngineSpec) -> type[Engine]:
+    if spec.preset:
+        return engine_class(spec.name)
     module_name, _, class_name = spec.target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 HUB_ENGINES = frozenset({"NATIVE", "VLLM"})  # engines that take a hub model id
@@ -244,9 +146,8 @@ class EngineStatus:
 def engine_status(name: str) -> EngineStatus:
     """Whether an engine can run here and what it supports, without importing its backend."""
     spec = get_spec(name)
-    module_name, _, class_name = spec.target.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
+        cls = _engine_class(spec)
     except Exception as exc:  # a broken plugin must not break the listing
         return EngineStatus(spec.name, spec.summary, False, f"cannot import: {exc}", frozenset())
     missing = missing_modules(spec)

@@ -1,6 +1,6 @@
 """The FastAPI app of `lmpress serve`: OpenAI's routes over one engine.
 
-A route checks the body, the model and the parameters, then returns a `Generation` response
+A route checks the body, the model and the parameters, then returns a `GenerationResponse`
 that runs the engine and watches for the client going away; when it goes, the generation is
 cancelled, which closes the engine's stream and so frees the request's place in the batch.
 """
@@ -21,12 +21,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from lmpress.configs.schema import ServeParams
-from lmpress.data.formats import RowError, parse_messages, regenerate_last_turn
+from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, unsupported_params
-from lmpress.serve import protocol, responses
+from lmpress.openai_wire import requests as bodies
+from lmpress.openai_wire import responses
+from lmpress.openai_wire.errors import ApiError, error_from_info
+from lmpress.openai_wire.requests import Sampling
+from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
 from lmpress.serve.asgi import (
     EventStream,
-    Generation,
+    GenerationResponse,
     LogRequests,
     RequestLog,
     RequireKey,
@@ -36,8 +40,6 @@ from lmpress.serve.asgi import (
     new_id,
     request_log,
 )
-from lmpress.serve.protocol import ApiError, Sampling
-from lmpress.serve.responses import ChatChunks, CompletionChunks
 from lmpress.types import Delta, GenerationParams, Request, Result, Usage
 
 log = logging.getLogger("lmpress.serve")
@@ -100,14 +102,14 @@ class Server:
 
     # --- the routes ----------------------------------------------------------------------
 
-    async def chat_completions(self, request: HttpRequest) -> Generation:
-        body = protocol.parse_body(protocol.ChatCompletionBody, await self.read_body(request))
-        sampling = protocol.chat_sampling(body)
+    async def chat_completions(self, request: HttpRequest) -> GenerationResponse:
+        body = bodies.parse_body(bodies.ChatCompletionBody, await self.read_body(request))
+        sampling = bodies.chat_sampling(body)
         try:
             messages = regenerate_last_turn(parse_messages(body.messages))
         except RowError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
-        self.check_model(body.model)
+        self.check_model(bodies.require_model(body))
         params = self.params(sampling)
         entry = request_log(request.scope)
         entry.id = new_id("chatcmpl")
@@ -119,13 +121,13 @@ class Server:
             run = self._stream([engine_request], chunks, entry, [""])
         else:
             run = self._complete_chat(engine_request, entry)
-        return Generation(self.slots, run, entry)
+        return GenerationResponse(self.slots, run, entry)
 
-    async def completions(self, request: HttpRequest) -> Generation:
-        body = protocol.parse_body(protocol.CompletionBody, await self.read_body(request))
-        sampling = protocol.completion_sampling(body)
-        prompts = protocol.completion_prompts(body)
-        self.check_model(body.model)
+    async def completions(self, request: HttpRequest) -> GenerationResponse:
+        body = bodies.parse_body(bodies.CompletionBody, await self.read_body(request))
+        sampling = bodies.completion_sampling(body)
+        prompts = bodies.completion_prompts(body)
+        self.check_model(bodies.require_model(body))
         params = self.params(sampling)
         entry = request_log(request.scope)
         entry.id = new_id("cmpl")
@@ -143,7 +145,7 @@ class Server:
             run = self._stream(requests, chunks, entry, echoes)
         else:
             run = self._complete_text(requests, entry, echoes)
-        return Generation(self.slots, run, entry)
+        return GenerationResponse(self.slots, run, entry)
 
     # --- running generations -------------------------------------------------------------
 
@@ -159,7 +161,7 @@ class Server:
         result = await self.engine.complete(request)
         self._finish_log(entry, [result])
         if result.error is not None:
-            raise protocol.error_from_result(result)
+            raise error_from_info(result.error)
         body = responses.chat_completion(entry.id, int(time.time()), self.model_name, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
@@ -170,7 +172,7 @@ class Server:
         self._finish_log(entry, results)
         for result in results:
             if result.error is not None:
-                raise protocol.error_from_result(result)
+                raise error_from_info(result.error)
         body = responses.text_completion(
             entry.id, int(time.time()), self.model_name, results, echoes
         )
@@ -191,7 +193,7 @@ class Server:
         if isinstance(first[1], Result) and first[1].error is not None:
             await items.aclose()
             self._finish_log(entry, [first[1]])
-            raise protocol.error_from_result(first[1])
+            raise error_from_info(first[1].error)
         lines = self._events(first, items, chunks, entry, echoes, n)
         return EventStream(lines, items, entry.id)
 
@@ -228,7 +230,7 @@ class Server:
                 else:
                     if value.error is not None:
                         self._finish_log(entry, [*results, value])
-                        yield responses.sse(protocol.error_from_result(value).body())
+                        yield responses.sse(error_from_info(value.error).body())
                         yield responses.DONE
                         return
                     results.append(value)

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.responses import Response as StarletteResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lmpress.serve.protocol import ApiError
+from lmpress.openai_wire.errors import ApiError
 from lmpress.types import Usage
 
 log = logging.getLogger("lmpress.serve")
@@ -95,8 +95,8 @@ class EventStream:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-class Generation(StarletteResponse):
-    """Runs a generation as the response: takes a place in the server's queue (or answers 503),
+class GenerationResponse(StarletteResponse):
+    """The HTTP response of a generation route, which runs the generation: takes a place in the server's queue (or answers 503),
     runs, and cancels the run when the client disconnects."""
 
     def __init__(self, slots: Slots, run: Coroutine[Any, Any, Response], entry: RequestLog):

@@ -12,6 +12,7 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.errors import ConfigError
+from lmpress.guided import GuidedDecoding
 
 EVERY_OUMI_FIELD = """
 name: every-field
@@ -93,7 +94,9 @@ def test_a_config_with_every_oumi_field_loads(tmp_path, capsys):
     assert cfg.model.processor_kwargs == {"num_crops": 4}
     assert cfg.generation.use_sampling is True
     assert cfg.generation.temperature == 0.7
-    assert cfg.generation.guided_decoding == {"json": {"type": "object"}}  # nulls dropped
+    assert cfg.generation.guided_decoding == GuidedDecoding(
+        json={"type": "object"}
+    )  # nulls dropped
     assert cfg.remote_params.batch_completion_window == "24h"
     notice = capsys.readouterr().err.strip().splitlines()
     assert notice == [

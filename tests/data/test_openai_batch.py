@@ -111,7 +111,7 @@ def test_failure_line_follows_the_openai_error_file():
             {
                 "custom_id": "a",
                 "url": "/v1/chat/completions",
-                "body": {"messages": [{"role": "user", "content": "x"}], "tools": []},
+                "body": {"messages": [{"role": "user", "content": "x"}], "tools": [{}]},
             },
             "body.tools is not supported",
         ),
@@ -132,3 +132,25 @@ def test_failure_line_follows_the_openai_error_file():
 def test_bad_request_lines(raw, expected):
     with pytest.raises(RowError, match=expected):
         parse_row(raw, 1)
+
+
+def test_lines_take_what_serve_takes():
+    """logit_bias and response_format, once refused in a batch file, mean what serve reads."""
+    from lmpress.guided import GuidedDecoding
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": -100},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}  # fmt: skip
+    row = parse_row({"custom_id": "a", "url": "/v1/chat/completions", "body": body}, 1)
+    assert row.overrides == {
+        "logit_bias": {"5": -100.0},
+        "guided_decoding": GuidedDecoding(json=schema),
+    }
+
+
+def test_completion_logprobs_carry_text_offsets():
+    raw = {"custom_id": "c", "url": "/v1/completions", "body": {"prompt": "x", "logprobs": 1}}
+    samples = [Sample("ab", "stop", [TokenLogprob("a", -0.1), TokenLogprob("b", -0.2)])]
+    line = render_row(parse_row(raw, 1), Result("c", samples, Usage(1, 2)))
+    body = Completion.model_validate(line["response"]["body"])
+    assert body.choices[0].logprobs.text_offset == [0, 1]

@@ -9,20 +9,23 @@ joined, `stop_reason` to lmpress's finish reasons, usage (cached input counted a
 
 from __future__ import annotations
 
-import base64
 import json
-import mimetypes
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.remote.base import MalformedResponse, RemoteEngine, Reply, client_options
-from lmpress.errors import RequestError
-from lmpress.types import Delta, GenerationParams, Message, Request, Sample, Usage
+from lmpress.engines.remote.base import RemoteEngine, Reply, client_options
+from lmpress.engines.remote.media import base64_image
+from lmpress.engines.remote.retry import MalformedResponse
+from lmpress.errors import ErrorKind, RequestError
+from lmpress.guided import GuidedDecoding
+from lmpress.types import Delta, FinishReason, GenerationParams, Message, Request, Sample, Usage
 
-FINISH_REASONS = {
+# The Messages API's structured output takes a JSON schema; any JSON object is the schema
+# {"type": "object"}.
+GUIDED_FORMS = frozenset({"json", "json_object"})
+
+FINISH_REASONS: dict[str, FinishReason] = {
     "end_turn": "stop",
     "stop_sequence": "stop",
     "tool_use": "stop",
@@ -34,17 +37,14 @@ FINISH_REASONS = {
 
 
 class AnthropicEngine(RemoteEngine):
-    """Anthropic's Messages API."""
+    """Anthropic's Messages API. Its name, URL, key variable and parameters are its row in
+    presets.py."""
 
-    name = "ANTHROPIC"
     # The Messages API takes no sampling parameters (temperature, top_p, top_k are gone from
     # it) and samples at temperature 1 over the whole distribution: lmpress's defaults are
     # simply not sent, asking for what the API does anyway is accepted (Oumi's Claude configs
     # set temperature 1.0), and any other value is refused.
-    supported_params = frozenset({"max_new_tokens", "stop_strings", "guided_decoding"})
     inherent_params = {"temperature": 1.0, "top_p": 1.0}
-    default_api_url = "https://api.anthropic.com"
-    default_key_env = "ANTHROPIC_API_KEY"
     endpoint_paths = ("/v1/messages", "/messages", "/v1")  # the SDK appends /v1/messages
 
     def __init__(self, config: RunConfig):
@@ -54,11 +54,11 @@ class AnthropicEngine(RemoteEngine):
         self._anthropic = anthropic
 
     def check_request_params(self, params: GenerationParams) -> None:
-        if params.guided_decoding:
-            output_format(params.guided_decoding)
+        if params.guided_decoding is not None:
+            params.guided_decoding.refuse_unless(self.name, GUIDED_FORMS)
 
-    def status_kind(self, status: int) -> str:
-        return "overloaded" if status == 529 else super().status_kind(status)
+    def status_kind(self, status: int) -> ErrorKind:
+        return ErrorKind.OVERLOADED if status == 529 else super().status_kind(status)
 
     def _make_client(self) -> Any:
         return self._anthropic.AsyncAnthropic(
@@ -112,7 +112,7 @@ class AnthropicEngine(RemoteEngine):
                 if text:
                     parts.append(text)
                     yield Delta(request.id, text)
-        finish = FINISH_REASONS.get(stop_reason or "end_turn", stop_reason or "stop")
+        finish = FINISH_REASONS.get(stop_reason or "end_turn", "stop")
         yield Reply([Sample("".join(parts), finish, None, usage.completion_tokens)], usage, model)
 
 
@@ -123,7 +123,8 @@ def request_body(request: Request, model: str) -> dict[str, Any]:
     """The keyword arguments of `messages.create` for a Request."""
     if request.prompt is not None:
         raise RequestError(
-            "engine ANTHROPIC takes chat messages only, not a raw text prompt", "invalid_request"
+            "engine ANTHROPIC takes chat messages only, not a raw text prompt",
+            ErrorKind.INVALID_REQUEST,
         )
     p = request.params
     system, messages = convert_messages(request.messages)
@@ -132,7 +133,7 @@ def request_body(request: Request, model: str) -> dict[str, Any]:
         body["system"] = system
     if p.stop_strings:
         body["stop_sequences"] = list(p.stop_strings)
-    if p.guided_decoding:
+    if p.guided_decoding is not None:
         body["output_config"] = {"format": output_format(p.guided_decoding)}
     return body
 
@@ -184,36 +185,14 @@ def image_block(url: str) -> dict[str, Any]:
     """An image content block: a URL source for http(s), base64 for data: URLs and files."""
     if url.startswith(("http://", "https://")):
         return {"type": "image", "source": {"type": "url", "url": url}}
-    if url.startswith("data:"):
-        header, _, data = url.partition(",")
-        media_type = header[len("data:") :].split(";")[0] or "image/png"
-        return {
-            "type": "image",
-            "source": {"type": "base64", "media_type": media_type, "data": data},
-        }
-    path = Path(unquote(urlparse(url).path) if url.startswith("file:") else url)
-    try:
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
-    except OSError as exc:
-        raise RequestError(f"cannot read image {path}: {exc.strerror}", "invalid_request") from exc
-    media_type = mimetypes.guess_type(path.name)[0] or "image/png"
+    media_type, data = base64_image(url)
     return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
 
 
-def output_format(guided: dict[str, Any]) -> dict[str, Any]:
-    """guided_decoding {"json": schema} as the Messages API's structured output format."""
-    if set(guided) != {"json"}:
-        raise RequestError(
-            "engine ANTHROPIC supports guided_decoding.json (a JSON schema) only",
-            "unsupported_param",
-        )
-    schema = guided["json"]
-    if isinstance(schema, str):
-        schema = json.loads(schema)
-    if not isinstance(schema, dict):
-        raise RequestError(
-            "guided_decoding.json must be a JSON schema (an object)", "invalid_request"
-        )
+def output_format(guided: GuidedDecoding) -> dict[str, Any]:
+    """A json (or json_object) constraint as the Messages API's structured output format."""
+    guided.refuse_unless("ANTHROPIC", GUIDED_FORMS)
+    schema = {"type": "object"} if guided.form == "json_object" else dict(guided.json)
     return {"type": "json_schema", "schema": schema}
 
 
@@ -231,7 +210,7 @@ def parse_message(data: Any, model: str = "") -> Reply:
             texts.append(block["text"])
     stop_reason = data.get("stop_reason") or "end_turn"
     usage = _usage(data.get("usage") if isinstance(data.get("usage"), dict) else {}, Usage())
-    sample = Sample("".join(texts), FINISH_REASONS.get(stop_reason, stop_reason))
+    sample = Sample("".join(texts), FINISH_REASONS.get(stop_reason, "stop"))
     sample.completion_tokens = usage.completion_tokens
     return Reply([sample], usage, data.get("model") or model)
 

@@ -4,7 +4,7 @@ A provider module (openai_compat, anthropic) subclasses `RemoteEngine` and suppl
 things: `_make_client` (its SDK's async client, built with `client_options`), `_send` (one
 non-streaming attempt) and `_send_stream` (one streaming attempt), plus, where the service is
 picky, `check_request_params`. Failures of an attempt arrive here as exceptions and are sorted
-by `classify`: 429, 5xx, timeouts, dropped connections and malformed bodies are retried with
+by `retry.classify`: 429, 5xx, timeouts, dropped connections and malformed bodies are retried with
 backoff; other 4xx fail the row at once.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import os
 import time
 from collections.abc import AsyncIterator
@@ -23,90 +22,18 @@ from typing import Any, ClassVar
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.engines.remote.credentials import Redactor, resolve_api_key
-from lmpress.engines.remote.pacing import (
-    Pacer,
-    Ticket,
-    backoff_delay,
-    estimate_tokens,
-    parse_retry_after,
+from lmpress.engines.remote.pacing import Pacer, Ticket, backoff_delay, estimate_tokens
+from lmpress.engines.remote.retry import (
+    Attempts,
+    Failure,
+    MalformedResponse,
+    classify,
+    status_kind,
 )
-from lmpress.errors import ConfigError, RequestError, UnsupportedParamError
+from lmpress.errors import ConfigError, ErrorKind, RequestError, UnsupportedParamError
 from lmpress.types import Delta, ErrorInfo, Request, Result, Sample, Usage
 
-# 408 and 409 are retried too, as both SDKs do: a timeout and a conflict say "try again".
-RETRYABLE_STATUS = frozenset({408, 409, 429})
-# Statuses that mean "you are sending too much": they lower concurrency for everyone.
-OVERLOAD_STATUS = frozenset({429, 503, 529})
-STATUS_KINDS = {
-    400: "bad_request",
-    401: "authentication_error",
-    403: "permission_denied",
-    404: "not_found",
-    408: "timeout",
-    409: "conflict",
-    413: "request_too_large",
-    422: "unprocessable_entity",
-    429: "rate_limited",
-}
 MESSAGE_LIMIT = 500  # characters of a provider's error message kept in a failed row
-
-
-class MalformedResponse(Exception):
-    """A 2xx response whose body is not what the API promises."""
-
-
-@dataclass
-class Failure:
-    """One failed attempt, sorted."""
-
-    kind: str
-    message: str
-    status: int | None = None
-    retryable: bool = False
-    retry_after: float | None = None
-
-    @property
-    def overloaded(self) -> bool:
-        return self.status in OVERLOAD_STATUS
-
-
-# Rate-limit pushback a request may be excused, as a multiple of max_retries.
-EXCUSED_PER_RETRY = 4
-
-
-@dataclass
-class Attempts:
-    """A request's tries so far, and whether a failure may be tried again.
-
-    `max_retries` bounds the failures charged to the request. A 429 (or 503, 529) while other
-    requests are getting through (see `Pacer.release`) is contention for the provider's rate
-    limit, not the request's failure: up to EXCUSED_PER_RETRY * max_retries of those are not
-    charged, so that no row runs out of retries while the engine finds and keeps to the limit.
-    A provider that turns everything away ends each row after max_retries."""
-
-    max_retries: int
-    charged: int = 0
-    excused: int = 0
-
-    @property
-    def made(self) -> int:
-        return 1 + self.charged + self.excused
-
-    def backoff_index(self) -> int:
-        """The exponent for the next retry's backoff (0 for the first charged retry)."""
-        return self.charged
-
-    def may_retry(self, failure: Failure, excusable: bool) -> bool:
-        """Count the failure; True when the request may go again."""
-        if not failure.retryable:
-            return False
-        if excusable and self.excused < EXCUSED_PER_RETRY * self.max_retries:
-            self.excused += 1
-            return True
-        if self.charged >= self.max_retries:
-            return False
-        self.charged += 1
-        return True
 
 
 @dataclass
@@ -139,7 +66,7 @@ class RemoteEngine(Engine):
                 f"engine {self.name} needs remote_params.api_url, the server's base URL "
                 f"(e.g. --remote_params.api_url http://127.0.0.1:8000/v1)"
             )
-        self.api_key = resolve_api_key(self)
+        self.api_key = resolve_api_key(self.name, remote, self.default_key_env, self.key_required)
         self.redactor = Redactor([self.api_key] if self.api_key else [])
         if self.model_required and not config.model.model_name:
             raise ConfigError(
@@ -149,7 +76,10 @@ class RemoteEngine(Engine):
         try:
             self.check_request_params(config.generation)
         except RequestError as exc:
-            raise UnsupportedParamError(f"engine {self.name}: {exc}") from exc
+            message = (
+                str(exc) if f"engine {self.name} " in str(exc) else f"engine {self.name}: {exc}"
+            )
+            raise UnsupportedParamError(message) from exc
         # Callers keep twice num_workers submitted, as NATIVE keeps two batches: a row waiting
         # out a retry's backoff must not leave a worker idle (600 rows, 10% of them 500 once:
         # 6% faster than num_workers). The pacer still lets only num_workers requests out.
@@ -205,10 +135,8 @@ class RemoteEngine(Engine):
         """Refuse, before any request, parameter values this provider cannot take (a
         guided_decoding form it lacks, say). Raise ConfigError or RequestError."""
 
-    def status_kind(self, status: int) -> str:
-        if status >= 500:
-            return "server_error"
-        return STATUS_KINDS.get(status, "http_error")
+    def status_kind(self, status: int) -> ErrorKind:
+        return status_kind(status)
 
     # --- the interface ---------------------------------------------------------------------
 
@@ -218,7 +146,9 @@ class RemoteEngine(Engine):
             check_text(request)
             self.check_request_params(request.params)
         except (RequestError, ConfigError) as exc:
-            return error_result(request, self, ErrorInfo("invalid_request", str(exc)), started)
+            return error_result(
+                request, self, ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc)), started
+            )
         client = self._client_for_loop()
         input_tokens = self._estimate(request)
         output_tokens = request.params.max_new_tokens * request.params.n
@@ -249,7 +179,9 @@ class RemoteEngine(Engine):
             check_text(request)
             self.check_request_params(request.params)
         except (RequestError, ConfigError) as exc:
-            yield error_result(request, self, ErrorInfo("invalid_request", str(exc)), started)
+            yield error_result(
+                request, self, ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc)), started
+            )
             return
         client = self._client_for_loop()
         input_tokens = self._estimate(request)
@@ -323,7 +255,7 @@ class RemoteEngine(Engine):
     def _fail(self, ticket: Ticket, exc: BaseException) -> tuple[Failure, bool]:
         """The attempt's failure, sorted, and whether it says nothing against the request
         (see `Attempts`)."""
-        failure = classify(exc, self)
+        failure = classify(exc, self.status_kind, self.remote.connection_timeout)
         if failure.retry_after is not None:
             failure.retry_after = min(failure.retry_after, self.remote.retry_backoff_max)
         excusable = self.pacer.release(
@@ -389,123 +321,3 @@ def client_options(sdk: Any, num_workers: int, timeout_s: float) -> dict[str, An
         "max_retries": 0,
         "http_client": http_client(limits=limits, timeout=timeout),
     }
-
-
-# --- sorting failures --------------------------------------------------------------------------
-
-# Exception class names, looked for along an exception's chain of causes, so that both SDKs and
-# both HTTP backends (httpx, aiohttp) sort the same way without importing any of them. A dropped
-# connection is looked for first: the aiohttp backend reports one as a connect *timeout*.
-_DROPPED_NAMES = frozenset({
-    "ServerDisconnectedError", "RemoteProtocolError", "ClientPayloadError", "ClientOSError",
-    "ReadError", "WriteError", "ConnectError", "ClientConnectorError", "ConnectionResetError",
-    "BrokenPipeError", "EndOfStream", "IncompleteRead", "ContentLengthError",
-})  # fmt: skip
-_TIMEOUT_NAMES = frozenset({
-    "TimeoutException", "APITimeoutError", "TimeoutError", "SocketTimeoutError",
-    "ServerTimeoutError",
-})  # fmt: skip
-_CONNECTION_NAMES = frozenset({
-    "APIConnectionError", "TransportError", "NetworkError", "ProtocolError", "ConnectionError",
-    "ClientConnectionError", "BrokenResourceError", "ClosedResourceError",
-})  # fmt: skip
-_MALFORMED = (MalformedResponse, json.JSONDecodeError, UnicodeDecodeError)
-
-
-def classify(exc: BaseException, engine: RemoteEngine) -> Failure:
-    """Sort one attempt's exception: what kind, which HTTP status, retry or not, how long the
-    server asked us to wait. Works on both SDKs' exceptions and on their transports' without
-    importing either."""
-    if isinstance(exc, RequestError):
-        return Failure(exc.kind, str(exc), exc.status)
-    status = getattr(exc, "status_code", None)
-    response = getattr(exc, "response", None)
-    if isinstance(status, int) and 200 <= status < 300:
-        # An error event inside a 200 stream: sort it by the error's type.
-        error_type = _error_type(getattr(exc, "body", None))
-        status = {"rate_limit_error": 429, "overloaded_error": 529}.get(error_type, 500)
-    if isinstance(status, int) and response is not None:
-        retry_after = parse_retry_after(getattr(response, "headers", None))
-        return Failure(
-            kind=engine.status_kind(status),
-            message=_status_message(exc),
-            status=status,
-            retryable=status in RETRYABLE_STATUS or status >= 500,
-            retry_after=retry_after,
-        )
-    names = {cls.__name__ for cause in _causes(exc) for cls in type(cause).__mro__}
-    if isinstance(exc, _MALFORMED) or "ValidationError" in names:
-        return Failure("malformed_response", _describe(exc), retryable=True)
-    cause = connection_cause(exc)
-    if cause is not None:  # before timeouts: some transports report a refusal as one
-        deepest = _causes(exc)[-1]
-        detail = f"{type(deepest).__name__}: {str(deepest).strip()}"
-        return Failure("connection_error", f"{cause} ({detail})", retryable=True)
-    if names & _DROPPED_NAMES:
-        return Failure("connection_error", _describe(exc), retryable=True)
-    if names & _TIMEOUT_NAMES:
-        timeout = engine.remote.connection_timeout
-        return Failure("timeout", f"timeout: no response within {timeout:g}s", retryable=True)
-    if names & _CONNECTION_NAMES:
-        return Failure("connection_error", _describe(exc), retryable=True)
-    return Failure("client_error", _describe(exc))
-
-
-# What, along an exception's causes, says why a connection failed: class names and the texts
-# that the OS, asyncio, httpx and aiohttp put in their messages.
-_CONNECTION_CAUSES = (
-    ("connection refused", {"ConnectionRefusedError"}, ("connection refused", "connect call failed")),
-    ("DNS lookup failed", {"gaierror", "ClientConnectorDNSError"},
-     ("name or service not known", "nodename nor servname", "temporary failure in name resolution",
-      "getaddrinfo failed", "no address associated")),
-    ("TLS error", {"SSLError", "SSLCertVerificationError", "ClientConnectorCertificateError",
-                   "ClientConnectorSSLError", "ClientSSLError"},
-     ("certificate verify failed", "[ssl:", "wrong version number", "tlsv1")),
-)  # fmt: skip
-
-
-def connection_cause(exc: BaseException) -> str | None:
-    """'connection refused', 'DNS lookup failed' or 'TLS error' when the chain of causes says
-    so; a user fixes each differently, and an SDK's "Connection error." or "Request timed out"
-    names none of them."""
-    chain = _causes(exc)
-    names = {cls.__name__ for cause in chain for cls in type(cause).__mro__}
-    text = " ".join(str(cause) for cause in chain).lower()
-    for label, classes, phrases in _CONNECTION_CAUSES:
-        if names & classes or any(phrase in text for phrase in phrases):
-            return label
-    return None
-
-
-def _causes(exc: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and len(chain) < 6 and all(c is not current for c in chain):
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
-
-
-def _error_type(body: Any) -> str | None:
-    error = body.get("error", body) if isinstance(body, dict) else None
-    return error.get("type") if isinstance(error, dict) else None
-
-
-def _status_message(exc: BaseException) -> str:
-    """The provider's own error message, else the SDK's."""
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
-    return str(getattr(exc, "message", None) or exc)
-
-
-def _describe(exc: BaseException) -> str:
-    """The exception and its causes in one line: an SDK's "Connection error." says little, the
-    transport error under it says what happened."""
-    parts = []
-    for cause in _causes(exc)[:3]:
-        text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        parts.append(f"{type(cause).__name__}: {text}" if text else type(cause).__name__)
-    return " <- ".join(parts)

@@ -6,23 +6,21 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import TYPE_CHECKING
 
+from lmpress.configs.schema import RemoteParams
 from lmpress.errors import ConfigError
 
-if TYPE_CHECKING:
-    from lmpress.engines.remote.base import RemoteEngine
 
-
-def resolve_api_key(engine: RemoteEngine) -> str | None:
+def resolve_api_key(
+    engine: str, remote: RemoteParams, default_key_env: str | None, key_required: bool
+) -> str | None:
     """The API key: a literal `remote_params.api_key` (with a warning), else the environment
     variable `api_key_env_varname` names, else the engine's default variable.
 
     Fails here, before any request, when a key is required and missing, naming the variable.
     """
-    remote = engine.remote
     if remote.api_key:
-        env_hint = remote.api_key_env_varname or engine.default_key_env or "MY_API_KEY"
+        env_hint = remote.api_key_env_varname or default_key_env or "MY_API_KEY"
         print(
             "lmpress: warning: remote_params.api_key holds a literal API key; keys in recipes "
             "and command lines end up in files and shell history. Put it in an environment "
@@ -31,13 +29,13 @@ def resolve_api_key(engine: RemoteEngine) -> str | None:
             file=sys.stderr,
         )
         return _checked_key(remote.api_key, "remote_params.api_key")
-    variable = remote.api_key_env_varname or engine.default_key_env
+    variable = remote.api_key_env_varname or default_key_env
     value = os.environ.get(variable, "") if variable else ""
     if value.strip():
         return _checked_key(value, f"the environment variable {variable}")
-    if variable and (engine.key_required or remote.api_key_env_varname):
+    if variable and (key_required or remote.api_key_env_varname):
         raise ConfigError(
-            f"engine {engine.name} needs an API key: the environment variable {variable} is "
+            f"engine {engine} needs an API key: the environment variable {variable} is "
             f"not set (export {variable}=..., or name another variable with "
             f"--remote_params.api_key_env_varname)"
         )

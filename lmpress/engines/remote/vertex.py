@@ -9,8 +9,8 @@ import os
 from typing import Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.remote.openai_compat import GOOGLE_PARAMS, OpenAICompatEngine
-from lmpress.errors import ConfigError, RequestError
+from lmpress.engines.remote.openai_compat import OpenAICompatEngine
+from lmpress.errors import ConfigError, ErrorKind, RequestError
 
 
 class GoogleVertexEngine(OpenAICompatEngine):
@@ -19,13 +19,9 @@ class GoogleVertexEngine(OpenAICompatEngine):
     The URL comes from remote_params.api_url, else from the project and location
     (GOOGLE_CLOUD_PROJECT / GOOGLE_CLOUD_LOCATION, or Oumi's PROJECT_ID / REGION). The token is
     the variable remote_params.api_key_env_varname names when set, else Application Default
-    Credentials, refreshed before it expires.
+    Credentials, refreshed before it expires. Its parameters are its row in presets.py.
     """
 
-    name = "GOOGLE_VERTEX"
-    supported_params = GOOGLE_PARAMS
-    key_required = False
-    model_required = True
     SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 
     def __init__(self, config: RunConfig):
@@ -65,7 +61,7 @@ class GoogleVertexEngine(OpenAICompatEngine):
             await asyncio.to_thread(self._credentials.refresh, AuthRequest())
         except RefreshError as exc:  # refused: retrying will not help
             raise RequestError(
-                f"Google refused to refresh the access token: {exc}", "authentication_error"
+                f"Google refused to refresh the access token: {exc}", ErrorKind.AUTHENTICATION_ERROR
             ) from exc
         except Exception as exc:  # the token endpoint could not be reached: retried
             raise GoogleTokenUnavailable(f"cannot reach Google's token endpoint: {exc}") from exc

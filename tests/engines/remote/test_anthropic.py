@@ -10,7 +10,7 @@ import pytest
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.engines.remote.anthropic import convert_messages, parse_message, request_body
-from lmpress.engines.remote.base import MalformedResponse
+from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.errors import ConfigError, RequestError, UnsupportedParamError
 from lmpress.types import ContentPart, Delta, GenerationParams, Message, Request, Result
 from tests.servers.llm_server import Faults, LLMServer, reply_text

@@ -254,7 +254,7 @@ def test_pacer_tells_pushback_that_says_nothing_against_the_request():
 
 
 def test_excused_pushback_is_bounded_and_charged_failures_keep_max_retries():
-    from lmpress.engines.remote.base import EXCUSED_PER_RETRY, Attempts, Failure
+    from lmpress.engines.remote.retry import EXCUSED_PER_RETRY, Attempts, Failure
 
     too_many = Failure("rate_limited", "slow down", status=429, retryable=True)
     attempts = Attempts(max_retries=2)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
 from lmpress.errors import ConfigError, ModelLoadError, first_line
+from lmpress.guided import GuidedDecoding
 from lmpress.types import Delta, GenerationParams, Result, Sample, TokenLogprob, Usage
 
 if TYPE_CHECKING:
@@ -175,13 +176,6 @@ def lora_rank(adapter: str) -> int:
 
 # --- GenerationParams -> SamplingParams -------------------------------------------------------
 
-STRUCTURED_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-STRUCTURED_OPTIONS = (
-    "disable_any_whitespace",
-    "disable_additional_properties",
-    "whitespace_pattern",
-)
-
 
 def sampling_params(api: VllmApi, params: GenerationParams, *, stream: bool) -> Any:
     """The vLLM SamplingParams for lmpress generation settings.
@@ -237,26 +231,10 @@ def _logit_bias(bias: dict[str, float]) -> dict[int, float] | None:
     return out
 
 
-def _structured_outputs(api: VllmApi, spec: dict[str, Any] | None) -> Any:
-    if not spec:
-        return None
-    allowed = STRUCTURED_CONSTRAINTS + STRUCTURED_OPTIONS
-    for key in spec:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, 1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(
-                f"generation.guided_decoding.{key}: not a vLLM structured-output setting{hint}; "
-                f"use one of {', '.join(STRUCTURED_CONSTRAINTS)}"
-            )
-    given = [key for key in STRUCTURED_CONSTRAINTS if spec.get(key) is not None]
-    if len(given) != 1:
-        got = ", ".join(given) or "none"
-        raise ConfigError(
-            f"generation.guided_decoding: give exactly one of "
-            f"{', '.join(STRUCTURED_CONSTRAINTS)} (got {got})"
-        )
-    return api.StructuredOutputsParams(**spec)
+def _structured_outputs(api: VllmApi, guided: GuidedDecoding | None) -> Any:
+    """The one guided-decoding value as StructuredOutputsParams: vLLM takes every form and
+    option under lmpress's names, which are its own (REMOTE_VLLM sends the same fields)."""
+    return None if guided is None else api.StructuredOutputsParams(**guided.vllm_fields())
 
 
 # --- RequestOutput -> Delta / Result ------------------------------------------------------------

@@ -1,64 +1,27 @@
-"""The OpenAI wire protocol, the way in: request bodies, and the errors they earn.
+"""OpenAI request bodies, the way in: checked by strict pydantic models (an unknown argument or
+a wrong type is refused, naming the argument), then turned into GenerationParams overrides that
+remember which argument each came from.
 
-Bodies are checked by strict pydantic models (an unknown argument or a wrong type is a 400
-naming the argument), then turned into GenerationParams overrides that remember which argument
-each came from. The way out (response bodies, stream chunks) is in `responses`.
+`lmpress serve` reads a body from HTTP, `lmpress batch` from an OpenAI Batch line's `body`;
+both go through these functions, so one accepts exactly what the other does. `where` is how
+the front names a body's argument in a message: "" for serve, "body." for a batch line.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from openai.types import ErrorObject
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lmpress.configs.schema import RANGE_CHECKS
-from lmpress.types import Result
+from lmpress.errors import ConfigError
+from lmpress.guided import GuidedDecoding
+from lmpress.openai_wire.errors import ApiError
 
-# --- errors ----------------------------------------------------------------------------------
-
-
-class ApiError(Exception):
-    """A failure to answer with an OpenAI error object and an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        error = ErrorObject(message=self.message, type=self.type, param=self.param, code=self.code)
-        return {
-            "error": error.model_dump(mode="json", include={"message", "type", "param", "code"})
-        }
-
-
-def error_from_result(result: Result) -> ApiError:
-    """The HTTP error for a request the engine could not complete."""
-    assert result.error is not None
-    kind, status = result.error.kind, result.error.status
-    if status is None:
-        status = 400 if kind in ("invalid_request", "context_length_exceeded") else 500
-    type_ = "invalid_request_error" if 400 <= status < 500 else "server_error"
-    return ApiError(status, result.error.message, type=type_, code=kind)
-
-
-# --- request bodies --------------------------------------------------------------------------
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 class _Strict(BaseModel):
@@ -74,7 +37,7 @@ class _Body(_Strict):
     """What both endpoints accept. The extensions at the end use vLLM's names; the official
     client sends them with `extra_body`."""
 
-    model: str
+    model: str | None = None  # serve requires it (`require_model`); a batch line may leave it
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -87,6 +50,8 @@ class _Body(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted; it changes nothing here
+    metadata: dict[str, Any] | None = None  # accepted; it changes nothing here
+    store: bool | None = None  # accepted; it changes nothing here
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -106,8 +71,6 @@ class ChatCompletionBody(_Body):
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
     # Accepted and without effect on what is generated.
-    store: bool | None = None
-    metadata: dict[str, Any] | None = None
     service_tier: str | None = None
     parallel_tool_calls: bool | None = None
     prompt_cache_key: str | None = None
@@ -138,35 +101,49 @@ UNSUPPORTED_CHAT_ARGS = (
     "web_search_options", "reasoning_effort", "verbosity",
 )  # fmt: skip
 
+Body = TypeVar("Body", bound=_Strict)
 
-def parse_body(model: type[_Strict], raw: bytes) -> Any:
-    """A request body as `model`, or a 400 naming what is wrong."""
+
+def parse_body(model: type[Body], raw: bytes) -> Body:
+    """A request body's bytes as `model`, or a 400 naming what is wrong."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    return validate_body(model, data)
+
+
+def validate_body(model: type[Body], data: dict[str, Any], where: str = "") -> Body:
+    """A decoded body as `model`, or a 400 naming the argument."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc) from exc
+        raise _validation_error(exc, where) from exc
 
 
-def _validation_error(exc: ValidationError) -> ApiError:
+def require_model(body: _Body) -> str:
+    if body.model is None:
+        raise ApiError(400, "Missing required parameter: 'model'", param="model")
+    return body.model
+
+
+def _validation_error(exc: ValidationError, where: str) -> ApiError:
     first = exc.errors()[0]
     loc = [str(part) for part in first["loc"]]
     # A union reports one error per member, with the member's type (`str`, `list[str]`) in `loc`.
     parts = [p for p in loc if p not in ("str", "int", "float", "bool") and "[" not in p]
     member = len(parts) < len(loc)
     name = ".".join(parts)
+    shown = f"{where}{name}"
     if first["type"] == "extra_forbidden":
-        return ApiError(400, f"Unrecognized request argument supplied: {name}", param=name)
+        return ApiError(400, f"Unrecognized request argument supplied: {shown}", param=name)
     if first["type"] == "missing":
-        return ApiError(400, f"Missing required parameter: '{name}'", param=name)
+        return ApiError(400, f"Missing required parameter: '{shown}'", param=name)
     if member:
-        return ApiError(400, f"Invalid type for '{name}': {first['input']!r}", param=name)
-    return ApiError(400, f"Invalid value for '{name}': {first['msg']}", param=name)
+        return ApiError(400, f"Invalid type for '{shown}': {first['input']!r}", param=name)
+    return ApiError(400, f"Invalid value for '{shown}': {first['msg']}", param=name)
 
 
 @dataclass
@@ -174,26 +151,31 @@ class Sampling:
     """A body's generation settings as GenerationParams overrides, and for each overridden
     field the argument it came from, so that errors name what the client sent."""
 
+    where: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
     source: dict[str, str] = field(default_factory=dict)
 
     def set(self, name: str, value: Any, argument: str) -> None:
         check = RANGE_CHECKS.get(f"generation.{name}")
         if check is not None and not check[0](value):
-            raise ApiError(400, f"'{argument}': {value!r} {check[1]}", param=argument)
+            message = f"'{self.where}{argument}': {value!r} {check[1]}"
+            raise ApiError(400, message, param=argument)
         self.overrides[name] = value
         self.source[name] = argument
 
+    def refuse(self, argument: str, why: str, code: str | None = None) -> ApiError:
+        return ApiError(400, f"'{self.where}{argument}' {why}", param=argument, code=code)
 
-def _common_sampling(body: _Body, max_tokens: int | None) -> Sampling:
-    sampling = Sampling()
+
+def _common_sampling(body: _Body, max_tokens: int | None, where: str) -> Sampling:
+    sampling = Sampling(where)
     if body.stream_options is not None and not body.stream:
-        raise ApiError(
-            400, "'stream_options' is only allowed when 'stream' is true", param="stream_options"
-        )
+        raise sampling.refuse("stream_options", "is only allowed when 'stream' is true")
     if max_tokens is not None:
-        argument = "max_completion_tokens" if "max_completion_tokens" in _given(body) else ""
-        sampling.set("max_new_tokens", max_tokens, argument or "max_tokens")
+        given = getattr(body, "max_completion_tokens", None) is not None
+        sampling.set(
+            "max_new_tokens", max_tokens, "max_completion_tokens" if given else "max_tokens"
+        )
     same = ("temperature", "top_p", "n", "seed", "presence_penalty", "frequency_penalty",
             "logit_bias", "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
             "skip_special_tokens")  # fmt: skip
@@ -204,49 +186,53 @@ def _common_sampling(body: _Body, max_tokens: int | None) -> Sampling:
     if body.stop is not None:
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop)
         if any(not s for s in stops):
-            raise ApiError(400, "'stop': an empty stop string would stop at once", param="stop")
+            raise ApiError(
+                400, f"'{where}stop': an empty stop string would stop at once", param="stop"
+            )
         if stops:
             sampling.set("stop_strings", stops, "stop")
     return sampling
 
 
-def _given(body: BaseModel) -> set[str]:
-    return {name for name in body.model_fields_set if getattr(body, name) is not None}
-
-
-def chat_sampling(body: ChatCompletionBody) -> Sampling:
+def chat_sampling(body: ChatCompletionBody, where: str = "") -> Sampling:
+    """A chat body's generation settings, or a 400 naming the argument lmpress cannot honour."""
     for name in UNSUPPORTED_CHAT_ARGS:
         value = getattr(body, name)
         if value not in (None, [], {}, "none"):
             raise ApiError(
-                400, f"'{name}' is not supported by lmpress serve", param=name, code="unsupported"
+                400, f"{where}{name} is not supported by lmpress", param=name, code="unsupported"
             )
     if body.modalities not in (None, ["text"]):
         raise ApiError(400, "only the 'text' modality is supported", param="modalities")
-    sampling = _common_sampling(body, _first(body.max_completion_tokens, body.max_tokens))
+    max_tokens = next(
+        (v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), None
+    )
+    sampling = _common_sampling(body, max_tokens, where)
     if body.logprobs:
         sampling.set("logprobs", True, "logprobs")
     if body.top_logprobs:
         if not body.logprobs:
-            raise ApiError(400, "'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
+            raise sampling.refuse("top_logprobs", "needs 'logprobs' set to true")
         sampling.set("top_logprobs", body.top_logprobs, "top_logprobs")
-    guided = _guided_decoding(body.response_format)
+    guided = guided_decoding(body.response_format, where)
     if guided is not None:
         sampling.set("guided_decoding", guided, "response_format")
     return sampling
 
 
-def completion_sampling(body: CompletionBody) -> Sampling:
+def completion_sampling(body: CompletionBody, where: str = "") -> Sampling:
+    """A completions body's generation settings (`logprobs` is the number of alternatives)."""
+    sampling = Sampling(where)
     if body.suffix:
-        raise ApiError(400, "'suffix' is not supported by lmpress serve", param="suffix")
+        raise ApiError(400, f"{where}suffix is not supported by lmpress", param="suffix")
     if body.best_of is not None and body.best_of != (body.n or 1):
-        raise ApiError(400, "'best_of' other than 'n' is not supported", param="best_of")
+        raise sampling.refuse("best_of", "other than 'n' is not supported")
     if body.echo and body.logprobs is not None:
-        raise ApiError(400, "'echo' with 'logprobs' is not supported", param="echo")
-    sampling = _common_sampling(body, body.max_tokens)
+        raise sampling.refuse("echo", "with 'logprobs' is not supported")
+    sampling = _common_sampling(body, body.max_tokens, where)
     if body.logprobs is not None:
         if not 0 <= body.logprobs <= 5:
-            raise ApiError(400, "'logprobs': must be in [0, 5]", param="logprobs")
+            raise ApiError(400, f"'{where}logprobs': must be in [0, 5]", param="logprobs")
         sampling.set("logprobs", True, "logprobs")
         if body.logprobs:
             sampling.set("top_logprobs", body.logprobs, "logprobs")
@@ -264,31 +250,29 @@ def completion_prompts(body: CompletionBody) -> list[str]:
     raise ApiError(400, "'prompt' must be a string or a non-empty list of strings", param="prompt")
 
 
-def _guided_decoding(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
-    """OpenAI's response_format as GenerationParams.guided_decoding: {"json": schema}, where
-    any JSON object is the schema {"type": "object"}."""
+def guided_decoding(response_format: dict[str, Any] | None, where: str = "") -> Any:
+    """OpenAI's response_format as the one guided-decoding type, GuidedDecoding (or None)."""
     if response_format is None:
         return None
     kind = response_format.get("type")
+    shown = f"{where}response_format"
     if kind == "text":
         return None
     if kind == "json_object":
-        return {"json": {"type": "object"}}
+        return GuidedDecoding(json_object=True)
     if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise ApiError(
-                400,
-                "'response_format.json_schema.schema' must be an object",
-                param="response_format",
+                400, f"'{shown}.json_schema.schema' must be an object", param="response_format"
             )
-        return {"json": schema}
+        try:
+            return GuidedDecoding(json=schema, strict=bool(spec.get("strict")))
+        except ConfigError as exc:
+            raise ApiError(400, f"'{shown}': {exc}", param="response_format") from exc
     raise ApiError(
         400,
-        f"'response_format': unknown type {json.dumps(kind)} (text, json_object or json_schema)",
+        f"'{shown}': unknown type {json.dumps(kind)} (text, json_object or json_schema)",
         param="response_format",
     )
-
-
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)

@@ -1,11 +1,12 @@
-"""The OpenAI wire protocol, the way out: response bodies and stream chunks, built from the
-`openai` package's own types so that what the server sends is what the official client parses.
+"""OpenAI response bodies, the way out: chat.completion and text_completion bodies and their
+stream chunks, built from the `openai` package's own types so that what serve answers and what
+batch writes in an OpenAI Batch output line is what the official client parses.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from openai.types import Completion, CompletionChoice, CompletionUsage, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
@@ -21,13 +22,23 @@ from openai.types.chat.chat_completion_token_logprob import (
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
 from pydantic import BaseModel
 
-from lmpress.types import Result, Sample, TokenLogprob, Usage
+from lmpress.types import FinishReason, Result, Sample, TokenLogprob, Usage
 
 # --- response bodies -------------------------------------------------------------------------
 
+# lmpress's finish reasons as OpenAI's. A request cancelled or failed midway is never answered
+# with a body, so those two only need a valid value.
+OPENAI_FINISH: dict[FinishReason, Literal["stop", "length", "content_filter"]] = {
+    "stop": "stop",
+    "length": "length",
+    "content_filter": "content_filter",
+    "cancelled": "stop",
+    "error": "stop",
+}
 
-def _finish(sample: Sample) -> str:
-    return sample.finish_reason if sample.finish_reason in ("stop", "length") else "stop"
+
+def _finish(sample: Sample) -> Literal["stop", "length", "content_filter"]:
+    return OPENAI_FINISH.get(sample.finish_reason, "stop")  # a plugin's own reason: "stop"
 
 
 def usage_model(usage: Usage) -> CompletionUsage:

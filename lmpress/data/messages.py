@@ -1,0 +1,110 @@
+"""OpenAI chat messages (and Oumi's) to lmpress Messages: what every front that reads a
+conversation shares (batch rows, OpenAI Batch lines, serve's bodies, infer, chat's /load).
+`RowError` is what they raise: one line saying what is wrong with the row or body."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from lmpress.types import ROLES, ContentPart, Message
+
+
+class RowError(ValueError):
+    """A row that cannot be turned into a request; the message says what is wrong."""
+
+
+def parse_messages(items: Any) -> list[Message]:
+    """OpenAI chat messages (or Oumi's, whose content items say `content` for `text`)."""
+    if not isinstance(items, list):
+        raise RowError(f"'messages' must be a list, got {json_type(items)}")
+    if not items:
+        raise RowError("'messages' is empty")
+    messages = []
+    for i, item in enumerate(items, start=1):
+        if not isinstance(item, dict):
+            raise RowError(f"message {i} must be an object, got {json_type(item)}")
+        role = item.get("role")
+        if role not in ROLES:
+            raise RowError(
+                f"message {i} has unknown role {json.dumps(role)} "
+                f"(expected one of {', '.join(ROLES)})"
+            )
+        messages.append(Message(role, _parse_content(item.get("content"), i)))
+    return messages
+
+
+def regenerate_last_turn(messages: list[Message]) -> list[Message]:
+    """The conversation to generate from: a trailing assistant turn is dropped so that its
+    reply is generated anew (what replaying a saved chat on another model means), in batch,
+    serve and infer alike."""
+    if len(messages) > 1 and messages[-1].role == "assistant":
+        return messages[:-1]
+    if messages and messages[-1].role == "assistant":
+        raise RowError("the only message is the assistant's: there is nothing to reply to")
+    return messages
+
+
+def _parse_content(content: Any, index: int) -> str | list[ContentPart]:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RowError(f"message {index} content must be a string or a list of parts")
+    parts = []
+    for part in content:
+        if not isinstance(part, dict):
+            raise RowError(f"message {index} has a content part that is not an object")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text", part.get("content"))
+            if not isinstance(text, str):
+                raise RowError(f"message {index} has a text part without text")
+            parts.append(ContentPart("text", text=text))
+        elif kind in ("image_url", "image_path") and part.get("binary"):
+            # Oumi may carry the loaded bytes beside the path or URL: they travel as they are.
+            parts.append(ContentPart("image_url", image_url=_binary_image_url(part, index)))
+        elif kind in ("image_url", "image_path"):
+            url = part.get("image_url", part.get("content"))
+            if isinstance(url, dict):
+                url = url.get("url")
+            if not isinstance(url, str) or not url:
+                raise RowError(f"message {index} has an image part without a URL")
+            if kind == "image_path" and not url.startswith(("file:", "data:", "http")):
+                url = f"file://{url}"
+            parts.append(ContentPart("image_url", image_url=url))
+        elif kind == "image_binary":
+            parts.append(ContentPart("image_url", image_url=_binary_image_url(part, index)))
+        else:
+            raise RowError(
+                f"message {index} has a content part of unknown type {json.dumps(kind)} "
+                f"(expected text, image_url, image_path or image_binary)"
+            )
+    return parts
+
+
+# The first bytes of the image formats a chat model takes, for an Oumi image_binary's type.
+IMAGE_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"))
+
+
+def _binary_image_url(part: dict[str, Any], index: int) -> str:
+    """Oumi's image_binary item: the image's bytes, base64 in `binary`, as a data: URL."""
+    data = part.get("binary")
+    try:
+        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else b""
+    except ValueError:
+        raw = b""
+    if not raw:
+        raise RowError(f"message {index} has an image_binary part without base64 'binary'")
+    mime = next((m for magic, m in IMAGE_MAGIC if raw.startswith(magic)), None)
+    if mime is None and raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        mime = "image/webp"
+    return f"data:{mime or 'image/png'};base64,{data}"
+
+
+def json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}  # fmt: skip
+    return names.get(type(value), type(value).__name__)

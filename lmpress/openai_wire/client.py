@@ -1,0 +1,125 @@
+"""OpenAI request bodies, the way out: what a remote engine sends to an OpenAI-compatible
+server for a Request. The same argument names `requests` reads, so that lmpress serve, behind
+a REMOTE engine, understands everything a REMOTE engine sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lmpress.guided import FORMS, GuidedDecoding
+from lmpress.types import GenerationParams, Message, Request
+
+# What every OpenAI-compatible chat endpoint takes.
+OPENAI_PARAMS = frozenset({
+    "max_new_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty",
+    "stop_strings", "seed", "n", "logprobs", "top_logprobs", "logit_bias", "guided_decoding",
+})  # fmt: skip
+# Sampling fields many open-model servers add, sent under the same names as extra body fields.
+OPEN_MODEL_PARAMS = frozenset({"top_k", "min_p", "repetition_penalty"})
+VLLM_PARAMS = OPEN_MODEL_PARAMS | {"min_tokens", "stop_token_ids", "skip_special_tokens"}
+# The guided-decoding forms OpenAI's response_format can say.
+RESPONSE_FORMAT_FORMS = frozenset({"json", "json_object"})
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one service spells what lmpress asks for."""
+
+    max_tokens_field: str = "max_tokens"
+    # Generation fields sent under their own names beyond OpenAI's set (vLLM's top_k...).
+    extra_fields: frozenset[str] = frozenset()
+    # Guided decoding: OpenAI's response_format (json schemas), or vLLM's `structured_outputs`,
+    # which takes every form and option vLLM's offline engine does, under the same names.
+    structured_outputs: bool = False
+
+    @property
+    def guided_forms(self) -> frozenset[str]:
+        return frozenset(FORMS) if self.structured_outputs else RESPONSE_FORMAT_FORMS
+
+    def check_guided(self, guided: GuidedDecoding, engine: str) -> None:
+        """Raise RequestError, naming the engine, for a form or option it cannot send."""
+        guided.refuse_unless(engine, self.guided_forms, options=self.structured_outputs)
+
+
+def request_body(
+    request: Request,
+    model: str,
+    dialect: Dialect,
+    *,
+    stream: bool = False,
+    image_url: Callable[[str], str] = lambda url: url,
+) -> dict[str, Any]:
+    """The JSON body of a chat-completions (or, for a raw prompt, completions) request.
+
+    Fields left at lmpress's defaults are not sent, so the server's own defaults apply, except
+    temperature, which is always sent: lmpress's default (0, greedy) is not the services'.
+    `image_url` rewrites each image URL (a remote server cannot read local files).
+    """
+    p = request.params
+    body: dict[str, Any] = {"model": model}
+    if request.prompt is not None:
+        body["prompt"] = request.prompt
+    else:
+        body["messages"] = [_message(m, image_url) for m in request.messages]
+    body["max_tokens" if request.prompt is not None else dialect.max_tokens_field] = (
+        p.max_new_tokens
+    )
+    body["temperature"] = p.temperature
+    if p.top_p != 1.0:
+        body["top_p"] = p.top_p
+    if p.presence_penalty:
+        body["presence_penalty"] = p.presence_penalty
+    if p.frequency_penalty:
+        body["frequency_penalty"] = p.frequency_penalty
+    if p.stop_strings:
+        body["stop"] = list(p.stop_strings)
+    if p.seed is not None:
+        body["seed"] = p.seed
+    if p.n != 1:
+        body["n"] = p.n
+    if p.logprobs:
+        if request.prompt is not None:
+            body["logprobs"] = p.top_logprobs or 1
+        else:
+            body["logprobs"] = True
+            if p.top_logprobs:
+                body["top_logprobs"] = p.top_logprobs
+    if p.logit_bias:
+        body["logit_bias"] = dict(p.logit_bias)
+    defaults = GenerationParams()
+    for name in sorted(dialect.extra_fields):
+        value = getattr(p, name)
+        if value != getattr(defaults, name):
+            body[name] = list(value) if isinstance(value, list) else value
+    if p.guided_decoding is not None:
+        if dialect.structured_outputs:
+            body["structured_outputs"] = p.guided_decoding.vllm_fields()
+        else:
+            body["response_format"] = response_format(p.guided_decoding)
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}  # a usage chunk at the end
+    return body
+
+
+def response_format(guided: GuidedDecoding) -> dict[str, Any]:
+    """A json or json_object constraint as OpenAI's response_format; `requests` reads it back
+    into the same GuidedDecoding."""
+    if guided.is_any_json_object():
+        return {"type": "json_object"}
+    spec: dict[str, Any] = {"name": "response", "schema": dict(guided.json)}
+    if guided.strict:
+        spec["strict"] = True
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def _message(message: Message, image_url: Callable[[str], str]) -> dict[str, Any]:
+    out = message.to_openai()
+    if isinstance(out["content"], list):
+        for part in out["content"]:
+            if part["type"] == "image_url":
+                part["image_url"]["url"] = image_url(part["image_url"]["url"])
+    return out

@@ -1,0 +1,78 @@
+"""Errors in OpenAI's shape: the error object a server answers with, and the HTTP status each
+kind of failed request earns (serve's answer, the status of an OpenAI Batch error line)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai.types import ErrorObject
+
+from lmpress.errors import ErrorKind
+from lmpress.types import ErrorInfo
+
+# Every kind, decided: a kind added to ErrorKind without a status here fails the test that
+# checks this table is whole, rather than reaching clients as a 500.
+HTTP_STATUS: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.INVALID_ROW: 400,
+    ErrorKind.UNSUPPORTED_PARAM: 400,
+    ErrorKind.CONTEXT_LENGTH_EXCEEDED: 400,
+    ErrorKind.BAD_REQUEST: 400,
+    ErrorKind.AUTHENTICATION_ERROR: 401,
+    ErrorKind.PERMISSION_DENIED: 403,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.CONFLICT: 409,
+    ErrorKind.REQUEST_TOO_LARGE: 413,
+    ErrorKind.UNPROCESSABLE_ENTITY: 422,
+    ErrorKind.RATE_LIMITED: 429,
+    ErrorKind.OVERLOADED: 503,
+    # A remote API or the engine failed: the server's fault as the client sees it.
+    ErrorKind.SERVER_ERROR: 500,
+    ErrorKind.HTTP_ERROR: 500,
+    ErrorKind.TIMEOUT: 500,
+    ErrorKind.CONNECTION_ERROR: 500,
+    ErrorKind.MALFORMED_RESPONSE: 500,
+    ErrorKind.CLIENT_ERROR: 500,
+    ErrorKind.GENERATION_ERROR: 500,
+    ErrorKind.ENGINE_CLOSED: 500,
+}
+
+
+class ApiError(Exception):
+    """A failure to answer with an OpenAI error object and an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        error = ErrorObject(message=self.message, type=self.type, param=self.param, code=self.code)
+        return {
+            "error": error.model_dump(mode="json", include={"message", "type", "param", "code"})
+        }
+
+
+def status_of(error: ErrorInfo) -> int:
+    """The HTTP status for a failed request: the remote API's own, else its kind's."""
+    return error.status if error.status is not None else HTTP_STATUS[error.kind]
+
+
+def error_from_info(error: ErrorInfo) -> ApiError:
+    """The HTTP error for a request the engine could not complete."""
+    status = status_of(error)
+    type_ = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    return ApiError(status, error.message, type=type_, code=str(error.kind))

@@ -1,0 +1,53 @@
+"""The vocabularies the wire maps are mapped whole: every error kind has its HTTP status (a new
+kind cannot reach a client as an unplanned 500), every finish reason its OpenAI value."""
+
+from __future__ import annotations
+
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from lmpress.data.openai_batch import render_error
+from lmpress.errors import ErrorKind, RequestError
+from lmpress.openai_wire.errors import HTTP_STATUS, error_from_info
+from lmpress.openai_wire.responses import OPENAI_FINISH, chat_completion, text_completion
+from lmpress.types import FINISH_REASONS, ErrorInfo, Result, Sample
+
+
+def test_every_error_kind_has_a_status():
+    assert set(HTTP_STATUS) == set(ErrorKind)
+    assert all(400 <= status < 600 for status in HTTP_STATUS.values())
+
+
+@pytest.mark.parametrize("kind", list(ErrorKind))
+def test_serve_and_batch_give_a_kind_the_same_status(kind):
+    error = error_from_info(ErrorInfo(kind, "why"))
+    line = render_error("row-1", kind, "why", None)
+    assert error.status == line["response"]["status_code"] == HTTP_STATUS[kind]
+    assert error.body()["error"]["code"] == line["error"]["code"] == kind.value
+    assert error.body()["error"]["type"] == (
+        "invalid_request_error" if error.status < 500 else "server_error"
+    )
+
+
+def test_a_remote_apis_own_status_wins():
+    assert error_from_info(ErrorInfo("rate_limited", "slow down", 429)).status == 429
+    assert error_from_info(ErrorInfo("server_error", "bad gateway", 502)).status == 502
+
+
+def test_an_unknown_kind_fails_where_it_is_made():
+    with pytest.raises(ValueError, match="made_up"):
+        ErrorInfo("made_up", "x")
+    with pytest.raises(ValueError, match="made_up"):
+        RequestError("x", "made_up")
+
+
+@pytest.mark.parametrize("reason", FINISH_REASONS)
+def test_every_finish_reason_is_an_openai_one_in_both_bodies(reason):
+    assert reason in OPENAI_FINISH
+    result = Result("r", [Sample("hi", reason)])
+    chat = ChatCompletion.model_validate(chat_completion("c", 0, "m", result))
+    text = Completion.model_validate(text_completion("t", 0, "m", [result], [""]))
+    assert chat.choices[0].finish_reason == text.choices[0].finish_reason == OPENAI_FINISH[reason]
+    if reason in ("stop", "length", "content_filter"):
+        assert OPENAI_FINISH[reason] == reason  # OpenAI's own pass unchanged
