@@ -53,8 +53,8 @@ ACCEPTS = {
     "SGLANG": RESPONSE_FORMAT,
     "CEREBRAS": RESPONSE_FORMAT,
     "ANTHROPIC": RESPONSE_FORMAT,
-    "NATIVE": set(),
-    "LLAMACPP": set(),
+    "NATIVE": VLLM_ALL - {"structural_tag"},
+    "LLAMACPP": VLLM_ALL - {"structural_tag"},
     "DEEPSEEK": set(),
     "SAMBANOVA": set(),
     "BEDROCK": set(),
@@ -134,6 +134,9 @@ def test_each_form_is_taken_alike_or_refused_in_one_line(
     if engine_name == "VLLM":
         assert vllm_fields(form) == guided(form).vllm_fields()
         return
+    if engine_name in LOCAL_MODELS:
+        local_engine_takes(engine_name, form, accepted)
+        return
     if not accepted:
         with pytest.raises(UnsupportedParamError) as refused:
             sent_body(server, engine_name, form, monkeypatch)
@@ -158,6 +161,33 @@ def test_each_form_is_taken_alike_or_refused_in_one_line(
         assert body["output_config"] == {"format": {"type": "json_schema", "schema": expected}}
     else:  # read back as lmpress serve reads a response_format: the same value
         assert read_response_format(body["response_format"]) == guided(form)
+
+
+LOCAL_MODELS = {"NATIVE": "tiny-gguf:gpt2-q8", "LLAMACPP": "tiny-gguf:gpt2-q8"}  # byte-level BPE
+
+
+def local_engine_takes(engine_name: str, form: str, accepted: bool) -> None:
+    """A local engine compiles the recipe's form when it loads, or refuses it in one line; a
+    row then decodes under it (random weights: the reply follows the grammar, cut or not)."""
+    config = load_config(None, {
+        "engine": engine_name, "model.model_name": LOCAL_MODELS[engine_name],
+        "generation.max_new_tokens": 8, "generation.guided_decoding": FORMS[form],
+    })  # fmt: skip
+    if not accepted:
+        with pytest.raises(ConfigError) as refused:
+            create_engine(config)
+        assert str(refused.value) == (
+            f"engine {engine_name} takes generation.guided_decoding json, json_object, regex, "
+            f"choice, grammar only, not {guided(form).form}"
+        )
+        return
+    engine = create_engine(config)
+    try:
+        result = engine.generate([Request("r", [Message("user", "hi")], config.generation)])[0]
+    finally:
+        asyncio.run(engine.aclose())
+    assert result.ok, result.error
+    assert result.finish_reason in ("stop", "length")
 
 
 def test_a_recipe_is_checked_once_when_loaded():

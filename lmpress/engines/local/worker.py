@@ -66,6 +66,8 @@ class Submission:
     # the request and frees what it holds.
     cancelled: bool = False
     answered: bool = False  # its Result was handed back
+    # The grammar its samples follow (guided decoding); each sample gets a copy.
+    matcher: Any = None
 
     def deliver(self, item: Delta | Result) -> None:
         """Hand a delta or the result to the caller; safe to call from any thread."""

@@ -107,3 +107,21 @@ def test_the_transformers_tokenizer_gives_the_same_masks(vocab):
         a.accept(token), b.accept(token)
         assert (a.allowed() == b.allowed()).all()
     assert json.dumps(SCHEMA)  # the schema itself is plain JSON
+
+
+def test_a_sentencepiece_tokenizer_is_read_piece_by_piece():
+    """llguidance cannot read a Metaspace decoder (Llama 2, Mistral); the pieces are read
+    instead, '▁' as a space, and the text a grammar forces tokenizes to its exact bytes."""
+    transformers = pytest.importorskip("transformers")
+    from lmpress.tinymodels import resolve_model_name
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_name("tiny:gpt2"))
+    grammars = Grammars.for_hf_tokenizer(tokenizer, [tokenizer.eos_token_id])
+    matcher = grammars.matcher("choice", ["yes", "no"])
+
+    def pieces():
+        return {tokenizer.convert_ids_to_tokens(int(i)) for i in matcher.allowed().nonzero()[0]}
+
+    assert pieces() == {"y", "n"}
+    matcher.accept(tokenizer.convert_tokens_to_ids("n"))
+    assert pieces() == {"o"}  # not '▁o', which is " o"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
+from lmpress.engines.common.grammar import Grammars, check_recipe_guided, guided_matcher
 from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     batched_context,
@@ -40,6 +41,7 @@ class LlamaCppEngine(LlamaCppScheduler):
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "skip_special_tokens",
+        "guided_decoding",
     })  # fmt: skip
 
     def __init__(self, config: RunConfig):
@@ -70,6 +72,15 @@ class LlamaCppEngine(LlamaCppScheduler):
         ctx = batched_context(self.llama, self.path, kwargs, batch_size)
         # The penalty window: the whole sequence unless the recipe says otherwise.
         self._start_scheduling(ctx, batch_size, penalty_window=kwargs.get("last_n_tokens_size"))
+        self._grammars: Grammars | None = None
+        check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
+
+    def _grammar_engine(self) -> Grammars:
+        """The grammar engine over this model's vocabulary, built on the first guided row."""
+        if self._grammars is None:
+            end_ids = self.vocab.end_ids()
+            self._grammars = Grammars.for_llama_vocab(self.vocab.vocab, self.n_vocab, end_ids)
+        return self._grammars
 
     async def aclose(self) -> None:
         if not await self._stop_worker():
@@ -134,7 +145,12 @@ class LlamaCppEngine(LlamaCppScheduler):
         logit_bias = self._logit_bias(request.params)
         check_token_settings(request.params, self.n_vocab)
         self._check_fits(request.params)
-        return RequestState(request, prompt_ids, started, logit_bias=logit_bias)
+        matcher = None
+        if request.params.guided_decoding is not None:
+            matcher = guided_matcher(
+                self._grammar_engine, request.params.guided_decoding, self.name
+            )
+        return RequestState(request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher)
 
     def _logit_bias(self, params: GenerationParams) -> list[tuple[int, float]]:
         bias = []

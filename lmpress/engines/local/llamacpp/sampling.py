@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from lmpress.engines.common.grammar import Matcher
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.types import GenerationParams, TokenLogprob
 
@@ -74,13 +75,25 @@ class Sampling:
         self._lc.llama_sampler_free(chain)
 
     def pick(
-        self, sampler: Any, params: GenerationParams, generated: int, index: int, logprobs: bool
+        self,
+        sampler: Any,
+        params: GenerationParams,
+        generated: int,
+        index: int,
+        logprobs: bool,
+        matcher: Matcher | None = None,
     ) -> tuple[int, TokenLogprob | None]:
         """The next token of the row whose logits sit at `index` of the last batch, and its
-        log-probability entry when the row asks for logprobs."""
+        log-probability entry when the row asks for logprobs. A row under a grammar picks
+        among the tokens the grammar allows next; its log-probabilities stay the model's."""
         if generated < params.min_tokens:
             self._forbid_end(params, index)
         distribution = self._logprobs(params, index) if logprobs else None
+        if matcher is not None:
+            import numpy as np
+
+            pointer = self._lc.llama_get_logits_ith(self._ctx, index)
+            matcher.mask_logits(np.ctypeslib.as_array(pointer, shape=(self.vocab.size,)))
         token = self._lc.llama_sampler_sample(sampler, self._ctx, index)
         if distribution is None:
             return token, None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmpress.engines.base import error_result
+from lmpress.engines.common.grammar import Matcher
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
@@ -120,6 +121,9 @@ class LlamaCppScheduler(WorkerEngine):
             seqs, state.fed = self._take_seqs(state.prompt_ids, n)
             self.prompt_tokens_reused += state.fed
             state.rows = [Row(state, i, seq, limit) for i, seq in enumerate(seqs)]
+            if state.matcher is not None:
+                for row in state.rows:
+                    row.matcher = state.matcher.copy()
             try:
                 for row in state.rows:
                     row.sampler = self._sampling.chain(
@@ -215,7 +219,7 @@ class LlamaCppScheduler(WorkerEngine):
         params = row.params
         wants_logprobs = row.logprobs is not None
         token, logprob = self._sampling.pick(
-            row.sampler, params, row.generated, index, wants_logprobs
+            row.sampler, params, row.generated, index, wants_logprobs, row.matcher
         )
         row.generated += 1
         if self.vocab.is_end(token) or token in params.stop_token_ids:
@@ -224,6 +228,10 @@ class LlamaCppScheduler(WorkerEngine):
             row.tokens.append(token)
             if logprob is not None:
                 row.logprobs.append(logprob)
+            if row.matcher is not None:
+                row.matcher.accept(token)
+                if row.matcher.complete:  # nothing but the end can follow: end here
+                    row.finish_reason = "stop"
             piece = self.vocab.piece(token, special=not params.skip_special_tokens)
             row.text += row.decoder.decode(piece)
             if params.stop_strings:
@@ -337,6 +345,7 @@ class Row:
     seq_id: int
     limit: int  # tokens this row may generate
     sampler: Any = None
+    matcher: Matcher | None = None
     pos: int = 0  # tokens of this sequence in the KV cache
     next_token: int = -1  # sampled, to be decoded at the next step
     tokens: list[int] = field(default_factory=list)  # generated, end tokens left out

@@ -12,6 +12,7 @@ import dataclasses
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
+from lmpress.engines.common.grammar import Grammars, check_recipe_guided, guided_matcher
 from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.local.native.loading import (
     checkpoint_defaults,
@@ -32,7 +33,7 @@ class NativeEngine(NativeScheduler):
     supported_params = frozenset({
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
-        "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens",
+        "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens", "guided_decoding",
     })  # fmt: skip
     uses_generation_defaults = True
 
@@ -58,7 +59,15 @@ class NativeEngine(NativeScheduler):
         self.batch_size = config.generation.batch_size
         # Two batches' worth: one decoding, the next one waiting so the worker never idles.
         self.max_in_flight = 2 * self.batch_size
+        self._grammars: Grammars | None = None
+        check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
         self._start_worker("lmpress-native")
+
+    def _grammar_engine(self) -> Grammars:
+        """The grammar engine over this model's tokenizer, built on the first guided row."""
+        if self._grammars is None:
+            self._grammars = Grammars.for_hf_tokenizer(self.tokenizer, sorted(self.eos_ids))
+        return self._grammars
 
     async def aclose(self) -> None:
         await self._stop_worker()
@@ -69,7 +78,12 @@ class NativeEngine(NativeScheduler):
                 request, params=request.params.with_defaults(self.model_defaults)
             )
         check_token_settings(request.params, self.n_vocab)
-        return Submission(request, self.encode(request), started)
+        matcher = None
+        if request.params.guided_decoding is not None:
+            matcher = guided_matcher(
+                self._grammar_engine, request.params.guided_decoding, self.name
+            )
+        return Submission(request, self.encode(request), started, matcher=matcher)
 
     def encode(self, request: Request) -> list[int]:
         """The prompt's token ids: the chat template applied, or the raw prompt."""

@@ -31,6 +31,7 @@ class Row:
     text: str = ""
     emitted: int = 0  # characters already sent as deltas
     logprobs: list[TokenLogprob] | None = None
+    matcher: Any = None  # its place in the grammar it follows (guided decoding)
 
     @property
     def params(self) -> GenerationParams:
@@ -79,7 +80,10 @@ class BatchControl:
         )
         self.min_tokens = any(p.min_tokens for p in params)
         self.want_logprobs = any(p.logprobs for p in params)
-        self.plain = not (self.sampled or self.penalised or self.min_tokens or self.want_logprobs)
+        self.guided = [b for b, row in enumerate(rows) if row.matcher is not None]
+        self.plain = not (
+            self.sampled or self.penalised or self.min_tokens or self.want_logprobs or self.guided
+        )
         self.counts = None  # generated-token counts per row, for presence/frequency penalties
         if self.penalised:
             self.counts = torch.zeros((len(rows), n_vocab), device=device)
@@ -100,15 +104,27 @@ class BatchControl:
             for b, row in enumerate(rows):
                 if row.generated < row.params.min_tokens:
                     scores[b, list(self.stop_ids[b])] = float("-inf")
+        model_scores = scores.clone() if self.want_logprobs and self.guided else scores
+        for b in self.guided:
+            if rows[b].finish_reason is None:
+                self._constrain(scores[b], rows[b].matcher)
         chosen = scores.argmax(dim=-1)
         if self.sampled:
             idx = torch.tensor(self.sampled, device=scores.device)
             chosen[idx] = self._sample(scores[idx], [rows[b] for b in self.sampled])
-        if self.want_logprobs:
-            self._record_logprobs(scores, chosen)
+        if self.want_logprobs:  # the model's own distribution, before any grammar
+            self._record_logprobs(model_scores, chosen)
         forced = torch.full_like(scores, float("-inf"))
         forced.scatter_(1, chosen[:, None], 0.0)
         return forced
+
+    def _constrain(self, scores: Any, matcher: Any) -> None:
+        """Only the tokens the row's grammar allows next keep their score."""
+        torch = self.torch
+        allowed = torch.from_numpy(matcher.allowed()).to(scores.device, torch.bool)
+        n = min(len(allowed), scores.shape[0])
+        scores[:n].masked_fill_(~allowed[:n], float("-inf"))
+        scores[n:] = float("-inf")  # the model's padded rows past the tokenizer's tokens
 
     def _penalise(self, scores: Any) -> Any:
         torch = self.torch
@@ -188,7 +204,11 @@ class Stopper:
             row.finish_reason = "stop"
         else:
             row.tokens.append(token)
-            if row.generated >= row.limit:
+            if row.matcher is not None:
+                row.matcher.accept(token)
+                if row.matcher.complete:  # nothing but the end can follow: end here
+                    row.finish_reason = "stop"
+            if row.finish_reason is None and row.generated >= row.limit:
                 row.finish_reason = "length"
         if row.state.cancelled:
             row.finish_reason = "cancelled"

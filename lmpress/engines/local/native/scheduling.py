@@ -105,7 +105,11 @@ class NativeScheduler(WorkerEngine):
         """A request's rows, one per sample; none when its settings fail (it is answered)."""
         params = state.request.params
         try:
-            return [Row(state, i, row_generator(params.seed, i)) for i in range(params.n)]
+            rows = [Row(state, i, row_generator(params.seed, i)) for i in range(params.n)]
+            if state.matcher is not None:
+                for row in rows:
+                    row.matcher = state.matcher.copy()
+            return rows
         except Exception as exc:  # this request's settings, not the batch, are at fault
             self._fail([state], failure_info(exc))
             return []
