@@ -15,12 +15,10 @@ from lmpress.configs.loading import _parse_scalar, generation_with_overrides, va
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_params
 from lmpress.errors import ConfigError, InputError
-from lmpress.types import SCHEDULING_FIELDS, GenerationParams
+from lmpress.types import GENERATION_FIELDS, SCHEDULING_FIELDS, GenerationParams
 
 if TYPE_CHECKING:
     from lmpress.chat.session import Chat
-
-GENERATION_FIELDS = [f.name for f in dataclasses.fields(GenerationParams)]
 
 
 @dataclass
@@ -168,7 +166,7 @@ def settings_text(params: GenerationParams) -> str:
     """Every generation setting, so that /set lists what /set can change."""
     import textwrap
 
-    shown = [f.name for f in dataclasses.fields(params) if f.name != "batch_size"]
+    shown = [name for name in GENERATION_FIELDS if name != "batch_size"]
     values = ", ".join(f"{name}={getattr(params, name)!r}" for name in shown)
     text = textwrap.fill(f"generation: {values}", 100, subsequent_indent="  ")
     return f"{text}\nchange one with /set generation.KEY=VALUE"

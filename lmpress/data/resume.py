@@ -26,8 +26,7 @@ from lmpress.data.formats import output_row_id
 from lmpress.data.jsonl import read_lines
 from lmpress.data.targets import COMPRESSED, is_compressed
 from lmpress.errors import InputError
-
-SCHEDULING = {"batch_size"}  # settings that change speed, not results
+from lmpress.types import SCHEDULING_FIELDS
 
 
 @dataclass(frozen=True)
@@ -57,13 +56,10 @@ class JobFiles:
 
 def fingerprint(config: RunConfig, output_format: str, shard: str | None) -> dict[str, Any]:
     """The settings that decide what the output holds."""
-    generation = {
-        k: v for k, v in dataclasses.asdict(config.generation).items() if k not in SCHEDULING
-    }
     return {
         "engine": config.engine,
         "model": dataclasses.asdict(config.model),
-        "generation": generation,
+        "generation": _results_only(dataclasses.asdict(config.generation)),
         "remote_params": {"api_url": config.remote_params.api_url},
         "output_format": output_format,
         "shard": shard,
@@ -80,7 +76,9 @@ def check_fingerprint(files: JobFiles, current: dict[str, Any]) -> None:
         )
     try:
         stored = json.loads(files.fingerprint.read_text(encoding="utf-8"))["settings"]
-    except (OSError, ValueError, KeyError) as exc:
+        if isinstance(stored.get("generation"), dict):  # older versions kept some of them
+            stored["generation"] = _results_only(stored["generation"])
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
         raise InputError(f"{files.fingerprint}: unreadable ({exc}); use --overwrite") from exc
     changes = _differences(stored, current)
     if changes:
@@ -148,6 +146,11 @@ def done_ids(path: Path) -> Iterator[str]:
 def id_key(row_id: str) -> int:
     """A compact, collision-resistant key for a row id (8 bytes instead of the string)."""
     return int.from_bytes(hashlib.blake2b(row_id.encode(), digest_size=8).digest(), "big")
+
+
+def _results_only(generation: dict[str, Any]) -> dict[str, Any]:
+    """Generation settings without the scheduling ones, which change speed, not results."""
+    return {k: v for k, v in generation.items() if k not in SCHEDULING_FIELDS}
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
