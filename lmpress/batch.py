@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from lmpress.configs.loading import generation_with_overrides
+from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
 from lmpress.data.formats import (
     ParsedRow,

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lmpress.chat.conversation import Conversation, append_row, read_row
-from lmpress.configs.loading import _parse_scalar, generation_with_overrides, validate
+from lmpress.configs.loading import parse_scalar, validate
+from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_params
 from lmpress.errors import ConfigError, InputError
@@ -205,7 +206,7 @@ def checked_params(
     """The params with one override, checked as the command line checks it: type, range,
     consistency with the other fields, and the engine's support."""
     name = key.rsplit(".", 1)[-1]
-    updated = generation_with_overrides(params, {name: _parse_scalar(value)}, source="generation")
+    updated = generation_with_overrides(params, {name: parse_scalar(value)}, source="generation")
     validate(dataclasses.replace(config, generation=updated))
     check_params(engine, updated)
     return updated
