@@ -5,32 +5,16 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import shlex
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lmpress.chat.conversation import Conversation, append_row, read_row
+from lmpress.chat.session import Chat, Command, LeaveChat
 from lmpress.configs.loading import parse_scalar, validate
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_params
 from lmpress.errors import ConfigError, InputError
 from lmpress.types import GENERATION_FIELDS, SCHEDULING_FIELDS, GenerationParams
-
-if TYPE_CHECKING:
-    from lmpress.chat.session import Chat
-
-
-@dataclass
-class Command:
-    run: Callable[[Chat, str], None]
-    usage: str
-    about: str
-
-
-class LeaveChat(Exception):
-    """/exit was typed."""
 
 
 def help_command(chat: Chat, arg: str) -> None:
@@ -142,10 +126,6 @@ COMMANDS: dict[str, Command] = {
     "exit": Command(exit_command, "/exit", "leave (Ctrl-D too)"),
 }  # fmt: skip
 ALIASES = {"quit": COMMANDS["exit"], "?": COMMANDS["help"]}
-
-
-def command_list() -> str:
-    return " ".join(f"/{name}" for name in COMMANDS)
 
 
 def help_text() -> str:
