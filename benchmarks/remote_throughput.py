@@ -3,6 +3,7 @@ memory stays flat as the input grows.
 
     python benchmarks/remote_throughput.py            # both measurements
     python benchmarks/remote_throughput.py --quick    # 1,000 vs 10,000 rows for the memory part
+    python benchmarks/remote_throughput.py --openai-batch --rounds 3   # OpenAI Batch vs plain
 
 1. Throughput: a test server that answers every request after 200 ms, 1,600 requests,
    num_workers=32. The ideal is num_workers / latency = 160 requests/s; the figure is the ratio
@@ -11,6 +12,13 @@ memory stays flat as the input grows.
 2. Memory: peak RSS of the `lmpress batch` process for 10,000 vs 100,000 input rows against the
    same server with no latency (target ratio <= 1.2). Each run is a fresh process; its peak RSS
    comes from os.wait4, so nothing else is counted.
+3. With --openai-batch: the same requests as OpenAI Batch lines (custom_id, url, body with
+   messages and max_tokens, so every row carries generation overrides and gets OpenAI Batch
+   output lines) against plain {"id", "prompt"} rows, each side a fresh process against the
+   same server, the sides alternating over --rounds. It prints OpenAI Batch throughput as a
+   ratio of plain-row throughput (target >= 0.95) per round and their median, from lmpress's
+   own wall time. --latency 0 takes the server's wait away, so lmpress's own per-row work is
+   all that is timed.
 
 The server runs in this process on a thread; lmpress runs as the real CLI in a child process.
 """
@@ -21,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,10 +46,17 @@ WORKERS = 32
 REQUESTS = 1600
 
 
-def write_rows(path: Path, count: int) -> None:
+def write_rows(path: Path, count: int, openai_batch: bool = False) -> None:
     with path.open("w") as out:
         for i in range(count):
-            out.write(json.dumps({"id": f"row-{i}", "prompt": f"Question number {i}: why?"}) + "\n")
+            question = f"Question number {i}: why?"
+            row = {"id": f"row-{i}", "prompt": question}
+            if openai_batch:  # what the OpenAI Batch API and vllm run-batch read
+                messages = [{"role": "user", "content": question}]
+                body = {"model": "bench", "messages": messages, "max_tokens": 16}
+                row = {"custom_id": f"row-{i}", "method": "POST", "url": "/v1/chat/completions",
+                       "body": body}  # fmt: skip
+            out.write(json.dumps(row) + "\n")
 
 
 def run_batch(server: LLMServer, rows: Path, out: Path, workers: int) -> tuple[float, int, str]:
@@ -93,6 +109,28 @@ def throughput(tmp: Path) -> dict[str, float]:
     }
 
 
+def openai_batch_ratio(tmp: Path, rounds: int, latency: float) -> list[tuple[float, float]]:
+    """(plain rows/s, OpenAI Batch rows/s) per round, by lmpress's summary wall time."""
+    inputs = {}
+    for kind in ("plain", "openai"):
+        inputs[kind] = tmp / f"{kind}.jsonl"
+        write_rows(inputs[kind], REQUESTS, openai_batch=kind == "openai")
+    figures = []
+    with LLMServer(Faults(latency_s=latency)) as server:
+        for r in range(rounds):
+            rates = {}
+            order = ("plain", "openai") if r % 2 == 0 else ("openai", "plain")
+            for kind in order:
+                out = tmp / f"{kind}.out.jsonl"
+                _, _, stderr = run_batch(server, inputs[kind], out, WORKERS)
+                wall = summary_wall(stderr)
+                assert wall, stderr[-2000:]
+                rates[kind] = REQUESTS / wall
+                out.unlink()
+            figures.append((rates["plain"], rates["openai"]))
+    return figures
+
+
 def memory(tmp: Path, small: int, large: int) -> dict[str, float]:
     figures = {}
     with LLMServer(Faults()) as server:
@@ -113,9 +151,25 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1,000 vs 10,000 rows for memory")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument(
+        "--openai-batch", action="store_true", help="only: OpenAI Batch input against plain rows"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --openai-batch")
+    parser.add_argument("--latency", type=float, default=LATENCY_S, help="with --openai-batch")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
+        if args.openai_batch:
+            figures = openai_batch_ratio(tmp, args.rounds, args.latency)
+            ratios = [o / p for p, o in figures]
+            print(f"OpenAI Batch input vs plain rows: {REQUESTS} requests, num_workers={WORKERS}, "
+                  f"latency {args.latency}s, {args.rounds} rounds")  # fmt: skip
+            for i, (p, o) in enumerate(figures, start=1):
+                print(
+                    f"  round {i}: plain {p:.1f} rows/s, OpenAI Batch {o:.1f} rows/s -> {o / p:.3f}"
+                )
+            print(f"  median ratio {statistics.median(ratios):.3f} (target >= 0.95)")
+            return
         if not args.skip_throughput:
             t = throughput(tmp)
             print(f"throughput: {REQUESTS} requests, num_workers={WORKERS}, latency {LATENCY_S}s, "

@@ -98,6 +98,7 @@ def run_raw(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -
 
 def run_lmpress(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -> dict:
     from lmpress.batch import BatchOptions, run_batch
+    from lmpress.cli.report import BatchReport
     from lmpress.configs import load_config
     from lmpress.engines.registry import create_engine
 
@@ -121,7 +122,8 @@ def run_lmpress(model_dir: str, rows: int, max_new_tokens: int, engine_args: dic
         async def go():
             try:
                 options = BatchOptions(str(source), str(target))
-                return await run_batch(config, options, engine=engine, stderr=sys.stderr)
+                report = BatchReport(bar=False)  # notices and failed rows, no bar
+                return await run_batch(config, options, engine=engine, events=report)
             finally:
                 await engine.aclose()
 

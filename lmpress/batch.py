@@ -9,6 +9,10 @@ as it completes, and pick up where a stopped run left off.
   on (`--on-error skip`, the default) or stops (`--on-error fail`, `--max-errors N`).
 - Ctrl-C stops taking rows, gives those in flight a few seconds, writes the summary and exits
   130; a second Ctrl-C exits at once. The output stays valid for resume either way.
+
+The runner shows nothing itself: it reports what happens to a `BatchEvents` (started, a row
+done or failed, a notice, finished), and `cli/report.py` draws the progress bar, the failed
+rows' lines and the summary table from those.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any
 
-from lmpress.configs.loading import generation_with_overrides
+from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
 from lmpress.data.formats import (
     ParsedRow,
@@ -35,24 +39,21 @@ from lmpress.data.formats import (
     row_id,
 )
 from lmpress.data.idkeys import IdKeys
-from lmpress.data.jsonl import JsonlWriter, read_lines
+from lmpress.data.jsonl import JsonlWriter, LazyJsonlWriter, Line, read_lines
 from lmpress.data.resume import (
+    EarlierRun,
     JobFiles,
-    check_fingerprint,
-    done_ids,
     fingerprint,
     id_key,
-    repair_torn_tail,
+    read_earlier_run,
+    scan_input,
     write_fingerprint,
 )
 from lmpress.data.targets import STDIO, check_input, resolve_output
 from lmpress.engines.base import Engine, check_params
 from lmpress.engines.registry import create_engine, load_engine_class
-from lmpress.errors import InputError, LmpressError, UnsupportedParamError
-from lmpress.types import Request, Result
-
-if TYPE_CHECKING:
-    from lmpress.cli.progress import Progress
+from lmpress.errors import LmpressError, UnsupportedParamError
+from lmpress.types import GenerationParams, Request, Result
 
 EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 0, 1, 130
 CONNECTION_ERROR = "connection_error"  # the error kind remote engines give an unreachable host
@@ -71,6 +72,11 @@ class BatchOptions:
     output_format: str = "auto"  # "auto" (follow the input), "lmpress" or "openai"
     recipe: str | None = None  # recorded in the fingerprint
     grace_s: float = 5.0  # how long rows in flight may finish after Ctrl-C
+
+    def in_shard(self, ordinal: int) -> bool:
+        """Whether the input's row at `ordinal` (0-based, blank lines not counted) is this
+        shard's."""
+        return self.shard is None or ordinal % self.shard[1] == self.shard[0]
 
     @property
     def shard_label(self) -> str | None:
@@ -128,20 +134,60 @@ class BatchSummary:
         }
 
 
+@dataclass
+class RowFailure:
+    """A row set aside: it could not be read, or its generation failed."""
+
+    line: int  # 1-based line of the input
+    row_id: str
+    kind: str  # invalid_json, invalid_row, unsupported_param, or the engine's error kind
+    message: str
+    status: int | None = None  # the HTTP status, where a remote engine gave one
+    openai: bool = False  # recorded as an OpenAI Batch error line
+
+    def record(self) -> dict[str, Any]:
+        """The OUT.errors.jsonl line."""
+        return render_failure(
+            self.row_id, self.line, self.kind, self.message, self.status, self.openai
+        )
+
+
+class BatchEvents:
+    """What a batch run reports as it goes. Each method does nothing here; `cli/report.py`
+    renders them for `lmpress batch`, and a Python caller overrides what it wants to see."""
+
+    def started(self, summary: BatchSummary) -> None:
+        """Work begins; `summary.rows_total` is the shard's row count."""
+
+    def notice(self, message: str) -> None:
+        """Something the user should know: loading, resuming, repairing, stopping."""
+
+    def interrupted(self) -> None:
+        """Ctrl-C came; a notice says what happens next."""
+
+    def progressed(self, summary: BatchSummary) -> None:
+        """A row was written or set aside."""
+
+    def row_failed(self, failure: RowFailure) -> None:
+        """A row was set aside (not said again for each row of an unreachable endpoint)."""
+
+    def finished(self, summary: BatchSummary) -> None:
+        """The run is over, whether it completed or an error ends it."""
+
+
 async def run_batch(
     config: RunConfig,
     options: BatchOptions,
     *,
     engine: Engine | None = None,
-    progress: Progress | None = None,
-    stderr: TextIO | None = None,
+    events: BatchEvents | None = None,
 ) -> BatchSummary:
     """Run every row of the input (in this shard, not yet done) through the config's engine.
 
     Without `engine`, the engine is created when the first row needs it (so a finished job
     re-run loads no model) and closed at the end.
     """
-    job = BatchJob(config, options, engine, progress, stderr)
+    job = BatchJob(config, options, engine, events)
     try:
         return await job.run()
     finally:
@@ -155,15 +201,13 @@ class BatchJob:
         config: RunConfig,
         options: BatchOptions,
         engine: Engine | None = None,
-        progress: Progress | None = None,
-        stderr: TextIO | None = None,
+        events: BatchEvents | None = None,
     ):
         self.config = config
         self.engine = engine
         self.engine_class = type(engine) if engine else load_engine_class(config.engine)
         self.options = options
-        self.progress = progress
-        self.stderr = stderr or sys.stderr
+        self.events = events or BatchEvents()
         self.files = JobFiles.beside(options.output_path)
         check_input(options.input_path)
         side = [self.files.errors, self.files.summary, self.files.fingerprint]
@@ -180,8 +224,9 @@ class BatchJob:
 
     async def run(self) -> BatchSummary:
         started = time.perf_counter()
-        total, keys = self._scan_input()
-        done, set_aside, fresh = self._read_earlier_run()
+        total, keys = scan_input(self.options.input_path, self.options.in_shard)
+        earlier = self._read_earlier_run()
+        done, set_aside = earlier.done, earlier.set_aside
         self.summary.rows_total = total
         left = total > len(keys) or any(k not in done and k not in set_aside for k in keys)
         if self.engine is None and left:
@@ -189,23 +234,21 @@ class BatchJob:
             model = self.config.model.model_name
             self._say(f"loading {model} on {self.config.engine}…" if model else "starting…")
             self.engine = await asyncio.to_thread(create_engine, self.config)
-        if fresh and not self.target.stream:
+        if earlier.fresh:
             self.files.remove_all()
             write_fingerprint(self.files, self._fingerprint(), self.options.recipe)
         loop = asyncio.get_running_loop()
         handled = _install_interrupt(loop, self._on_interrupt)
         try:
-            if self.progress:
-                self.progress.start(total)
-            with self._open_output() as out, _LazyWriter(self._errors_path()) as errors:
+            self.events.started(self.summary)
+            with self._open_output() as out, LazyJsonlWriter(self._errors_path()) as errors:
                 self._out, self._errors = out, errors
                 await self._process(done, set_aside)
         finally:
             if handled:
                 loop.remove_signal_handler(signal.SIGINT)
             self.summary.wall_s = time.perf_counter() - started
-            if self.progress:
-                self.progress.stop(self.summary)
+            self.events.finished(self.summary)
             self._write_summary()
         return self.summary
 
@@ -220,74 +263,20 @@ class BatchJob:
     def _errors_path(self) -> Path | None:
         return None if self.target.stream else self.files.errors
 
-    def _scan_input(self) -> tuple[int, IdKeys]:
-        """One pass before any work: count this shard's rows, refuse duplicate ids, and
-        return the count and the id keys of the rows that have one."""
-        keys = IdKeys()
-        total = 0
-        for ordinal, line in enumerate(read_lines(self.options.input_path)):
-            if not self._in_shard(ordinal):
-                continue
-            total += 1
-            if line.error or not isinstance(line.value, dict):
-                continue
-            keys.add(id_key(row_id(line.value, line.number)))
-        if total == 0:
-            raise InputError(f"{self.options.input_path}: the input has no rows")
-        repeated = keys.freeze()
-        if repeated is not None:
-            self._refuse_duplicate(repeated)
-        return total, keys
-
-    def _refuse_duplicate(self, key: int) -> None:
-        """A second pass, only when an id repeats: name both lines."""
-        first = None
-        for ordinal, line in enumerate(read_lines(self.options.input_path)):
-            if not self._in_shard(ordinal) or line.error or not isinstance(line.value, dict):
-                continue
-            rid = row_id(line.value, line.number)
-            if id_key(rid) != key:
-                continue
-            if first is not None:
-                raise InputError(
-                    f"{self.options.input_path}:{line.number}: duplicate id '{rid}' (first at "
-                    f"line {first}); ids must be unique for a job to resume safely"
-                )
-            first = line.number
-
     def _fingerprint(self) -> dict[str, Any]:
         options = self.options
         return fingerprint(self.config, options.output_format, options.shard_label)
 
-    def _read_earlier_run(self) -> tuple[IdKeys, IdKeys, bool]:
-        """(ids done, ids set aside as failed, whether to start fresh), the output checked
-        against the settings and its torn tail repaired."""
-        files, options = self.files, self.options
+    def _read_earlier_run(self) -> EarlierRun:
         if self.target.stream:  # nothing to resume from, nothing to start over
-            return IdKeys(), IdKeys(), False
-        resuming = files.output.exists() and files.output.stat().st_size > 0
-        if options.overwrite or not resuming:
-            return IdKeys(), IdKeys(), True
-        check_fingerprint(files, self._fingerprint())
-        if repair_torn_tail(files.output):
-            self._say(f"{files.output}: cut off a half-written last line from the last run")
-        repair_torn_tail(files.errors)
-        done = IdKeys(id_key(rid) for rid in done_ids(files.output))
-        done.freeze()
-        set_aside = IdKeys()
-        if options.retry_failed:
-            files.errors.unlink(missing_ok=True)  # those rows are tried again
-        else:
-            for rid in done_ids(files.errors):
-                if (key := id_key(rid)) not in done:
-                    set_aside.add(key)
-        set_aside.freeze()
-        if done or set_aside:
-            self._say(
-                f"resuming {files.output}: {len(done)} rows done"
-                + (f", {len(set_aside)} failed rows left aside" if set_aside else "")
-            )
-        return done, set_aside, False
+            return EarlierRun(IdKeys(), IdKeys(), fresh=False)
+        return read_earlier_run(
+            self.files,
+            self._fingerprint(),
+            overwrite=self.options.overwrite,
+            retry_failed=self.options.retry_failed,
+            say=self._say,
+        )
 
     # --- rows ------------------------------------------------------------------------------
 
@@ -312,17 +301,18 @@ class BatchJob:
         for ordinal, line in enumerate(read_lines(options.input_path)):
             if self.stopping:
                 break
-            if not self._in_shard(ordinal):
+            if not options.in_shard(ordinal):
                 continue
-            rid, row, request, failure = self._read_row(line, base)
+            rid, read = self._read_row(line, base)
             key = id_key(rid)
             if key in done or key in set_aside:
                 self.summary.rows_skipped += 1
                 continue
-            if failure is not None:
-                self._fail(*failure, reorder=reorder, seq=seq)
+            if isinstance(read, RowFailure):
+                self._fail(read, reorder, seq)
                 seq += 1
                 continue
+            row, request = read
             assert self.engine is not None
             window = self.engine.max_in_flight
             # Bounded memory: rows in flight, plus (when ordered) finished rows held for order.
@@ -355,11 +345,13 @@ class BatchJob:
             await asyncio.wait(pending)
             self._say(f"left {len(pending)} unfinished rows for the next run")
 
-    def _read_row(self, line, base):
-        """(id, row, request, None) for a usable row, or (id, None, None, failure)."""
+    def _read_row(
+        self, line: Line, base: GenerationParams
+    ) -> tuple[str, tuple[ParsedRow, Request] | RowFailure]:
+        """The row's id, and its parsed row and request, or why it cannot run."""
         if line.error:
             rid = _line_id(line.number)
-            return rid, None, None, (line.number, rid, "invalid_json", line.error, None, False)
+            return rid, RowFailure(line.number, rid, "invalid_json", line.error)
         value = line.value
         rid = row_id(value, line.number) if isinstance(value, dict) else _line_id(line.number)
         try:
@@ -369,15 +361,15 @@ class BatchJob:
                 self.options.output_format == "auto" and isinstance(value, dict)
                 and "custom_id" in value and "body" in value
             )  # fmt: skip
-            return rid, None, None, (line.number, rid, "invalid_row", str(exc), None, openai)
+            return rid, RowFailure(line.number, rid, "invalid_row", str(exc), None, openai)
         openai = output_format_for(row, self.options.output_format) == "openai"
         try:
             params = generation_with_overrides(base, row.overrides, source="generation")
             check_params(self.engine_class, params)
         except LmpressError as exc:
             kind = "unsupported_param" if isinstance(exc, UnsupportedParamError) else "invalid_row"
-            return rid, None, None, (line.number, rid, kind, str(exc), None, openai)
-        return rid, row, row.request(params), None
+            return rid, RowFailure(line.number, rid, kind, str(exc), None, openai)
+        return rid, (row, row.request(params))
 
     async def _run_row(self, seq: int, row: ParsedRow, request: Request):
         assert self.engine is not None
@@ -391,8 +383,8 @@ class BatchJob:
             error = result.error
             self._check_reachable(error.kind, error.message)
             openai = output_format_for(row, self.options.output_format) == "openai"
-            self._fail(row.line, row.id, error.kind, error.message, error.status, openai,
-                       reorder=reorder, seq=seq)  # fmt: skip
+            failure = RowFailure(row.line, row.id, error.kind, error.message, error.status, openai)
+            self._fail(failure, reorder, seq)
             return
         line = render_row(row, result, self.options.output_format)
         if reorder is not None:
@@ -400,22 +392,20 @@ class BatchJob:
         else:
             self._out.write(line)
         summary.rows_ok += 1
-        if self.progress:
-            self.progress.update(summary)
+        self.events.progressed(summary)
 
-    def _fail(self, line_no, rid, kind, message, status, openai, *, reorder=None, seq=0) -> None:
+    def _fail(self, failure: RowFailure, reorder: _Reorder | None, seq: int) -> None:
         summary = self.summary
         summary.rows_failed += 1
-        if not (self.unreachable and kind == CONNECTION_ERROR):  # said once, not per row
-            print(f"lmpress: {self.options.input_path}:{line_no}: {message}", file=self.stderr)
-        self._errors.write(render_failure(rid, line_no, kind, message, status, openai))
+        if not (self.unreachable and failure.kind == CONNECTION_ERROR):  # said once, not per row
+            self.events.row_failed(failure)
+        self._errors.write(failure.record())
         if reorder is not None:
             reorder.put(seq, None)
-        if self.progress:
-            self.progress.update(summary)
+        self.events.progressed(summary)
         options = self.options
         if options.on_error == "fail" and not self.stopping:
-            self._stop(f"a row failed and --on-error is fail (line {line_no})")
+            self._stop(f"a row failed and --on-error is fail (line {failure.line})")
         elif options.max_errors and summary.rows_failed >= options.max_errors and not self.stopping:
             self._stop(f"{summary.rows_failed} rows failed (--max-errors {options.max_errors})")
 
@@ -440,23 +430,20 @@ class BatchJob:
 
     def _on_interrupt(self) -> None:
         self._interrupts += 1
+        self.events.interrupted()
         if self._interrupts > 1:
             # Every written row is already flushed; the next run repairs and resumes.
-            print("\nlmpress: stopped at once; re-run the same command to resume", file=self.stderr)
+            self._say("stopped at once; re-run the same command to resume")
+            sys.stderr.flush()
             os._exit(EXIT_INTERRUPTED)
         self.stopping = True
         self.summary.interrupted = True
-        print(file=self.stderr)
         self._say(
             f"interrupted: finishing rows in flight for up to {self.options.grace_s:g}s "
             f"(Ctrl-C again to stop at once); re-run the same command to resume"
         )
 
     # --- helpers ---------------------------------------------------------------------------
-
-    def _in_shard(self, ordinal: int) -> bool:
-        shard = self.options.shard
-        return shard is None or ordinal % shard[1] == shard[0]
 
     def _write_summary(self) -> None:
         if self.target.stream:
@@ -468,7 +455,7 @@ class BatchJob:
             self._say(f"could not write {self.files.summary}: {exc.strerror}")
 
     def _say(self, message: str) -> None:
-        print(f"lmpress: {message}", file=self.stderr)
+        self.events.notice(message)
 
 
 def _line_id(line_no: int) -> str:
@@ -497,43 +484,9 @@ class _Reorder:
             self.next += 1
 
 
-class _LazyWriter:
-    """A JsonlWriter opened (in append mode) only when the first line comes."""
-
-    def __init__(self, path: Path | None):
-        self.path = path  # None: failures are reported on stderr only
-        self._writer: JsonlWriter | None = None
-
-    def write(self, row: dict[str, Any]) -> None:
-        if self.path is None:
-            return
-        if self._writer is None:
-            self._writer = JsonlWriter(self.path, mode="a")
-        self._writer.write(row)
-
-    def __enter__(self) -> _LazyWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._writer is not None:
-            self._writer.close()
-
-
 def _install_interrupt(loop: asyncio.AbstractEventLoop, handler) -> bool:
     try:
         loop.add_signal_handler(signal.SIGINT, handler)
         return True
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
         return False
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """'I/N' -> (I, N) with 0 <= I < N."""
-    index, slash, count = text.partition("/")
-    try:
-        i, n = int(index), int(count)
-    except ValueError:
-        i = n = -1
-    if not slash or n < 1 or not 0 <= i < n:
-        raise InputError(f"--shard {text}: expected I/N with 0 <= I < N, e.g. 0/4")
-    return i, n

@@ -142,8 +142,11 @@ class GenerationParams:
 # NaN. vLLM clamps at the same 0.01 instead, which is all but greedy too.
 MIN_TEMPERATURE = 0.01
 
-# Fields that steer how work is scheduled rather than what is generated; never refused.
+# Fields that steer how work is scheduled rather than what is generated: never refused, never
+# set per row or in a chat, and left out of a batch job's fingerprint.
 SCHEDULING_FIELDS = frozenset({"batch_size", "exclude_prompt_from_response", "use_cache"})
+# Every generation field, as a row's `generation`, a chat's /set and a recipe spell it.
+GENERATION_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationParams))
 # Not refused either: use_sampling acts through the temperature, and the tool fields change
 # nothing until lmpress sends tools.
 NEVER_REFUSED = SCHEDULING_FIELDS | {"use_sampling", "tool_choice", "parallel_tool_calls"}

@@ -171,6 +171,23 @@ def test_changed_settings_are_refused_until_overwrite(tmp_path):
     assert len(read_rows(out)) == 4
 
 
+def test_scheduling_settings_do_not_block_a_resume(tmp_path):
+    src = write_rows(tmp_path / "in.jsonl", rows(4))
+    out = tmp_path / "out.jsonl"
+    assert run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY).returncode == 0
+    # A fingerprint as an older lmpress wrote it, with use_cache among the results' settings.
+    fingerprint = tmp_path / "out.fingerprint.json"
+    record = json.loads(fingerprint.read_text())
+    record["settings"]["generation"]["use_cache"] = True
+    fingerprint.write_text(json.dumps(record))
+    again = run_lmpress(
+        "batch", "-i", str(src), "-o", str(out), *TINY[:-1], "2",
+        "--generation.use_cache", "false",
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "out.summary.json").read_text())["rows_skipped"] == 4
+
+
 def test_output_not_made_by_lmpress_is_left_alone(tmp_path):
     src = write_rows(tmp_path / "in.jsonl", rows(2))
     out = tmp_path / "out.jsonl"

@@ -8,12 +8,9 @@ In a terminal, lines are read with readline (editing, history of typed lines, Ta
 commands). Piped (`lmpress chat < script.txt`), each line of stdin is a message (or a command)
 and only the replies go to stdout; status lines and notices always go to stderr.
 
+- main.py          run_chat: the engine, the event loop and the terminal around one chat
 - session.py       the loop: send a message, stream the reply, Ctrl-C, the status line
-- commands.py      the slash commands
+- commands.py      the slash commands, handed to the loop by main.py
 - conversation.py  the history, and the JSONL row /save writes and /load reads
 - terminal.py      reading lines (prompt, multi-line, readline), showing replies, styling
 """
-
-from lmpress.chat.session import run_chat
-
-__all__ = ["run_chat"]

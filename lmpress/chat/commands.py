@@ -5,33 +5,16 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import shlex
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lmpress.chat.conversation import Conversation, append_row, read_row
-from lmpress.configs.loading import _parse_scalar, generation_with_overrides, validate
+from lmpress.chat.session import Chat, Command, LeaveChat
+from lmpress.configs.loading import parse_scalar, validate
+from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_params
 from lmpress.errors import ConfigError, InputError
-from lmpress.types import SCHEDULING_FIELDS, GenerationParams
-
-if TYPE_CHECKING:
-    from lmpress.chat.session import Chat
-
-GENERATION_FIELDS = [f.name for f in dataclasses.fields(GenerationParams)]
-
-
-@dataclass
-class Command:
-    run: Callable[[Chat, str], None]
-    usage: str
-    about: str
-
-
-class LeaveChat(Exception):
-    """/exit was typed."""
+from lmpress.types import GENERATION_FIELDS, SCHEDULING_FIELDS, GenerationParams
 
 
 def help_command(chat: Chat, arg: str) -> None:
@@ -145,10 +128,6 @@ COMMANDS: dict[str, Command] = {
 ALIASES = {"quit": COMMANDS["exit"], "?": COMMANDS["help"]}
 
 
-def command_list() -> str:
-    return " ".join(f"/{name}" for name in COMMANDS)
-
-
 def help_text() -> str:
     width = max(len(c.usage) for c in COMMANDS.values())
     lines = ["Type a message and press Enter to send it. Commands:"]
@@ -168,7 +147,7 @@ def settings_text(params: GenerationParams) -> str:
     """Every generation setting, so that /set lists what /set can change."""
     import textwrap
 
-    shown = [f.name for f in dataclasses.fields(params) if f.name != "batch_size"]
+    shown = [name for name in GENERATION_FIELDS if name != "batch_size"]
     values = ", ".join(f"{name}={getattr(params, name)!r}" for name in shown)
     text = textwrap.fill(f"generation: {values}", 100, subsequent_indent="  ")
     return f"{text}\nchange one with /set generation.KEY=VALUE"
@@ -207,7 +186,7 @@ def checked_params(
     """The params with one override, checked as the command line checks it: type, range,
     consistency with the other fields, and the engine's support."""
     name = key.rsplit(".", 1)[-1]
-    updated = generation_with_overrides(params, {name: _parse_scalar(value)}, source="generation")
+    updated = generation_with_overrides(params, {name: parse_scalar(value)}, source="generation")
     validate(dataclasses.replace(config, generation=updated))
     check_params(engine, updated)
     return updated

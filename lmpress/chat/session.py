@@ -1,32 +1,37 @@
 """The chat loop: each message becomes one Request carrying the whole conversation, its reply
-streams to stdout, and Ctrl-C during a reply cancels only that reply."""
+streams to stdout, and Ctrl-C during a reply cancels only that reply. A line starting with /
+runs one of the slash commands the chat was given (chat/commands.py), which act on the Chat."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from lmpress.chat.commands import ALIASES, COMMANDS, LeaveChat, command_list
 from lmpress.chat.conversation import Conversation
-from lmpress.chat.terminal import (
-    Style,
-    keys_not_echoed,
-    read_messages,
-    reply_renderer,
-    setup_readline,
-)
+from lmpress.chat.terminal import Style, keys_not_echoed, reply_renderer
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
-from lmpress.engines.registry import create_engine
 from lmpress.errors import LmpressError, RequestError, exception_line
 from lmpress.types import Delta, GenerationParams, Message, Request, Result
+
+
+@dataclass
+class Command:
+    """A slash command: what it does to the chat given the text after it, and its help."""
+
+    run: Callable[[Chat, str], None]
+    usage: str
+    about: str
+
+
+class LeaveChat(Exception):
+    """/exit was typed."""
 
 
 @dataclass
@@ -51,10 +56,13 @@ class Chat:
         engine: Engine,
         config: RunConfig,
         loop: asyncio.AbstractEventLoop,
+        commands: Mapping[str, Command],
+        aliases: Mapping[str, Command],
         *,
         system: str | None = None,
         markdown: bool = False,
         interactive: bool = True,
+        debug: bool = False,
         out: TextIO | None = None,
         info: TextIO | None = None,
     ):
@@ -62,6 +70,9 @@ class Chat:
         self.config = config
         self.params = config.generation
         self.loop = loop
+        self.commands = commands
+        self.aliases = aliases  # other names for some of them, left out of listings
+        self.debug = debug  # tracebacks for engine bugs (--debug)
         self.conversation = Conversation(system=system)
         self.markdown = markdown
         self.interactive = interactive
@@ -88,9 +99,10 @@ class Chat:
     def handle(self, line: str) -> None:
         if line.startswith("/") and not line.startswith("//") and "\n" not in line:
             name, _, arg = line[1:].strip().partition(" ")
-            command = COMMANDS.get(name.lower()) or ALIASES.get(name.lower())
+            command = self.commands.get(name.lower()) or self.aliases.get(name.lower())
             if command is None:
-                self.fail(f"unknown command '/{name}'. Commands: {command_list()}")
+                listed = " ".join(f"/{known}" for known in self.commands)
+                self.fail(f"unknown command '/{name}'. Commands: {listed}")
                 return
             try:
                 command.run(self, arg.strip())
@@ -179,7 +191,7 @@ class Chat:
         except (LmpressError, RequestError) as exc:
             turn.error = str(exc)
         except Exception as exc:  # an engine bug must not end the chat
-            if debug():
+            if self.debug:
                 traceback.print_exc()
             turn.error = f"internal error: {exception_line(exc)} (--debug shows more)"
         finally:
@@ -209,42 +221,3 @@ def status_line(turn: Turn, params: GenerationParams) -> str:
     if turn.result.finish_reason == "length":
         parts.append(f"cut at generation.max_new_tokens={params.max_new_tokens}")
     return "[" + " · ".join(parts) + "]"
-
-
-def debug() -> bool:
-    return "--debug" in sys.argv or bool(os.environ.get("LMPRESS_DEBUG"))
-
-
-def run_chat(config: RunConfig, system: str | None = None, markdown: bool = False) -> int:
-    """Chat on stdin/stdout until Ctrl-D or /exit; returns the exit code."""
-    interactive = sys.stdin.isatty()
-    style = Style(sys.stderr)
-    model = config.model.model_name
-    if interactive:
-        style.note(
-            f"loading {model} on {config.engine}…" if model else f"starting {config.engine}…"
-        )
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        engine = create_engine(config)  # refuses unsupported generation settings
-        chat = Chat(engine, config, loop, system=system, markdown=markdown, interactive=interactive)
-        try:
-            if interactive:
-                save_history = setup_readline([f"/{c}" for c in [*COMMANDS, *ALIASES]])
-                what = f"{model} on {engine.name}" if model else engine.name
-                style.info(
-                    f"Chatting with {what}.\n"
-                    f"Type a message and press Enter; /help lists commands; Ctrl-D or /exit leaves."
-                )
-                try:
-                    chat.run(read_messages(interactive=True, on_interrupt=style.note))
-                finally:
-                    save_history()
-                return 0  # errors in a session were shown as they came
-            return chat.run(read_messages(interactive=False))
-        finally:
-            loop.run_until_complete(engine.aclose())
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()

@@ -88,11 +88,12 @@ def setup_readline(commands: list[str]) -> Callable[[], None]:
     except ImportError:  # Windows without pyreadline: plain input still works
         return lambda: None
 
-    def complete(text: str, state: int) -> str | None:
+    def complete(text: str, index: int) -> str | None:
+        """The index-th completion of `text` (readline asks 0, 1, ... until None)."""
         if readline.get_begidx() != 0:
             return None
         matches = [c + " " for c in commands if c.startswith(text)]
-        return matches[state] if state < len(matches) else None
+        return matches[index] if index < len(matches) else None
 
     readline.set_completer(complete)
     readline.set_completer_delims(" \t\n")
@@ -103,8 +104,9 @@ def setup_readline(commands: list[str]) -> Callable[[], None]:
         # A pasted block arrives as one input, newlines and all, instead of one message a line.
         readline.parse_and_bind("set enable-bracketed-paste on")
 
-    state_home = os.environ.get("XDG_STATE_HOME") or "~/.local/state"
-    path = Path(state_home).expanduser() / "lmpress" / "chat_history"
+    # XDG's directory for data kept between sessions that is not worth a backup.
+    xdg_dir = os.environ.get("XDG_STATE_HOME") or "~/.local/state"
+    path = Path(xdg_dir).expanduser() / "lmpress" / "chat_history"
     try:
         readline.read_history_file(path)
     except OSError:  # none yet, or unreadable: start empty

@@ -19,9 +19,14 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lmpress.configs.schema import ENGINE_ALIASES, RANGE_CHECKS, TRAINING_ONLY, RunConfig
+from lmpress.configs.schema import (
+    ENGINE_ALIASES,
+    RANGE_CHECKS,
+    TRAINING_ONLY,
+    RunConfig,
+    check_range,
+)
 from lmpress.errors import ConfigError, first_line
-from lmpress.types import GenerationParams
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 
@@ -107,7 +112,7 @@ def load_config(
         layers.append((str(path), _read_recipe(path)))
     pairs = overrides.items() if isinstance(overrides, Mapping) else overrides
     for key, value in pairs:
-        parsed = _parse_scalar(value) if isinstance(value, str) else value
+        parsed = parse_scalar(value) if isinstance(value, str) else value
         layers.append((f"--{key}", _nest(key, parsed)))
     if engine:
         layers.append(("--engine", {"engine": engine}))
@@ -151,34 +156,10 @@ def training_only_fields(config: RunConfig) -> list[str]:
     return ignored
 
 
-def generation_with_overrides(
-    base: GenerationParams, overrides: Mapping[str, Any], source: str = "generation"
-) -> GenerationParams:
-    """`base` with one row's (or one request's) overrides, type-checked and range-checked."""
-    if not overrides:
-        return base
-    try:
-        merged = OmegaConf.merge(
-            OmegaConf.structured(base), _coerce_lists(overrides, GenerationParams)
-        )
-        params: GenerationParams = OmegaConf.to_object(merged)  # type: ignore[assignment]
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"{source}: {_omegaconf_message(exc)}") from exc
-    params.mark_explicit(base.explicit_fields() | set(overrides))
-    _check_ranges(params, "generation", source)
-    return params
-
-
-def _check_ranges(section_value: Any, section: str, source: str | None = None) -> None:
-    for dotted, (ok, allowed) in RANGE_CHECKS.items():
-        prefix, name = dotted.split(".")
-        if prefix != section:
-            continue
-        value = getattr(section_value, name)
-        if not ok(value):
-            where = f"{source}: " if source and source != section else ""
-            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-            raise ConfigError(f"{where}{dotted}: {shown} {allowed}")
+def _check_ranges(section_value: Any, section: str) -> None:
+    for dotted in RANGE_CHECKS:
+        if dotted.startswith(f"{section}."):
+            check_range(section_value, dotted)
 
 
 def validate(config: RunConfig) -> None:
@@ -231,7 +212,8 @@ def _read_recipe(path: Path) -> dict[str, Any]:
     return data
 
 
-def _parse_scalar(text: str) -> Any:
+def parse_scalar(text: str) -> Any:
+    """A command-line value read as a YAML scalar: "0.7" a float, "null" None, "[a, b]" a list."""
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmpress.errors import ConfigError
 from lmpress.types import GenerationParams
 
 
@@ -158,3 +159,18 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),
 }
+
+
+def check_range(section_value: Any, dotted: str, source: str | None = None) -> None:
+    """Refuse a value outside its field's range, naming the dotted key (and where the value
+    came from, unless that is the section itself)."""
+    check = RANGE_CHECKS.get(dotted)
+    if check is None:
+        return
+    ok, allowed = check
+    section, name = dotted.split(".")
+    value = getattr(section_value, name)
+    if not ok(value):
+        where = f"{source}: " if source and source != section else ""
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise ConfigError(f"{where}{dotted}: {shown} {allowed}")

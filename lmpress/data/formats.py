@@ -25,10 +25,11 @@ from typing import Any
 
 from lmpress.data import openai_batch
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
-from lmpress.types import GenerationParams, Message, Request, Result
+from lmpress.types import GENERATION_FIELDS, GenerationParams, Message, Request, Result
 
-GENERATION_FIELDS = {f.name for f in dataclasses.fields(GenerationParams)}
 OUTPUT_FORMATS = ("auto", "lmpress", "openai")
+# The keys a row's own id may be under, in the order they are looked for.
+ID_KEYS = ("id", "custom_id", "conversation_id")
 
 
 @dataclass
@@ -50,7 +51,7 @@ class ParsedRow:
 def row_id(raw: dict[str, Any], line: int) -> str:
     """A row's id: its own `id`, `custom_id` or `conversation_id`, else a stable hash of its
     content and position."""
-    for key in ("id", "custom_id", "conversation_id"):
+    for key in ID_KEYS:
         value = raw.get(key)
         if isinstance(value, (str, int)) and not isinstance(value, bool) and value != "":
             return str(value)
@@ -154,7 +155,7 @@ def _row_overrides(value: Any) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise RowError(f"'generation' must be an object, got {json_type(value)}")
-    unknown = sorted(set(value) - GENERATION_FIELDS)
+    unknown = sorted(key for key in value if key not in GENERATION_FIELDS)
     if unknown:
         raise RowError(f"'generation' has unknown key '{unknown[0]}'")
     if "batch_size" in value:
@@ -197,7 +198,7 @@ def output_row_id(out: dict[str, Any]) -> str | None:
     if "custom_id" in out and ("response" in out or "error" in out) and "messages" not in out:
         value = out["custom_id"]  # an OpenAI Batch line: its `id` is the batch request's own
     else:
-        value = next((out[k] for k in ("id", "custom_id", "conversation_id") if k in out), None)
+        value = next((out[k] for k in ID_KEYS if k in out), None)
     return None if value is None else str(value)
 
 
@@ -207,7 +208,7 @@ def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
     it is done."""
     reply = {"role": "assistant", "content": result.text}
     out: dict[str, Any] = {}
-    if not any(k in row.raw for k in ("id", "custom_id", "conversation_id")):
+    if not any(k in row.raw for k in ID_KEYS):
         out["id"] = row.id
     if row.kind == "openai_batch":
         out["custom_id"] = row.id

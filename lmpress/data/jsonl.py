@@ -114,3 +114,26 @@ class JsonlWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LazyJsonlWriter:
+    """A JsonlWriter opened (in append mode) only when the first line comes, so a run with no
+    failed row leaves no errors file."""
+
+    def __init__(self, path: Path | None):
+        self.path = path  # None: lines are dropped (streamed output has no side files)
+        self._writer: JsonlWriter | None = None
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        if self._writer is None:
+            self._writer = JsonlWriter(self.path, mode="a")
+        self._writer.write(row)
+
+    def __enter__(self) -> LazyJsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._writer is not None:
+            self._writer.close()

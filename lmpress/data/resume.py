@@ -15,19 +15,19 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lmpress import __version__
 from lmpress.configs.schema import RunConfig
-from lmpress.data.formats import output_row_id
+from lmpress.data.formats import output_row_id, row_id
+from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import read_lines
 from lmpress.data.targets import COMPRESSED, is_compressed
 from lmpress.errors import InputError
-
-SCHEDULING = {"batch_size"}  # settings that change speed, not results
+from lmpress.types import SCHEDULING_FIELDS
 
 
 @dataclass(frozen=True)
@@ -55,15 +55,92 @@ class JobFiles:
             path.unlink(missing_ok=True)
 
 
+def scan_input(path: str, in_shard: Callable[[int], bool]) -> tuple[int, IdKeys]:
+    """One pass before any work: count the shard's rows, refuse duplicate ids, and return the
+    count and the id keys of the rows that have one."""
+    keys = IdKeys()
+    total = 0
+    for ordinal, line in enumerate(read_lines(path)):
+        if not in_shard(ordinal):
+            continue
+        total += 1
+        if line.error or not isinstance(line.value, dict):
+            continue
+        keys.add(id_key(row_id(line.value, line.number)))
+    if total == 0:
+        raise InputError(f"{path}: the input has no rows")
+    repeated = keys.freeze()
+    if repeated is not None:
+        _refuse_duplicate(path, in_shard, repeated)
+    return total, keys
+
+
+def _refuse_duplicate(path: str, in_shard: Callable[[int], bool], key: int) -> None:
+    """A second pass, only when an id repeats: name both lines."""
+    first = None
+    for ordinal, line in enumerate(read_lines(path)):
+        if not in_shard(ordinal) or line.error or not isinstance(line.value, dict):
+            continue
+        rid = row_id(line.value, line.number)
+        if id_key(rid) != key:
+            continue
+        if first is not None:
+            raise InputError(
+                f"{path}:{line.number}: duplicate id '{rid}' (first at line {first}); ids "
+                f"must be unique for a job to resume safely"
+            )
+        first = line.number
+
+
+@dataclass
+class EarlierRun:
+    """What earlier runs of a job left in its output and errors files."""
+
+    done: IdKeys  # rows written
+    set_aside: IdKeys  # rows that failed and are not to be retried
+    fresh: bool  # nothing to resume (or --overwrite): the side files are started over
+
+
+def read_earlier_run(
+    files: JobFiles,
+    settings: dict[str, Any],
+    *,
+    overwrite: bool,
+    retry_failed: bool,
+    say: Callable[[str], None],
+) -> EarlierRun:
+    """The rows earlier runs finished, the output checked against `settings` (refused when
+    they changed) and its torn tail repaired; `say` is told what was done."""
+    if overwrite or not (files.output.exists() and files.output.stat().st_size > 0):
+        return EarlierRun(IdKeys(), IdKeys(), fresh=True)
+    check_fingerprint(files, settings)
+    if repair_torn_tail(files.output):
+        say(f"{files.output}: cut off a half-written last line from the last run")
+    repair_torn_tail(files.errors)
+    done = IdKeys(id_key(rid) for rid in done_ids(files.output))
+    done.freeze()
+    set_aside = IdKeys()
+    if retry_failed:
+        files.errors.unlink(missing_ok=True)  # those rows are tried again
+    else:
+        for rid in done_ids(files.errors):
+            if (key := id_key(rid)) not in done:
+                set_aside.add(key)
+    set_aside.freeze()
+    if done or set_aside:
+        say(
+            f"resuming {files.output}: {len(done)} rows done"
+            + (f", {len(set_aside)} failed rows left aside" if set_aside else "")
+        )
+    return EarlierRun(done, set_aside, fresh=False)
+
+
 def fingerprint(config: RunConfig, output_format: str, shard: str | None) -> dict[str, Any]:
     """The settings that decide what the output holds."""
-    generation = {
-        k: v for k, v in dataclasses.asdict(config.generation).items() if k not in SCHEDULING
-    }
     return {
         "engine": config.engine,
         "model": dataclasses.asdict(config.model),
-        "generation": generation,
+        "generation": _results_only(dataclasses.asdict(config.generation)),
         "remote_params": {"api_url": config.remote_params.api_url},
         "output_format": output_format,
         "shard": shard,
@@ -80,7 +157,9 @@ def check_fingerprint(files: JobFiles, current: dict[str, Any]) -> None:
         )
     try:
         stored = json.loads(files.fingerprint.read_text(encoding="utf-8"))["settings"]
-    except (OSError, ValueError, KeyError) as exc:
+        if isinstance(stored.get("generation"), dict):  # older versions kept some of them
+            stored["generation"] = _results_only(stored["generation"])
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
         raise InputError(f"{files.fingerprint}: unreadable ({exc}); use --overwrite") from exc
     changes = _differences(stored, current)
     if changes:
@@ -140,14 +219,19 @@ def done_ids(path: Path) -> Iterator[str]:
                 f"{path}:{line.number}: {line.error}, so the output cannot be resumed; "
                 f"repair that line or use --overwrite"
             )
-        row_id = output_row_id(line.value) if isinstance(line.value, dict) else None
-        if row_id is not None:
-            yield row_id
+        rid = output_row_id(line.value) if isinstance(line.value, dict) else None
+        if rid is not None:
+            yield rid
 
 
-def id_key(row_id: str) -> int:
+def id_key(rid: str) -> int:
     """A compact, collision-resistant key for a row id (8 bytes instead of the string)."""
-    return int.from_bytes(hashlib.blake2b(row_id.encode(), digest_size=8).digest(), "big")
+    return int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=8).digest(), "big")
+
+
+def _results_only(generation: dict[str, Any]) -> dict[str, Any]:
+    """Generation settings without the scheduling ones, which change speed, not results."""
+    return {k: v for k, v in generation.items() if k not in SCHEDULING_FIELDS}
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:

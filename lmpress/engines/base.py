@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
 from lmpress.errors import RequestError, UnsupportedParamError
+from lmpress.progress import ProgressBar
 from lmpress.types import (
     ErrorInfo,
     GenerationParams,
@@ -108,18 +109,21 @@ class Engine(ABC):
 
     async def _complete_all(self, requests: list[Request], progress: bool) -> list[Result]:
         slots = asyncio.Semaphore(self.max_in_flight)
-        bar = _progress_bar(len(requests)) if progress else None
+        bar = ProgressBar("generate") if progress else None
+        done = tokens = 0
 
         async def one(request: Request) -> Result:
+            nonlocal done, tokens
             async with slots:
                 result = await self.complete(request)
             if bar is not None:
-                bar.advance(bar.task_ids[0])
+                done, tokens = done + 1, tokens + result.usage.completion_tokens
+                bar.update(done, tokens=tokens)
             return result
 
         try:
             if bar is not None:
-                bar.start()
+                bar.start(len(requests))
             return await asyncio.gather(*(one(r) for r in requests))
         finally:
             if bar is not None:
@@ -201,11 +205,3 @@ def error_result(request: Request, engine: Engine, error: ErrorInfo, started: fl
         latency_s=time.perf_counter() - started,
         error=error,
     )
-
-
-def _progress_bar(total: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    bar = Progress(BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
-    bar.add_task("generate", total=total)
-    return bar

@@ -7,9 +7,8 @@ import textwrap
 import pytest
 
 from lmpress.configs import load_config, parse_overrides
-from lmpress.configs.loading import config_to_yaml, generation_with_overrides
+from lmpress.configs.loading import config_to_yaml
 from lmpress.errors import ConfigError
-from lmpress.types import GenerationParams
 
 
 def write(tmp_path, text: str, name: str = "recipe.yaml"):
@@ -172,12 +171,3 @@ def test_config_yaml_redacts_literal_key():
     text = config_to_yaml(cfg)
     assert "sk-secret-123" not in text
     assert "redacted" in text
-
-
-def test_row_overrides_are_checked():
-    base = GenerationParams()
-    assert generation_with_overrides(base, {"temperature": 0.3}).temperature == 0.3
-    with pytest.raises(ConfigError, match="generation.temperature"):
-        generation_with_overrides(base, {"temperature": -1})
-    with pytest.raises(ConfigError, match="temperature"):
-        generation_with_overrides(base, {"temperature": "hot"})

@@ -1,0 +1,152 @@
+"""`lmpress batch`: check every path and flag before any work, run the batch runner
+(lmpress/batch.py), and draw its progress and summary (cli/report.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt, load_run_config, unexpected
+from lmpress.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from lmpress.batch import BatchOptions
+    from lmpress.configs.schema import RunConfig
+
+
+def batch(
+    ctx: typer.Context,
+    input: Annotated[
+        str | None,
+        typer.Option("-i", "--input", help="Input JSONL file (.gz .zst .bz2 .xz read too)."),
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", help="Output JSONL file, or - for stdout.")
+    ] = None,
+    recipe: RecipeOpt = None,
+    engine: EngineOpt = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Start over instead of resuming the output.", metavar=FLAG
+        ),
+    ] = False,
+    on_error: Annotated[
+        str, typer.Option("--on-error", help="skip: set failed rows aside and go on; fail: stop.")
+    ] = "skip",
+    no_retry_failed: Annotated[
+        bool,
+        typer.Option(
+            "--no-retry-failed", help="Leave rows that failed before aside.", metavar=FLAG
+        ),
+    ] = False,
+    max_errors: Annotated[
+        int | None, typer.Option("--max-errors", help="Stop once this many rows failed.")
+    ] = None,
+    ordered: Annotated[
+        bool,
+        typer.Option("--ordered", help="Write rows in input order (bounded buffer).", metavar=FLAG),
+    ] = False,
+    shard: Annotated[
+        str | None, typer.Option("--shard", help="I/N: every N-th row starting at I.")
+    ] = None,
+    output_format: Annotated[
+        str, typer.Option("--output-format", help="auto (follow the input), lmpress or openai.")
+    ] = "auto",
+) -> None:
+    """Run every row of a JSONL file through the model, writing each result as it completes.
+
+    Re-running the same command resumes: rows already written are skipped. Failed rows go to
+    OUT.errors.jsonl and are retried on the next run. Exit code 0 when every row succeeded,
+    1 when any failed, 2 for a usage or config error, 130 when interrupted.
+    """
+    config, words = load_run_config(ctx, recipe, engine)
+    if words:
+        raise ConfigError(unexpected(words[0], "batch reads rows from -i FILE"))
+    from lmpress.batch import BatchOptions
+    from lmpress.data.formats import OUTPUT_FORMATS
+
+    if on_error not in ("skip", "fail"):
+        raise ConfigError(f"--on-error {on_error}: use skip or fail")
+    if output_format not in OUTPUT_FORMATS:
+        raise ConfigError(f"--output-format {output_format}: use {', '.join(OUTPUT_FORMATS)}")
+    if max_errors is not None and max_errors < 1:
+        raise ConfigError("--max-errors: must be at least 1")
+
+    options = BatchOptions(
+        input_path="",
+        output_path="",
+        overwrite=overwrite,
+        on_error=on_error,
+        retry_failed=not no_retry_failed,
+        max_errors=max_errors,
+        ordered=ordered,
+        shard=parse_shard(shard) if shard else None,
+        output_format=output_format,
+        recipe=recipe,
+    )
+    raise typer.Exit(run_file(config, input, output, options))
+
+
+def run_file(
+    config: RunConfig, input: str | None, output: str | None, options: BatchOptions | None = None
+) -> int:
+    """Run a file through the batch runner with the progress bar and summary table; the exit
+    code. `infer --input_path` comes here too."""
+    import asyncio
+
+    from lmpress.batch import BatchOptions, run_batch
+    from lmpress.cli.report import BatchReport
+    from lmpress.data.resume import JobFiles
+    from lmpress.data.targets import check_input, resolve_output
+    from lmpress.engines.registry import load_engine_class
+
+    input_path = input or config.input_path
+    output_path = output or config.output_path
+    if not input_path:
+        raise ConfigError("no input: give -i FILE or set input_path")
+    if not output_path:
+        raise ConfigError("no output: give -o FILE (or - for stdout) or set output_path")
+    # Every path checked before anything is opened for writing or any model loads.
+    check_input(input_path)
+    files = JobFiles.beside(output_path)
+    target = resolve_output(
+        output_path, input_path, [files.errors, files.summary, files.fingerprint]
+    )
+    if not target.stream:
+        _check_writable(output_path)
+    options = options or BatchOptions("", "")
+    options.input_path, options.output_path = input_path, output_path
+    load_engine_class(config.engine)  # an engine that cannot load is refused before any work
+    report = BatchReport()
+    summary = asyncio.run(run_batch(config, options, events=report))
+    report.summary_table(summary)
+    return summary.exit_code
+
+
+def _check_writable(path: str) -> None:
+    """Fail before any work if the output cannot be created (access() lies to root)."""
+    target = Path(path).expanduser()
+    existed = target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("a"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
+    if not existed:
+        target.unlink()
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N."""
+    index, slash, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = -1
+    if not slash or n < 1 or not 0 <= i < n:
+        raise InputError(f"--shard {text}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return i, n

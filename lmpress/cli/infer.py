@@ -1,0 +1,130 @@
+"""`lmpress infer`: one prompt from the shell, with `oumi infer`'s flags (-i opens the chat,
+--input_path runs a file as `lmpress batch` does)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lmpress.cli.listings import recipes
+from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt, debug_wanted, load_run_config
+from lmpress.errors import ConfigError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _list_recipes(value: bool) -> None:
+    if value:
+        recipes()
+        raise typer.Exit()
+
+
+def infer(
+    ctx: typer.Context,
+    recipe: RecipeOpt = None,
+    engine: EngineOpt = None,
+    interactive: Annotated[
+        bool,
+        typer.Option("-i", "--interactive", help="Open the chat, as `lmpress chat`.", metavar=FLAG),
+    ] = False,
+    system: Annotated[
+        str | None, typer.Option("--system-prompt", "--system", help="A system prompt.")
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option("--image", help="An image file (or http/data URL) to send with the prompt."),
+    ] = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw", help="Send the prompt as raw text to continue, without the chat template."
+        ),
+    ] = False,
+    input: Annotated[
+        str | None,
+        typer.Option("--input_path", "--input", help="Run a JSONL file instead (the batch path)."),
+    ] = None,
+    output: Annotated[
+        str | None,
+        typer.Option("--output_path", "--output", "-o", help="Output JSONL (with --input_path)."),
+    ] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option("-log", "--log-level", help=f"Logging level: {', '.join(LOG_LEVELS)}."),
+    ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option("-v", "--verbose", help="Print the merged config first.", metavar=FLAG),
+    ] = False,
+    list_recipes: Annotated[
+        bool,
+        typer.Option(
+            "--list",
+            callback=_list_recipes,
+            is_eager=True,
+            help="List the bundled recipes.",
+            metavar=FLAG,
+        ),
+    ] = False,
+) -> None:
+    """Answer one prompt (an argument, or stdin), printing the reply as it streams.
+
+    [bold]lmpress infer --engine NATIVE --model.model_name HuggingFaceTB/SmolLM2-135M-Instruct "Why is the sky blue?"[/bold]
+
+    Takes `oumi infer`'s flags: -i opens the chat, --input_path/--output_path run a file.
+    """
+    _logging(log_level)
+    config, words = load_run_config(ctx, recipe, engine)
+    if verbose:
+        from lmpress.configs.loading import config_to_yaml
+
+        print(config_to_yaml(config), file=sys.stderr, end="")
+    if interactive:
+        _refuse_chat_extras(words, image, raw)
+        from lmpress.chat.main import run_chat
+
+        raise typer.Exit(run_chat(config, system=system, debug=debug_wanted(ctx)))
+    if input or (config.input_path and not words):
+        from lmpress.cli.batch import run_file
+
+        raise typer.Exit(run_file(config, input, output))
+    if raw and (system or image):
+        raise ConfigError("--system and --image need the chat template; --raw sends text as is")
+    prompt = " ".join(words)
+    if not prompt:
+        if sys.stdin.isatty():
+            raise ConfigError("no prompt: give it as an argument or on stdin")
+        prompt = sys.stdin.read().strip()
+        if not prompt:
+            raise ConfigError("no prompt: stdin was empty; give the prompt as an argument")
+    import asyncio
+
+    from lmpress.infer import run_prompt
+
+    raise typer.Exit(asyncio.run(run_prompt(config, prompt, system, raw=raw, image=image)))
+
+
+def _logging(level: str | None) -> None:
+    if level is None:
+        return
+    if level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"--log-level: '{level}' is not one of {', '.join(LOG_LEVELS)}")
+    import logging
+
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+
+def _refuse_chat_extras(words: list[str], image: str | None, raw: bool) -> None:
+    if words:
+        hint = "type messages at the chat prompt, or pipe them in"
+        if words[0].endswith((".jsonl", ".json")) or Path(words[0]).is_file():
+            hint = (
+                "-i opens the chat, as in `oumi infer`; run a file with --input_path FILE "
+                "--output_path OUT, or lmpress batch -i FILE -o OUT"
+            )
+        raise ConfigError(f"unexpected argument '{words[0]}' ({hint})")
+    if image or raw:
+        raise ConfigError(f"{'--image' if image else '--raw'} is for one prompt, not the chat")

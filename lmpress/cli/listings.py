@@ -1,0 +1,60 @@
+"""`lmpress engines`, `lmpress recipes` and `lmpress config show`: what is here to use."""
+
+from __future__ import annotations
+
+import typer
+
+from lmpress.cli.options import EngineOpt, RecipeOpt, load_run_config
+from lmpress.errors import ConfigError
+
+
+def engines() -> None:
+    """List every engine, whether it can run here, and the generation parameters it supports."""
+    import textwrap
+
+    from lmpress.engines.registry import engine_names, engine_status
+
+    for name in engine_names():
+        status = engine_status(name)
+        usable = "usable" if status.usable else f"not usable: {status.why}"
+        if status.usable and status.why:
+            usable += f", but {status.why}"
+        print(f"{status.name:14} {status.summary}\n{'':14} {usable}")
+        if status.supported_params:
+            params = "parameters: " + ", ".join(sorted(status.supported_params))
+            print(textwrap.fill(params, 92, initial_indent=" " * 15, subsequent_indent=" " * 27))
+        print()
+
+
+def recipes() -> None:
+    """List the bundled recipes (use one with -c NAME)."""
+    import shutil
+    import textwrap
+
+    from lmpress.configs.loading import bundled_recipes
+
+    width = max(shutil.get_terminal_size((100, 20)).columns, 60)
+    for name, path in bundled_recipes().items():
+        about = " ".join(_leading_comment(path.read_text(encoding="utf-8")))
+        print(textwrap.fill(f"{name:28} {about}", width, subsequent_indent=" " * 29))
+
+
+def _leading_comment(text: str) -> list[str]:
+    """The recipe's opening comment block, whole: its first line alone is often half a
+    sentence."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").strip())
+    return lines
+
+
+def config_show(ctx: typer.Context, recipe: RecipeOpt = None, engine: EngineOpt = None) -> None:
+    """Print the merged config (recipe + overrides) as YAML, secrets redacted."""
+    from lmpress.configs.loading import config_to_yaml
+
+    config, words = load_run_config(ctx, recipe, engine)
+    if words:
+        raise ConfigError(f"unexpected argument '{words[0]}'")
+    print(config_to_yaml(config), end="")

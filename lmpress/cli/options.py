@@ -1,0 +1,53 @@
+"""What every command shares: the recipe and engine options, the pass-through of dotted
+config overrides, and loading the RunConfig they make."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from lmpress.configs.schema import RunConfig
+
+# Config overrides are any `--section.key value` (or `--section.key=value`) words; typer passes
+# them through untouched and `configs.parse_overrides` reads them.
+OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
+OVERRIDES_HELP = (
+    "Any config key can be set as --section.key VALUE, e.g. --generation.temperature 0.7 "
+    "or --model.model_name=PATH."
+)
+
+# A flag takes no value; shown without a type so that `--overwrite true` is not suggested.
+FLAG = ""
+
+RecipeOpt = Annotated[
+    str | None,
+    typer.Option("-c", "--config", help="Recipe: a YAML path or a bundled recipe name."),
+]
+EngineOpt = Annotated[
+    str | None, typer.Option("--engine", help="Engine name (sets the top-level 'engine' key).")
+]
+
+
+def load_run_config(
+    ctx: typer.Context, recipe: str | None, engine: str | None
+) -> tuple[RunConfig, list[str]]:
+    """The recipe with the command line's overrides merged in, and the words left over."""
+    from lmpress.configs import load_config, parse_overrides
+
+    overrides, positional = parse_overrides(ctx.args)
+    return load_config(recipe, overrides, engine=engine), positional
+
+
+def debug_wanted(ctx: typer.Context) -> bool:
+    """Whether `--debug` (or LMPRESS_DEBUG) was given; `main` reads it once for every command."""
+    root = ctx.find_root()
+    return bool(isinstance(root.obj, dict) and root.obj.get("debug"))
+
+
+def unexpected(word: str, hint: str) -> str:
+    """A stray word; `true`/`false` after a flag gets the flag's own spelling as the hint."""
+    if word.lower() in ("true", "false", "yes", "no", "1", "0"):
+        hint = "a flag such as --overwrite takes no value: give it alone to turn it on"
+    return f"unexpected argument '{word}' ({hint})"

@@ -1,0 +1,56 @@
+"""`lmpress serve`: the OpenAI-compatible HTTP server (lmpress/serve/) over the recipe's engine."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt
+from lmpress.errors import ConfigError
+
+
+def serve(
+    ctx: typer.Context,
+    recipe: RecipeOpt = None,
+    engine: EngineOpt = None,
+    host: Annotated[
+        str | None,
+        typer.Option("--host", help="Address to listen on (default 127.0.0.1: this machine only)."),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Port (default 8000; 0 picks a free one).")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            help="Require this key as 'Authorization: Bearer KEY' on /v1 routes. "
+            "Default: $LMPRESS_API_KEY (safer: a flag shows in the process list).",
+            show_default=False,
+        ),
+    ] = None,
+    log_content: Annotated[
+        bool,
+        typer.Option("--log-content", help="Log each request's messages and reply.", metavar=FLAG),
+    ] = False,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API; concurrent requests are batched.
+
+    Routes: /v1/chat/completions, /v1/completions, /v1/models, /health.
+
+    [bold]lmpress serve -c tiny-native --port 8000[/bold]
+    """
+    from lmpress.configs import load_config, parse_overrides
+
+    overrides, words = parse_overrides(ctx.args)
+    if words:
+        raise ConfigError(f"unexpected argument '{words[0]}'")
+    flags = [("serve.host", host), ("serve.port", port), ("serve.log_content", log_content or None)]
+    overrides += [(key, value) for key, value in flags if value is not None]
+    config = load_config(recipe, overrides, engine=engine)
+    key = api_key or os.environ.get("LMPRESS_API_KEY") or None
+    from lmpress.serve.server import run_server
+
+    raise typer.Exit(run_server(config, key))
