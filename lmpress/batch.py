@@ -53,6 +53,7 @@ from lmpress.data.targets import STDIO, check_input, resolve_output
 from lmpress.engines.base import Engine, check_params
 from lmpress.engines.registry import create_engine, load_engine_class
 from lmpress.errors import LmpressError, UnsupportedParamError
+from lmpress.structured import check_structure
 from lmpress.types import GenerationParams, Request, Result
 
 EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 0, 1, 130
@@ -373,7 +374,8 @@ class BatchJob:
 
     async def _run_row(self, seq: int, row: ParsedRow, request: Request):
         assert self.engine is not None
-        return seq, row, await self.engine.complete(request)
+        result = await self.engine.complete(request)
+        return seq, row, check_structure(request, result)
 
     def _finish(self, seq: int, row: ParsedRow, result: Result, reorder: _Reorder | None) -> None:
         summary = self.summary

@@ -35,6 +35,7 @@ class ErrorKind(str, Enum):
     CLIENT_ERROR = "client_error"  # the SDK failed before sending
     # The engine itself.
     GENERATION_ERROR = "generation_error"
+    INVALID_OUTPUT = "invalid_output"  # a reply that breaks the structure its row asked for
     ENGINE_CLOSED = "engine_closed"
 
     def __str__(self) -> str:

@@ -9,11 +9,15 @@ into something the model did not write. An invalid reply is a failed row (kind
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from lmpress.errors import ErrorKind
+from lmpress.types import ErrorInfo, Request, Result
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,32 @@ def schema_error(value: Any, schema: dict[str, Any]) -> str | None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)
     return f"{where or 'the value'}: {error.message}"
+
+
+CHECKED_FORMS = ("json", "json_object", "regex", "choice")
+
+
+def check_structure(request: Request, result: Result) -> Result:
+    """The result of a row that asked for a structure, with the check of each sample: every
+    sample that follows it, the first one's parsed value in `result.structured`; a sample that
+    does not, the row failed (`invalid_output`) with why, its text and usage kept."""
+    guided = request.params.guided_decoding
+    if not result.ok or guided is None or guided.form not in CHECKED_FORMS:
+        return result
+    checks = [
+        check_reply(sample.text, guided.form, guided.value, sample.finish_reason)
+        for sample in result.samples
+    ]
+    bad = next(((i, c) for i, c in enumerate(checks) if not c.valid), None)
+    if bad is None:
+        return dataclasses.replace(result, structured=checks[0].to_dict() if checks else None)
+    index, check = bad
+    which = f"sample {index} of the reply" if len(checks) > 1 else "the reply"
+    error = ErrorInfo(
+        ErrorKind.INVALID_OUTPUT,
+        f"{which} does not follow generation.guided_decoding.{guided.form}: {check.error}",
+    )
+    return dataclasses.replace(result, error=error)
 
 
 @lru_cache(maxsize=256)

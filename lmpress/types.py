@@ -22,10 +22,28 @@ class ContentPart:
     image_url: str | None = None
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """One call of a function: its arguments as JSON text, as OpenAI's wire carries them."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
 @dataclass
 class Message:
     role: str
     content: str | list[ContentPart]
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
     def text(self) -> str:
         """The message's text; image parts are left out."""
@@ -40,15 +58,22 @@ class Message:
 
     def to_openai(self) -> dict[str, Any]:
         """The message as an OpenAI chat message dict."""
+        out: dict[str, Any] = {"role": self.role}
         if isinstance(self.content, str):
-            return {"role": self.role, "content": self.content}
-        parts: list[dict[str, Any]] = []
-        for part in self.content:
-            if part.type == "text":
-                parts.append({"type": "text", "text": part.text or ""})
-            else:
-                parts.append({"type": "image_url", "image_url": {"url": part.image_url}})
-        return {"role": self.role, "content": parts}
+            out["content"] = self.content
+        else:
+            parts: list[dict[str, Any]] = []
+            for part in self.content:
+                if part.type == "text":
+                    parts.append({"type": "text", "text": part.text or ""})
+                else:
+                    parts.append({"type": "image_url", "image_url": {"url": part.image_url}})
+            out["content"] = parts
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 @dataclass
@@ -160,6 +185,9 @@ class Request:
     messages: list[Message]
     params: GenerationParams = field(default_factory=GenerationParams)
     prompt: str | None = None
+    # The functions the model may call, in OpenAI's form ({"type": "function", "function":
+    # {"name", "description", "parameters"}}); `params.tool_choice` says whether it must.
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -179,8 +207,8 @@ class TokenLogprob:
 
 
 # Why a sample ended: OpenAI's finish reasons (a remote engine reads any other a provider sends
-# as "stop"; lmpress sends no tools), and lmpress's own for a request cancelled or failed midway.
-FinishReason = Literal["stop", "length", "content_filter", "cancelled", "error"]
+# as "stop"), and lmpress's own for a request cancelled or failed midway.
+FinishReason = Literal["stop", "length", "content_filter", "tool_calls", "cancelled", "error"]
 FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 
 
@@ -190,6 +218,7 @@ class Sample:
     finish_reason: FinishReason
     logprobs: list[TokenLogprob] | None = None
     completion_tokens: int = 0
+    tool_calls: list[ToolCall] | None = None  # the calls the reply makes (finish "tool_calls")
 
 
 @dataclass
@@ -223,6 +252,9 @@ class Result:
     engine: str = ""
     latency_s: float = 0.0
     error: ErrorInfo | None = None
+    # For a row that asked for JSON, a regex or a choice: the reply checked against it
+    # (`structured.check_structure`): {"valid": true, "parsed": ...}.
+    structured: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

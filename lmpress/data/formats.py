@@ -254,6 +254,8 @@ def response_record(result: Result) -> dict[str, Any]:
             }
             for t in result.samples[0].logprobs
         ]
+    if result.structured is not None:
+        record["structured"] = result.structured
     if result.error is not None:
         record["error"] = dataclasses.asdict(result.error)
     return record

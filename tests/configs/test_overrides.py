@@ -41,7 +41,6 @@ CASES = [
     {"logit_bias": "x"}, {"logit_bias": {5: 1}},
     {"guided_decoding": {"json": {"type": "object"}}}, {"guided_decoding": None},
     {"guided_decoding": {"regex": None, "choice": ["a"], "strict": False}},
-    {"guided_decoding": "x"}, {"guided_decoding": 5},
     {"use_sampling": False, "temperature": 0.7}, {"use_sampling": "off"}, {"use_sampling": None},
     {"use_sampling": "maybe"}, {"tool_choice": {"a": [1]}}, {"tool_choice": "auto"},
     {"n": 0}, {"n": "2"}, {"skip_special_tokens": "no"}, {"num_beams": 2},
@@ -84,14 +83,26 @@ def test_values_come_back_typed():
     assert BASE.temperature == 0.3 and BASE.stop_token_ids == []  # the base is left as it was
 
 
-# Where OmegaConf crashed or let a non-string stop string through, the error names the key.
+# Where OmegaConf crashed, let a non-string stop string through, or spoke of its own merge
+# (guided_decoding is a typed value now), the error names the key and what it should be.
 @pytest.mark.parametrize(
     "overrides, message",
     [
         ({"stop_strings": {"a": 1}}, "generation: stop_strings[0]: Invalid type assigned: dict"),
         ({"stop_strings": ["a", ["b"]]}, "generation: stop_strings[1]: Invalid type assigned"),
         ({"logit_bias": [1]}, "generation: logit_bias: Cannot assign list to Dict[str, float]"),
-        ({"guided_decoding": [1]}, "generation: guided_decoding: Cannot assign list to Dict"),
+        (
+            {"guided_decoding": [1]},
+            "generation.guided_decoding must be a mapping such as {json: SCHEMA}, got list",
+        ),
+        (
+            {"guided_decoding": "x"},
+            "generation.guided_decoding must be a mapping such as {json: SCHEMA}, got str",
+        ),
+        (
+            {"guided_decoding": 5},
+            "generation.guided_decoding must be a mapping such as {json: SCHEMA}, got int",
+        ),
         ({"temprature": 1}, "generation: Key 'temprature' not in 'GenerationParams'"),
     ],
 )
