@@ -28,9 +28,11 @@ SCHEMA = {
             "type": "object",
             "properties": {"name": {"type": "string", "maxLength": 24}, "guns": {"type": "integer", "minimum": 0, "maximum": 120}},
             "required": ["name", "guns"],
+            "additionalProperties": False,
         },
     },
     "required": ["name", "age", "role", "skills", "ship"],
+    "additionalProperties": False,  # as OpenAI's strict mode requires of every object
 }  # fmt: skip
 REGEX = r"[A-Z][a-z]{2,9}-[0-9]{3}"
 CHOICE = ["positive", "negative", "neutral"]
