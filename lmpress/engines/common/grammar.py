@@ -187,6 +187,27 @@ def guided_matcher(grammars: Callable[[], Grammars], guided: Any, engine: str) -
         ) from exc
 
 
+def request_matcher(
+    grammars: Callable[[], Grammars], guided: Any, tool_grammar: str | None, engine: str
+) -> Matcher | None:
+    """The one grammar a request's replies follow: its guided decoding, or the call its
+    tool_choice requires; both at once is refused."""
+    from lmpress.errors import ErrorKind, RequestError
+
+    if tool_grammar is None:
+        return guided_matcher(grammars, guided, engine)
+    if guided is not None and guided.form is not None:
+        raise RequestError(
+            "generation.guided_decoding and a required tool call (tool_choice) cannot both "
+            "constrain one reply; drop one of them",
+            ErrorKind.INVALID_REQUEST,
+        )
+    try:
+        return grammars().matcher("lark", tool_grammar)
+    except (GrammarError, ValueError) as exc:
+        raise RequestError(f"tools: {exc}", ErrorKind.INVALID_REQUEST) from exc
+
+
 def check_recipe_guided(grammars: Callable[[], Grammars], guided: Any, engine: str) -> None:
     """The recipe's own constraint, checked and compiled before any row is read."""
     from lmpress.errors import ConfigError, RequestError

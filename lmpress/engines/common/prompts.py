@@ -41,6 +41,7 @@ def render_chat_prompt(
     model: str,
     chat_template: str | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    tool_plan: Any = None,
 ) -> str:
     """The prompt text for a text-only chat request; the template writes BOS and the other
     special tokens itself. `template_kwargs` (model.chat_template_kwargs, e.g.
@@ -65,6 +66,10 @@ def render_chat_prompt(
             kind="invalid_request",
         )
     messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+    if tool_plan is not None:  # tools offered, or turns that called them (tool_calls.py)
+        messages = tool_plan.messages
+        if tool_plan.tools:
+            options["tools"] = tool_plan.tools
     try:
         return tokenizer.apply_chat_template(messages, **options)
     except Exception as exc:  # Jinja raises its own errors for refused conversations

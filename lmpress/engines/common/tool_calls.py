@@ -25,6 +25,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from lmpress.types import Message, Request, Sample, ToolCall
+
 PARSERS = ("hermes", "llama3_json", "mistral")
 
 # The JSON written inside a constrained call: compact, as the parsers expect and as a small
@@ -32,17 +34,19 @@ PARSERS = ("hermes", "llama3_json", "mistral")
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    """One call of a function, its arguments as JSON text (as the OpenAI wire carries them)."""
-
-    id: str
-    name: str
-    arguments: str
-
-
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def check_parser(explicit: str | None) -> str | None:
+    """`model.tool_call_parser` checked when the engine loads."""
+    from lmpress.errors import ConfigError
+
+    try:
+        parser_for(None, explicit)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return explicit
 
 
 def parser_for(chat_template: str | None, explicit: str | None = None) -> str:
@@ -76,6 +80,75 @@ def tools_instruction(tools: list[dict[str, Any]]) -> str:
         "within <tool_call></tool_call> tags:\n"
         '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
     )
+
+
+@dataclass
+class ToolPlan:
+    """How one request's tools go into the prompt and its calls come back out."""
+
+    parser: str
+    messages: list[dict[str, Any]]  # the conversation as the chat template reads it
+    tools: list[dict[str, Any]] | None  # for a template that renders tools itself
+    grammar: str | None = None  # a call the reply must be (tool_choice required or named)
+
+    def read(self, sample: Sample) -> Sample:
+        """The sample with the calls its text makes, if it makes any."""
+        if sample.finish_reason != "stop":  # a reply cut short stays text
+            return sample
+        content, calls = parse_tool_calls(sample.text, self.parser)
+        if not calls:
+            return sample
+        return Sample(content, "tool_calls", sample.logprobs, sample.completion_tokens, calls)
+
+
+def plan_tools(request: Request, chat_template: str | None, parser: str | None) -> ToolPlan:
+    """The prompt's messages and tools, and the grammar a required call follows. A template
+    that renders tools gets them, and the turns that called tools as they are; any other gets
+    the tools in a system message and earlier calls and replies written in the hermes form."""
+    parser = parser_for(chat_template, parser)
+    tool_choice = request.params.tool_choice
+    offered = request.tools if request.tools and tool_choice != "none" else None
+    native = template_takes_tools(chat_template)
+    messages = [_template_message(m, native) for m in request.messages]
+    if offered and not native:
+        instruction = tools_instruction(offered)
+        if messages and messages[0]["role"] == "system":
+            messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{instruction}"}
+        else:
+            messages.insert(0, {"role": "system", "content": instruction})
+    chosen = chosen_tools(offered, tool_choice) if offered else None
+    grammar = call_grammar(chosen, parser) if chosen else None
+    return ToolPlan(parser, messages, offered if native else None, grammar)
+
+
+def wants_tool_plan(request: Request) -> bool:
+    """Whether a request offers tools or carries turns that called them."""
+    return bool(request.tools) or any(m.tool_calls or m.role == "tool" for m in request.messages)
+
+
+def _template_message(message: Message, native: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if native:
+        if message.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                for c in message.tool_calls
+            ]  # fmt: skip
+        if message.tool_call_id is not None:
+            out["tool_call_id"] = message.tool_call_id
+        return out
+    if message.tool_calls:
+        calls = "\n".join(
+            "<tool_call>\n"
+            + json.dumps({"name": c.name, "arguments": json.loads(c.arguments)})
+            + "\n</tool_call>"
+            for c in message.tool_calls
+        )
+        out["content"] = f"{out['content']}\n{calls}".strip()
+    if message.role == "tool":
+        out = {"role": "user", "content": f"<tool_response>\n{out['content']}\n</tool_response>"}
+    return out
 
 
 def parse_tool_calls(text: str, parser: str) -> tuple[str, list[ToolCall]]:

@@ -18,6 +18,7 @@ backend state per request (KV sequences, samplers) frees it in `_run` itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from abc import abstractmethod
@@ -66,8 +67,10 @@ class Submission:
     # the request and frees what it holds.
     cancelled: bool = False
     answered: bool = False  # its Result was handed back
-    # The grammar its samples follow (guided decoding); each sample gets a copy.
+    # The grammar its samples follow (guided decoding, a required tool call); each sample
+    # gets a copy.
     matcher: Any = None
+    tool_plan: Any = None  # a request with tools: how its calls are read from the text
 
     def deliver(self, item: Delta | Result) -> None:
         """Hand a delta or the result to the caller; safe to call from any thread."""
@@ -158,7 +161,8 @@ class WorkerEngine(Engine):
             yield error_result(request, self, failure_info(exc), started)
             return
         submission.replies = CallerQueue()
-        submission.wants_deltas = deltas
+        # A reply that may be a tool call is not streamed as text: its calls come whole.
+        submission.wants_deltas = deltas and submission.tool_plan is None
         with self._wakeup:
             if self._closed:
                 raise RuntimeError(f"the {self.name} engine is closed")
@@ -170,6 +174,10 @@ class WorkerEngine(Engine):
                 item = await submission.replies.get()
                 if isinstance(item, Delta) and not deltas:
                     continue
+                if isinstance(item, Result) and submission.tool_plan is not None and item.ok:
+                    item = dataclasses.replace(
+                        item, samples=[submission.tool_plan.read(s) for s in item.samples]
+                    )
                 yield item
                 if isinstance(item, Result):
                     return

@@ -85,3 +85,55 @@ def test_the_call_grammar_compiles_and_admits_a_valid_call_only(parser):
 
     grammar = LLMatcher.grammar_from_lark(call_grammar([WEATHER, TIME], parser))
     assert LLMatcher.validate_grammar(grammar) == ""
+
+
+def request_with_history(tool_choice="auto", tools=(WEATHER, TIME)):
+    from lmpress.types import GenerationParams, Message, Request, ToolCall
+
+    asked = ToolCall("call_1", "get_weather", '{"city": "Oslo"}')
+    messages = [
+        Message("system", "Be brief."),
+        Message("user", "Weather in Oslo?"),
+        Message("assistant", "", tool_calls=[asked]),
+        Message("tool", "Mild.", tool_call_id="call_1"),
+    ]
+    params = GenerationParams(tool_choice=tool_choice)
+    return Request("r", messages, params, tools=list(tools) or None)
+
+
+def test_a_template_that_renders_tools_gets_them_and_the_calls_as_they_are():
+    from lmpress.engines.common.tool_calls import plan_tools
+
+    plan = plan_tools(request_with_history(), "{% if tools %}...{% endif %}<tool_call>", None)
+    assert plan.tools == [WEATHER, TIME] and plan.parser == "hermes" and plan.grammar is None
+    assert plan.messages[0] == {"role": "system", "content": "Be brief."}
+    assert plan.messages[2]["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": {"city": "Oslo"},
+    }
+    assert plan.messages[3] == {"role": "tool", "content": "Mild.", "tool_call_id": "call_1"}
+
+
+def test_a_template_without_tools_gets_them_in_the_system_turn_and_the_hermes_form():
+    from lmpress.engines.common.tool_calls import plan_tools
+
+    plan = plan_tools(request_with_history("required"), "{{ messages }}", None)
+    assert plan.tools is None
+    system = plan.messages[0]["content"]
+    assert system.startswith("Be brief.\n\n") and '"name": "get_time"' in system
+    assert plan.messages[2]["content"] == (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    )
+    assert plan.messages[3] == {
+        "role": "user",
+        "content": "<tool_response>\nMild.\n</tool_response>",
+    }
+    assert plan.grammar.startswith('start: "<tool_call>\\n" call')
+
+
+def test_tool_choice_none_offers_no_tools():
+    from lmpress.engines.common.tool_calls import plan_tools
+
+    plan = plan_tools(request_with_history("none"), "{{ messages }}", None)
+    assert plan.tools is None and plan.grammar is None
+    assert plan.messages[0] == {"role": "system", "content": "Be brief."}

@@ -1,6 +1,7 @@
-"""Structured output on the real SmolLM2 model, greedy, on both CPU engines: every reply
-follows the JSON Schema, the regex or the choice its row asked for, 50 rows of each; and one
-batch mixes rows with different constraints and rows with none."""
+"""Structured output and tool calls on the real SmolLM2 model, greedy, on both CPU engines:
+every reply follows the JSON Schema, the regex or the choice its row asked for, 50 rows of
+each; one batch mixes rows with different constraints and rows with none; a required tool call
+is a valid call even from a model this small."""
 
 from __future__ import annotations
 
@@ -125,3 +126,66 @@ def test_a_reply_cut_mid_json_fails_its_row(engine):
         "max_new_tokens before it was complete"
     )
     assert result.text.startswith("{")
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 30},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "Current time in a timezone",
+        "parameters": {"type": "object", "properties": {
+            "timezone": {"type": "string", "maxLength": 30}},
+            "required": ["timezone"], "additionalProperties": False}}},
+]  # fmt: skip
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def call(engine, text: str, tool_choice, **params) -> object:
+    params = GenerationParams(max_new_tokens=96, tool_choice=tool_choice, **params)
+    return engine.generate([Request("t", [Message("user", text)], params, tools=TOOLS)])[0]
+
+
+@pytest.mark.parametrize(
+    "text", ["What's the weather in Paris?", "What time is it in Tokyo?", "Hello there!"]
+)
+def test_a_required_call_names_a_tool_and_its_arguments_follow_its_schema(engine, text):
+    result = call(engine, text, "required")
+    assert result.ok and result.finish_reason == "tool_calls" and result.text == ""
+    [tool_call] = result.samples[0].tool_calls
+    jsonschema.validate(json.loads(tool_call.arguments), SCHEMAS[tool_call.name])
+    assert tool_call.id.startswith("call_")
+
+
+def test_a_named_function_is_the_one_called(engine):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    result = call(engine, "What's the weather in Paris?", named)
+    [tool_call] = result.samples[0].tool_calls
+    assert tool_call.name == "get_time"
+    jsonschema.validate(json.loads(tool_call.arguments), SCHEMAS["get_time"])
+
+
+def test_a_call_after_a_tool_reply_reads_it(engine):
+    """The earlier call and the tool's answer reach the model (in the hermes form, since
+    SmolLM2's template renders no tools); the model then answers in words."""
+    from lmpress.types import ToolCall
+
+    asked = ToolCall("call_1", "get_weather", '{"city": "Paris", "unit": "celsius"}')
+    messages = [
+        Message("user", "What's the weather in Paris?"),
+        Message("assistant", "", tool_calls=[asked]),
+        Message("tool", "18 degrees and sunny", tool_call_id="call_1"),
+    ]
+    params = GenerationParams(max_new_tokens=40, tool_choice="auto")
+    result = engine.generate([Request("t", messages, params, tools=TOOLS)])[0]
+    assert result.ok and result.finish_reason in ("stop", "length")
+    assert result.samples[0].tool_calls is None and result.text
+
+
+def test_a_required_call_and_guided_decoding_together_are_refused(engine):
+    result = call(engine, "Weather?", "required", guided_decoding={"choice": ["a"]})
+    assert result.error.kind == "invalid_request"
+    assert "cannot both constrain one reply" in result.error.message

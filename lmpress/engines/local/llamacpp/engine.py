@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
-from lmpress.engines.common.grammar import Grammars, check_recipe_guided, guided_matcher
+from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
+from lmpress.engines.common.tool_calls import ToolPlan, check_parser, plan_tools, wants_tool_plan
 from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     batched_context,
@@ -43,6 +44,7 @@ class LlamaCppEngine(LlamaCppScheduler):
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "skip_special_tokens",
         "guided_decoding",
     })  # fmt: skip
+    takes_tools = True
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -73,6 +75,7 @@ class LlamaCppEngine(LlamaCppScheduler):
         # The penalty window: the whole sequence unless the recipe says otherwise.
         self._start_scheduling(ctx, batch_size, penalty_window=kwargs.get("last_n_tokens_size"))
         self._grammars: Grammars | None = None
+        self.tool_call_parser = check_parser(config.model.tool_call_parser)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
 
     def _grammar_engine(self) -> Grammars:
@@ -90,7 +93,7 @@ class LlamaCppEngine(LlamaCppScheduler):
 
     # --- prompts ---------------------------------------------------------------------------
 
-    def render(self, request: Request) -> str:
+    def render(self, request: Request, tool_plan: ToolPlan | None = None) -> str:
         """The chat template applied to a request's messages, as llama-cpp-python renders it."""
         if self._formatter is None:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -103,12 +106,15 @@ class LlamaCppEngine(LlamaCppScheduler):
                 stop_token_ids=[eos],
             )
         messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        tools = None
+        if tool_plan is not None:  # tools offered, or turns that called them (tool_calls.py)
+            messages, tools = tool_plan.messages, tool_plan.tools
         try:
-            return self._formatter(messages=messages).prompt
+            return self._formatter(messages=messages, tools=tools).prompt
         except Exception as exc:  # Jinja raises its own errors for refused conversations
             raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
 
-    def encode(self, request: Request) -> list[int]:
+    def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids: the chat template applied, or the raw prompt."""
         if request.prompt is not None:
             ids = self.llama.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=True)
@@ -125,7 +131,7 @@ class LlamaCppEngine(LlamaCppScheduler):
                     kind="invalid_request",
                 )
             # As llama-cpp-python's chat handler does: the template emits BOS itself.
-            text = self.render(request)
+            text = self.render(request, tool_plan)
             ids = self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         if not ids:
             raise RequestError("the prompt is empty", kind="invalid_request")
@@ -141,16 +147,22 @@ class LlamaCppEngine(LlamaCppScheduler):
     # --- checking a request before it is queued -------------------------------------------
 
     def _prepare(self, request: Request, started: float) -> RequestState:
-        prompt_ids = self.encode(request)
+        plan = None
+        if wants_tool_plan(request):
+            plan = plan_tools(request, self.chat_template, self.tool_call_parser)
+        prompt_ids = self.encode(request, plan)
         logit_bias = self._logit_bias(request.params)
         check_token_settings(request.params, self.n_vocab)
         self._check_fits(request.params)
-        matcher = None
-        if request.params.guided_decoding is not None:
-            matcher = guided_matcher(
-                self._grammar_engine, request.params.guided_decoding, self.name
-            )
-        return RequestState(request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher)
+        matcher = request_matcher(
+            self._grammar_engine,
+            request.params.guided_decoding,
+            plan.grammar if plan else None,
+            self.name,
+        )
+        return RequestState(
+            request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher, tool_plan=plan
+        )
 
     def _logit_bias(self, params: GenerationParams) -> list[tuple[int, float]]:
         bias = []

@@ -12,8 +12,9 @@ import dataclasses
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
-from lmpress.engines.common.grammar import Grammars, check_recipe_guided, guided_matcher
+from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.common.prompts import render_chat_prompt
+from lmpress.engines.common.tool_calls import ToolPlan, check_parser, plan_tools, wants_tool_plan
 from lmpress.engines.local.native.loading import (
     checkpoint_defaults,
     context_length,
@@ -36,6 +37,7 @@ class NativeEngine(NativeScheduler):
         "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens", "guided_decoding",
     })  # fmt: skip
     uses_generation_defaults = True
+    takes_tools = True
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -60,6 +62,7 @@ class NativeEngine(NativeScheduler):
         # Two batches' worth: one decoding, the next one waiting so the worker never idles.
         self.max_in_flight = 2 * self.batch_size
         self._grammars: Grammars | None = None
+        self.tool_call_parser = check_parser(config.model.tool_call_parser)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
         self._start_worker("lmpress-native")
 
@@ -78,14 +81,19 @@ class NativeEngine(NativeScheduler):
                 request, params=request.params.with_defaults(self.model_defaults)
             )
         check_token_settings(request.params, self.n_vocab)
-        matcher = None
-        if request.params.guided_decoding is not None:
-            matcher = guided_matcher(
-                self._grammar_engine, request.params.guided_decoding, self.name
-            )
-        return Submission(request, self.encode(request), started, matcher=matcher)
+        plan = None
+        if wants_tool_plan(request):
+            plan = plan_tools(request, self.tokenizer.chat_template, self.tool_call_parser)
+        matcher = request_matcher(
+            self._grammar_engine,
+            request.params.guided_decoding,
+            plan.grammar if plan else None,
+            self.name,
+        )
+        ids = self.encode(request, plan)
+        return Submission(request, ids, started, matcher=matcher, tool_plan=plan)
 
-    def encode(self, request: Request) -> list[int]:
+    def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids: the chat template applied, or the raw prompt."""
         if request.prompt is not None:
             ids = self.tokenizer(request.prompt)["input_ids"]
@@ -96,6 +104,7 @@ class NativeEngine(NativeScheduler):
                 self.name,
                 self.model_name,
                 template_kwargs=self.config.model.chat_template_kwargs,
+                tool_plan=tool_plan,
             )
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if self.context_length and len(ids) >= self.context_length:
