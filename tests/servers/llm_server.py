@@ -2,7 +2,8 @@
 and Anthropic Messages, streaming (SSE) and not, with knobs for latency and injected faults.
 
 Replies depend on the request: the reply to a conversation is `reply_text(last user message)`,
-so a test can check that every row got its own answer. Faults are chosen by content, so a run
+so a test can check that every row got its own answer; a request with tools gets a call
+(`tool_replies`), and one that ends with a tool's result `reply_text(that result)`. Faults are chosen by content, so a run
 is reproducible: `transient_rate` of the distinct conversations fail their first attempt
 (429 with Retry-After, 500, a hang past the client's timeout, a dropped connection, a malformed
 body), and conversations containing a `permanent` marker always fail with that status.
@@ -23,6 +24,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.servers import tool_replies
 
 TRANSIENT_KINDS = ("429", "500", "hang", "drop", "malformed")
 
@@ -287,9 +290,10 @@ class _Handler(BaseHTTPRequestHandler):
                     return "messages: roles must alternate between user and assistant"
             if any(m.get("role") not in ("user", "assistant") for m in messages):
                 return "messages: role must be user or assistant (system goes in 'system')"
-        elif "messages" in body and not body["messages"]:
+            return tool_replies.anthropic_problem(body)
+        if "messages" in body and not body["messages"]:
             return "messages: must not be empty"
-        return None
+        return tool_replies.openai_problem(body)
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -368,6 +372,7 @@ class Reply:
     prompt_tokens: int
     model: str
     logprobs: int | None = None  # top_logprobs asked for, when logprobs were
+    calls: list[dict[str, Any]] | None = None  # tool calls, in the wire's own form
 
     @classmethod
     def of(cls, body: dict[str, Any], anthropic: bool, model: str) -> Reply:
@@ -378,6 +383,7 @@ class Reply:
         else:
             users = [m for m in messages if m.get("role") == "user"]
             last_user = _text(users[-1].get("content")) if users else ""
+            last_user = tool_replies.tool_result_text(messages) or last_user
             prompt_words = sum(len(_text(m.get("content")).split()) for m in messages)
             prompt_words += len(_text(body.get("system") or "").split())
         limit = body.get("max_tokens") or body.get("max_completion_tokens") or 1000
@@ -396,7 +402,10 @@ class Reply:
             samples.append((text, finish))
         lp = body.get("logprobs")
         logprobs = (body.get("top_logprobs") or 0) if lp is True else None
-        return cls(samples, prompt_words + 1, body.get("model") or model, logprobs)
+        calls = (tool_replies.anthropic_calls if anthropic else tool_replies.openai_calls)(body)
+        if calls:
+            samples = [("", "tool_calls")] * len(samples)
+        return cls(samples, prompt_words + 1, body.get("model") or model, logprobs, calls)
 
     def _usage(self) -> dict[str, int]:
         out = sum(len(text.split()) for text, _ in self.samples)
@@ -419,8 +428,10 @@ class Reply:
                        for i, (text, finish) in enumerate(self.samples)]  # fmt: skip
             kind = "text_completion"
         else:
+            message = {"role": "assistant", "content": None, "tool_calls": self.calls}
             choices = [
-                {"index": i, "message": {"role": "assistant", "content": text},
+                {"index": i, "message": message if self.calls else
+                 {"role": "assistant", "content": text},
                  "finish_reason": finish, "logprobs": self._logprobs(text)}
                 for i, (text, finish) in enumerate(self.samples)
             ]  # fmt: skip
@@ -442,7 +453,15 @@ class Reply:
             if chat:
                 chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                         "finish_reason": None}])  # fmt: skip
-            for j, word in enumerate(text.split(" ")):
+            for j, call in enumerate(self.calls or ()):  # as OpenAI streams a call
+                function = call["function"]
+                head = {"index": j, "id": call["id"], "type": "function",
+                        "function": {"name": function["name"], "arguments": ""}}  # fmt: skip
+                chunk([{"index": i, "delta": {"tool_calls": [head]}, "finish_reason": None}])
+                for k in range(0, len(function["arguments"]), 8):
+                    part = {"index": j, "function": {"arguments": function["arguments"][k : k + 8]}}
+                    chunk([{"index": i, "delta": {"tool_calls": [part]}, "finish_reason": None}])
+            for j, word in enumerate(text.split(" ") if not self.calls else ()):
                 piece = word if j == 0 else " " + word
                 if chat:
                     lp = self._logprobs(word)
@@ -462,7 +481,7 @@ class Reply:
     def anthropic(self) -> dict[str, Any]:
         text, finish = self.samples[0]
         return {"id": "msg_test", "type": "message", "role": "assistant", "model": self.model,
-                "content": [{"type": "text", "text": text}],
+                "content": self.calls or [{"type": "text", "text": text}],
                 "stop_reason": _ANTHROPIC_STOP[finish], "stop_sequence": None,
                 "usage": {"input_tokens": self.prompt_tokens,
                           "output_tokens": len(text.split())}}  # fmt: skip
@@ -472,13 +491,14 @@ class Reply:
         start = self.anthropic()
         start.update(content=[], stop_reason=None)
         start["usage"] = {"input_tokens": self.prompt_tokens, "output_tokens": 1}
-        events = [
-            ("message_start", {"type": "message_start", "message": start}),
-            ("content_block_start", {"type": "content_block_start", "index": 0,
-                                     "content_block": {"type": "text", "text": ""}}),
-            ("ping", {"type": "ping"}),
-        ]  # fmt: skip
-        for j, word in enumerate(text.split(" ")):
+        events = [("message_start", {"type": "message_start", "message": start})]
+        if self.calls:  # a tool_use block, its input streamed as JSON pieces
+            events += tool_replies.anthropic_call_events(self.calls)
+        else:
+            events.append(("content_block_start", {"type": "content_block_start", "index": 0,
+                                                   "content_block": {"type": "text", "text": ""}}))  # fmt: skip
+        events.append(("ping", {"type": "ping"}))
+        for j, word in enumerate(text.split(" ") if not self.calls else ()):
             piece = word if j == 0 else " " + word
             events.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
                            "delta": {"type": "text_delta", "text": piece}}))  # fmt: skip
@@ -493,7 +513,7 @@ class Reply:
         return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
 
 
-_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens"}
+_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def _text(content: Any) -> str:
