@@ -137,7 +137,7 @@ def tool_result_text(messages: list[Any]) -> str | None:
     content = last.get("content")
     if last.get("role") == "user" and isinstance(content, list):
         results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-        if results:
+        if results and len(results) == len(content):  # text after the results: a new question
             inner = results[-1].get("content")
             if isinstance(inner, list):
                 return "".join(b.get("text", "") for b in inner if isinstance(b, dict))
