@@ -137,7 +137,9 @@ def uses_tools(request: Request) -> bool:
 
 
 def check_request(request: Request) -> None:
-    """Refuse a tool_choice that does not fit the request's tools. Without tools it means
-    nothing and is not sent, so a recipe's tool_choice leaves rows without tools alone."""
+    """Refuse malformed tools (a Request made in Python comes through no front's checks), and
+    a tool_choice that does not fit them. Without tools a tool_choice means nothing and is not
+    sent, so a recipe's tool_choice leaves rows without tools alone."""
     if request.tools:
+        check_tools(request.tools)
         check_tool_choice(request.params.tool_choice, request.tools, "generation.tool_choice")

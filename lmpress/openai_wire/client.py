@@ -102,7 +102,7 @@ def request_body(
         else:
             body["response_format"] = response_format(p.guided_decoding)
     if request.tools and request.prompt is None:
-        body["tools"] = [dict(tool) for tool in request.tools]
+        body["tools"] = [{"type": "function", "function": t["function"]} for t in request.tools]
         if p.tool_choice is not None:
             body["tool_choice"] = p.tool_choice
         if not p.parallel_tool_calls:
@@ -126,6 +126,8 @@ def response_format(guided: GuidedDecoding) -> dict[str, Any]:
 
 def _message(message: Message, image_url: Callable[[str], str]) -> dict[str, Any]:
     out = message.to_openai()
+    if out.get("tool_calls") and out["content"] == "":
+        out["content"] = None  # a turn that only called tools, as OpenAI writes it
     if isinstance(out["content"], list):
         for part in out["content"]:
             if part["type"] == "image_url":

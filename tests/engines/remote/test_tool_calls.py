@@ -181,3 +181,21 @@ def test_a_tool_choice_naming_no_tool_is_refused_before_sending(server, name):
     assert result.error is not None and result.error.kind == "invalid_request"
     assert "'nope'" in result.error.message
     assert server.stats.requests == 0
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_malformed_tools_made_in_python_are_refused_before_sending(server, name):
+    result = run(engine_for(server, name), ask([{"name": "get_weather"}]), stream=False)
+    assert result.error is not None and result.error.kind == "invalid_request"
+    assert "'tools[0].function' must be an object" in result.error.message
+    assert server.stats.requests == 0
+
+
+def test_a_turn_that_only_called_goes_out_with_null_content(server):
+    call = ToolCall("call_1", "get_weather", "{}")
+    messages = [Message("user", "hi"), Message("assistant", "", tool_calls=[call]),
+                Message("tool", "sunny", tool_call_id="call_1")]  # fmt: skip
+    assert run(engine_for(server, "OPENAI"), ask([WEATHER], messages=messages), False).ok
+    _, body = server.stats.bodies[-1]
+    assert body["messages"][1] == {"role": "assistant", "content": None,
+                                   "tool_calls": [call.to_openai()]}  # fmt: skip
