@@ -50,7 +50,7 @@ from lmpress.data.resume import (
     write_fingerprint,
 )
 from lmpress.data.targets import STDIO, check_input, resolve_output
-from lmpress.engines.base import Engine, check_params
+from lmpress.engines.base import Engine, check_params, check_tools
 from lmpress.engines.registry import create_engine, load_engine_class
 from lmpress.errors import LmpressError, UnsupportedParamError
 from lmpress.structured import check_structure
@@ -367,10 +367,12 @@ class BatchJob:
         try:
             params = generation_with_overrides(base, row.overrides, source="generation")
             check_params(self.engine_class, params)
+            request = row.request(params)
+            check_tools(self.engine_class, request)
         except LmpressError as exc:
             kind = "unsupported_param" if isinstance(exc, UnsupportedParamError) else "invalid_row"
             return rid, RowFailure(line.number, rid, kind, str(exc), None, openai)
-        return rid, (row, row.request(params))
+        return rid, (row, request)
 
     async def _run_row(self, seq: int, row: ParsedRow, request: Request):
         assert self.engine is not None

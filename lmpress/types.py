@@ -112,7 +112,8 @@ class GenerationParams:
     # Oumi's switch: false decodes greedily whatever the temperature (Oumi's NATIVE default);
     # null (lmpress's default) follows the temperature, 0 being greedy.
     use_sampling: bool | None = None
-    # Accepted so Oumi configs load; lmpress sends no tools yet, so they change nothing.
+    # Whether a request that offers tools must call one (lmpress.tools checks the value against
+    # the tools); without tools neither field means anything.
     tool_choice: Any = None
     parallel_tool_calls: bool = True
 
@@ -172,8 +173,8 @@ MIN_TEMPERATURE = 0.01
 SCHEDULING_FIELDS = frozenset({"batch_size", "exclude_prompt_from_response", "use_cache"})
 # Every generation field, as a row's `generation`, a chat's /set and a recipe spell it.
 GENERATION_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationParams))
-# Not refused either: use_sampling acts through the temperature, and the tool fields change
-# nothing until lmpress sends tools.
+# Not refused either: use_sampling acts through the temperature, and the tool fields mean
+# nothing without tools, which an engine that cannot take them refuses (Engine.takes_tools).
 NEVER_REFUSED = SCHEDULING_FIELDS | {"use_sampling", "tool_choice", "parallel_tool_calls"}
 
 

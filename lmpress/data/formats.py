@@ -6,7 +6,9 @@ Formats, detected row by row:
 - prompt: {"prompt": "...", "system"?: "..."}   (a chat turn: the chat template applies)
 - text:   {"text": "..."}   (raw text for a base model to continue: no chat template)
 - openai_batch: {"custom_id", "method", "url", "body"}   (OpenAI Batch request lines)
-Any row may carry its own `generation` overrides, a mapping of generation fields.
+Any row may carry its own `generation` overrides, a mapping of generation fields. A chat or
+Oumi row may offer `tools` (OpenAI function tools, Oumi's `Conversation.tools`) and a
+`tool_choice`, which overrides `generation.tool_choice` for that row.
 
 A conversation whose last turn is the assistant's (a saved chat replayed on another model)
 has that turn regenerated: it is dropped, and the reply generated in its place.
@@ -25,7 +27,8 @@ from typing import Any
 
 from lmpress.data import openai_batch
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
-from lmpress.types import GENERATION_FIELDS, GenerationParams, Message, Request, Result
+from lmpress.tools import ToolError, check_tool_choice, check_tools
+from lmpress.types import GENERATION_FIELDS, GenerationParams, Message, Request, Result, Sample
 
 OUTPUT_FORMATS = ("auto", "lmpress", "openai")
 # The keys a row's own id may be under, in the order they are looked for.
@@ -43,9 +46,10 @@ class ParsedRow:
     prompt: str | None = None  # raw completion text (/v1/completions): no chat template
     url: str = openai_batch.CHAT_URL  # the endpoint an OpenAI Batch line asked for
     model: str | None = None  # the model an OpenAI Batch line named
+    tools: list[dict[str, Any]] | None = None  # the function tools the row offers
 
     def request(self, params: GenerationParams) -> Request:
-        return Request(self.id, self.messages, params, prompt=self.prompt)
+        return Request(self.id, self.messages, params, prompt=self.prompt, tools=self.tools)
 
 
 def row_id(raw: dict[str, Any], line: int) -> str:
@@ -69,11 +73,7 @@ def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
     if openai_batch.is_batch_request(raw):
         return _parse_batch_request(raw, line)
     overrides = _row_overrides(raw.get("generation"))
-    if raw.get("tools"):  # Oumi's Conversation.tools: refused, since no engine would see them
-        raise RowError(
-            "'tools': lmpress sends no tools yet (tool_choice and tool_call_parser load but "
-            "do nothing); remove the tools to run the row without them"
-        )
+    tools = _row_tools(raw, overrides)
     if "messages" in raw:
         kind = "oumi" if "conversation_id" in raw or _has_oumi_items(raw["messages"]) else "chat"
         messages = parse_messages(raw["messages"])
@@ -94,13 +94,29 @@ def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
         if not isinstance(text, str):
             raise RowError(f"'text' must be a string, got {json_type(text)}")
         messages = [Message("user", text)]
+        if tools:
+            raise RowError("'tools' need a chat row ('messages' or 'prompt'), not raw 'text'")
         return ParsedRow(line, row_id(raw, line), "text", raw, messages, overrides, prompt=text)
     else:
         keys = ", ".join(sorted(raw)) or "none"
         raise RowError(
             f"row has no 'messages', 'prompt' (a chat turn) or 'text' (raw text) (keys: {keys})"
         )
-    return ParsedRow(line, row_id(raw, line), kind, raw, messages, overrides)
+    return ParsedRow(line, row_id(raw, line), kind, raw, messages, overrides, tools=tools)
+
+
+def _row_tools(raw: dict[str, Any], overrides: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A row's tools, and its own tool_choice (which wins over its `generation`'s) into
+    `overrides`, both checked."""
+    try:
+        tools = check_tools(raw.get("tools"))
+        if "tool_choice" in raw:
+            overrides["tool_choice"] = check_tool_choice(raw["tool_choice"], tools)
+        elif overrides.get("tool_choice") is not None and tools:
+            check_tool_choice(overrides["tool_choice"], tools, "generation.tool_choice")
+    except ToolError as exc:
+        raise RowError(str(exc)) from None
+    return tools
 
 
 def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
@@ -124,16 +140,18 @@ def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
         if "messages" not in body:
             raise RowError("body has no 'messages'")
         messages = regenerate_last_turn(parse_messages(body["messages"]))
-        overrides = _row_overrides(openai_batch.body_overrides(body, url))
+        sampling = openai_batch.body_sampling(body, url)
+        overrides = _row_overrides(sampling.overrides)
         return ParsedRow(
-            line, custom_id, "openai_batch", raw, messages, overrides, None, url, model
-        )
+            line, custom_id, "openai_batch", raw, messages, overrides, None, url, model,
+            sampling.tools,
+        )  # fmt: skip
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise RowError("body.prompt must be a string (one prompt per line)")
-    overrides = _row_overrides(openai_batch.body_overrides(body, url))
+    overrides = _row_overrides(openai_batch.body_sampling(body, url).overrides)
     messages = [Message("user", prompt)]
     return ParsedRow(line, custom_id, "openai_batch", raw, messages, overrides, prompt, url, model)
 
@@ -206,7 +224,7 @@ def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
     """The input with the reply appended and a `response` record. A prompt row becomes a
     messages row; a row without an id gets the one lmpress gave it, so a resumed job can tell
     it is done."""
-    reply = {"role": "assistant", "content": result.text}
+    reply = reply_message(result.samples[0] if result.samples else Sample("", "stop"))
     out: dict[str, Any] = {}
     if not any(k in row.raw for k in ID_KEYS):
         out["id"] = row.id
@@ -228,9 +246,26 @@ def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
     return out
 
 
+def reply_message(sample: Sample) -> dict[str, Any]:
+    """The assistant message a reply appends, as OpenAI and Oumi write it: one that only calls
+    tools has `content: null` beside its `tool_calls`."""
+    if not sample.tool_calls:
+        return {"role": "assistant", "content": sample.text}
+    calls = [call.to_openai() for call in sample.tool_calls]
+    return {"role": "assistant", "content": sample.text or None, "tool_calls": calls}
+
+
+def _sample_record(sample: Sample) -> dict[str, Any]:
+    record: dict[str, Any] = {"text": sample.text, "finish_reason": sample.finish_reason}
+    if sample.tool_calls:
+        record["tool_calls"] = [call.to_openai() for call in sample.tool_calls]
+    return record
+
+
 def response_record(result: Result) -> dict[str, Any]:
+    first = result.samples[0] if result.samples else Sample("", "stop")
     record: dict[str, Any] = {
-        "text": result.text,
+        **_sample_record(first),
         "finish_reason": result.finish_reason,
         "usage": {
             "prompt_tokens": result.usage.prompt_tokens,
@@ -242,9 +277,7 @@ def response_record(result: Result) -> dict[str, Any]:
         "latency_s": round(result.latency_s, 4),
     }
     if len(result.samples) > 1:
-        record["samples"] = [
-            {"text": s.text, "finish_reason": s.finish_reason} for s in result.samples
-        ]
+        record["samples"] = [_sample_record(s) for s in result.samples]
     if result.samples and result.samples[0].logprobs is not None:
         record["logprobs"] = [
             {

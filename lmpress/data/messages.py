@@ -8,6 +8,7 @@ import base64
 import json
 from typing import Any
 
+from lmpress.tools import ToolError, parse_tool_calls
 from lmpress.types import ROLES, ContentPart, Message
 
 
@@ -31,8 +32,25 @@ def parse_messages(items: Any) -> list[Message]:
                 f"message {i} has unknown role {json.dumps(role)} "
                 f"(expected one of {', '.join(ROLES)})"
             )
-        messages.append(Message(role, _parse_content(item.get("content"), i)))
+        message = Message(role, _parse_content(item.get("content"), i))
+        messages.append(_tool_fields(message, item, i))
     return messages
+
+
+def _tool_fields(message: Message, item: dict[str, Any], index: int) -> Message:
+    """An assistant turn's earlier tool calls, and the call a tool turn answers."""
+    try:
+        message.tool_calls = parse_tool_calls(item.get("tool_calls"), "tool_calls")
+    except ToolError as exc:
+        raise RowError(f"message {index}: {exc}") from None
+    if message.tool_calls and message.role != "assistant":
+        raise RowError(f"message {index} has tool_calls, which only an assistant message may have")
+    call_id = item.get("tool_call_id")
+    if call_id is not None:
+        if message.role != "tool" or not isinstance(call_id, str):
+            raise RowError(f"message {index} tool_call_id must be a string on a tool message")
+        message.tool_call_id = call_id
+    return message
 
 
 def regenerate_last_turn(messages: list[Message]) -> list[Message]:

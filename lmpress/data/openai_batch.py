@@ -30,17 +30,17 @@ def is_batch_request(raw: dict[str, Any]) -> bool:
     return "custom_id" in raw and ("body" in raw or "url" in raw or "method" in raw)
 
 
-def body_overrides(body: dict[str, Any], url: str) -> dict[str, Any]:
-    """Generation overrides from a request body, as serve reads the same body; what serve
-    refuses is refused, naming the argument."""
+def body_sampling(body: dict[str, Any], url: str) -> requests.Sampling:
+    """Generation overrides (and tools) from a request body, as serve reads the same body;
+    what serve refuses is refused, naming the argument."""
     if body.get("stream"):
         raise RowError("body.stream: streaming is not available in a batch file")
     try:
         if url == COMPLETIONS_URL:
             completion = requests.validate_body(requests.CompletionBody, body, "body.")
-            return requests.completion_sampling(completion, "body.").overrides
+            return requests.completion_sampling(completion, "body.")
         chat = requests.validate_body(requests.ChatCompletionBody, body, "body.")
-        return requests.chat_sampling(chat, "body.").overrides
+        return requests.chat_sampling(chat, "body.")
     except ApiError as exc:
         raise RowError(exc.message) from exc
 

@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
-from lmpress.errors import RequestError, UnsupportedParamError
+from lmpress.errors import InputError, RequestError, UnsupportedParamError
 from lmpress.progress import ProgressBar
+from lmpress.tools import ToolError, check_request, uses_tools
 from lmpress.types import (
     ErrorInfo,
     GenerationParams,
@@ -39,6 +40,10 @@ class Engine(ABC):
     # Whether `model.generation_defaults: use` means something here: the engine can read the
     # sampling defaults a checkpoint ships. Every engine ignores them by default.
     uses_generation_defaults: ClassVar[bool] = False
+    # Whether requests may offer tools (and hold earlier tool calls): the engine sends them
+    # to its API, or renders them and parses the calls out of the reply. `check_tools` refuses
+    # them, before any work, on an engine that cannot.
+    takes_tools: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig):
         self.config = config
@@ -105,6 +110,7 @@ class Engine(ABC):
             requests.append(Request(str(i), messages, params or self.config.generation))
         for request in requests:
             check_params(self, request.params)
+            check_tools(self, request)
         return asyncio.run(self._complete_all(requests, progress))
 
     async def _complete_all(self, requests: list[Request], progress: bool) -> list[Result]:
@@ -156,6 +162,21 @@ def check_params(engine: Engine | type[Engine], params: GenerationParams) -> Non
             f"engine {engine.name} does not support {listed}; remove it from the recipe or "
             f"overrides, or pick an engine that does ('lmpress engines' lists them)"
         )
+
+
+def check_tools(engine: Engine | type[Engine], request: Request) -> None:
+    """Refuse, before any work, tools on an engine that cannot take them
+    (UnsupportedParamError), or a tool_choice that does not fit the tools (InputError)."""
+    if uses_tools(request) and not engine.takes_tools:
+        raise UnsupportedParamError(
+            f"engine {engine.name} cannot take tools (the request offers tools or holds earlier "
+            f"tool calls); remove them, or pick an engine that takes tools such as OPENAI, "
+            f"ANTHROPIC or REMOTE"
+        )
+    try:
+        check_request(request)
+    except ToolError as exc:
+        raise InputError(str(exc)) from None
 
 
 def check_text(request: Request) -> None:

@@ -56,6 +56,8 @@ def request_body(
 
     Fields left at lmpress's defaults are not sent, so the server's own defaults apply, except
     temperature, which is always sent: lmpress's default (0, greedy) is not the services'.
+    Tools go with their tool_choice and parallel_tool_calls; without tools those mean nothing
+    and are not sent.
     `image_url` rewrites each image URL (a remote server cannot read local files).
     """
     p = request.params
@@ -99,6 +101,12 @@ def request_body(
             body["structured_outputs"] = p.guided_decoding.vllm_fields()
         else:
             body["response_format"] = response_format(p.guided_decoding)
+    if request.tools and request.prompt is None:
+        body["tools"] = [{"type": "function", "function": t["function"]} for t in request.tools]
+        if p.tool_choice is not None:
+            body["tool_choice"] = p.tool_choice
+        if not p.parallel_tool_calls:
+            body["parallel_tool_calls"] = False
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}  # a usage chunk at the end
@@ -118,6 +126,8 @@ def response_format(guided: GuidedDecoding) -> dict[str, Any]:
 
 def _message(message: Message, image_url: Callable[[str], str]) -> dict[str, Any]:
     out = message.to_openai()
+    if out.get("tool_calls") and out["content"] == "":
+        out["content"] = None  # a turn that only called tools, as OpenAI writes it
     if isinstance(out["content"], list):
         for part in out["content"]:
             if part["type"] == "image_url":

@@ -19,6 +19,7 @@ from lmpress.configs.schema import RANGE_CHECKS
 from lmpress.errors import ConfigError
 from lmpress.guided import GuidedDecoding
 from lmpress.openai_wire.errors import ApiError
+from lmpress.tools import ToolError, check_tool_choice, check_tools
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -72,12 +73,13 @@ class ChatCompletionBody(_Body):
     response_format: dict[str, Any] | None = None
     # Accepted and without effect on what is generated.
     service_tier: str | None = None
-    parallel_tool_calls: bool | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    # Function tools, checked by `lmpress.tools`; an engine that cannot take them refuses them.
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     # Refused when given a value: lmpress cannot honour them.
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -97,8 +99,8 @@ class CompletionBody(_Body):
 
 
 UNSUPPORTED_CHAT_ARGS = (
-    "tools", "tool_choice", "functions", "function_call", "audio", "prediction",
-    "web_search_options", "reasoning_effort", "verbosity",
+    "functions", "function_call", "audio", "prediction", "web_search_options",
+    "reasoning_effort", "verbosity",
 )  # fmt: skip
 
 Body = TypeVar("Body", bound=_Strict)
@@ -154,6 +156,7 @@ class Sampling:
     where: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
     source: dict[str, str] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # the function tools the body offers
 
     def set(self, name: str, value: Any, argument: str) -> None:
         check = RANGE_CHECKS.get(f"generation.{name}")
@@ -217,7 +220,27 @@ def chat_sampling(body: ChatCompletionBody, where: str = "") -> Sampling:
     guided = guided_decoding(body.response_format, where)
     if guided is not None:
         sampling.set("guided_decoding", guided, "response_format")
+    _tools(body, sampling)
     return sampling
+
+
+def _tools(body: ChatCompletionBody, sampling: Sampling) -> None:
+    """The body's tools, tool_choice and parallel_tool_calls, checked as OpenAI checks them."""
+    where = sampling.where
+    try:
+        sampling.tools = check_tools(body.tools, f"{where}tools")
+    except ToolError as exc:
+        raise ApiError(400, str(exc), param="tools") from None
+    try:
+        if body.tool_choice not in (None, "none") and not sampling.tools:
+            raise ToolError(f"'{where}tool_choice' is only allowed when 'tools' are specified")
+        choice = check_tool_choice(body.tool_choice, sampling.tools, f"{where}tool_choice")
+    except ToolError as exc:
+        raise ApiError(400, str(exc), param="tool_choice") from None
+    if choice is not None:
+        sampling.set("tool_choice", choice, "tool_choice")
+    if body.parallel_tool_calls is not None:
+        sampling.set("parallel_tool_calls", body.parallel_tool_calls, "parallel_tool_calls")
 
 
 def completion_sampling(body: CompletionBody, where: str = "") -> Sampling:

@@ -9,11 +9,20 @@ import json
 from typing import Any, Literal
 
 from openai.types import Completion, CompletionChoice, CompletionUsage, Model
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCall,
+)
 from openai.types.chat.chat_completion import Choice as ChatChoice
 from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
-from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import (
+    ChoiceDelta,
+    ChoiceDeltaToolCall,
+    ChoiceDeltaToolCallFunction,
+)
 from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
 from openai.types.chat.chat_completion_token_logprob import (
     ChatCompletionTokenLogprob,
@@ -26,19 +35,40 @@ from lmpress.types import FinishReason, Result, Sample, TokenLogprob, Usage
 
 # --- response bodies -------------------------------------------------------------------------
 
-# lmpress's finish reasons as OpenAI's. A request cancelled or failed midway is never answered
-# with a body, so those two only need a valid value.
-OPENAI_FINISH: dict[FinishReason, Literal["stop", "length", "content_filter"]] = {
+ChatFinish = Literal["stop", "length", "content_filter", "tool_calls"]
+TextFinish = Literal["stop", "length", "content_filter"]
+
+# lmpress's finish reasons as a chat completion's. A request cancelled or failed midway is never
+# answered with a body, so those two only need a valid value.
+OPENAI_FINISH: dict[FinishReason, ChatFinish] = {
     "stop": "stop",
     "length": "length",
     "content_filter": "content_filter",
+    "tool_calls": "tool_calls",
     "cancelled": "stop",
     "error": "stop",
 }
+# A text completion has no tool calls to carry: a reply that made some stopped to make them.
+COMPLETION_FINISH: dict[FinishReason, TextFinish] = {
+    reason: "stop" if value == "tool_calls" else value for reason, value in OPENAI_FINISH.items()
+}
 
 
-def _finish(sample: Sample) -> Literal["stop", "length", "content_filter"]:
+def _finish(sample: Sample) -> ChatFinish:
     return OPENAI_FINISH.get(sample.finish_reason, "stop")  # a plugin's own reason: "stop"
+
+
+def _text_finish(sample: Sample) -> TextFinish:
+    return COMPLETION_FINISH.get(sample.finish_reason, "stop")
+
+
+def _tool_calls(sample: Sample) -> list[ChatCompletionMessageFunctionToolCall] | None:
+    if not sample.tool_calls:
+        return None
+    return [
+        ChatCompletionMessageFunctionToolCall.model_validate(call.to_openai())
+        for call in sample.tool_calls
+    ]
 
 
 def usage_model(usage: Usage) -> CompletionUsage:
@@ -72,7 +102,12 @@ def chat_completion(id: str, created: int, model: str, result: Result) -> dict[s
     choices = [
         ChatChoice(
             index=i,
-            message=ChatCompletionMessage(role="assistant", content=sample.text, refusal=None),
+            message=ChatCompletionMessage(
+                role="assistant",
+                content=sample.text if sample.text or not sample.tool_calls else None,
+                refusal=None,
+                **({"tool_calls": _tool_calls(sample)} if sample.tool_calls else {}),
+            ),
             finish_reason=_finish(sample),
             logprobs=None
             if sample.logprobs is None
@@ -103,7 +138,7 @@ def text_completion(
                 CompletionChoice(
                     index=len(choices),
                     text=echo + sample.text,
-                    finish_reason=_finish(sample),
+                    finish_reason=_text_finish(sample),
                     logprobs=_completion_logprobs(sample.logprobs),
                 )
             )
@@ -201,6 +236,26 @@ class ChatChunks:
             template = self._templates[index] = _TextTemplate(self._chunk([choice]))
         return template.fill(text)
 
+    def tool_calls(self, index: int, sample: Sample) -> list[bytes]:
+        """A sample's tool calls as the deltas OpenAI streams and its client assembles: per
+        call, a chunk that opens it (its index, id, type and name), then its arguments."""
+        out = []
+        for i, call in enumerate(sample.tool_calls or ()):
+            opening = ChoiceDeltaToolCall(
+                index=i, id=call.id, type="function",
+                function=ChoiceDeltaToolCallFunction(name=call.name, arguments=""),
+            )  # fmt: skip
+            arguments = ChoiceDeltaToolCall(
+                index=i, function=ChoiceDeltaToolCallFunction(arguments=call.arguments)
+            )
+            for delta in (opening, arguments):
+                choice = ChunkChoice(
+                    index=index, delta=ChoiceDelta(tool_calls=[delta]), logprobs=None,
+                    finish_reason=None,
+                )  # fmt: skip
+                out.append(sse(_dump(self._chunk([choice]))))
+        return out
+
     def finish(self, index: int, sample: Sample) -> bytes:
         logprobs = None
         if sample.logprobs is not None:
@@ -242,7 +297,7 @@ class CompletionChunks:
         choice = CompletionChoice(
             index=index,
             text="",
-            finish_reason=_finish(sample),
+            finish_reason=_text_finish(sample),
             logprobs=_completion_logprobs(sample.logprobs),
         )
         return sse(_dump(self._chunk([choice])))

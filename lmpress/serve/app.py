@@ -22,7 +22,8 @@ from starlette.requests import ClientDisconnect
 
 from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
-from lmpress.engines.base import Engine, unsupported_params
+from lmpress.engines.base import Engine, check_tools, unsupported_params
+from lmpress.errors import InputError, UnsupportedParamError
 from lmpress.openai_wire import requests as bodies
 from lmpress.openai_wire import responses
 from lmpress.openai_wire.errors import ApiError, error_from_info
@@ -100,6 +101,15 @@ class Server:
             )
         return params
 
+    def check_tools(self, request: Request) -> None:
+        try:
+            check_tools(self.engine, request)
+        except UnsupportedParamError as exc:
+            param = "tools" if request.tools else "messages"
+            raise ApiError(400, str(exc), param=param, code="unsupported_parameter") from None
+        except InputError as exc:
+            raise ApiError(400, str(exc), param="tool_choice") from None
+
     # --- the routes ----------------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> GenerationResponse:
@@ -115,7 +125,8 @@ class Server:
         entry.id = new_id("chatcmpl")
         if self.settings.log_content:
             entry.content = {"messages": [m.to_openai() for m in messages]}
-        engine_request = Request(entry.id, messages, params)
+        engine_request = Request(entry.id, messages, params, tools=sampling.tools)
+        self.check_tools(engine_request)
         if body.stream:
             chunks = ChatChunks(entry.id, int(time.time()), self.model_name, body.include_usage)
             run = self._stream([engine_request], chunks, entry, [""])
@@ -237,6 +248,9 @@ class Server:
                     for i, sample in enumerate(value.samples):
                         for line in opening(prompt * n + i, prompt):
                             yield line
+                        if isinstance(chunks, ChatChunks):
+                            for line in chunks.tool_calls(prompt * n + i, sample):
+                                yield line
                         yield chunks.finish(prompt * n + i, sample)
                 item = await anext(items, None)
         self._finish_log(entry, results)

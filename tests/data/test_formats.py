@@ -177,11 +177,3 @@ def test_an_image_binary_item_without_bytes_is_a_bad_row():
     raw = {"messages": [{"role": "user", "content": [{"type": "image_binary", "binary": "@@"}]}]}
     with pytest.raises(RowError, match="image_binary part without base64 'binary'"):
         parse_row(raw, 1)
-
-
-def test_a_row_with_tools_is_refused_in_one_line():
-    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
-    raw = {"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
-    with pytest.raises(RowError, match=r"^'tools': lmpress sends no tools yet"):
-        parse_row(raw, 1)
-    assert parse_row({**raw, "tools": []}, 1).kind == "chat"  # an empty list sends nothing

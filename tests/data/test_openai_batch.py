@@ -113,7 +113,7 @@ def test_failure_line_follows_the_openai_error_file():
                 "url": "/v1/chat/completions",
                 "body": {"messages": [{"role": "user", "content": "x"}], "tools": [{}]},
             },
-            "body.tools is not supported",
+            "'body.tools\\[0\\].function' must be an object with a 'name'",
         ),
         (
             {

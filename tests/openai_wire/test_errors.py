@@ -10,7 +10,12 @@ from openai.types.chat import ChatCompletion
 from lmpress.data.openai_batch import render_error
 from lmpress.errors import ErrorKind, RequestError
 from lmpress.openai_wire.errors import HTTP_STATUS, error_from_info
-from lmpress.openai_wire.responses import OPENAI_FINISH, chat_completion, text_completion
+from lmpress.openai_wire.responses import (
+    COMPLETION_FINISH,
+    OPENAI_FINISH,
+    chat_completion,
+    text_completion,
+)
 from lmpress.types import FINISH_REASONS, ErrorInfo, Result, Sample
 
 
@@ -44,10 +49,14 @@ def test_an_unknown_kind_fails_where_it_is_made():
 
 @pytest.mark.parametrize("reason", FINISH_REASONS)
 def test_every_finish_reason_is_an_openai_one_in_both_bodies(reason):
-    assert reason in OPENAI_FINISH
+    assert reason in OPENAI_FINISH and reason in COMPLETION_FINISH
     result = Result("r", [Sample("hi", reason)])
     chat = ChatCompletion.model_validate(chat_completion("c", 0, "m", result))
     text = Completion.model_validate(text_completion("t", 0, "m", [result], [""]))
-    assert chat.choices[0].finish_reason == text.choices[0].finish_reason == OPENAI_FINISH[reason]
-    if reason in ("stop", "length", "content_filter"):
-        assert OPENAI_FINISH[reason] == reason  # OpenAI's own pass unchanged
+    assert chat.choices[0].finish_reason == OPENAI_FINISH[reason]
+    assert text.choices[0].finish_reason == COMPLETION_FINISH[reason]
+    if reason in ("stop", "length", "content_filter", "tool_calls"):
+        assert OPENAI_FINISH[reason] == reason  # OpenAI's own pass unchanged in a chat body
+    # A text completion has no tool calls to carry: one that made them stopped for them.
+    expected = "stop" if reason in ("tool_calls", "cancelled", "error") else reason
+    assert COMPLETION_FINISH[reason] == expected

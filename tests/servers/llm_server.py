@@ -2,10 +2,12 @@
 and Anthropic Messages, streaming (SSE) and not, with knobs for latency and injected faults.
 
 Replies depend on the request: the reply to a conversation is `reply_text(last user message)`,
-so a test can check that every row got its own answer. Faults are chosen by content, so a run
-is reproducible: `transient_rate` of the distinct conversations fail their first attempt
-(429 with Retry-After, 500, a hang past the client's timeout, a dropped connection, a malformed
-body), and conversations containing a `permanent` marker always fail with that status.
+so a test can check that every row got its own answer; a request with tools gets a call, and
+one that ends with a tool's result `reply_text(that result)` (`tool_replies`). Faults are
+chosen by content, so a run is reproducible: `transient_rate` of the distinct conversations
+fail their first attempt (429 with Retry-After, 500, a hang past the client's timeout, a dropped
+connection, a malformed body), and conversations containing a `permanent` marker always fail
+with that status. What a successful request gets is in `replies`.
 
 Used by the engine tests, the CLI tests and benchmarks/remote_throughput.py:
 
@@ -23,6 +25,11 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.servers import tool_replies
+from tests.servers.replies import Reply, reply_text
+
+__all__ = ["Faults", "LLMServer", "Reply", "Stats", "reply_text"]
 
 TRANSIENT_KINDS = ("429", "500", "hang", "drop", "malformed")
 
@@ -58,12 +65,6 @@ class Stats:
     bodies: deque = field(default_factory=lambda: deque(maxlen=2000))  # (path, body)
     arrivals: deque = field(default_factory=lambda: deque(maxlen=200_000))  # (t, in flight then)
     replies: deque = field(default_factory=lambda: deque(maxlen=200_000))  # (t, status)
-
-
-def reply_text(last_user: str) -> str:
-    """The reply the server gives to a conversation whose last user message is `last_user`."""
-    digest = hashlib.sha256(last_user.encode("utf-8")).hexdigest()[:12]
-    return " ".join([f"Reply-{digest}", "to:", *last_user.split()[:6]])
 
 
 def _hash(text: str) -> int:
@@ -287,9 +288,10 @@ class _Handler(BaseHTTPRequestHandler):
                     return "messages: roles must alternate between user and assistant"
             if any(m.get("role") not in ("user", "assistant") for m in messages):
                 return "messages: role must be user or assistant (system goes in 'system')"
-        elif "messages" in body and not body["messages"]:
+            return tool_replies.anthropic_problem(body)
+        if "messages" in body and not body["messages"]:
             return "messages: must not be empty"
-        return None
+        return tool_replies.openai_problem(body)
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -358,147 +360,3 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             self.close_connection = True
         return 200
-
-
-@dataclass
-class Reply:
-    """The server's answer to one request, in either wire format."""
-
-    samples: list[tuple[str, str]]  # (text, finish reason as OpenAI spells it)
-    prompt_tokens: int
-    model: str
-    logprobs: int | None = None  # top_logprobs asked for, when logprobs were
-
-    @classmethod
-    def of(cls, body: dict[str, Any], anthropic: bool, model: str) -> Reply:
-        messages = body.get("messages")
-        if messages is None:
-            last_user = str(body.get("prompt", ""))
-            prompt_words = len(last_user.split())
-        else:
-            users = [m for m in messages if m.get("role") == "user"]
-            last_user = _text(users[-1].get("content")) if users else ""
-            prompt_words = sum(len(_text(m.get("content")).split()) for m in messages)
-            prompt_words += len(_text(body.get("system") or "").split())
-        limit = body.get("max_tokens") or body.get("max_completion_tokens") or 1000
-        stops = body.get("stop_sequences" if anthropic else "stop") or []
-        stops = [stops] if isinstance(stops, str) else stops
-        samples = []
-        for i in range(int(body.get("n") or 1)):
-            text = reply_text(last_user) + (f" #{i}" if i else "")
-            finish = "stop"
-            for stop in stops:
-                if stop in text:
-                    text = text[: text.index(stop)]
-            words = text.split(" ")
-            if len(words) > limit:
-                text, finish = " ".join(words[:limit]), "length"
-            samples.append((text, finish))
-        lp = body.get("logprobs")
-        logprobs = (body.get("top_logprobs") or 0) if lp is True else None
-        return cls(samples, prompt_words + 1, body.get("model") or model, logprobs)
-
-    def _usage(self) -> dict[str, int]:
-        out = sum(len(text.split()) for text, _ in self.samples)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": out,
-                "total_tokens": self.prompt_tokens + out}  # fmt: skip
-
-    def _logprobs(self, text: str) -> dict[str, Any] | None:
-        if self.logprobs is None:
-            return None
-        tokens = [w if i == 0 else " " + w for i, w in enumerate(text.split(" "))]
-        return {"content": [
-            {"token": t, "logprob": -0.25, "bytes": None,
-             "top_logprobs": [{"token": t, "logprob": -0.25, "bytes": None}][: self.logprobs]}
-            for t in tokens
-        ]}  # fmt: skip
-
-    def openai(self, path: str) -> dict[str, Any]:
-        if path.endswith("/completions") and not path.endswith("chat/completions"):
-            choices = [{"index": i, "text": text, "finish_reason": finish, "logprobs": None}
-                       for i, (text, finish) in enumerate(self.samples)]  # fmt: skip
-            kind = "text_completion"
-        else:
-            choices = [
-                {"index": i, "message": {"role": "assistant", "content": text},
-                 "finish_reason": finish, "logprobs": self._logprobs(text)}
-                for i, (text, finish) in enumerate(self.samples)
-            ]  # fmt: skip
-            kind = "chat.completion"
-        return {"id": "cmpl-test", "object": kind, "created": int(time.time()),
-                "model": self.model, "choices": choices, "usage": self._usage()}  # fmt: skip
-
-    def openai_chunks(self, body: dict[str, Any]) -> list[bytes]:
-        chat = "messages" in body
-        base = {"id": "cmpl-test", "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model}  # fmt: skip
-        events = []
-
-        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> None:
-            events.append(b"data: " + json.dumps({**base, "choices": choices,
-                                                  "usage": usage}).encode() + b"\n\n")  # fmt: skip
-
-        for i, (text, finish) in enumerate(self.samples):
-            if chat:
-                chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                        "finish_reason": None}])  # fmt: skip
-            for j, word in enumerate(text.split(" ")):
-                piece = word if j == 0 else " " + word
-                if chat:
-                    lp = self._logprobs(word)
-                    if lp is not None:
-                        lp["content"][0]["token"] = piece
-                    chunk([{"index": i, "delta": {"content": piece}, "finish_reason": None,
-                            "logprobs": lp}])  # fmt: skip
-                else:
-                    chunk([{"index": i, "text": piece, "finish_reason": None}])
-            end = {"index": i, "finish_reason": finish}
-            chunk([{**end, "delta": {}} if chat else {**end, "text": ""}])
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunk([], self._usage())
-        events.append(b"data: [DONE]\n\n")
-        return events
-
-    def anthropic(self) -> dict[str, Any]:
-        text, finish = self.samples[0]
-        return {"id": "msg_test", "type": "message", "role": "assistant", "model": self.model,
-                "content": [{"type": "text", "text": text}],
-                "stop_reason": _ANTHROPIC_STOP[finish], "stop_sequence": None,
-                "usage": {"input_tokens": self.prompt_tokens,
-                          "output_tokens": len(text.split())}}  # fmt: skip
-
-    def anthropic_events(self) -> list[bytes]:
-        text, finish = self.samples[0]
-        start = self.anthropic()
-        start.update(content=[], stop_reason=None)
-        start["usage"] = {"input_tokens": self.prompt_tokens, "output_tokens": 1}
-        events = [
-            ("message_start", {"type": "message_start", "message": start}),
-            ("content_block_start", {"type": "content_block_start", "index": 0,
-                                     "content_block": {"type": "text", "text": ""}}),
-            ("ping", {"type": "ping"}),
-        ]  # fmt: skip
-        for j, word in enumerate(text.split(" ")):
-            piece = word if j == 0 else " " + word
-            events.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
-                           "delta": {"type": "text_delta", "text": piece}}))  # fmt: skip
-        events += [
-            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-            ("message_delta", {"type": "message_delta",
-                               "delta": {"stop_reason": _ANTHROPIC_STOP[finish],
-                                         "stop_sequence": None},
-                               "usage": {"output_tokens": len(text.split())}}),
-            ("message_stop", {"type": "message_stop"}),
-        ]  # fmt: skip
-        return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
-
-
-_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens"}
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""

@@ -3,8 +3,11 @@
 The Messages API differs from chat completions in ways `request_body` handles: the system prompt
 is a top-level `system` field, not a message; roles must alternate, so consecutive messages of
 one role are merged; `max_tokens` is required; stop strings are `stop_sequences`; images are
-content blocks with a base64 or URL source. `parse_message` maps the reply back: text blocks
-joined, `stop_reason` to lmpress's finish reasons, usage (cached input counted as input).
+content blocks with a base64 or URL source. Tools are tool definitions with an `input_schema`;
+an assistant turn's tool calls are `tool_use` blocks and a tool turn's reply a `tool_result`
+block in a user turn. `parse_message` maps the reply back: text blocks joined, `tool_use`
+blocks as tool calls, `stop_reason` to lmpress's finish reasons, usage (cached input counted as
+input).
 """
 
 from __future__ import annotations
@@ -19,7 +22,17 @@ from lmpress.engines.remote.media import base64_image
 from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.errors import ErrorKind, RequestError
 from lmpress.guided import GuidedDecoding
-from lmpress.types import Delta, FinishReason, GenerationParams, Message, Request, Sample, Usage
+from lmpress.tools import chosen_name
+from lmpress.types import (
+    Delta,
+    FinishReason,
+    GenerationParams,
+    Message,
+    Request,
+    Sample,
+    ToolCall,
+    Usage,
+)
 
 # The Messages API's structured output takes a JSON schema; any JSON object is the schema
 # {"type": "object"}.
@@ -28,7 +41,7 @@ GUIDED_FORMS = frozenset({"json", "json_object"})
 FINISH_REASONS: dict[str, FinishReason] = {
     "end_turn": "stop",
     "stop_sequence": "stop",
-    "tool_use": "stop",
+    "tool_use": "tool_calls",
     "pause_turn": "stop",
     "max_tokens": "length",
     "model_context_window_exceeded": "length",
@@ -88,6 +101,7 @@ class AnthropicEngine(RemoteEngine):
         body = self._body(request)
         stream = await client.messages.create(**body, stream=True)
         parts: list[str] = []
+        calls: dict[int, list[str]] = {}  # block index -> [id, name, JSON input pieces...]
         stop_reason = None
         usage = Usage()
         model = ""
@@ -99,8 +113,13 @@ class AnthropicEngine(RemoteEngine):
                     if kind == "message_start":
                         model = event.message.model or ""
                         usage = _usage(event.message.usage.model_dump(), usage)
+                    elif kind == "content_block_start" and event.content_block.type == "tool_use":
+                        block = event.content_block
+                        calls[event.index] = [block.id, block.name]
                     elif kind == "content_block_delta" and event.delta.type == "text_delta":
                         text = event.delta.text
+                    elif kind == "content_block_delta" and event.delta.type == "input_json_delta":
+                        calls[event.index].append(event.delta.partial_json)
                     elif kind == "message_delta":
                         stop_reason = event.delta.stop_reason or stop_reason
                         if event.usage is not None:
@@ -113,7 +132,12 @@ class AnthropicEngine(RemoteEngine):
                     parts.append(text)
                     yield Delta(request.id, text)
         finish = FINISH_REASONS.get(stop_reason or "end_turn", "stop")
-        yield Reply([Sample("".join(parts), finish, None, usage.completion_tokens)], usage, model)
+        sample = Sample("".join(parts), finish, None, usage.completion_tokens)
+        sample.tool_calls = [
+            ToolCall(id, name, "".join(pieces) or "{}")
+            for id, name, *pieces in (calls[i] for i in sorted(calls))
+        ] or None
+        yield Reply([sample], usage, model)
 
 
 # --- the translation ---------------------------------------------------------------------
@@ -135,7 +159,40 @@ def request_body(request: Request, model: str) -> dict[str, Any]:
         body["stop_sequences"] = list(p.stop_strings)
     if p.guided_decoding is not None:
         body["output_config"] = {"format": output_format(p.guided_decoding)}
+    if request.tools:
+        body["tools"] = [tool_definition(tool["function"]) for tool in request.tools]
+        choice = tool_choice(p.tool_choice, p.parallel_tool_calls)
+        if choice is not None:
+            body["tool_choice"] = choice
     return body
+
+
+def tool_definition(function: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI function as a Messages API tool: its parameters are the `input_schema`."""
+    tool = {
+        "name": function["name"],
+        "input_schema": function.get("parameters") or {"type": "object", "properties": {}},
+    }
+    if function.get("description"):
+        tool["description"] = function["description"]
+    return tool
+
+
+def tool_choice(choice: Any, parallel: bool) -> dict[str, Any] | None:
+    """OpenAI's tool_choice as the Messages API's: auto, any (OpenAI's required), a named tool,
+    or none; parallel_tool_calls false is its disable_parallel_tool_use."""
+    name = chosen_name(choice)
+    if name is not None:
+        out: dict[str, Any] = {"type": "tool", "name": name}
+    elif choice in ("auto", "none", "required"):
+        out = {"type": "any" if choice == "required" else choice}
+    elif parallel:
+        return None  # the API's default: auto, calls in parallel allowed
+    else:
+        out = {"type": "auto"}
+    if not parallel and out["type"] != "none":
+        out["disable_parallel_tool_use"] = True
+    return out
 
 
 def convert_messages(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
@@ -158,15 +215,36 @@ def convert_messages(messages: list[Message]) -> tuple[str, list[dict[str, Any]]
 
 
 def _content(message: Message) -> str | list[dict[str, Any]]:
+    if message.role == "tool" and message.tool_call_id is not None:
+        result = _content(Message("user", message.content))
+        return [{"type": "tool_result", "tool_use_id": message.tool_call_id, "content": result}]
+    if message.tool_calls:
+        text = message.text()
+        blocks = [{"type": "text", "text": text}] if text else []
+        return blocks + [_tool_use(call) for call in message.tool_calls]
     if isinstance(message.content, str):
         return message.content
-    blocks: list[dict[str, Any]] = []
+    blocks = []
     for part in message.content:
         if part.type == "text":
             blocks.append({"type": "text", "text": part.text or ""})
         else:
             blocks.append(image_block(part.image_url or ""))
     return blocks
+
+
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise RequestError(
+            f"tool call {call.id}: its arguments are not a JSON object, which the Messages API "
+            f"needs as the tool_use input",
+            ErrorKind.INVALID_REQUEST,
+        )
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
 
 
 def _merge(
@@ -200,7 +278,7 @@ def parse_message(data: Any, model: str = "") -> Reply:
     """A Messages API JSON reply as one sample, usage and the model name."""
     if not isinstance(data, dict) or not isinstance(data.get("content"), list):
         raise MalformedResponse("the reply is not a Messages API message (no content list)")
-    texts = []
+    texts, calls = [], []
     for block in data["content"]:
         if not isinstance(block, dict):
             raise MalformedResponse("a content block is not an object")
@@ -208,10 +286,16 @@ def parse_message(data: Any, model: str = "") -> Reply:
             if not isinstance(block.get("text"), str):
                 raise MalformedResponse("a text block has no text")
             texts.append(block["text"])
+        elif block.get("type") == "tool_use":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise MalformedResponse("a tool_use block has no id or name")
+            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            calls.append(ToolCall(block["id"], block["name"], arguments))
     stop_reason = data.get("stop_reason") or "end_turn"
     usage = _usage(data.get("usage") if isinstance(data.get("usage"), dict) else {}, Usage())
     sample = Sample("".join(texts), FINISH_REASONS.get(stop_reason, "stop"))
     sample.completion_tokens = usage.completion_tokens
+    sample.tool_calls = calls or None
     return Reply([sample], usage, data.get("model") or model)
 
 

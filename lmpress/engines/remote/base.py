@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Engine, check_text, error_result
+from lmpress.engines.base import Engine, check_text, check_tools, error_result
 from lmpress.engines.remote.credentials import Redactor, resolve_api_key
 from lmpress.engines.remote.pacing import Pacer, Ticket, backoff_delay, estimate_tokens
 from lmpress.engines.remote.retry import (
@@ -30,7 +30,13 @@ from lmpress.engines.remote.retry import (
     classify,
     status_kind,
 )
-from lmpress.errors import ConfigError, ErrorKind, RequestError, UnsupportedParamError
+from lmpress.errors import (
+    ConfigError,
+    ErrorKind,
+    LmpressError,
+    RequestError,
+    UnsupportedParamError,
+)
 from lmpress.types import Delta, ErrorInfo, Request, Result, Sample, Usage
 
 MESSAGE_LIMIT = 500  # characters of a provider's error message kept in a failed row
@@ -55,6 +61,7 @@ class RemoteEngine(Engine):
     # Endpoint paths the SDK appends to the base URL, longest first: an api_url that ends in
     # one (Oumi's configs name the full endpoint) is cut back to its base.
     endpoint_paths: ClassVar[tuple[str, ...]] = ()
+    takes_tools = True  # each provider module sends tools in its API's own form
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -144,8 +151,9 @@ class RemoteEngine(Engine):
         started = time.perf_counter()
         try:
             check_text(request)
+            check_tools(self, request)
             self.check_request_params(request.params)
-        except (RequestError, ConfigError) as exc:
+        except (RequestError, LmpressError) as exc:
             return error_result(
                 request, self, ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc)), started
             )
@@ -177,8 +185,9 @@ class RemoteEngine(Engine):
         started = time.perf_counter()
         try:
             check_text(request)
+            check_tools(self, request)
             self.check_request_params(request.params)
-        except (RequestError, ConfigError) as exc:
+        except (RequestError, LmpressError) as exc:
             yield error_result(
                 request, self, ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc)), started
             )

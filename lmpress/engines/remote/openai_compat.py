@@ -21,6 +21,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+from lmpress import tools
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote.base import RemoteEngine, Reply, client_options
 from lmpress.engines.remote.media import inline_image_url
@@ -35,6 +36,7 @@ from lmpress.types import (
     Request,
     Sample,
     TokenLogprob,
+    ToolCall,
     Usage,
 )
 
@@ -44,7 +46,8 @@ _BEARER_ONLY: dict[str, Any] = {"security": {"bearer_auth": True}}
 _SDK_ARGS = frozenset({
     "messages", "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "presence_penalty", "frequency_penalty", "stop", "seed", "n", "logprobs", "top_logprobs",
-    "logit_bias", "response_format", "stream", "stream_options",
+    "logit_bias", "response_format", "stream", "stream_options", "tools", "tool_choice",
+    "parallel_tool_calls",
 })  # fmt: skip
 
 
@@ -138,6 +141,7 @@ class OpenAICompatEngine(RemoteEngine):
         api = client.completions if request.prompt is not None else client.chat.completions
         stream = await api.create(**kwargs, extra_body=extra or None)
         texts: dict[int, list[str]] = {}
+        calls: dict[int, ToolCallDeltas] = {}
         finish: dict[int, FinishReason] = {}
         logprobs: dict[int, list[TokenLogprob]] = {}
         usage = Usage()
@@ -156,6 +160,8 @@ class OpenAICompatEngine(RemoteEngine):
                         if request.prompt is None:
                             delta = choice.delta
                             text = (delta.content if delta is not None else None) or ""
+                            for part in (delta.tool_calls if delta is not None else None) or ():
+                                calls.setdefault(index, ToolCallDeltas()).add(part)
                         else:
                             text = choice.text or ""
                         if text:
@@ -175,10 +181,13 @@ class OpenAICompatEngine(RemoteEngine):
                     yield Delta(request.id, text, index)
         n = max([request.params.n, *(i + 1 for i in texts), *(i + 1 for i in finish)])
         samples = [
-            Sample(
-                "".join(texts.get(i, [])),
-                finish.get(i, "stop"),
-                logprobs.get(i) if request.params.logprobs else None,
+            with_calls(
+                Sample(
+                    "".join(texts.get(i, [])),
+                    finish.get(i, "stop"),
+                    logprobs.get(i) if request.params.logprobs else None,
+                ),
+                calls[i].assembled() if i in calls else None,
             )
             for i in range(n)
         ]
@@ -222,9 +231,54 @@ class SGLangEngine(OpenAICompatEngine):
 
 
 def finish_reason(value: str) -> FinishReason:
-    """A provider's finish reason as lmpress's: OpenAI's own pass, any other ("eos", a
-    tool call lmpress never asked for) is a stop."""
+    """A provider's finish reason as lmpress's: OpenAI's own pass, any other ("eos", the old
+    "function_call") is a stop."""
     return value if value in FINISH_REASONS else "stop"  # type: ignore[return-value]
+
+
+def with_calls(sample: Sample, calls: list[ToolCall] | None) -> Sample:
+    """The sample with the tool calls its reply made. A reply that calls is finished for
+    that reason, whatever the provider said (OpenAI says "stop" for a forced call)."""
+    if calls:
+        sample.tool_calls = calls
+        if sample.finish_reason == "stop":
+            sample.finish_reason = "tool_calls"
+    return sample
+
+
+def parse_tool_calls(items: Any) -> list[ToolCall] | None:
+    """A reply message's tool_calls as ToolCalls."""
+    if items is None:
+        return None
+    try:
+        return tools.parse_tool_calls(items, "message.tool_calls")
+    except tools.ToolError as exc:
+        raise MalformedResponse(f"the reply's {exc}") from None
+
+
+class ToolCallDeltas:
+    """One choice's streamed tool calls, assembled as the `openai` client does: a delta with
+    an index opens or continues that call; names and arguments arrive in pieces."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, delta: Any) -> None:
+        call = self.calls.setdefault(delta.index or 0, {"id": "", "name": "", "arguments": ""})
+        call["id"] = delta.id or call["id"]
+        function = delta.function
+        if function is not None:
+            call["name"] += function.name or ""
+            call["arguments"] += function.arguments or ""
+
+    def assembled(self) -> list[ToolCall]:
+        out = []
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            if not call["id"] or not call["name"]:
+                raise MalformedResponse(f"streamed tool call {index} has no id or name")
+            out.append(ToolCall(call["id"], call["name"], call["arguments"] or "{}"))
+        return out
 
 
 def parse_chat_completion(data: Any, model: str = "") -> Reply:
@@ -243,21 +297,21 @@ def parse_chat_completion(data: Any, model: str = "") -> Reply:
         if not isinstance(choice, dict):
             raise MalformedResponse("a choice is not an object")
         message = choice.get("message")
+        calls = None
         if isinstance(message, dict):
             text = message.get("content")
             lp = choice.get("logprobs")
             logprobs = _token_logprobs(lp) if isinstance(lp, dict) else None
+            calls = parse_tool_calls(message.get("tool_calls"))
         else:
             text = choice.get("text")
             logprobs = None
         if text is not None and not isinstance(text, str):
             raise MalformedResponse("a choice's content is not text")
         index = choice.get("index")
+        sample = Sample(text or "", finish_reason(choice.get("finish_reason") or "stop"), logprobs)
         samples.append(
-            (
-                index if isinstance(index, int) else len(samples),
-                Sample(text or "", finish_reason(choice.get("finish_reason") or "stop"), logprobs),
-            )
+            (index if isinstance(index, int) else len(samples), with_calls(sample, calls))
         )
     samples.sort(key=lambda pair: pair[0])
     usage = data.get("usage")

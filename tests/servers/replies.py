@@ -1,0 +1,178 @@
+"""The loopback server's replies, in either wire format: `Reply.of` reads a request body and
+says what the server answers, whole (`openai`, `anthropic`) or as stream events."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tests.servers import tool_replies
+
+
+def reply_text(last_user: str) -> str:
+    """The reply the server gives to a conversation whose last user message is `last_user`."""
+    digest = hashlib.sha256(last_user.encode("utf-8")).hexdigest()[:12]
+    return " ".join([f"Reply-{digest}", "to:", *last_user.split()[:6]])
+
+
+@dataclass
+class Reply:
+    """The server's answer to one request, in either wire format."""
+
+    samples: list[tuple[str, str]]  # (text, finish reason as OpenAI spells it)
+    prompt_tokens: int
+    model: str
+    logprobs: int | None = None  # top_logprobs asked for, when logprobs were
+    calls: list[dict[str, Any]] | None = None  # tool calls, in the wire's own form
+
+    @classmethod
+    def of(cls, body: dict[str, Any], anthropic: bool, model: str) -> Reply:
+        messages = body.get("messages")
+        if messages is None:
+            last_user = str(body.get("prompt", ""))
+            prompt_words = len(last_user.split())
+        else:
+            users = [m for m in messages if m.get("role") == "user"]
+            last_user = _text(users[-1].get("content")) if users else ""
+            last_user = tool_replies.tool_result_text(messages) or last_user
+            prompt_words = sum(len(_text(m.get("content")).split()) for m in messages)
+            prompt_words += len(_text(body.get("system") or "").split())
+        limit = body.get("max_tokens") or body.get("max_completion_tokens") or 1000
+        stops = body.get("stop_sequences" if anthropic else "stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        samples = []
+        for i in range(int(body.get("n") or 1)):
+            text = reply_text(last_user) + (f" #{i}" if i else "")
+            finish = "stop"
+            for stop in stops:
+                if stop in text:
+                    text = text[: text.index(stop)]
+            words = text.split(" ")
+            if len(words) > limit:
+                text, finish = " ".join(words[:limit]), "length"
+            samples.append((text, finish))
+        lp = body.get("logprobs")
+        logprobs = (body.get("top_logprobs") or 0) if lp is True else None
+        calls = (tool_replies.anthropic_calls if anthropic else tool_replies.openai_calls)(body)
+        if calls:
+            samples = [("", "tool_calls")] * len(samples)
+        return cls(samples, prompt_words + 1, body.get("model") or model, logprobs, calls)
+
+    def _usage(self) -> dict[str, int]:
+        out = sum(len(text.split()) for text, _ in self.samples)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": out,
+                "total_tokens": self.prompt_tokens + out}  # fmt: skip
+
+    def _logprobs(self, text: str) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        tokens = [w if i == 0 else " " + w for i, w in enumerate(text.split(" "))]
+        return {"content": [
+            {"token": t, "logprob": -0.25, "bytes": None,
+             "top_logprobs": [{"token": t, "logprob": -0.25, "bytes": None}][: self.logprobs]}
+            for t in tokens
+        ]}  # fmt: skip
+
+    def openai(self, path: str) -> dict[str, Any]:
+        if path.endswith("/completions") and not path.endswith("chat/completions"):
+            choices = [{"index": i, "text": text, "finish_reason": finish, "logprobs": None}
+                       for i, (text, finish) in enumerate(self.samples)]  # fmt: skip
+            kind = "text_completion"
+        else:
+            message = {"role": "assistant", "content": None, "tool_calls": self.calls}
+            choices = [
+                {"index": i, "message": message if self.calls else
+                 {"role": "assistant", "content": text},
+                 "finish_reason": finish, "logprobs": self._logprobs(text)}
+                for i, (text, finish) in enumerate(self.samples)
+            ]  # fmt: skip
+            kind = "chat.completion"
+        return {"id": "cmpl-test", "object": kind, "created": int(time.time()),
+                "model": self.model, "choices": choices, "usage": self._usage()}  # fmt: skip
+
+    def openai_chunks(self, body: dict[str, Any]) -> list[bytes]:
+        chat = "messages" in body
+        base = {"id": "cmpl-test", "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model}  # fmt: skip
+        events = []
+
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> None:
+            events.append(b"data: " + json.dumps({**base, "choices": choices,
+                                                  "usage": usage}).encode() + b"\n\n")  # fmt: skip
+
+        for i, (text, finish) in enumerate(self.samples):
+            if chat:
+                chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None}])  # fmt: skip
+            for j, call in enumerate(self.calls or ()):  # as OpenAI streams a call
+                function = call["function"]
+                head = {"index": j, "id": call["id"], "type": "function",
+                        "function": {"name": function["name"], "arguments": ""}}  # fmt: skip
+                chunk([{"index": i, "delta": {"tool_calls": [head]}, "finish_reason": None}])
+                for k in range(0, len(function["arguments"]), 8):
+                    part = {"index": j, "function": {"arguments": function["arguments"][k : k + 8]}}
+                    chunk([{"index": i, "delta": {"tool_calls": [part]}, "finish_reason": None}])
+            for j, word in enumerate(text.split(" ") if not self.calls else ()):
+                piece = word if j == 0 else " " + word
+                if chat:
+                    lp = self._logprobs(word)
+                    if lp is not None:
+                        lp["content"][0]["token"] = piece
+                    chunk([{"index": i, "delta": {"content": piece}, "finish_reason": None,
+                            "logprobs": lp}])  # fmt: skip
+                else:
+                    chunk([{"index": i, "text": piece, "finish_reason": None}])
+            end = {"index": i, "finish_reason": finish}
+            chunk([{**end, "delta": {}} if chat else {**end, "text": ""}])
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunk([], self._usage())
+        events.append(b"data: [DONE]\n\n")
+        return events
+
+    def anthropic(self) -> dict[str, Any]:
+        text, finish = self.samples[0]
+        return {"id": "msg_test", "type": "message", "role": "assistant", "model": self.model,
+                "content": self.calls or [{"type": "text", "text": text}],
+                "stop_reason": _ANTHROPIC_STOP[finish], "stop_sequence": None,
+                "usage": {"input_tokens": self.prompt_tokens,
+                          "output_tokens": len(text.split())}}  # fmt: skip
+
+    def anthropic_events(self) -> list[bytes]:
+        text, finish = self.samples[0]
+        start = self.anthropic()
+        start.update(content=[], stop_reason=None)
+        start["usage"] = {"input_tokens": self.prompt_tokens, "output_tokens": 1}
+        events = [("message_start", {"type": "message_start", "message": start})]
+        if self.calls:  # a tool_use block, its input streamed as JSON pieces
+            events += tool_replies.anthropic_call_events(self.calls)
+        else:
+            events.append(("content_block_start", {"type": "content_block_start", "index": 0,
+                                                   "content_block": {"type": "text", "text": ""}}))  # fmt: skip
+        events.append(("ping", {"type": "ping"}))
+        for j, word in enumerate(text.split(" ") if not self.calls else ()):
+            piece = word if j == 0 else " " + word
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
+                           "delta": {"type": "text_delta", "text": piece}}))  # fmt: skip
+        events += [
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta",
+                               "delta": {"stop_reason": _ANTHROPIC_STOP[finish],
+                                         "stop_sequence": None},
+                               "usage": {"output_tokens": len(text.split())}}),
+            ("message_stop", {"type": "message_stop"}),
+        ]  # fmt: skip
+        return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
+
+
+_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
