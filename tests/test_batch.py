@@ -465,10 +465,6 @@ MALFORMED = [
         '{"custom_id": "a3", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], "tools": [{}]}}',
         "'body.tools[0].function' must be an object with a 'name'",
     ),
-    (
-        '{"id": "t1", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}',
-        "engine NATIVE cannot take tools",
-    ),
     ('{"id": "huge", "prompt": "' + "word " * 3000 + '"}', "the model's context is"),
 ]
 
