@@ -188,12 +188,13 @@ def guided_matcher(grammars: Callable[[], Grammars], guided: Any, engine: str) -
 
 
 def request_matcher(
-    grammars: Callable[[], Grammars], guided: Any, tool_grammar: str | None, engine: str
+    grammars: Callable[[], Grammars], guided: Any, plan: Any, engine: str
 ) -> Matcher | None:
     """The one grammar a request's replies follow: its guided decoding, or the call its
-    tool_choice requires; both at once is refused."""
+    tool_choice requires (`plan`, a ToolPlan or None); both at once is refused."""
     from lmpress.errors import ErrorKind, RequestError
 
+    tool_grammar = plan.grammar if plan is not None else None
     if tool_grammar is None:
         return guided_matcher(grammars, guided, engine)
     if guided is not None and guided.form is not None:

@@ -121,6 +121,12 @@ def plan_tools(request: Request, chat_template: str | None, parser: str | None) 
     return ToolPlan(parser, messages, offered if native else None, grammar)
 
 
+def tool_plan(request: Request, chat_template: str | None, parser: str | None) -> ToolPlan | None:
+    """The request's tool plan, or None when it neither offers tools nor carries turns that
+    called them."""
+    return plan_tools(request, chat_template, parser) if wants_tool_plan(request) else None
+
+
 def wants_tool_plan(request: Request) -> bool:
     """Whether a request offers tools or carries turns that called them."""
     return bool(request.tools) or any(m.tool_calls or m.role == "tool" for m in request.messages)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
 from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
-from lmpress.engines.common.tool_calls import ToolPlan, check_parser, plan_tools, wants_tool_plan
+from lmpress.engines.common.tool_calls import ToolPlan, check_parser, tool_plan
 from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     batched_context,
@@ -147,9 +147,7 @@ class LlamaCppEngine(LlamaCppScheduler):
     # --- checking a request before it is queued -------------------------------------------
 
     def _prepare(self, request: Request, started: float) -> RequestState:
-        plan = None
-        if wants_tool_plan(request):
-            plan = plan_tools(request, self.chat_template, self.tool_call_parser)
+        plan = tool_plan(request, self.chat_template, self.tool_call_parser)
         prompt_ids = self.encode(request, plan)
         logit_bias = self._logit_bias(request.params)
         check_token_settings(request.params, self.n_vocab)
@@ -157,7 +155,7 @@ class LlamaCppEngine(LlamaCppScheduler):
         matcher = request_matcher(
             self._grammar_engine,
             request.params.guided_decoding,
-            plan.grammar if plan else None,
+            plan,
             self.name,
         )
         return RequestState(

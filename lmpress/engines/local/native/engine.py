@@ -14,7 +14,7 @@ from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
 from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.common.prompts import render_chat_prompt
-from lmpress.engines.common.tool_calls import ToolPlan, check_parser, plan_tools, wants_tool_plan
+from lmpress.engines.common.tool_calls import ToolPlan, check_parser, tool_plan
 from lmpress.engines.local.native.loading import (
     checkpoint_defaults,
     context_length,
@@ -81,13 +81,11 @@ class NativeEngine(NativeScheduler):
                 request, params=request.params.with_defaults(self.model_defaults)
             )
         check_token_settings(request.params, self.n_vocab)
-        plan = None
-        if wants_tool_plan(request):
-            plan = plan_tools(request, self.tokenizer.chat_template, self.tool_call_parser)
+        plan = tool_plan(request, self.tokenizer.chat_template, self.tool_call_parser)
         matcher = request_matcher(
             self._grammar_engine,
             request.params.guided_decoding,
-            plan.grammar if plan else None,
+            plan,
             self.name,
         )
         ids = self.encode(request, plan)
