@@ -256,6 +256,7 @@ class Result:
     # For a row that asked for JSON, a regex or a choice: the reply checked against it
     # (`structured.check_structure`): {"valid": true, "parsed": ...}.
     structured: dict[str, Any] | None = None
+    cost_usd: float | None = None  # what the tokens cost, where the config knows a price
 
     @property
     def ok(self) -> bool:

@@ -20,10 +20,18 @@ def batch(
     ctx: typer.Context,
     input: Annotated[
         str | None,
-        typer.Option("-i", "--input", help="Input JSONL file (.gz .zst .bz2 .xz read too)."),
+        typer.Option(
+            "-i",
+            "--input",
+            help="Input: JSONL (.gz .zst .bz2 .xz too), Parquet, CSV/TSV, or a Hugging Face "
+            "dataset (a save_to_disk or data directory, or hf:ORG/NAME).",
+        ),
     ] = None,
     output: Annotated[
-        str | None, typer.Option("-o", "--output", help="Output JSONL file, or - for stdout.")
+        str | None,
+        typer.Option(
+            "-o", "--output", help="Output: JSONL (compressed too), .parquet, or - for stdout."
+        ),
     ] = None,
     recipe: RecipeOpt = None,
     engine: EngineOpt = None,
@@ -53,10 +61,55 @@ def batch(
         str | None, typer.Option("--shard", help="I/N: every N-th row starting at I.")
     ] = None,
     output_format: Annotated[
-        str, typer.Option("--output-format", help="auto (follow the input), lmpress or openai.")
+        str,
+        typer.Option(
+            "--output-format",
+            help="auto (by suffix; rows follow the input), jsonl, parquet, lmpress (JSONL "
+            "rows) or openai (OpenAI Batch lines).",
+        ),
     ] = "auto",
+    input_format: Annotated[
+        str,
+        typer.Option("--input-format", help="auto (by suffix), jsonl, parquet, csv, tsv or hf."),
+    ] = "auto",
+    split: Annotated[
+        str | None, typer.Option("--split", help="The split of a Hugging Face dataset.")
+    ] = None,
+    prompt_template: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt-template",
+            help="Make the user turn from columns: 'Summarize: {text}' or Jinja "
+            "'{{ text }}'. A 'messages' column is used as it is.",
+        ),
+    ] = None,
+    system: Annotated[
+        str | None, typer.Option("--system", help="A system turn for every row without one.")
+    ] = None,
+    id_column: Annotated[
+        str | None, typer.Option("--id-column", help="The column holding each row's id.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N rows.")] = None,
+    sample: Annotated[
+        int | None, typer.Option("--sample", help="A random N rows (reproducible with --seed).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="The seed --sample picks with.")] = 0,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Read and tokenize every row; print rows, tokens and cost; generate nothing.",
+            metavar=FLAG,
+        ),
+    ] = False,
+    max_cost: Annotated[
+        float | None, typer.Option("--max-cost", help="Stop once this run has spent USD.")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", help="Stop once this run has used N tokens.")
+    ] = None,
 ) -> None:
-    """Run every row of a JSONL file through the model, writing each result as it completes.
+    """Run every row of a file or dataset through the model, writing each result as it completes.
 
     Re-running the same command resumes: rows already written are skipped. Failed rows go to
     OUT.errors.jsonl and are retried on the next run. Exit code 0 when every row succeeded,
@@ -66,14 +119,18 @@ def batch(
     if words:
         raise ConfigError(unexpected(words[0], "batch reads rows from -i FILE"))
     from lmpress.batch import BatchOptions
+    from lmpress.data.columns import RowMapping
     from lmpress.data.formats import OUTPUT_FORMATS
+    from lmpress.data.targets import FILE_FORMATS
 
     if on_error not in ("skip", "fail"):
         raise ConfigError(f"--on-error {on_error}: use skip or fail")
-    if output_format not in OUTPUT_FORMATS:
-        raise ConfigError(f"--output-format {output_format}: use {', '.join(OUTPUT_FORMATS)}")
+    if output_format not in (*OUTPUT_FORMATS, *FILE_FORMATS):
+        choices = ", ".join((*OUTPUT_FORMATS, *FILE_FORMATS))
+        raise ConfigError(f"--output-format {output_format}: use {choices}")
     if max_errors is not None and max_errors < 1:
         raise ConfigError("--max-errors: must be at least 1")
+    file_format = output_format if output_format in FILE_FORMATS else None
 
     options = BatchOptions(
         input_path="",
@@ -84,9 +141,20 @@ def batch(
         max_errors=max_errors,
         ordered=ordered,
         shard=parse_shard(shard) if shard else None,
-        output_format=output_format,
+        output_format="auto" if file_format else output_format,
         recipe=recipe,
+        input_format=input_format,
+        split=split,
+        file_format=file_format,
+        mapping=RowMapping(prompt_template, system, id_column),
+        limit=limit,
+        sample=sample,
+        seed=seed,
+        max_cost=max_cost,
+        max_tokens=max_tokens,
     )
+    if dry_run:
+        raise typer.Exit(dry_run_file(config, input, options))
     raise typer.Exit(run_file(config, input, output, options))
 
 
@@ -100,9 +168,11 @@ def run_file(
     from lmpress.batch import BatchOptions, run_batch
     from lmpress.cli.report import BatchReport
     from lmpress.data.resume import JobFiles
-    from lmpress.data.targets import check_input, resolve_output
+    from lmpress.data.sources import open_source
+    from lmpress.data.targets import output_file_format, resolve_output
     from lmpress.engines.registry import load_engine_class
 
+    options = options or BatchOptions("", "")
     input_path = input or config.input_path
     output_path = output or config.output_path
     if not input_path:
@@ -110,20 +180,31 @@ def run_file(
     if not output_path:
         raise ConfigError("no output: give -o FILE (or - for stdout) or set output_path")
     # Every path checked before anything is opened for writing or any model loads.
-    check_input(input_path)
-    files = JobFiles.beside(output_path)
-    target = resolve_output(
-        output_path, input_path, [files.errors, files.summary, files.fingerprint]
-    )
+    open_source(input_path, options.input_format, options.split)
+    file_format = output_file_format(output_path, options.file_format)
+    files = JobFiles.beside(output_path, file_format)
+    target = resolve_output(output_path, input_path, files.side_files)
     if not target.stream:
         _check_writable(output_path)
-    options = options or BatchOptions("", "")
     options.input_path, options.output_path = input_path, output_path
     load_engine_class(config.engine)  # an engine that cannot load is refused before any work
     report = BatchReport()
     summary = asyncio.run(run_batch(config, options, events=report))
     report.summary_table(summary)
     return summary.exit_code
+
+
+def dry_run_file(config: RunConfig, input: str | None, options: BatchOptions) -> int:
+    """Read and count every picked row without generating: the dry run's table."""
+    from lmpress.batch.dry_run import dry_run
+    from lmpress.cli.report import dry_run_table
+
+    input_path = input or config.input_path
+    if not input_path:
+        raise ConfigError("no input: give -i FILE or set input_path")
+    options.input_path = input_path
+    dry_run_table(dry_run(config, options))
+    return 0
 
 
 def _check_writable(path: str) -> None:

@@ -15,9 +15,10 @@ class BatchReport(BatchEvents):
         self.stream = stream or sys.stderr
         self.bar = ProgressBar("lmpress batch", self.stream) if bar else None
         self.input_path = ""
+        self.input_unit = "line"
 
     def started(self, summary: BatchSummary) -> None:
-        self.input_path = summary.input_path
+        self.input_path, self.input_unit = summary.input_path, summary.input_unit
         if self.bar is not None:
             self.bar.start(summary.rows_total)
 
@@ -32,7 +33,10 @@ class BatchReport(BatchEvents):
             self.bar.update(summary.rows_done, summary.rows_skipped, summary.completion_tokens)
 
     def row_failed(self, failure: RowFailure) -> None:
-        print(f"lmpress: {self.input_path}:{failure.line}: {failure.message}", file=self.stream)
+        where = f"{self.input_path}:{failure.line}"
+        if self.input_unit == "row":
+            where = f"{self.input_path} row {failure.line}"
+        print(f"lmpress: {where}: {failure.message}", file=self.stream)
 
     def finished(self, summary: BatchSummary) -> None:
         if self.bar is not None:

@@ -5,6 +5,7 @@ Formats, detected row by row:
 - oumi:   {"conversation_id", "messages": [...], "metadata"}   (Oumi conversations)
 - prompt: {"prompt": "...", "system"?: "..."}   (a chat turn: the chat template applies)
 - text:   {"text": "..."}   (raw text for a base model to continue: no chat template)
+- template: any columns, with `--prompt-template` making the user turn from them
 - openai_batch: {"custom_id", "method", "url", "body"}   (OpenAI Batch request lines)
 Any row may carry its own `generation` overrides, a mapping of generation fields. A chat or
 Oumi row may offer `tools` (OpenAI function tools, Oumi's `Conversation.tools`) and a
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmpress.data import openai_batch
+from lmpress.data.columns import RowMapping, TemplateError
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
 from lmpress.tools import ToolError, check_tool_choice, check_tools
 from lmpress.types import GENERATION_FIELDS, GenerationParams, Message, Request, Result, Sample
@@ -39,7 +41,7 @@ ID_KEYS = ("id", "custom_id", "conversation_id")
 class ParsedRow:
     line: int  # 1-based line number in the input file
     id: str
-    kind: str  # "chat" | "oumi" | "prompt" | "text" | "openai_batch"
+    kind: str  # "chat" | "oumi" | "prompt" | "text" | "template" | "openai_batch"
     raw: dict[str, Any]
     messages: list[Message]
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -52,10 +54,13 @@ class ParsedRow:
         return Request(self.id, self.messages, params, prompt=self.prompt, tools=self.tools)
 
 
-def row_id(raw: dict[str, Any], line: int) -> str:
-    """A row's id: its own `id`, `custom_id` or `conversation_id`, else a stable hash of its
-    content and position."""
-    for key in ID_KEYS:
+NO_MAPPING = RowMapping()
+
+
+def row_id(raw: dict[str, Any], line: int, id_column: str | None = None) -> str:
+    """A row's id: its `id_column`'s, else its own `id`, `custom_id` or `conversation_id`, else
+    a stable hash of its content and position."""
+    for key in id_keys(id_column):
         value = raw.get(key)
         if isinstance(value, (str, int)) and not isinstance(value, bool) and value != "":
             return str(value)
@@ -65,19 +70,36 @@ def row_id(raw: dict[str, Any], line: int) -> str:
     return f"row-{digest.hexdigest()[:16]}"
 
 
-def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
-    """Turn one decoded JSON value into a ParsedRow, or raise RowError. `regenerate`: drop a
-    trailing assistant turn to generate it anew (batch); chat's /load keeps it to continue."""
+def id_keys(id_column: str | None) -> tuple[str, ...]:
+    """The keys a row's id is looked for under, in order."""
+    return ID_KEYS if id_column is None else (id_column, *ID_KEYS)
+
+
+def parse_row(
+    raw: Any, line: int, regenerate: bool = True, mapping: RowMapping = NO_MAPPING
+) -> ParsedRow:
+    """Turn one decoded row into a ParsedRow, or raise RowError. `regenerate`: drop a trailing
+    assistant turn to generate it anew (batch); chat's /load keeps it to continue. `mapping`:
+    how a table's columns make the conversation (`data.columns`)."""
     if not isinstance(raw, dict):
         raise RowError(f"expected a JSON object, got {json_type(raw)}")
     if openai_batch.is_batch_request(raw):
         return _parse_batch_request(raw, line)
     overrides = _row_overrides(raw.get("generation"))
     tools = _row_tools(raw, overrides)
+    rid = row_id(raw, line, mapping.id_column)
+    if mapping.id_column is not None and raw.get(mapping.id_column) in (None, ""):
+        raise RowError(f"row has no '{mapping.id_column}' (the --id-column)")
     if "messages" in raw:
         kind = "oumi" if "conversation_id" in raw or _has_oumi_items(raw["messages"]) else "chat"
         messages = parse_messages(raw["messages"])
         messages = regenerate_last_turn(messages) if regenerate else messages
+    elif mapping.prompt_template is not None:
+        kind = "template"
+        try:
+            messages = [Message("user", mapping.prompt(raw))]
+        except TemplateError as exc:
+            raise RowError(str(exc)) from None
     elif "prompt" in raw:
         kind = "prompt"
         prompt = raw["prompt"]
@@ -96,13 +118,16 @@ def parse_row(raw: Any, line: int, regenerate: bool = True) -> ParsedRow:
         messages = [Message("user", text)]
         if tools:
             raise RowError("'tools' need a chat row ('messages' or 'prompt'), not raw 'text'")
-        return ParsedRow(line, row_id(raw, line), "text", raw, messages, overrides, prompt=text)
+        return ParsedRow(line, rid, "text", raw, messages, overrides, prompt=text)
     else:
-        keys = ", ".join(sorted(raw)) or "none"
+        keys = ", ".join(sorted(raw)[:12]) or "none"
         raise RowError(
-            f"row has no 'messages', 'prompt' (a chat turn) or 'text' (raw text) (keys: {keys})"
+            f"row has no 'messages', 'prompt' (a chat turn) or 'text' (raw text) (keys: {keys}); "
+            f"--prompt-template makes the prompt from other columns, e.g. 'Summarize: {{text}}'"
         )
-    return ParsedRow(line, row_id(raw, line), kind, raw, messages, overrides, tools=tools)
+    if mapping.system is not None and messages[0].role != "system":
+        messages.insert(0, Message("system", mapping.system))
+    return ParsedRow(line, rid, kind, raw, messages, overrides, tools=tools)
 
 
 def _row_tools(raw: dict[str, Any], overrides: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -211,12 +236,12 @@ def render_failure(
     return {"line": line, "id": row_id, "error": error}
 
 
-def output_row_id(out: dict[str, Any]) -> str | None:
+def output_row_id(out: dict[str, Any], id_column: str | None = None) -> str | None:
     """The row id an output (or errors) line was written for."""
     if "custom_id" in out and ("response" in out or "error" in out) and "messages" not in out:
         value = out["custom_id"]  # an OpenAI Batch line: its `id` is the batch request's own
     else:
-        value = next((out[k] for k in ID_KEYS if k in out), None)
+        value = next((out[k] for k in id_keys(id_column) if k in out), None)
     return None if value is None else str(value)
 
 
@@ -227,7 +252,7 @@ def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
     reply = reply_message(result.samples[0] if result.samples else Sample("", "stop"))
     out: dict[str, Any] = {}
     if not any(k in row.raw for k in ID_KEYS):
-        out["id"] = row.id
+        out["id"] = row.id  # the id lmpress gave it, or the --id-column's
     if row.kind == "openai_batch":
         out["custom_id"] = row.id
         out["messages"] = [m.to_openai() for m in row.messages] + [reply]
@@ -242,6 +267,8 @@ def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
             out["messages"] = [*value[: len(row.messages)], reply]
         else:
             out[key] = value
+    if row.kind == "template":  # the conversation the template made, and its reply
+        out["messages"] = [m.to_openai() for m in row.messages] + [reply]
     out["response"] = response_record(result)
     return out
 
@@ -289,6 +316,8 @@ def response_record(result: Result) -> dict[str, Any]:
         ]
     if result.structured is not None:
         record["structured"] = result.structured
+    if result.cost_usd is not None:
+        record["cost_usd"] = round(result.cost_usd, 8)
     if result.error is not None:
         record["error"] = dataclasses.asdict(result.error)
     return record

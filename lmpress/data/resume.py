@@ -2,7 +2,10 @@
 
 OUT.jsonl is the one record of which rows are done: each line is written whole and flushed,
 so after a crash it holds every finished row and at most one torn last line, which is cut off.
-Beside it:
+A Parquet output cannot be appended to, so its record is a journal beside it:
+- OUT.journal.jsonl   every row done (and, with its error, every row that failed) as JSONL,
+                      from which OUT.parquet is written at the end of each run
+Beside them:
 - OUT.errors.jsonl    rows that failed (retried on the next run unless told not to)
 - OUT.summary.json    the last run's summary
 - OUT.fingerprint.json  the settings the output was started with; a re-run with other
@@ -25,6 +28,8 @@ from lmpress.configs.schema import RunConfig
 from lmpress.data.formats import output_row_id, row_id
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import read_lines
+from lmpress.data.selection import RowSelection
+from lmpress.data.sources import Source
 from lmpress.data.targets import COMPRESSED, is_compressed
 from lmpress.errors import InputError
 from lmpress.types import SCHEDULING_FIELDS
@@ -36,58 +41,94 @@ class JobFiles:
     errors: Path
     summary: Path
     fingerprint: Path
+    journal: Path | None = None  # a Parquet output's record; None: the output is its own
 
     @classmethod
-    def beside(cls, output: str | Path) -> JobFiles:
+    def beside(cls, output: str | Path, file_format: str = "jsonl") -> JobFiles:
         out = Path(output).expanduser()
         stem = out.name
-        for suffix in (*COMPRESSED, ".jsonl"):  # out.jsonl.gz -> out.errors.jsonl
+        for suffix in (*COMPRESSED, ".jsonl", ".parquet", ".pq"):  # out.jsonl.gz -> out
             stem = stem.removesuffix(suffix)
+        journal = out.with_name(f"{stem}.journal.jsonl") if file_format == "parquet" else None
         return cls(
             out,
             out.with_name(f"{stem}.errors.jsonl"),
             out.with_name(f"{stem}.summary.json"),
             out.with_name(f"{stem}.fingerprint.json"),
+            journal,
         )
 
+    @property
+    def record(self) -> Path:
+        """The file that says which rows are done: the journal, or the JSONL output itself."""
+        return self.journal or self.output
+
+    @property
+    def side_files(self) -> list[Path]:
+        """What lmpress writes beside the output."""
+        side = [self.errors, self.summary, self.fingerprint]
+        return side + [self.journal] if self.journal else side
+
     def remove_all(self) -> None:
-        for path in (self.output, self.errors, self.summary, self.fingerprint):
+        for path in (self.output, *self.side_files):
             path.unlink(missing_ok=True)
 
 
-def scan_input(path: str, in_shard: Callable[[int], bool]) -> tuple[int, IdKeys]:
-    """One pass before any work: count the shard's rows, refuse duplicate ids, and return the
-    count and the id keys of the rows that have one."""
-    keys = IdKeys()
+def scan_input(
+    source: Source, selection: RowSelection, id_column: str | None = None
+) -> tuple[int, IdKeys]:
+    """One pass before any work: count the rows the job runs, refuse duplicate ids, pick the
+    sample, and return the count and the id keys of the picked rows that have one."""
+    every = IdKeys()  # every row of the shard, for duplicates
+    picked = IdKeys() if selection.limit is not None else every
+    sampled: dict[int, int] = {}  # place -> key, of the rows in the reservoir
     total = 0
-    for ordinal, line in enumerate(read_lines(path)):
-        if not in_shard(ordinal):
+    for ordinal, line in enumerate(source.lines()):
+        if not selection.in_shard(ordinal):
+            continue
+        place = selection.place(ordinal)
+        key = None
+        if not line.error and isinstance(line.value, dict):
+            key = id_key(row_id(line.value, line.number, id_column))
+            every.add(key)
+        taken = selection.offer(place)
+        if taken is None:
             continue
         total += 1
-        if line.error or not isinstance(line.value, dict):
-            continue
-        keys.add(id_key(row_id(line.value, line.number)))
+        if selection.sample is not None:
+            sampled.pop(taken, None)
+            if key is not None:
+                sampled[place] = key
+        elif picked is not every and key is not None:
+            picked.add(key)
+    selection.scanned()
     if total == 0:
-        raise InputError(f"{path}: the input has no rows")
-    repeated = keys.freeze()
+        raise InputError(f"{source.path}: the input has no rows")
+    repeated = every.freeze()
     if repeated is not None:
-        _refuse_duplicate(path, in_shard, repeated)
-    return total, keys
+        _refuse_duplicate(source, selection, id_column, repeated)
+    if selection.sample is not None:
+        total = min(total, selection.sample)
+        picked = IdKeys(sampled.values())
+    picked.freeze()
+    return total, picked
 
 
-def _refuse_duplicate(path: str, in_shard: Callable[[int], bool], key: int) -> None:
+def _refuse_duplicate(
+    source: Source, selection: RowSelection, id_column: str | None, key: int
+) -> None:
     """A second pass, only when an id repeats: name both lines."""
     first = None
-    for ordinal, line in enumerate(read_lines(path)):
-        if not in_shard(ordinal) or line.error or not isinstance(line.value, dict):
+    for ordinal, line in enumerate(source.lines()):
+        if not selection.in_shard(ordinal) or line.error or not isinstance(line.value, dict):
             continue
-        rid = row_id(line.value, line.number)
+        rid = row_id(line.value, line.number, id_column)
         if id_key(rid) != key:
             continue
         if first is not None:
             raise InputError(
-                f"{path}:{line.number}: duplicate id '{rid}' (first at line {first}); ids "
-                f"must be unique for a job to resume safely"
+                f"{source.where(line.number)}: duplicate id '{rid}' (first at {source.unit} "
+                f"{first}); ids must be unique for a job to resume safely"
             )
         first = line.number
 
@@ -108,22 +149,32 @@ def read_earlier_run(
     overwrite: bool,
     retry_failed: bool,
     say: Callable[[str], None],
+    id_column: str | None = None,
 ) -> EarlierRun:
     """The rows earlier runs finished, the output checked against `settings` (refused when
     they changed) and its torn tail repaired; `say` is told what was done."""
-    if overwrite or not (files.output.exists() and files.output.stat().st_size > 0):
+    record = files.record
+    if overwrite or not (record.exists() and record.stat().st_size > 0):
+        if not overwrite and files.journal and _nonempty(files.output):
+            raise InputError(
+                f"{files.output}: exists but its journal ({files.journal.name}) is missing, so "
+                f"lmpress cannot tell which rows are done; use --overwrite to start over, or "
+                f"choose a new output path"
+            )
         return EarlierRun(IdKeys(), IdKeys(), fresh=True)
     check_fingerprint(files, settings)
-    if repair_torn_tail(files.output):
-        say(f"{files.output}: cut off a half-written last line from the last run")
+    if repair_torn_tail(record):
+        say(f"{record}: cut off a half-written last line from the last run")
     repair_torn_tail(files.errors)
-    done = IdKeys(id_key(rid) for rid in done_ids(files.output))
+    if retry_failed and files.journal and _nonempty(files.errors):
+        drop_failed_rows(files.journal)  # those rows are tried again
+    done = IdKeys(id_key(rid) for rid in done_ids(record, id_column))
     done.freeze()
     set_aside = IdKeys()
     if retry_failed:
         files.errors.unlink(missing_ok=True)  # those rows are tried again
     else:
-        for rid in done_ids(files.errors):
+        for rid in done_ids(files.errors, id_column):
             if (key := id_key(rid)) not in done:
                 set_aside.add(key)
     set_aside.freeze()
@@ -135,9 +186,12 @@ def read_earlier_run(
     return EarlierRun(done, set_aside, fresh=False)
 
 
-def fingerprint(config: RunConfig, output_format: str, shard: str | None) -> dict[str, Any]:
-    """The settings that decide what the output holds."""
-    return {
+def fingerprint(
+    config: RunConfig, output_format: str, shard: str | None, rows: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The settings that decide what the output holds. `rows`: how columns make prompts
+    (`RowMapping.settings()`), recorded only when set so older outputs still resume."""
+    settings = {
         "engine": config.engine,
         "model": dataclasses.asdict(config.model),
         "generation": _results_only(dataclasses.asdict(config.generation)),
@@ -145,6 +199,9 @@ def fingerprint(config: RunConfig, output_format: str, shard: str | None) -> dic
         "output_format": output_format,
         "shard": shard,
     }
+    if rows:
+        settings["rows"] = rows
+    return settings
 
 
 def check_fingerprint(files: JobFiles, current: dict[str, Any]) -> None:
@@ -209,7 +266,7 @@ def repair_torn_tail(path: Path) -> bool:
     return True
 
 
-def done_ids(path: Path) -> Iterator[str]:
+def done_ids(path: Path, id_column: str | None = None) -> Iterator[str]:
     """The row id of every line in an output (or errors) file, the file read as a stream."""
     if not path.exists():
         return
@@ -219,9 +276,35 @@ def done_ids(path: Path) -> Iterator[str]:
                 f"{path}:{line.number}: {line.error}, so the output cannot be resumed; "
                 f"repair that line or use --overwrite"
             )
-        rid = output_row_id(line.value) if isinstance(line.value, dict) else None
+        rid = output_row_id(line.value, id_column) if isinstance(line.value, dict) else None
         if rid is not None:
             yield rid
+
+
+def drop_failed_rows(journal: Path) -> None:
+    """Rewrite a journal without its failed rows, so that they run again; the rows done are
+    copied line by line, and the copy replaces the journal only once it is whole."""
+    tmp = journal.with_name(f".{journal.name}.tmp")
+    with journal.open("rb") as src, tmp.open("wb") as dst:
+        for raw in src:
+            if b'"error":' in raw and _failed(raw):
+                continue
+            dst.write(raw)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, journal)
+
+
+def _failed(raw: bytes) -> bool:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and value.get("error") is not None
+
+
+def _nonempty(path: Path) -> bool:
+    return path.exists() and path.stat().st_size > 0
 
 
 def id_key(rid: str) -> int:

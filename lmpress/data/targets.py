@@ -5,9 +5,9 @@ write over the file it reads (`-i X -o X`, or `-o ./X`), and never replace somet
 a regular file (`/dev/stdout`, a FIFO, a directory). Those are streamed to, as `-o -` is: rows go
 out as they finish, with no side files and no resume, since there is nothing to resume from.
 
-The file's suffix says how it is stored: JSONL, optionally compressed (.gz .bz2 .xz with the
-standard library, .zst with `zstandard`). Formats lmpress does not read yet are refused by name
-before any model loads, instead of failing every line.
+An output file's suffix says how it is stored: JSONL, optionally compressed (.gz .bz2 .xz with
+the standard library, .zst with `zstandard`), or Parquet. Formats lmpress does not write are
+refused by name before any model loads. Inputs are checked by `data.sources`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from lmpress.errors import InputError
 
 STDIO = "-"
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
-# Suffixes of formats a later version may read; named so the refusal says what the file is.
-NOT_YET = {
-    ".csv": "CSV", ".tsv": "TSV", ".parquet": "Parquet", ".pq": "Parquet", ".arrow": "Arrow",
-    ".feather": "Feather", ".xlsx": "Excel", ".xls": "Excel", ".avro": "Avro", ".orc": "ORC",
-    ".zip": "ZIP", ".tar": "tar", ".7z": "7-Zip", ".lz4": "LZ4",
+# Output files lmpress writes, by suffix (past a compression suffix); anything else is JSONL,
+# except a suffix naming a format lmpress does not write, which is refused by name.
+OUTPUT_SUFFIXES = {".parquet": "parquet", ".pq": "parquet"}
+NOT_WRITTEN = {
+    ".csv": "CSV", ".tsv": "TSV", ".arrow": "Arrow", ".feather": "Feather", ".xlsx": "Excel",
+    ".xls": "Excel", ".avro": "Avro", ".orc": "ORC", ".zip": "ZIP", ".tar": "tar",
 }  # fmt: skip
-SUPPORTED = "JSONL (optionally compressed: .gz, .zst, .bz2, .xz)"
+FILE_FORMATS = ("jsonl", "parquet")
 
 
 @dataclass(frozen=True)
@@ -44,27 +45,27 @@ class OutputTarget:
         return "stdout" if self.path == STDIO else self.path
 
 
-def check_format(path: str, role: str) -> None:
-    """Refuse a file whose suffix names a format lmpress cannot read or write yet."""
+def output_file_format(path: str, forced: str | None = None) -> str:
+    """How an output file is stored: "jsonl" (plain or compressed) or "parquet", by its suffix
+    or as forced; `-` is always JSONL."""
+    if path == STDIO:
+        if forced == "parquet":
+            raise InputError("-o - streams JSONL; Parquet needs a file: give -o OUT.parquet")
+        return "jsonl"
     name = Path(path).name.lower()
+    plain = name
     for suffix in COMPRESSED:
-        name = name.removesuffix(suffix)
-    kind = NOT_YET.get(Path(name).suffix)
-    if kind:
+        plain = plain.removesuffix(suffix)
+    suffix = Path(plain).suffix
+    fmt = forced or OUTPUT_SUFFIXES.get(suffix, "jsonl")
+    if forced is None and suffix in NOT_WRITTEN:
         raise InputError(
-            f"{path}: {kind} files are not supported yet as {role}; lmpress reads and writes "
-            f"{SUPPORTED}. CSV/Parquet support is planned: convert to JSONL for now"
+            f"{path}: lmpress does not write {NOT_WRITTEN[suffix]} files; write .jsonl "
+            f"(optionally .gz, .zst, .bz2, .xz) or .parquet"
         )
-
-
-def check_input(path: str) -> None:
-    """The input exists, is a file and is in a format lmpress reads."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise InputError(f"{path}: is a directory, expected a JSONL file")
-    if not p.exists():
-        raise InputError(f"{path}: no such input file")
-    check_format(path, "input")
+    if fmt == "parquet" and plain != name:
+        raise InputError(f"{path}: Parquet compresses inside the file; name it OUT.parquet")
+    return fmt
 
 
 def resolve_output(output: str, input_path: str | None, side_files: list[Path]) -> OutputTarget:
@@ -72,7 +73,6 @@ def resolve_output(output: str, input_path: str | None, side_files: list[Path]) 
     device, FIFO or `-` streamed to. Nothing is created or opened here."""
     if output == STDIO:
         return OutputTarget(output, stream=True)
-    check_format(output, "output")
     p = Path(output).expanduser()
     if p.is_dir():
         raise InputError(f"{output}: is a directory; give an output file path, or - for stdout")
@@ -81,6 +81,14 @@ def resolve_output(output: str, input_path: str | None, side_files: list[Path]) 
         if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
             raise InputError(f"{output}: not a regular file; give an output file path, or -")
         return OutputTarget(output, stream=True)
+    source = Path(input_path).expanduser() if input_path and input_path != STDIO else None
+    if source is not None and source.is_dir():
+        for path in (p, *side_files):
+            if path.resolve().is_relative_to(source.resolve()):
+                raise InputError(
+                    f"{output}: is inside the input dataset directory ({input_path}); lmpress "
+                    f"never writes into what it reads: choose an output path outside it"
+                )
     if input_path and input_path != STDIO:
         for path in (p, *side_files):
             if path.exists() and os.path.samefile(path, Path(input_path).expanduser()):

@@ -97,12 +97,22 @@ def test_compressed_jsonl_in_and_out(echo, tmp_path, suffix):
     assert "resuming" in again.stderr and "5 rows done" in again.stderr
 
 
-def test_csv_is_refused_before_the_model_loads(echo, tmp_path):
-    (tmp_path / "data.csv").write_text("id,prompt\na,hi\n")
+def test_csv_rows_run_each_as_a_prompt(echo, tmp_path):
+    (tmp_path / "data.csv").write_text("id,prompt\na,hi\nb,there\n")
     run = echo("batch", "--engine", "ECHO", "--model.model_name", "m", "-i", "data.csv", "-o", "o")
+    assert run.returncode == 0, run.stderr
+    replies = {row["id"]: row["response"]["text"] for row in map(json.loads, open(tmp_path / "o"))}
+    assert replies == {"a": 'ECHO [{"role": "user", "content": "hi"}]',
+                       "b": 'ECHO [{"role": "user", "content": "there"}]'}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["data.xlsx", "data.orc"])
+def test_a_format_lmpress_does_not_read_is_refused_before_the_model_loads(echo, tmp_path, name):
+    (tmp_path / name).write_bytes(b"PK\x03\x04")
+    run = echo("batch", "--engine", "ECHO", "--model.model_name", "m", "-i", name, "-o", "o")
     assert run.returncode == 2
-    assert "CSV files are not supported yet" in run.stderr
-    assert "loading" not in run.stderr
+    assert f"{name}: " in run.stderr and "files are not supported as input" in run.stderr
+    assert "loading" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
 def test_unreachable_server_is_named_and_stops_the_job(tmp_path):

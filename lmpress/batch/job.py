@@ -1,19 +1,5 @@
-"""The batch runner: read rows as a stream, keep the engine's worth in flight, write each result
-as it completes, and pick up where a stopped run left off.
-
-- Memory stays flat: at most `engine.max_in_flight` rows are in flight (and, with `--ordered`,
-  a bounded reorder window), whatever the input's size.
-- Resume needs no flag: rows already in the output are skipped, a torn last line is cut, and a
-  re-run with other settings is refused (see `data.resume`). `--overwrite` starts over.
-- A row that cannot be parsed or whose generation fails goes to OUT.errors.jsonl; the job goes
-  on (`--on-error skip`, the default) or stops (`--on-error fail`, `--max-errors N`).
-- Ctrl-C stops taking rows, gives those in flight a few seconds, writes the summary and exits
-  130; a second Ctrl-C exits at once. The output stays valid for resume either way.
-
-The runner shows nothing itself: it reports what happens to a `BatchEvents` (started, a row
-done or failed, a notice, finished), and `cli/report.py` draws the progress bar, the failed
-rows' lines and the summary table from those.
-"""
+"""One batch job from start to end: scan the input, resume what earlier runs left, keep the
+engine's worth of rows in flight, write each result as it completes, and stop cleanly."""
 
 from __future__ import annotations
 
@@ -23,23 +9,18 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.configs.overrides import generation_with_overrides
+from lmpress.batch.budget import Budget
+from lmpress.batch.events import EXIT_INTERRUPTED, BatchEvents, BatchSummary, RowFailure
+from lmpress.batch.outputs import Reorder, output_for
+from lmpress.batch.rows import RowReader
 from lmpress.configs.schema import RunConfig
-from lmpress.data.formats import (
-    ParsedRow,
-    RowError,
-    output_format_for,
-    parse_row,
-    render_failure,
-    render_row,
-    row_id,
-)
+from lmpress.data.columns import RowMapping
+from lmpress.data.formats import ParsedRow, output_format_for
 from lmpress.data.idkeys import IdKeys
-from lmpress.data.jsonl import JsonlWriter, LazyJsonlWriter, Line, read_lines
+from lmpress.data.jsonl import LazyJsonlWriter
 from lmpress.data.resume import (
     EarlierRun,
     JobFiles,
@@ -49,14 +30,15 @@ from lmpress.data.resume import (
     scan_input,
     write_fingerprint,
 )
-from lmpress.data.targets import STDIO, check_input, resolve_output
-from lmpress.engines.base import Engine, check_params, check_tools
+from lmpress.data.selection import RowSelection
+from lmpress.data.sources import Source, open_source
+from lmpress.data.targets import STDIO, output_file_format, resolve_output
+from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine, load_engine_class
-from lmpress.errors import LmpressError, UnsupportedParamError
+from lmpress.errors import InputError
 from lmpress.structured import check_structure
-from lmpress.types import GenerationParams, Request, Result
+from lmpress.types import Request, Result
 
-EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 0, 1, 130
 CONNECTION_ERROR = "connection_error"  # the error kind remote engines give an unreachable host
 
 
@@ -70,110 +52,21 @@ class BatchOptions:
     max_errors: int | None = None  # stop the job once this many rows failed
     ordered: bool = False  # write rows in input order
     shard: tuple[int, int] | None = None  # (I, N): every N-th row starting at I
-    output_format: str = "auto"  # "auto" (follow the input), "lmpress" or "openai"
+    output_format: str = "auto"  # rows: "auto" (follow the input), "lmpress" or "openai"
     recipe: str | None = None  # recorded in the fingerprint
     grace_s: float = 5.0  # how long rows in flight may finish after Ctrl-C
+    input_format: str = "auto"  # auto (by suffix) | jsonl | parquet | csv | tsv | hf
+    split: str | None = None  # a Hugging Face dataset's split
+    file_format: str | None = None  # the output file: jsonl | parquet; None: by its suffix
+    mapping: RowMapping = field(default_factory=RowMapping)
+    limit: int | None = None  # the first N rows (of the shard)
+    sample: int | None = None  # a random N rows (of the shard), picked by `seed`
+    seed: int = 0
+    max_cost: float | None = None  # USD this run may spend
+    max_tokens: int | None = None  # tokens this run may use
 
-    def in_shard(self, ordinal: int) -> bool:
-        """Whether the input's row at `ordinal` (0-based, blank lines not counted) is this
-        shard's."""
-        return self.shard is None or ordinal % self.shard[1] == self.shard[0]
-
-    @property
-    def shard_label(self) -> str | None:
-        return f"{self.shard[0]}/{self.shard[1]}" if self.shard else None
-
-
-@dataclass
-class BatchSummary:
-    input_path: str
-    output_path: str
-    rows_total: int = 0  # rows of the input in this shard
-    rows_ok: int = 0
-    rows_failed: int = 0
-    rows_skipped: int = 0  # done (or set aside) by an earlier run
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    wall_s: float = 0.0
-    interrupted: bool = False
-    stopped_because: str | None = None
-    errors_path: str | None = None  # OUT.errors.jsonl; None when streaming (no side files)
-
-    @property
-    def rows_done(self) -> int:
-        return self.rows_ok + self.rows_failed
-
-    @property
-    def rows_per_s(self) -> float:
-        return self.rows_done / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.completion_tokens / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def exit_code(self) -> int:
-        if self.interrupted:
-            return EXIT_INTERRUPTED
-        return EXIT_FAILED_ROWS if self.rows_failed or self.stopped_because else EXIT_OK
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "input": self.input_path,
-            "output": self.output_path,
-            "rows_total": self.rows_total,
-            "rows_ok": self.rows_ok,
-            "rows_failed": self.rows_failed,
-            "rows_skipped": self.rows_skipped,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "wall_s": round(self.wall_s, 3),
-            "rows_per_s": round(self.rows_per_s, 3),
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "interrupted": self.interrupted,
-            "stopped_because": self.stopped_because,
-        }
-
-
-@dataclass
-class RowFailure:
-    """A row set aside: it could not be read, or its generation failed."""
-
-    line: int  # 1-based line of the input
-    row_id: str
-    kind: str  # invalid_json, invalid_row, unsupported_param, or the engine's error kind
-    message: str
-    status: int | None = None  # the HTTP status, where a remote engine gave one
-    openai: bool = False  # recorded as an OpenAI Batch error line
-
-    def record(self) -> dict[str, Any]:
-        """The OUT.errors.jsonl line."""
-        return render_failure(
-            self.row_id, self.line, self.kind, self.message, self.status, self.openai
-        )
-
-
-class BatchEvents:
-    """What a batch run reports as it goes. Each method does nothing here; `cli/report.py`
-    renders them for `lmpress batch`, and a Python caller overrides what it wants to see."""
-
-    def started(self, summary: BatchSummary) -> None:
-        """Work begins; `summary.rows_total` is the shard's row count."""
-
-    def notice(self, message: str) -> None:
-        """Something the user should know: loading, resuming, repairing, stopping."""
-
-    def interrupted(self) -> None:
-        """Ctrl-C came; a notice says what happens next."""
-
-    def progressed(self, summary: BatchSummary) -> None:
-        """A row was written or set aside."""
-
-    def row_failed(self, failure: RowFailure) -> None:
-        """A row was set aside (not said again for each row of an unreachable endpoint)."""
-
-    def finished(self, summary: BatchSummary) -> None:
-        """The run is over, whether it completed or an error ends it."""
+    def selection(self) -> RowSelection:
+        return RowSelection(self.shard, self.limit, self.sample, self.seed)
 
 
 async def run_batch(
@@ -183,7 +76,7 @@ async def run_batch(
     engine: Engine | None = None,
     events: BatchEvents | None = None,
 ) -> BatchSummary:
-    """Run every row of the input (in this shard, not yet done) through the config's engine.
+    """Run every picked row of the input not yet done through the config's engine.
 
     Without `engine`, the engine is created when the first row needs it (so a finished job
     re-run loads no model) and closed at the end.
@@ -209,23 +102,33 @@ class BatchJob:
         self.engine_class = type(engine) if engine else load_engine_class(config.engine)
         self.options = options
         self.events = events or BatchEvents()
-        self.files = JobFiles.beside(options.output_path)
-        check_input(options.input_path)
-        side = [self.files.errors, self.files.summary, self.files.fingerprint]
-        self.target = resolve_output(options.output_path, options.input_path, side)
+        self.source: Source = open_source(options.input_path, options.input_format, options.split)
+        file_format = output_file_format(options.output_path, options.file_format)
+        self.files = JobFiles.beside(options.output_path, file_format)
+        self.target = resolve_output(options.output_path, options.input_path, self.files.side_files)
+        if self.target.stream and file_format == "parquet":
+            raise InputError(f"{options.output_path}: Parquet is written to a file, not a stream")
+        schema = self.source.arrow_schema() if file_format == "parquet" else None
+        self.output = output_for(
+            self.target, self.files, file_format, options.output_format, schema,
+            options.mapping.id_column,
+        )  # fmt: skip
+        self.selection = options.selection()
+        self.budget = Budget(options.max_cost, options.max_tokens, _price(config))
         label = "stdout" if self.target.path == STDIO else options.output_path
-        self.summary = BatchSummary(options.input_path, label)
+        self.summary = BatchSummary(options.input_path, label, self.source.unit)
         if not self.target.stream:
             self.summary.errors_path = str(self.files.errors)
         self.unreachable = False  # stopped because the endpoint never answered
-        self.stopping = False  # no new rows: Ctrl-C, --on-error fail or --max-errors
+        self.stopping = False  # no new rows: Ctrl-C, --on-error fail, --max-errors, a budget
         self._interrupts = 0
 
     # --- the whole job ---------------------------------------------------------------------
 
     async def run(self) -> BatchSummary:
         started = time.perf_counter()
-        total, keys = scan_input(self.options.input_path, self.options.in_shard)
+        id_column = self.options.mapping.id_column
+        total, keys = scan_input(self.source, self.selection, id_column)
         earlier = self._read_earlier_run()
         done, set_aside = earlier.done, earlier.set_aside
         self.summary.rows_total = total
@@ -242,9 +145,10 @@ class BatchJob:
         handled = _install_interrupt(loop, self._on_interrupt)
         try:
             self.events.started(self.summary)
-            with self._open_output() as out, LazyJsonlWriter(self._errors_path()) as errors:
+            with self.output.open() as out, LazyJsonlWriter(self._errors_path()) as errors:
                 self._out, self._errors = out, errors
                 await self._process(done, set_aside)
+            self._finish_output()
         finally:
             if handled:
                 loop.remove_signal_handler(signal.SIGINT)
@@ -253,20 +157,15 @@ class BatchJob:
             self._write_summary()
         return self.summary
 
-    def _open_output(self) -> JsonlWriter:
-        """The output: the file (appended to, for resume), or the stream as it is."""
-        if not self.target.stream:
-            return JsonlWriter(self.files.output, mode="a")
-        if self.target.path == STDIO:
-            return JsonlWriter(STDIO, handle=sys.stdout)
-        return JsonlWriter(self.target.path, handle=open(self.target.path, "a", encoding="utf-8"))
-
-    def _errors_path(self) -> Path | None:
+    def _errors_path(self):
         return None if self.target.stream else self.files.errors
 
     def _fingerprint(self) -> dict[str, Any]:
         options = self.options
-        return fingerprint(self.config, options.output_format, options.shard_label)
+        return fingerprint(
+            self.config, options.output_format, self.selection.shard_label,
+            options.mapping.settings(),
+        )  # fmt: skip
 
     def _read_earlier_run(self) -> EarlierRun:
         if self.target.stream:  # nothing to resume from, nothing to start over
@@ -277,15 +176,27 @@ class BatchJob:
             overwrite=self.options.overwrite,
             retry_failed=self.options.retry_failed,
             say=self._say,
+            id_column=self.options.mapping.id_column,
         )
+
+    def _finish_output(self) -> None:
+        try:
+            said = self.output.finish()
+        except OSError as exc:
+            raise InputError(f"{self.files.output}: cannot write ({exc.strerror})") from exc
+        if said:
+            self._say(said)
 
     # --- rows ------------------------------------------------------------------------------
 
     async def _process(self, done: IdKeys, set_aside: IdKeys) -> None:
         options = self.options
-        base = self.config.generation
+        reader = RowReader(
+            self.source, self.selection, options.mapping, self.config.generation,
+            self.engine_class, options.output_format,
+        )  # fmt: skip
         window = 1  # until the engine exists and says how many it wants
-        reorder = _Reorder(self._out) if options.ordered else None
+        reorder = Reorder(self._out) if options.ordered else None
         in_flight: set[asyncio.Task] = set()
         seq = 0
 
@@ -299,12 +210,9 @@ class BatchJob:
                 if not task.cancelled():
                     self._finish(*task.result(), reorder)
 
-        for ordinal, line in enumerate(read_lines(options.input_path)):
+        for rid, read in reader.rows():
             if self.stopping:
                 break
-            if not options.in_shard(ordinal):
-                continue
-            rid, read = self._read_row(line, base)
             key = id_key(rid)
             if key in done or key in set_aside:
                 self.summary.rows_skipped += 1
@@ -346,51 +254,30 @@ class BatchJob:
             await asyncio.wait(pending)
             self._say(f"left {len(pending)} unfinished rows for the next run")
 
-    def _read_row(
-        self, line: Line, base: GenerationParams
-    ) -> tuple[str, tuple[ParsedRow, Request] | RowFailure]:
-        """The row's id, and its parsed row and request, or why it cannot run."""
-        if line.error:
-            rid = _line_id(line.number)
-            return rid, RowFailure(line.number, rid, "invalid_json", line.error)
-        value = line.value
-        rid = row_id(value, line.number) if isinstance(value, dict) else _line_id(line.number)
-        try:
-            row = parse_row(value, line.number)
-        except RowError as exc:
-            openai = self.options.output_format == "openai" or (
-                self.options.output_format == "auto" and isinstance(value, dict)
-                and "custom_id" in value and "body" in value
-            )  # fmt: skip
-            return rid, RowFailure(line.number, rid, "invalid_row", str(exc), None, openai)
-        openai = output_format_for(row, self.options.output_format) == "openai"
-        try:
-            params = generation_with_overrides(base, row.overrides, source="generation")
-            check_params(self.engine_class, params)
-            request = row.request(params)
-            check_tools(self.engine_class, request)
-        except LmpressError as exc:
-            kind = "unsupported_param" if isinstance(exc, UnsupportedParamError) else "invalid_row"
-            return rid, RowFailure(line.number, rid, kind, str(exc), None, openai)
-        return rid, (row, request)
-
     async def _run_row(self, seq: int, row: ParsedRow, request: Request):
         assert self.engine is not None
         result = await self.engine.complete(request)
         return seq, row, check_structure(request, result)
 
-    def _finish(self, seq: int, row: ParsedRow, result: Result, reorder: _Reorder | None) -> None:
+    def _finish(self, seq: int, row: ParsedRow, result: Result, reorder: Reorder | None) -> None:
         summary = self.summary
         summary.prompt_tokens += result.usage.prompt_tokens
         summary.completion_tokens += result.usage.completion_tokens
+        self.budget.charge(result)
+        if result.cost_usd is not None:
+            summary.cost_usd = (summary.cost_usd or 0.0) + result.cost_usd
+        if (reason := self.budget.exceeded()) and not self.stopping:
+            self._stop(reason)
         if result.error is not None:
             error = result.error
             self._check_reachable(error.kind, error.message)
             openai = output_format_for(row, self.options.output_format) == "openai"
-            failure = RowFailure(row.line, row.id, error.kind, error.message, error.status, openai)
+            failure = RowFailure(
+                row.line, row.id, error.kind, error.message, error.status, openai, row.raw
+            )
             self._fail(failure, reorder, seq)
             return
-        line = render_row(row, result, self.options.output_format)
+        line = self.output.done_line(row, result)
         if reorder is not None:
             reorder.put(seq, line)
         else:
@@ -398,14 +285,17 @@ class BatchJob:
         summary.rows_ok += 1
         self.events.progressed(summary)
 
-    def _fail(self, failure: RowFailure, reorder: _Reorder | None, seq: int) -> None:
+    def _fail(self, failure: RowFailure, reorder: Reorder | None, seq: int) -> None:
         summary = self.summary
         summary.rows_failed += 1
         if not (self.unreachable and failure.kind == CONNECTION_ERROR):  # said once, not per row
             self.events.row_failed(failure)
         self._errors.write(failure.record())
+        line = self.output.failed_line(failure)
         if reorder is not None:
-            reorder.put(seq, None)
+            reorder.put(seq, line)
+        elif line is not None:
+            self._out.write(line)
         self.events.progressed(summary)
         options = self.options
         if options.on_error == "fail" and not self.stopping:
@@ -462,30 +352,13 @@ class BatchJob:
         self.events.notice(message)
 
 
-def _line_id(line_no: int) -> str:
-    """The id of a line that has none of its own because it is not a JSON object."""
-    return f"line-{line_no}"
-
-
-class _Reorder:
-    """Holds finished rows until every earlier row is written (failed rows leave a gap)."""
-
-    def __init__(self, out: JsonlWriter):
-        self.out = out
-        self.next = 0
-        self.waiting: dict[int, dict[str, Any] | None] = {}
-
-    @property
-    def held(self) -> int:
-        return len(self.waiting)
-
-    def put(self, seq: int, line: dict[str, Any] | None) -> None:
-        self.waiting[seq] = line
-        while self.next in self.waiting:
-            ready = self.waiting.pop(self.next)
-            if ready is not None:
-                self.out.write(ready)
-            self.next += 1
+def _price(config: RunConfig) -> Any | None:
+    """The price of the config's model, where lmpress knows one (`lmpress.pricing`)."""
+    try:
+        from lmpress.pricing import price_for
+    except ImportError:  # pricing lands with the dry run
+        return None
+    return price_for(config)
 
 
 def _install_interrupt(loop: asyncio.AbstractEventLoop, handler) -> bool:

@@ -1,0 +1,107 @@
+"""What a batch run reports: its summary, the rows it set aside, and the events a front end
+draws (`cli/report.py`) or a Python caller listens to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lmpress.data.formats import render_failure
+
+EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 0, 1, 130
+
+
+@dataclass
+class BatchSummary:
+    input_path: str
+    output_path: str
+    input_unit: str = "line"  # what a failed row's number counts: "line" or "row" (Parquet)
+    rows_total: int = 0  # rows of the input in this shard
+    rows_ok: int = 0
+    rows_failed: int = 0
+    rows_skipped: int = 0  # done (or set aside) by an earlier run
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None  # what this run's rows cost, where a price is known
+    wall_s: float = 0.0
+    interrupted: bool = False
+    stopped_because: str | None = None
+    errors_path: str | None = None  # OUT.errors.jsonl; None when streaming (no side files)
+
+    @property
+    def rows_done(self) -> int:
+        return self.rows_ok + self.rows_failed
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows_done / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED_ROWS if self.rows_failed or self.stopped_because else EXIT_OK
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "input": self.input_path,
+            "output": self.output_path,
+            "rows_total": self.rows_total,
+            "rows_ok": self.rows_ok,
+            "rows_failed": self.rows_failed,
+            "rows_skipped": self.rows_skipped,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
+            "wall_s": round(self.wall_s, 3),
+            "rows_per_s": round(self.rows_per_s, 3),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "interrupted": self.interrupted,
+            "stopped_because": self.stopped_because,
+        }
+
+
+@dataclass
+class RowFailure:
+    """A row set aside: it could not be read, or its generation failed."""
+
+    line: int  # 1-based line of the input
+    row_id: str
+    kind: str  # invalid_json, invalid_row, unsupported_param, or the engine's error kind
+    message: str
+    status: int | None = None  # the HTTP status, where a remote engine gave one
+    openai: bool = False  # recorded as an OpenAI Batch error line
+    columns: dict[str, Any] | None = None  # the row as read, for a Parquet output's error row
+
+    def record(self) -> dict[str, Any]:
+        """The OUT.errors.jsonl line."""
+        return render_failure(
+            self.row_id, self.line, self.kind, self.message, self.status, self.openai
+        )
+
+
+class BatchEvents:
+    """What a batch run reports as it goes. Each method does nothing here; `cli/report.py`
+    renders them for `lmpress batch`, and a Python caller overrides what it wants to see."""
+
+    def started(self, summary: BatchSummary) -> None:
+        """Work begins; `summary.rows_total` is the shard's row count."""
+
+    def notice(self, message: str) -> None:
+        """Something the user should know: loading, resuming, repairing, stopping."""
+
+    def interrupted(self) -> None:
+        """Ctrl-C came; a notice says what happens next."""
+
+    def progressed(self, summary: BatchSummary) -> None:
+        """A row was written or set aside."""
+
+    def row_failed(self, failure: RowFailure) -> None:
+        """A row was set aside (not said again for each row of an unreachable endpoint)."""
+
+    def finished(self, summary: BatchSummary) -> None:
+        """The run is over, whether it completed or an error ends it."""

@@ -1,0 +1,114 @@
+"""Where a batch job's finished rows go: a JSONL output (a file appended to, or a stream), or a
+Parquet output's journal, written out as Parquet when the run ends (`data.parquet_out`).
+
+Either way the runner hands over one JSON line per row, in the order it finished or, with
+`--ordered`, through `Reorder` in input order; what the line holds is the output's business.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from lmpress.batch.events import RowFailure
+from lmpress.data.formats import ParsedRow, render_row, response_record
+from lmpress.data.jsonl import JsonlWriter
+from lmpress.data.parquet_out import journal_line, write_parquet
+from lmpress.data.resume import JobFiles
+from lmpress.data.targets import STDIO, OutputTarget
+from lmpress.types import Result
+
+
+@dataclass
+class JsonlOutput:
+    """Rows rendered as the output format says (lmpress rows or OpenAI Batch lines)."""
+
+    target: OutputTarget
+    files: JobFiles
+    row_format: str  # auto | lmpress | openai
+
+    def open(self) -> JsonlWriter:
+        """The output: the file (appended to, for resume), or the stream as it is."""
+        if not self.target.stream:
+            return JsonlWriter(self.files.output, mode="a")
+        if self.target.path == STDIO:
+            return JsonlWriter(STDIO, handle=sys.stdout)
+        path = self.target.path
+        return JsonlWriter(path, handle=open(path, "a", encoding="utf-8"))
+
+    def done_line(self, row: ParsedRow, result: Result) -> dict[str, Any]:
+        return render_row(row, result, self.row_format)
+
+    def failed_line(self, failure: RowFailure) -> dict[str, Any] | None:
+        return None  # failed rows go to OUT.errors.jsonl only
+
+    def finish(self) -> str | None:
+        return None
+
+
+@dataclass
+class ParquetOutput:
+    """Rows journaled with their columns, and OUT.parquet written from the journal."""
+
+    files: JobFiles
+    input_schema: Any | None = None  # the input's Arrow schema, where it has one
+    id_column: str | None = None
+    wrote: bool = False  # a row went to the journal in this run
+
+    def open(self) -> JsonlWriter:
+        assert self.files.journal is not None
+        return JsonlWriter(self.files.journal, mode="a")
+
+    def done_line(self, row: ParsedRow, result: Result) -> dict[str, Any]:
+        self.wrote = True
+        return journal_line(row.id, row.line, row.raw, response_record(result))
+
+    def failed_line(self, failure: RowFailure) -> dict[str, Any] | None:
+        self.wrote = True
+        error = {"kind": failure.kind, "message": failure.message}
+        return journal_line(failure.row_id, failure.line, failure.columns, None, error)
+
+    def finish(self) -> str | None:
+        """Write OUT.parquet when this run added rows or it is missing; what was done."""
+        journal, output = self.files.journal, self.files.output
+        assert journal is not None
+        if not journal.exists() or (output.exists() and not self.wrote):
+            return None
+        rows = write_parquet(journal, output, self.input_schema, self.id_column)
+        return f"wrote {output} ({rows} rows)"
+
+
+class Reorder:
+    """Holds finished rows until every earlier row is written (a row with no line leaves a
+    gap)."""
+
+    def __init__(self, out: JsonlWriter):
+        self.out = out
+        self.next = 0
+        self.waiting: dict[int, dict[str, Any] | None] = {}
+
+    @property
+    def held(self) -> int:
+        return len(self.waiting)
+
+    def put(self, seq: int, line: dict[str, Any] | None) -> None:
+        self.waiting[seq] = line
+        while self.next in self.waiting:
+            ready = self.waiting.pop(self.next)
+            if ready is not None:
+                self.out.write(ready)
+            self.next += 1
+
+
+def output_for(
+    target: OutputTarget,
+    files: JobFiles,
+    file_format: str,
+    row_format: str,
+    input_schema: Any | None = None,
+    id_column: str | None = None,
+) -> JsonlOutput | ParquetOutput:
+    if file_format == "parquet":
+        return ParquetOutput(files, input_schema, id_column)
+    return JsonlOutput(target, files, row_format)

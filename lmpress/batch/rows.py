@@ -1,0 +1,70 @@
+"""The rows a job runs, each read into a request or into the reason it cannot run: what the
+batch runner and the dry run share, so that a dry run counts exactly the rows a run would."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from lmpress.batch.events import RowFailure
+from lmpress.configs.overrides import generation_with_overrides
+from lmpress.data.columns import RowMapping
+from lmpress.data.formats import ParsedRow, RowError, output_format_for, parse_row, row_id
+from lmpress.data.jsonl import Line
+from lmpress.data.selection import RowSelection
+from lmpress.data.sources import Source
+from lmpress.engines.base import Engine, check_params, check_tools
+from lmpress.errors import LmpressError, UnsupportedParamError
+from lmpress.types import GenerationParams, Request
+
+Read = tuple[ParsedRow, Request] | RowFailure
+
+
+@dataclass
+class RowReader:
+    source: Source
+    selection: RowSelection
+    mapping: RowMapping
+    base: GenerationParams  # the config's generation settings, which a row may override
+    engine_class: type[Engine]
+    row_format: str = "auto"  # auto | lmpress | openai: how failed rows are recorded
+
+    def rows(self) -> Iterator[tuple[str, Read]]:
+        """Each picked row's id, and its parsed row and request or why it cannot run."""
+        for ordinal, line in enumerate(self.source.lines()):
+            if self.selection.picks(ordinal):
+                yield self.read(line)
+
+    def read(self, line: Line) -> tuple[str, Read]:
+        if line.error:
+            rid = line_id(line.number)
+            return rid, RowFailure(line.number, rid, "invalid_json", line.error)
+        value = line.value
+        columns = value if isinstance(value, dict) else None
+        rid = (
+            row_id(value, line.number, self.mapping.id_column) if columns else line_id(line.number)
+        )
+        try:
+            row = parse_row(value, line.number, mapping=self.mapping)
+        except RowError as exc:
+            openai = self.row_format == "openai" or (
+                self.row_format == "auto" and columns is not None
+                and "custom_id" in columns and "body" in columns
+            )  # fmt: skip
+            failure = RowFailure(line.number, rid, "invalid_row", str(exc), None, openai, columns)
+            return rid, failure
+        openai = output_format_for(row, self.row_format) == "openai"
+        try:
+            params = generation_with_overrides(self.base, row.overrides, source="generation")
+            check_params(self.engine_class, params)
+            request = row.request(params)
+            check_tools(self.engine_class, request)
+        except LmpressError as exc:
+            kind = "unsupported_param" if isinstance(exc, UnsupportedParamError) else "invalid_row"
+            return rid, RowFailure(line.number, rid, kind, str(exc), None, openai, columns)
+        return rid, (row, request)
+
+
+def line_id(line_no: int) -> str:
+    """The id of a line that has none of its own because it is not a JSON object."""
+    return f"line-{line_no}"

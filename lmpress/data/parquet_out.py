@@ -1,0 +1,236 @@
+"""A Parquet output: journaled as JSONL while the job runs, written as Parquet when it ends.
+
+Parquet cannot be appended to in place, and a job must survive kill -9 with nothing lost or
+duplicated. So each finished row goes to OUT.journal.jsonl (a line written whole and flushed,
+repaired and resumed from exactly as a JSONL output is), and at the end of every run
+OUT.parquet is written from the journal, to a temporary file renamed over the old one only
+when whole. A killed run leaves the journal; the next run resumes from it and writes the
+Parquet. Writing reads the journal twice, a chunk at a time, so memory stays flat: once to
+settle each column's type, once to write.
+
+The file's schema is the same whatever happened to each row:
+- the input's columns, in their first-seen order, typed as the input had them where the input
+  said (a Parquet input's schema), else as the values are (a column whose values disagree,
+  say numbers and text, is written as JSON text); an `id` column first when the rows had no
+  id of their own;
+- then lmpress's columns, always all of them, null where they do not apply: the reply
+  (`response`, `finish_reason`, `tool_calls`, `structured`, `samples`, `logprobs`), what it
+  cost (`prompt_tokens`, `completion_tokens`, `cost_usd`), who made it (`model`, `engine`,
+  `latency_s`) and, for a row that failed, why (`error_kind`, `error_message`). An input column
+  of the same name is kept as `input_<name>`.
+Rows are written in the order they finished (input order with `--ordered`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lmpress.data.formats import ID_KEYS
+
+CHUNK_ROWS = 4096  # journal lines turned into one Arrow table at a time
+
+
+def journal_line(
+    rid: str,
+    line: int,
+    columns: dict[str, Any] | None,
+    response: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A journal line: a row's id, input line, columns, and its response record or error."""
+    return {"id": rid, "line": line, "columns": columns or {}, "response": response, "error": error}
+
+
+def _result_fields() -> list[Any]:
+    import pyarrow as pa
+
+    text = pa.string()
+    return [
+        pa.field("response", text), pa.field("finish_reason", text),
+        pa.field("tool_calls", text), pa.field("structured", text),
+        pa.field("samples", pa.list_(text)), pa.field("logprobs", text),
+        pa.field("prompt_tokens", pa.int64()), pa.field("completion_tokens", pa.int64()),
+        pa.field("cost_usd", pa.float64()), pa.field("model", text), pa.field("engine", text),
+        pa.field("latency_s", pa.float64()), pa.field("error_kind", text),
+        pa.field("error_message", text),
+    ]  # fmt: skip
+
+
+RESULT_COLUMNS = (
+    "response", "finish_reason", "tool_calls", "structured", "samples", "logprobs",
+    "prompt_tokens", "completion_tokens", "cost_usd", "model", "engine", "latency_s",
+    "error_kind", "error_message",
+)  # fmt: skip
+
+
+def write_parquet(
+    journal: Path, output: Path, input_schema: Any | None = None, id_column: str | None = None
+) -> int:
+    """Write OUT.parquet from the journal; the number of rows written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    plan = _ColumnPlan(input_schema, id_column)
+    for rows in _chunks(journal):
+        plan.observe(rows)
+    schema = pa.schema([*plan.fields(), *_result_fields()])
+    tmp = output.with_name(f".{output.name}.tmp")
+    written = 0
+    try:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for rows in _chunks(journal):
+                writer.write_table(plan.table(rows, schema))
+                written += len(rows)
+            if written == 0:
+                writer.write_table(schema.empty_table())
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return written
+
+
+def _chunks(journal: Path) -> Iterator[list[dict[str, Any]]]:
+    rows: list[dict[str, Any]] = []
+    with journal.open("rb") as handle:
+        for raw in handle:
+            if not raw.strip():
+                continue
+            rows.append(json.loads(raw))
+            if len(rows) == CHUNK_ROWS:
+                yield rows
+                rows = []
+    if rows:
+        yield rows
+
+
+class _ColumnPlan:
+    """The input columns' names and types, settled over the whole journal."""
+
+    def __init__(self, input_schema: Any | None, id_column: str | None):
+        self.wanted = (
+            {f.name: f.type for f in input_schema} if input_schema is not None else {}
+        )  # the input's own types, kept where every value casts to them
+        self.id_keys = ID_KEYS if id_column is None else (id_column, *ID_KEYS)
+        self.types: dict[str, Any] = {}  # name -> Arrow type; None: written as JSON text
+        self.add_id = False
+
+    def observe(self, rows: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+
+        names: dict[str, None] = {}
+        for row in rows:
+            columns = row["columns"]
+            names.update(dict.fromkeys(columns))
+            if not any(k in columns for k in self.id_keys):
+                self.add_id = True
+        for name in names:
+            values = [row["columns"].get(name) for row in rows]
+            if name in self.types and self.types[name] is None:
+                continue
+            try:
+                array = pa.array(values)
+            except (pa.ArrowException, ValueError, TypeError, OverflowError):
+                self.types[name] = None
+                continue
+            self.types[name] = self._unify(name, array.type)
+            wanted = self.wanted.get(name)
+            if wanted is not None and not _casts(array, wanted):
+                self.wanted.pop(name)
+
+    def _unify(self, name: str, kind: Any) -> Any:
+        import pyarrow as pa
+
+        if name not in self.types:
+            return kind
+        known = self.types[name]
+        if known is None or known == kind:
+            return known
+        try:
+            merged = pa.unify_schemas(
+                [pa.schema([pa.field(name, known)]), pa.schema([pa.field(name, kind)])],
+                promote_options="permissive",
+            )
+        except (pa.ArrowException, ValueError, TypeError):
+            return None
+        return merged.field(0).type
+
+    def fields(self) -> list[Any]:
+        import pyarrow as pa
+
+        fields = [pa.field("id", pa.string())] if self.add_id and "id" not in self.types else []
+        for name, kind in self.types.items():
+            out = f"input_{name}" if name in RESULT_COLUMNS else name
+            if kind is None:
+                kind = pa.string()
+            elif name in self.wanted:
+                kind = self.wanted[name]
+            elif pa.types.is_null(kind):
+                kind = pa.string()
+            fields.append(pa.field(out, kind))
+        return fields
+
+    def table(self, rows: list[dict[str, Any]], schema: Any) -> Any:
+        import pyarrow as pa
+
+        arrays = []
+        if self.add_id and "id" not in self.types:
+            arrays.append(pa.array([row["id"] for row in rows], pa.string()))
+        for name, kind in self.types.items():
+            values = [row["columns"].get(name) for row in rows]
+            field = schema.field(f"input_{name}" if name in RESULT_COLUMNS else name)
+            if kind is None:
+                arrays.append(pa.array([_as_json(v) for v in values], pa.string()))
+            elif pa.types.is_null(kind):
+                arrays.append(pa.nulls(len(rows), field.type))
+            else:
+                array = pa.array(values, kind) if kind == field.type else pa.array(values)
+                arrays.append(array.cast(field.type))
+        for name, values in _result_values(rows).items():
+            arrays.append(pa.array(values, schema.field(name).type))
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _casts(array: Any, kind: Any) -> bool:
+    import pyarrow as pa
+
+    try:
+        array.cast(kind)
+    except (pa.ArrowException, ValueError, TypeError):
+        return False
+    return True
+
+
+def _result_values(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {name: [] for name in RESULT_COLUMNS}
+    for row in rows:
+        response = row.get("response") or {}
+        error = row.get("error") or response.get("error") or {}
+        usage = response.get("usage") or {}
+        samples = response.get("samples")
+        values = {
+            "response": response.get("text"),
+            "finish_reason": response.get("finish_reason"),
+            "tool_calls": _as_json(response.get("tool_calls")),
+            "structured": _as_json(response.get("structured")),
+            "samples": [s.get("text") for s in samples] if samples else None,
+            "logprobs": _as_json(response.get("logprobs")),
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "cost_usd": response.get("cost_usd"),
+            "model": response.get("model"),
+            "engine": response.get("engine"),
+            "latency_s": response.get("latency_s"),
+            "error_kind": error.get("kind"),
+            "error_message": error.get("message"),
+        }
+        for name, value in values.items():
+            out[name].append(value)
+    return out
+
+
+def _as_json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
