@@ -101,7 +101,10 @@ def test_csv_rows_run_each_as_a_prompt(echo, tmp_path):
     (tmp_path / "data.csv").write_text("id,prompt\na,hi\nb,there\n")
     run = echo("batch", "--engine", "ECHO", "--model.model_name", "m", "-i", "data.csv", "-o", "o")
     assert run.returncode == 0, run.stderr
-    replies = {row["id"]: row["response"]["text"] for row in map(json.loads, open(tmp_path / "o"))}
+    replies = {
+        row["id"]: row["response"]["text"]
+        for row in map(json.loads, (tmp_path / "o").read_text().splitlines())
+    }
     assert replies == {"a": 'ECHO [{"role": "user", "content": "hi"}]',
                        "b": 'ECHO [{"role": "user", "content": "there"}]'}  # fmt: skip
 
