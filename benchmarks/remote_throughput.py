@@ -59,14 +59,16 @@ def write_rows(path: Path, count: int, openai_batch: bool = False) -> None:
             out.write(json.dumps(row) + "\n")
 
 
-def run_batch(server: LLMServer, rows: Path, out: Path, workers: int) -> tuple[float, int, str]:
+def run_batch(
+    server: LLMServer, rows: Path, out: Path, workers: int, extra: list[str] | None = None
+) -> tuple[float, int, str]:
     """Run the real CLI; return its wall time, peak RSS in KiB and stderr."""
     cmd = [
         sys.executable, "-m", "lmpress", "batch", "--engine", "REMOTE",
         "--remote_params.api_url", server.openai_url,
         "--remote_params.num_workers", str(workers),
         "--model.model_name", "bench", "--generation.max_new_tokens", "16",
-        "-i", str(rows), "-o", str(out),
+        "-i", str(rows), "-o", str(out), *(extra or []),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with tempfile.TemporaryFile("w+") as err:
