@@ -221,6 +221,27 @@ def batched_context(llama: Any, path: str, kwargs: dict[str, Any], batch_size: i
         raise ModelLoadError(f"cannot create a llama.cpp context for '{path}': {exc}") from exc
 
 
+def load_vocab(path: str) -> Any:
+    """The GGUF file's tokenizer and metadata without its weights (llama.cpp's `vocab_only`):
+    llama-cpp-python's `LlamaModel`, as `Llama._model` is, in a fraction of a second."""
+    import llama_cpp
+    from llama_cpp import _internals
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    try:
+        return _internals.LlamaModel(path_model=path, params=params, verbose=False)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read the vocabulary of '{path}': {exc}") from exc
+
+
+def trained_context(metadata: dict[str, str]) -> int | None:
+    """The context the model was trained with, from its GGUF metadata (a vocabulary-only load
+    reports none itself)."""
+    value = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    return int(value) if value and value.isdigit() else None
+
+
 def chat_template(config: RunConfig, metadata: dict[str, str]) -> str | None:
     """The recipe's model.chat_template, else the one in the GGUF metadata (None: neither)."""
     if config.model.chat_template:
