@@ -1,13 +1,17 @@
 """What `lmpress batch` shows on stderr, drawn from the events the runner reports: the progress
-bar, a line for each failed row and each notice, and the summary table at the end."""
+bar, a line for each failed row and each notice, and the summary table at the end; and for
+`--dry-run`, the table of what the job would read, send and cost (`dry_run_table`)."""
 
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from lmpress.batch import BatchEvents, BatchSummary, RowFailure
 from lmpress.progress import ProgressBar
+
+if TYPE_CHECKING:
+    from lmpress.dryrun import DryRunSummary
 
 
 class BatchReport(BatchEvents):
@@ -64,3 +68,62 @@ class BatchReport(BatchEvents):
         if summary.interrupted:
             table.add_row("interrupted", "re-run the same command to resume")
         Console(file=self.stream).print(table)
+
+
+def dry_run_table(summary: DryRunSummary, stream: TextIO | None = None) -> None:
+    """The dry run's table on stderr. A count that is an estimate, and a cost made from one,
+    carry "~"; costs are upper bounds, since they count every output token a row may make."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    approx = "" if summary.prompt_tokens_exact else "~"
+    table = Table(title="lmpress batch --dry-run", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_row("rows", f"{summary.rows:,}")
+    kinds = ", ".join(f"{kind} {n:,}" for kind, n in sorted(summary.bad_kinds.items()))
+    table.add_row("bad rows", f"{summary.bad_rows:,}" + (f" ({kinds})" if kinds else ""))
+    table.add_row("duplicate ids", f"{summary.duplicates:,}")
+    context = f" (context {summary.context:,} tokens)" if summary.context else ""
+    table.add_row("over the context", f"{summary.over_context:,}{context}")
+    table.add_row("prompt tokens", f"{approx}{summary.prompt_tokens:,}")
+    table.add_row("longest prompt", f"{approx}{summary.longest_prompt:,}")
+    bound = summary.output_token_bound
+    table.add_row("output tokens, at most", "unbounded" if bound is None else f"{bound:,}")
+    label = summary.tokenizer
+    if not summary.prompt_tokens_exact and not label.startswith("estimate"):
+        label = f"estimate: {label}"
+    table.add_row("tokenizer", escape(label))
+    _add_cost_rows(table, summary, approx)
+    Console(file=stream or sys.stderr).print(table)
+
+
+def _add_cost_rows(table: Any, summary: DryRunSummary, approx: str) -> None:
+    from rich.markup import escape
+
+    price = summary.price
+    if price is None:
+        table.add_row(
+            "price",
+            "none known: set remote_params.input_price_per_million and "
+            "output_price_per_million (USD)",
+        )
+        return
+    per_million = f"{_usd(price.input_per_million)} in, {_usd(price.output_per_million)} out"
+    table.add_row("price per million tokens", f"{per_million} ({escape(price.source)})")
+    if summary.cost_live is None:
+        table.add_row("cost", "unbounded (no max_new_tokens)")
+        return
+    table.add_row("cost live, at most", f"{approx}{_usd(summary.cost_live)}")
+    if summary.cost_batch is not None:
+        table.add_row("cost with the batch API, at most", f"{approx}{_usd(summary.cost_batch)}")
+    else:
+        table.add_row("cost with a batch API", "no batch API")
+
+
+def _usd(amount: float) -> str:
+    """Dollars and cents, or the digits a small amount needs ($0.075, $0.0003)."""
+    if amount >= 1 or round(amount, 2) == amount:
+        return f"${amount:,.2f}"
+    return f"${amount:.4g}"

@@ -56,6 +56,11 @@ class RemoteParams:
     requests_per_minute: int | None = None
     input_tokens_per_minute: int | None = None
     output_tokens_per_minute: int | None = None
+    # USD per million tokens, for the dry run's estimate and the budget guardrails: over the
+    # provider's price list (engines/remote/presets.py), or a price for any engine (a local
+    # one has none otherwise), e.g. GPU hours spread over the tokens they make.
+    input_price_per_million: float | None = None
+    output_price_per_million: float | None = None
     # Oumi's batch-API window and adaptive concurrency: accepted so Oumi configs load. lmpress
     # sends requests as they come (no provider batch API) and already adapts to 429s by
     # backing off, so neither changes a run; see TRAINING_ONLY's notice for the first.
@@ -155,6 +160,14 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "remote_params.requests_per_minute": (lambda v: v is None or v >= 1, "must be at least 1"),
     "remote_params.input_tokens_per_minute": (lambda v: v is None or v >= 1, "must be at least 1"),
     "remote_params.output_tokens_per_minute": (lambda v: v is None or v >= 1, "must be at least 1"),
+    "remote_params.input_price_per_million": (
+        lambda v: v is None or (v >= 0 and _finite(v)),
+        "must be 0 or more (USD per million tokens), or null for the price list's",
+    ),
+    "remote_params.output_price_per_million": (
+        lambda v: v is None or (v >= 0 and _finite(v)),
+        "must be 0 or more (USD per million tokens), or null for the price list's",
+    ),
     "serve.port": (lambda v: 0 <= v <= 65535, "must be in [0, 65535] (0 picks a free port)"),
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),

@@ -41,6 +41,15 @@ class IdKeys:
         self._frozen = True
         return repeated
 
+    def repeats(self) -> int:
+        """How many keys were added again after their first time, found as `freeze` finds
+        one, one bucket at a time, without freezing: more keys may be added after."""
+        count = 0
+        for bucket in self._buckets:
+            ordered = sorted(bucket)
+            count += sum(1 for a, b in zip(ordered, ordered[1:], strict=False) if a == b)
+        return count
+
     def __contains__(self, key: int) -> bool:
         if not self._frozen:
             self.freeze()

@@ -31,3 +31,14 @@ def test_freeze_names_a_repeated_key():
 def test_empty_and_truthiness():
     assert not IdKeys() and len(IdKeys()) == 0 and 5 not in IdKeys()
     assert IdKeys([7])
+
+
+def test_repeats_counts_every_key_added_again_and_keys_can_still_be_added():
+    rng = random.Random(1)
+    added = [rng.getrandbits(64) for _ in range(5_000)]
+    again = added[:40] + added[:3] + [added[7]] * 5
+    keys = IdKeys(added + again)
+    assert keys.repeats() == len(again) == len(added + again) - len(set(added))
+    keys.add(added[100])
+    assert keys.repeats() == len(again) + 1
+    assert IdKeys().repeats() == 0

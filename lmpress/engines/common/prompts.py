@@ -1,13 +1,16 @@
-"""Chat templates and prompts: the template a recipe names (`model.chat_template`), and a chat
-request rendered to prompt text through a Hugging Face tokenizer's chat template, for the
-engines that tokenize with one (NATIVE, VLLM). LLAMACPP renders with llama-cpp-python's own
-formatter, from the template `resolve_chat_template` gives."""
+"""Chat templates and prompts: the template a recipe names (`model.chat_template`), and a request
+turned into prompt text and ids through a Hugging Face tokenizer's chat template, for the
+engines that tokenize with one (NATIVE, VLLM). `HfPrompts` is that whole path, tool plans
+included, so that NATIVE and the dry run's token counts (`lmpress.prompt_tokens`) share it.
+LLAMACPP renders with llama-cpp-python's own formatter (llamacpp/prompts.py), from the
+template `resolve_chat_template` gives."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from lmpress.engines.common.tool_calls import ToolPlan, tool_plan
 from lmpress.errors import ModelLoadError, RequestError
 from lmpress.types import Request
 
@@ -41,7 +44,7 @@ def render_chat_prompt(
     model: str,
     chat_template: str | None = None,
     template_kwargs: dict[str, Any] | None = None,
-    tool_plan: Any = None,
+    tool_plan: ToolPlan | None = None,
 ) -> str:
     """The prompt text for a text-only chat request; the template writes BOS and the other
     special tokens itself. `template_kwargs` (model.chat_template_kwargs, e.g.
@@ -74,3 +77,56 @@ def render_chat_prompt(
         return tokenizer.apply_chat_template(messages, **options)
     except Exception as exc:  # Jinja raises its own errors for refused conversations
         raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
+
+
+class HfPrompts:
+    """A request's prompt ids through a Hugging Face tokenizer: what NATIVE feeds its model,
+    what vLLM tokenizes, and what the dry run counts. A raw `prompt` takes the tokenizer's own
+    special tokens (BOS, where it adds one); a chat is the template's text, which writes them
+    itself. `takes_tools`: whether tools and earlier tool calls go into the prompt (a plan from
+    tool_calls.py), as on an engine that takes them."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        engine: str,
+        model: str,
+        *,
+        parser: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+        takes_tools: bool = True,
+    ):
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.model = model
+        self.parser = parser
+        self.template_kwargs = template_kwargs
+        self.chat_template = chat_template
+        self.takes_tools = takes_tools
+
+    def plan(self, request: Request) -> ToolPlan | None:
+        """The request's tool plan (None: no tools, or an engine that takes none)."""
+        if not self.takes_tools:
+            return None
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        return tool_plan(request, template, self.parser)
+
+    def encode(self, request: Request, plan: ToolPlan | None = None) -> list[int]:
+        """The prompt's token ids: the chat template applied, or the raw prompt."""
+        if request.prompt is not None:
+            return list(self.tokenizer(request.prompt)["input_ids"])
+        text = render_chat_prompt(
+            self.tokenizer,
+            request,
+            self.engine,
+            self.model,
+            self.chat_template,
+            self.template_kwargs,
+            plan,
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def count(self, request: Request) -> int:
+        """How many tokens the prompt is, its tool plan included."""
+        return len(self.encode(request, self.plan(request)))

@@ -22,7 +22,12 @@ from typing import Any, ClassVar
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, check_tools, error_result
 from lmpress.engines.remote.credentials import Redactor, resolve_api_key
-from lmpress.engines.remote.pacing import Pacer, Ticket, backoff_delay, estimate_tokens
+from lmpress.engines.remote.pacing import (
+    Pacer,
+    Ticket,
+    backoff_delay,
+    estimate_request_tokens,
+)
 from lmpress.engines.remote.retry import (
     Attempts,
     Failure,
@@ -126,17 +131,7 @@ class RemoteEngine(Engine):
 
     def _estimate(self, request: Request) -> int:
         """The request's input tokens, roughly, before the provider counts them."""
-        if request.prompt is not None:
-            return estimate_tokens(len(request.prompt))
-        chars = sum(len(m.text()) for m in request.messages)
-        images = sum(
-            1
-            for m in request.messages
-            if not isinstance(m.content, str)
-            for part in m.content
-            if part.type == "image_url"
-        )
-        return estimate_tokens(chars, len(request.messages), images)
+        return estimate_request_tokens(request)
 
     def check_request_params(self, params: Any) -> None:
         """Refuse, before any request, parameter values this provider cannot take (a

@@ -2,8 +2,10 @@
 
 A row says everything a provider needs: its engine name, the class that speaks its protocol,
 its base URL and key variable, the generation parameters it accepts and how it spells them
-(`Dialect`). The registry lists engines from this table and `engine_class` binds a row onto
-its protocol class, so adding an OpenAI-compatible provider is adding one row.
+(`Dialect`), and what a dry run needs to price a job: whether it has a batch API at a discount,
+and a tokenizer that counts its prompts where one is published. The registry lists engines from
+this table and `engine_class` binds a row onto its protocol class, so adding an
+OpenAI-compatible provider is adding one row. `PRICES` below is the providers' price list.
 
 Nothing here imports an SDK: `lmpress --help` and `lmpress engines` read this table.
 """
@@ -44,25 +46,32 @@ class Provider:
     engine: str = OPENAI_COMPAT  # "module:Class" speaking its protocol, bound to this row
     extra: str = "remote"  # the lmpress extra that installs its SDK
     requires: tuple[str, ...] = ("openai",)  # importable modules it needs
+    # Its batch API's price as a share of the live price (0.5: half); None: it has none.
+    batch_discount: float | None = None
+    # A Hugging Face tokenizer (a local path or a cached hub id) that counts its prompts
+    # exactly; None where the provider publishes none (the dry run then estimates).
+    tokenizer: str | None = None
 
 
 PROVIDERS: tuple[Provider, ...] = (
+    # OpenAI's Batch API, Anthropic's Message Batches and Google's batch modes: half price.
     Provider("OPENAI", "OpenAI chat completions API", "https://api.openai.com/v1",
              "OPENAI_API_KEY", dialect=Dialect(max_tokens_field="max_completion_tokens"),
-             user_field=True),
+             user_field=True, batch_discount=0.5),
     Provider("ANTHROPIC", "Anthropic Messages API", "https://api.anthropic.com",
              "ANTHROPIC_API_KEY", frozenset({"max_new_tokens", "stop_strings", "guided_decoding"}),
-             engine="lmpress.engines.remote.anthropic:AnthropicEngine", requires=("anthropic",)),
+             engine="lmpress.engines.remote.anthropic:AnthropicEngine", requires=("anthropic",),
+             batch_discount=0.5),
     Provider("REMOTE", "any OpenAI-compatible server", key_required=False, model_required=False),
     Provider("REMOTE_VLLM", "a remote vLLM server", params=OPENAI_PARAMS | VLLM_PARAMS,
              dialect=Dialect(extra_fields=VLLM_PARAMS, structured_outputs=True),
              key_required=False, model_required=False),
     Provider("GEMINI", "Google Gemini (OpenAI-compatible)",
              "https://generativelanguage.googleapis.com/v1beta/openai/", "GEMINI_API_KEY",
-             GOOGLE_PARAMS),
+             GOOGLE_PARAMS, batch_discount=0.5),
     Provider("GOOGLE_VERTEX", "Google Vertex AI", params=GOOGLE_PARAMS, key_required=False,
              engine="lmpress.engines.remote.vertex:GoogleVertexEngine", extra="vertex",
-             requires=("openai", "google.auth")),
+             requires=("openai", "google.auth"), batch_discount=0.5),
     Provider("TOGETHER", "Together AI", "https://api.together.xyz/v1", "TOGETHER_API_KEY",
              OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST),
     Provider("PARASAIL", "Parasail", "https://api.parasail.io/v1", "PARASAIL_API_KEY",
@@ -95,6 +104,51 @@ PROVIDERS: tuple[Provider, ...] = (
 )  # fmt: skip
 
 BY_NAME = {provider.name: provider for provider in PROVIDERS}
+
+# Live prices in USD per million tokens, (input, output), for a few well-known models of the
+# providers that publish one price list. Prices change: these were written down on 2026-11-23
+# from the prices we knew, checked against third-party copies of the providers' pricing pages
+# (dated 2026-03 to 2026-06; the providers' own pages could not be read from where this was
+# written). The standard tier for prompts up to 200K tokens; longer prompts cost more on some
+# models (Gemini 2.5 Pro, Claude Sonnet). remote_params.input_price_per_million and
+# output_price_per_million override a row, or price a model that has none (pricing.py).
+# A dated snapshot takes its model's row: gpt-4o-mini-2024-07-18 is gpt-4o-mini.
+OPENAI_PRICES = {
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "gpt-5": (1.25, 10.00),
+    "gpt-5-mini": (0.25, 2.00),
+    "gpt-5-nano": (0.05, 0.40),
+    "o3": (2.00, 8.00),
+    "o4-mini": (1.10, 4.40),
+}
+ANTHROPIC_PRICES = {
+    "claude-opus-4-1": (15.00, 75.00),
+    "claude-opus-4-5": (5.00, 25.00),
+    "claude-opus-4-6": (5.00, 25.00),
+    "claude-sonnet-4": (3.00, 15.00),
+    "claude-sonnet-4-5": (3.00, 15.00),
+    "claude-sonnet-4-6": (3.00, 15.00),
+    "claude-haiku-4-5": (1.00, 5.00),
+    "claude-3-5-haiku": (0.80, 4.00),
+}
+# Vertex AI lists Gemini at the Gemini API's prices; its model names carry a publisher
+# ("google/gemini-2.5-flash"), which the lookup drops.
+GEMINI_PRICES = {
+    "gemini-2.5-pro": (1.25, 10.00),
+    "gemini-2.5-flash": (0.30, 2.50),
+    "gemini-2.5-flash-lite": (0.10, 0.40),
+    "gemini-2.0-flash": (0.10, 0.40),
+}
+PRICES: dict[str, dict[str, tuple[float, float]]] = {
+    "OPENAI": OPENAI_PRICES,
+    "ANTHROPIC": ANTHROPIC_PRICES,
+    "GEMINI": GEMINI_PRICES,
+    "GOOGLE_VERTEX": GEMINI_PRICES,
+}
 
 
 @cache

@@ -6,7 +6,7 @@ tokenizer and the GGUF metadata (loading.py). Generation does not go through `Ll
 decodes one sequence at a time: a worker thread owns a llama.cpp context whose KV cache holds
 up to `generation.batch_size` sequences and runs continuous batching on it (scheduling.py),
 each sequence sampling from its own sampler chain, seeded per row (sampling.py). This module
-renders and checks each request before it is queued.
+checks each request before it is queued; prompts.py renders and tokenizes it.
 
 `model_kwargs.n_ctx` (default: the model's own context length) is the size of the KV cache, and
 each of the `batch_size` sequences gets an equal part of it (a multiple of 256, at least 256),
@@ -21,7 +21,7 @@ from __future__ import annotations
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
 from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
-from lmpress.engines.common.tool_calls import ToolPlan, check_parser, tool_plan
+from lmpress.engines.common.tool_calls import ToolPlan, check_parser
 from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     batched_context,
@@ -30,7 +30,9 @@ from lmpress.engines.local.llamacpp.loading import (
     gguf_path,
     load_llama,
     oumi_gguf_file,
+    parallel_sequences,
 )
+from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler, RequestState
 from lmpress.errors import ConfigError, ModelLoadError, RequestError
 from lmpress.types import GenerationParams, Request
@@ -69,13 +71,16 @@ class LlamaCppEngine(LlamaCppScheduler):
         self.n_vocab = self.vocab.size
         self.metadata: dict[str, str] = dict(self.llama.metadata)
         self.chat_template = chat_template(config, self.metadata)
-        self._formatter = None
-        batch_size = min(config.generation.batch_size, llama_cpp.llama_max_parallel_sequences())
+        self.tool_call_parser = check_parser(config.model.tool_call_parser)
+        parser = self.tool_call_parser
+        self.prompts = GgufPrompts(
+            self.llama._model, self.vocab, self.chat_template, self.model_name, parser
+        )
+        batch_size = parallel_sequences(config.generation.batch_size)
         ctx = batched_context(self.llama, self.path, kwargs, batch_size)
         # The penalty window: the whole sequence unless the recipe says otherwise.
         self._start_scheduling(ctx, batch_size, penalty_window=kwargs.get("last_n_tokens_size"))
         self._grammars: Grammars | None = None
-        self.tool_call_parser = check_parser(config.model.tool_call_parser)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
 
     def _grammar_engine(self) -> Grammars:
@@ -95,46 +100,12 @@ class LlamaCppEngine(LlamaCppScheduler):
 
     def render(self, request: Request, tool_plan: ToolPlan | None = None) -> str:
         """The chat template applied to a request's messages, as llama-cpp-python renders it."""
-        if self._formatter is None:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-            eos = self.llama.token_eos()
-            self._formatter = Jinja2ChatFormatter(
-                template=self.chat_template,
-                eos_token=self.vocab.text(eos),
-                bos_token=self.vocab.text(self.llama.token_bos()),
-                stop_token_ids=[eos],
-            )
-        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-        tools = None
-        if tool_plan is not None:  # tools offered, or turns that called them (tool_calls.py)
-            messages, tools = tool_plan.messages, tool_plan.tools
-        try:
-            return self._formatter(messages=messages, tools=tools).prompt
-        except Exception as exc:  # Jinja raises its own errors for refused conversations
-            raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
+        return self.prompts.render(request, tool_plan)
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
-        """The prompt's token ids: the chat template applied, or the raw prompt."""
-        if request.prompt is not None:
-            ids = self.llama.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=True)
-        else:
-            if any(m.has_images() for m in request.messages):
-                raise RequestError(
-                    "the LLAMACPP engine in lmpress sends text only; this row has image parts",
-                    kind="invalid_request",
-                )
-            if not self.chat_template:
-                raise RequestError(
-                    f"model '{self.model_name}' has no chat template in its GGUF metadata; set "
-                    f"model.chat_template (a Jinja string, a template file, or 'chatml')",
-                    kind="invalid_request",
-                )
-            # As llama-cpp-python's chat handler does: the template emits BOS itself.
-            text = self.render(request, tool_plan)
-            ids = self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-        if not ids:
-            raise RequestError("the prompt is empty", kind="invalid_request")
+        """The prompt's token ids (the chat template applied, or the raw prompt), checked to
+        fit a sequence's part of the context."""
+        ids = self.prompts.encode(request, tool_plan)
         if len(ids) >= self.n_ctx_seq:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, the context of a sequence is {self.n_ctx_seq} "
@@ -142,12 +113,12 @@ class LlamaCppEngine(LlamaCppScheduler):
                 f"{self.batch_size}): raise n_ctx or lower batch_size",
                 kind="context_length_exceeded",
             )
-        return list(ids)
+        return ids
 
     # --- checking a request before it is queued -------------------------------------------
 
     def _prepare(self, request: Request, started: float) -> RequestState:
-        plan = tool_plan(request, self.chat_template, self.tool_call_parser)
+        plan = self.prompts.plan(request)
         prompt_ids = self.encode(request, plan)
         logit_bias = self._logit_bias(request.params)
         check_token_settings(request.params, self.n_vocab)

@@ -163,6 +163,38 @@ def check_model_kwargs(kwargs: dict[str, Any], llama_class: type) -> dict[str, A
     return dict(kwargs)
 
 
+# llama.cpp rounds the context it is asked for up to a multiple of this many tokens.
+CONTEXT_PAD = 256
+
+
+def parallel_sequences(batch_size: int) -> int:
+    """How many sequences the engine decodes together: generation.batch_size, up to
+    llama.cpp's limit."""
+    import llama_cpp
+
+    return min(batch_size, llama_cpp.llama_max_parallel_sequences())
+
+
+def sequence_context(n_ctx: int, batch_size: int) -> int:
+    """Each sequence's part of a KV cache of `n_ctx` tokens (as llama.cpp made it) shared by
+    `batch_size` sequences. llama.cpp wants equal parts, each a multiple of 256; the engine
+    asks for that rather than let it round (and warn)."""
+    if batch_size <= 1:
+        return n_ctx
+    return max(CONTEXT_PAD, n_ctx // batch_size // CONTEXT_PAD * CONTEXT_PAD)
+
+
+def planned_sequence_context(n_ctx: int, n_ctx_train: int | None, batch_size: int) -> int | None:
+    """A sequence's part of the context the engine will make, known before loading it:
+    `model_kwargs.n_ctx` (0: the model's own, `n_ctx_train`), rounded up by llama.cpp, then
+    shared by `batch_size` sequences. None: the size is not known."""
+    wanted = n_ctx or n_ctx_train
+    if not wanted:
+        return None
+    rounded = -(-wanted // CONTEXT_PAD) * CONTEXT_PAD
+    return sequence_context(rounded, batch_size)
+
+
 def batched_context(llama: Any, path: str, kwargs: dict[str, Any], batch_size: int) -> Any:
     """A context like the one `Llama` made from the recipe's kwargs, but holding
     `batch_size` sequences, each in its own part of the KV cache. `Llama`'s own
@@ -171,12 +203,7 @@ def batched_context(llama: Any, path: str, kwargs: dict[str, Any], batch_size: i
     from llama_cpp import _internals
 
     params = lc.llama_context_params.from_buffer_copy(llama.context_params)
-    params.n_ctx = llama.n_ctx()
-    if batch_size > 1:
-        # llama.cpp wants an equal part per sequence, a multiple of 256; ask for that
-        # rather than let it round (and warn).
-        part = max(256, params.n_ctx // batch_size // 256 * 256)
-        params.n_ctx = part * batch_size
+    params.n_ctx = sequence_context(llama.n_ctx(), batch_size) * batch_size
     params.n_seq_max = batch_size
     params.kv_unified = False
     # Every sequence in flight contributes a token to each step's batch.
@@ -192,6 +219,27 @@ def batched_context(llama: Any, path: str, kwargs: dict[str, Any], batch_size: i
         )
     except Exception as exc:
         raise ModelLoadError(f"cannot create a llama.cpp context for '{path}': {exc}") from exc
+
+
+def load_vocab(path: str) -> Any:
+    """The GGUF file's tokenizer and metadata without its weights (llama.cpp's `vocab_only`):
+    llama-cpp-python's `LlamaModel`, as `Llama._model` is, in a fraction of a second."""
+    import llama_cpp
+    from llama_cpp import _internals
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    try:
+        return _internals.LlamaModel(path_model=path, params=params, verbose=False)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read the vocabulary of '{path}': {exc}") from exc
+
+
+def trained_context(metadata: dict[str, str]) -> int | None:
+    """The context the model was trained with, from its GGUF metadata (a vocabulary-only load
+    reports none itself)."""
+    value = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    return int(value) if value and value.isdigit() else None
 
 
 def chat_template(config: RunConfig, metadata: dict[str, str]) -> str | None:

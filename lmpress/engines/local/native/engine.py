@@ -13,14 +13,14 @@ import dataclasses
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
 from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
-from lmpress.engines.common.prompts import render_chat_prompt
-from lmpress.engines.common.tool_calls import ToolPlan, check_parser, tool_plan
+from lmpress.engines.common.tool_calls import ToolPlan, check_parser
 from lmpress.engines.local.native.loading import (
     checkpoint_defaults,
     context_length,
     eos_ids,
     load_model,
     load_tokenizer,
+    native_prompts,
     pick_device_and_dtype,
 )
 from lmpress.engines.local.native.scheduling import NativeScheduler
@@ -51,18 +51,14 @@ class NativeEngine(NativeScheduler):
         self.model = load_model(config.model, self.device, self.dtype)
         self.model_defaults = checkpoint_defaults(self.model, config.model.generation_defaults)
         self.eos_ids = eos_ids(self.model, self.tokenizer)
-        self.context_length = context_length(self.model, self.tokenizer)
-        if config.model.model_max_length:  # Oumi's cap on the sequence length, prompt included
-            self.context_length = min(
-                self.context_length or config.model.model_max_length,
-                config.model.model_max_length,
-            )
+        self.context_length = context_length(self.model.config, config.model.model_max_length)
         self.n_vocab = self.model.config.get_text_config().vocab_size  # the logits' width
         self.batch_size = config.generation.batch_size
         # Two batches' worth: one decoding, the next one waiting so the worker never idles.
         self.max_in_flight = 2 * self.batch_size
         self._grammars: Grammars | None = None
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
+        self.prompts = native_prompts(config, self.tokenizer, self.tool_call_parser)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
         self._start_worker("lmpress-native")
 
@@ -81,7 +77,7 @@ class NativeEngine(NativeScheduler):
                 request, params=request.params.with_defaults(self.model_defaults)
             )
         check_token_settings(request.params, self.n_vocab)
-        plan = tool_plan(request, self.tokenizer.chat_template, self.tool_call_parser)
+        plan = self.prompts.plan(request)
         matcher = request_matcher(
             self._grammar_engine,
             request.params.guided_decoding,
@@ -92,22 +88,12 @@ class NativeEngine(NativeScheduler):
         return Submission(request, ids, started, matcher=matcher, tool_plan=plan)
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
-        """The prompt's token ids: the chat template applied, or the raw prompt."""
-        if request.prompt is not None:
-            ids = self.tokenizer(request.prompt)["input_ids"]
-        else:
-            text = render_chat_prompt(
-                self.tokenizer,
-                request,
-                self.name,
-                self.model_name,
-                template_kwargs=self.config.model.chat_template_kwargs,
-                tool_plan=tool_plan,
-            )
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """The prompt's token ids (the chat template applied, or the raw prompt), checked to
+        leave room in the context."""
+        ids = self.prompts.encode(request, tool_plan)
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, the model's context is {self.context_length}",
                 kind="context_length_exceeded",
             )
-        return list(ids)
+        return ids

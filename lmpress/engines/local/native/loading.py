@@ -1,6 +1,7 @@
 """Loading for NATIVE: the device and dtype, the tokenizer and the model (a directory, a hub id
 or a GGUF file that transformers dequantizes), and what the engine reads from them: the
-checkpoint's generation defaults, its end-of-sequence ids and its context length.
+checkpoint's generation defaults, its end-of-sequence ids and its context length (from the
+model's config, which the dry run reads without the weights).
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import io
 from pathlib import Path
 from typing import Any
 
-from lmpress.configs.schema import ModelParams
+from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
-from lmpress.engines.common.prompts import resolve_chat_template
+from lmpress.engines.common.prompts import HfPrompts, resolve_chat_template
 from lmpress.errors import ModelLoadError, first_line
 
 
@@ -51,10 +52,14 @@ def model_source(model: ModelParams) -> tuple[str, str | None]:
     return name, None
 
 
-def load_tokenizer(model: ModelParams) -> Any:
+def load_tokenizer(model: ModelParams, *, local_only: bool = False) -> Any:
+    """The model's tokenizer (or model.tokenizer_name's), with the recipe's chat template and
+    pad token. `local_only`: from local files or the Hugging Face cache, never downloading."""
     from transformers import AutoTokenizer
 
     kwargs = dict(model.tokenizer_kwargs)
+    if local_only:
+        kwargs["local_files_only"] = True
     if model.tokenizer_name:
         name = local_or_hub(model.tokenizer_name, "model.tokenizer_name")
     else:
@@ -78,6 +83,18 @@ def load_tokenizer(model: ModelParams) -> Any:
         tokenizer.chat_template = resolve_chat_template(model.chat_template)
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def native_prompts(config: RunConfig, tokenizer: Any, parser: str | None) -> HfPrompts:
+    """How NATIVE turns a request into prompt ids, for the engine and for the dry run's count
+    alike (load_tokenizer has put model.chat_template on the tokenizer)."""
+    return HfPrompts(
+        tokenizer,
+        "NATIVE",
+        config.model.model_name,
+        parser=parser,
+        template_kwargs=config.model.chat_template_kwargs,
+    )
 
 
 def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
@@ -172,10 +189,32 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return found
 
 
-def context_length(model: Any, tokenizer: Any) -> int | None:
-    text_config = model.config.get_text_config()
+def load_model_config(model: ModelParams, *, local_only: bool = False) -> Any:
+    """The model's config alone (no weights), as transformers reads it from the checkpoint."""
+    from transformers import AutoConfig
+
+    name, gguf_file = model_source(model)
+    kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+    if local_only:
+        kwargs["local_files_only"] = True
+    try:
+        return AutoConfig.from_pretrained(
+            name, trust_remote_code=model.trust_remote_code, revision=model.model_revision, **kwargs
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the config of '{name}': {first_line(exc)}") from exc
+
+
+def context_length(model_config: Any, model_max_length: int | None = None) -> int | None:
+    """The model's context, prompt included: its config's position limit, capped by
+    `model.model_max_length` (Oumi's cap on the sequence length). None: neither says."""
+    text_config = model_config.get_text_config()
+    found = None
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         value = getattr(text_config, key, None)
         if isinstance(value, int) and value > 0:
-            return value
-    return None
+            found = value
+            break
+    if model_max_length:
+        found = min(found or model_max_length, model_max_length)
+    return found

@@ -1,0 +1,87 @@
+"""Prompts for LLAMACPP: a request rendered with llama-cpp-python's own chat formatter and
+tokenized by the GGUF file's tokenizer, as its chat handler does. The engine feeds these ids
+to its context; the dry run (`lmpress.prompt_tokens`) counts them from a vocabulary-only load
+of the same file, without the weights, so both go through this one class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmpress.engines.common.tool_calls import ToolPlan, tool_plan
+from lmpress.engines.local.llamacpp.loading import Vocab
+from lmpress.errors import RequestError
+from lmpress.types import Request
+
+
+class GgufPrompts:
+    """A request's prompt ids on a GGUF model: `model` is llama-cpp-python's `LlamaModel`
+    (`Llama._model`, or one loaded with `vocab_only`), `chat_template` the recipe's or the
+    file's (None: neither has one)."""
+
+    def __init__(
+        self,
+        model: Any,
+        vocab: Vocab,
+        chat_template: str | None,
+        model_name: str,
+        parser: str | None,
+    ):
+        self.model = model
+        self.vocab = vocab
+        self.chat_template = chat_template
+        self.model_name = model_name
+        self.parser = parser
+        self._formatter: Any = None
+
+    def plan(self, request: Request) -> ToolPlan | None:
+        """The request's tool plan (None: it neither offers tools nor holds calls of them)."""
+        return tool_plan(request, self.chat_template, self.parser)
+
+    def render(self, request: Request, plan: ToolPlan | None = None) -> str:
+        """The chat template applied to a request's messages, as llama-cpp-python renders it."""
+        if self._formatter is None:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            eos = self.model.token_eos()
+            self._formatter = Jinja2ChatFormatter(
+                template=self.chat_template,
+                eos_token=self.vocab.text(eos),
+                bos_token=self.vocab.text(self.model.token_bos()),
+                stop_token_ids=[eos],
+            )
+        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        tools = None
+        if plan is not None:  # tools offered, or turns that called them (tool_calls.py)
+            messages, tools = plan.messages, plan.tools
+        try:
+            return self._formatter(messages=messages, tools=tools).prompt
+        except Exception as exc:  # Jinja raises its own errors for refused conversations
+            raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
+
+    def encode(self, request: Request, plan: ToolPlan | None = None) -> list[int]:
+        """The prompt's token ids: the chat template applied, or the raw prompt."""
+        if request.prompt is not None:
+            ids = self.model.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=True)
+        else:
+            if any(m.has_images() for m in request.messages):
+                raise RequestError(
+                    "the LLAMACPP engine in lmpress sends text only; this row has image parts",
+                    kind="invalid_request",
+                )
+            if not self.chat_template:
+                raise RequestError(
+                    f"model '{self.model_name}' has no chat template in its GGUF metadata; set "
+                    f"model.chat_template (a Jinja string, a template file, or 'chatml')",
+                    kind="invalid_request",
+                )
+            # As llama-cpp-python's chat handler does: the template emits BOS itself.
+            text = self.render(request, plan)
+            ids = self.model.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        if not ids:
+            raise RequestError("the prompt is empty", kind="invalid_request")
+        return list(ids)
+
+    def count(self, request: Request) -> int:
+        """How many tokens the prompt is, its tool plan included."""
+        return len(self.encode(request, self.plan(request)))
