@@ -36,6 +36,7 @@ from lmpress.data.targets import STDIO, output_file_format, resolve_output
 from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine, load_engine_class
 from lmpress.errors import InputError
+from lmpress.pricing import price_for
 from lmpress.structured import check_structure
 from lmpress.types import Request, Result
 
@@ -114,7 +115,7 @@ class BatchJob:
             options.mapping.id_column,
         )  # fmt: skip
         self.selection = options.selection()
-        self.budget = Budget(options.max_cost, options.max_tokens, _price(config))
+        self.budget = Budget(options.max_cost, options.max_tokens, price_for(config))
         label = "stdout" if self.target.path == STDIO else options.output_path
         self.summary = BatchSummary(options.input_path, label, self.source.unit)
         if not self.target.stream:
@@ -350,15 +351,6 @@ class BatchJob:
 
     def _say(self, message: str) -> None:
         self.events.notice(message)
-
-
-def _price(config: RunConfig) -> Any | None:
-    """The price of the config's model, where lmpress knows one (`lmpress.pricing`)."""
-    try:
-        from lmpress.pricing import price_for
-    except ImportError:  # pricing lands with the dry run
-        return None
-    return price_for(config)
 
 
 def _install_interrupt(loop: asyncio.AbstractEventLoop, handler) -> bool:

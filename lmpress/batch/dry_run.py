@@ -1,0 +1,38 @@
+"""`lmpress batch --dry-run`: every picked row read as a run would read it, its prompt counted
+by the engine's own tokenizer, and nothing generated (`lmpress.dryrun` keeps the tally).
+
+No output is written or checked and no model weights load: a dry run answers "what would
+this job be, and what would it cost" before any of it is spent.
+"""
+
+from __future__ import annotations
+
+from lmpress.batch.job import BatchOptions
+from lmpress.batch.rows import RowReader
+from lmpress.configs.schema import RunConfig
+from lmpress.data.sources import open_source
+from lmpress.dryrun import DryRun, DryRunSummary
+from lmpress.engines.registry import load_engine_class
+from lmpress.errors import InputError
+
+
+def dry_run(config: RunConfig, options: BatchOptions) -> DryRunSummary:
+    source = open_source(options.input_path, options.input_format, options.split)
+    selection = options.selection()
+    if selection.sample is not None:  # the sample is drawn over the whole shard first
+        for ordinal, _ in enumerate(source.lines()):
+            if selection.in_shard(ordinal):
+                selection.offer(selection.place(ordinal))
+    selection.scanned()
+    engine_class = load_engine_class(config.engine)
+    reader = RowReader(
+        source, selection, options.mapping, config.generation, engine_class,
+        options.output_format,
+    )  # fmt: skip
+    tally = DryRun(config)
+    for rid, read in reader.rows():
+        tally.add(rid, read)
+    summary = tally.summary()
+    if summary.rows == 0:
+        raise InputError(f"{source.path}: the input has no rows")
+    return summary
