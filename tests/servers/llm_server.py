@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.servers import tool_replies
+from tests.servers import refusals
 from tests.servers.replies import Reply, reply_text
 
 __all__ = ["Faults", "LLMServer", "Reply", "Stats", "reply_text"]
@@ -162,9 +162,9 @@ class LLMServer:
     def fault_for(self, conversation: str, attempt: int) -> str | int | None:
         """What goes wrong with this attempt: a permanent status, a transient kind, or None."""
         f = self.faults
-        for marker, status in f.permanent.items():
-            if marker in conversation:
-                return status
+        status = refusals.permanent_status(conversation, f.permanent)
+        if status is not None:
+            return status
         if attempt == 1 and f.transient_rate > 0 and f.transient_kinds:
             h = _hash(conversation)
             if (h % 10_000) < f.transient_rate * 10_000:
@@ -224,7 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
         with app.lock:
             app.stats.bodies.append((path, body))
             app.stats.credentials.add(self._credential(anthropic))
-        conversation = json.dumps(body.get("messages", body.get("prompt")), sort_keys=True)
+        conversation = refusals.conversation(body)
         attempt = app._arrive(f"{path}:{conversation}")
         status = 500
         try:
@@ -246,7 +246,7 @@ class _Handler(BaseHTTPRequestHandler):
         wait = app._rate_limited()
         if wait is not None:
             return self._rate_limit(wait, anthropic)
-        problem = self._validate(body, anthropic)
+        problem = refusals.request_problem(body, anthropic)
         if problem:
             return self._error(400, problem, anthropic)
         fault = app.fault_for(conversation, attempt)
@@ -274,25 +274,6 @@ class _Handler(BaseHTTPRequestHandler):
             return self._stream(reply, body, anthropic, broken)
         return self._json(200, reply.anthropic() if anthropic else reply.openai(path))
 
-    def _validate(self, body: dict[str, Any], anthropic: bool) -> str | None:
-        if not body.get("model"):
-            return "model: field required"
-        if anthropic:
-            if not isinstance(body.get("max_tokens"), int):
-                return "max_tokens: field required"
-            messages = body.get("messages") or []
-            if not messages or messages[0].get("role") != "user":
-                return "messages: the first message must use the user role"
-            for a, b in zip(messages, messages[1:], strict=False):
-                if a.get("role") == b.get("role"):
-                    return "messages: roles must alternate between user and assistant"
-            if any(m.get("role") not in ("user", "assistant") for m in messages):
-                return "messages: role must be user or assistant (system goes in 'system')"
-            return tool_replies.anthropic_problem(body)
-        if "messages" in body and not body["messages"]:
-            return "messages: must not be empty"
-        return tool_replies.openai_problem(body)
-
     # --- writing ---------------------------------------------------------------------------
 
     def _credential(self, anthropic: bool) -> str:
@@ -318,14 +299,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self._raw(status, json.dumps(payload).encode("utf-8"), headers)
 
     def _error(self, status: int, message: str, anthropic: bool, headers=None) -> int:
-        kind = {400: "invalid_request_error", 401: "authentication_error",
-                403: "permission_error", 404: "not_found_error", 422: "invalid_request_error",
-                429: "rate_limit_error"}.get(status, "api_error")  # fmt: skip
-        if anthropic:
-            payload = {"type": "error", "error": {"type": kind, "message": message}}
-        else:
-            payload = {"error": {"message": message, "type": kind, "code": None}}
-        return self._json(status, payload, headers)
+        return self._json(status, refusals.error_body(status, message, anthropic), headers)
 
     def _rate_limit(self, wait: float | None, anthropic: bool) -> int:
         f = self.server.app.faults
