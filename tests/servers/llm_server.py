@@ -9,6 +9,10 @@ fail their first attempt (429 with Retry-After, 500, a hang past the client's ti
 connection, a malformed body), and conversations containing a `permanent` marker always fail
 with that status. What a successful request gets is in `replies`.
 
+The same port serves the providers' batch APIs (OpenAI's Files and Batches, Anthropic's Message
+Batches) in compressed time, with their own faults in `Faults.batch` (`batch_api`), so a test can
+run one job live and as a batch against one server and compare.
+
 Used by the engine tests, the CLI tests and benchmarks/remote_throughput.py:
 
     with LLMServer(Faults(latency_s=0.2)) as server:
@@ -25,11 +29,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qsl
 
 from tests.servers import refusals
+from tests.servers.batch_api import BatchAPI, BatchFaults, Request
 from tests.servers.replies import Reply, reply_text
 
-__all__ = ["Faults", "LLMServer", "Reply", "Stats", "reply_text"]
+__all__ = ["BatchFaults", "Faults", "LLMServer", "Reply", "Stats", "reply_text"]
 
 TRANSIENT_KINDS = ("429", "500", "hang", "drop", "malformed")
 
@@ -49,6 +55,7 @@ class Faults:
     rate_limit_rps: float | None = None  # beyond this rate: 429 with the wait in Retry-After
     overloaded_until: float = 0.0  # time.monotonic() before which every request gets 429
     model: str = "test-model"
+    batch: BatchFaults = field(default_factory=BatchFaults)  # the batch APIs' clock and faults
 
 
 @dataclass
@@ -65,6 +72,13 @@ class Stats:
     bodies: deque = field(default_factory=lambda: deque(maxlen=2000))  # (path, body)
     arrivals: deque = field(default_factory=lambda: deque(maxlen=200_000))  # (t, in flight then)
     replies: deque = field(default_factory=lambda: deque(maxlen=200_000))  # (t, status)
+    # The batch APIs (live requests above do not count them, nor they the live ones):
+    # custom_id -> how many batches that passed validation held it (a lost create reply counts)
+    batch_submissions: Counter = field(default_factory=Counter)
+    batches_created: int = 0  # both wires, those that then fail validation included
+    files_uploaded: int = 0
+    upload_attempts: int = 0  # files.create and messages.batches.create, refused ones included
+    batch_calls: Counter = field(default_factory=Counter)  # (method, path template) -> calls
 
 
 def _hash(text: str) -> int:
@@ -82,6 +96,7 @@ class LLMServer:
         self._bucket = (0.0, 0.0)  # (tokens, last refill) for rate_limit_rps
         self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.app = self
+        self.batches = BatchAPI(self)
         self._thread: threading.Thread | None = None
 
     @property
@@ -190,6 +205,8 @@ class _Handler(BaseHTTPRequestHandler):
     # --- routing ---------------------------------------------------------------------------
 
     def do_GET(self) -> None:
+        if self._batch_api("GET"):
+            return
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             model = self.server.app.faults.model
             data = [{"id": model, "object": "model", "created": 0, "owned_by": "test"}]
@@ -200,6 +217,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        if self._batch_api("POST", raw):
+            return
         path = self.path.split("?")[0].rstrip("/")
         app = self.server.app
         if path == "/token":  # a stand-in for Google's OAuth token endpoint
@@ -231,6 +250,34 @@ class _Handler(BaseHTTPRequestHandler):
             status = self._answer(path, body, conversation, attempt, anthropic)
         finally:
             app._leave(status)
+
+    def do_DELETE(self) -> None:
+        if not self._batch_api("DELETE"):
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
+    def _batch_api(self, method: str, raw: bytes = b"") -> bool:
+        """Serve a request to the Files, Batches or Message Batches API; False if it is none."""
+        path, _, query = self.path.partition("?")
+        path = path.rstrip("/")
+        if not path.startswith(("/v1/files", "/v1/batches", "/v1/messages/batches")):
+            return False
+        app = self.server.app
+        anthropic = path.startswith("/v1/messages/")
+        credential = self._credential(anthropic)
+        with app.lock:
+            app.stats.credentials.add(credential)
+        if app.faults.required_key is not None and credential != app.faults.required_key:
+            self._error(401, "invalid API key", anthropic)
+            return True
+        host = self.headers.get("Host") or f"127.0.0.1:{app.port}"
+        request = Request(method, path, dict(parse_qsl(query)),
+                          self.headers.get("Content-Type") or "", raw, f"http://{host}")  # fmt: skip
+        answer = app.batches.handle(request)
+        if answer is None:
+            self._error(404, f"no route {method} {path}", anthropic)
+        else:
+            self._raw(answer.status, answer.body, content_type=answer.content_type)
+        return True
 
     def _answer(
         self, path: str, body: dict[str, Any], conversation: str, attempt: int, anthropic: bool
@@ -282,10 +329,13 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization") or ""
         return auth[len("Bearer ") :] if auth.startswith("Bearer ") else auth
 
-    def _raw(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> int:
+    def _raw(
+        self, status: int, data: bytes, headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> int:  # fmt: skip
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             for key, value in (headers or {}).items():
                 self.send_header(key, value)
