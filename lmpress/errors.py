@@ -33,6 +33,7 @@ class ErrorKind(str, Enum):
     CONNECTION_ERROR = "connection_error"
     MALFORMED_RESPONSE = "malformed_response"
     CLIENT_ERROR = "client_error"  # the SDK failed before sending
+    BATCH_EXPIRED = "batch_expired"  # a provider's batch ended without running the row
     # The engine itself.
     GENERATION_ERROR = "generation_error"
     INVALID_OUTPUT = "invalid_output"  # a reply that breaks the structure its row asked for

@@ -28,7 +28,8 @@ from lmpress.batch.events import (
     BatchSummary,
     RowFailure,
 )
-from lmpress.batch.job import BatchOptions, run_batch
+from lmpress.batch.job import BatchOptions
+from lmpress.batch.run import run_batch
 
 __all__ = [
     "EXIT_FAILED_ROWS",

@@ -24,6 +24,7 @@ class Budget:
     price: Any | None = None  # lmpress.pricing.Price, where known
     batch: bool = False  # priced at the provider's batch-API rate
     spent: float = 0.0
+    live_spent: float = 0.0  # what the same tokens cost at the live price
     tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -43,10 +44,12 @@ class Budget:
         usage = result.usage
         self.tokens += usage.prompt_tokens + usage.completion_tokens
         if self.price is not None:
+            batch = self.batch and self.price.has_batch
             result.cost_usd = self.price.cost(
-                usage.prompt_tokens, usage.completion_tokens, batch=self.batch
+                usage.prompt_tokens, usage.completion_tokens, batch=batch
             )
             self.spent += result.cost_usd
+            self.live_spent += self.price.cost(usage.prompt_tokens, usage.completion_tokens)
 
     def exceeded(self) -> str | None:
         """Why the run must stop taking rows, or None."""

@@ -23,6 +23,7 @@ class BatchSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float | None = None  # what this run's rows cost, where a price is known
+    cost_live_usd: float | None = None  # what they would have cost live (provider batches)
     wall_s: float = 0.0
     interrupted: bool = False
     stopped_because: str | None = None
@@ -57,6 +58,7 @@ class BatchSummary:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
+            "cost_live_usd": None if self.cost_live_usd is None else round(self.cost_live_usd, 6),
             "wall_s": round(self.wall_s, 3),
             "rows_per_s": round(self.rows_per_s, 3),
             "tokens_per_s": round(self.tokens_per_s, 3),

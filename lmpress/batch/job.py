@@ -65,29 +65,10 @@ class BatchOptions:
     seed: int = 0
     max_cost: float | None = None  # USD this run may spend
     max_tokens: int | None = None  # tokens this run may use
+    on_expired: str = "resubmit"  # provider batches: rows a batch did not run (resubmit|live|fail)
 
     def selection(self) -> RowSelection:
         return RowSelection(self.shard, self.limit, self.sample, self.seed)
-
-
-async def run_batch(
-    config: RunConfig,
-    options: BatchOptions,
-    *,
-    engine: Engine | None = None,
-    events: BatchEvents | None = None,
-) -> BatchSummary:
-    """Run every picked row of the input not yet done through the config's engine.
-
-    Without `engine`, the engine is created when the first row needs it (so a finished job
-    re-run loads no model) and closed at the end.
-    """
-    job = BatchJob(config, options, engine, events)
-    try:
-        return await job.run()
-    finally:
-        if engine is None and job.engine is not None:
-            await job.engine.aclose()
 
 
 class BatchJob:
@@ -115,7 +96,10 @@ class BatchJob:
             options.mapping.id_column,
         )  # fmt: skip
         self.selection = options.selection()
-        self.budget = Budget(options.max_cost, options.max_tokens, price_for(config))
+        provider_batch = bool(config.remote_params.batch_completion_window)
+        self.budget = Budget(
+            options.max_cost, options.max_tokens, price_for(config), provider_batch
+        )
         label = "stdout" if self.target.path == STDIO else options.output_path
         self.summary = BatchSummary(options.input_path, label, self.source.unit)
         if not self.target.stream:
@@ -267,6 +251,7 @@ class BatchJob:
         self.budget.charge(result)
         if result.cost_usd is not None:
             summary.cost_usd = (summary.cost_usd or 0.0) + result.cost_usd
+            summary.cost_live_usd = self.budget.live_spent
         if (reason := self.budget.exceeded()) and not self.stopping:
             self._stop(reason)
         if result.error is not None:

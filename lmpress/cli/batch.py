@@ -108,6 +108,33 @@ def batch(
     max_tokens: Annotated[
         int | None, typer.Option("--max-tokens", help="Stop once this run has used N tokens.")
     ] = None,
+    provider_batch: Annotated[
+        bool,
+        typer.Option(
+            "--provider-batch",
+            help="Run through the provider's batch API (OpenAI, Anthropic): half the price, "
+            "within 24h; re-run to resume waiting.",
+            metavar=FLAG,
+        ),
+    ] = False,
+    on_expired: Annotated[
+        str,
+        typer.Option(
+            "--on-expired", help="Rows a provider batch did not run: resubmit, live, fail."
+        ),
+    ] = "resubmit",
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status", help="Show the provider batches of the job writing OUT.", metavar="OUT"
+        ),
+    ] = None,
+    cancel: Annotated[
+        str | None,
+        typer.Option(
+            "--cancel", help="Cancel the provider batches of the job writing OUT.", metavar="OUT"
+        ),
+    ] = None,
 ) -> None:
     """Run every row of a file or dataset through the model, writing each result as it completes.
 
@@ -131,6 +158,16 @@ def batch(
     if max_errors is not None and max_errors < 1:
         raise ConfigError("--max-errors: must be at least 1")
     file_format = output_format if output_format in FILE_FORMATS else None
+    from lmpress.batch.provider.job import ON_EXPIRED
+
+    if on_expired not in ON_EXPIRED:
+        raise ConfigError(f"--on-expired {on_expired}: use {', '.join(ON_EXPIRED)}")
+    if provider_batch and not config.remote_params.batch_completion_window:
+        config.remote_params.batch_completion_window = "24h"
+    if status or cancel:
+        from lmpress.batch.provider.control import show_or_cancel
+
+        raise typer.Exit(show_or_cancel(config, status or cancel, cancel=bool(cancel)))
 
     options = BatchOptions(
         input_path="",
@@ -152,6 +189,7 @@ def batch(
         seed=seed,
         max_cost=max_cost,
         max_tokens=max_tokens,
+        on_expired=on_expired,
     )
     if dry_run:
         raise typer.Exit(dry_run_file(config, input, options))

@@ -60,6 +60,10 @@ class BatchReport(BatchEvents):
         table.add_row("wall time", f"{summary.wall_s:.2f} s")
         table.add_row("rows/s", f"{summary.rows_per_s:.2f}")
         table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
+        if summary.cost_usd is not None:
+            table.add_row("cost", _usd(summary.cost_usd))
+        if summary.cost_live_usd is not None and summary.cost_live_usd != summary.cost_usd:
+            table.add_row("cost had it run live", _usd(summary.cost_live_usd))
         table.add_row("output", summary.output_path)
         if summary.rows_failed:
             table.add_row("failed rows", summary.errors_path or "listed above (stderr)")

@@ -61,10 +61,18 @@ class RemoteParams:
     # one has none otherwise), e.g. GPU hours spread over the tokens they make.
     input_price_per_million: float | None = None
     output_price_per_million: float | None = None
-    # Oumi's batch-API window and adaptive concurrency: accepted so Oumi configs load. lmpress
-    # sends requests as they come (no provider batch API) and already adapts to 429s by
-    # backing off, so neither changes a run; see TRAINING_ONLY's notice for the first.
-    batch_completion_window: str | None = "24h"
+    # The provider's batch API (`lmpress batch` only): set (Oumi's field name, "24h") or
+    # --provider-batch, and the job's rows go through OpenAI's Batch API or Anthropic's
+    # Message Batches at the batch price instead of live requests (lmpress/batch/provider/).
+    batch_completion_window: str | None = None
+    # A batch's size limits; None: the provider's (engines/remote/presets.py).
+    batch_max_requests: int | None = None
+    batch_max_bytes: int | None = None
+    batch_poll_max_s: float = 60.0  # polling backs off from 1 s to this
+    # A batch not ended this long past its provider's expiry time is reported as stuck.
+    batch_stuck_margin_s: float = 3600.0
+    # Adaptive concurrency: accepted so Oumi configs load; lmpress already adapts to 429s by
+    # backing off.
     use_adaptive_concurrency: bool = True
 
 

@@ -59,6 +59,12 @@ class JobFiles:
         )
 
     @property
+    def batches(self) -> Path:
+        """A provider-batch job's state and chunks (`batch/provider/state.py`)."""
+        stem = self.summary.name.removesuffix(".summary.json")
+        return self.output.with_name(f"{stem}.batches")
+
+    @property
     def record(self) -> Path:
         """The file that says which rows are done: the journal, or the JSONL output itself."""
         return self.journal or self.output
@@ -72,6 +78,10 @@ class JobFiles:
     def remove_all(self) -> None:
         for path in (self.output, *self.side_files):
             path.unlink(missing_ok=True)
+        if self.batches.is_dir():
+            import shutil
+
+            shutil.rmtree(self.batches)
 
 
 def scan_input(
@@ -154,7 +164,9 @@ def read_earlier_run(
     """The rows earlier runs finished, the output checked against `settings` (refused when
     they changed) and its torn tail repaired; `say` is told what was done."""
     record = files.record
-    if overwrite or not (record.exists() and record.stat().st_size > 0):
+    # A provider-batch job may have batches out before it has written a row.
+    started = _nonempty(record) or _nonempty(files.batches / "state.jsonl")
+    if overwrite or not started:
         if not overwrite and files.journal and _nonempty(files.output):
             raise InputError(
                 f"{files.output}: exists but its journal ({files.journal.name}) is missing, so "

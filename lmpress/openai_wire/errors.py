@@ -33,6 +33,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.CONNECTION_ERROR: 500,
     ErrorKind.MALFORMED_RESPONSE: 500,
     ErrorKind.CLIENT_ERROR: 500,
+    ErrorKind.BATCH_EXPIRED: 500,
     ErrorKind.INVALID_OUTPUT: 500,
     ErrorKind.GENERATION_ERROR: 500,
     ErrorKind.ENGINE_CLOSED: 500,

@@ -67,6 +67,7 @@ class RemoteEngine(Engine):
     # one (Oumi's configs name the full endpoint) is cut back to its base.
     endpoint_paths: ClassVar[tuple[str, ...]] = ()
     takes_tools = True  # each provider module sends tools in its API's own form
+    provider: ClassVar[Any] = None  # its row in presets.PROVIDERS, bound by presets.engine_class
 
     def __init__(self, config: RunConfig):
         super().__init__(config)

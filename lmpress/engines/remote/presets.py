@@ -48,6 +48,11 @@ class Provider:
     requires: tuple[str, ...] = ("openai",)  # importable modules it needs
     # Its batch API's price as a share of the live price (0.5: half); None: it has none.
     batch_discount: float | None = None
+    # The batch API lmpress drives for it ("openai": Files + Batches, "anthropic": Message
+    # Batches; None: none), and one batch's limits as the provider documents them.
+    batch_api: str | None = None
+    batch_max_requests: int = 50_000
+    batch_max_bytes: int = 200 * 1024 * 1024
     # A Hugging Face tokenizer (a local path or a cached hub id) that counts its prompts
     # exactly; None where the provider publishes none (the dry run then estimates).
     tokenizer: str | None = None
@@ -57,12 +62,15 @@ PROVIDERS: tuple[Provider, ...] = (
     # OpenAI's Batch API, Anthropic's Message Batches and Google's batch modes: half price.
     Provider("OPENAI", "OpenAI chat completions API", "https://api.openai.com/v1",
              "OPENAI_API_KEY", dialect=Dialect(max_tokens_field="max_completion_tokens"),
-             user_field=True, batch_discount=0.5),
+             user_field=True, batch_discount=0.5, batch_api="openai"),
     Provider("ANTHROPIC", "Anthropic Messages API", "https://api.anthropic.com",
              "ANTHROPIC_API_KEY", frozenset({"max_new_tokens", "stop_strings", "guided_decoding"}),
              engine="lmpress.engines.remote.anthropic:AnthropicEngine", requires=("anthropic",),
-             batch_discount=0.5),
-    Provider("REMOTE", "any OpenAI-compatible server", key_required=False, model_required=False),
+             batch_discount=0.5, batch_api="anthropic", batch_max_requests=100_000,
+             batch_max_bytes=256 * 1024 * 1024),
+    # A server of one's own may implement OpenAI's Files and Batches endpoints.
+    Provider("REMOTE", "any OpenAI-compatible server", key_required=False, model_required=False,
+             batch_api="openai"),
     Provider("REMOTE_VLLM", "a remote vLLM server", params=OPENAI_PARAMS | VLLM_PARAMS,
              dialect=Dialect(extra_fields=VLLM_PARAMS, structured_outputs=True),
              key_required=False, model_required=False),
@@ -166,6 +174,7 @@ def engine_class(name: str) -> type[Any]:
         "model_required": provider.model_required,
         "user_field": provider.user_field,
         "dialect": provider.dialect,
+        "provider": provider,
         "__doc__": f"{provider.summary}: {base.__name__} with the {provider.name} row.",
         "__module__": base.__module__,
     }

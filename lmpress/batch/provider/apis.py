@@ -1,0 +1,303 @@
+"""The two batch APIs lmpress drives, through the official SDKs: OpenAI's Files + Batches (and any
+OpenAI-compatible server that has them) and Anthropic's Message Batches.
+
+Each one turns a request into a request line with the same body the live engine sends, submits a
+sealed chunk (finding the batch it already made, when a crash came between the provider's answer
+and lmpress recording it), reports a batch's progress, and yields its results as
+(custom_id, Outcome) pairs parsed by the live engine's own response parsers, so a batch row's
+output is the output a live run writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from lmpress.batch.provider.state import BatchState, Chunk
+from lmpress.engines.remote.base import RemoteEngine, Reply
+from lmpress.engines.remote.retry import classify
+from lmpress.errors import InputError
+from lmpress.types import Request
+
+# Anthropic's custom_id rule; OpenAI takes any string, but one rule keeps ids portable.
+SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+EXPIRED = "expired"  # a row the batch did not run: expired or cancelled
+
+
+@dataclass
+class Progress:
+    status: str  # the provider's own word: validating, in_progress, finalizing, ended, ...
+    ended: bool
+    done: int
+    failed: int
+    total: int
+    expires_at: float | None = None
+
+
+@dataclass
+class Outcome:
+    reply: Reply | None = None  # a generated row
+    status: int | None = None  # a failed row's HTTP status
+    message: str = ""  # a failed row's error, or why it did not run
+    expired: bool = False  # not run: expired or cancelled with its batch
+
+
+def custom_id(row_id: str) -> str:
+    """The row's id where it fits every provider's custom_id rule, else a stable hash of it."""
+    if SAFE_ID.match(row_id):
+        return row_id
+    import hashlib
+
+    return "h-" + hashlib.blake2b(row_id.encode(), digest_size=16).hexdigest()
+
+
+class BatchAPI:
+    def __init__(self, engine: RemoteEngine, window: str):
+        self.engine = engine
+        self.window = window
+        self.client = engine._client_for_loop()
+
+    async def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """One lifecycle call, retried as the live engine retries a request: 429, 5xx and
+        dropped connections back off and try again; anything else ends the job's run here."""
+        remote = self.engine.remote
+        for attempt in range(remote.max_retries + 1):
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                failure = classify(exc, self.engine.status_kind, remote.connection_timeout)
+                if not failure.retryable or attempt == remote.max_retries:
+                    detail = self.engine.redactor(failure.message)
+                    raise InputError(f"{self.engine.name} batch API, {what}: {detail}") from exc
+                wait = failure.retry_after or min(
+                    remote.retry_backoff_max, remote.retry_backoff_base * 2**attempt
+                )
+                await asyncio.sleep(wait * (0.5 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+    async def create_once(self, what: str, create: Any, find: Any) -> str:
+        """Create a batch, retrying as `call` does, but never blindly: a create whose answer
+        was lost (a 5xx, a dropped connection) may have made the batch, so before each retry
+        the provider's list is searched for it (`find`), and a batch found is taken."""
+        remote = self.engine.remote
+        for attempt in range(remote.max_retries + 1):
+            try:
+                return (await create()).id
+            except Exception as exc:
+                failure = classify(exc, self.engine.status_kind, remote.connection_timeout)
+                if not failure.retryable or attempt == remote.max_retries:
+                    detail = self.engine.redactor(failure.message)
+                    raise InputError(f"{self.engine.name} batch API, {what}: {detail}") from exc
+                made = await find()
+                if made:
+                    return made
+                wait = failure.retry_after or min(
+                    remote.retry_backoff_max, remote.retry_backoff_base * 2**attempt
+                )
+                await asyncio.sleep(wait * (0.5 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+    async def endpoint(self, request: Request) -> str:
+        raise NotImplementedError
+
+    async def line(self, cid: str, request: Request) -> str:
+        raise NotImplementedError
+
+    async def submit(self, state: BatchState, chunk: Chunk) -> str:
+        raise NotImplementedError
+
+    async def progress(self, batch_id: str) -> Progress:
+        raise NotImplementedError
+
+    def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:
+        raise NotImplementedError
+
+    async def cancel(self, batch_id: str) -> None:
+        raise NotImplementedError
+
+
+class OpenAIBatches(BatchAPI):
+    async def endpoint(self, request: Request) -> str:
+        return "/v1/completions" if request.prompt is not None else "/v1/chat/completions"
+
+    async def line(self, cid: str, request: Request) -> str:
+        engine: Any = self.engine
+        body = engine._with_user(engine._body(request, await engine._model(self.client)))
+        url = await self.endpoint(request)
+        return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body},
+                          ensure_ascii=False)  # fmt: skip
+
+    async def submit(self, state: BatchState, chunk: Chunk) -> str:
+        files, batches = self.client.files, self.client.batches
+        if chunk.file_id is not None:
+            found = await self._made_from(chunk.file_id, chunk.sealed_at)
+            if found:
+                return found
+        else:
+            path = state.requests_path(chunk.name)
+            file = await self.call(
+                f"uploading {path.name}", files.create, file=path, purpose="batch"
+            )
+            state.record(chunk, "uploaded", file_id=file.id)
+        state.record(chunk, "submitting", at=time.time())
+        file_id = chunk.file_id
+        assert file_id is not None
+
+        def create() -> Any:
+            return batches.create(
+                input_file_id=file_id, endpoint=chunk.endpoint, completion_window=self.window,
+                metadata={"lmpress_chunk": chunk.name},
+            )  # fmt: skip
+
+        return await self.create_once(
+            f"creating the batch for {chunk.name}", create,
+            lambda: self._made_from(file_id, chunk.sealed_at),
+        )  # fmt: skip
+
+    async def _made_from(self, file_id: str, since: float) -> str | None:
+        """The batch already created from an uploaded file, if any (the list is newest
+        first, so it is read back only to the chunk's sealing)."""
+        page = await self.call("listing batches", self.client.batches.list, limit=100)
+        async for batch in page:
+            if batch.input_file_id == file_id:
+                return batch.id
+            if batch.created_at < since - 60:
+                break
+        return None
+
+    async def progress(self, batch_id: str) -> Progress:
+        b = await self.call(f"checking {batch_id}", self.client.batches.retrieve, batch_id)
+        counts = b.request_counts
+        ended = b.status in ("completed", "failed", "expired", "cancelled")
+        if b.status == "failed" and b.errors and b.errors.data:
+            message = "; ".join(f"{e.code}: {e.message}" for e in b.errors.data[:3])
+            raise InputError(f"batch {batch_id} failed validation ({message})")
+        return Progress(
+            b.status, ended, counts.completed if counts else 0, counts.failed if counts else 0,
+            counts.total if counts else 0, b.expires_at,
+        )  # fmt: skip
+
+    async def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:
+        from lmpress.engines.remote.openai_compat import parse_chat_completion
+
+        b = await self.call(f"checking {batch_id}", self.client.batches.retrieve, batch_id)
+        for file_id in (b.output_file_id, b.error_file_id):
+            if not file_id:
+                continue
+            content = await self.call(f"downloading {file_id}", self.client.files.content, file_id)
+            for raw in content.text.splitlines():
+                if not raw.strip():
+                    continue
+                item = json.loads(raw)
+                yield item["custom_id"], self._outcome(item, parse_chat_completion)
+
+    def _outcome(self, item: dict[str, Any], parse: Any) -> Outcome:
+        error = item.get("error") or {}
+        if error.get("code") in ("batch_expired", "batch_cancelled"):
+            return Outcome(message=error.get("message", ""), expired=True)
+        response = item.get("response") or {}
+        status, body = response.get("status_code"), response.get("body")
+        if status == 200 and isinstance(body, dict):
+            return Outcome(reply=parse(body, self.engine.model_name))
+        detail = (body or {}).get("error", {}) if isinstance(body, dict) else {}
+        message = detail.get("message") or error.get("message") or f"status {status}"
+        return Outcome(status=status or 500, message=message)
+
+    async def cancel(self, batch_id: str) -> None:
+        await self.call(f"cancelling {batch_id}", self.client.batches.cancel, batch_id)
+
+
+class AnthropicBatches(BatchAPI):
+    async def endpoint(self, request: Request) -> str:
+        return "/v1/messages"
+
+    async def line(self, cid: str, request: Request) -> str:
+        engine: Any = self.engine
+        return json.dumps({"custom_id": cid, "params": engine._body(request)}, ensure_ascii=False)
+
+    async def submit(self, state: BatchState, chunk: Chunk) -> str:
+        batches = self.client.messages.batches
+        if chunk.submitting_at is not None:
+            found = await self._made_at(state, chunk)
+            if found:
+                return found
+        path = state.requests_path(chunk.name)
+        requests = [json.loads(raw) for raw in path.read_bytes().splitlines() if raw.strip()]
+        state.record(chunk, "submitting", at=time.time())
+        return await self.create_once(
+            f"creating the batch for {chunk.name}",
+            lambda: batches.create(requests=requests),
+            lambda: self._made_at(state, chunk),
+        )
+
+    async def _made_at(self, state: BatchState, chunk: Chunk) -> str | None:
+        """A batch of the chunk's size created since its submission began and claimed by no
+        other chunk: Message Batches carry no metadata to find it by."""
+        assert chunk.submitting_at is not None
+        claimed = {c.batch_id for c in state.chunks.values() if c.batch_id}
+        page = await self.call("listing batches", self.client.messages.batches.list, limit=100)
+        async for batch in page:
+            counts = batch.request_counts
+            total = (
+                counts.processing
+                + counts.succeeded
+                + counts.errored
+                + counts.canceled
+                + (counts.expired)
+            )
+            made = batch.created_at.timestamp()
+            if batch.id not in claimed and total == chunk.count and made >= chunk.submitting_at - 5:
+                return batch.id
+            if made < chunk.submitting_at - 60:
+                break
+        return None
+
+    async def progress(self, batch_id: str) -> Progress:
+        batches = self.client.messages.batches
+        b = await self.call(f"checking {batch_id}", batches.retrieve, batch_id)
+        c = b.request_counts
+        total = c.processing + c.succeeded + c.errored + c.canceled + c.expired
+        expires = b.expires_at.timestamp() if b.expires_at else None
+        return Progress(b.processing_status, b.processing_status == "ended", c.succeeded,
+                        c.errored + c.canceled + c.expired, total, expires)  # fmt: skip
+
+    async def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:
+        from lmpress.engines.remote.anthropic import parse_message
+
+        batches = self.client.messages.batches
+        stream = await self.call(f"downloading results of {batch_id}", batches.results, batch_id)
+        async for item in stream:
+            result = item.result
+            if result.type == "succeeded":
+                reply = parse_message(result.message.model_dump(), self.engine.model_name)
+                yield item.custom_id, Outcome(reply=reply)
+            elif result.type == "errored":
+                error = result.error.error
+                status = 400 if error.type == "invalid_request_error" else 500
+                yield item.custom_id, Outcome(status=status, message=error.message)
+            else:  # canceled or expired
+                yield item.custom_id, Outcome(message=result.type, expired=True)
+
+    async def cancel(self, batch_id: str) -> None:
+        batches = self.client.messages.batches
+        await self.call(f"cancelling {batch_id}", batches.cancel, batch_id)
+
+
+def batch_api(engine: Any, window: str) -> BatchAPI:
+    """The batch API of an engine's provider, or a clear refusal."""
+    provider = getattr(engine, "provider", None)
+    kind = provider.batch_api if provider is not None else None
+    if kind == "openai":
+        return OpenAIBatches(engine, window)
+    if kind == "anthropic":
+        return AnthropicBatches(engine, window)
+    raise InputError(
+        f"engine {engine.name} has no batch API lmpress can drive (OPENAI, ANTHROPIC and "
+        f"OpenAI-compatible servers with /v1/batches do); drop --provider-batch to run live"
+    )

@@ -1,0 +1,49 @@
+"""`lmpress batch --status OUT` and `--cancel OUT`: the provider batches of a job, shown or
+cancelled from their state beside OUT, without running the job."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from lmpress.batch.provider.apis import batch_api
+from lmpress.batch.provider.state import BatchState
+from lmpress.configs.schema import RunConfig
+from lmpress.data.resume import JobFiles
+from lmpress.data.targets import output_file_format
+from lmpress.engines.registry import create_engine
+from lmpress.errors import InputError
+
+
+def show_or_cancel(config: RunConfig, output: str, cancel: bool = False) -> int:
+    files = JobFiles.beside(output, output_file_format(output))
+    state = BatchState(files.batches)
+    if not state.log.exists():
+        raise InputError(f"{output}: no provider batches were submitted for this output")
+    state.load()
+    return asyncio.run(_run(config, state, cancel))
+
+
+async def _run(config: RunConfig, state: BatchState, cancel: bool) -> int:
+    engine = create_engine(config)
+    try:
+        api = batch_api(engine, config.remote_params.batch_completion_window or "24h")
+        for chunk in state.chunks.values():
+            if chunk.batch_id is None:
+                print(f"{chunk.name}: {chunk.count} rows, not submitted yet", file=sys.stderr)
+                continue
+            if chunk.collected:
+                print(f"{chunk.name}: batch {chunk.batch_id}, {chunk.count} rows, written",
+                      file=sys.stderr)  # fmt: skip
+                continue
+            if cancel:
+                await api.cancel(chunk.batch_id)
+            p = await api.progress(chunk.batch_id)
+            print(f"{chunk.name}: batch {chunk.batch_id}, {p.status}, {p.done} done, {p.failed} "
+                  f"failed of {p.total or chunk.count}", file=sys.stderr)  # fmt: skip
+        if cancel:
+            print("cancelled; re-run the job to write what the batches finished, and to send "
+                  "the rest as --on-expired says", file=sys.stderr)  # fmt: skip
+    finally:
+        await engine.aclose()
+    return 0

@@ -1,0 +1,248 @@
+"""A batch job run through the provider's batch API: the same rows, output, errors file and
+summary as a live run, at the batch price.
+
+The rows are read as a live run reads them and written into chunks no larger than the
+provider's limits (`batch_max_requests`, `batch_max_bytes`); each chunk is sealed, then
+submitted, its batch id logged the moment the provider gives it (`state`). Then the job polls
+every batch it has waiting, backing off politely, and writes each batch's rows as it ends,
+matched by custom_id, through the same path a live result takes. Rows a batch did not run
+(expired, cancelled, or missing from its results) are resubmitted in a new batch, run live, or
+failed (`--on-expired`); a row is resubmitted at most twice.
+
+Killed at any moment, the same command resumes: the rows of every chunk not yet collected are
+neither read again nor submitted again; a chunk sealed but not submitted is submitted; batches
+submitted are polled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from lmpress.batch.events import RowFailure
+from lmpress.batch.job import BatchJob
+from lmpress.batch.provider.apis import Outcome, Progress, batch_api, custom_id
+from lmpress.batch.provider.state import BatchState, Chunk, ChunkWriter
+from lmpress.batch.rows import RowReader
+from lmpress.data.idkeys import IdKeys
+from lmpress.data.jsonl import Line
+from lmpress.data.resume import id_key
+from lmpress.errors import ErrorKind, InputError
+from lmpress.types import ErrorInfo, Result, Sample, Usage
+
+ON_EXPIRED = ("resubmit", "live", "fail")
+MAX_ATTEMPTS = 3  # a row is submitted at most this many times before it fails
+
+
+class ProviderBatchJob(BatchJob):
+    async def _process(self, done: IdKeys, set_aside: IdKeys) -> None:
+        assert self.engine is not None
+        remote = self.config.remote_params
+        provider: Any = self.engine.provider
+        self.api = batch_api(self.engine, remote.batch_completion_window or "24h")
+        self.state = BatchState(self.files.batches).load()
+        self.limits = (
+            remote.batch_max_requests or provider.batch_max_requests,
+            remote.batch_max_bytes or provider.batch_max_bytes,
+        )
+        self.done = done
+        self.reader = RowReader(
+            self.source, self.selection, self.options.mapping, self.config.generation,
+            self.engine_class, self.options.output_format,
+        )  # fmt: skip
+        waiting = self._rows_waiting()
+        if waiting:
+            self._say(f"resuming {len(self.state.waiting())} batches ({len(waiting)} rows)")
+        await self._submit_sealed()
+        await self._read_input(done, set_aside, waiting)
+        await self._wait()
+
+    # --- rows into chunks ------------------------------------------------------------------
+
+    def _rows_waiting(self) -> IdKeys:
+        keys = IdKeys()
+        for chunk in self.state.waiting():
+            for row in self.state.rows(chunk):
+                keys.add(id_key(row["id"]))
+        keys.freeze()
+        return keys
+
+    async def _read_input(self, done: IdKeys, set_aside: IdKeys, waiting: IdKeys) -> None:
+        writers: dict[str, ChunkWriter] = {}
+        for rid, read in self.reader.rows():
+            if self.stopping:
+                break
+            key = id_key(rid)
+            if key in done or key in set_aside or key in waiting:
+                self.summary.rows_skipped += key not in waiting
+                continue
+            if isinstance(read, RowFailure):
+                self._fail(read, None, 0)
+                continue
+            row, request = read
+            await self._add(writers, rid, row.line, row.raw, request, attempt=1)
+        for writer in writers.values():
+            await self._seal_and_submit(writer)
+
+    async def _add(self, writers, rid, line, raw, request, attempt: int) -> None:
+        endpoint = await self.api.endpoint(request)
+        text = await self.api.line(custom_id(rid), request)
+        writer = writers.get(endpoint)
+        if writer is not None and not writer.fits(text):
+            await self._seal_and_submit(writer)
+            writer = None
+        if writer is None:
+            writer = writers[endpoint] = ChunkWriter(self.state, endpoint, *self.limits)
+            if not writer.fits(text):
+                raise InputError(
+                    f"{self.source.where(line)}: its request is {len(text.encode()):,} bytes, "
+                    f"more than a batch may hold ({self.limits[1]:,})"
+                )
+        writer.add(text, {"id": rid, "custom_id": custom_id(rid), "line": line, "raw": raw,
+                          "attempt": attempt})  # fmt: skip
+
+    async def _seal_and_submit(self, writer: ChunkWriter) -> None:
+        chunk = writer.seal()
+        if chunk is not None:
+            await self._submit(chunk)
+
+    async def _submit_sealed(self) -> None:
+        for chunk in self.state.waiting():
+            if chunk.batch_id is None:
+                await self._submit(chunk)
+
+    async def _submit(self, chunk: Chunk) -> None:
+        batch_id = await self.api.submit(self.state, chunk)
+        self.state.record(chunk, "submitted", batch_id=batch_id)
+        self._say(f"submitted {chunk.count} rows as batch {batch_id} ({chunk.name})")
+
+    # --- waiting and collecting ------------------------------------------------------------
+
+    async def _wait(self) -> None:
+        remote = self.config.remote_params
+        first = delay = min(1.0, remote.batch_poll_max_s)
+        shown: dict[str, tuple[Any, ...]] = {}
+        started = time.monotonic()
+        while not self._interrupts:
+            waiting = [c for c in self.state.waiting() if c.batch_id]
+            if not waiting:
+                return
+            for chunk in waiting:
+                assert chunk.batch_id is not None
+                progress = await self.api.progress(chunk.batch_id)
+                seen = (progress.status, progress.done, progress.failed)
+                if shown.get(chunk.name) != seen:
+                    shown[chunk.name] = seen
+                    self._say(_describe(chunk, progress, time.monotonic() - started))
+                if progress.ended:
+                    await self._collect(chunk)
+                    delay = first
+                else:
+                    self._check_stuck(chunk, progress)
+            if any(not c.collected for c in waiting):
+                await asyncio.sleep(delay)
+                delay = min(remote.batch_poll_max_s, delay * 1.5)
+
+    def _check_stuck(self, chunk: Chunk, progress: Progress) -> None:
+        margin = self.config.remote_params.batch_stuck_margin_s
+        if progress.expires_at and time.time() > progress.expires_at + margin:
+            late = time.time() - progress.expires_at
+            raise InputError(
+                f"batch {chunk.batch_id} ({chunk.name}) is still {progress.status} {late:.0f}s "
+                f"past its expiry; the provider has not ended it. Re-run the same command to "
+                f"poll it again, or cancel it with --cancel"
+            )
+
+    async def _collect(self, chunk: Chunk) -> None:
+        assert chunk.batch_id is not None
+        rows = {row["custom_id"]: row for row in self.state.rows(chunk)}
+        again: list[dict[str, Any]] = []
+        async for cid, outcome in self.api.results(chunk.batch_id):
+            row = rows.pop(cid, None)
+            if row is None:
+                continue  # not this chunk's (or said twice)
+            if outcome.expired:
+                again.append(row)
+            else:
+                self._write(row, outcome)
+        again += rows.values()  # rows the results do not mention did not run
+        self.state.record(chunk, "collected")
+        if again:
+            await self._run_again(again)
+
+    def _write(self, row: dict[str, Any], outcome: Outcome) -> None:
+        rid, read = self.reader.read(Line(row["line"], row["raw"]))
+        if id_key(rid) in self.done:
+            return  # written by an earlier run that stopped while collecting
+        if isinstance(read, RowFailure):
+            self._fail(read, None, 0)
+            return
+        parsed, request = read
+        engine: Any = self.engine
+        if outcome.reply is not None:
+            result = engine._result(request, outcome.reply, time.perf_counter())
+        else:
+            status = outcome.status or 500
+            message = f"{engine.name} batch: HTTP {status}: {outcome.message}"
+            error = ErrorInfo(engine.status_kind(status), message, status)
+            result = Result(request.id, [Sample("", "error")], Usage(), engine.model_name,
+                            engine.name, error=error)  # fmt: skip
+        result.latency_s = 0.0
+        self._finish(0, parsed, result, None)
+
+    async def _run_again(self, rows: list[dict[str, Any]]) -> None:
+        """Rows their batch did not run, as --on-expired says."""
+        policy = self.options.on_expired
+        retry = [r for r in rows if r.get("attempt", 1) < MAX_ATTEMPTS]
+        for row in rows:
+            if policy == "fail" or row not in retry:
+                tries = "" if policy == "fail" else f" {MAX_ATTEMPTS} times"
+                failure = RowFailure(
+                    row["line"], row["id"], ErrorKind.BATCH_EXPIRED,
+                    f"the provider's batch did not run this row{tries} (expired or cancelled)",
+                    None, False, row["raw"],
+                )  # fmt: skip
+                self._fail(failure, None, 0)
+        if policy == "fail" or not retry:
+            return
+        if policy == "live":
+            self._say(f"running {len(retry)} rows live that their batch did not run")
+            await asyncio.gather(*(self._live(row) for row in retry))
+            return
+        self._say(f"resubmitting {len(retry)} rows that their batch did not run")
+        writers: dict[str, ChunkWriter] = {}
+        for row in retry:
+            _, read = self.reader.read(Line(row["line"], row["raw"]))
+            if isinstance(read, RowFailure):
+                self._fail(read, None, 0)
+                continue
+            await self._add(writers, row["id"], row["line"], row["raw"], read[1],
+                            row.get("attempt", 1) + 1)  # fmt: skip
+        for writer in writers.values():
+            await self._seal_and_submit(writer)
+
+    async def _live(self, row: dict[str, Any]) -> None:
+        assert self.engine is not None
+        _, read = self.reader.read(Line(row["line"], row["raw"]))
+        if isinstance(read, RowFailure):
+            self._fail(read, None, 0)
+            return
+        parsed, request = read
+        self.budget.batch = False
+        result = await self.engine.complete(request)
+        self._finish(0, parsed, result, None)
+        self.budget.batch = True
+
+
+def _describe(chunk: Chunk, progress: Progress, elapsed: float) -> str:
+    counts = f"{progress.done} done, {progress.failed} failed of {progress.total or chunk.count}"
+    left = ""
+    if progress.expires_at and not progress.ended:
+        hours = max(0.0, progress.expires_at - time.time()) / 3600
+        left = f", expires in {hours:.1f}h"
+    minutes, seconds = divmod(int(elapsed), 60)
+    return (
+        f"batch {chunk.batch_id} ({chunk.name}): {progress.status}, {counts}, "
+        f"{minutes}m{seconds:02d}s waited{left}"
+    )

@@ -1,0 +1,200 @@
+"""Provider batch APIs from the command line (issue 18): `lmpress batch --provider-batch` through
+the real openai and anthropic SDKs against the loopback server's Files, Batches and Message
+Batches endpoints, compared with a live run against the same server, killed at random moments,
+split at the limits, and through each way a batch goes wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_lmpress
+from tests.servers.llm_server import BatchFaults, Faults, LLMServer
+
+KEYS = {"OPENAI_API_KEY": "sk-test-openai", "ANTHROPIC_API_KEY": "sk-ant-test"}
+FAST = ["--remote_params.batch_poll_max_s", "0.1", "--remote_params.max_retries", "3",
+        "--remote_params.retry_backoff_base", "0.05", "--generation.max_new_tokens", "16"]  # fmt: skip
+
+
+def server(step_s: float = 0.1, permanent: dict[str, int] | None = None, **faults) -> LLMServer:
+    return LLMServer(Faults(permanent=permanent or {}, batch=BatchFaults(step_s=step_s, **faults)))
+
+
+def write_rows(path: Path, count: int, marker: dict[int, str] | None = None) -> Path:
+    marker = marker or {}
+    rows = [{"id": f"row-{i}", "prompt": f"Question {i}: why? {marker.get(i, '')}".strip()}
+            for i in range(count)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def args_for(engine: str, srv: LLMServer, rows: Path, out: Path, *extra: str) -> list[str]:
+    url = srv.anthropic_url if engine == "ANTHROPIC" else srv.openai_url
+    model = "claude-haiku-4-5" if engine == "ANTHROPIC" else "gpt-4o-mini"
+    return ["batch", "--engine", engine, "--remote_params.api_url", url, "--model.model_name",
+            model, "-i", str(rows), "-o", str(out), *FAST, *extra]  # fmt: skip
+
+
+def lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def by_id(path: Path) -> dict[str, dict]:
+    return {row["id"]: row for row in map(json.loads, path.read_text().splitlines())}
+
+
+def comparable(row: dict) -> dict:
+    response = {k: row["response"][k] for k in ("text", "finish_reason", "usage", "model")}
+    return {"messages": row["messages"], "response": response}
+
+
+@pytest.mark.parametrize("engine", ["OPENAI", "ANTHROPIC"])
+def test_a_thousand_rows_by_batch_equal_a_live_run_and_split_at_the_limit(tmp_path, engine):
+    rows = write_rows(tmp_path / "in.jsonl", 1000)
+    with server() as srv:
+        live = run_lmpress(*args_for(engine, srv, rows, tmp_path / "live.jsonl"), env=KEYS)
+        assert live.returncode == 0, live.stderr[-2000:]
+        batch = run_lmpress(*args_for(engine, srv, rows, tmp_path / "batch.jsonl",
+                                      "--provider-batch", "--remote_params.batch_max_requests",
+                                      "300"), env=KEYS)  # fmt: skip
+        assert batch.returncode == 0, batch.stderr[-2000:]
+        stats = srv.stats
+    assert stats.batches_created == 4  # 1,000 rows at 300 a batch
+    assert set(stats.batch_submissions.values()) == {1} and len(stats.batch_submissions) == 1000
+    live_rows, batch_rows = by_id(tmp_path / "live.jsonl"), by_id(tmp_path / "batch.jsonl")
+    assert len(batch_rows) == 1000
+    assert {k: comparable(v) for k, v in batch_rows.items()} == {
+        k: comparable(v) for k, v in live_rows.items()
+    }
+    assert "submitted 300 rows as batch" in batch.stderr
+    assert "in_progress" in batch.stderr and " done, " in batch.stderr  # progress while waiting
+    summary = json.loads((tmp_path / "batch.summary.json").read_text())
+    assert summary["rows_ok"] == 1000
+    assert summary["cost_usd"] == pytest.approx(summary["cost_live_usd"] / 2, rel=1e-3)
+
+
+def test_sigkill_at_random_moments_writes_every_row_once_and_submits_none_twice(tmp_path):
+    rows = write_rows(tmp_path / "in.jsonl", 120, marker={7: "REJECT-400", 50: "REJECT-400"})
+    out = tmp_path / "out.jsonl"
+    rng = random.Random(20261123)
+    with server(step_s=0.3, permanent={"REJECT-400": 400}) as srv:
+        args = args_for("OPENAI", srv, rows, out, "--provider-batch",
+                        "--remote_params.batch_max_requests", "10", "--no-retry-failed")  # fmt: skip
+        env = {**os.environ, **KEYS, "PYTHONPATH": str(REPO)}
+        log = tmp_path / "out.batches" / "state.jsonl"
+        kills, seen = 0, set()
+        for attempt in range(8):
+            proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            # Kill on a random step of the lifecycle: after a few more steps of the state log
+            # (sealing, uploading, creating, collecting a batch) or a few more rows written.
+            watched = log if attempt % 2 == 0 else out
+            target = lines(watched) + rng.randint(1, 5)
+            deadline = time.time() + 30
+            while proc.poll() is None and lines(watched) < target and time.time() < deadline:
+                time.sleep(0.002)
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            seen.add((watched.name, lines(out) > 0))
+        assert kills >= 6, seen
+        assert ("state.jsonl", False) in seen and ("out.jsonl", True) in seen  # early and late
+        finish = run_lmpress(*args, env=KEYS)
+        assert finish.returncode == 1, finish.stderr[-2000:]  # the two rows the provider refused
+        submissions = srv.stats.batch_submissions
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = [row["id"] for row in written]
+    assert len(ids) == len(set(ids)) == 118
+    failed = [
+        json.loads(line)["id"] for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()
+    ]
+    assert sorted(failed) == ["row-50", "row-7"]
+    assert len(submissions) == 120 and max(submissions.values()) == 1
+
+
+def test_a_lost_create_answer_is_found_instead_of_submitted_again(tmp_path):
+    rows = write_rows(tmp_path / "in.jsonl", 30)
+    for engine in ("OPENAI", "ANTHROPIC"):
+        with server(lost_creates=[1], upload_failures=1) as srv:
+            out = tmp_path / f"{engine}.jsonl"
+            run = run_lmpress(*args_for(engine, srv, rows, out, "--provider-batch"), env=KEYS)
+            assert run.returncode == 0, run.stderr[-2000:]
+            assert srv.stats.batches_created == 1
+            assert set(srv.stats.batch_submissions.values()) == {1}
+        assert len(by_id(out)) == 30
+
+
+@pytest.mark.parametrize("policy", ["resubmit", "live", "fail"])
+def test_rows_an_expired_batch_did_not_run(tmp_path, policy):
+    rows = write_rows(tmp_path / "in.jsonl", 40)
+    out = tmp_path / "out.jsonl"
+    with server(expire=[1]) as srv:
+        run = run_lmpress(*args_for("OPENAI", srv, rows, out, "--provider-batch",
+                                    "--on-expired", policy), env=KEYS)  # fmt: skip
+        stats = srv.stats
+    done = by_id(out) if out.exists() else {}
+    if policy == "fail":
+        assert run.returncode == 1
+        errors = [
+            json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()
+        ]
+        assert errors and all(e["error"]["kind"] == "batch_expired" for e in errors)
+        assert len(done) + len(errors) == 40
+        return
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len(done) == 40
+    redone = [cid for cid, times in stats.batch_submissions.items() if times == 2]
+    if policy == "resubmit":
+        assert redone and stats.batches_created == 2
+        assert "resubmitting" in run.stderr
+    else:
+        assert not redone and stats.completed >= 1  # the live endpoint answered the rest
+        assert "running" in run.stderr and "live" in run.stderr
+
+
+def test_a_batch_stuck_in_finalizing_is_named_and_the_job_resumes_later(tmp_path):
+    rows = write_rows(tmp_path / "in.jsonl", 10)
+    out = tmp_path / "out.jsonl"
+    with server(stuck_finalizing=[1]) as srv:
+        args = args_for("OPENAI", srv, rows, out, "--provider-batch",
+                        "--remote_params.batch_stuck_margin_s", str(1 - 24 * 3600))  # fmt: skip
+        run = run_lmpress(*args, env=KEYS)
+        assert run.returncode == 2
+        line = [x for x in run.stderr.splitlines() if "past its expiry" in x]
+        assert line and "finalizing" in line[0] and "batch_" in line[0]
+        status = run_lmpress("batch", *args[1:], "--status", str(out), env=KEYS)
+        assert status.returncode == 0 and "finalizing" in status.stderr
+        cancel = run_lmpress("batch", *args[1:], "--cancel", str(out), env=KEYS)
+        assert cancel.returncode == 0 and "cancel" in cancel.stderr
+        assert srv.stats.batches_created == 1
+
+
+def test_provider_batch_writes_parquet_like_a_live_run(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = write_rows(tmp_path / "in.jsonl", 20)
+    with server() as srv:
+        run = run_lmpress(*args_for("ANTHROPIC", srv, rows, tmp_path / "out.parquet",
+                                    "--provider-batch"), env=KEYS)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+    table = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert sorted(r["id"] for r in table) == sorted(f"row-{i}" for i in range(20))
+    assert all(r["response"] and r["error_kind"] is None for r in table)
+
+
+def test_an_engine_without_a_batch_api_is_refused(tmp_path):
+    rows = write_rows(tmp_path / "in.jsonl", 2)
+    run = run_lmpress("batch", "--engine", "TOGETHER", "--model.model_name", "m", "-i", str(rows),
+                      "-o", str(tmp_path / "o.jsonl"), "--provider-batch",
+                      env={"TOGETHER_API_KEY": "k"})  # fmt: skip
+    assert run.returncode == 2
+    assert "has no batch API lmpress can drive" in run.stderr
