@@ -179,6 +179,21 @@ def test_a_batch_stuck_in_finalizing_is_named_and_the_job_resumes_later(tmp_path
         assert srv.stats.batches_created == 1
 
 
+def test_a_batch_that_fails_validation_fails_its_rows_and_the_next_run_retries_them(tmp_path):
+    rows = write_rows(tmp_path / "in.jsonl", 12)
+    out = tmp_path / "out.jsonl"
+    with server(invalid=[1]) as srv:
+        args = args_for("OPENAI", srv, rows, out, "--provider-batch",
+                        "--remote_params.batch_max_requests", "6")  # fmt: skip
+        run = run_lmpress(*args, env=KEYS)
+        assert run.returncode == 1
+        assert "failed validation: token_limit_exceeded" in run.stderr
+        assert len(by_id(out)) == 6  # the other batch
+        again = run_lmpress(*args, env=KEYS)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert len(by_id(out)) == 12
+
+
 def test_provider_batch_writes_parquet_like_a_live_run(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     rows = write_rows(tmp_path / "in.jsonl", 20)

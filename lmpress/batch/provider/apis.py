@@ -38,6 +38,7 @@ class Progress:
     failed: int
     total: int
     expires_at: float | None = None
+    refused: str | None = None  # why the provider refused the whole batch (validation)
 
 
 @dataclass
@@ -175,12 +176,13 @@ class OpenAIBatches(BatchAPI):
         b = await self.call(f"checking {batch_id}", self.client.batches.retrieve, batch_id)
         counts = b.request_counts
         ended = b.status in ("completed", "failed", "expired", "cancelled")
-        if b.status == "failed" and b.errors and b.errors.data:
-            message = "; ".join(f"{e.code}: {e.message}" for e in b.errors.data[:3])
-            raise InputError(f"batch {batch_id} failed validation ({message})")
+        refused = None
+        if b.status == "failed":
+            errors = b.errors.data if b.errors and b.errors.data else []
+            refused = "; ".join(f"{e.code}: {e.message}" for e in errors[:3]) or "no reason given"
         return Progress(
             b.status, ended, counts.completed if counts else 0, counts.failed if counts else 0,
-            counts.total if counts else 0, b.expires_at,
+            counts.total if counts else 0, b.expires_at, refused,
         )  # fmt: skip
 
     async def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:

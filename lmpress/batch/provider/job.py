@@ -135,7 +135,9 @@ class ProviderBatchJob(BatchJob):
                 if shown.get(chunk.name) != seen:
                     shown[chunk.name] = seen
                     self._say(_describe(chunk, progress, time.monotonic() - started))
-                if progress.ended:
+                if progress.refused:
+                    self._refused(chunk, progress.refused)
+                elif progress.ended:
                     await self._collect(chunk)
                     delay = first
                 else:
@@ -170,6 +172,16 @@ class ProviderBatchJob(BatchJob):
         self.state.record(chunk, "collected")
         if again:
             await self._run_again(again)
+
+    def _refused(self, chunk: Chunk, why: str) -> None:
+        """A batch the provider refused whole (it failed validation): its rows fail with the
+        provider's reason, to the errors file, and are retried by the next run."""
+        message = f"batch {chunk.batch_id} failed validation: {why}"
+        for row in self.state.rows(chunk):
+            failure = RowFailure(row["line"], row["id"], ErrorKind.BAD_REQUEST, message, None,
+                                 False, row["raw"])  # fmt: skip
+            self._fail(failure, None, 0)
+        self.state.record(chunk, "collected")
 
     def _write(self, row: dict[str, Any], outcome: Outcome) -> None:
         rid, read = self.reader.read(Line(row["line"], row["raw"]))
