@@ -54,10 +54,8 @@ def main() -> None:
         for count in (small, large):
             rows, out = tmp / f"in{count}.parquet", tmp / f"out{count}.{args.output}"
             write_parquet_rows(rows, count)
-            wall, rss_kib, _ = run_batch(
-                server, rows, out, WORKERS, extra=["--prompt-template", "{question}"]
-            )
-            figures[count] = (rss_kib / 1024, wall)
+            run = run_batch(server, rows, out, WORKERS, extra=["--prompt-template", "{question}"])
+            figures[count] = (run.rss_kib / 1024, run.wall_s)
     ratio = figures[large][0] / figures[small][0]
     print(f"memory: peak RSS of lmpress batch, Parquet in, {args.output} out, num_workers="
           f"{WORKERS}: {small:,} rows {figures[small][0]:.1f} MiB ({figures[small][1]:.0f}s), "

@@ -4,6 +4,7 @@ memory stays flat as the input grows.
     python benchmarks/remote_throughput.py            # both measurements
     python benchmarks/remote_throughput.py --quick    # 1,000 vs 10,000 rows for the memory part
     python benchmarks/remote_throughput.py --openai-batch --rounds 3   # OpenAI Batch vs plain
+    python benchmarks/remote_throughput.py --against ../base --rounds 3  # another checkout vs this
 
 1. Throughput: a test server that answers every request after 200 ms, 1,600 requests,
    num_workers=32. The ideal is num_workers / latency = 160 requests/s; the figure is the ratio
@@ -19,6 +20,10 @@ memory stays flat as the input grows.
    ratio of plain-row throughput (target >= 0.95) per round and their median, from lmpress's
    own wall time. --latency 0 takes the server's wait away, so lmpress's own per-row work is
    all that is timed.
+4. With --against CHECKOUT: the memory run (--rows rows, 100,000 by default, no latency) of
+   another lmpress checkout against this one, each side a fresh process with its own tree on
+   PYTHONPATH and the same interpreter, alternating over --rounds. It prints each run's wall
+   time, CPU time and peak RSS, then each side's medians and the ratios this / other.
 
 The server runs in this process on a thread; lmpress runs as the real CLI in a child process.
 """
@@ -29,12 +34,14 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -59,10 +66,22 @@ def write_rows(path: Path, count: int, openai_batch: bool = False) -> None:
             out.write(json.dumps(row) + "\n")
 
 
+class BatchRun(NamedTuple):
+    wall_s: float
+    rss_kib: int  # peak RSS
+    cpu_s: float  # user and system time: on a shared machine, steadier than wall time
+    stderr: str
+
+
 def run_batch(
-    server: LLMServer, rows: Path, out: Path, workers: int, extra: list[str] | None = None
-) -> tuple[float, int, str]:
-    """Run the real CLI; return its wall time, peak RSS in KiB and stderr."""
+    server: LLMServer,
+    rows: Path,
+    out: Path,
+    workers: int,
+    repo: Path = REPO,
+    extra: list[str] | None = None,
+) -> BatchRun:
+    """Run the real CLI of the checkout at `repo` and time it."""
     cmd = [
         sys.executable, "-m", "lmpress", "batch", "--engine", "REMOTE",
         "--remote_params.api_url", server.openai_url,
@@ -70,10 +89,10 @@ def run_batch(
         "--model.model_name", "bench", "--generation.max_new_tokens", "16",
         "-i", str(rows), "-o", str(out), *(extra or []),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(repo)}
     with tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=REPO)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=repo)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - started
@@ -81,7 +100,7 @@ def run_batch(
         stderr = err.read()
     if proc.returncode != 0:
         raise SystemExit(f"lmpress batch failed ({proc.returncode}):\n{stderr[-3000:]}")
-    return wall, usage.ru_maxrss, stderr
+    return BatchRun(wall, usage.ru_maxrss, usage.ru_utime + usage.ru_stime, stderr)
 
 
 def summary_wall(stderr: str) -> float | None:
@@ -93,7 +112,8 @@ def throughput(tmp: Path) -> dict[str, float]:
     rows, out = tmp / "tp.jsonl", tmp / "tp.out.jsonl"
     write_rows(rows, REQUESTS)
     with LLMServer(Faults(latency_s=LATENCY_S)) as server:
-        wall, _, stderr = run_batch(server, rows, out, WORKERS)
+        run = run_batch(server, rows, out, WORKERS)
+        wall, stderr = run.wall_s, run.stderr
         s = server.stats
         assert s.completed == REQUESTS, s.statuses
         window = s.last_done - s.first_arrival
@@ -124,7 +144,7 @@ def openai_batch_ratio(tmp: Path, rounds: int, latency: float) -> list[tuple[flo
             order = ("plain", "openai") if r % 2 == 0 else ("openai", "plain")
             for kind in order:
                 out = tmp / f"{kind}.out.jsonl"
-                _, _, stderr = run_batch(server, inputs[kind], out, WORKERS)
+                stderr = run_batch(server, inputs[kind], out, WORKERS).stderr
                 wall = summary_wall(stderr)
                 assert wall, stderr[-2000:]
                 rates[kind] = REQUESTS / wall
@@ -139,13 +159,56 @@ def memory(tmp: Path, small: int, large: int) -> dict[str, float]:
         for count in (small, large):
             rows, out = tmp / f"mem{count}.jsonl", tmp / f"mem{count}.out.jsonl"
             write_rows(rows, count)
-            wall, rss_kib, _ = run_batch(server, rows, out, WORKERS)
-            figures[f"rss_mib_{count}"] = rss_kib / 1024
-            figures[f"wall_s_{count}"] = wall
+            run = run_batch(server, rows, out, WORKERS)
+            figures[f"rss_mib_{count}"] = run.rss_kib / 1024
+            figures[f"wall_s_{count}"] = run.wall_s
             rows.unlink()
             out.unlink()
     figures["rss_ratio"] = figures[f"rss_mib_{large}"] / figures[f"rss_mib_{small}"]
     return figures
+
+
+def against(tmp: Path, other: Path, count: int, rounds: int) -> dict[str, list[BatchRun]]:
+    """Each run of each side, "other" and "this"."""
+    rows = tmp / "against.jsonl"
+    write_rows(rows, count)
+    sides = {"other": other, "this": REPO}
+    runs: dict[str, list[BatchRun]] = {name: [] for name in sides}
+    with LLMServer(Faults()) as server:
+        for r in range(rounds):
+            for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+                out = tmp / f"{name}-{r}" / "out.jsonl"
+                out.parent.mkdir()
+                run = run_batch(server, rows, out, WORKERS, repo=sides[name])
+                with out.open("rb") as written:
+                    assert sum(1 for _ in written) == count, f"{name}: rows missing"
+                runs[name].append(run)
+                print(
+                    f"  round {r + 1} {name:5} wall {run.wall_s:6.1f} s  CPU {run.cpu_s:6.1f} s  "
+                    f"peak RSS {run.rss_kib / 1024:6.1f} MiB",
+                    flush=True,
+                )
+                shutil.rmtree(out.parent)
+    return runs
+
+
+def report_against(runs: dict[str, list[BatchRun]]) -> None:
+    figures = {"wall": "wall_s", "CPU": "cpu_s", "peak RSS": "rss_kib"}
+    for label, field in figures.items():
+        medians = {
+            name: statistics.median(getattr(r, field) for r in rs) for name, rs in runs.items()
+        }
+        unit = ("MiB", 1024) if field == "rss_kib" else ("s", 1)
+        per_round = [
+            getattr(t, field) / getattr(o, field)
+            for t, o in zip(runs["this"], runs["other"], strict=True)
+        ]
+        print(
+            f"  {label:8} median other {medians['other'] / unit[1]:.1f} {unit[0]}, this "
+            f"{medians['this'] / unit[1]:.1f} {unit[0]}: this / other "
+            f"{medians['this'] / medians['other']:.3f} (per round "
+            f"{', '.join(f'{x:.3f}' for x in per_round)})"
+        )
 
 
 def main() -> None:
@@ -156,7 +219,11 @@ def main() -> None:
     parser.add_argument(
         "--openai-batch", action="store_true", help="only: OpenAI Batch input against plain rows"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="with --openai-batch")
+    parser.add_argument(
+        "--against", type=Path, help="only: another lmpress checkout's memory run against this"
+    )
+    parser.add_argument("--rows", type=int, default=100_000, help="with --against")
+    parser.add_argument("--rounds", type=int, default=3, help="with --openai-batch or --against")
     parser.add_argument("--latency", type=float, default=LATENCY_S, help="with --openai-batch")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
@@ -171,6 +238,10 @@ def main() -> None:
                     f"  round {i}: plain {p:.1f} rows/s, OpenAI Batch {o:.1f} rows/s -> {o / p:.3f}"
                 )
             print(f"  median ratio {statistics.median(ratios):.3f} (target >= 0.95)")
+            return
+        if args.against:
+            print(f"{args.against} (other) against {REPO} (this): {args.rows:,} rows, no latency")
+            report_against(against(tmp, args.against.resolve(), args.rows, args.rounds))
             return
         if not args.skip_throughput:
             t = throughput(tmp)
