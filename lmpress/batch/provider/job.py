@@ -149,11 +149,11 @@ class ProviderBatchJob(BatchJob):
     def _check_stuck(self, chunk: Chunk, progress: Progress) -> None:
         margin = self.config.remote_params.batch_stuck_margin_s
         if progress.expires_at and time.time() > progress.expires_at + margin:
-            late = time.time() - progress.expires_at
             raise InputError(
-                f"batch {chunk.batch_id} ({chunk.name}) is still {progress.status} {late:.0f}s "
-                f"past its expiry; the provider has not ended it. Re-run the same command to "
-                f"poll it again, or cancel it with --cancel"
+                f"batch {chunk.batch_id} ({chunk.name}) is still {progress.status} past its "
+                f"completion window and remote_params.batch_stuck_margin_s ({margin:g}s); the "
+                f"provider has not ended it. Re-run the same command to poll it again, or "
+                f"cancel it with --cancel"
             )
 
     async def _collect(self, chunk: Chunk) -> None:
