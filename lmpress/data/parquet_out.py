@@ -45,26 +45,23 @@ def journal_line(
     return {"id": rid, "line": line, "columns": columns or {}, "response": response, "error": error}
 
 
+# lmpress's columns, after the input's, and their Arrow types ("text": string, "texts": a list
+# of strings).
+RESULT_TYPES = {
+    "response": "text", "finish_reason": "text", "tool_calls": "text", "structured": "text",
+    "samples": "texts", "logprobs": "text", "prompt_tokens": "int64",
+    "completion_tokens": "int64", "cost_usd": "float64", "model": "text", "engine": "text",
+    "latency_s": "float64", "error_kind": "text", "error_message": "text",
+}  # fmt: skip
+RESULT_COLUMNS = tuple(RESULT_TYPES)
+
+
 def _result_fields() -> list[Any]:
     import pyarrow as pa
 
-    text = pa.string()
-    return [
-        pa.field("response", text), pa.field("finish_reason", text),
-        pa.field("tool_calls", text), pa.field("structured", text),
-        pa.field("samples", pa.list_(text)), pa.field("logprobs", text),
-        pa.field("prompt_tokens", pa.int64()), pa.field("completion_tokens", pa.int64()),
-        pa.field("cost_usd", pa.float64()), pa.field("model", text), pa.field("engine", text),
-        pa.field("latency_s", pa.float64()), pa.field("error_kind", text),
-        pa.field("error_message", text),
-    ]  # fmt: skip
-
-
-RESULT_COLUMNS = (
-    "response", "finish_reason", "tool_calls", "structured", "samples", "logprobs",
-    "prompt_tokens", "completion_tokens", "cost_usd", "model", "engine", "latency_s",
-    "error_kind", "error_message",
-)  # fmt: skip
+    types = {"text": pa.string(), "texts": pa.list_(pa.string()), "int64": pa.int64(),
+             "float64": pa.float64()}  # fmt: skip
+    return [pa.field(name, types[kind]) for name, kind in RESULT_TYPES.items()]
 
 
 def write_parquet(

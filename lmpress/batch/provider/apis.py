@@ -67,39 +67,28 @@ class BatchAPI:
     async def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """One lifecycle call, retried as the live engine retries a request: 429, 5xx and
         dropped connections back off and try again; anything else ends the job's run here."""
-        remote = self.engine.remote
-        for attempt in range(remote.max_retries + 1):
-            try:
-                return await fn(*args, **kwargs)
-            except Exception as exc:
-                failure = classify(exc, self.engine.status_kind, remote.connection_timeout)
-                if not failure.retryable or attempt == remote.max_retries:
-                    detail = self.engine.redactor(failure.message)
-                    raise InputError(f"{self.engine.name} batch API, {what}: {detail}") from exc
-                wait = failure.retry_after or min(
-                    remote.retry_backoff_max, remote.retry_backoff_base * 2**attempt
-                )
-                await asyncio.sleep(wait * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")
+        return await self._retrying(what, lambda: fn(*args, **kwargs))
 
     async def create_once(self, what: str, create: Any, find: Any) -> str:
         """Create a batch, retrying as `call` does, but never blindly: a create whose answer
         was lost (a 5xx, a dropped connection) may have made the batch, so before each retry
         the provider's list is searched for it (`find`), and a batch found is taken."""
+        return await self._retrying(what, lambda: _batch_id(create()), find)
+
+    async def _retrying(self, what: str, attempt: Any, find: Any = None) -> Any:
         remote = self.engine.remote
-        for attempt in range(remote.max_retries + 1):
+        for tries in range(remote.max_retries + 1):
             try:
-                return (await create()).id
+                return await attempt()
             except Exception as exc:
                 failure = classify(exc, self.engine.status_kind, remote.connection_timeout)
-                if not failure.retryable or attempt == remote.max_retries:
+                if not failure.retryable or tries == remote.max_retries:
                     detail = self.engine.redactor(failure.message)
                     raise InputError(f"{self.engine.name} batch API, {what}: {detail}") from exc
-                made = await find()
-                if made:
+                if find is not None and (made := await find()):
                     return made
                 wait = failure.retry_after or min(
-                    remote.retry_backoff_max, remote.retry_backoff_base * 2**attempt
+                    remote.retry_backoff_max, remote.retry_backoff_base * 2**tries
                 )
                 await asyncio.sleep(wait * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
@@ -289,6 +278,10 @@ class AnthropicBatches(BatchAPI):
     async def cancel(self, batch_id: str) -> None:
         batches = self.client.messages.batches
         await self.call(f"cancelling {batch_id}", batches.cancel, batch_id)
+
+
+async def _batch_id(created: Any) -> str:
+    return (await created).id
 
 
 def batch_api(engine: Any, window: str) -> BatchAPI:

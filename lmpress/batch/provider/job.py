@@ -28,8 +28,9 @@ from lmpress.batch.rows import RowReader
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import Line
 from lmpress.data.resume import id_key
+from lmpress.engines.base import error_result
 from lmpress.errors import ErrorKind, InputError
-from lmpress.types import ErrorInfo, Result, Sample, Usage
+from lmpress.types import ErrorInfo
 
 ON_EXPIRED = ("resubmit", "live", "fail")
 MAX_ATTEMPTS = 3  # a row is submitted at most this many times before it fails
@@ -198,8 +199,7 @@ class ProviderBatchJob(BatchJob):
             status = outcome.status or 500
             message = f"{engine.name} batch: HTTP {status}: {outcome.message}"
             error = ErrorInfo(engine.status_kind(status), message, status)
-            result = Result(request.id, [Sample("", "error")], Usage(), engine.model_name,
-                            engine.name, error=error)  # fmt: skip
+            result = error_result(request, engine, error, time.perf_counter())
         result.latency_s = 0.0
         self._finish(0, parsed, result, None)
 

@@ -93,8 +93,7 @@ class BatchState:
             handle.write(json.dumps(line) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        self._apply({**line, "endpoint": chunk.endpoint, "count": chunk.count, "at": time.time(),
-                     **fields})  # fmt: skip
+        self._apply(line)
 
     def new_name(self) -> str:
         taken = {int(name.split("-")[1]) for name in self.chunks}
