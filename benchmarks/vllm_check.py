@@ -18,8 +18,10 @@ vLLM's, and how many replies are identical (greedy decoding on the same prompts 
 same text; a difference points at the chat template or sampling translation). Exit code 0 when
 both sides ran, 1 when lmpress failed rows, 2 when this machine cannot run vLLM.
 
-data_parallel_size in --engine-args is honoured by lmpress only (vLLM's LLM class does not run
-data parallel), so compare with it unset.
+data_parallel_size in --engine-args reaches lmpress's AsyncLLM, which runs that many copies of
+the model itself (vLLM's own data parallelism). vLLM's offline LLM class runs one copy only, so
+the raw side drops it: with it set, the ratio compares N copies with one. Compare throughput
+with it unset; set it to check that data parallel runs and gives the same greedy replies.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def why_not_here(model_dir: str) -> str | None:
 def run_raw(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -> dict:
     from vllm import LLM, SamplingParams
 
+    # vLLM's LLM class does not run data parallel in one process.
     engine_args = {k: v for k, v in engine_args.items() if k != "data_parallel_size"}
     llm = LLM(model=model_dir, **engine_args)
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)

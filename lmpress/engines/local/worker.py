@@ -6,7 +6,7 @@ A local engine subclasses `WorkerEngine`, turns a request into its `Submission` 
 model) and runs its own scheduling loop in `_run` on the worker thread, taking submissions
 from `_pending` under `_wakeup` and answering them with `Submission.deliver`. Its
 `CallerQueue` is the one way a local engine hands something back across threads (the VLLM
-engine's own loop and its replicas' pipe readers use it too).
+engine's own loop uses it too).
 
 No caller may wait on a request the worker can no longer answer: the base keeps every
 submission whose caller is still listening, and when an exception escapes `_run` it fails each

@@ -135,7 +135,7 @@ def test_recipe_is_listed_and_loads():
     assert settings.args["tensor_parallel_size"] == 2
     assert settings.args["gpu_memory_utilization"] == 0.9
     assert settings.args["max_model_len"] == 8192
-    assert settings.gpus_per_replica == 2 and settings.data_parallel_size == 1
+    assert settings.gpus == 2 and settings.data_parallel_size == 1
 
 
 def test_recipe_uses_only_real_engine_arguments(standin):

@@ -257,16 +257,14 @@ def test_model_section_and_model_kwargs_become_engine_arguments(model_dir):
         "trust_remote_code": True, "revision": "abc123", "disable_log_stats": True,
         **kwargs,  # max_model_len from model_kwargs wins over model.model_max_length
     }  # fmt: skip
-    assert (settings.data_parallel_size, settings.gpus_per_replica) == (1, 2)
+    assert (settings.data_parallel_size, settings.gpus) == (1, 2)
 
 
-def test_data_parallel_size_is_lmpress_business(model_dir):
-    config = config_with(
-        model_dir, model_kwargs={"data_parallel_size": 4, "tensor_parallel_size": 2}
-    )
-    settings = engine_settings(config)
-    assert "data_parallel_size" not in settings.args
-    assert (settings.data_parallel_size, settings.gpus_per_replica) == (4, 2)
+def test_data_parallel_size_is_an_engine_argument_like_the_others(model_dir):
+    kwargs = {"data_parallel_size": 4, "tensor_parallel_size": 2}
+    settings = engine_settings(config_with(model_dir, model_kwargs=kwargs))
+    assert (settings.args["data_parallel_size"], settings.args["tensor_parallel_size"]) == (4, 2)
+    assert (settings.data_parallel_size, settings.gpus) == (4, 8)
 
 
 def test_misspelt_engine_argument_is_refused_with_the_closest_name(standin, model_dir):
@@ -290,7 +288,7 @@ def test_any_real_engine_argument_passes_through(standin, model_dir):
     [
         ("gpu_memory_utilization", 1.5, "in (0, 1]"),
         ("tensor_parallel_size", "two", "whole number of GPUs"),
-        ("data_parallel_size", 0, "whole number of replicas"),
+        ("data_parallel_size", 0, "whole number of model copies"),
         ("enforce_eager", "yes", "true or false"),
         ("max_model_len", -1, "number of tokens"),
     ],
@@ -593,6 +591,45 @@ def test_startup_failure_says_what_vllm_said(standin, model_dir, monkeypatch):
         f"vLLM could not start model '{model_dir}': World size (2) is larger than the number of "
         f"available GPUs (1) in this node."
     )
+
+
+# --- data parallelism: vLLM's own ----------------------------------------------------------------
+
+
+def test_data_parallel_runs_as_one_asyncllm_that_answers(standin, model_dir, monkeypatch):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import ENGINES
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    started = len(ENGINES)
+    kwargs = {"data_parallel_size": 2, "tensor_parallel_size": 2}
+    engine = make_engine(model_dir, **{"model.model_kwargs": kwargs})
+    try:
+        result = asyncio.run(engine.complete(chat("hello there")))
+    finally:
+        close(engine)
+    # One AsyncLLM with the data-parallel size in its arguments: vLLM starts the copies itself.
+    assert len(ENGINES) == started + 1
+    args = vllm_side().engine_args
+    assert isinstance(args, AsyncEngineArgs)
+    assert (args.data_parallel_size, args.tensor_parallel_size) == (2, 2)
+    assert result.text == "<|im_start|>user hello there<|im_end|> <|im_start|>assistant"
+    assert engine.max_in_flight == 2 * 256 * 2  # twice max_num_seqs for each copy
+
+
+def test_more_gpus_than_visible_is_refused_before_vllm_starts(standin, model_dir, monkeypatch):
+    from vllm.v1.engine.async_llm import ENGINES
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    started = len(ENGINES)
+    kwargs = {"data_parallel_size": 2, "tensor_parallel_size": 2}
+    with pytest.raises(ConfigError) as err:
+        make_engine(model_dir, **{"model.model_kwargs": kwargs})
+    assert str(err.value) == (
+        "model.model_kwargs.data_parallel_size: 2 copies of the model need 4 GPUs (data x "
+        "tensor x pipeline parallel size), but 3 are visible (CUDA_VISIBLE_DEVICES: 0,1,2)"
+    )
+    assert len(ENGINES) == started
 
 
 def test_closing_the_engine_shuts_vllm_down(standin, model_dir):

@@ -61,7 +61,7 @@ def model_dir(tmp_path) -> str:
 
 
 def standin_env(**extra: str) -> dict[str, str]:
-    """Environment for a subprocess (and the replicas it starts) that imports the stand-in."""
+    """Environment for a subprocess that imports the stand-in."""
     env = {name: "" for name in STANDIN_VARS if name != "CUDA_VISIBLE_DEVICES"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDIN)])
     env.update(extra)

@@ -1,21 +1,21 @@
-"""VLLM: vLLM's asynchronous engine (AsyncLLM), on one group of GPUs or as data-parallel replicas.
-
-`VllmEngine` picks its backend once: `AsyncLLMRunner` (here) for one group of GPUs, or
-`ReplicaPool` (replicas.py) for `model.model_kwargs.data_parallel_size > 1`; both take a
-request and yield its deltas and final Result through the same `run()`.
+"""VLLM: vLLM's asynchronous engine (AsyncLLM).
 
 `AsyncLLMRunner` streams requests into vLLM as they are submitted; vLLM's scheduler batches
 whatever is in flight. AsyncLLM lives on an event loop of its own, on a worker thread, so one
 engine serves any caller's loop (batch, chat, serve, and `generate()`, which starts a new loop
 per call). Closing a request's stream aborts the request in vLLM.
 
+Data parallelism is vLLM's own: `model.model_kwargs.data_parallel_size: N` goes to
+AsyncEngineArgs like the tensor and pipeline sizes, and AsyncLLM starts N engine cores and
+balances requests across them, as `vllm serve --data-parallel-size N` does.
+
 Chat rows are rendered with vLLM's tokenizer and the model's chat template (or
 `model.chat_template`), then tokenized by vLLM without adding special tokens again, as vLLM's
 own `LLM.chat` does for text conversations. Image parts are refused for now.
 
 The rest of the package: api.py (the vLLM classes lmpress calls, and every version
-difference), translate.py (recipe -> engine arguments, GenerationParams -> SamplingParams,
-RequestOutput -> Delta/Result), replicas.py and replica.py (the two sides of data parallelism).
+difference) and translate.py (recipe -> engine arguments, GenerationParams -> SamplingParams,
+RequestOutput -> Delta/Result).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from lmpress.engines.local.vllm.api import (
     visible_gpus,
     vllm_version,
 )
-from lmpress.engines.local.vllm.replicas import ReplicaPool, replica_gpus
 from lmpress.engines.local.vllm.translate import (
+    EngineSettings,
     OutputAssembler,
     engine_settings,
     sampling_params,
@@ -86,27 +86,36 @@ class VllmEngine(Engine):
         sampling_params(self.api, config.generation, stream=False)  # refuse bad settings now
         template = config.model.chat_template
         self.chat_template = resolve_chat_template(template) if template else None
-        replicas = self.settings.data_parallel_size
-        self.max_in_flight = 2 * self.settings.max_num_seqs * replicas
-        self._backend: Any
-        if replicas > 1:
-            groups = replica_gpus(replicas, self.settings.gpus_per_replica, visible_gpus())
-            self._backend = ReplicaPool(self, groups)
-        else:
-            self._backend = AsyncLLMRunner(self)
+        self.max_in_flight = 2 * self.settings.max_num_seqs * self.settings.data_parallel_size
+        # One copy: vLLM checks tensor x pipeline against the GPUs itself, and says so plainly.
+        if self.settings.data_parallel_size > 1:
+            check_gpus(self.settings, visible_gpus())
+        self._runner = AsyncLLMRunner(self)
 
     def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
-        return self._backend.run(request, deltas=True)
+        return self._runner.run(request, deltas=True)
 
     async def complete(self, request: Request) -> Result:
         result = None
-        async for item in self._backend.run(request, deltas=False):
+        async for item in self._runner.run(request, deltas=False):
             result = item
         assert isinstance(result, Result)
         return result
 
     async def aclose(self) -> None:
-        await self._backend.aclose()
+        await self._runner.aclose()
+
+
+def check_gpus(settings: EngineSettings, visible: list[str]) -> None:
+    """Refuse a data-parallel run that needs more GPUs than this process sees, before vLLM
+    starts: vLLM finds out only while starting its engine processes, one per copy."""
+    if len(visible) < settings.gpus:
+        shown = ",".join(visible) or "none"
+        raise ConfigError(
+            f"model.model_kwargs.data_parallel_size: {settings.data_parallel_size} copies of the "
+            f"model need {settings.gpus} GPUs (data x tensor x pipeline parallel size), but "
+            f"{len(visible)} are visible (CUDA_VISIBLE_DEVICES: {shown})"
+        )
 
 
 class _End:

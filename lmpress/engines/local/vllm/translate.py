@@ -46,7 +46,7 @@ def _flag(value: Any) -> bool:
 DOCUMENTED_ARGS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tensor_parallel_size": (_whole, "must be a whole number of GPUs, at least 1"),
     "pipeline_parallel_size": (_whole, "must be a whole number of GPUs, at least 1"),
-    "data_parallel_size": (_whole, "must be a whole number of replicas, at least 1"),
+    "data_parallel_size": (_whole, "must be a whole number of model copies, at least 1"),
     "gpu_memory_utilization": (
         lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
         "must be the fraction of each GPU's memory vLLM may take, in (0, 1], e.g. 0.9",
@@ -69,7 +69,7 @@ DOCUMENTED_ARGS: dict[str, tuple[Callable[[Any], bool], str]] = {
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 # vLLM's default max_num_seqs on most GPUs; the engine keeps twice that many requests in flight
-# per replica so the scheduler always has the next ones waiting.
+# per data-parallel rank so each rank's scheduler always has the next ones waiting.
 DEFAULT_MAX_NUM_SEQS = 256
 
 
@@ -77,14 +77,22 @@ DEFAULT_MAX_NUM_SEQS = 256
 class EngineSettings:
     """What the recipe asks of vLLM, checked."""
 
-    args: dict[str, Any]  # AsyncEngineArgs keyword arguments for one replica
-    data_parallel_size: int = 1
-    gpus_per_replica: int = 1
+    args: dict[str, Any]  # AsyncEngineArgs keyword arguments
     adapter: str | None = None  # model.adapter_model, as vLLM should load it
 
     @property
     def max_num_seqs(self) -> int:
         return self.args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.args.get("data_parallel_size", 1)
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs vLLM will take: data x tensor x pipeline parallel."""
+        tensor = self.args.get("tensor_parallel_size", 1)
+        return self.data_parallel_size * tensor * self.args.get("pipeline_parallel_size", 1)
 
 
 def engine_settings(config: RunConfig, known_args: set[str] | None = None) -> EngineSettings:
@@ -135,10 +143,8 @@ def engine_settings(config: RunConfig, known_args: set[str] | None = None) -> En
         args["enable_lora"] = True
         if "max_lora_rank" not in kwargs:
             args["max_lora_rank"] = lora_rank(adapter)
-    data_parallel = kwargs.pop("data_parallel_size", 1)
     args.update(kwargs)
-    per_replica = args.get("tensor_parallel_size", 1) * args.get("pipeline_parallel_size", 1)
-    return EngineSettings(args, data_parallel, per_replica, adapter)
+    return EngineSettings(args, adapter)
 
 
 def lora_rank(adapter: str) -> int:
