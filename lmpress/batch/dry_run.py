@@ -26,8 +26,8 @@ def dry_run(config: RunConfig, options: BatchOptions) -> DryRunSummary:
     selection.scanned()
     engine_class = load_engine_class(config.engine)
     reader = RowReader(
-        source, selection, options.mapping, config.generation, engine_class,
-        options.output_format,
+        options.mapping, config.generation, engine_class, options.output_format,
+        source, selection,
     )  # fmt: skip
     tally = DryRun(config)
     for rid, read in reader.rows():

@@ -53,6 +53,7 @@ class BatchOptions:
     max_errors: int | None = None  # stop the job once this many rows failed
     ordered: bool = False  # write rows in input order
     shard: tuple[int, int] | None = None  # (I, N): every N-th row starting at I
+    ray: bool = False  # generate on Ray replicas (`batch.cluster`), as the config's ray: says
     output_format: str = "auto"  # rows: "auto" (follow the input), "lmpress" or "openai"
     recipe: str | None = None  # recorded in the fingerprint
     grace_s: float = 5.0  # how long rows in flight may finish after Ctrl-C
@@ -119,10 +120,7 @@ class BatchJob:
         self.summary.rows_total = total
         left = total > len(keys) or any(k not in done and k not in set_aside for k in keys)
         if self.engine is None and left:
-            # Load the model before anything is written; a finished job loads none.
-            model = self.config.model.model_name
-            self._say(f"loading {model} on {self.config.engine}…" if model else "starting…")
-            self.engine = await asyncio.to_thread(create_engine, self.config)
+            await self._start_engine()  # before anything is written; a finished job loads none
         if earlier.fresh:
             self.files.remove_all()
             write_fingerprint(self.files, self._fingerprint(), self.options.recipe)
@@ -141,6 +139,11 @@ class BatchJob:
             self.events.finished(self.summary)
             self._write_summary()
         return self.summary
+
+    async def _start_engine(self) -> None:
+        model = self.config.model.model_name
+        self._say(f"loading {model} on {self.config.engine}…" if model else "starting…")
+        self.engine = await asyncio.to_thread(create_engine, self.config)
 
     def _errors_path(self):
         return None if self.target.stream else self.files.errors
@@ -177,8 +180,8 @@ class BatchJob:
     async def _process(self, done: IdKeys, set_aside: IdKeys) -> None:
         options = self.options
         reader = RowReader(
-            self.source, self.selection, options.mapping, self.config.generation,
-            self.engine_class, options.output_format,
+            options.mapping, self.config.generation, self.engine_class, options.output_format,
+            self.source, self.selection,
         )  # fmt: skip
         window = 1  # until the engine exists and says how many it wants
         reorder = Reorder(self._out) if options.ordered else None

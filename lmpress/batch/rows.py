@@ -4,7 +4,7 @@ batch runner and the dry run share, so that a dry run counts exactly the rows a 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lmpress.batch.events import RowFailure
 from lmpress.configs.overrides import generation_with_overrides
@@ -21,19 +21,14 @@ Read = tuple[ParsedRow, Request] | RowFailure
 
 
 @dataclass
-class RowReader:
-    source: Source
-    selection: RowSelection
+class RowParser:
+    """One line of the input into its row and request, or into why it cannot run. A Ray
+    replica parses its rows with this (`batch.cluster`), the rows it is sent being lines."""
+
     mapping: RowMapping
     base: GenerationParams  # the config's generation settings, which a row may override
     engine_class: type[Engine]
     row_format: str = "auto"  # auto | lmpress | openai: how failed rows are recorded
-
-    def rows(self) -> Iterator[tuple[str, Read]]:
-        """Each picked row's id, and its parsed row and request or why it cannot run."""
-        for ordinal, line in enumerate(self.source.lines()):
-            if self.selection.picks(ordinal):
-                yield self.read(line)
 
     def read(self, line: Line) -> tuple[str, Read]:
         if line.error:
@@ -41,9 +36,7 @@ class RowReader:
             return rid, RowFailure(line.number, rid, "invalid_json", line.error)
         value = line.value
         columns = value if isinstance(value, dict) else None
-        rid = (
-            row_id(value, line.number, self.mapping.id_column) if columns else line_id(line.number)
-        )
+        rid = line_row_id(line, self.mapping.id_column)
         try:
             row = parse_row(value, line.number, mapping=self.mapping)
         except RowError as exc:
@@ -63,6 +56,26 @@ class RowReader:
             kind = "unsupported_param" if isinstance(exc, UnsupportedParamError) else "invalid_row"
             return rid, RowFailure(line.number, rid, kind, str(exc), None, openai, columns)
         return rid, (row, request)
+
+
+@dataclass
+class RowReader(RowParser):
+    source: Source | None = None
+    selection: RowSelection = field(default_factory=RowSelection)
+
+    def rows(self) -> Iterator[tuple[str, Read]]:
+        """Each picked row's id, and its parsed row and request or why it cannot run."""
+        assert self.source is not None
+        for ordinal, line in enumerate(self.source.lines()):
+            if self.selection.picks(ordinal):
+                yield self.read(line)
+
+
+def line_row_id(line: Line, id_column: str | None = None) -> str:
+    """The id of the row a line holds, whether or not it can run."""
+    if line.error or not isinstance(line.value, dict):
+        return line_id(line.number)
+    return row_id(line.value, line.number, id_column)
 
 
 def line_id(line_no: int) -> str:

@@ -18,11 +18,17 @@ async def run_batch(
 ) -> BatchSummary:
     """Run every picked row of the input not yet done through the config's engine.
 
+    With `options.ray`, replicas on a Ray cluster generate the rows (`batch.cluster`).
     Without `engine`, the engine is created when the first row needs it (so a finished job
     re-run loads no model) and closed at the end.
     """
-    provider_batch = bool(config.remote_params.batch_completion_window)
-    job_class = ProviderBatchJob if provider_batch else BatchJob
+    job_class: type[BatchJob] = BatchJob
+    if config.remote_params.batch_completion_window:
+        job_class = ProviderBatchJob
+    elif options.ray:
+        from lmpress.batch.cluster.job import RayBatchJob  # imports Ray: only when asked for
+
+        job_class = RayBatchJob
     job = job_class(config, options, engine, events)
     try:
         return await job.run()

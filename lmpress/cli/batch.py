@@ -117,6 +117,15 @@ def batch(
             metavar=FLAG,
         ),
     ] = False,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Generate on Ray replicas, as the recipe's ray: section says; "
+            "--ray.address joins a cluster, else a local Ray starts.",
+            metavar=FLAG,
+        ),
+    ] = False,
     on_expired: Annotated[
         str,
         typer.Option(
@@ -164,6 +173,11 @@ def batch(
         raise ConfigError(f"--on-expired {on_expired}: use {', '.join(ON_EXPIRED)}")
     if provider_batch and not config.remote_params.batch_completion_window:
         config.remote_params.batch_completion_window = "24h"
+    if ray and config.remote_params.batch_completion_window:
+        raise ConfigError(
+            "--ray: a provider batch runs at the provider, not on Ray; drop --ray or "
+            "--provider-batch (remote_params.batch_completion_window)"
+        )
     if status or cancel:
         from lmpress.batch.provider.control import show_or_cancel
 
@@ -178,6 +192,7 @@ def batch(
         max_errors=max_errors,
         ordered=ordered,
         shard=parse_shard(shard) if shard else None,
+        ray=ray,
         output_format="auto" if file_format else output_format,
         recipe=recipe,
         input_format=input_format,

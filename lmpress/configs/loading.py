@@ -172,7 +172,7 @@ def validate(config: RunConfig) -> None:
             f"engine: unknown engine '{config.engine}'{_suggest(config.engine, names)} "
             f"Run 'lmpress engines' to see them all."
         )
-    for section in ("model", "generation", "remote_params", "serve"):
+    for section in ("model", "generation", "remote_params", "serve", "ray"):
         _check_ranges(getattr(config, section), section)
     if config.generation.top_logprobs and not config.generation.logprobs:
         raise ConfigError("generation.top_logprobs: needs generation.logprobs: true")

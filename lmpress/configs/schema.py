@@ -90,6 +90,18 @@ class ServeParams:
 
 
 @dataclass
+class RayParams:
+    """`lmpress batch --ray`: the cluster, and how the job is spread over it."""
+
+    address: str | None = None  # a running cluster (else RAY_ADDRESS); none: start a local Ray
+    replicas: int = 1  # engine replicas, one Ray actor each
+    cpus_per_replica: float = 1.0
+    gpus_per_replica: float = 0.0  # VLLM: tensor x pipeline parallel size; NATIVE on CUDA: 1
+    batch_size: int = 32  # rows sent to a replica in one call
+    calls_per_replica: int = 4  # calls in flight at a replica: the engine sees up to 4 x 32 rows
+
+
+@dataclass
 class RunConfig:
     name: str | None = None  # a label, as Oumi configs carry one
     engine: str = "NATIVE"
@@ -97,6 +109,7 @@ class RunConfig:
     generation: GenerationParams = field(default_factory=GenerationParams)
     remote_params: RemoteParams = field(default_factory=RemoteParams)
     serve: ServeParams = field(default_factory=ServeParams)
+    ray: RayParams = field(default_factory=RayParams)
     input_path: str | None = None
     output_path: str | None = None
     progress_path: str | None = None  # accepted for Oumi configs; lmpress resumes from output
@@ -179,6 +192,11 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "serve.port": (lambda v: 0 <= v <= 65535, "must be in [0, 65535] (0 picks a free port)"),
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),
+    "ray.replicas": (lambda v: v >= 1, "must be at least 1"),
+    "ray.cpus_per_replica": (lambda v: v >= 0, "must be 0 or more"),
+    "ray.gpus_per_replica": (lambda v: v >= 0, "must be 0 or more"),
+    "ray.batch_size": (lambda v: v >= 1, "must be at least 1"),
+    "ray.calls_per_replica": (lambda v: v >= 1, "must be at least 1"),
 }
 
 

@@ -49,8 +49,8 @@ class ProviderBatchJob(BatchJob):
         )
         self.done = done
         self.reader = RowReader(
-            self.source, self.selection, self.options.mapping, self.config.generation,
-            self.engine_class, self.options.output_format,
+            self.options.mapping, self.config.generation, self.engine_class,
+            self.options.output_format, self.source, self.selection,
         )  # fmt: skip
         waiting = self._rows_waiting()
         if waiting:

@@ -1,0 +1,180 @@
+"""The driver of a `--ray` job: a BatchJob whose rows go to Ray replicas instead of an engine
+in this process. Everything around the rows (resume, the output, the errors file, the summary,
+stopping) is BatchJob's own."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import math
+import os
+import pickle
+import threading
+from collections.abc import AsyncIterator
+
+from lmpress.batch.cluster.connect import Cluster, import_ray
+from lmpress.batch.cluster.replica import Outcome
+from lmpress.batch.job import BatchJob
+from lmpress.batch.outputs import Reorder
+from lmpress.batch.rows import RowParser
+from lmpress.configs.schema import RunConfig
+from lmpress.data.idkeys import IdKeys
+from lmpress.engines.remote.base import RemoteEngine
+from lmpress.errors import LmpressError
+
+
+class RayBatchJob(BatchJob):
+    cluster: Cluster | None = None
+
+    async def run(self):
+        try:
+            return await super().run()
+        finally:
+            if self.cluster is not None:
+                await asyncio.to_thread(self.cluster.close)
+
+    async def _start_engine(self) -> None:
+        params = self.config.ray
+        address = params.address
+        self._say(f"joining Ray at {address}…" if address else "starting Ray…")
+        self.cluster = Cluster.connect(params)  # on the main thread, where Ray wants to be
+        self._say(self.cluster.describe())
+        if lacking := self.cluster.check_fits(params):
+            self._say(f"{lacking}: replicas start as the cluster makes room")
+        model = self.config.model.model_name or self.config.engine
+        self._say(f"loading {model} on {params.replicas} {self.config.engine} replicas…")
+
+    async def _process(self, done: IdKeys, set_aside: IdKeys) -> None:
+        if self.cluster is None:  # every row was done before: nothing to send
+            await super()._process(done, set_aside)
+            return
+        reorder = Reorder(self._out) if self.options.ordered else None
+        written = bytearray()  # a bit per row sent: Ray may deliver a retried call's rows twice
+        async for outcome in self._outcomes(done, set_aside):
+            self.summary.rows_skipped += outcome.skipped
+            seq = outcome.seq
+            if seq < 0:
+                continue
+            byte, bit = divmod(seq, 8)
+            if byte >= len(written):
+                written.extend(bytes(byte + 1 - len(written) + 4096))
+            if written[byte] >> bit & 1:
+                continue
+            written[byte] |= 1 << bit
+            if outcome.failure is not None:
+                self._fail(outcome.failure, reorder, seq)
+            else:
+                assert outcome.row is not None and outcome.result is not None
+                self._finish(seq, outcome.row, outcome.result, reorder)
+            if self.stopping:
+                # Rows the replicas hold are abandoned: none was written, so the next run
+                # does them.
+                break
+
+    async def _outcomes(self, done: IdKeys, set_aside: IdKeys) -> AsyncIterator[Outcome]:
+        """Each row's outcome as the replicas finish it, pulled from Ray on a thread of its
+        own so that Ctrl-C is heard while a call is running."""
+        dataset = self._dataset(done, set_aside)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue(maxsize=4)
+
+        def pull() -> None:
+            try:
+                for block in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+                    item = ("outcomes", block.column("outcome").to_pylist())
+                    asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+                item = ("end", None)
+            except BaseException as exc:  # handed to the job, which says it in one line
+                item = ("error", exc)
+            try:
+                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+            except (RuntimeError, asyncio.CancelledError):  # the job is over
+                pass
+
+        threading.Thread(target=pull, name="lmpress-ray-results", daemon=True).start()
+        while not self.stopping:
+            try:
+                kind, item = await asyncio.wait_for(queue.get(), timeout=0.25)
+            except TimeoutError:
+                continue
+            if kind == "end":
+                return
+            if kind == "error":
+                raise _job_error(item)
+            for pickled in item:
+                yield pickle.loads(pickled)
+                if self.stopping:
+                    return
+
+    def _dataset(self, done: IdKeys, set_aside: IdKeys):
+        ray = import_ray()
+        from ray.data import ActorPoolStrategy
+
+        from lmpress.batch.cluster.replica import Replica
+        from lmpress.batch.cluster.source import InputRows
+
+        params, options = self.config.ray, self.options
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = options.ordered
+        rows = InputRows(
+            options.input_path, options.input_format, options.split, self.selection,
+            (done, set_aside), options.mapping.id_column, params.batch_size,
+        )  # fmt: skip
+        parser = RowParser(
+            options.mapping, self.config.generation, self.engine_class, options.output_format
+        )
+        calls = params.calls_per_replica
+        return ray.data.read_datasource(
+            rows,
+            num_cpus=0,  # a file reader: it must not wait for CPUs the replicas hold
+        ).map_batches(
+            Replica,
+            batch_size=params.batch_size,
+            batch_format="pyarrow",
+            fn_constructor_kwargs={"config": self._replica_config(), "parser": parser},
+            compute=ActorPoolStrategy(
+                size=params.replicas,
+                max_tasks_in_flight_per_actor=calls,
+                max_concurrent_calls_per_actor=calls,
+            ),
+            num_cpus=params.cpus_per_replica,
+            num_gpus=params.gpus_per_replica,
+            runtime_env={"env_vars": self._key_variables()},
+        )
+
+    def _key_variables(self) -> dict[str, str]:
+        """The API key's variable, for replicas on machines whose environment lacks it."""
+        names = (self.config.remote_params.api_key_env_varname,
+                 getattr(self.engine_class, "default_key_env", None))  # fmt: skip
+        return {name: os.environ[name] for name in names if name and name in os.environ}
+
+    def _replica_config(self) -> RunConfig:
+        """The config each replica's engine gets: a remote engine's concurrency and rate
+        limits split evenly, so that all replicas together keep to the limits one run has."""
+        config = copy.deepcopy(self.config)
+        replicas = config.ray.replicas
+        if replicas == 1 or not issubclass(self.engine_class, RemoteEngine):
+            return config
+        remote = config.remote_params
+        split = {"num_workers": max(1, math.ceil(remote.num_workers / replicas))}
+        for name in ("requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute"):
+            if (limit := getattr(remote, name)) is not None:
+                split[name] = max(1, limit // replicas)
+        config.remote_params = dataclasses.replace(remote, **split)
+        return config
+
+
+def _job_error(exc: BaseException) -> LmpressError:
+    """The error that ends the job, in one line: lmpress's own where a replica raised one
+    (a model that cannot load), else Ray's first line."""
+    seen = exc
+    for _ in range(8):
+        if isinstance(seen, LmpressError):
+            return seen
+        cause = getattr(seen, "cause", None) or seen.__cause__
+        if cause is None:
+            break
+        seen = cause
+    text = str(exc).strip().splitlines()
+    return LmpressError(f"Ray: {text[0] if text else type(exc).__name__}")

@@ -1,0 +1,73 @@
+"""One engine replica: a Ray Data actor that parses the lines it is sent and generates them.
+
+The engine runs on an event loop of its own, on a thread of the actor, created with the engine
+and kept for its life; each call's rows go to it at once, so the engine batches them with the
+rows of the replica's other calls in flight. A row's outcome goes back pickled: its parsed
+row and result, or why it could not run. An exception from the engine fails that row alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from lmpress.batch.events import RowFailure
+from lmpress.batch.rows import RowParser
+from lmpress.configs.schema import RunConfig
+from lmpress.data.formats import ParsedRow
+from lmpress.data.jsonl import Line
+from lmpress.engines.base import error_result
+from lmpress.engines.local.worker import failure_info
+from lmpress.engines.registry import create_engine
+from lmpress.structured import check_structure
+from lmpress.types import Result
+
+
+@dataclass
+class Outcome:
+    """What became of one row sent to a replica (or, with no row, a count of skipped rows)."""
+
+    seq: int  # -1: no row
+    skipped: int  # rows done by earlier runs, skipped just before this one
+    row: ParsedRow | None = None
+    result: Result | None = None
+    failure: RowFailure | None = None  # the row could not run
+
+
+class Replica:
+    def __init__(self, config: RunConfig, parser: RowParser):
+        self.parser = parser
+        self.engine = create_engine(config)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="lmpress-replica", daemon=True).start()
+
+    async def __call__(self, batch: pa.Table) -> dict[str, list[bytes]]:
+        seqs = batch.column("seq").to_pylist()
+        skips = batch.column("skipped").to_pylist()
+        lines = batch.column("line").to_pylist()
+        calls = [
+            asyncio.run_coroutine_threadsafe(self._outcome(seq, skipped, line), self.loop)
+            for seq, skipped, line in zip(seqs, skips, lines, strict=True)
+        ]
+        outcomes = await asyncio.gather(*(asyncio.wrap_future(call) for call in calls))
+        return {"outcome": [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in outcomes]}
+
+    async def _outcome(self, seq: int, skipped: int, pickled: bytes | None) -> Outcome:
+        if pickled is None:
+            return Outcome(seq, skipped)
+        line: Line = pickle.loads(pickled)
+        _, read = self.parser.read(line)
+        if isinstance(read, RowFailure):
+            return Outcome(seq, skipped, failure=read)
+        row, request = read
+        started = time.perf_counter()
+        try:
+            result = check_structure(request, await self.engine.complete(request))
+        except Exception as exc:  # one row's failure must not fail the call's other rows
+            result = error_result(request, self.engine, failure_info(exc), started)
+        return Outcome(seq, skipped, row, result)

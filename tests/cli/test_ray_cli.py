@@ -1,0 +1,257 @@
+"""`lmpress batch --ray` through the real CLI, on a real local Ray cluster: the same rows as a
+local run on NATIVE and REMOTE, and every row exactly once when a replica or the driver is
+killed mid-job.
+
+Most tests join one cluster the module starts (`ray start --head`), as a user joins theirs;
+the NATIVE test lets `lmpress batch --ray` start a local Ray of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_cli import mixed_rows
+from tests.conftest import REPO, run_lmpress
+from tests.servers.llm_server import Faults, LLMServer, reply_text
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+
+pytestmark = pytest.mark.timeout(420)
+
+TINY = ["--model.model_name", "tiny:llama", "--generation.max_new_tokens", "3"]
+FAST = ["--remote_params.retry_backoff_base", "0.05", "--remote_params.retry_backoff_max", "1"]
+BAD_LINES = ["not json at all", '{"txt": "no messages"}']
+FAILING = "PLEASE-FAIL"  # the test server refuses any conversation holding it, every time
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A Ray head on this machine, as `ray start --head` starts one; its address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray_cli = Path(sys.executable).with_name("ray")
+    temp = tmp_path_factory.mktemp("ray")
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    try:
+        _wait_for_port(port, head)
+        yield address
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)  # the head and every process it started
+        head.wait(timeout=30)
+
+
+def _wait_for_port(port: int, head: subprocess.Popen, limit_s: float = 60) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        assert head.poll() is None, "ray start --head exited"
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                time.sleep(2)  # the GCS listens before the head's raylet has registered
+                return
+        time.sleep(0.2)
+    raise AssertionError("the Ray head did not start")
+
+
+def write_input(path: Path, rows: list[dict], bad_lines: list[str] = ()) -> Path:
+    lines = [json.dumps(r) for r in rows]
+    for i, bad in enumerate(bad_lines):  # spread through the file
+        lines.insert((i + 1) * len(lines) // (len(bad_lines) + 1), bad)
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def ident(row: dict) -> str:
+    return row.get("id") or row.get("conversation_id") or row.get("custom_id")
+
+
+def written(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def replies(path: Path) -> dict[str, str]:
+    """Each written row's id and reply; the ids are asserted unique first."""
+    rows = written(path)
+    ids = [ident(r) for r in rows]
+    assert len(ids) == len(set(ids)), "a row was written twice"
+    return {ident(r): r["response"]["text"] for r in rows}
+
+
+def failed_lines(out: Path) -> list[int]:
+    errors = out.with_name(out.name.replace(".jsonl", ".errors.jsonl"))
+    return sorted(json.loads(line)["line"] for line in errors.read_text().splitlines())
+
+
+def summary(out: Path) -> dict:
+    return json.loads(out.with_name(out.name.replace(".jsonl", ".summary.json")).read_text())
+
+
+def remote_args(server: LLMServer, *more: str) -> list[str]:
+    return ["--engine", "REMOTE", "--remote_params.api_url", server.openai_url,
+            "--model.model_name", "test-model", *FAST, *more]  # fmt: skip
+
+
+def test_native_on_ray_writes_the_rows_a_local_run_writes(tmp_path):
+    src = write_input(tmp_path / "in.jsonl", mixed_rows(500), BAD_LINES)
+    local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    run = run_lmpress("batch", "-i", str(src), "-o", str(local), *TINY)
+    assert run.returncode == 1, run.stderr[-2000:]  # the two bad lines
+    # No --ray.address: lmpress starts a local Ray of its own, and stops it.
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(on_ray), *TINY, "--ray", "--ray.replicas", "2",
+        "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "16",
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "started Ray" in run.stderr
+    assert "Traceback" not in run.stderr
+    expected = replies(local)
+    assert len(expected) == 500
+    assert replies(on_ray) == expected  # greedy: the same text for every row
+    assert failed_lines(on_ray) == failed_lines(local) and len(failed_lines(local)) == 2
+    done = summary(on_ray)
+    assert (done["rows_ok"], done["rows_failed"]) == (500, 2)
+    assert done["completion_tokens"] == summary(local)["completion_tokens"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_remote_on_ray_writes_the_rows_a_local_run_writes(tmp_path, cluster, suffix):
+    rows = mixed_rows(500)
+    rows[123] = {"id": "refused", "prompt": f"{FAILING} this one"}
+    src = write_input(tmp_path / "in.jsonl", rows)
+    local, on_ray = tmp_path / f"local{suffix}", tmp_path / f"ray{suffix}"
+    with LLMServer(Faults(latency_s=0.01, permanent={FAILING: 400})) as server:
+        args = remote_args(server, "--remote_params.num_workers", "8")
+        run = run_lmpress("batch", "-i", str(src), "-o", str(local), *args)
+        assert run.returncode == 1, run.stderr[-2000:]
+        server.reset()
+        run = run_lmpress(
+            "batch", "-i", str(src), "-o", str(on_ray), *args,
+            "--ray", "--ray.address", cluster, "--ray.replicas", "2",
+            "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "16",
+        )  # fmt: skip
+        stats = server.stats
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert f"joined the Ray cluster at {cluster}" in run.stderr
+    assert f"{src}:124: " in run.stderr  # the refused row is reported, and the job went on
+    # The two replicas share the run's concurrency: 4 requests each, 8 in all.
+    assert stats.max_in_flight <= 8
+    if suffix == ".parquet":
+        local_rows, ray_rows = parquet_rows(local), parquet_rows(on_ray)
+        assert len(ray_rows) == 500 and ray_rows == local_rows
+        assert ray_rows["refused"]["error_kind"] is not None
+        return
+    expected = replies(local)
+    assert len(expected) == 499 and "refused" not in expected
+    assert replies(on_ray) == expected
+    assert failed_lines(on_ray) == failed_lines(local) == [124]
+
+
+def parquet_rows(path: Path) -> dict[str, dict]:
+    """A Parquet output's rows by id, without what differs from run to run (the latency)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path).to_pylist()
+    return {ident(r): {k: v for k, v in r.items() if k != "latency_s"} for r in rows}
+
+
+def prompt_rows(count: int) -> list[dict]:
+    return [{"id": f"row-{i}", "prompt": f"Question {i}"} for i in range(count)]
+
+
+def assert_each_row_once_with_its_reply(out: Path, count: int) -> None:
+    got = replies(out)  # asserts no id twice
+    assert sorted(got) == sorted(f"row-{i}" for i in range(count))
+    for i in range(count):
+        assert got[f"row-{i}"] == reply_text(f"Question {i}")
+
+
+def _replica_pids() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"MapBatches(Replica)" in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _start_and_wait_for(args: list[str], out: Path, rows: int, limit_s: float = 120):
+    """Start `lmpress batch` and return it once `rows` rows are in the output."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmpress", "batch", *args],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + limit_s
+    while len(written(out)) < rows:
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        assert time.monotonic() < deadline, "the job made no progress"
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_replica_killed_mid_job_loses_no_row_and_writes_none_twice(tmp_path, cluster):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in.parquet"  # Parquet in: read by the same datasource, by row group
+    pq.write_table(pa.Table.from_pylist(prompt_rows(500)), src, row_group_size=64)
+    out = tmp_path / "out.jsonl"
+    with LLMServer(Faults(latency_s=0.05)) as server:
+        args = ["-i", str(src), "-o", str(out), *remote_args(server),
+                "--remote_params.num_workers", "8", "--ray", "--ray.address", cluster,
+                "--ray.replicas", "2", "--ray.cpus_per_replica", "0.5",
+                "--ray.batch_size", "8"]  # fmt: skip
+        proc = _start_and_wait_for(args, out, 100)
+        victims = _replica_pids()
+        assert victims, "no replica process found"
+        os.kill(victims[0], signal.SIGKILL)
+        done_when_killed = len(written(out))
+        _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert done_when_killed < 500  # killed mid-job
+    assert_each_row_once_with_its_reply(out, 500)
+    assert summary(out)["rows_ok"] == 500
+
+
+def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
+    src = write_input(tmp_path / "in.jsonl", prompt_rows(500))
+    out = tmp_path / "out.jsonl"
+    with LLMServer(Faults(latency_s=0.05)) as server:
+        args = ["-i", str(src), "-o", str(out), *remote_args(server),
+                "--remote_params.num_workers", "8", "--ray", "--ray.address", cluster,
+                "--ray.replicas", "2", "--ray.cpus_per_replica", "0.5",
+                "--ray.batch_size", "8"]  # fmt: skip
+        proc = _start_and_wait_for(args, out, 150)
+        proc.kill()
+        proc.wait(timeout=30)
+        before = len(written(out))
+        assert before < 500  # killed mid-job
+        rerun = run_lmpress("batch", *args)
+        # A changed config is refused rather than mixed into the output.
+        changed = run_lmpress("batch", *args, "--generation.temperature", "0.5")
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert_each_row_once_with_its_reply(out, 500)
+    done = summary(out)
+    assert done["rows_skipped"] >= before - 1  # a torn last line is cut and redone
+    assert done["rows_ok"] + done["rows_skipped"] == 500
+    assert changed.returncode == 2
+    assert "generation.temperature" in changed.stderr and "Traceback" not in changed.stderr
