@@ -20,7 +20,7 @@ def test_help_imports_no_backend():
         "from lmpress.cli.app import app, main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'llama_cpp', 'vllm', 'openai', "
-        "'anthropic', 'fastapi') if m in sys.modules)\n"
+        "'anthropic', 'fastapi', 'ray') if m in sys.modules)\n"
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run(

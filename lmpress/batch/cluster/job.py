@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import pickle
+import queue
 import threading
 from collections.abc import AsyncIterator
 
@@ -24,19 +25,60 @@ from lmpress.engines.remote.base import RemoteEngine
 from lmpress.errors import LmpressError
 
 
+class Puller:
+    """Pulls the dataset's result blocks on a thread, into a short queue."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.results: queue.Queue = queue.Queue(maxsize=4)
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self._pull, name="lmpress-ray", daemon=True)
+        self.thread.start()
+
+    def _pull(self) -> None:
+        blocks = iter(self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"))
+        try:
+            for block in blocks:
+                item = ("outcomes", block.column("outcome").to_pylist())
+                while not self.halt.is_set():
+                    try:
+                        self.results.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self.halt.is_set():
+                    break
+            last = ("end", None)
+        except BaseException as exc:  # handed to the job, which says it in one line
+            last = ("error", exc)
+        finally:
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()  # stops Ray Data's execution of the dataset
+        if not self.halt.is_set():
+            self.results.put(last)
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        self.halt.set()
+        self.thread.join(wait_s)
+
+
 class RayBatchJob(BatchJob):
     cluster: Cluster | None = None
+    _puller: Puller | None = None
 
     async def run(self):
         try:
             return await super().run()
         finally:
+            if self._puller is not None:
+                await asyncio.to_thread(self._puller.stop)
             if self.cluster is not None:
                 await asyncio.to_thread(self.cluster.close)
 
     async def _start_engine(self) -> None:
         params = self.config.ray
-        address = params.address
+        address = params.address or os.environ.get("RAY_ADDRESS")
         self._say(f"joining Ray at {address}…" if address else "starting Ray…")
         self.cluster = Cluster.connect(params)  # on the main thread, where Ray wants to be
         self._say(self.cluster.describe())
@@ -67,36 +109,21 @@ class RayBatchJob(BatchJob):
             else:
                 assert outcome.row is not None and outcome.result is not None
                 self._finish(seq, outcome.row, outcome.result, reorder)
-            if self.stopping:
-                # Rows the replicas hold are abandoned: none was written, so the next run
-                # does them.
-                break
 
     async def _outcomes(self, done: IdKeys, set_aside: IdKeys) -> AsyncIterator[Outcome]:
-        """Each row's outcome as the replicas finish it, pulled from Ray on a thread of its
-        own so that Ctrl-C is heard while a call is running."""
-        dataset = self._dataset(done, set_aside)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue(maxsize=4)
-
-        def pull() -> None:
+        """Each row's outcome as the replicas finish it. Ray's results are pulled on a thread
+        of its own, so that Ctrl-C is heard while a call is running; when the job stops early
+        that thread closes Ray's iterator before Ray is shut down."""
+        self._puller = Puller(self._dataset(done, set_aside))
+        while True:
             try:
-                for block in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-                    item = ("outcomes", block.column("outcome").to_pylist())
-                    asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
-                item = ("end", None)
-            except BaseException as exc:  # handed to the job, which says it in one line
-                item = ("error", exc)
-            try:
-                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
-            except (RuntimeError, asyncio.CancelledError):  # the job is over
-                pass
-
-        threading.Thread(target=pull, name="lmpress-ray-results", daemon=True).start()
-        while not self.stopping:
-            try:
-                kind, item = await asyncio.wait_for(queue.get(), timeout=0.25)
-            except TimeoutError:
+                kind, item = self._puller.results.get_nowait()
+            except queue.Empty:
+                if self.stopping:
+                    # Rows the replicas still hold are abandoned: none was written, so the
+                    # next run does them. Rows already back are written.
+                    return
+                await asyncio.sleep(0.01)
                 continue
             if kind == "end":
                 return
@@ -104,8 +131,6 @@ class RayBatchJob(BatchJob):
                 raise _job_error(item)
             for pickled in item:
                 yield pickle.loads(pickled)
-                if self.stopping:
-                    return
 
     def _dataset(self, done: IdKeys, set_aside: IdKeys):
         ray = import_ray()
