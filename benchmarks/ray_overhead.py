@@ -35,7 +35,14 @@ sys.path.insert(0, str(REPO))
 
 from tests.servers.llm_server import Faults, LLMServer
 
-RAY = ["--ray", "--ray.replicas", "2", "--ray.cpus_per_replica", "0.5", *os.environ.get("RAY_EXTRA", "").split()]
+RAY = [
+    "--ray",
+    "--ray.replicas",
+    "2",
+    "--ray.cpus_per_replica",
+    "0.5",
+    *os.environ.get("RAY_EXTRA", "").split(),
+]
 
 
 class Run(NamedTuple):
