@@ -1,7 +1,7 @@
 """What `lmpress batch --ray` costs over a local run: the same job on a remote engine against a
 loopback test server, once locally and once on a local Ray with 2 replicas, in the same run.
 
-    python benchmarks/ray_overhead.py [--rows 4000] [--latency 0.05] [--workers 32] [--rounds 3]
+    python benchmarks/ray_overhead.py [--rows 3200] [--latency 0.2] [--workers 32] [--rounds 3]
 
 The server answers every request after --latency seconds, so the job is latency-bound: the time
 it takes is lmpress's and Ray's overhead, not the 2 cores' speed. Both sides have the same
@@ -93,8 +93,8 @@ def ray_start_s(stderr: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=4000)
-    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--rows", type=int, default=3200)
+    parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
