@@ -255,3 +255,16 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     assert done["rows_ok"] + done["rows_skipped"] == 500
     assert changed.returncode == 2
     assert "generation.temperature" in changed.stderr and "Traceback" not in changed.stderr
+
+
+def test_replicas_a_local_ray_cannot_hold_are_refused_in_one_line(tmp_path):
+    src = write_input(tmp_path / "in.jsonl", prompt_rows(3))
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(out), *TINY, "--ray", "--ray.replicas", "64",
+        "--ray.cpus_per_replica", "1",
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "ray.replicas 64" in run.stderr and "need 64 CPUs" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not out.exists()
