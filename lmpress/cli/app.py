@@ -83,8 +83,11 @@ for _info in (*app.registered_commands, *config_app.registered_commands):
 def main(argv: list[str] | None = None) -> int:
     """The console script: run the app, turning user errors into one line on stderr."""
     args = list(sys.argv[1:] if argv is None else argv)
-    # The one place --debug is read; commands that need it (the chat) get it from ctx.obj.
+    # The one place --debug is read; commands that need it (the chat) get it from ctx.obj,
+    # and processes lmpress starts (Ray's replicas) from LMPRESS_DEBUG.
     debug = "--debug" in args or bool(os.environ.get("LMPRESS_DEBUG"))
+    if debug:
+        os.environ["LMPRESS_DEBUG"] = "1"
     args = [a for a in args if a != "--debug"]
     try:
         code = app(args=args, prog_name="lmpress", standalone_mode=False, obj={"debug": debug})

@@ -257,7 +257,7 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     assert "generation.temperature" in changed.stderr and "Traceback" not in changed.stderr
 
 
-def test_replicas_a_local_ray_cannot_hold_are_refused_in_one_line(tmp_path):
+def test_what_replicas_cannot_do_ends_the_job_in_one_line(tmp_path):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(3))
     out = tmp_path / "out.jsonl"
     run = run_lmpress(
@@ -268,3 +268,11 @@ def test_replicas_a_local_ray_cannot_hold_are_refused_in_one_line(tmp_path):
     assert "ray.replicas 64" in run.stderr and "need 64 CPUs" in run.stderr
     assert "Traceback" not in run.stderr
     assert not out.exists()
+    # A model the replicas cannot load: lmpress's own line, not Ray's account of a dead actor.
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(out), "--model.model_name", str(tmp_path / "nope"),
+        "--ray",
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert f"lmpress: error: model.model_name: '{tmp_path / 'nope'}' does not exist" in run.stderr
+    assert "Traceback" not in run.stderr

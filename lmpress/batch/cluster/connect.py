@@ -40,7 +40,10 @@ class Cluster:
         ray = import_ray()
         started = time.perf_counter()
         _quiet_ray()
-        quiet = {"logging_level": logging.ERROR, "log_to_driver": True}
+        # What replicas print (a load error's traceback among it) reaches the terminal with
+        # --debug only; the job's own error says what went wrong in one line.
+        debug = bool(os.environ.get("LMPRESS_DEBUG"))
+        quiet = {"logging_level": logging.ERROR, "log_to_driver": debug}
         if address:
             try:
                 ray.init(address=address, **quiet)
@@ -120,7 +123,9 @@ def _quiet_ray_data(ray) -> None:
     # Ray Data reserves a share of the cluster for each operator; on a small cluster that left
     # the replicas one call at a time (measured: 50 calls of 0.1 s took 5.3 s, not 0.7 s).
     context.op_resource_reservation_enabled = False
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    # A failed call is the job's one-line error; Ray Data's own account of it is for --debug.
+    debug = bool(os.environ.get("LMPRESS_DEBUG"))
+    logging.getLogger("ray.data").setLevel(logging.ERROR if debug else logging.CRITICAL)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ import math
 import os
 import pickle
 import queue
+import re
 import threading
 from collections.abc import AsyncIterator
 
@@ -85,7 +86,8 @@ class RayBatchJob(BatchJob):
         if lacking := self.cluster.check_fits(params):
             self._say(f"{lacking}: replicas start as the cluster makes room")
         model = self.config.model.model_name or self.config.engine
-        self._say(f"loading {model} on {params.replicas} {self.config.engine} replicas…")
+        replicas = f"{params.replicas} replica" + ("s" if params.replicas > 1 else "")
+        self._say(f"loading {model} on {replicas} ({self.config.engine})…")
 
     async def _process(self, done: IdKeys, set_aside: IdKeys) -> None:
         if self.cluster is None:  # every row was done before: nothing to send
@@ -193,13 +195,16 @@ class RayBatchJob(BatchJob):
 def _job_error(exc: BaseException) -> LmpressError:
     """The error that ends the job, in one line: lmpress's own where a replica raised one
     (a model that cannot load), else Ray's first line."""
-    seen = exc
+    seen: BaseException | None = exc
     for _ in range(8):
+        if seen is None:
+            break
         if isinstance(seen, LmpressError):
             return seen
-        cause = getattr(seen, "cause", None) or seen.__cause__
-        if cause is None:
-            break
-        seen = cause
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    # A replica that died in its constructor reaches here as text: Ray keeps its traceback.
+    raised = re.findall(r"^lmpress\.errors\.\w+: (.+)$", str(exc), re.MULTILINE)
+    if raised:
+        return LmpressError(raised[-1])
     text = str(exc).strip().splitlines()
     return LmpressError(f"Ray: {text[0] if text else type(exc).__name__}")

@@ -24,6 +24,7 @@ from lmpress.data.jsonl import Line
 from lmpress.engines.base import error_result
 from lmpress.engines.local.worker import failure_info
 from lmpress.engines.registry import create_engine
+from lmpress.errors import LmpressError
 from lmpress.structured import check_structure
 from lmpress.types import Result
 
@@ -42,11 +43,20 @@ class Outcome:
 class Replica:
     def __init__(self, config: RunConfig, parser: RowParser):
         self.parser = parser
-        self.engine = create_engine(config)
+        self.broken: LmpressError | None = None
+        try:
+            self.engine = create_engine(config)
+        except LmpressError as exc:
+            # Raised from the first call instead: an actor that dies in its constructor is
+            # restarted over and over, and what reaches the driver is Ray's text, not this.
+            self.broken = exc
+            return
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="lmpress-replica", daemon=True).start()
 
     async def __call__(self, batch: pa.Table) -> dict[str, list[bytes]]:
+        if self.broken is not None:
+            raise self.broken
         seqs = batch.column("seq").to_pylist()
         skips = batch.column("skipped").to_pylist()
         lines = batch.column("line").to_pylist()
