@@ -27,7 +27,8 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
 pytestmark = pytest.mark.timeout(420)
 
-TINY = ["--model.model_name", "tiny:llama", "--generation.max_new_tokens", "3"]
+TINY = ["--model.model_name", "tiny:llama", "--generation.max_new_tokens", "3",
+        "--generation.batch_size", "64"]  # fmt: skip
 FAST = ["--remote_params.retry_backoff_base", "0.05", "--remote_params.retry_backoff_max", "1"]
 BAD_LINES = ["not json at all", '{"txt": "no messages"}']
 FAILING = "PLEASE-FAIL"  # the test server refuses any conversation holding it, every time
