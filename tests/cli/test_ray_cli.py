@@ -209,6 +209,15 @@ def _start_and_wait_for(args: list[str], out: Path, rows: int, limit_s: float = 
     return proc
 
 
+def ray_job_args(server: LLMServer, src: Path, out: Path, cluster: str) -> list[str]:
+    """A job on the module's cluster slow enough to kill mid-way: 8 rows in flight, 50 ms
+    each, 8 rows a call."""
+    return ["-i", str(src), "-o", str(out), *remote_args(server),
+            "--remote_params.num_workers", "8", "--ray", "--ray.address", cluster,
+            "--ray.replicas", "2", "--ray.cpus_per_replica", "0.5",
+            "--ray.batch_size", "8"]  # fmt: skip
+
+
 def test_a_replica_killed_mid_job_loses_no_row_and_writes_none_twice(tmp_path, cluster):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -217,10 +226,7 @@ def test_a_replica_killed_mid_job_loses_no_row_and_writes_none_twice(tmp_path, c
     pq.write_table(pa.Table.from_pylist(prompt_rows(500)), src, row_group_size=64)
     out = tmp_path / "out.jsonl"
     with LLMServer(Faults(latency_s=0.05)) as server:
-        args = ["-i", str(src), "-o", str(out), *remote_args(server),
-                "--remote_params.num_workers", "8", "--ray", "--ray.address", cluster,
-                "--ray.replicas", "2", "--ray.cpus_per_replica", "0.5",
-                "--ray.batch_size", "8"]  # fmt: skip
+        args = ray_job_args(server, src, out, cluster)
         proc = _start_and_wait_for(args, out, 100)
         victims = _replica_pids()
         assert victims, "no replica process found"
@@ -237,10 +243,7 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(500))
     out = tmp_path / "out.jsonl"
     with LLMServer(Faults(latency_s=0.05)) as server:
-        args = ["-i", str(src), "-o", str(out), *remote_args(server),
-                "--remote_params.num_workers", "8", "--ray", "--ray.address", cluster,
-                "--ray.replicas", "2", "--ray.cpus_per_replica", "0.5",
-                "--ray.batch_size", "8"]  # fmt: skip
+        args = ray_job_args(server, src, out, cluster)
         proc = _start_and_wait_for(args, out, 150)
         proc.kill()
         proc.wait(timeout=30)
