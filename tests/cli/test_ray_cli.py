@@ -253,7 +253,7 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     assert "generation.temperature" in changed.stderr and "Traceback" not in changed.stderr
 
 
-def test_what_replicas_cannot_do_ends_the_job_in_one_line(tmp_path):
+def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(3))
     out = tmp_path / "out.jsonl"
     run = run_lmpress(
@@ -272,3 +272,13 @@ def test_what_replicas_cannot_do_ends_the_job_in_one_line(tmp_path):
     assert run.returncode == 2
     assert f"lmpress: error: model.model_name: '{tmp_path / 'nope'}' does not exist" in run.stderr
     assert "Traceback" not in run.stderr
+    # An address nothing answers at: refused at once (Ray itself retries for minutes).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(out), *TINY, "--ray", "--ray.address",
+        f"127.0.0.1:{free}", timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert f"ray.address 127.0.0.1:{free}: nothing answers there" in run.stderr

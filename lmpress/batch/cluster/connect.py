@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 import warnings
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class Cluster:
         debug = bool(os.environ.get("LMPRESS_DEBUG"))
         quiet = {"logging_level": logging.ERROR, "log_to_driver": debug}
         if address:
+            _check_reachable(address)
             try:
                 ray.init(address=address, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -96,6 +98,20 @@ class Cluster:
 
         if ray.is_initialized():
             ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse an address nothing answers at: Ray itself keeps retrying one for minutes."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto", or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"ray.address {address}: nothing answers there ({exc.strerror or exc}); start the "
+            f"cluster with `ray start --head`, which prints its address"
+        ) from exc
 
 
 def _use_auth_token() -> None:
