@@ -6,7 +6,9 @@ tokens right-aligned behind masked-out padding, so one forward pass decodes a to
 row. A row's position counts its own tokens only, so the padding changes nothing it computes.
 A row that ends leaves at once (`keep`), and columns that no row uses any more are cut away; a
 row that joins (`join`) brings the cache of its own prompt, prefilled on its own, and is padded
-on the left to the batch's length (or the batch to its own).
+on the left to the batch's length (or the batch to its own). Each layer appends a step's keys
+and values into spare columns (`SlackLayer`) rather than concatenating as DynamicCache does,
+which copies the whole cache every step.
 
 `PrefixStore` keeps the prompt caches of the last few prompts prefilled: a new prompt that
 begins with the same tokens (a system prompt, a few-shot block) starts from the longest such
@@ -15,6 +17,7 @@ prefix and computes only the rest.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +26,10 @@ from typing import Any
 # copying the prefix costs about what computing it would.
 MIN_SHARED_PREFIX = 16
 PREFIX_SLOTS = 4  # prompts whose caches are kept for the prompts after them
+# Columns a layer's buffers keep spare: every this many steps, or when rows join or leave,
+# they are copied into new ones. Concatenating instead copied the whole cache every step:
+# about 30% of a decode step of SmolLM2-135M on a CPU at batch 16 and 400 tokens.
+SPARE_COLUMNS = 64
 
 
 @dataclass
@@ -41,6 +48,55 @@ def dynamic_cache(layers: list[tuple[Any, Any]]) -> Any:
     from transformers import DynamicCache
 
     return DynamicCache(layers)
+
+
+@functools.cache
+def slack_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class SlackLayer(DynamicLayer):
+        """A DynamicLayer whose keys and values are the used columns of larger buffers, so a
+        step writes its own column in place. Padding columns stay zeros: a masked column
+        weighs 0 in attention, and 0 times a NaN left in unset memory would still be NaN."""
+
+        def __init__(self, keys: Any, values: Any, rows: int, width: int):
+            super().__init__()
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+            self.allocate(keys, values, rows, width)
+
+        def allocate(self, keys: Any, values: Any, rows: int, width: int) -> None:
+            """Zeroed buffers shaped like `keys` and `values`, with `width` columns in use."""
+            spare = width + SPARE_COLUMNS
+            self.key_buffer = keys.new_zeros((rows, keys.shape[1], spare, keys.shape[3]))
+            self.value_buffer = values.new_zeros((rows, values.shape[1], spare, values.shape[3]))
+            self.show(width)
+
+        def show(self, width: int) -> None:
+            self.keys = self.key_buffer[:, :, :width]
+            self.values = self.value_buffer[:, :, :width]
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
+            start = self.keys.shape[-2]
+            end = start + key_states.shape[-2]
+            if end > self.key_buffer.shape[-2]:  # out of spare columns: new buffers
+                keys, values = self.keys, self.values
+                self.allocate(keys, values, keys.shape[0], start)
+                self.key_buffer[:, :, :start] = keys
+                self.value_buffer[:, :, :start] = values
+            self.key_buffer[:, :, start:end] = key_states
+            self.value_buffer[:, :, start:end] = value_states
+            self.show(end)
+            return self.keys, self.values
+
+    return SlackLayer
+
+
+def slack_cache(layers: list[Any]) -> Any:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layers = layers
+    return cache
 
 
 class BatchCache:
@@ -71,17 +127,16 @@ class BatchCache:
         for b, prompt in enumerate(prompts, start=self.rows):
             mask[b, width - len(prompt.ids) :] = 1
         old = layer_tensors(self.cache) if self.cache is not None else None
-        layers = []
+        layer_class, layers = slack_layer_class(), []
         for i, (keys, values) in enumerate(prompts[0].layers):
-            shape = (rows, keys.shape[1], width, keys.shape[3])
-            new = [keys.new_zeros(shape), values.new_zeros(shape[:3] + (values.shape[3],))]
-            for t, tensor in enumerate(new):
+            layer = layer_class(keys, values, rows, width)
+            for t, buffer in enumerate((layer.key_buffer, layer.value_buffer)):
                 if old is not None:
-                    tensor[: self.rows, :, width - self.width :] = old[i][t]
+                    buffer[: self.rows, :, width - self.width : width] = old[i][t]
                 for b, prompt in enumerate(prompts, start=self.rows):
-                    tensor[b, :, width - len(prompt.ids) :] = prompt.layers[i][t][0]
-            layers.append(tuple(new))
-        self.cache, self.mask = dynamic_cache(layers), mask
+                    buffer[b, :, width - len(prompt.ids) : width] = prompt.layers[i][t][0]
+            layers.append(layer)
+        self.cache, self.mask = slack_cache(layers), mask
 
     def keep(self, indices: list[int]) -> None:
         """Keep only these rows, in this order, and cut the columns none of them uses."""
@@ -94,9 +149,14 @@ class BatchCache:
         mask = self.mask[index]
         first = int(mask.any(dim=0).int().argmax())  # the first column a row still uses
         self.mask = mask[:, first:]
-        self.cache = dynamic_cache(
-            [(k[index, :, first:], v[index, :, first:]) for k, v in layer_tensors(self.cache)]
-        )
+        width = self.mask.shape[1]
+        layer_class, layers = slack_layer_class(), []
+        for keys, values in layer_tensors(self.cache):
+            layer = layer_class(keys, values, len(indices), width)
+            layer.key_buffer[:, :, :width] = keys[index, :, first:]
+            layer.value_buffer[:, :, :width] = values[index, :, first:]
+            layers.append(layer)
+        self.cache = slack_cache(layers)
 
     def step_inputs(self) -> tuple[Any, Any]:
         """The attention mask and positions for one new token in every row; the mask is kept."""

@@ -22,6 +22,7 @@ from lmpress.engines.common.tool_calls import ToolPlan, check_parser
 from lmpress.engines.local.native.loading import (
     batching_settings,
     checkpoint_defaults,
+    checkpoint_processors,
     context_length,
     eos_ids,
     load_model,
@@ -55,7 +56,9 @@ class NativeEngine(NativeScheduler):
         self.device, self.dtype = pick_device_and_dtype(config.model, torch)
         self.tokenizer = load_tokenizer(config.model)
         self.model = load_model(config.model, self.device, self.dtype)
-        self.model_defaults = checkpoint_defaults(self.model, config.model.generation_defaults)
+        policy = config.model.generation_defaults
+        self.model_defaults = checkpoint_defaults(self.model, policy)
+        self.checkpoint_processors = checkpoint_processors(self.model, policy, self.device)
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.context_length = context_length(self.model.config, config.model.model_max_length)
         self.n_vocab = self.model.config.get_text_config().vocab_size  # the logits' width

@@ -193,8 +193,8 @@ def checkpoint_defaults(model: Any, policy: str) -> dict[str, Any]:
     "ignore" leaves it only its token ids (EOS still ends a reply), since transformers fills
     every field lmpress leaves unset from it: a shipped repetition_penalty or
     no_repeat_ngram_size would otherwise change even greedy decoding. "use" keeps it, so
-    transformers applies the fields lmpress has no name for, and returns the ones lmpress
-    has, to fill each request's unset fields.
+    `checkpoint_processors` applies the fields lmpress has no name for, and returns the ones
+    lmpress has, to fill each request's unset fields.
     """
     from transformers import GenerationConfig
 
@@ -209,6 +209,22 @@ def checkpoint_defaults(model: Any, policy: str) -> dict[str, Any]:
     if given.get("do_sample"):
         defaults.setdefault("temperature", 1.0)
     return defaults
+
+
+def checkpoint_processors(model: Any, policy: str, device: str) -> Any:
+    """With "use": the logits processors transformers' generate would build from the
+    checkpoint's fields that lmpress has no name for (no_repeat_ngram_size, bad_words_ids,
+    suppress_tokens, ...), for NATIVE to apply to each row as generate would; else None."""
+    if policy != "use":
+        return None
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    # lmpress's own fields: each row applies the request's value (filled from the checkpoint).
+    config.do_sample, config.repetition_penalty = False, 1.0
+    config.temperature = config.top_p = config.top_k = config.min_p = None
+    processors = model._get_logits_processor(generation_config=config, device=device)
+    return processors or None
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:

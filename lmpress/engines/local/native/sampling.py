@@ -65,12 +65,13 @@ def row_generator(seed: int | None, index: int) -> Any:
 class BatchControl:
     """One step's per-row sampling (`choose`) and per-row stopping (`advance`)."""
 
-    def __init__(self, rows: list[Row], tokenizer: Any, eos_ids: set[int]):
+    def __init__(self, rows: list[Row], tokenizer: Any, eos_ids: set[int], processors: Any = None):
         import torch
 
         self.torch = torch
         self.tokenizer = tokenizer
         self.rows = rows
+        self.processors = processors  # the checkpoint's own (generation_defaults "use")
         params = [row.params for row in rows]
         self.sampled = [b for b, p in enumerate(params) if p.sampling_temperature() > 0]
         self.penalised = any(
@@ -80,7 +81,12 @@ class BatchControl:
         self.want_logprobs = any(p.logprobs for p in params)
         self.guided = [b for b, row in enumerate(rows) if row.matcher is not None]
         self.plain = not (
-            self.sampled or self.penalised or self.min_tokens or self.want_logprobs or self.guided
+            self.sampled
+            or self.penalised
+            or self.min_tokens
+            or self.want_logprobs
+            or self.guided
+            or self.processors
         )
         self.stop_ids = [set(eos_ids) | set(p.stop_token_ids) for p in params]
 
@@ -91,6 +97,10 @@ class BatchControl:
         torch = self.torch
         scores = scores.float()
         rows = self.rows
+        if self.processors:  # as generate applies them: on the row's prompt and reply so far
+            for b, row in enumerate(rows):
+                ids = torch.tensor([row.state.prompt_ids + row.tokens], device=scores.device)
+                scores[b : b + 1] = self.processors(ids, scores[b : b + 1])
         if self.penalised:
             scores = self._penalise(scores)
         if self.min_tokens:

@@ -41,6 +41,7 @@ class NativeScheduler(WorkerEngine):
     batch_size: int
     kv_budget_tokens: int | None  # tokens the KV cache may hold, all rows and padding together
     prefix_reuse: bool
+    checkpoint_processors: Any  # the checkpoint's own logits processors, with "use"
 
     def _run(self) -> None:
         import torch
@@ -157,7 +158,7 @@ class NativeScheduler(WorkerEngine):
             self._active = [self._active[b] for b in going]
 
     def _pick(self, rows: list[Row], logits: Any) -> None:
-        control = BatchControl(rows, self.tokenizer, self.eos_ids)
+        control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)
         chosen = control.choose(logits)
         control.advance(chosen)
         for row, token in zip(rows, chosen.tolist(), strict=True):
