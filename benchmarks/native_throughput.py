@@ -1,26 +1,33 @@
-"""NATIVE engine throughput against raw transformers `model.generate`, in the same run.
+"""NATIVE engine throughput against raw transformers, in the same run.
 
-Both sides load the same random-weight model of SmolLM2-135M's shape and answer the same
-prompts of mixed lengths greedily with the same number of new tokens per prompt (EOS held off,
-so every row generates exactly that many; `--eos` honours EOS instead, and each side counts
-the tokens each row actually generated). The baseline runs static batches of the same size
-with left padding. Each side runs in a process of its own (see rounds.SideProcess); each round
-runs raw, lmpress, lmpress, raw (ABBA) so drift in machine load hits both alike.
+The sides load the same model and answer the same prompts greedily, at most the same number of
+new tokens a row (exactly that many with EOS held off; `--eos` honours EOS, and each side counts
+the tokens each row actually generated, EOS included). Each side runs in a process of its own
+(see rounds.SideProcess); each round runs the sides in turn and then back (ABBA) so drift in
+machine load hits all alike. The sides:
 
-Two ratios are printed (see benchmarks/rounds.py): by wall time, and by each side's process
-CPU time (all its threads). On a machine shared with other work the wall ratio swings with
-their load; the CPU-time ratio barely does, since both sides run the same threads on the same
-model.
+- raw: `model.generate` on static batches of `--batch-size`, left-padded;
+- generate_batch (with `--eos`): transformers' own continuous batching, at most
+  `--batch-size` requests a batch;
+- lmpress: NATIVE, `generation.batch_size` `--batch-size`.
+
+`--shared-prefix N` runs the prefix-reuse workload instead: every prompt after the same system
+prompt of about N tokens, lmpress against lmpress with `model.model_kwargs.prefix_reuse` off.
+`--chat` sends chat prompts (chat_prompts: tasks with replies of very different lengths) for a
+real model, rather than strings of random words. Ratios by wall time and by each side's
+process CPU time (all its threads) are printed (see benchmarks/rounds.py), and each side's
+peak resident memory.
 
     .venv/bin/python benchmarks/native_throughput.py [--prompts 64] [--batch-size 16]
-        [--new-tokens 32] [--rounds 3] [--eos] [--model smollm2:135m-instruct]
+        [--new-tokens 32] [--rounds 3] [--eos] [--chat] [--shared-prefix 300]
+        [--model smollm2:135m-instruct]
 """
 
 from __future__ import annotations
 
 import argparse
 
-from rounds import Rounds, SideProcess, lmpress_generate, mixed_prompts
+from rounds import Rounds, SideProcess, chat_prompts, lmpress_generate, mixed_prompts
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
@@ -71,11 +78,66 @@ def build_raw(config, prompts: list[str], batch_size: int, new_tokens: int, eos:
     return lambda: raw_generate(engine, prompts, batch_size, new_tokens, eos)
 
 
-def build_lmpress(config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool):
+def build_generate_batch(config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool):
+    """transformers' continuous batching (`model.generate_batch`) on the engine's model, at
+    most `batch_size` requests in a batch, greedy, stopping at EOS."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    engine = create_engine(config)
+    tokenizer, model = engine.tokenizer, engine.model
+    inputs = [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        )
+        for p in prompts
+    ]
+
+    def work(inputs: list[list[int]], new_tokens: int) -> int:
+        out = model.generate_batch(
+            inputs,
+            generation_config=GenerationConfig(
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=sorted(engine.eos_ids),
+                pad_token_id=tokenizer.pad_token_id,
+            ),
+            continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=batch_size),
+        )
+        return sum(len(o.generated_tokens) for o in out.values())
+
+    work(inputs[:batch_size], 2)  # warm up
+    return lambda: work(inputs, new_tokens)
+
+
+def build_lmpress(
+    config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool, system: str = ""
+):
     engine = create_engine(config)
     print(f"device {engine.device}", flush=True)
-    lmpress_generate(engine, prompts[:batch_size], 2)  # warm up
-    return lambda: lmpress_generate(engine, prompts, new_tokens, eos)
+    if system:
+        print(f"system prompt: {len(engine.tokenizer(system)['input_ids'])} tokens", flush=True)
+    lmpress_generate(engine, prompts[:batch_size], 2, system=system)  # warm up
+    return lambda: lmpress_generate(engine, prompts, new_tokens, eos, system=system)
+
+
+# The shared-prefix workload's system prompt: rules of about 20 tokens each, as many as it takes.
+RULES = [
+    "Answer in plain English, in complete sentences, without jargon or abbreviations.",
+    "If a question is unclear, say which part is unclear before you answer the rest.",
+    "Never invent facts, names, dates or numbers; say when you do not know something.",
+    "Keep answers short unless the user asks for detail, a story, a list or an essay.",
+    "Be polite and patient, even when the user is rude, confused or in a hurry.",
+    "When you give steps, number them, and keep each step to a single clear action.",
+    "Prefer examples from everyday life over abstract explanations wherever you can.",
+]
+
+
+def system_prompt(tokens: int) -> str:
+    """About `tokens` tokens of numbered rules for an assistant (20 tokens a rule or so)."""
+    rules = [f"Rule {i + 1}: {RULES[i % len(RULES)]}" for i in range(max(1, tokens // 20))]
+    return "You are a helpful assistant for a public library. " + " ".join(rules)
 
 
 def main() -> None:
@@ -88,33 +150,51 @@ def main() -> None:
     parser.add_argument(
         "--eos", action="store_true", help="honour EOS: rows stop at different lengths"
     )
+    parser.add_argument("--chat", action="store_true", help="chat prompts, for a real model")
+    parser.add_argument(
+        "--shared-prefix", type=int, default=0, metavar="TOKENS",
+        help="the prefix-reuse workload: a system prompt of about TOKENS tokens before each prompt",
+    )  # fmt: skip
     args = parser.parse_args()
 
-    config = load_config(
-        overrides={"model.model_name": args.model, "generation.batch_size": args.batch_size}
-    )
+    overrides = {"model.model_name": args.model, "generation.batch_size": args.batch_size}
+    config = load_config(overrides=overrides)
     # Mixed lengths: 4 to 120 words, so left padding matters.
-    prompts = mixed_prompts(args.prompts, max_words=120)
+    prompts = chat_prompts(args.prompts) if args.chat else mixed_prompts(args.prompts, 120)
     work = (prompts, args.batch_size, args.new_tokens, args.eos)
-    # Each side in a process of its own, as users run them (see rounds.SideProcess).
-    sides = {
-        "raw": SideProcess("raw", build_raw, config, *work),
-        "lmpress": SideProcess("lmpress", build_lmpress, config, *work),
-    }
+    if args.shared_prefix:
+        no_reuse = load_config(overrides={**overrides, "model.model_kwargs.prefix_reuse": False})
+        system = system_prompt(args.shared_prefix)
+        sides = {
+            "prefix reuse": SideProcess("prefix reuse", build_lmpress, config, *work, system),
+            "no reuse": SideProcess("no reuse", build_lmpress, no_reuse, *work, system),
+        }
+        pairs = [("prefix reuse", "no reuse")]
+    else:
+        # Each side in a process of its own, as users run them (see rounds.SideProcess).
+        sides = {"raw": SideProcess("raw", build_raw, config, *work)}
+        if args.eos:  # generate_batch has no min_new_tokens to hold EOS off
+            sides["generate_batch"] = SideProcess("generate_batch", build_generate_batch, config, *work)  # fmt: skip
+        sides["lmpress"] = SideProcess("lmpress", build_lmpress, config, *work)
+        pairs = [("lmpress", name) for name in sides if name != "lmpress"]
     rounds = Rounds()
+    order = list(sides)
     for round_no in range(1, args.rounds + 1):
-        for name in ("raw", "lmpress", "lmpress", "raw"):
+        for name in order + order[::-1]:
             rounds.run_side(round_no, sides[name])
+    peaks = {name: side.peak_rss_mib() for name, side in sides.items()}
     for side in sides.values():
         side.close()
     print(
-        f"\nmodel {args.model}, {args.prompts} prompts, batch {args.batch_size}, "
-        f"{'at most ' if args.eos else ''}{args.new_tokens} new tokens, "
+        f"\nmodel {args.model}, {args.prompts} {'chat ' if args.chat else ''}prompts"
+        f"{f' after a {args.shared_prefix}-token system prompt' if args.shared_prefix else ''}, "
+        f"batch {args.batch_size}, {'at most ' if args.eos else ''}{args.new_tokens} new tokens, "
         f"EOS {'honoured' if args.eos else 'held off'}"
     )
-    print(f"raw transformers generate: {rounds.best('raw'):.1f} tok/s")
-    print(f"lmpress NATIVE:            {rounds.best('lmpress'):.1f} tok/s")
-    rounds.report("lmpress", "raw")
+    for name in sides:
+        print(f"{name:16} {rounds.best(name):8.1f} tok/s (best)  peak RSS {peaks[name]:7.1f} MiB")
+    for ours, theirs in pairs:
+        rounds.report(ours, theirs)
 
 
 if __name__ == "__main__":

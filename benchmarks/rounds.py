@@ -13,9 +13,34 @@ import statistics
 import time
 from collections.abc import Callable
 
-from lmpress.types import GenerationParams
+from lmpress.types import GenerationParams, Message, Request
 
 WORDS = "the quick brown fox jumps over a lazy dog while rivers run to the sea".split()
+
+# Chat prompts for a real model: tasks whose replies run from a few tokens to hundreds, some
+# behind a block of notes, so prompts and replies both vary in length.
+TOPICS = ["cats", "tea", "snow", "iron", "rain", "bread", "the moon", "volcanoes", "bees",
+          "the ocean", "trains", "chess", "coffee", "rivers", "music", "glass"]  # fmt: skip
+TASKS = [
+    "What is {t}?",
+    "Tell me a fact about {t}.",
+    "Write a haiku about {t}.",
+    "Explain {t} to a child in two sentences.",
+    "Write a short story about {t}.",
+    "List five facts about {t}.",
+    "Write an essay about the history of {t}.",
+    "Is {t} useful? Answer yes or no.",
+]
+NOTES = [
+    "I visited my grandmother last week and we talked for hours.",
+    "The weather has been cold and grey since the start of the month.",
+    "My team at work is planning a trip to the mountains in spring.",
+    "I have been reading a lot about science and nature lately.",
+    "Our neighbours keep bees and sometimes give us honey.",
+    "The library near my house has a good collection of old maps.",
+    "I am trying to learn to cook simple meals at home.",
+    "Last summer we took a train along the coast and saw the sea.",
+]
 
 
 def mixed_prompts(count: int, max_words: int, seed: int = 0) -> list[str]:
@@ -26,11 +51,32 @@ def mixed_prompts(count: int, max_words: int, seed: int = 0) -> list[str]:
     ]
 
 
-def lmpress_generate(engine, prompts: list[str], new_tokens: int, eos: bool = False) -> int:
-    """Every prompt through the engine, exactly `new_tokens` tokens each (EOS held off), or up
-    to `new_tokens` with `eos`; returns the tokens generated."""
+def chat_prompts(count: int, seed: int = 0) -> list[str]:
+    """`count` chat prompts: a task about a topic, a third of them after 2 to 8 sentences of
+    notes; the same ones for the same seed."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        task = rng.choice(TASKS).format(t=rng.choice(TOPICS))
+        if rng.random() < 1 / 3:
+            notes = " ".join(rng.sample(NOTES, rng.randint(2, len(NOTES))))
+            task = f"Some notes about me: {notes} Now, {task[0].lower()}{task[1:]}"
+        prompts.append(task)
+    return prompts
+
+
+def lmpress_generate(
+    engine, prompts: list[str], new_tokens: int, eos: bool = False, system: str | None = None
+) -> int:
+    """Every prompt through the engine (as a user message after `system`, where given), exactly
+    `new_tokens` tokens each (EOS held off), or up to `new_tokens` with `eos`; returns the
+    tokens generated."""
     params = GenerationParams(max_new_tokens=new_tokens, min_tokens=0 if eos else new_tokens)
-    results = engine.generate(prompts, params)
+    opening = [Message("system", system)] if system else []
+    requests = [
+        Request(str(i), [*opening, Message("user", p)], params) for i, p in enumerate(prompts)
+    ]
+    results = engine.generate(requests)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
     return sum(r.usage.completion_tokens for r in results)
 
@@ -110,6 +156,11 @@ class SideProcess:
         self._conn.send("run")
         return self._answer()
 
+    def peak_rss_mib(self) -> float:
+        """The most memory the side's process has held so far (its peak resident set)."""
+        self._conn.send("rss")
+        return self._answer()
+
     def close(self) -> None:
         self._conn.send(None)
         self._process.join()
@@ -125,10 +176,16 @@ def _serve(build: Callable[..., Callable[[], int]], args: tuple, conn) -> None:
     try:
         work = build(*args)
         conn.send("ready")
-        while conn.recv() is not None:
-            conn.send(timed(work))
+        while (command := conn.recv()) is not None:
+            conn.send(peak_rss_mib() if command == "rss" else timed(work))
     except BaseException as exc:  # shown by the parent
         conn.send(exc)
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def _best(runs: list[tuple[int, float]]) -> float:

@@ -107,3 +107,26 @@ def test_an_engine_that_cannot_read_checkpoint_defaults_refuses_use():
     assert run.returncode == 2
     [line] = run.stderr.strip().splitlines()
     assert "model.generation_defaults" in line and "LLAMACPP" in line
+
+
+def test_use_applies_a_field_lmpress_has_no_name_for(tiny_llama, tmp_path):
+    """A checkpoint whose suppress_tokens bans the first token of each greedy reply: with
+    "use", NATIVE bans them as transformers' generate does."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    firsts = set()
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            out = model.generate(ids, do_sample=False, max_new_tokens=1)
+        firsts.add(int(out[0, -1]))
+    path = tmp_path / "model"
+    shutil.copytree(tiny_llama, path)
+    config_file = path / "generation_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "suppress_tokens": sorted(firsts)}))
+    replies = lmpress_replies(str(path), **{"model.generation_defaults": "use"})
+    assert replies == reference(str(path)) != reference(tiny_llama)

@@ -232,3 +232,41 @@ def test_llamacpp_seeded_rows_decoded_one_at_a_time_do_not_depend_on_the_order()
     first = texts("LLAMACPP", 1, seeded())
     assert texts("LLAMACPP", 1, seeded(-1)) == first
     assert len(set(first.values())) == len(TOPICS)
+
+
+# --- continuous batching: a row's greedy reply does not depend on what shares its batch -----
+
+FACTS = [f"Tell me a fact about {w}." for w in ("cats", "tea", "snow", "iron", "rain", "bread")]
+
+
+def raw_generate_one_at_a_time(engine, questions: list[str], max_new_tokens: int) -> list[str]:
+    """transformers' own greedy `generate`, one prompt at a time (no padding, no batch)."""
+    import torch
+
+    tokenizer, replies = engine.tokenizer, []
+    for q in questions:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt"
+        )["input_ids"]
+        with torch.inference_mode():
+            out = engine.model.generate(
+                input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False
+            )
+        replies.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+    return replies
+
+
+def test_native_greedy_equals_raw_generate_whatever_the_batch():
+    """Rows of different lengths end at different steps, each waiting row joins a batch already
+    decoding, and every prompt shares the chat template's system prompt, so all but the first
+    start from a prefix another row computed."""
+    questions = [q for q, _ in QUESTIONS[:6]] + FACTS[:3]
+    params = GenerationParams(max_new_tokens=32)
+    engine = make("NATIVE", SMOLLM2, batch_size=3)
+    try:
+        ours = engine.generate([chat(q, params, str(i)) for i, q in enumerate(questions)])
+        assert [r.text for r in ours] == raw_generate_one_at_a_time(engine, questions, 32)
+        lengths = {r.usage.completion_tokens for r in ours}
+    finally:
+        close(engine)
+    assert len(lengths) > 3  # the rows did end at different steps

@@ -1,9 +1,14 @@
 """NATIVE: Hugging Face transformers + PyTorch, on CPU or CUDA.
 
 `NativeEngine` loads the model and tokenizer (loading.py), turns each request into prompt ids
-(its chat template applied, checked against the context) and hands it to the worker thread,
-which batches whatever is waiting through `model.generate` (scheduling.py) while each row keeps
-its own sampling settings, seed, stop strings, streaming and cancellation (sampling.py).
+(its chat template applied, checked against the context and the KV cache's budget) and hands
+it to the worker thread, which batches rows continuously on the model's forward pass
+(scheduling.py, batch_cache.py) while each row keeps its own sampling settings, seed, stop
+strings, streaming and cancellation (sampling.py).
+
+`model.model_kwargs.kv_cache_gb` caps the KV cache (rows join only while it has room, and a
+row that could outgrow it alone fails); `model.model_kwargs.prefix_reuse: false` turns off
+reusing a shared prompt prefix's cache.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from lmpress.engines.base import check_token_settings
 from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.common.tool_calls import ToolPlan, check_parser
 from lmpress.engines.local.native.loading import (
+    batching_settings,
     checkpoint_defaults,
+    checkpoint_processors,
     context_length,
     eos_ids,
     load_model,
@@ -49,12 +56,17 @@ class NativeEngine(NativeScheduler):
         self.device, self.dtype = pick_device_and_dtype(config.model, torch)
         self.tokenizer = load_tokenizer(config.model)
         self.model = load_model(config.model, self.device, self.dtype)
-        self.model_defaults = checkpoint_defaults(self.model, config.model.generation_defaults)
+        policy = config.model.generation_defaults
+        self.model_defaults = checkpoint_defaults(self.model, policy)
+        self.checkpoint_processors = checkpoint_processors(self.model, policy, self.device)
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.context_length = context_length(self.model.config, config.model.model_max_length)
         self.n_vocab = self.model.config.get_text_config().vocab_size  # the logits' width
         self.batch_size = config.generation.batch_size
-        # Two batches' worth: one decoding, the next one waiting so the worker never idles.
+        self.kv_budget_tokens, self.prefix_reuse = batching_settings(
+            config.model, self.model.config, self.dtype
+        )
+        # Two batches' worth: one decoding, the next one waiting to join as rows end.
         self.max_in_flight = 2 * self.batch_size
         self._grammars: Grammars | None = None
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
@@ -94,6 +106,16 @@ class NativeEngine(NativeScheduler):
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, the model's context is {self.context_length}",
+                kind="context_length_exceeded",
+            )
+        budget = self.kv_budget_tokens
+        need = len(ids) + request.params.max_new_tokens
+        if self.context_length:
+            need = min(need, self.context_length)
+        if budget and need > budget:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) and max_new_tokens ({request.params.max_new_tokens})"
+                f" need {need} tokens of KV cache; model.model_kwargs.kv_cache_gb holds {budget}",
                 kind="context_length_exceeded",
             )
         return ids

@@ -14,7 +14,37 @@ from typing import Any
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
 from lmpress.engines.common.prompts import HfPrompts, resolve_chat_template
-from lmpress.errors import ModelLoadError, first_line
+from lmpress.errors import ConfigError, ModelLoadError, first_line
+
+# The model_kwargs NATIVE reads itself rather than passing to from_pretrained: the GGUF file's
+# name, the KV cache's memory budget in GiB, and whether prompts reuse a shared prefix's cache.
+NATIVE_KWARGS = ("filename", "kv_cache_gb", "prefix_reuse")
+
+
+def batching_settings(model: ModelParams, model_config: Any, dtype: Any) -> tuple[int | None, bool]:
+    """`model_kwargs.kv_cache_gb` as the tokens the KV cache may hold (None: no budget, only
+    generation.batch_size bounds it), and `model_kwargs.prefix_reuse` (default true)."""
+    budget = model.model_kwargs.get("kv_cache_gb")
+    reuse = model.model_kwargs.get("prefix_reuse", True)
+    if not isinstance(reuse, bool):
+        raise ConfigError(f"model.model_kwargs.prefix_reuse: '{reuse}' is not true or false")
+    if budget is None:
+        return None, reuse
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0:
+        raise ConfigError(
+            f"model.model_kwargs.kv_cache_gb: '{budget}' is not a size in GiB greater than 0"
+        )
+    per_token = kv_bytes_per_token(model_config, dtype)
+    return int(budget * 2**30 // per_token), reuse
+
+
+def kv_bytes_per_token(model_config: Any, dtype: Any) -> int:
+    """What one token of one row takes in the KV cache: keys and values in every layer."""
+    text = model_config.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
 
 
 def pick_device_and_dtype(model: ModelParams, torch: Any) -> tuple[str, Any]:
@@ -101,7 +131,7 @@ def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     name, gguf_file = model_source(model)
-    kwargs = {k: v for k, v in model.model_kwargs.items() if k != "filename"}
+    kwargs = {k: v for k, v in model.model_kwargs.items() if k not in NATIVE_KWARGS}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     if model.attn_implementation:
@@ -163,8 +193,8 @@ def checkpoint_defaults(model: Any, policy: str) -> dict[str, Any]:
     "ignore" leaves it only its token ids (EOS still ends a reply), since transformers fills
     every field lmpress leaves unset from it: a shipped repetition_penalty or
     no_repeat_ngram_size would otherwise change even greedy decoding. "use" keeps it, so
-    transformers applies the fields lmpress has no name for, and returns the ones lmpress
-    has, to fill each request's unset fields.
+    `checkpoint_processors` applies the fields lmpress has no name for, and returns the ones
+    lmpress has, to fill each request's unset fields.
     """
     from transformers import GenerationConfig
 
@@ -179,6 +209,22 @@ def checkpoint_defaults(model: Any, policy: str) -> dict[str, Any]:
     if given.get("do_sample"):
         defaults.setdefault("temperature", 1.0)
     return defaults
+
+
+def checkpoint_processors(model: Any, policy: str, device: str) -> Any:
+    """With "use": the logits processors transformers' generate would build from the
+    checkpoint's fields that lmpress has no name for (no_repeat_ngram_size, bad_words_ids,
+    suppress_tokens, ...), for NATIVE to apply to each row as generate would; else None."""
+    if policy != "use":
+        return None
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    # lmpress's own fields: each row applies the request's value (filled from the checkpoint).
+    config.do_sample, config.repetition_penalty = False, 1.0
+    config.temperature = config.top_p = config.top_k = config.min_p = None
+    processors = model._get_logits_processor(generation_config=config, device=device)
+    return processors or None
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:

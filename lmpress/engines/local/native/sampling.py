@@ -1,10 +1,10 @@
-"""What NATIVE runs inside `model.generate` at every step, row by row.
+"""What NATIVE does with the logits of every step, row by row.
 
-A batch's rows share one forward pass but nothing else: `BatchControl` plugs into generate as
-a logits processor and applies each row's own penalties, min_tokens, temperature, top-k/top-p/
-min-p and seed (its own generator), then forces the token it picked, so generate's own
-sampling never runs; its `stopper` plugs in as a stopping criterion and ends each row on its
-own EOS, stop ids, stop strings, max_new_tokens or cancellation, streaming its text as deltas.
+A step's rows share one forward pass but nothing else: `BatchControl` applies each row's own
+penalties, min_tokens, grammar, temperature, top-k/top-p/min-p and seed (its own generator) to
+pick its next token (`choose`), then ends each row on its own EOS, stop ids, stop strings,
+max_new_tokens or cancellation, streaming its text as deltas (`advance`). Rows join and leave
+the batch between steps, so a control is made for each step's rows and keeps nothing itself.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class Row:
     emitted: int = 0  # characters already sent as deltas
     logprobs: list[TokenLogprob] | None = None
     matcher: Any = None  # its place in the grammar it follows (guided decoding)
+    last: int = 0  # the token it picked last, which the next step feeds the model
 
     @property
     def params(self) -> GenerationParams:
@@ -62,17 +63,15 @@ def row_generator(seed: int | None, index: int) -> Any:
 
 
 class BatchControl:
-    """Per-row sampling (as a logits processor) and per-row stopping (as `stopper`)."""
+    """One step's per-row sampling (`choose`) and per-row stopping (`advance`)."""
 
-    def __init__(
-        self, rows: list[Row], tokenizer: Any, eos_ids: set[int], device: str, n_vocab: int
-    ):
+    def __init__(self, rows: list[Row], tokenizer: Any, eos_ids: set[int], processors: Any = None):
         import torch
 
         self.torch = torch
         self.tokenizer = tokenizer
         self.rows = rows
-        self.stopper = Stopper(self)
+        self.processors = processors  # the checkpoint's own (generation_defaults "use")
         params = [row.params for row in rows]
         self.sampled = [b for b, p in enumerate(params) if p.sampling_temperature() > 0]
         self.penalised = any(
@@ -82,22 +81,26 @@ class BatchControl:
         self.want_logprobs = any(p.logprobs for p in params)
         self.guided = [b for b, row in enumerate(rows) if row.matcher is not None]
         self.plain = not (
-            self.sampled or self.penalised or self.min_tokens or self.want_logprobs or self.guided
+            self.sampled
+            or self.penalised
+            or self.min_tokens
+            or self.want_logprobs
+            or self.guided
+            or self.processors
         )
-        self.counts = None  # generated-token counts per row, for presence/frequency penalties
-        if self.penalised:
-            self.counts = torch.zeros((len(rows), n_vocab), device=device)
-        for row in rows:
-            if row.params.logprobs:
-                row.logprobs = []
         self.stop_ids = [set(eos_ids) | set(p.stop_token_ids) for p in params]
 
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
+    def choose(self, scores: Any) -> Any:
+        """Each row's next token, from its logits (one row of `scores` each)."""
         if self.plain:
-            return scores
+            return scores.argmax(dim=-1)
         torch = self.torch
         scores = scores.float()
         rows = self.rows
+        if self.processors:  # as generate applies them: on the row's prompt and reply so far
+            for b, row in enumerate(rows):
+                ids = torch.tensor([row.state.prompt_ids + row.tokens], device=scores.device)
+                scores[b : b + 1] = self.processors(ids, scores[b : b + 1])
         if self.penalised:
             scores = self._penalise(scores)
         if self.min_tokens:
@@ -114,9 +117,7 @@ class BatchControl:
             chosen[idx] = self._sample(scores[idx], [rows[b] for b in self.sampled])
         if self.want_logprobs:  # the model's own distribution, before any grammar
             self._record_logprobs(model_scores, chosen)
-        forced = torch.full_like(scores, float("-inf"))
-        forced.scatter_(1, chosen[:, None], 0.0)
-        return forced
+        return chosen
 
     def _constrain(self, scores: Any, matcher: Any) -> None:
         """Only the tokens the row's grammar allows next keep their score."""
@@ -139,7 +140,9 @@ class BatchControl:
                     picked < 0, picked * p.repetition_penalty, picked / p.repetition_penalty
                 )
             if p.presence_penalty or p.frequency_penalty:
-                counts = self.counts[b, : scores.shape[1]]
+                # Counts of the tokens it generated (a stop token would have ended it).
+                generated = torch.tensor(row.tokens, dtype=torch.long, device=scores.device)
+                counts = torch.bincount(generated, minlength=scores.shape[1])[: scores.shape[1]]
                 scores[b] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         return scores
 
@@ -177,30 +180,15 @@ class BatchControl:
                 top = [(decode([int(i)]), float(v)) for v, i in zip(values, ids, strict=True)]
             row.logprobs.append(TokenLogprob(decode([token]), float(logprobs[b, token]), top))
 
-
-class Stopper:
-    """Called by generate after every step with the new tokens appended."""
-
-    def __init__(self, control: BatchControl):
-        self.control = control
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        control = self.control
-        torch = control.torch
-        done = []
-        new_tokens = input_ids[:, -1].tolist()
-        for b, row in enumerate(control.rows):
+    def advance(self, chosen: Any) -> None:
+        """Give each row the token `choose` picked for it, ending the rows it ends."""
+        for b, (row, token) in enumerate(zip(self.rows, chosen.tolist(), strict=True)):
             if row.finish_reason is None:
-                self._advance(b, row, new_tokens[b])
-            done.append(row.finish_reason is not None)
-        return torch.tensor(done, device=input_ids.device)
+                self._advance(b, row, token)
 
     def _advance(self, b: int, row: Row, token: int) -> None:
-        control = self.control
         row.generated += 1
-        if control.counts is not None:
-            control.counts[b, token] += 1
-        if token in control.stop_ids[b]:
+        if token in self.stop_ids[b]:
             row.finish_reason = "stop"
         else:
             row.tokens.append(token)
@@ -218,9 +206,7 @@ class Stopper:
 
     def _update_text(self, row: Row) -> None:
         params = row.params
-        text = self.control.tokenizer.decode(
-            row.tokens, skip_special_tokens=params.skip_special_tokens
-        )
+        text = self.tokenizer.decode(row.tokens, skip_special_tokens=params.skip_special_tokens)
         holdback = 0
         if params.stop_strings:
             hits = [i for i in (text.find(s) for s in params.stop_strings) if i >= 0]

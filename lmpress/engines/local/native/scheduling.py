@@ -1,9 +1,14 @@
-"""The worker thread of NATIVE: batches of requests through `model.generate`.
+"""The worker thread of NATIVE: continuous batching on the model's forward pass.
 
-The worker takes whatever requests are waiting (up to `generation.batch_size` rows, a request
-with n samples counting n), left-pads their prompts into one batch and runs `model.generate`
-on it with sampling.py's `BatchControl`, so each row keeps its own settings; each request is
-answered as soon as its batch ends. A batch runs to its longest row; the next one waits.
+Every step decodes one token for each row in the batch (batch_cache.py keeps their KV cache),
+and sampling.py's `BatchControl` picks each row's token by its own settings. A row that ends
+leaves the batch at once and its request is answered when its last sample ends; between
+steps, waiting requests join while there are free rows (`generation.batch_size`, a request
+with n samples counting n) and room in the KV cache's memory budget. A joining prompt is
+prefilled on its own, starting from the longest prefix it shares with a recent prompt.
+
+transformers' own continuous batching (`generate_batch` and its manager) was measured against
+this (benchmarks/README.md); it has no per-row grammar, stop strings, seeds or penalties.
 """
 
 from __future__ import annotations
@@ -11,13 +16,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from lmpress.engines.local.native.batch_cache import (
+    BatchCache,
+    PrefixStore,
+    PromptCache,
+    dynamic_cache,
+    layer_tensors,
+)
 from lmpress.engines.local.native.sampling import BatchControl, Row, row_generator
 from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
 from lmpress.types import Result, Sample, Usage
-
-# How long the worker waits for more requests to fill a batch once one has arrived. Callers
-# submit a batch's worth within microseconds, so a few milliseconds catches them all.
-GATHER_WINDOW_S = 0.005
 
 
 class NativeScheduler(WorkerEngine):
@@ -31,101 +39,153 @@ class NativeScheduler(WorkerEngine):
     context_length: int | None
     n_vocab: int
     batch_size: int
+    kv_budget_tokens: int | None  # tokens the KV cache may hold, all rows and padding together
+    prefix_reuse: bool
+    checkpoint_processors: Any  # the checkpoint's own logits processors, with "use"
 
     def _run(self) -> None:
+        import torch
+
+        self._batch = BatchCache(self.device)
+        self._prefixes = PrefixStore() if self.prefix_reuse else None
+        self._active: list[Row] = []  # the rows in the batch, in the cache's order
+        self._rows_of: dict[Submission, list[Row]] = {}  # requests in the batch, by request
         while True:
             with self._wakeup:
-                while not self._pending and not self._closed:
+                while not self._pending and not self._active and not self._closed:
                     self._wakeup.wait()
                 if self._closed:
                     return
-            deadline = time.monotonic() + GATHER_WINDOW_S
-            while self._pending_rows() < self.batch_size and time.monotonic() < deadline:
-                time.sleep(0.0005)
-            batch = self._take_batch()
-            if not batch:
+            try:
+                with torch.inference_mode():
+                    self._admit()
+                    if self._active:
+                        self._step()
+            except Exception as exc:  # fail the rows in flight; the worker serves on
+                self._fail(list(self._rows_of), failure_info(exc))
+                self._active, self._rows_of = [], {}
+                self._batch = BatchCache(self.device)
+
+    def _admit(self) -> None:
+        """Prefill the waiting requests that fit and add their rows to the batch."""
+        joining: list[tuple[Row, PromptCache]] = []
+        for state in self._take_fitting():
+            rows = self._rows(state)
+            if not rows:
                 continue
             try:
-                self._generate(batch)
-            except Exception as exc:  # one bad batch must not take the worker down
-                self._fail(batch, failure_info(exc))
+                prompt, logits = self._prefill(state.prompt_ids)
+            except Exception as exc:  # this prompt, not the batch, is at fault
+                self._fail([state], failure_info(exc))
+                continue
+            self._rows_of[state] = rows
+            self._pick(rows, logits.repeat(len(rows), 1))
+            joining += [(row, prompt) for row in rows if row.finish_reason is None]
+            self._answer_finished(rows)
+        if joining:
+            self._batch.join([prompt for _, prompt in joining])
+            self._active += [row for row, _ in joining]
 
-    def _pending_rows(self) -> int:
-        return sum(s.request.params.n for s in list(self._pending))
-
-    def _take_batch(self) -> list[Submission]:
-        batch: list[Submission] = []
-        rows = 0
+    def _take_fitting(self) -> list[Submission]:
+        """The waiting requests, in order, while their rows fit the batch and the budget."""
+        taken: list[Submission] = []
+        rows = len(self._active)
+        longest = max((self._need(row.state) for row in self._active), default=0)
         with self._wakeup:
             while self._pending:
                 state = self._pending[0]
                 if state.cancelled:
                     self._pending.popleft()
                     continue
-                n = state.request.params.n
-                if batch and rows + n > self.batch_size:
+                n, need = state.request.params.n, self._need(state)
+                fits = rows + n <= self.batch_size or not rows
+                budget = self.kv_budget_tokens
+                if not fits or (budget and rows and (rows + n) * max(longest, need) > budget):
                     break
-                batch.append(self._pending.popleft())
-                rows += n
-        return batch
+                taken.append(self._pending.popleft())
+                rows, longest = rows + n, max(longest, need)
+        return taken
 
-    def _generate(self, states: list[Submission]) -> None:
-        rows = [row for state in states for row in self._rows(state)]
-        states = list(dict.fromkeys(row.state for row in rows))
-        if not rows:
-            return
+    def _need(self, state: Submission) -> int:
+        """The cache columns a request's row may come to hold: its prompt and its reply."""
+        return len(state.prompt_ids) + self._limit(state)
+
+    def _limit(self, state: Submission) -> int:
+        """max_new_tokens, or less where the model's context ends first."""
+        limit = state.request.params.max_new_tokens
+        if self.context_length:
+            limit = min(limit, self.context_length - len(state.prompt_ids))
+        return limit
+
+    def _prefill(self, ids: list[int]) -> tuple[PromptCache, Any]:
+        """The prompt's cache and the logits after its last token, computed from the longest
+        prefix it shares with a recent prompt."""
         import torch
 
-        for row in rows:
-            # A row stops at the end of the model's context, as it would at max_new_tokens.
-            room = self.context_length - len(row.state.prompt_ids) if self.context_length else None
-            row.limit = min(row.params.max_new_tokens, room) if room else row.params.max_new_tokens
-        width = max(len(row.state.prompt_ids) for row in rows)
-        pad_id = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, row in enumerate(rows):
-            ids = row.state.prompt_ids
-            input_ids[b, width - len(ids) :] = torch.tensor(ids)
-            attention[b, width - len(ids) :] = 1
-        control = BatchControl(rows, self.tokenizer, self.eos_ids, self.device, self.n_vocab)
-        with torch.inference_mode():
-            self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention.to(self.device),
-                generation_config=self._generation_config(rows),
-                logits_processor=[control],
-                stopping_criteria=[control.stopper],
-            )
-        for state in states:
-            own = [row for row in rows if row.state is state]
-            state.deliver(self._result(state, own))
+        stored, shared = self._prefixes.longest(ids) if self._prefixes else (None, 0)
+        prefix = [(k[:, :, :shared], v[:, :, :shared]) for k, v in stored.layers] if stored else []
+        out = self.model(
+            input_ids=torch.tensor([ids[shared:]], device=self.device),
+            attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=self.device),
+            position_ids=torch.arange(shared, len(ids), device=self.device)[None],
+            past_key_values=dynamic_cache(prefix),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        prompt = PromptCache(list(ids), layer_tensors(out.past_key_values))
+        if self._prefixes is not None:
+            self._prefixes.add(prompt)
+        return prompt, out.logits[:, -1]
+
+    def _step(self) -> None:
+        """One token for every row in the batch; the rows that end leave it."""
+        import torch
+
+        mask, positions = self._batch.step_inputs()
+        out = self.model(
+            input_ids=torch.tensor([[row.last] for row in self._active], device=self.device),
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self._batch.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self._pick(self._active, out.logits[:, -1])
+        going = [b for b, row in enumerate(self._active) if row.finish_reason is None]
+        if len(going) < len(self._active):
+            self._answer_finished(self._active)
+            self._batch.keep(going)
+            self._active = [self._active[b] for b in going]
+
+    def _pick(self, rows: list[Row], logits: Any) -> None:
+        control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)
+        chosen = control.choose(logits)
+        control.advance(chosen)
+        for row, token in zip(rows, chosen.tolist(), strict=True):
+            row.last = token
+
+    def _answer_finished(self, rows: list[Row]) -> None:
+        """Answer each request of these rows whose samples have all ended."""
+        for state in dict.fromkeys(row.state for row in rows):
+            own = self._rows_of[state]
+            if all(row.finish_reason is not None for row in own):
+                del self._rows_of[state]
+                state.deliver(self._result(state, own))
 
     def _rows(self, state: Submission) -> list[Row]:
         """A request's rows, one per sample; none when its settings fail (it is answered)."""
         params = state.request.params
         try:
             rows = [Row(state, i, row_generator(params.seed, i)) for i in range(params.n)]
-            if state.matcher is not None:
-                for row in rows:
+            for row in rows:
+                row.limit = self._limit(state)
+                row.logprobs = [] if params.logprobs else None
+                if state.matcher is not None:
                     row.matcher = state.matcher.copy()
             return rows
         except Exception as exc:  # this request's settings, not the batch, are at fault
             self._fail([state], failure_info(exc))
             return []
-
-    def _generation_config(self, rows: list[Row]) -> Any:
-        from transformers import GenerationConfig
-
-        return GenerationConfig(
-            max_new_tokens=max(row.limit for row in rows),
-            do_sample=False,  # _BatchControl does the sampling, row by row
-            num_beams=1,
-            # _BatchControl applies each row's own penalty; the checkpoint's must not add one.
-            repetition_penalty=1.0,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=sorted(self.eos_ids),
-        )
 
     def _result(self, state: Submission, rows: list[Row]) -> Result:
         samples = []
