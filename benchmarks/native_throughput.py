@@ -148,6 +148,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
+        "--one-pass", action="store_true",
+        help="each side once a round (A B C), not there and back (A B C C B A): for long runs",
+    )  # fmt: skip
+    parser.add_argument(
         "--eos", action="store_true", help="honour EOS: rows stop at different lengths"
     )
     parser.add_argument("--chat", action="store_true", help="chat prompts, for a real model")
@@ -180,7 +184,7 @@ def main() -> None:
     rounds = Rounds()
     order = list(sides)
     for round_no in range(1, args.rounds + 1):
-        for name in order + order[::-1]:
+        for name in order if args.one_pass else order + order[::-1]:
             rounds.run_side(round_no, sides[name])
     peaks = {name: side.peak_rss_mib() for name, side in sides.items()}
     for side in sides.values():
