@@ -253,7 +253,7 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     assert "generation.temperature" in changed.stderr and "Traceback" not in changed.stderr
 
 
-def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path):
+def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(3))
     out = tmp_path / "out.jsonl"
     run = run_lmpress(
@@ -267,7 +267,7 @@ def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path):
     # A model the replicas cannot load: lmpress's own line, not Ray's account of a dead actor.
     run = run_lmpress(
         "batch", "-i", str(src), "-o", str(out), "--model.model_name", str(tmp_path / "nope"),
-        "--ray",
+        "--ray", "--ray.address", cluster, "--ray.cpus_per_replica", "0.5",
     )  # fmt: skip
     assert run.returncode == 2
     assert f"lmpress: error: model.model_name: '{tmp_path / 'nope'}' does not exist" in run.stderr

@@ -85,9 +85,9 @@ def test_requests_in_flight_are_decoded_together():
     is in flight and the KV cache holds only what the engine keeps for reuse."""
     eng = make(str(tiny_gguf("llama")), batch_size=4)
     try:
-        params = GenerationParams(max_new_tokens=200, min_tokens=200)
+        params = GenerationParams(max_new_tokens=48, min_tokens=48)
         results = eng.generate(PROMPTS[:6], params)
-        assert all(r.ok and r.usage.completion_tokens == 200 for r in results)
+        assert all(r.ok and r.usage.completion_tokens == 48 for r in results)
         assert eng.most_in_flight == 4
         assert eng.sequences_in_flight() == 0
         assert eng.kv_cells_used() == eng.kv_cells_cached() > 0
