@@ -26,6 +26,11 @@ def import_ray():
     return ray
 
 
+def cluster_address(params: RayParams) -> str | None:
+    """The cluster to join (`ray.address`, else RAY_ADDRESS); None: start a local Ray."""
+    return params.address or os.environ.get("RAY_ADDRESS") or None
+
+
 @dataclass
 class Cluster:
     address: str | None  # None: a local Ray this job started, and stops
@@ -35,7 +40,7 @@ class Cluster:
 
     @classmethod
     def connect(cls, params: RayParams) -> Cluster:
-        address = params.address or os.environ.get("RAY_ADDRESS") or None
+        address = cluster_address(params)
         if address:
             _use_auth_token()  # read when Ray is imported
         ray = import_ray()

@@ -15,7 +15,7 @@ import re
 import threading
 from collections.abc import AsyncIterator
 
-from lmpress.batch.cluster.connect import Cluster, import_ray
+from lmpress.batch.cluster.connect import Cluster, cluster_address, import_ray
 from lmpress.batch.cluster.replica import Outcome
 from lmpress.batch.job import BatchJob
 from lmpress.batch.outputs import Reorder
@@ -23,6 +23,7 @@ from lmpress.batch.rows import RowParser
 from lmpress.configs.schema import RunConfig
 from lmpress.data.idkeys import IdKeys
 from lmpress.engines.remote.base import RemoteEngine
+from lmpress.engines.remote.credentials import key_variable
 from lmpress.errors import LmpressError
 
 
@@ -79,7 +80,7 @@ class RayBatchJob(BatchJob):
 
     async def _start_engine(self) -> None:
         params = self.config.ray
-        address = params.address or os.environ.get("RAY_ADDRESS")
+        address = cluster_address(params)
         self._say(f"joining Ray at {address}…" if address else "starting Ray…")
         self.cluster = Cluster.connect(params)  # on the main thread, where Ray wants to be
         self._say(self.cluster.describe())
@@ -172,9 +173,9 @@ class RayBatchJob(BatchJob):
 
     def _key_variables(self) -> dict[str, str]:
         """The API key's variable, for replicas on machines whose environment lacks it."""
-        names = (self.config.remote_params.api_key_env_varname,
-                 getattr(self.engine_class, "default_key_env", None))  # fmt: skip
-        return {name: os.environ[name] for name in names if name and name in os.environ}
+        default = getattr(self.engine_class, "default_key_env", None)
+        name = key_variable(self.config.remote_params, default)
+        return {name: os.environ[name]} if name and name in os.environ else {}
 
     def _replica_config(self) -> RunConfig:
         """The config each replica's engine gets: a remote engine's concurrency and rate

@@ -29,7 +29,7 @@ def resolve_api_key(
             file=sys.stderr,
         )
         return _checked_key(remote.api_key, "remote_params.api_key")
-    variable = remote.api_key_env_varname or default_key_env
+    variable = key_variable(remote, default_key_env)
     value = os.environ.get(variable, "") if variable else ""
     if value.strip():
         return _checked_key(value, f"the environment variable {variable}")
@@ -40,6 +40,11 @@ def resolve_api_key(
             f"--remote_params.api_key_env_varname)"
         )
     return None
+
+
+def key_variable(remote: RemoteParams, default_key_env: str | None) -> str | None:
+    """The environment variable the API key is read from."""
+    return remote.api_key_env_varname or default_key_env
 
 
 def _checked_key(value: str, where: str) -> str:

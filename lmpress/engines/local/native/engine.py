@@ -30,7 +30,7 @@ from lmpress.engines.local.native.loading import (
     native_prompts,
     pick_device_and_dtype,
 )
-from lmpress.engines.local.native.scheduling import NativeScheduler
+from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
 from lmpress.engines.local.worker import Submission
 from lmpress.errors import RequestError
 from lmpress.types import Request
@@ -109,9 +109,7 @@ class NativeEngine(NativeScheduler):
                 kind="context_length_exceeded",
             )
         budget = self.kv_budget_tokens
-        need = len(ids) + request.params.max_new_tokens
-        if self.context_length:
-            need = min(need, self.context_length)
+        need = len(ids) + reply_limit(len(ids), request.params, self.context_length)
         if budget and need > budget:
             raise RequestError(
                 f"prompt ({len(ids)} tokens) and max_new_tokens ({request.params.max_new_tokens})"

@@ -28,6 +28,14 @@ from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
 from lmpress.types import Result, Sample, Usage
 
 
+def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> int:
+    """max_new_tokens, or less where the model's context ends first."""
+    limit = params.max_new_tokens
+    if context_length:
+        limit = min(limit, context_length - prompt_tokens)
+    return limit
+
+
 class NativeScheduler(WorkerEngine):
     """The worker side of NativeEngine, which loads what is declared here before it starts
     the worker."""
@@ -111,11 +119,7 @@ class NativeScheduler(WorkerEngine):
         return len(state.prompt_ids) + self._limit(state)
 
     def _limit(self, state: Submission) -> int:
-        """max_new_tokens, or less where the model's context ends first."""
-        limit = state.request.params.max_new_tokens
-        if self.context_length:
-            limit = min(limit, self.context_length - len(state.prompt_ids))
-        return limit
+        return reply_limit(len(state.prompt_ids), state.request.params, self.context_length)
 
     def _prefill(self, ids: list[int]) -> tuple[PromptCache, Any]:
         """The prompt's cache and the logits after its last token, computed from the longest
