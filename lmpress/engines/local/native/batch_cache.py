@@ -1,14 +1,18 @@
 """The KV cache behind NATIVE's continuous batching, which lmpress keeps itself.
 
 transformers' DynamicCache holds one tensor a layer, [rows, heads, length, head_dim], every row
-as long as the longest. `BatchCache` keeps the rows decoding now in one such cache, each row's
-tokens right-aligned behind masked-out padding, so one forward pass decodes a token for every
-row. A row's position counts its own tokens only, so the padding changes nothing it computes.
-A row that ends leaves at once (`keep`), and columns that no row uses any more are cut away; a
-row that joins (`join`) brings the cache of its own prompt, prefilled on its own, and is padded
-on the left to the batch's length (or the batch to its own). Each layer appends a step's keys
-and values into spare columns (`SlackLayer`) rather than concatenating as DynamicCache does,
-which copies the whole cache every step.
+as long as the longest. `BatchCache` keeps the rows decoding now in one such cache, one slot a
+row, each row's tokens right-aligned behind masked-out padding, so one forward pass decodes a
+token for every slot. A row's position counts its own tokens only, so the padding changes
+nothing it computes.
+
+Each layer's keys and values are a window of columns in larger buffers (`SlackLayer`): a step
+writes its own column in place rather than concatenating as DynamicCache does, which copies the
+whole cache every step. A row that ends frees its slot (`leave`) and the columns no row uses
+any more drop out of the window; a row that joins (`place`) takes a free slot and copies in the
+cache of its own prompt, prefilled on its own. Neither copies the other rows: the buffers are
+only copied when they run out of room (columns, or slots) and when slots stay free with nobody
+to take them (`compact`), so the cache never holds two copies of itself at once.
 
 `PrefixStore` keeps the prompt caches of the last few prompts prefilled: a new prompt that
 begins with the same tokens (a system prompt, a few-shot block) starts from the longest such
@@ -26,10 +30,10 @@ from typing import Any
 # copying the prefix costs about what computing it would.
 MIN_SHARED_PREFIX = 16
 PREFIX_SLOTS = 4  # prompts whose caches are kept for the prompts after them
-# Columns a layer's buffers keep spare: every this many steps, or when rows join or leave,
-# they are copied into new ones. Concatenating instead copied the whole cache every step:
-# about 30% of a decode step of SmolLM2-135M on a CPU at batch 16 and 400 tokens.
-SPARE_COLUMNS = 64
+# Columns a layer's buffers keep spare past the window: every this many steps they are copied
+# into new ones. Concatenating instead copied the whole cache every step: about 30% of a decode
+# step of SmolLM2-135M on a CPU at batch 16 and 400 tokens.
+SPARE_COLUMNS = 32
 
 
 @dataclass
@@ -55,37 +59,46 @@ def slack_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
     class SlackLayer(DynamicLayer):
-        """A DynamicLayer whose keys and values are the used columns of larger buffers, so a
-        step writes its own column in place. Padding columns stay zeros: a masked column
-        weighs 0 in attention, and 0 times a NaN left in unset memory would still be NaN."""
+        """A DynamicLayer whose keys and values are columns `start` to `end` of larger buffers
+        [slots, heads, columns, dim], so a step writes its own column in place. Columns that
+        no row's tokens fill are masked out, and hold zeros or an ended row's keys: a masked
+        column weighs 0 in attention, but 0 times a NaN left in unset memory would still be
+        NaN, so the buffers are never left unset."""
 
-        def __init__(self, keys: Any, values: Any, rows: int, width: int):
+        def __init__(self, like: Any, slots: int, columns: int):
             super().__init__()
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-            self.allocate(keys, values, rows, width)
+            self.dtype, self.device, self.is_initialized = like.dtype, like.device, True
+            shape = (slots, like.shape[1], columns, like.shape[3])
+            self.key_buffer, self.value_buffer = like.new_zeros(shape), like.new_zeros(shape)
+            self.show(0, 0)
 
-        def allocate(self, keys: Any, values: Any, rows: int, width: int) -> None:
-            """Zeroed buffers shaped like `keys` and `values`, with `width` columns in use."""
-            spare = width + SPARE_COLUMNS
-            self.key_buffer = keys.new_zeros((rows, keys.shape[1], spare, keys.shape[3]))
-            self.value_buffer = values.new_zeros((rows, values.shape[1], spare, values.shape[3]))
-            self.show(width)
+        def show(self, start: int, end: int) -> None:
+            self.start, self.end = start, end
+            self.keys = self.key_buffer[:, :, start:end]
+            self.values = self.value_buffer[:, :, start:end]
 
-        def show(self, width: int) -> None:
-            self.keys = self.key_buffer[:, :, :width]
-            self.values = self.value_buffer[:, :, :width]
+        def moved(self, slots: list[int] | None, total: int, width: int) -> Any:
+            """A new layer of `total` slots, these of this one (all, for None) first in this
+            order, their window right-aligned in `width` columns and spare columns after it."""
+            moved = type(self)(self.keys, total, width + SPARE_COLUMNS)
+            moved.show(0, width)
+            kept = self.end - self.start
+            for mine, theirs in ((self.keys, moved.keys), (self.values, moved.values)):
+                if slots is None:
+                    theirs[: mine.shape[0], :, width - kept :] = mine
+                else:
+                    theirs[: len(slots), :, width - kept :] = mine[slots]
+            return moved
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
-            start = self.keys.shape[-2]
-            end = start + key_states.shape[-2]
-            if end > self.key_buffer.shape[-2]:  # out of spare columns: new buffers
-                keys, values = self.keys, self.values
-                self.allocate(keys, values, keys.shape[0], start)
-                self.key_buffer[:, :, :start] = keys
-                self.value_buffer[:, :, :start] = values
-            self.key_buffer[:, :, start:end] = key_states
-            self.value_buffer[:, :, start:end] = value_states
-            self.show(end)
+            if self.end + key_states.shape[-2] > self.key_buffer.shape[-2]:  # out of columns
+                moved = self.moved(None, self.key_buffer.shape[0], self.end - self.start)
+                self.key_buffer, self.value_buffer = moved.key_buffer, moved.value_buffer
+                self.show(0, moved.end)
+            end = self.end + key_states.shape[-2]
+            self.key_buffer[:, :, self.end : end] = key_states
+            self.value_buffer[:, :, self.end : end] = value_states
+            self.show(self.start, end)
             return self.keys, self.values
 
     return SlackLayer
@@ -100,74 +113,93 @@ def slack_cache(layers: list[Any]) -> Any:
 
 
 class BatchCache:
-    """The rows decoding now: their KV cache and their attention mask [rows, length]."""
+    """The rows decoding now, a slot each: their KV cache, and their attention mask
+    [slots, width] (1 where the slot's row has a token). A free slot decodes too, until a row
+    takes it or `compact` drops it: its mask keeps it to its own tokens since it was freed,
+    so it computes nothing that is not finite."""
 
     def __init__(self, device: str):
         self.device = device
         self.cache: Any = None
         self.mask: Any = None
+        self.free: set[int] = set()
 
     @property
-    def rows(self) -> int:
+    def slots(self) -> int:
         return 0 if self.mask is None else self.mask.shape[0]
 
     @property
     def width(self) -> int:
         return 0 if self.mask is None else self.mask.shape[1]
 
-    def join(self, prompts: list[PromptCache]) -> None:
-        """Add rows after the ones already here, each with its prompt's cache."""
+    def place(self, joining: list[tuple[int, PromptCache]]) -> None:
+        """Put each prompt's cache in its slot: a free one, or a new one after the last."""
         import torch
 
-        width = max([self.width] + [len(p.ids) for p in prompts])
-        rows = self.rows + len(prompts)
-        mask = torch.zeros((rows, width), dtype=torch.long, device=self.device)
+        slots = max(self.slots, *(b + 1 for b, _ in joining))
+        width = max(self.width, *(len(prompt.ids) for _, prompt in joining))
+        if self.cache is None:
+            like = joining[0][1].layers
+            self.cache = slack_cache([slack_layer_class()(k, 0, 0) for k, _ in like])
+        room = self.cache.layers[0].start  # unused columns left of the window
+        if slots > self.slots or width - self.width > room:
+            self._move(None, slots, width)
+        else:
+            for layer in self.cache.layers:
+                layer.show(layer.end - width, layer.end)
+        mask = torch.zeros((slots, width), dtype=torch.long, device=self.device)
         if self.mask is not None:
-            mask[: self.rows, width - self.width :] = self.mask
-        for b, prompt in enumerate(prompts, start=self.rows):
-            mask[b, width - len(prompt.ids) :] = 1
-        old = layer_tensors(self.cache) if self.cache is not None else None
-        layer_class, layers = slack_layer_class(), []
-        for i, (keys, values) in enumerate(prompts[0].layers):
-            layer = layer_class(keys, values, rows, width)
-            for t, buffer in enumerate((layer.key_buffer, layer.value_buffer)):
-                if old is not None:
-                    buffer[: self.rows, :, width - self.width : width] = old[i][t]
-                for b, prompt in enumerate(prompts, start=self.rows):
-                    buffer[b, :, width - len(prompt.ids) : width] = prompt.layers[i][t][0]
-            layers.append(layer)
-        self.cache, self.mask = slack_cache(layers), mask
+            mask[: self.slots, width - self.width :] = self.mask
+        for b, prompt in joining:
+            n = len(prompt.ids)
+            mask[b] = 0
+            mask[b, width - n :] = 1
+            for layer, tensors in zip(self.cache.layers, prompt.layers, strict=True):
+                for window, tensor in zip((layer.keys, layer.values), tensors, strict=True):
+                    window[b, :, : width - n] = 0
+                    window[b, :, width - n :] = tensor[0]
+        self.mask = mask
+        self.free -= {b for b, _ in joining}
 
-    def keep(self, indices: list[int]) -> None:
-        """Keep only these rows, in this order, and cut the columns none of them uses."""
-        if not indices:
+    def leave(self, slots: list[int]) -> None:
+        """Free these slots, and drop the columns no row uses any more."""
+        self.free.update(slots)
+        if len(self.free) == self.slots:
             self.cache = self.mask = None
+            self.free = set()
             return
-        import torch
+        self.mask[slots] = 0
+        live = [b for b in range(self.slots) if b not in self.free]
+        first = int(self.mask[live].any(dim=0).int().argmax())  # the first column in use
+        if first:
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.show(layer.start + first, layer.end)
 
-        index = torch.tensor(indices, device=self.device)
-        mask = self.mask[index]
-        first = int(mask.any(dim=0).int().argmax())  # the first column a row still uses
-        self.mask = mask[:, first:]
-        width = self.mask.shape[1]
-        layer_class, layers = slack_layer_class(), []
-        for keys, values in layer_tensors(self.cache):
-            layer = layer_class(keys, values, len(indices), width)
-            layer.key_buffer[:, :, :width] = keys[index, :, first:]
-            layer.value_buffer[:, :, :width] = values[index, :, first:]
-            layers.append(layer)
-        self.cache = slack_cache(layers)
+    def compact(self) -> list[int]:
+        """Drop the free slots; returns the slots kept, in their new order."""
+        live = [b for b in range(self.slots) if b not in self.free]
+        if self.free:
+            self.mask = self.mask[live]
+            self._move(live, len(live), self.width)
+            self.free = set()
+        return live
+
+    def _move(self, slots: list[int] | None, total: int, width: int) -> None:
+        """Into new buffers (see SlackLayer.moved), layer by layer, so that at most one layer
+        is held twice at a time."""
+        layers = self.cache.layers
+        for i, layer in enumerate(layers):
+            layers[i] = layer.moved(slots, total, width)
 
     def step_inputs(self) -> tuple[Any, Any]:
-        """The attention mask and positions for one new token in every row; the mask is kept."""
+        """The attention mask and positions for one new token in every slot; the mask is
+        kept."""
         import torch
 
         positions = self.mask.sum(dim=1, keepdim=True)  # each row's own tokens so far
-        self.mask = torch.cat([self.mask, self.mask.new_ones((self.rows, 1))], dim=1)
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.slots, 1))], dim=1)
         return self.mask, positions
-
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in layer_tensors(self.cache)) if self.cache else 0
 
 
 class PrefixStore:

@@ -5,7 +5,9 @@ and sampling.py's `BatchControl` picks each row's token by its own settings. A r
 leaves the batch at once and its request is answered when its last sample ends; between
 steps, waiting requests join while there are free rows (`generation.batch_size`, a request
 with n samples counting n) and room in the KV cache's memory budget. A joining prompt is
-prefilled on its own, starting from the longest prefix it shares with a recent prompt.
+prefilled on its own, starting from the longest prefix it shares with a recent prompt, and
+takes the slot of a row that ended (batch_cache.py); slots nobody takes are dropped before the
+next step.
 
 transformers' own continuous batching (`generate_batch` and its manager) was measured against
 this (benchmarks/README.md); it has no per-row grammar, stop strings, seeds or penalties.
@@ -56,7 +58,7 @@ class NativeScheduler(WorkerEngine):
 
         self._batch = BatchCache(self.device)
         self._prefixes = PrefixStore() if self.prefix_reuse else None
-        self._active: list[Row] = []  # the rows in the batch, in the cache's order
+        self._active: list[Row | None] = []  # the rows in the batch by slot; None: free
         self._rows_of: dict[Submission, list[Row]] = {}  # requests in the batch, by request
         while True:
             with self._wakeup:
@@ -90,15 +92,25 @@ class NativeScheduler(WorkerEngine):
             self._pick(rows, logits.repeat(len(rows), 1))
             joining += [(row, prompt) for row in rows if row.finish_reason is None]
             self._answer_finished(rows)
-        if joining:
-            self._batch.join([prompt for _, prompt in joining])
-            self._active += [row for row, _ in joining]
+        free = [b for b, row in enumerate(self._active) if row is None]
+        places = []
+        for row, prompt in joining:
+            b = free.pop(0) if free else len(self._active)
+            if b == len(self._active):
+                self._active.append(None)
+            self._active[b] = row
+            places.append((b, prompt))
+        if places:
+            self._batch.place(places)
+        if free:  # nobody takes these slots now: stop decoding them
+            self._active = [self._active[b] for b in self._batch.compact()]
 
     def _take_fitting(self) -> list[Submission]:
         """The waiting requests, in order, while their rows fit the batch and the budget."""
         taken: list[Submission] = []
-        rows = len(self._active)
-        longest = max((self._need(row.state) for row in self._active), default=0)
+        live = [row for row in self._active if row is not None]
+        rows = len(live)
+        longest = max((self._need(row.state) for row in live), default=0)
         with self._wakeup:
             while self._pending:
                 state = self._pending[0]
@@ -155,11 +167,13 @@ class NativeScheduler(WorkerEngine):
             logits_to_keep=1,
         )
         self._pick(self._active, out.logits[:, -1])
-        going = [b for b, row in enumerate(self._active) if row.finish_reason is None]
-        if len(going) < len(self._active):
+        ended = [b for b, row in enumerate(self._active) if row.finish_reason is not None]
+        if ended:
             self._answer_finished(self._active)
-            self._batch.keep(going)
-            self._active = [self._active[b] for b in going]
+            self._batch.leave(ended)
+            self._active = [None if b in ended else row for b, row in enumerate(self._active)]
+            if not any(self._active):
+                self._active = []
 
     def _pick(self, rows: list[Row], logits: Any) -> None:
         control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)
