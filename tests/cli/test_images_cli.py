@@ -20,9 +20,10 @@ def image_row(rid: str, text: str, *images: dict) -> dict:
     return {"id": rid, "messages": [{"role": "user", "content": [*images, {"type": "text", "text": text}]}]}  # fmt: skip
 
 
-def test_batch_of_50_mixed_rows_and_infer_give_the_same_replies(tmp_path):
-    """50 rows: text only, one image (OpenAI part with a path, Oumi image_path), two images (data:
-    URLs), and one corrupt image, which fails alone; `infer --image` answers as its row did."""
+def write_mixed_rows(folder) -> None:
+    """in.jsonl, 50 rows: text only, one image (OpenAI part with a path, Oumi image_path), two
+    images (data: URLs), and one corrupt image (row 7)."""
+    tmp_path = folder
     for seed in range(3):
         picture_file(tmp_path, seed)
     (tmp_path / "broken.png").write_bytes(CORRUPT_PNG)
@@ -52,6 +53,10 @@ def test_batch_of_50_mixed_rows_and_infer_give_the_same_replies(tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
+
+def test_batch_of_50_mixed_rows_and_infer_give_the_same_replies(tmp_path):
+    """The corrupt image fails alone; `infer --image` answers as its row did."""
+    write_mixed_rows(tmp_path)
     run = run_lmpress("batch", *VLM, "-i", "in.jsonl", "-o", "out.jsonl", cwd=tmp_path)
     assert run.returncode == 1, run.stderr  # one row failed; the others ran
     assert (
@@ -74,6 +79,27 @@ def test_batch_of_50_mixed_rows_and_infer_give_the_same_replies(tmp_path):
     infer = run_lmpress("infer", *VLM, "--image", str(tmp_path / "picture-1.png"), "What is this?")
     assert infer.returncode == 0, infer.stderr
     assert infer.stdout.rstrip("\n") == out["r1"]["response"]["text"]
+
+
+@pytest.mark.slow  # ~30 s here: each image row's prefill chunks cost ~0.4 s on these CPUs
+def test_batch_of_50_mixed_rows_on_llamacpp_with_a_projector(tmp_path):
+    pytest.importorskip("llama_cpp.mtmd_cpp")
+    write_mixed_rows(tmp_path)
+    run = run_lmpress(
+        "batch", "--engine", "LLAMACPP", "--model.model_name", "tiny-gguf:llama",
+        "--model.model_kwargs.mmproj", "tiny-gguf:llama-mmproj",
+        "--generation.max_new_tokens", "8", "-i", "in.jsonl", "-o", "out.jsonl", cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert "in.jsonl:7: image 1 (file://" in run.stderr and "Traceback" not in run.stderr
+    out = {row["id"]: row for row in map(json.loads, (tmp_path / "out.jsonl").open())}
+    assert len(out) == 49 and "r6" not in out
+    tokens = {rid: row["response"]["usage"]["prompt_tokens"] for rid, row in out.items()}
+    assert (
+        tokens["r1"] == tokens["r5"]
+        and out["r1"]["response"]["text"] != out["r5"]["response"]["text"]
+    )
+    assert tokens["r3"] >= tokens["r1"] + TOKENS_PER_IMAGE
 
 
 def test_chat_image_attaches_to_the_next_message_and_stays_in_the_history(echo_plugin, tmp_path):
