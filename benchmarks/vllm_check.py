@@ -1,7 +1,7 @@
 """Run lmpress's VLLM engine for real and compare its throughput with raw vLLM.
 
     python benchmarks/vllm_check.py MODEL_DIR [--rows 512] [--max-new-tokens 128]
-        [--engine-args '{"tensor_parallel_size": 2, "max_model_len": 4096}']
+        [--engine-args '{"tensor_parallel_size": 2, "max_model_len": 4096}'] [--images]
 
 Needs a Linux machine with a GPU and `pip install 'lmpress[vllm]'`; anywhere else it stops at
 once and says why. It builds the same chat prompts for both sides, then runs, each in a fresh
@@ -17,6 +17,10 @@ loading). It prints rows/s and output tokens/s for each, lmpress's throughput as
 vLLM's, and how many replies are identical (greedy decoding on the same prompts should give the
 same text; a difference points at the chat template or sampling translation). Exit code 0 when
 both sides ran, 1 when lmpress failed rows, 2 when this machine cannot run vLLM.
+
+--images (for a vision-language model) makes every other row ask about a picture, sent as an
+OpenAI image_url part with a data: URL: raw vLLM reads it in `LLM.chat`, lmpress turns it into
+`multi_modal_data`; identical greedy replies show that both put the image in the same place.
 
 data_parallel_size in --engine-args reaches lmpress's AsyncLLM, which runs that many copies of
 the model itself (vLLM's own data parallelism). vLLM's offline LLM class runs one copy only, so
@@ -49,16 +53,37 @@ TOPICS = (
 STYLES = ("in one paragraph", "to a ten-year-old", "in three bullet points", "in detail")
 
 
-def conversations(rows: int) -> list[list[dict[str, str]]]:
-    """Deterministic chat prompts of varied length."""
+def conversations(rows: int, images: bool = False) -> list[list[dict]]:
+    """Deterministic chat prompts of varied length; with `images`, every other row asks about
+    one picture (a data: URL), so that image rows batch with text rows."""
     out = []
     for i in range(rows):
         topic, style = TOPICS[i % len(TOPICS)], STYLES[(i // len(TOPICS)) % len(STYLES)]
-        messages = [{"role": "user", "content": f"Explain {topic} {style}. (#{i})"}]
+        content: str | list[dict] = f"Explain {topic} {style}. (#{i})"
+        if images and i % 2:
+            content = [
+                {"type": "image_url", "image_url": {"url": picture_url(i)}},
+                {"type": "text", "text": f"Describe the colours of this picture. (#{i})"},
+            ]
+        messages = [{"role": "user", "content": content}]
         if i % 3 == 0:
             messages.insert(0, {"role": "system", "content": "You are a patient teacher."})
         out.append(messages)
     return out
+
+
+def picture_url(seed: int) -> str:
+    """A 64x64 picture of two colours, different for each seed, as a PNG data: URL."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    image = Image.new("RGB", (64, 64), ((seed * 37) % 256, (seed * 91) % 256, 128))
+    image.paste(((seed * 53) % 256, 40, (seed * 17) % 256), (0, 0, 32, 64))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def why_not_here(model_dir: str) -> str | None:
@@ -79,14 +104,16 @@ def why_not_here(model_dir: str) -> str | None:
 # --- the two sides, each run in its own process ------------------------------------------------
 
 
-def run_raw(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -> dict:
+def run_raw(
+    model_dir: str, rows: int, max_new_tokens: int, engine_args: dict, images: bool
+) -> dict:
     from vllm import LLM, SamplingParams
 
     # vLLM's LLM class does not run data parallel in one process.
     engine_args = {k: v for k, v in engine_args.items() if k != "data_parallel_size"}
     llm = LLM(model=model_dir, **engine_args)
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
-    prompts = conversations(rows)
+    prompts = conversations(rows, images)
     started = time.perf_counter()
     outputs = llm.chat(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - started
@@ -99,7 +126,9 @@ def run_raw(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -
     }
 
 
-def run_lmpress(model_dir: str, rows: int, max_new_tokens: int, engine_args: dict) -> dict:
+def run_lmpress(
+    model_dir: str, rows: int, max_new_tokens: int, engine_args: dict, images: bool
+) -> dict:
     from lmpress.batch import BatchOptions, run_batch
     from lmpress.cli.report import BatchReport
     from lmpress.configs import load_config
@@ -118,7 +147,7 @@ def run_lmpress(model_dir: str, rows: int, max_new_tokens: int, engine_args: dic
     with tempfile.TemporaryDirectory() as tmp:
         source, target = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
         with source.open("w") as f:
-            for i, messages in enumerate(conversations(rows)):
+            for i, messages in enumerate(conversations(rows, images)):
                 f.write(json.dumps({"id": str(i), "messages": messages}) + "\n")
         engine = create_engine(config)
 
@@ -152,6 +181,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict:
     command = [
         sys.executable, __file__, args.model_dir, "--only", side, "--rows", str(args.rows),
         "--max-new-tokens", str(args.max_new_tokens), "--engine-args", args.engine_args,
+        *(["--images"] if args.images else []),
     ]  # fmt: skip
     env = {**os.environ, "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
     proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env)
@@ -188,11 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--engine-args", default="{}", help="JSON: vLLM engine arguments")
+    parser.add_argument(
+        "--images", action="store_true", help="every other row asks about a picture (a VLM)"
+    )
     parser.add_argument("--only", choices=sorted(SIDES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     engine_args = json.loads(args.engine_args)
     if args.only:
-        result = SIDES[args.only](args.model_dir, args.rows, args.max_new_tokens, engine_args)
+        result = SIDES[args.only](
+            args.model_dir, args.rows, args.max_new_tokens, engine_args, args.images
+        )
         print(json.dumps(result))
         return 0
     reason = why_not_here(args.model_dir)

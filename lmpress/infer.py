@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TextIO
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_params
 from lmpress.engines.registry import create_engine
-from lmpress.errors import InputError
+from lmpress.images import image_part
 from lmpress.types import ContentPart, Delta, Message, Request, Result
 
 
@@ -26,7 +25,9 @@ async def run_prompt(
     model wants. Returns the exit code: 0, or 1 when the request failed."""
     out = out or sys.stdout
     messages = [
-        Message("user", [image_part(image), ContentPart("text", prompt)] if image else prompt)
+        Message("user", [image_part(image, "--image"), ContentPart("text", prompt)])
+        if image
+        else Message("user", prompt)
     ]
     if system:
         messages.insert(0, Message("system", system))
@@ -53,13 +54,3 @@ async def run_prompt(
         out.write(f"--- sample {i} ---\n{sample.text}\n")
     out.flush()
     return 0
-
-
-def image_part(image: str) -> ContentPart:
-    """`--image`: a local file (sent as a file URL, which each engine reads) or a URL."""
-    if image.startswith(("http://", "https://", "data:")):
-        return ContentPart("image_url", image_url=image)
-    path = Path(image).expanduser().resolve()
-    if not path.is_file():
-        raise InputError(f"--image: {image}: no such file")
-    return ContentPart("image_url", image_url=path.as_uri())

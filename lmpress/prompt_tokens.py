@@ -2,8 +2,9 @@
 `usage.prompt_tokens` for it, for the dry run and the budget guardrails.
 
 Each local engine's count goes through the engine's own prompt code, without the weights:
-- NATIVE: its tokenizer (`load_tokenizer`) and `HfPrompts`, as the engine builds them; the
-  context from the model's config (`model.model_max_length` caps it).
+- NATIVE: its tokenizer (`load_tokenizer`) and `HfPrompts`, as the engine builds them (with a
+  vision-language model's processor, which expands each image into its tokens: the images are
+  read to count them); the context from the model's config (`model.model_max_length` caps it).
 - LLAMACPP: the GGUF file opened with `vocab_only` and `GgufPrompts`; the context is a
   sequence's part of the KV cache the engine will make (`model_kwargs.n_ctx` shared by
   `generation.batch_size`).
@@ -40,6 +41,7 @@ from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.native.loading import (
     context_length,
     load_model_config,
+    load_processor,
     load_tokenizer,
     native_prompts,
 )
@@ -89,8 +91,10 @@ def estimate_counter(why: str) -> PromptCounter:
 def _native_counter(config: RunConfig) -> PromptCounter:
     model = config.model
     tokenizer = load_tokenizer(model)
-    prompts = native_prompts(config, tokenizer, check_parser(model.tool_call_parser))
-    context = context_length(load_model_config(model), model.model_max_length)
+    model_config = load_model_config(model)
+    processor = load_processor(model, model_config, tokenizer)  # a vision-language model's
+    prompts = native_prompts(config, tokenizer, check_parser(model.tool_call_parser), processor)
+    context = context_length(model_config, model.model_max_length)
     label = f"{model.tokenizer_name or model.model_name} (transformers, as NATIVE)"
     return PromptCounter(prompts, True, context, label)
 

@@ -72,23 +72,43 @@ SPECS = {
 }
 
 
+@dataclass(frozen=True)
+class ProjectorSpec:
+    """A tiny LLaVA-style projector GGUF (a CLIP vision tower and a two-layer MLP) for the text
+    model `text`: what `model.model_kwargs.mmproj` names for LLAMACPP to read images. 32x32
+    images in 8x8 patches: 16 image tokens each."""
+
+    name: str
+    text: str
+    hidden: int = 32
+    layers: int = 2
+    heads: int = 2
+    intermediate: int = 64
+    image_size: int = 32
+    patch_size: int = 8
+    init_std: float = 0.25
+
+
+PROJECTORS = {spec.name: spec for spec in (ProjectorSpec("llama-mmproj", "llama"),)}
+
+
 def resolve_gguf_name(name: str) -> str:
     """`tiny-gguf:NAME` names a tiny GGUF model (built on first use); anything else as given."""
     if not name.startswith(TINY_GGUF_PREFIX):
         return name
     tiny = name[len(TINY_GGUF_PREFIX) :]
-    if tiny not in SPECS:
+    if tiny not in SPECS and tiny not in PROJECTORS:
         from lmpress.errors import ModelLoadError
 
         raise ModelLoadError(
-            f"model.model_name: unknown tiny GGUF model '{tiny}' (choose from {', '.join(SPECS)})"
+            f"unknown tiny GGUF model '{tiny}' (choose from {', '.join([*SPECS, *PROJECTORS])})"
         )
     return str(tiny_gguf(tiny))
 
 
 def tiny_gguf(name: str = "llama", cache_dir: Path | None = None) -> Path:
-    """The path of a tiny GGUF file, built on first use and cached."""
-    spec = SPECS[name]
+    """The path of a tiny GGUF file (a model or a projector), built on first use and cached."""
+    spec = SPECS[name] if name in SPECS else PROJECTORS[name]
     root = (cache_dir or cache_root()) / "tiny-gguf"
     target = root / f"{spec.name}-v{BUILDER_VERSION}.gguf"
     if target.exists():
@@ -106,7 +126,10 @@ def tiny_gguf(name: str = "llama", cache_dir: Path | None = None) -> Path:
     return target
 
 
-def build(spec: GgufSpec, out: Path) -> None:
+def build(spec: GgufSpec | ProjectorSpec, out: Path) -> None:
+    if isinstance(spec, ProjectorSpec):
+        _write_projector(spec, out)
+        return
     if spec.dtype != "q4_k_m":
         _write(spec, out)
         return
@@ -303,8 +326,61 @@ def bpe_vocab(spec: GgufSpec) -> Vocab:
     return Vocab(tokens, types, None, merges, bos, bos + 2, None, False, CHATML_TEMPLATE)
 
 
+def _write_projector(spec: ProjectorSpec, out: Path) -> None:
+    """The keys and tensors llama.cpp's clip loader reads for an "mlp" (LLaVA) projector."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    width, ff, n_text = spec.hidden, spec.intermediate, SPECS[spec.text].hidden
+    patches = (spec.image_size // spec.patch_size) ** 2
+    writer = gguf.GGUFWriter(str(out), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.has_llava_projector", True)
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.use_gelu", True)
+    for key, value in (("image_size", spec.image_size), ("patch_size", spec.patch_size),
+                       ("embedding_length", width), ("feed_forward_length", ff),
+                       ("block_count", spec.layers), ("projection_dim", n_text),
+                       ("attention.head_count", spec.heads)):  # fmt: skip
+        writer.add_uint32(f"clip.vision.{key}", value)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+    def matrix(name: str, *shape: int) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * spec.init_std).astype(np.float32))
+
+    def norm(name: str, n: int) -> None:
+        writer.add_tensor(f"{name}.weight", np.ones(n, dtype=np.float32))
+        writer.add_tensor(f"{name}.bias", np.zeros(n, dtype=np.float32))
+
+    def linear(name: str, rows: int, cols: int) -> None:
+        matrix(f"{name}.weight", rows, cols)
+        writer.add_tensor(f"{name}.bias", np.zeros(rows, dtype=np.float32))
+
+    matrix("v.patch_embd.weight", width, 3, spec.patch_size, spec.patch_size)
+    matrix("v.class_embd", width)
+    matrix("v.position_embd.weight", patches + 1, width)
+    norm("v.pre_ln", width)
+    for block in range(spec.layers):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            linear(f"v.blk.{block}.{name}", width, width)
+        norm(f"v.blk.{block}.ln1", width)
+        norm(f"v.blk.{block}.ln2", width)
+        linear(f"v.blk.{block}.ffn_up", ff, width)
+        linear(f"v.blk.{block}.ffn_down", width, ff)
+    linear("mm.0", n_text, width)
+    linear("mm.2", n_text, n_text)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def main(argv: list[str] | None = None) -> int:
-    return builder_main(argv, "lmpress.tinygguf", "tiny GGUF models", SPECS, tiny_gguf)
+    names = {**SPECS, **PROJECTORS}
+    return builder_main(argv, "lmpress.tinygguf", "tiny GGUF models", names, tiny_gguf)
 
 
 if __name__ == "__main__":

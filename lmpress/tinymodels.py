@@ -45,11 +45,24 @@ INST_TEMPLATE = (
     "{% else %} {{ message['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
 )
 
+# ChatML whose content may be a list of parts, images first where they were given: what a
+# vision-language processor's template looks like. The processor expands each <image> into
+# the image's tokens.
+IMAGE_TOKEN = "<image>"
+VLM_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>\n"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+VISION = {"image_size": 32, "patch_size": 8, "hidden": 32}
+
 
 @dataclass(frozen=True)
 class TinySpec:
     name: str
-    architecture: str  # "llama" | "gpt2"
+    architecture: str  # "llama" | "gpt2" | "llava" (a llama text model that reads images)
     tokenizer: str  # "bpe" (byte-level BPE, GPT-2 family) | "unigram" (SentencePiece family)
     vocab_size: int
     hidden: int
@@ -66,6 +79,9 @@ SPECS = {
     spec.name: spec
     for spec in (
         TinySpec("llama", "llama", "bpe", 512, 64, 2, 4, 2, 128),
+        # LLaVA-style: a CLIP vision tower (32x32 images, 8x8 patches: 16 image tokens each)
+        # and a projector before the llama text model; an image processor that needs Pillow only.
+        TinySpec("llava", "llava", "bpe", 512, 64, 2, 4, 2, 128),
         TinySpec("gpt2", "gpt2", "unigram", 400, 64, 2, 4, 4, 256),
         # SmolLM2-135M's shape with random weights, for throughput benchmarks.
         TinySpec("smollm2-135m-shape", "llama", "bpe", 49152, 576, 30, 9, 3, 1536, 8192, 0.02),
@@ -119,12 +135,36 @@ def build(spec: TinySpec, out: Path) -> None:
     import torch
 
     tokenizer = train_tokenizer(spec)
-    tokenizer.save_pretrained(out)
+    if spec.architecture == "llava":
+        tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+        tokenizer.chat_template = VLM_TEMPLATE
+        _llava_processor(tokenizer).save_pretrained(out)
+    else:
+        tokenizer.save_pretrained(out)
     torch.manual_seed(0)
     model = _make_model(spec, tokenizer)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
+
+
+def _llava_processor(tokenizer: Any) -> Any:
+    from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+    size = VISION["image_size"]
+    images = CLIPImageProcessorPil(
+        size={"shortest_edge": size}, crop_size={"height": size, "width": size}
+    )
+    # "default" drops the vision tower's CLS feature, which the count of image tokens
+    # (patches, plus num_additional_image_tokens, minus one) takes into account.
+    return LlavaProcessor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        patch_size=VISION["patch_size"],
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=VLM_TEMPLATE,
+    )
 
 
 def corpus(size: int, seed: int = 0) -> list[str]:
@@ -194,7 +234,7 @@ def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    if spec.architecture == "llama":
+    if spec.architecture in ("llama", "llava"):
         from transformers import LlamaConfig, LlamaForCausalLM
 
         config = LlamaConfig(
@@ -210,7 +250,11 @@ def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
             initializer_range=spec.init_std,
             **ids,
         )
-        return LlamaForCausalLM(config)
+        return (
+            _llava_model(config, tokenizer)
+            if spec.architecture == "llava"
+            else LlamaForCausalLM(config)
+        )
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
@@ -224,6 +268,31 @@ def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
         **ids,
     )
     return GPT2LMHeadModel(config)
+
+
+def _llava_model(text: Any, tokenizer: Any) -> Any:
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    width = VISION["hidden"]
+    vision = CLIPVisionConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=VISION["image_size"],
+        patch_size=VISION["patch_size"],
+        projection_dim=width,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        tie_word_embeddings=True,
+        initializer_range=text.initializer_range,
+    )
+    return LlavaForConditionalGeneration(config)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -248,7 +248,7 @@ def test_unknown_command_lists_the_commands_and_help_explains_them(echo_chat):
     shown = chat.say("/frobnicate")
     assert shown.strip() == (
         "error: unknown command '/frobnicate'. "
-        "Commands: /help /reset /system /set /retry /undo /save /load /exit"
+        "Commands: /help /reset /system /set /retry /undo /image /save /load /exit"
     )
     help_text = chat.say("/help")
     for usage in ["/reset", "/system [TEXT]", "/set [KEY=VALUE]", "/retry", "/undo", "/save FILE",

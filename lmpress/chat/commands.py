@@ -14,6 +14,7 @@ from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_params
 from lmpress.errors import ConfigError, InputError
+from lmpress.images import image_part
 from lmpress.types import GENERATION_FIELDS, SCHEDULING_FIELDS, GenerationParams
 
 
@@ -24,6 +25,7 @@ def help_command(chat: Chat, arg: str) -> None:
 def reset_command(chat: Chat, arg: str) -> None:
     chat.conversation.messages.clear()
     chat.conversation.unsent = None
+    chat.conversation.attached.clear()
     chat.style.note("conversation forgotten; the system prompt and settings are kept")
 
 
@@ -110,6 +112,21 @@ def load_command(chat: Chat, arg: str) -> None:
         chat.style.note(f"last {last.role} message: {one_line(last.text())}")
 
 
+def image_command(chat: Chat, arg: str) -> None:
+    attached = chat.conversation.attached
+    if not arg:
+        if not attached:
+            chat.style.note("no image attached; /image PATH attaches one to your next message")
+        for part in attached:
+            chat.style.note(f"attached: {part.image_url}")
+    elif arg.lower() in ("clear", "none", "off"):
+        attached.clear()
+        chat.style.note("attached images dropped")
+    else:
+        attached.append(image_part(arg, "/image"))
+        chat.style.note(f"{len(attached)} image(s) attached; they go with your next message")
+
+
 def exit_command(chat: Chat, arg: str) -> None:
     raise LeaveChat
 
@@ -121,6 +138,7 @@ COMMANDS: dict[str, Command] = {
     "set": Command(set_command, "/set [KEY=VALUE]", "list the generation settings, or change one:"),
     "retry": Command(retry_command, "/retry", "generate the last reply again"),
     "undo": Command(undo_command, "/undo", "drop the last exchange (your message and its reply)"),
+    "image": Command(image_command, "/image [PATH]", "attach an image file (or http/data URL) to your next message"),
     "save": Command(save_command, "/save FILE", "append the conversation to FILE as a batch input row"),
     "load": Command(load_command, "/load FILE [LINE]", "continue a saved conversation (the last row, or LINE)"),
     "exit": Command(exit_command, "/exit", "leave (Ctrl-D too)"),

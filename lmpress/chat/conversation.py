@@ -9,17 +9,26 @@ from pathlib import Path
 from lmpress.data.formats import ParsedRow, RowError, parse_row
 from lmpress.data.jsonl import JsonlWriter, count_lines, read_lines
 from lmpress.errors import InputError
-from lmpress.types import Message
+from lmpress.types import ContentPart, Message
 
 
 @dataclass
 class Conversation:
     """What the model sees: an optional system prompt, then the exchanges so far. A message
-    whose reply failed (or that a loaded file left unanswered) waits in `unsent` for /retry."""
+    whose reply failed (or that a loaded file left unanswered) waits in `unsent` for /retry;
+    images attached with /image wait in `attached` for the next message."""
 
     system: str | None = None
     messages: list[Message] = field(default_factory=list)
     unsent: Message | None = None
+    attached: list[ContentPart] = field(default_factory=list)  # /image: for the next message
+
+    def user_message(self, text: str) -> Message:
+        """The user's next message: its text, after the images attached to it (taken)."""
+        if not self.attached:
+            return Message("user", text)
+        parts, self.attached = [*self.attached, ContentPart("text", text=text)], []
+        return Message("user", parts)
 
     def with_system(self) -> list[Message]:
         head = [Message("system", self.system)] if self.system else []

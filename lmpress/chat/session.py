@@ -113,7 +113,7 @@ class Chat:
             raise LeaveChat  # what newcomers type to leave; " exit" sends the word itself
         text = line[1:] if line.startswith("//") else line
         if text.strip():
-            self.send(Message("user", text))
+            self.send(self.conversation.user_message(text))
 
     def fail(self, message: str) -> None:
         self.failures += 1

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
+from lmpress.images import sniff_media_type
 from lmpress.tools import ToolError, parse_tool_calls
 from lmpress.types import ROLES, ContentPart, Message
 
@@ -91,7 +93,7 @@ def _parse_content(content: Any, index: int) -> str | list[ContentPart]:
             if not isinstance(url, str) or not url:
                 raise RowError(f"message {index} has an image part without a URL")
             if kind == "image_path" and not url.startswith(("file:", "data:", "http")):
-                url = f"file://{url}"
+                url = Path(url).expanduser().absolute().as_uri()
             parts.append(ContentPart("image_url", image_url=url))
         elif kind == "image_binary":
             parts.append(ContentPart("image_url", image_url=_binary_image_url(part, index)))
@@ -103,10 +105,6 @@ def _parse_content(content: Any, index: int) -> str | list[ContentPart]:
     return parts
 
 
-# The first bytes of the image formats a chat model takes, for an Oumi image_binary's type.
-IMAGE_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"))
-
-
 def _binary_image_url(part: dict[str, Any], index: int) -> str:
     """Oumi's image_binary item: the image's bytes, base64 in `binary`, as a data: URL."""
     data = part.get("binary")
@@ -116,10 +114,7 @@ def _binary_image_url(part: dict[str, Any], index: int) -> str:
         raw = b""
     if not raw:
         raise RowError(f"message {index} has an image_binary part without base64 'binary'")
-    mime = next((m for magic, m in IMAGE_MAGIC if raw.startswith(magic)), None)
-    if mime is None and raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
-        mime = "image/webp"
-    return f"data:{mime or 'image/png'};base64,{data}"
+    return f"data:{sniff_media_type(raw) or 'image/png'};base64,{data}"
 
 
 def json_type(value: Any) -> str:

@@ -24,6 +24,7 @@ from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, check_tools, unsupported_params
 from lmpress.errors import InputError, UnsupportedParamError
+from lmpress.images import is_local_file, message_image_urls, short_name
 from lmpress.openai_wire import requests as bodies
 from lmpress.openai_wire import responses
 from lmpress.openai_wire.errors import ApiError, error_from_info
@@ -41,7 +42,7 @@ from lmpress.serve.asgi import (
     new_id,
     request_log,
 )
-from lmpress.types import Delta, GenerationParams, Request, Result, Usage
+from lmpress.types import Delta, GenerationParams, Message, Request, Result, Usage
 
 log = logging.getLogger("lmpress.serve")
 
@@ -119,6 +120,7 @@ class Server:
             messages = regenerate_last_turn(parse_messages(body.messages))
         except RowError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
+        refuse_local_images(messages)
         self.check_model(bodies.require_model(body))
         params = self.params(sampling)
         entry = request_log(request.scope)
@@ -301,6 +303,20 @@ async def merged(
 
 
 # --- the app ---------------------------------------------------------------------------------
+
+
+def refuse_local_images(messages: list[Message]) -> None:
+    """A client names images by http(s) or data: URL: the server reads no file of its own
+    machine that a request names."""
+    for message in messages:
+        for url in message_image_urls(message):
+            if is_local_file(url):
+                raise ApiError(
+                    400,
+                    f"image URL {short_name(url)!r}: the server reads no local files for a "
+                    f"client; send the image as a data: URL (base64) or an http(s) URL",
+                    param="messages",
+                )
 
 
 def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None) -> FastAPI:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.engines.common.tool_calls import ToolPlan, tool_plan
-from lmpress.errors import ModelLoadError, RequestError
-from lmpress.types import Request
+from lmpress.errors import ModelLoadError, RequestError, first_line
+from lmpress.images import load_images
+from lmpress.types import ContentPart, Message, Request
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -45,14 +46,18 @@ def render_chat_prompt(
     chat_template: str | None = None,
     template_kwargs: dict[str, Any] | None = None,
     tool_plan: ToolPlan | None = None,
+    reads_images: bool = False,
 ) -> str:
-    """The prompt text for a text-only chat request; the template writes BOS and the other
-    special tokens itself. `template_kwargs` (model.chat_template_kwargs, e.g.
-    enable_thinking) are variables the template reads. A row the template cannot render
-    fails as a RequestError."""
-    if any(m.has_images() for m in request.messages):
+    """The prompt text for a chat request; the template writes BOS and the other special
+    tokens itself. `template_kwargs` (model.chat_template_kwargs, e.g. enable_thinking) are
+    variables the template reads. `reads_images`: the model takes images, so each message's
+    content goes to the template as parts ({"type": "image"} where an image was given, as
+    vision-language processors' templates expect), for it to place the image tokens. A row the
+    template cannot render fails as a RequestError."""
+    if not reads_images and any(m.has_images() for m in request.messages):
         raise RequestError(
-            f"the {engine} engine in lmpress sends text only; this row has image parts",
+            f"model '{model}' on the {engine} engine reads text only; this row has image parts "
+            f"(use a vision-language model)",
             kind="invalid_request",
         )
     options: dict[str, Any] = {
@@ -68,7 +73,7 @@ def render_chat_prompt(
             f"(a Jinja string, a template file, or 'chatml')",
             kind="invalid_request",
         )
-    messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+    messages = [template_message(m, reads_images) for m in request.messages]
     if tool_plan is not None:  # tools offered, or turns that called them (tool_calls.py)
         messages = tool_plan.messages
         if tool_plan.tools:
@@ -79,12 +84,31 @@ def render_chat_prompt(
         raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
 
 
+def template_message(message: Message, as_parts: bool) -> dict[str, Any]:
+    """A message as a chat template reads it: its text, or (`as_parts`) its parts in order,
+    an image as {"type": "image"} (its pixels go to the processor, not the template)."""
+    if not as_parts:
+        return {"role": message.role, "content": message.text()}
+    parts = (
+        [ContentPart("text", text=message.content)]
+        if isinstance(message.content, str)
+        else message.content
+    )
+    content = [
+        {"type": "text", "text": part.text or ""} if part.type == "text" else {"type": "image"}
+        for part in parts
+    ]
+    return {"role": message.role, "content": content}
+
+
 class HfPrompts:
     """A request's prompt ids through a Hugging Face tokenizer: what NATIVE feeds its model,
     what vLLM tokenizes, and what the dry run counts. A raw `prompt` takes the tokenizer's own
     special tokens (BOS, where it adds one); a chat is the template's text, which writes them
     itself. `takes_tools`: whether tools and earlier tool calls go into the prompt (a plan from
-    tool_calls.py), as on an engine that takes them."""
+    tool_calls.py), as on an engine that takes them. `processor`: a vision-language model's
+    processor (AutoProcessor), which turns a prompt with images into its ids, each image
+    expanded into its tokens, and the pixel inputs that go with them."""
 
     def __init__(
         self,
@@ -96,8 +120,10 @@ class HfPrompts:
         template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
         takes_tools: bool = True,
+        processor: Any = None,
     ):
         self.tokenizer = tokenizer
+        self.processor = processor
         self.engine = engine
         self.model = model
         self.parser = parser
@@ -114,8 +140,15 @@ class HfPrompts:
 
     def encode(self, request: Request, plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids: the chat template applied, or the raw prompt."""
+        return self.inputs(request, plan)[0]
+
+    def inputs(
+        self, request: Request, plan: ToolPlan | None = None
+    ) -> tuple[list[int], dict[str, Any] | None]:
+        """The prompt's token ids, and for a prompt with images the processor's image inputs
+        (pixel_values and whatever else the model takes with them); None without images."""
         if request.prompt is not None:
-            return list(self.tokenizer(request.prompt)["input_ids"])
+            return list(self.tokenizer(request.prompt)["input_ids"]), None
         text = render_chat_prompt(
             self.tokenizer,
             request,
@@ -124,8 +157,26 @@ class HfPrompts:
             self.chat_template,
             self.template_kwargs,
             plan,
+            reads_images=self.processor is not None,
         )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        images = load_images(request) if self.processor is not None else []
+        if not images:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), None
+        try:
+            processed = dict(
+                self.processor(
+                    text=[text], images=[images], add_special_tokens=False, return_tensors="pt"
+                )
+            )
+        except Exception as exc:  # the processor's refusals (image tokens that do not match)
+            raise RequestError(
+                f"the model's processor refused this row's {len(images)} image(s): "
+                f"{first_line(exc)}",
+                kind="invalid_request",
+            ) from exc
+        ids = processed.pop("input_ids")[0].tolist()
+        processed.pop("attention_mask", None)  # one prompt: all ones
+        return ids, processed
 
     def count(self, request: Request) -> int:
         """How many tokens the prompt is, its tool plan included."""

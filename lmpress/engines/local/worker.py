@@ -71,6 +71,9 @@ class Submission:
     # gets a copy.
     matcher: Any = None
     tool_plan: Any = None  # a request with tools: how its calls are read from the text
+    # A prompt with images: what the model takes with its ids to prefill it (NATIVE: the
+    # processor's pixel_values and the like). None for text.
+    media: Any = None
 
     def deliver(self, item: Delta | Result) -> None:
         """Hand a delta or the result to the caller; safe to call from any thread."""

@@ -1,15 +1,13 @@
 """Images for remote APIs: a remote server cannot read the files an image part names, so a file
-(a file:// URL or a bare path) is sent inline, as base64. One place for both protocols: OpenAI's
-data: URLs and Anthropic's base64 image blocks."""
+(a file:// URL or a bare path) is read and checked (lmpress.images) and sent inline, as base64.
+One place for both protocols: OpenAI's data: URLs and Anthropic's base64 image blocks. http(s)
+and data: URLs go on as they are; the provider fetches and checks them."""
 
 from __future__ import annotations
 
 import base64
-import mimetypes
-from pathlib import Path
-from urllib.parse import unquote, urlparse
 
-from lmpress.errors import ErrorKind, RequestError
+from lmpress.images import read_image
 
 # URLs a server fetches itself; everything else is a local file.
 REMOTE_SCHEMES = ("http://", "https://", "gs://")
@@ -28,12 +26,5 @@ def base64_image(url: str) -> tuple[str, str]:
     if url.startswith("data:"):
         header, _, data = url.partition(",")
         return header[len("data:") :].split(";")[0] or "image/png", data
-    path = Path(unquote(urlparse(url).path) if url.startswith("file:") else url)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise RequestError(
-            f"cannot read image {path}: {exc.strerror}", ErrorKind.INVALID_REQUEST
-        ) from exc
-    media_type = mimetypes.guess_type(path.name)[0] or "image/png"
-    return media_type, base64.b64encode(raw).decode("ascii")
+    image = read_image(url)
+    return image.media_type, base64.b64encode(image.data).decode("ascii")

@@ -560,7 +560,7 @@ def test_rows_vllm_cannot_render_fail_alone(standin, tmp_path):
     finally:
         close(engine)
     assert "has no chat template; set model.chat_template" in untemplated.error.message
-    assert "sends text only" in imaged.error.message
+    assert imaged.error.message == "image 1 (file:///x.png): no such file"
     engine = make_engine(bare, **{"model.chat_template": "chatml"})
     try:
         templated = asyncio.run(engine.complete(chat("hi")))

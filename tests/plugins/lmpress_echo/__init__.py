@@ -22,7 +22,14 @@ class EchoEngine(Engine):
     async def stream(self, request: Request):
         delay = float(os.environ.get("ECHO_DELAY_S", "0"))
         transcript = json.dumps(
-            [{"role": m.role, "content": m.text()} for m in request.messages]
+            # A message with images as OpenAI's parts; any other as its text.
+            [
+                {
+                    "role": m.role,
+                    "content": m.to_openai()["content"] if m.has_images() else m.text(),
+                }
+                for m in request.messages
+            ]
             if request.prompt is None
             else request.prompt,
             ensure_ascii=False,

@@ -14,6 +14,10 @@ as llama-server's `-c` and `-np` do. Each sequence attends only to its own part,
 the same whatever the others hold, and what else is in flight moves a sequence's logits only by
 llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on the
 batch size, short of a near-exact tie between two tokens.
+
+`model_kwargs.mmproj` names the model's projector GGUF: rows may then carry images, read by
+llama.cpp's multimodal library and decoded into their sequences by the same scheduler
+(projector.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from lmpress.engines.local.llamacpp.loading import (
     oumi_gguf_file,
     parallel_sequences,
 )
+from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projector
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler, RequestState
 from lmpress.errors import ConfigError, ModelLoadError, RequestError
@@ -58,7 +63,8 @@ class LlamaCppEngine(LlamaCppScheduler):
                 "file; random weights need the NATIVE or VLLM engine"
             )
         self.path = gguf_path(oumi_gguf_file(config.model) or config.model.model_name)
-        model_kwargs = {k: v for k, v in config.model.model_kwargs.items() if k != "filename"}
+        own = ("filename", "mmproj")  # lmpress's keys, not Llama()'s
+        model_kwargs = {k: v for k, v in config.model.model_kwargs.items() if k not in own}
         kwargs = check_model_kwargs(model_kwargs, llama_cpp.Llama)
         kwargs.setdefault("verbose", False)
         kwargs.setdefault("n_ctx", 0)  # 0: the model's own context length
@@ -73,9 +79,11 @@ class LlamaCppEngine(LlamaCppScheduler):
         self.chat_template = chat_template(config, self.metadata)
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
         parser = self.tool_call_parser
+        self.projector = load_projector(config.model.model_kwargs.get("mmproj"), self.llama)
         self.prompts = GgufPrompts(
-            self.llama._model, self.vocab, self.chat_template, self.model_name, parser
-        )
+            self.llama._model, self.vocab, self.chat_template, self.model_name, parser,
+            self.projector,
+        )  # fmt: skip
         batch_size = parallel_sequences(config.generation.batch_size)
         ctx = batched_context(self.llama, self.path, kwargs, batch_size)
         # The penalty window: the whole sequence unless the recipe says otherwise.
@@ -94,6 +102,8 @@ class LlamaCppEngine(LlamaCppScheduler):
         if not await self._stop_worker():
             return
         self._close_context()
+        if self.projector is not None:
+            self.projector.close()
         self.llama.close()
 
     # --- prompts ---------------------------------------------------------------------------
@@ -105,7 +115,13 @@ class LlamaCppEngine(LlamaCppScheduler):
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids (the chat template applied, or the raw prompt), checked to
         fit a sequence's part of the context."""
-        ids = self.prompts.encode(request, tool_plan)
+        return self.inputs(request, tool_plan)[0]
+
+    def inputs(
+        self, request: Request, tool_plan: ToolPlan | None = None
+    ) -> tuple[list[int], list[ImageSegment] | None]:
+        """The prompt's token ids, checked to fit, and its image segments (None: no images)."""
+        ids, images = self.prompts.inputs(request, tool_plan)
         if len(ids) >= self.n_ctx_seq:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, the context of a sequence is {self.n_ctx_seq} "
@@ -113,13 +129,25 @@ class LlamaCppEngine(LlamaCppScheduler):
                 f"{self.batch_size}): raise n_ctx or lower batch_size",
                 kind="context_length_exceeded",
             )
-        return ids
+        self._check_whole_images([image for image in images or () if image.non_causal])
+        return ids, images
+
+    def _check_whole_images(self, images: list[ImageSegment]) -> None:
+        """A projector whose image tokens attend to each other both ways (non-causal) needs
+        each image decoded in one batch."""
+        largest = max((image.n_tokens for image in images), default=0)
+        if largest > self._n_batch:
+            raise RequestError(
+                f"an image of this row is {largest} tokens, more than the {self._n_batch} "
+                f"that llama.cpp decodes at once; raise model.model_kwargs.n_batch",
+                kind="invalid_request",
+            )
 
     # --- checking a request before it is queued -------------------------------------------
 
     def _prepare(self, request: Request, started: float) -> RequestState:
         plan = self.prompts.plan(request)
-        prompt_ids = self.encode(request, plan)
+        prompt_ids, images = self.inputs(request, plan)
         logit_bias = self._logit_bias(request.params)
         check_token_settings(request.params, self.n_vocab)
         self._check_fits(request.params)
@@ -130,8 +158,9 @@ class LlamaCppEngine(LlamaCppScheduler):
             self.name,
         )
         return RequestState(
-            request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher, tool_plan=plan
-        )
+            request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher, tool_plan=plan,
+            media=images,
+        )  # fmt: skip
 
     def _logit_bias(self, params: GenerationParams) -> list[tuple[int, float]]:
         bias = []

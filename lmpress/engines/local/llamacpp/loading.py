@@ -41,27 +41,26 @@ REFUSED_KWARGS = {
 }
 
 
-def gguf_path(name: str) -> str:
-    """The local GGUF file `model.model_name` names, checked to exist and to be GGUF."""
+def gguf_path(name: str, key: str = "model.model_name") -> str:
+    """The local GGUF file `model.model_name` (or the config `key`) names, checked to exist
+    and to be GGUF."""
     if not name:
-        raise ModelLoadError("model.model_name is empty; give the path of a .gguf file")
+        raise ModelLoadError(f"{key} is empty; give the path of a .gguf file")
     path = Path(resolve_gguf_name(resolve_packaged_name(name))).expanduser()
     if path.is_dir():
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         hint = f" (it holds {', '.join(ggufs[:3])})" if ggufs else ""
-        raise ModelLoadError(
-            f"model.model_name: '{name}' is a directory; give the path of a .gguf file{hint}"
-        )
+        raise ModelLoadError(f"{key}: '{name}' is a directory; give the path of a .gguf file{hint}")
     if not path.is_file():
         raise ModelLoadError(
-            f"model.model_name: '{name}' does not exist; the LLAMACPP engine loads a local "
+            f"{key}: '{name}' does not exist; the LLAMACPP engine loads a local "
             f".gguf file (it downloads nothing)"
         )
     with path.open("rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelLoadError(
-            f"model.model_name: '{name}' is not a GGUF file; convert the model with llama.cpp's "
+            f"{key}: '{name}' is not a GGUF file; convert the model with llama.cpp's "
             f"convert_hf_to_gguf.py, or use an engine that reads this format"
         )
     return str(path)

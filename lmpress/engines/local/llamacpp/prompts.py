@@ -10,8 +10,10 @@ from typing import Any
 
 from lmpress.engines.common.tool_calls import ToolPlan, tool_plan
 from lmpress.engines.local.llamacpp.loading import Vocab
+from lmpress.engines.local.llamacpp.projector import ImageSegment
 from lmpress.errors import RequestError
-from lmpress.types import Request
+from lmpress.images import load_images
+from lmpress.types import Message, Request
 
 
 class GgufPrompts:
@@ -26,8 +28,10 @@ class GgufPrompts:
         chat_template: str | None,
         model_name: str,
         parser: str | None,
+        projector: Any = None,
     ):
         self.model = model
+        self.projector = projector  # projector.Projector: this model reads images
         self.vocab = vocab
         self.chat_template = chat_template
         self.model_name = model_name
@@ -50,7 +54,7 @@ class GgufPrompts:
                 bos_token=self.vocab.text(self.model.token_bos()),
                 stop_token_ids=[eos],
             )
-        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        messages = [{"role": m.role, "content": self._content(m)} for m in request.messages]
         tools = None
         if plan is not None:  # tools offered, or turns that called them (tool_calls.py)
             messages, tools = plan.messages, plan.tools
@@ -59,16 +63,34 @@ class GgufPrompts:
         except Exception as exc:  # Jinja raises its own errors for refused conversations
             raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
 
+    def _content(self, message: Message) -> str:
+        """A message's text; with a projector, each image as mtmd's marker, where it was."""
+        if self.projector is None or isinstance(message.content, str):
+            return message.text()
+        marker = self.projector.marker + "\n"
+        return "".join(marker if p.type == "image_url" else p.text or "" for p in message.content)
+
     def encode(self, request: Request, plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids: the chat template applied, or the raw prompt."""
+        return self.inputs(request, plan)[0]
+
+    def inputs(
+        self, request: Request, plan: ToolPlan | None = None
+    ) -> tuple[list[int], list[ImageSegment] | None]:
+        """The prompt's token ids and, for a prompt with images, its image segments (their
+        tokens are negative ids in the list, see projector.py); None without images."""
+        images = []
+        if request.prompt is None and any(m.has_images() for m in request.messages):
+            if self.projector is None:
+                raise RequestError(
+                    "the LLAMACPP engine sends text only unless model.model_kwargs.mmproj names "
+                    "the model's projector GGUF; this row has image parts",
+                    kind="invalid_request",
+                )
+            images = load_images(request)
         if request.prompt is not None:
             ids = self.model.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=True)
         else:
-            if any(m.has_images() for m in request.messages):
-                raise RequestError(
-                    "the LLAMACPP engine in lmpress sends text only; this row has image parts",
-                    kind="invalid_request",
-                )
             if not self.chat_template:
                 raise RequestError(
                     f"model '{self.model_name}' has no chat template in its GGUF metadata; set "
@@ -77,10 +99,12 @@ class GgufPrompts:
                 )
             # As llama-cpp-python's chat handler does: the template emits BOS itself.
             text = self.render(request, plan)
+            if images:
+                return self.projector.tokenize(text, images)
             ids = self.model.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         if not ids:
             raise RequestError("the prompt is empty", kind="invalid_request")
-        return list(ids)
+        return list(ids), None
 
     def count(self, request: Request) -> int:
         """How many tokens the prompt is, its tool plan included."""

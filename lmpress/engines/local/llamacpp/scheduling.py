@@ -2,7 +2,8 @@
 
 The context's KV cache holds up to `batch_size` sequences, each in its own part. Each step
 decodes one token of every sequence being generated in one `llama_batch`, and the next chunk of
-each newly admitted prompt in a batch of its own; each row then samples from its own sampler
+each newly admitted prompt in a batch of its own (an image's chunk is its embeddings, encoded
+by the projector when the prompt reaches it); each row then samples from its own sampler
 chain (sampling.py). A finished sequence's place goes to the next waiting request at once. Its
 KV cells stay until then: a request whose prompt begins like a free sequence's last prompt and
 reply (the same system prompt, the next turn of a chat) takes that sequence and reads only the
@@ -12,6 +13,7 @@ rest.
 from __future__ import annotations
 
 import codecs
+import ctypes
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,16 +21,19 @@ from typing import Any
 from lmpress.engines.base import error_result
 from lmpress.engines.common.grammar import Matcher
 from lmpress.engines.local.llamacpp.loading import Vocab
+from lmpress.engines.local.llamacpp.projector import ImageSegment, Projector, text_ids
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
 from lmpress.types import Delta, ErrorInfo, GenerationParams, Result, Sample, TokenLogprob, Usage
 
 
 class LlamaCppScheduler(WorkerEngine):
-    """The worker side of LlamaCppEngine, which loads the model and its `vocab` and then calls
-    `_start_scheduling` with the batched context."""
+    """The worker side of LlamaCppEngine, which loads the model and its `vocab` (and a
+    `projector` for images, or None) and then calls `_start_scheduling` with the batched
+    context."""
 
     vocab: Vocab
+    projector: Projector | None
 
     def _start_scheduling(self, ctx: Any, batch_size: int, penalty_window: int | None) -> None:
         """Take over `ctx` (a context holding `batch_size` sequences) and start the worker.
@@ -43,6 +48,9 @@ class LlamaCppScheduler(WorkerEngine):
         self._n_batch = lc.llama_n_batch(ctx.ctx)
         self._memory = lc.llama_get_memory(ctx.ctx)
         self._batch = lc.llama_batch_init(self._n_batch, 0, 1)
+        self._embd_batch: Any = None  # for image embeddings, made on the first image
+        # What an image embedding row holds: the width of the model's input embeddings.
+        self._n_embd = lc.llama_model_n_embd_inp(lc.llama_get_model(ctx.ctx))
         self._sampling = Sampling(ctx.ctx, self.vocab, penalty_window or self.n_ctx_seq)
         # Two batches' worth, so a finished sequence's place is taken at once.
         self.max_in_flight = 2 * batch_size
@@ -58,6 +66,8 @@ class LlamaCppScheduler(WorkerEngine):
     def _close_context(self) -> None:
         """Free the context and the batch; the worker has stopped."""
         self._lc.llama_batch_free(self._batch)
+        if self._embd_batch is not None:
+            self._lc.llama_batch_free(self._embd_batch)
         self._ctx.close()
 
     def sequences_in_flight(self) -> int:
@@ -127,7 +137,7 @@ class LlamaCppScheduler(WorkerEngine):
             try:
                 for row in state.rows:
                     row.sampler = self._sampling.chain(
-                        params, row.index, state.prompt_ids, state.logit_bias
+                        params, row.index, text_ids(state.prompt_ids), state.logit_bias
                     )
             except Exception as exc:  # this request's settings, not the engine, are at fault
                 self._release(state)
@@ -178,15 +188,55 @@ class LlamaCppScheduler(WorkerEngine):
             for i, row in enumerate(rows):
                 self._sample(row, i)
         for state in list(self._prefilling):
-            chunk = state.prompt_ids[state.fed : state.fed + self._n_batch]
-            seq = state.rows[0].seq_id
-            last = state.fed + len(chunk) == len(state.prompt_ids)
-            for j, token in enumerate(chunk):
-                self._put(j, token, state.fed + j, seq, last and j == len(chunk) - 1)
-            self._decode(len(chunk))
-            state.fed += len(chunk)
-            if last:
-                self._start_generating(state, len(chunk) - 1)
+            image = next((m for m in state.media or () if m.start <= state.fed < m.end), None)
+            if image is not None:
+                count = self._decode_image(state, image)
+            else:
+                count = self._decode_text(state)
+            state.fed += count
+            if state.fed == len(state.prompt_ids):
+                self._start_generating(state, count - 1)
+
+    def _decode_text(self, state: RequestState) -> int:
+        """The next chunk of a prompt's text tokens (up to its next image, if any)."""
+        images = [m.start for m in state.media or () if m.start > state.fed]
+        end = min([state.fed + self._n_batch, len(state.prompt_ids), *images])
+        chunk = state.prompt_ids[state.fed : end]
+        seq = state.rows[0].seq_id
+        last = end == len(state.prompt_ids)
+        for j, token in enumerate(chunk):
+            self._put(j, token, state.fed + j, seq, last and j == len(chunk) - 1)
+        self._decode(len(chunk))
+        return len(chunk)
+
+    def _decode_image(self, state: RequestState, image: ImageSegment) -> int:
+        """The next chunk of an image's embeddings (encoded when the prefill first reaches
+        it), decoded into the row's sequence in a batch of its own."""
+        lc, projector = self._lc, self.projector
+        if image.embeddings is None:
+            image.embeddings = projector.encode(image, self._n_embd)
+        if self._embd_batch is None:
+            self._embd_batch = lc.llama_batch_init(self._n_batch, self._n_embd, 1)
+        batch, offset = self._embd_batch, state.fed - image.start
+        rows = image.embeddings[offset : offset + self._n_batch]
+        last = state.fed + len(rows) == len(state.prompt_ids)
+        ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
+        for j in range(len(rows)):
+            batch.pos[j] = state.fed + j
+            batch.n_seq_id[j] = 1
+            batch.seq_id[j][0] = state.rows[0].seq_id
+            batch.logits[j] = last and j == len(rows) - 1
+        batch.n_tokens = len(rows)
+        if image.non_causal:  # the image's tokens see each other both ways
+            lc.llama_set_causal_attn(self._ctx.ctx, False)
+        try:
+            code = lc.llama_decode(self._ctx.ctx, batch)
+        finally:
+            if image.non_causal:
+                lc.llama_set_causal_attn(self._ctx.ctx, True)
+        if code != 0:
+            raise RuntimeError(f"llama_decode returned {code} on an image")
+        return len(rows)
 
     def _put(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
         batch = self._batch

@@ -6,6 +6,11 @@ it to the worker thread, which batches rows continuously on the model's forward 
 (scheduling.py, batch_cache.py) while each row keeps its own sampling settings, seed, stop
 strings, streaming and cancellation (sampling.py).
 
+A vision-language model (a config with a vision tower's: LLaVA, Idefics3, ...) loads through
+AutoModelForImageTextToText with its AutoProcessor, whose chat template places the image
+tokens; a row's images (lmpress.images) become the processor's pixel inputs, which the
+worker passes to the model when it prefills that row. Text rows batch with image rows alike.
+
 `model.model_kwargs.kv_cache_gb` caps the KV cache (rows join only while it has room, and a
 row that could outgrow it alone fails); `model.model_kwargs.prefix_reuse: false` turns off
 reusing a shared prompt prefix's cache.
@@ -14,6 +19,7 @@ reusing a shared prompt prefix's cache.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
@@ -26,6 +32,8 @@ from lmpress.engines.local.native.loading import (
     context_length,
     eos_ids,
     load_model,
+    load_model_config,
+    load_processor,
     load_tokenizer,
     native_prompts,
     pick_device_and_dtype,
@@ -55,7 +63,9 @@ class NativeEngine(NativeScheduler):
         hf_logging.disable_progress_bar()
         self.device, self.dtype = pick_device_and_dtype(config.model, torch)
         self.tokenizer = load_tokenizer(config.model)
-        self.model = load_model(config.model, self.device, self.dtype)
+        model_config = load_model_config(config.model)
+        self.model = load_model(config.model, self.device, self.dtype, model_config)
+        self.processor = load_processor(config.model, model_config, self.tokenizer)
         policy = config.model.generation_defaults
         self.model_defaults = checkpoint_defaults(self.model, policy)
         self.checkpoint_processors = checkpoint_processors(self.model, policy, self.device)
@@ -70,7 +80,7 @@ class NativeEngine(NativeScheduler):
         self.max_in_flight = 2 * self.batch_size
         self._grammars: Grammars | None = None
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
-        self.prompts = native_prompts(config, self.tokenizer, self.tool_call_parser)
+        self.prompts = native_prompts(config, self.tokenizer, self.tool_call_parser, self.processor)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
         self._start_worker("lmpress-native")
 
@@ -96,13 +106,20 @@ class NativeEngine(NativeScheduler):
             plan,
             self.name,
         )
-        ids = self.encode(request, plan)
-        return Submission(request, ids, started, matcher=matcher, tool_plan=plan)
+        ids, images = self.inputs(request, plan)
+        return Submission(request, ids, started, matcher=matcher, tool_plan=plan, media=images)
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids (the chat template applied, or the raw prompt), checked to
         leave room in the context."""
-        ids = self.prompts.encode(request, tool_plan)
+        return self.inputs(request, tool_plan)[0]
+
+    def inputs(
+        self, request: Request, tool_plan: ToolPlan | None = None
+    ) -> tuple[list[int], dict[str, Any] | None]:
+        """The prompt's token ids, checked to leave room in the context, and a prompt's image
+        inputs for the model (pixel_values, ...; None without images)."""
+        ids, images = self.prompts.inputs(request, tool_plan)
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, the model's context is {self.context_length}",
@@ -116,4 +133,4 @@ class NativeEngine(NativeScheduler):
                 f" need {need} tokens of KV cache; model.model_kwargs.kv_cache_gb holds {budget}",
                 kind="context_length_exceeded",
             )
-        return ids
+        return ids, images

@@ -115,21 +115,62 @@ def load_tokenizer(model: ModelParams, *, local_only: bool = False) -> Any:
     return tokenizer
 
 
-def native_prompts(config: RunConfig, tokenizer: Any, parser: str | None) -> HfPrompts:
-    """How NATIVE turns a request into prompt ids, for the engine and for the dry run's count
-    alike (load_tokenizer has put model.chat_template on the tokenizer)."""
+def native_prompts(
+    config: RunConfig, tokenizer: Any, parser: str | None, processor: Any = None
+) -> HfPrompts:
+    """How NATIVE turns a request into prompt ids (and, with a vision-language model's
+    processor, image inputs), for the engine and for the dry run's count alike
+    (load_tokenizer has put model.chat_template on the tokenizer)."""
     return HfPrompts(
         tokenizer,
         "NATIVE",
         config.model.model_name,
         parser=parser,
         template_kwargs=config.model.chat_template_kwargs,
+        processor=processor,
     )
 
 
-def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
-    from transformers import AutoModelForCausalLM
+def reads_images(model_config: Any) -> bool:
+    """Whether the model is a vision-language model: its config has a vision tower's."""
+    return getattr(model_config, "vision_config", None) is not None
 
+
+def model_class(model_config: Any) -> Any:
+    """The Auto class that loads the model: image-text-to-text for a vision-language model
+    (LLaVA, Idefics3, Qwen2-VL, ...), else causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if reads_images(model_config) else AutoModelForCausalLM
+
+
+def load_processor(model: ModelParams, model_config: Any, tokenizer: Any) -> Any:
+    """A vision-language model's processor (AutoProcessor: its image processor and the chat
+    template that places image tokens), sharing the engine's tokenizer so that the recipe's
+    chat template and pad token hold for image rows too; None for a text model. With no
+    torchvision installed, transformers picks its Pillow image processors."""
+    if not reads_images(model_config):
+        return None
+    from transformers import AutoProcessor
+
+    name, _ = model_source(model)
+    try:
+        processor = AutoProcessor.from_pretrained(
+            name, trust_remote_code=model.trust_remote_code, revision=model.model_revision
+        )
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot load the image processor of '{name}': {first_line(exc)}"
+        ) from exc
+    # The recipe's template (load_tokenizer put it on the tokenizer), else the processor's,
+    # which is the one that places the image tokens.
+    if not model.chat_template and getattr(processor, "chat_template", None):
+        tokenizer.chat_template = processor.chat_template
+    processor.tokenizer = tokenizer
+    return processor
+
+
+def load_model(model: ModelParams, device: str, dtype: Any, model_config: Any = None) -> Any:
     name, gguf_file = model_source(model)
     kwargs = {k: v for k, v in model.model_kwargs.items() if k not in NATIVE_KWARGS}
     if gguf_file:
@@ -138,10 +179,11 @@ def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
         kwargs["attn_implementation"] = model.attn_implementation
     # transformers draws a progress bar while it dequantizes GGUF tensors, with no switch.
     quiet = contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext()
+    auto = model_class(model_config or load_model_config(model))
     try:
         with quiet:
             if model.load_pretrained_weights:
-                loaded = AutoModelForCausalLM.from_pretrained(
+                loaded = auto.from_pretrained(
                     name,
                     dtype=dtype,
                     trust_remote_code=model.trust_remote_code,
@@ -149,7 +191,7 @@ def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
                     **kwargs,
                 )
             else:
-                loaded = _random_model(model, name, dtype, kwargs)
+                loaded = _random_model(model, name, dtype, kwargs, auto)
     except Exception as exc:
         raise ModelLoadError(f"cannot load model '{model.model_name}': {first_line(exc)}") from exc
     if model.adapter_model:
@@ -167,16 +209,18 @@ def load_model(model: ModelParams, device: str, dtype: Any) -> Any:
     return loaded
 
 
-def _random_model(model: ModelParams, name: str, dtype: Any, kwargs: dict[str, Any]) -> Any:
+def _random_model(
+    model: ModelParams, name: str, dtype: Any, kwargs: dict[str, Any], auto: Any
+) -> Any:
     """`model.load_pretrained_weights: false`: the architecture from the model's config, with
     freshly initialised weights (no weight file is read), as Oumi does; handy to benchmark."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     gguf = {"gguf_file": kwargs.pop("gguf_file")} if "gguf_file" in kwargs else {}
     config = AutoConfig.from_pretrained(
         name, trust_remote_code=model.trust_remote_code, revision=model.model_revision, **gguf
     )
-    return AutoModelForCausalLM.from_config(
+    return auto.from_config(
         config, trust_remote_code=model.trust_remote_code, dtype=dtype, **kwargs
     )
 

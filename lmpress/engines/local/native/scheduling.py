@@ -84,7 +84,7 @@ class NativeScheduler(WorkerEngine):
             if not rows:
                 continue
             try:
-                prompt, logits = self._prefill(state.prompt_ids)
+                prompt, logits = self._prefill(state.prompt_ids, state.media)
             except Exception as exc:  # this prompt, not the batch, is at fault
                 self._fail([state], failure_info(exc))
                 continue
@@ -133,12 +133,17 @@ class NativeScheduler(WorkerEngine):
     def _limit(self, state: Submission) -> int:
         return reply_limit(len(state.prompt_ids), state.request.params, self.context_length)
 
-    def _prefill(self, ids: list[int]) -> tuple[PromptCache, Any]:
+    def _prefill(
+        self, ids: list[int], media: dict[str, Any] | None = None
+    ) -> tuple[PromptCache, Any]:
         """The prompt's cache and the logits after its last token, computed from the longest
-        prefix it shares with a recent prompt."""
+        prefix it shares with a recent prompt. A prompt with images (`media`: the processor's
+        pixel inputs) neither reuses nor leaves a prefix: its cache depends on pixels that its
+        ids do not show."""
         import torch
 
-        stored, shared = self._prefixes.longest(ids) if self._prefixes else (None, 0)
+        store = self._prefixes if media is None else None
+        stored, shared = store.longest(ids) if store else (None, 0)
         prefix = [(k[:, :, :shared], v[:, :, :shared]) for k, v in stored.layers] if stored else []
         out = self.model(
             input_ids=torch.tensor([ids[shared:]], device=self.device),
@@ -147,11 +152,22 @@ class NativeScheduler(WorkerEngine):
             past_key_values=dynamic_cache(prefix),
             use_cache=True,
             logits_to_keep=1,
+            **self._on_device(media or {}),
         )
         prompt = PromptCache(list(ids), layer_tensors(out.past_key_values))
-        if self._prefixes is not None:
-            self._prefixes.add(prompt)
+        if store is not None:
+            store.add(prompt)
         return prompt, out.logits[:, -1]
+
+    def _on_device(self, media: dict[str, Any]) -> dict[str, Any]:
+        """Image inputs on the model's device, pixels in its dtype."""
+        dtype = self.model.dtype
+        return {
+            k: v.to(self.device, dtype=dtype if v.is_floating_point() else v.dtype)
+            if hasattr(v, "is_floating_point")
+            else v
+            for k, v in media.items()
+        }
 
     def _step(self) -> None:
         """One token for every row in the batch; the rows that end leave it."""

@@ -11,7 +11,11 @@ balances requests across them, as `vllm serve --data-parallel-size N` does.
 
 Chat rows are rendered with vLLM's tokenizer and the model's chat template (or
 `model.chat_template`), then tokenized by vLLM without adding special tokens again, as vLLM's
-own `LLM.chat` does for text conversations. Image parts are refused for now.
+own `LLM.chat` does for text conversations. A row with images (read once by lmpress.images)
+goes to the template as parts, so that it writes the model's image placeholders, and its
+pixels go as the prompt's `multi_modal_data`, which vLLM's processor expands into image
+tokens. vLLM refuses images for a text model; `model.model_kwargs.limit_mm_per_prompt` is
+vLLM's own cap on images a prompt.
 
 The rest of the package: api.py (the vLLM classes lmpress calls, and every version
 difference) and translate.py (recipe -> engine arguments, GenerationParams -> SamplingParams,
@@ -55,6 +59,7 @@ from lmpress.errors import (
     RequestError,
     first_line,
 )
+from lmpress.images import load_images
 from lmpress.types import Delta, ErrorInfo, Request, Result
 
 # --- the engine -----------------------------------------------------------------------------
@@ -217,6 +222,7 @@ class AsyncLLMRunner:
         """The prompt as vLLM takes it, and the tokenization arguments to go with it."""
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
+        images = load_images(request)
         text = render_chat_prompt(
             self.tokenizer,
             request,
@@ -224,9 +230,13 @@ class AsyncLLMRunner:
             self.engine.model_name,
             self.engine.chat_template,
             self.engine.config.model.chat_template_kwargs,
+            reads_images=bool(images),
         )
+        prompt: dict[str, Any] = {"prompt": text}
+        if images:  # vLLM's processor expands each placeholder the template wrote
+            prompt["multi_modal_data"] = {"image": images}
         # The template writes BOS and the other special tokens itself.
-        return {"prompt": text}, {"add_special_tokens": False}
+        return prompt, {"add_special_tokens": False}
 
     # --- requests, on the engine's loop -----------------------------------------------------
 

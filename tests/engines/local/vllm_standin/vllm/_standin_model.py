@@ -81,6 +81,16 @@ def max_model_len(model_dir: str, configured: int | None) -> int:
     return 2048
 
 
+def image_placeholder(model_dir: str) -> tuple[str, int] | None:
+    """A vision-language model's image placeholder word and the tokens each image becomes
+    (config.json's "image_token" and "image_seq_length"); None for a text model."""
+    config_file = Path(model_dir) / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if "vision_config" not in config:
+        return None
+    return config.get("image_token", "<image>"), int(config.get("image_seq_length", 4))
+
+
 def log(event: str, **fields: Any) -> None:
     """Append one JSON line to $VLLM_STANDIN_LOG, if set."""
     path = os.environ.get("VLLM_STANDIN_LOG")

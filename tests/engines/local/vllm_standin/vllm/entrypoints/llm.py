@@ -39,20 +39,23 @@ class LLM:
         params = sampling_params or SamplingParams()
         params.output_kind = RequestOutputKind.FINAL_ONLY
         tokenizer = self.get_tokenizer()
-        prompts = [
-            tokenizer.apply_chat_template(
-                conversation,
+        prompts = []
+        for conversation in conversations:
+            parsed, images = _parse_images(conversation)
+            text = tokenizer.apply_chat_template(
+                parsed,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 chat_template=chat_template,
             )
-            for conversation in conversations
-        ]
+            prompts.append(
+                {"prompt": text, **({"multi_modal_data": {"image": images}} if images else {})}
+            )
 
-        async def one(prompt: str):
+        async def one(prompt: dict):
             self._counter += 1
             async for output in self._engine.generate(
-                {"prompt": prompt},
+                prompt,
                 params,
                 str(self._counter),
                 lora_request=lora_request,
@@ -65,3 +68,29 @@ class LLM:
             return await asyncio.gather(*(one(p) for p in prompts))
 
         return asyncio.run(run_all())
+
+
+def _parse_images(conversation: list[dict]) -> tuple[list[dict], list[Any]]:
+    """As vLLM's chat parsing does for a template that reads parts ("openai" content format):
+    an image_url part becomes {"type": "image"} and its image (data: URLs only, here) goes to
+    multi_modal_data."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    parsed, images = [], []
+    for message in conversation:
+        content = message["content"]
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part["type"] == "image_url":
+                    data = part["image_url"]["url"].partition(",")[2]
+                    images.append(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB"))
+                    parts.append({"type": "image"})
+                else:
+                    parts.append(part)
+            content = parts
+        parsed.append({**message, "content": content})
+    return parsed, images

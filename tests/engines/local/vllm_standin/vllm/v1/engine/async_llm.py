@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm._standin_model import BOS_ID, EOS_ID, StandinTokenizer, log, max_model_len
+from vllm._standin_model import (
+    BOS_ID,
+    EOS_ID,
+    StandinTokenizer,
+    image_placeholder,
+    log,
+    max_model_len,
+)
 from vllm.exceptions import VLLMValidationError
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -73,6 +80,7 @@ class AsyncLLM:
         self.engine_args = vllm_config
         self.tokenizer = StandinTokenizer(vllm_config.tokenizer or vllm_config.model)
         self.max_model_len = max_model_len(vllm_config.model, vllm_config.max_model_len)
+        self.image_placeholder = image_placeholder(vllm_config.model)
         self.requests: list[RecordedRequest] = []
         self.aborted: list[str] = []
         self.running: set[str] = set()
@@ -186,6 +194,8 @@ class AsyncLLM:
         else:
             add_special = (tokenization_kwargs or {}).get("add_special_tokens", True)
             ids = self.tokenizer.encode(prompt["prompt"], add_special_tokens=add_special)
+        if prompt.get("multi_modal_data"):
+            ids = self._expand_images(ids, prompt["multi_modal_data"])
         if len(ids) > self.max_model_len:
             raise VLLMValidationError(
                 f"You passed {len(ids)} input tokens and requested 0 output tokens. However, "
@@ -196,6 +206,40 @@ class AsyncLLM:
                 value=len(ids),
             )
         return ids
+
+    def _expand_images(self, ids: list[int], data: dict[str, Any]) -> list[int]:
+        """As vLLM's multimodal processor does: each image placeholder in the prompt becomes
+        that image's tokens (here image_seq_length words "<imageN:WxH>", so that a test sees
+        which image went where), one placeholder per image."""
+        if self.image_placeholder is None:
+            raise ValueError("Your model does not support multi-modal inputs")
+        unknown = set(data) - {"image"}
+        if unknown:
+            raise ValueError(f"Unsupported modality: {sorted(unknown)}")
+        images = data["image"] if isinstance(data["image"], list) else [data["image"]]
+        from PIL import Image
+
+        if not all(isinstance(image, Image.Image) for image in images):
+            raise ValueError("Invalid image item: expected a PIL image")
+        limit = (self.engine_args.limit_mm_per_prompt or {}).get("image", 999)
+        if len(images) > limit:
+            raise ValueError(f"At most {limit} image(s) may be provided in one prompt.")
+        word, count = self.image_placeholder
+        placeholder = self.tokenizer.token_id(word)
+        if ids.count(placeholder) != len(images):
+            raise ValueError(
+                f"Failed to apply prompt replacement for mm_items['image']: the prompt has "
+                f"{ids.count(placeholder)} placeholders for {len(images)} image(s)"
+            )
+        expanded, seen = [], 0
+        for token in ids:
+            if token != placeholder:
+                expanded.append(token)
+                continue
+            width, height = images[seen].size
+            seen += 1
+            expanded += [self.tokenizer.token_id(f"<image{seen}:{width}x{height}>")] * count
+        return expanded
 
     async def _outputs(self, request_id, prompt, ids, params, lora_request):
         delay = float(os.environ.get("VLLM_STANDIN_TOKEN_DELAY_S") or 0)
