@@ -16,7 +16,8 @@ prompt of about N tokens, lmpress against lmpress with `model.model_kwargs.prefi
 `--chat` sends chat prompts (chat_prompts: tasks with replies of very different lengths) for a
 real model, rather than strings of random words. Ratios by wall time and by each side's
 process CPU time (all its threads) are printed (see benchmarks/rounds.py), and each side's
-peak resident memory.
+peak resident memory: over its whole process, where loading the model may set it, and while
+generating (after loading and warm-up), which is where the sides differ.
 
     .venv/bin/python benchmarks/native_throughput.py [--prompts 64] [--batch-size 16]
         [--new-tokens 32] [--rounds 3] [--eos] [--chat] [--shared-prefix 300]
@@ -196,7 +197,11 @@ def main() -> None:
         f"EOS {'honoured' if args.eos else 'held off'}"
     )
     for name in sides:
-        print(f"{name:16} {rounds.best(name):8.1f} tok/s (best)  peak RSS {peaks[name]:7.1f} MiB")
+        whole, running = peaks[name]
+        print(
+            f"{name:16} {rounds.best(name):8.1f} tok/s (best)  peak RSS {whole:7.1f} MiB, "
+            f"{running:7.1f} MiB while generating"
+        )
     for ours, theirs in pairs:
         rounds.report(ours, theirs)
 

@@ -8,6 +8,7 @@ the per-round ratios (each round's sides ran back to back, under much the same l
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -156,8 +157,10 @@ class SideProcess:
         self._conn.send("run")
         return self._answer()
 
-    def peak_rss_mib(self) -> float:
-        """The most memory the side's process has held so far (its peak resident set)."""
+    def peak_rss_mib(self) -> tuple[float, float]:
+        """The most memory the side's process has held (its peak resident set): over its
+        whole life, loading included, and since it was loaded and warmed up, where Linux can
+        tell (NaN elsewhere)."""
         self._conn.send("rss")
         return self._answer()
 
@@ -175,9 +178,13 @@ class SideProcess:
 def _serve(build: Callable[..., Callable[[], int]], args: tuple, conn) -> None:
     try:
         work = build(*args)
+        since_loaded = reset_peak_rss()
         conn.send("ready")
         while (command := conn.recv()) is not None:
-            conn.send(peak_rss_mib() if command == "rss" else timed(work))
+            if command == "rss":
+                conn.send((peak_rss_mib(), running_peak_rss_mib() if since_loaded else math.nan))
+            else:
+                conn.send(timed(work))
     except BaseException as exc:  # shown by the parent
         conn.send(exc)
 
@@ -186,6 +193,24 @@ def peak_rss_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's peak resident set again from what it holds now (Linux: VmHWM),
+    so that loading a model stops counting; False where that cannot be done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def running_peak_rss_mib() -> float:
+    """The peak resident set since `reset_peak_rss`."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
 
 
 def _best(runs: list[tuple[int, float]]) -> float:

@@ -66,6 +66,33 @@ def test_short_rows_finish_while_a_long_row_decodes(tiny_llama):
     assert finished[-1] == "long"
 
 
+def test_rows_joining_and_leaving_anywhere_get_the_replies_they_get_alone(tiny_llama):
+    """Batch size 3 and rows of very different lengths: rows end at different steps, joiners
+    take their slots, a prompt longer than every row in the batch joins it, rows outlast the
+    cache's spare columns, and the batch empties out at the end. Each greedy reply is still the
+    one its row gets decoding alone."""
+    words = [2, 150, 5, 1, 90, 3, 200, 8, 40, 1, 120, 6]
+    limits = [70, 3, 1, 45, 9, 80, 2, 33, 5, 64, 12, 1]
+    requests = [
+        Request(
+            f"r{i}",
+            [Message("user", f"{i} " + "sea " * n)],
+            GenerationParams(max_new_tokens=m, min_tokens=m),
+        )  # fmt: skip
+        for i, (n, m) in enumerate(zip(words, limits, strict=True))
+    ]
+    alone = make(tiny_llama, batch_size=1)
+    batched = make(tiny_llama, batch_size=3)
+    try:
+        expected = [r.text for r in alone.generate(requests)]
+        results = batched.generate(requests)
+    finally:
+        close(alone)
+        close(batched)
+    assert [r.usage.completion_tokens for r in results] == limits
+    assert [r.text for r in results] == expected
+
+
 def test_reusing_a_shared_prefix_changes_no_reply(tiny_llama):
     greedy = GenerationParams(max_new_tokens=16)
     sampled = GenerationParams(max_new_tokens=16, temperature=1.0, seed=5, n=2)
