@@ -174,9 +174,8 @@ def _read_file(url: str, where: str) -> bytes:
     except ValueError as exc:
         raise ImageError(f"{where}: {exc}") from None
     try:
-        if path.stat().st_size > MAX_IMAGE_BYTES:
-            return path.open("rb").read(MAX_IMAGE_BYTES + 1)
-        return path.read_bytes()
+        with path.open("rb") as image:
+            return image.read(MAX_IMAGE_BYTES + 1)  # enough to tell that it is too large
     except FileNotFoundError:
         raise ImageError(f"{where}: no such file") from None
     except OSError as exc:
