@@ -165,7 +165,6 @@ def test_native_follows_the_generation_defaults_policy_as_transformers_does(opin
         assert [r.text for r in results] != [tokenizer.decode(p[1], skip_special_tokens=True) for p in plain]  # fmt: skip
 
 
-
 # --- SmolLM2, real weights -----------------------------------------------------------------
 
 
@@ -231,4 +230,3 @@ def test_llamacpp_prompt_ids_equal_llama_cpp_pythons_own(tokenizer):
     finally:
         llm.close()
     assert len({tuple(ids) for ids in ours}) == len(conversations)
-
