@@ -170,7 +170,7 @@ def test_native_follows_the_generation_defaults_policy_as_transformers_does(opin
 
 @pytest.fixture(scope="module")
 def smollm2():
-    engine = make(SMOLLM2, **{"generation.batch_size": 4})
+    engine = make(SMOLLM2, **{"generation.batch_size": 16})
     yield engine
     close(engine)
 
@@ -186,6 +186,35 @@ def test_native_greedy_text_and_logprobs_equal_transformers_generate_on_smollm2(
         assert_equals_reference(smollm2, smollm2.tokenizer, result, request, reference)
     assert "Paris" in results[1].text
     assert any(r.finish_reason == "stop" for r in results)  # an end token was compared too
+
+
+MIXED = [
+    {"temperature": 0.8},
+    {"temperature": 1.0, "top_k": 20},
+    {"temperature": 0.7, "top_p": 0.9},
+    {"temperature": 1.2, "min_p": 0.05, "repetition_penalty": 1.2},
+    {"temperature": 0.0},
+    {"temperature": 0.9, "presence_penalty": 0.5, "frequency_penalty": 0.3},
+]
+TOPICS = ["cats", "rivers", "bread", "snow", "tea", "iron", "maps", "salt"] * 2
+
+
+def test_native_seeded_rows_do_not_depend_on_the_batch_on_smollm2(smollm2):
+    """README: on NATIVE a seeded row's text does not depend on the batch. 16 rows with mixed
+    settings, decoded alone, four at a time and all sixteen together (batch_size 16)."""
+    rows = [
+        chat(
+            f"Tell me something about {topic}.",
+            GenerationParams(max_new_tokens=10, seed=500 + i, **MIXED[i % len(MIXED)]),
+            str(i),
+        )  # fmt: skip
+        for i, topic in enumerate(TOPICS)
+    ]
+    together = [r.text for r in smollm2.generate(rows)]
+    fours = [r.text for k in range(0, 16, 4) for r in smollm2.generate(rows[k : k + 4][::-1])[::-1]]  # fmt: skip
+    alone = [smollm2.generate([row])[0].text for row in rows]
+    assert together == fours == alone
+    assert len(set(together)) > 12  # seeds and settings do make the rows differ
 
 
 # --- LLAMACPP: prompt ids by value -------------------------------------------------------------
