@@ -170,6 +170,16 @@ def test_32_concurrent_requests_all_complete(llama_server):
             return await asyncio.gather(*(ask(client, i) for i in range(32)))
 
     results = asyncio.run(main())
+    # Each reply is the one its prompt gets alone: greedy, whatever else was in flight.
+    client = llama_server.client()
+    alone = [
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}])
+        .choices[0]
+        .message.content
+        for p in prompts
+    ]
+    assert [text for _, text, _ in results] == alone
+    assert len(set(alone)) > 16  # and the replies depend on the prompt
     assert len({rid for rid, _, _ in results}) == 32
     assert all(0 < tokens <= 16 for _, _, tokens in results)
     for rid, _, tokens in results:

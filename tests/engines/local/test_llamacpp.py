@@ -218,7 +218,9 @@ def test_greedy_replies_match_llama_cpp_python_token_for_token(tokenizer):
     try:
         for conversation, ids, result in zip(conversations, prompt_ids, results, strict=True):
             usage = llm.create_chat_completion(conversation, max_tokens=1)["usage"]
-            assert result.usage.prompt_tokens == len(ids) == usage["prompt_tokens"]
+            # The prompt ids its own chat completion evaluated, by value, not only by count.
+            assert ids == [int(t) for t in llm._input_ids[: usage["prompt_tokens"]]]
+            assert result.usage.prompt_tokens == len(ids)
             reply = []
             for token in llm.generate(ids, temp=0.0):
                 if llama_cpp.llama_vocab_is_eog(vocab, token) or len(reply) == 20:
@@ -472,9 +474,12 @@ def test_n_ctx_defaults_to_the_models_own_context(llama):
 
 
 def test_raw_prompt_skips_the_chat_template(llama):
-    result = llama.generate([Request("raw", [], GenerationParams(max_new_tokens=4), prompt="Once upon")])[0]  # fmt: skip
+    raw = Request("raw", [], GenerationParams(max_new_tokens=4), prompt="Once upon")
+    result = llama.generate([raw])[0]
     assert result.ok
-    assert result.usage.prompt_tokens == len(llama.llama.tokenize(b"Once upon", add_bos=True))
+    expected = llama.llama.tokenize(b"Once upon", add_bos=True)  # by value, not by count
+    assert llama.encode(raw) == expected
+    assert result.usage.prompt_tokens == len(expected)
 
 
 def test_image_parts_fail_the_row_not_the_engine(llama):

@@ -97,17 +97,20 @@ class BatchControl:
         torch = self.torch
         scores = scores.float()
         rows = self.rows
+        if self.min_tokens:
+            for b, row in enumerate(rows):
+                if row.generated < row.params.min_tokens:
+                    scores[b, list(self.stop_ids[b])] = float("-inf")
+        # Log-probabilities are the model's own distribution, before the checkpoint's
+        # processors, penalties and any grammar, as LLAMACPP and VLLM report them.
+        reshaped = self.processors or self.penalised or self.guided
+        model_scores = scores.clone() if self.want_logprobs and reshaped else scores
         if self.processors:  # as generate applies them: on the row's prompt and reply so far
             for b, row in enumerate(rows):
                 ids = torch.tensor([row.state.prompt_ids + row.tokens], device=scores.device)
                 scores[b : b + 1] = self.processors(ids, scores[b : b + 1])
         if self.penalised:
             scores = self._penalise(scores)
-        if self.min_tokens:
-            for b, row in enumerate(rows):
-                if row.generated < row.params.min_tokens:
-                    scores[b, list(self.stop_ids[b])] = float("-inf")
-        model_scores = scores.clone() if self.want_logprobs and self.guided else scores
         for b in self.guided:
             if rows[b].finish_reason is None:
                 self._constrain(scores[b], rows[b].matcher)
@@ -115,7 +118,7 @@ class BatchControl:
         if self.sampled:
             idx = torch.tensor(self.sampled, device=scores.device)
             chosen[idx] = self._sample(scores[idx], [rows[b] for b in self.sampled])
-        if self.want_logprobs:  # the model's own distribution, before any grammar
+        if self.want_logprobs:
             self._record_logprobs(model_scores, chosen)
         return chosen
 
