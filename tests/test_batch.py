@@ -260,7 +260,12 @@ def test_second_ctrl_c_exits_at_once(tmp_path, echo_plugin):
     proc = spawn(
         "batch", "--engine", "ECHO", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), env=env
     )
-    time.sleep(4)
+    # The job writes its fingerprint just before it takes over Ctrl-C; a fixed wait for that
+    # was too short on a loaded machine (the first SIGINT then killed it before the job began).
+    deadline = time.time() + 120
+    while not (tmp_path / "o.fingerprint.json").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)

@@ -14,7 +14,9 @@ from typing import Any
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
 from lmpress.engines.common.prompts import HfPrompts, resolve_chat_template
+from lmpress.engines.local.native.dequantized import dequantized_copy, existing_copy
 from lmpress.errors import ConfigError, ModelLoadError, first_line
+from lmpress.packaged import NAMES as PACKAGED_NAMES
 
 # The model_kwargs NATIVE reads itself rather than passing to from_pretrained: the GGUF file's
 # name, the KV cache's memory budget in GiB, and whether prompts reuse a shared prefix's cache.
@@ -62,12 +64,26 @@ def pick_device_and_dtype(model: ModelParams, torch: Any) -> tuple[str, Any]:
     return device, dtype
 
 
-def model_source(model: ModelParams) -> tuple[str, str | None]:
+def model_source(model: ModelParams, *, make_copy: bool = False) -> tuple[str, str | None]:
     """Where transformers loads the model from: a directory or hub id, and the GGUF file in it
     when the model is one. A `.gguf` path (or a packaged or tiny GGUF name) names the file
     itself; Oumi's form names a hub repo or directory in `model_name` and the file in
-    `model_kwargs.filename`. transformers dequantizes GGUF weights as it loads them."""
+    `model_kwargs.filename`. transformers dequantizes GGUF weights as it loads them.
+
+    A packaged model loads from its dequantized copy (dequantized.py) once there is one;
+    `make_copy` (the weights are wanted) makes it first."""
     name = local_or_hub(model.model_name, "model.model_name")
+    if model.model_name in PACKAGED_NAMES and "filename" not in model.model_kwargs:
+        gguf = Path(name)
+        try:
+            copy = dequantized_copy(gguf) if make_copy else existing_copy(gguf)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"cannot write the dequantized copy of '{model.model_name}' ({gguf}) into "
+                f"lmpress's cache: {first_line(exc)}"
+            ) from exc
+        if copy:
+            return str(copy), None
     filename = model.model_kwargs.get("filename")
     if filename is not None:
         if not isinstance(filename, str) or not filename.endswith(".gguf"):
@@ -171,7 +187,7 @@ def load_processor(model: ModelParams, model_config: Any, tokenizer: Any) -> Any
 
 
 def load_model(model: ModelParams, device: str, dtype: Any, model_config: Any = None) -> Any:
-    name, gguf_file = model_source(model)
+    name, gguf_file = model_source(model, make_copy=model.load_pretrained_weights)
     kwargs = {k: v for k, v in model.model_kwargs.items() if k not in NATIVE_KWARGS}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
