@@ -17,6 +17,7 @@ import random
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,15 +116,22 @@ def tiny_model(name: str = "llama", cache_dir: Path | None = None) -> Path:
     spec = SPECS[name]
     root = (cache_dir or cache_root()) / "tiny-models"
     target = root / f"{spec.name}-v{BUILDER_VERSION}"
+    return built_once(target, lambda out: build(spec, out))
+
+
+def built_once(target: Path, build_into: Callable[[Path], None]) -> Path:
+    """The model directory `target`, made by `build_into` on first use. Processes that make it
+    at once each build a scratch directory of their own and rename it into place, so a reader
+    never sees half of one."""
     if (target / "config.json").exists():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{spec.name}-"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     try:
-        build(spec, scratch)
+        build_into(scratch)
         try:
             scratch.rename(target)
-        except OSError:  # built by someone else meanwhile
+        except OSError:  # made by another process meanwhile
             if not (target / "config.json").exists():
                 raise
     finally:

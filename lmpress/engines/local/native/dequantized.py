@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import shutil
-import tempfile
 from pathlib import Path
 
 # Bump when what a copy holds changes, so older copies are not read.
@@ -46,21 +44,9 @@ def dequantized_copy(gguf: Path, cache_dir: Path | None = None) -> Path:
     """The directory of `gguf` dequantized by transformers, made on first use. Processes that
     make it at once each write their own scratch directory and rename it into place, so a
     reader never sees half a copy."""
-    target = copy_path(gguf, cache_dir)
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{gguf.stem}-"))
-    try:
-        _write(gguf, scratch)
-        try:
-            scratch.rename(target)
-        except OSError:  # made by another process meanwhile
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+    from lmpress.tinymodels import built_once
+
+    return built_once(copy_path(gguf, cache_dir), lambda out: _write(gguf, out))
 
 
 def _write(gguf: Path, out: Path) -> None:
