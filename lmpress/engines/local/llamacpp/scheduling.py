@@ -2,9 +2,9 @@
 
 The context's KV cache holds up to `batch_size` sequences, each in its own part. Each step
 decodes one token of every sequence being generated in one `llama_batch`, and the next chunk of
-each newly admitted prompt in a batch of its own (an image's chunk is its embeddings, encoded
-by the projector when the prompt reaches it); each row then samples from its own sampler
-chain (sampling.py). A finished sequence's place goes to the next waiting request at once. Its
+every prompt being read in one more, as llama-server packs its slots' prompts (an image's chunk
+is its embeddings, encoded by the projector when the prompt reaches it, in a batch of its own);
+each row then samples from its own sampler chain (sampling.py). A finished sequence's place goes to the next waiting request at once. Its
 KV cells stay until then: a request whose prompt begins like a free sequence's last prompt and
 reply (the same system prompt, the next turn of a chat) takes that sequence and reads only the
 rest.
@@ -25,6 +25,13 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, Projector, te
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
 from lmpress.types import Delta, ErrorInfo, GenerationParams, Result, Sample, TokenLogprob, Usage
+
+# The most tokens of one prompt read in one batch. llama.cpp's CPU flash attention takes a tiled
+# kernel, which rounds differently, for 64 (GGML_FA_TILE_Q) or more tokens of a sequence in one
+# micro-batch: below that, a prompt token's attention is computed alike however the prompt is
+# cut, so packing prompts together (or reusing a cached prefix) leaves greedy replies as they
+# are at batch size 1.
+PROMPT_CHUNK = 63
 
 
 class LlamaCppScheduler(WorkerEngine):
@@ -174,11 +181,10 @@ class LlamaCppScheduler(WorkerEngine):
 
     def _step(self) -> None:
         """One token for every sequence being generated, in one batch; then the next chunk of
-        each prompt being read, each in a batch of its own. Keeping prompts apart gives every
-        prompt the same computation whatever else is in flight (llama.cpp picks its kernels by
-        batch shape, and a prompt mixed with others would round differently), which is what
-        keeps greedy replies identical at any batch size."""
-        rows = list(self._generating)
+        every prompt being read, all in one more (an image's chunk in a batch of its own)."""
+        # By sequence id: llama.cpp cuts a batch over a split KV cache into one micro-batch
+        # per run of consecutive sequence ids, each reading all the weights.
+        rows = sorted(self._generating, key=lambda row: row.seq_id)
         if rows:
             self.most_in_flight = max(self.most_in_flight, len(rows))
             for i, row in enumerate(rows):
@@ -187,27 +193,44 @@ class LlamaCppScheduler(WorkerEngine):
             self._decode(len(rows))
             for i, row in enumerate(rows):
                 self._sample(row, i)
-        for state in list(self._prefilling):
+        reading = []
+        for state in sorted(self._prefilling, key=lambda s: s.rows[0].seq_id):
             image = next((m for m in state.media or () if m.start <= state.fed < m.end), None)
-            if image is not None:
-                count = self._decode_image(state, image)
-            else:
-                count = self._decode_text(state)
+            if image is None:
+                reading.append(state)
+                continue
+            count = self._decode_image(state, image)
             state.fed += count
             if state.fed == len(state.prompt_ids):
                 self._start_generating(state, count - 1)
+        if reading:
+            self._decode_prompts(reading)
 
-    def _decode_text(self, state: RequestState) -> int:
-        """The next chunk of a prompt's text tokens (up to its next image, if any)."""
-        images = [m.start for m in state.media or () if m.start > state.fed]
-        end = min([state.fed + self._n_batch, len(state.prompt_ids), *images])
-        chunk = state.prompt_ids[state.fed : end]
-        seq = state.rows[0].seq_id
-        last = end == len(state.prompt_ids)
-        for j, token in enumerate(chunk):
-            self._put(j, token, state.fed + j, seq, last and j == len(chunk) - 1)
-        self._decode(len(chunk))
-        return len(chunk)
+    def _decode_prompts(self, states: list[RequestState]) -> None:
+        """The next chunk of each prompt's text tokens (up to its next image, if any), packed
+        into one batch, as llama-server does with its slots: one pass over the weights reads
+        many prompts. Each prompt's chunk is at most PROMPT_CHUNK tokens, whatever the batch
+        size, so a prompt is read the same way alone or beside others (see PROMPT_CHUNK), and
+        the prompts share the batch equally."""
+        share = max(1, self._n_batch // len(states))
+        chunks, n = [], 0
+        for state in states:
+            images = [m.start for m in state.media or () if m.start > state.fed]
+            room = min(PROMPT_CHUNK, share, self._n_batch - n)
+            if room == 0:
+                break
+            end = min([state.fed + room, len(state.prompt_ids), *images])
+            last = end == len(state.prompt_ids)
+            seq = state.rows[0].seq_id
+            for pos in range(state.fed, end):
+                self._put(n, state.prompt_ids[pos], pos, seq, last and pos == end - 1)
+                n += 1
+            chunks.append((state, end, n - 1))
+        self._decode(n)
+        for state, end, index in chunks:
+            state.fed = end
+            if end == len(state.prompt_ids):
+                self._start_generating(state, index)
 
     def _decode_image(self, state: RequestState, image: ImageSegment) -> int:
         """The next chunk of an image's embeddings (encoded when the prefill first reaches
