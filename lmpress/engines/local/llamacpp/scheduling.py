@@ -180,19 +180,12 @@ class LlamaCppScheduler(WorkerEngine):
         return sum(len(self._cached[seq]) for seq in self._free_seqs)
 
     def _step(self) -> None:
-        """One token for every sequence being generated, in one batch; then the next chunk of
-        every prompt being read, all in one more (an image's chunk in a batch of its own)."""
-        # By sequence id: llama.cpp cuts a batch over a split KV cache into one micro-batch
-        # per run of consecutive sequence ids, each reading all the weights.
-        rows = sorted(self._generating, key=lambda row: row.seq_id)
-        if rows:
-            self.most_in_flight = max(self.most_in_flight, len(rows))
-            for i, row in enumerate(rows):
-                self._put(i, row.next_token, row.pos, row.seq_id, True)
-                row.pos += 1
-            self._decode(len(rows))
-            for i, row in enumerate(rows):
-                self._sample(row, i)
+        """One batch for every sequence in flight: the next token of each one being generated
+        and the next chunk of each prompt being read (an image's chunk goes in a batch of its
+        own first). Over a split KV cache llama.cpp cuts a batch into micro-batches of runs of
+        consecutive sequence ids, each a pass over all the weights: in sequence-id order, the
+        prompts being read fill the gaps between the rows being generated instead of making
+        more of them."""
         reading = []
         for state in sorted(self._prefilling, key=lambda s: s.rows[0].seq_id):
             image = next((m for m in state.media or () if m.start <= state.fed < m.end), None)
@@ -203,34 +196,49 @@ class LlamaCppScheduler(WorkerEngine):
             state.fed += count
             if state.fed == len(state.prompt_ids):
                 self._start_generating(state, count - 1)
-        if reading:
-            self._decode_prompts(reading)
+        rows = list(self._generating)
+        self.most_in_flight = max(self.most_in_flight, len(rows))
+        chunks = self._prompt_chunks(reading, self._n_batch - len(rows))
+        parts = sorted(rows + chunks, key=lambda part: part.seq_id)
+        n = 0
+        for part in parts:
+            if isinstance(part, Row):
+                self._put(n, part.next_token, part.pos, part.seq_id, True)
+                part.pos += 1
+                n += 1
+            else:
+                ids, last = part.state.prompt_ids, part.end == len(part.state.prompt_ids)
+                for pos in range(part.state.fed, part.end):
+                    self._put(n, ids[pos], pos, part.seq_id, last and pos == part.end - 1)
+                    n += 1
+            part.batch_index = n - 1  # where its logits are
+        if n == 0:
+            return
+        self._decode(n)
+        for part in parts:
+            if isinstance(part, Row):
+                self._sample(part, part.batch_index)
+            else:
+                part.state.fed = part.end
+                if part.end == len(part.state.prompt_ids):
+                    self._start_generating(part.state, part.batch_index)
 
-    def _decode_prompts(self, states: list[RequestState]) -> None:
-        """The next chunk of each prompt's text tokens (up to its next image, if any), packed
-        into one batch, as llama-server does with its slots: one pass over the weights reads
-        many prompts. Each prompt's chunk is at most PROMPT_CHUNK tokens, whatever the batch
-        size, so a prompt is read the same way alone or beside others (see PROMPT_CHUNK), and
-        the prompts share the batch equally."""
-        share = max(1, self._n_batch // len(states))
-        chunks, n = [], 0
+    def _prompt_chunks(self, states: list[RequestState], room: int) -> list[PromptChunk]:
+        """The next chunk of each prompt's text tokens (up to its next image, if any) that
+        `room` tokens of this step's batch hold: one pass over the weights reads many prompts,
+        as llama-server packs its slots'. Each chunk is at most PROMPT_CHUNK tokens, whatever
+        the batch size, so a prompt is read the same way alone or beside others, and the
+        prompts share the room equally."""
+        share = min(PROMPT_CHUNK, max(1, room // max(1, len(states))))
+        chunks = []
         for state in states:
             images = [m.start for m in state.media or () if m.start > state.fed]
-            room = min(PROMPT_CHUNK, share, self._n_batch - n)
-            if room == 0:
+            end = min([state.fed + min(share, room), len(state.prompt_ids), *images])
+            if end == state.fed:
                 break
-            end = min([state.fed + room, len(state.prompt_ids), *images])
-            last = end == len(state.prompt_ids)
-            seq = state.rows[0].seq_id
-            for pos in range(state.fed, end):
-                self._put(n, state.prompt_ids[pos], pos, seq, last and pos == end - 1)
-                n += 1
-            chunks.append((state, end, n - 1))
-        self._decode(n)
-        for state, end, index in chunks:
-            state.fed = end
-            if end == len(state.prompt_ids):
-                self._start_generating(state, index)
+            room -= end - state.fed
+            chunks.append(PromptChunk(state, state.rows[0].seq_id, end))
+        return chunks
 
     def _decode_image(self, state: RequestState, image: ImageSegment) -> int:
         """The next chunk of an image's embeddings (encoded when the prefill first reaches
@@ -410,6 +418,16 @@ class RequestState(Submission):
 
 
 @dataclass(eq=False)
+class PromptChunk:
+    """The part of a prompt one step reads into its sequence: up to `end`."""
+
+    state: RequestState
+    seq_id: int
+    end: int
+    batch_index: int = -1  # the batch row of its last token
+
+
+@dataclass(eq=False)
 class Row:
     """One sequence in the KV cache: one sample of one request."""
 
@@ -421,6 +439,7 @@ class Row:
     matcher: Matcher | None = None
     pos: int = 0  # tokens of this sequence in the KV cache
     next_token: int = -1  # sampled, to be decoded at the next step
+    batch_index: int = -1  # its row in the step's batch
     tokens: list[int] = field(default_factory=list)  # generated, end tokens left out
     generated: int = 0  # tokens generated, end tokens included
     text: str = ""
