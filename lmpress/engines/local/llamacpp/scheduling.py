@@ -34,6 +34,12 @@ from lmpress.types import Delta, ErrorInfo, GenerationParams, Result, Sample, To
 PROMPT_CHUNK = 63
 
 
+# A cached prefix shorter than this (a chat template's opening, a word or two) does not decide
+# which sequence a request takes: keeping it spares a few tokens, and a sequence taken out of
+# id order costs a micro-batch a step while its prompt is read.
+KEPT_PREFIX = 16
+
+
 class LlamaCppScheduler(WorkerEngine):
     """The worker side of LlamaCppEngine, which loads the model and its `vocab` (and a
     `projector` for images, or None) and then calls `_start_scheduling` with the batched
@@ -126,16 +132,16 @@ class LlamaCppScheduler(WorkerEngine):
 
     def _admit(self) -> None:
         """Start waiting requests, oldest first, while sequences are free."""
-        while self._pending:
-            state = self._pending[0]
+        starting = []
+        free = len(self._free_seqs)
+        while self._pending and self._pending[0].request.params.n <= free:
+            starting.append(self._pending.popleft())
+            free -= starting[-1].request.params.n
+        for state, seqs in self._take_seqs(starting):
             params = state.request.params
-            n = params.n
-            if len(self._free_seqs) < n:
-                return
-            self._pending.popleft()
             # A row ends when its part of the KV cache is full.
             limit = min(params.max_new_tokens, self.n_ctx_seq - len(state.prompt_ids))
-            seqs, state.fed = self._take_seqs(state.prompt_ids, n)
+            state.fed = self._keep_prefix(state.prompt_ids, seqs)
             self.prompt_tokens_reused += state.fed
             state.rows = [Row(state, i, seq, limit) for i, seq in enumerate(seqs)]
             if state.matcher is not None:
@@ -153,27 +159,50 @@ class LlamaCppScheduler(WorkerEngine):
                 continue
             self._prefilling.append(state)
 
-    def _take_seqs(self, prompt: list[int], n: int) -> tuple[list[int], int]:
-        """`n` free sequences for a request, and how many of its prompt tokens are already in
-        the first one's KV cells: the free sequence whose cached tokens share the longest
-        prefix with the prompt keeps that prefix (all but the prompt's last token at most,
-        whose logits are needed), so a shared system prompt or an earlier turn of the same
-        conversation is not decoded again. Otherwise the least recently used one is taken."""
-        first, reused = self._free_seqs[0], 0
-        for seq in self._free_seqs:
-            common = common_prefix(self._cached[seq], prompt)
-            if common > reused:
-                first, reused = seq, common
-        reused = min(reused, len(prompt) - 1)
-        self._free_seqs.remove(first)
-        seqs = [first] + [self._free_seqs.pop(0) for _ in range(n - 1)]
+    def _take_seqs(self, states: list[RequestState]) -> list[tuple[RequestState, list[int]]]:
+        """Free sequences for requests starting together, `n` each. A request takes the free
+        sequence whose cached tokens share the longest prefix with its prompt, if that is at
+        least KEPT_PREFIX tokens (a shared system prompt, an earlier turn of the same
+        conversation: see `_keep_prefix`). The others take the least recently used ones,
+        shorter prompts the lower ids: prompts read together then stop in id order, so the
+        prompts still being read form one run of ids, which llama.cpp reads in one
+        micro-batch (see `_step`)."""
+        taken, rest = [], []
+        for state in states:
+            best, kept = None, KEPT_PREFIX - 1
+            for seq in self._free_seqs:
+                common = common_prefix(self._cached[seq], state.prompt_ids)
+                if common > kept:
+                    best, kept = seq, common
+            if best is None:
+                rest.append(state)
+            else:
+                self._free_seqs.remove(best)
+                taken.append((state, [best]))
+        for state, seqs in taken:  # the other samples' sequences
+            seqs += [self._free_seqs.pop(0) for _ in range(state.request.params.n - 1)]
+        pool = sorted(
+            self._free_seqs.pop(0) for state in rest for _ in range(state.request.params.n)
+        )
+        for state in sorted(rest, key=lambda state: len(state.prompt_ids)):
+            n = state.request.params.n
+            taken.append((state, pool[:n]))
+            del pool[:n]
+        return taken
+
+    def _keep_prefix(self, prompt: list[int], seqs: list[int]) -> int:
+        """Clear a request's sequences but for the part of the first one's cached tokens that
+        begins its prompt (all but the prompt's last token at most, whose logits are needed),
+        which is not decoded again; how many tokens that is."""
+        first = seqs[0]
+        reused = min(common_prefix(self._cached[first], prompt), len(prompt) - 1)
         lc = self._lc
         lc.llama_memory_seq_rm(self._memory, first, reused, -1)
         for seq in seqs[1:]:  # filled from the first one's cells once the prompt is read
             lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
         for seq in seqs:
             self._cached[seq] = []
-        return seqs, reused
+        return reused
 
     def kv_cells_cached(self) -> int:
         """Positions that free sequences keep for reuse (see `_take_seqs`)."""
