@@ -33,7 +33,12 @@ class Sampling:
     ) -> Any:
         """A row's sampler chain: logit bias, penalties, then greedy, or top-k, top-p, min-p,
         temperature and a draw seeded per row (the same seed gives the same tokens whatever
-        else is in flight)."""
+        else is in flight). None for plain greedy (no bias, no penalties): `pick` takes the
+        most likely token itself. A chain copies the whole vocabulary's logits into a
+        candidate array at every pick, about 70 microseconds against 5 for numpy's argmax:
+        at 32 rows that was 4% of a step of a 100M model."""
+        if params.sampling_temperature() == 0 and not logit_bias and not has_penalties(params):
+            return None
         lc = self._lc
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         if logit_bias:
@@ -72,7 +77,8 @@ class Sampling:
         return chain
 
     def free(self, chain: Any) -> None:
-        self._lc.llama_sampler_free(chain)
+        if chain is not None:
+            self._lc.llama_sampler_free(chain)
 
     def pick(
         self,
@@ -90,15 +96,22 @@ class Sampling:
             self._forbid_end(params, index)
         distribution = self._logprobs(params, index) if logprobs else None
         if matcher is not None:
-            import numpy as np
-
-            pointer = self._lc.llama_get_logits_ith(self._ctx, index)
-            matcher.mask_logits(np.ctypeslib.as_array(pointer, shape=(self.vocab.size,)))
-        token = self._lc.llama_sampler_sample(sampler, self._ctx, index)
+            matcher.mask_logits(self._logits(index))
+        if sampler is None:  # plain greedy: the first of the most likely, as llama.cpp picks
+            token = int(self._logits(index).argmax())
+        else:
+            token = self._lc.llama_sampler_sample(sampler, self._ctx, index)
         if distribution is None:
             return token, None
         values, top = distribution
         return token, TokenLogprob(self.vocab.string(token, params), float(values[token]), top)
+
+    def _logits(self, index: int) -> Any:
+        """The logits of batch row `index`, as a numpy array over llama.cpp's own buffer."""
+        import numpy as np
+
+        pointer = self._lc.llama_get_logits_ith(self._ctx, index)
+        return np.ctypeslib.as_array(pointer, shape=(self.vocab.size,))
 
     def _forbid_end(self, params: GenerationParams, index: int) -> None:
         """min_tokens: end-of-generation tokens cannot be picked yet."""
@@ -113,8 +126,7 @@ class Sampling:
         temperature, top-k/p and penalties), and the row's `top_logprobs` most likely ones."""
         import numpy as np
 
-        pointer = self._lc.llama_get_logits_ith(self._ctx, index)
-        logits = np.ctypeslib.as_array(pointer, shape=(self.vocab.size,)).astype(np.float64)
+        logits = self._logits(index).astype(np.float64)
         top = logits.max()
         logprobs = logits - (top + np.log(np.exp(logits - top).sum()))
         k = params.top_logprobs
@@ -124,6 +136,14 @@ class Sampling:
             ids = ids[np.argsort(-logprobs[ids], kind="stable")]
             best = [(self.vocab.string(int(t), params), float(logprobs[t])) for t in ids]
         return logprobs, best
+
+
+def has_penalties(params: GenerationParams) -> bool:
+    return (
+        params.repetition_penalty != 1
+        or bool(params.presence_penalty)
+        or bool(params.frequency_penalty)
+    )
 
 
 def row_seed(params: GenerationParams, index: int) -> int:

@@ -2,9 +2,9 @@
 
 The context's KV cache holds up to `batch_size` sequences, each in its own part. Each step
 decodes one token of every sequence being generated in one `llama_batch`, and the next chunk of
-each newly admitted prompt in a batch of its own (an image's chunk is its embeddings, encoded
-by the projector when the prompt reaches it); each row then samples from its own sampler
-chain (sampling.py). A finished sequence's place goes to the next waiting request at once. Its
+every prompt being read in one more, as llama-server packs its slots' prompts (an image's chunk
+is its embeddings, encoded by the projector when the prompt reaches it, in a batch of its own);
+each row then samples from its own sampler chain (sampling.py). A finished sequence's place goes to the next waiting request at once. Its
 KV cells stay until then: a request whose prompt begins like a free sequence's last prompt and
 reply (the same system prompt, the next turn of a chat) takes that sequence and reads only the
 rest.
@@ -25,6 +25,19 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, Projector, te
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
 from lmpress.types import Delta, ErrorInfo, GenerationParams, Result, Sample, TokenLogprob, Usage
+
+# The most tokens of one prompt read in one batch. llama.cpp's CPU flash attention takes a tiled
+# kernel, which rounds differently, for 64 (GGML_FA_TILE_Q) or more tokens of a sequence in one
+# micro-batch: below that, a prompt token's attention is computed alike however the prompt is
+# cut, so packing prompts together (or reusing a cached prefix) leaves greedy replies as they
+# are at batch size 1.
+PROMPT_CHUNK = 63
+
+
+# A cached prefix shorter than this (a chat template's opening, a word or two) does not decide
+# which sequence a request takes: keeping it spares a few tokens, and a sequence taken out of
+# id order costs a micro-batch a step while its prompt is read.
+KEPT_PREFIX = 16
 
 
 class LlamaCppScheduler(WorkerEngine):
@@ -119,16 +132,16 @@ class LlamaCppScheduler(WorkerEngine):
 
     def _admit(self) -> None:
         """Start waiting requests, oldest first, while sequences are free."""
-        while self._pending:
-            state = self._pending[0]
+        starting = []
+        free = len(self._free_seqs)
+        while self._pending and self._pending[0].request.params.n <= free:
+            starting.append(self._pending.popleft())
+            free -= starting[-1].request.params.n
+        for state, seqs in self._take_seqs(starting):
             params = state.request.params
-            n = params.n
-            if len(self._free_seqs) < n:
-                return
-            self._pending.popleft()
             # A row ends when its part of the KV cache is full.
             limit = min(params.max_new_tokens, self.n_ctx_seq - len(state.prompt_ids))
-            seqs, state.fed = self._take_seqs(state.prompt_ids, n)
+            state.fed = self._keep_prefix(state.prompt_ids, seqs)
             self.prompt_tokens_reused += state.fed
             state.rows = [Row(state, i, seq, limit) for i, seq in enumerate(seqs)]
             if state.matcher is not None:
@@ -146,68 +159,115 @@ class LlamaCppScheduler(WorkerEngine):
                 continue
             self._prefilling.append(state)
 
-    def _take_seqs(self, prompt: list[int], n: int) -> tuple[list[int], int]:
-        """`n` free sequences for a request, and how many of its prompt tokens are already in
-        the first one's KV cells: the free sequence whose cached tokens share the longest
-        prefix with the prompt keeps that prefix (all but the prompt's last token at most,
-        whose logits are needed), so a shared system prompt or an earlier turn of the same
-        conversation is not decoded again. Otherwise the least recently used one is taken."""
-        first, reused = self._free_seqs[0], 0
-        for seq in self._free_seqs:
-            common = common_prefix(self._cached[seq], prompt)
-            if common > reused:
-                first, reused = seq, common
-        reused = min(reused, len(prompt) - 1)
-        self._free_seqs.remove(first)
-        seqs = [first] + [self._free_seqs.pop(0) for _ in range(n - 1)]
+    def _take_seqs(self, states: list[RequestState]) -> list[tuple[RequestState, list[int]]]:
+        """Free sequences for requests starting together, `n` each. A request takes the free
+        sequence whose cached tokens share the longest prefix with its prompt, if that is at
+        least KEPT_PREFIX tokens (a shared system prompt, an earlier turn of the same
+        conversation: see `_keep_prefix`). The others take the least recently used ones,
+        shorter prompts the lower ids: prompts read together then stop in id order, so the
+        prompts still being read form one run of ids, which llama.cpp reads in one
+        micro-batch (see `_step`)."""
+        taken, rest = [], []
+        for state in states:
+            best, kept = None, KEPT_PREFIX - 1
+            for seq in self._free_seqs:
+                common = common_prefix(self._cached[seq], state.prompt_ids)
+                if common > kept:
+                    best, kept = seq, common
+            if best is None:
+                rest.append(state)
+            else:
+                self._free_seqs.remove(best)
+                taken.append((state, [best]))
+        for state, seqs in taken:  # the other samples' sequences
+            seqs += [self._free_seqs.pop(0) for _ in range(state.request.params.n - 1)]
+        pool = sorted(
+            self._free_seqs.pop(0) for state in rest for _ in range(state.request.params.n)
+        )
+        for state in sorted(rest, key=lambda state: len(state.prompt_ids)):
+            n = state.request.params.n
+            taken.append((state, pool[:n]))
+            del pool[:n]
+        return taken
+
+    def _keep_prefix(self, prompt: list[int], seqs: list[int]) -> int:
+        """Clear a request's sequences but for the part of the first one's cached tokens that
+        begins its prompt (all but the prompt's last token at most, whose logits are needed),
+        which is not decoded again; how many tokens that is."""
+        first = seqs[0]
+        reused = min(common_prefix(self._cached[first], prompt), len(prompt) - 1)
         lc = self._lc
         lc.llama_memory_seq_rm(self._memory, first, reused, -1)
         for seq in seqs[1:]:  # filled from the first one's cells once the prompt is read
             lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
         for seq in seqs:
             self._cached[seq] = []
-        return seqs, reused
+        return reused
 
     def kv_cells_cached(self) -> int:
         """Positions that free sequences keep for reuse (see `_take_seqs`)."""
         return sum(len(self._cached[seq]) for seq in self._free_seqs)
 
     def _step(self) -> None:
-        """One token for every sequence being generated, in one batch; then the next chunk of
-        each prompt being read, each in a batch of its own. Keeping prompts apart gives every
-        prompt the same computation whatever else is in flight (llama.cpp picks its kernels by
-        batch shape, and a prompt mixed with others would round differently), which is what
-        keeps greedy replies identical at any batch size."""
-        rows = list(self._generating)
-        if rows:
-            self.most_in_flight = max(self.most_in_flight, len(rows))
-            for i, row in enumerate(rows):
-                self._put(i, row.next_token, row.pos, row.seq_id, True)
-                row.pos += 1
-            self._decode(len(rows))
-            for i, row in enumerate(rows):
-                self._sample(row, i)
-        for state in list(self._prefilling):
+        """One batch for every sequence in flight: the next token of each one being generated
+        and the next chunk of each prompt being read (an image's chunk goes in a batch of its
+        own first). Over a split KV cache llama.cpp cuts a batch into micro-batches of runs of
+        consecutive sequence ids, each a pass over all the weights: in sequence-id order, the
+        prompts being read fill the gaps between the rows being generated instead of making
+        more of them."""
+        reading = []
+        for state in sorted(self._prefilling, key=lambda s: s.rows[0].seq_id):
             image = next((m for m in state.media or () if m.start <= state.fed < m.end), None)
-            if image is not None:
-                count = self._decode_image(state, image)
-            else:
-                count = self._decode_text(state)
+            if image is None:
+                reading.append(state)
+                continue
+            count = self._decode_image(state, image)
             state.fed += count
             if state.fed == len(state.prompt_ids):
                 self._start_generating(state, count - 1)
+        rows = list(self._generating)
+        self.most_in_flight = max(self.most_in_flight, len(rows))
+        chunks = self._prompt_chunks(reading, self._n_batch - len(rows))
+        parts = sorted(rows + chunks, key=lambda part: part.seq_id)
+        n = 0
+        for part in parts:
+            if isinstance(part, Row):
+                self._put(n, part.next_token, part.pos, part.seq_id, True)
+                part.pos += 1
+                n += 1
+            else:
+                ids, last = part.state.prompt_ids, part.end == len(part.state.prompt_ids)
+                for pos in range(part.state.fed, part.end):
+                    self._put(n, ids[pos], pos, part.seq_id, last and pos == part.end - 1)
+                    n += 1
+            part.batch_index = n - 1  # where its logits are
+        if n == 0:
+            return
+        self._decode(n)
+        for part in parts:
+            if isinstance(part, Row):
+                self._sample(part, part.batch_index)
+            else:
+                part.state.fed = part.end
+                if part.end == len(part.state.prompt_ids):
+                    self._start_generating(part.state, part.batch_index)
 
-    def _decode_text(self, state: RequestState) -> int:
-        """The next chunk of a prompt's text tokens (up to its next image, if any)."""
-        images = [m.start for m in state.media or () if m.start > state.fed]
-        end = min([state.fed + self._n_batch, len(state.prompt_ids), *images])
-        chunk = state.prompt_ids[state.fed : end]
-        seq = state.rows[0].seq_id
-        last = end == len(state.prompt_ids)
-        for j, token in enumerate(chunk):
-            self._put(j, token, state.fed + j, seq, last and j == len(chunk) - 1)
-        self._decode(len(chunk))
-        return len(chunk)
+    def _prompt_chunks(self, states: list[RequestState], room: int) -> list[PromptChunk]:
+        """The next chunk of each prompt's text tokens (up to its next image, if any) that
+        `room` tokens of this step's batch hold: one pass over the weights reads many prompts,
+        as llama-server packs its slots'. Each chunk is at most PROMPT_CHUNK tokens, whatever
+        the batch size, so a prompt is read the same way alone or beside others, and the
+        prompts share the room equally."""
+        share = min(PROMPT_CHUNK, max(1, room // max(1, len(states))))
+        chunks = []
+        for state in states:
+            images = [m.start for m in state.media or () if m.start > state.fed]
+            end = min([state.fed + min(share, room), len(state.prompt_ids), *images])
+            if end == state.fed:
+                break
+            room -= end - state.fed
+            chunks.append(PromptChunk(state, state.rows[0].seq_id, end))
+        return chunks
 
     def _decode_image(self, state: RequestState, image: ImageSegment) -> int:
         """The next chunk of an image's embeddings (encoded when the prefill first reaches
@@ -387,6 +447,16 @@ class RequestState(Submission):
 
 
 @dataclass(eq=False)
+class PromptChunk:
+    """The part of a prompt one step reads into its sequence: up to `end`."""
+
+    state: RequestState
+    seq_id: int
+    end: int
+    batch_index: int = -1  # the batch row of its last token
+
+
+@dataclass(eq=False)
 class Row:
     """One sequence in the KV cache: one sample of one request."""
 
@@ -398,6 +468,7 @@ class Row:
     matcher: Matcher | None = None
     pos: int = 0  # tokens of this sequence in the KV cache
     next_token: int = -1  # sampled, to be decoded at the next step
+    batch_index: int = -1  # its row in the step's batch
     tokens: list[int] = field(default_factory=list)  # generated, end tokens left out
     generated: int = 0  # tokens generated, end tokens included
     text: str = ""
