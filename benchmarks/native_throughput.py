@@ -157,6 +157,11 @@ def main() -> None:
     )
     parser.add_argument("--chat", action="store_true", help="chat prompts, for a real model")
     parser.add_argument(
+        "--no-generate-batch", action="store_true",
+        help="with --eos, leave transformers' generate_batch side out (it takes about as long "
+        "as raw and needs over 13 GiB on a CPU)",
+    )  # fmt: skip
+    parser.add_argument(
         "--shared-prefix", type=int, default=0, metavar="TOKENS",
         help="the prefix-reuse workload: a system prompt of about TOKENS tokens before each prompt",
     )  # fmt: skip
@@ -178,7 +183,7 @@ def main() -> None:
     else:
         # Each side in a process of its own, as users run them (see rounds.SideProcess).
         sides = {"raw": SideProcess("raw", build_raw, config, *work)}
-        if args.eos:  # generate_batch has no min_new_tokens to hold EOS off
+        if args.eos and not args.no_generate_batch:  # it has no min_new_tokens to hold EOS off
             sides["generate_batch"] = SideProcess("generate_batch", build_generate_batch, config, *work)  # fmt: skip
         sides["lmpress"] = SideProcess("lmpress", build_lmpress, config, *work)
         pairs = [("lmpress", name) for name in sides if name != "lmpress"]
