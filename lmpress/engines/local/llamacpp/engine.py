@@ -38,7 +38,8 @@ from lmpress.engines.local.llamacpp.loading import (
 )
 from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projector
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
-from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler, RequestState
+from lmpress.engines.local.llamacpp.rows import RequestState
+from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
 from lmpress.errors import ConfigError, ModelLoadError, RequestError
 from lmpress.types import GenerationParams, Request
 

@@ -4,27 +4,25 @@ The context's KV cache holds up to `batch_size` sequences, each in its own part.
 decodes one token of every sequence being generated in one `llama_batch`, and the next chunk of
 every prompt being read in one more, as llama-server packs its slots' prompts (an image's chunk
 is its embeddings, encoded by the projector when the prompt reaches it, in a batch of its own);
-each row then samples from its own sampler chain (sampling.py). A finished sequence's place goes to the next waiting request at once. Its
-KV cells stay until then: a request whose prompt begins like a free sequence's last prompt and
+each row then samples from its own sampler chain (sampling.py). A finished sequence's place goes
+to the next waiting request at once. Its KV cells stay until then: a request whose prompt begins like a free sequence's last prompt and
 reply (the same system prompt, the next turn of a chat) takes that sequence and reads only the
 rest.
 """
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from lmpress.engines.base import error_result
-from lmpress.engines.common.grammar import Matcher
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.llamacpp.projector import ImageSegment, Projector, text_ids
+from lmpress.engines.local.llamacpp.rows import PromptChunk, RequestState, Row, common_prefix
 from lmpress.engines.local.llamacpp.sampling import Sampling
-from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
-from lmpress.types import Delta, ErrorInfo, GenerationParams, Result, Sample, TokenLogprob, Usage
+from lmpress.engines.local.worker import WorkerEngine, failure_info
+from lmpress.types import ErrorInfo, Result, Sample, Usage
 
 # The most tokens of one prompt read in one batch. llama.cpp's CPU flash attention takes a tiled
 # kernel, which rounds differently, for 64 (GGML_FA_TILE_Q) or more tokens of a sequence in one
@@ -420,88 +418,3 @@ class LlamaCppScheduler(WorkerEngine):
             engine=self.name,
             latency_s=time.perf_counter() - state.started,
         )
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two token lists share. Found by bisection with list slices
-    compared in C: admitting a row against every free sequence's cache stays in microseconds
-    even when they share a long system prompt."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:  # the longest k with a[:k] == b[:k] lies in [lo, hi]
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-# --- per-request and per-row state ---------------------------------------------------------
-
-
-@dataclass(eq=False)
-class RequestState(Submission):
-    logit_bias: list[tuple[int, float]] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
-    fed: int = 0  # prompt tokens already decoded
-
-
-@dataclass(eq=False)
-class PromptChunk:
-    """The part of a prompt one step reads into its sequence: up to `end`."""
-
-    state: RequestState
-    seq_id: int
-    end: int
-    batch_index: int = -1  # the batch row of its last token
-
-
-@dataclass(eq=False)
-class Row:
-    """One sequence in the KV cache: one sample of one request."""
-
-    state: RequestState
-    index: int
-    seq_id: int
-    limit: int  # tokens this row may generate
-    sampler: Any = None
-    matcher: Matcher | None = None
-    pos: int = 0  # tokens of this sequence in the KV cache
-    next_token: int = -1  # sampled, to be decoded at the next step
-    batch_index: int = -1  # its row in the step's batch
-    tokens: list[int] = field(default_factory=list)  # generated, end tokens left out
-    generated: int = 0  # tokens generated, end tokens included
-    text: str = ""
-    emitted: int = 0  # characters already sent as deltas
-    finish_reason: str | None = None
-    # An incremental decoder keeps a character split across tokens until it is whole.
-    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
-    logprobs: list[TokenLogprob] | None = None
-
-    def __post_init__(self) -> None:
-        if self.params.logprobs:
-            self.logprobs = []
-
-    @property
-    def params(self) -> GenerationParams:
-        return self.state.request.params
-
-    def cut_at_stop_string(self) -> None:
-        hits = [i for i in (self.text.find(s) for s in self.params.stop_strings) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.finish_reason = "stop"
-            self.decoder.reset()  # bytes after the stop string are not part of the reply
-
-    def stream_text(self) -> None:
-        if not self.state.wants_deltas or self.state.cancelled:
-            return
-        end = len(self.text)
-        if self.finish_reason is None and self.params.stop_strings:
-            # Hold back what may be the beginning of a stop string.
-            end -= max(len(s) for s in self.params.stop_strings) - 1
-        if end > self.emitted:
-            self.state.deliver(
-                Delta(self.state.request.id, self.text[self.emitted : end], self.index)
-            )
-            self.emitted = end
