@@ -120,9 +120,14 @@ def test_a_data_directory_is_read_as_a_dataset(tmp_path):
 
 
 def test_a_hub_name_that_cannot_be_reached_is_one_clear_error(tmp_path, monkeypatch):
-    pytest.importorskip("datasets")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    datasets = pytest.importorskip("datasets")
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # Offline as HF_HUB_OFFLINE=1 makes it, which both libraries read once, at import: without
+    # this the test would wait some twenty seconds on the network's timeouts.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(InputError, match="no-such-org/no-such-data: cannot open the dataset"):
         rows_of("hf:no-such-org/no-such-data")
 
