@@ -265,12 +265,16 @@ def test_second_ctrl_c_exits_at_once(tmp_path, echo_plugin):
     deadline = time.time() + 120
     while not (tmp_path / "o.fingerprint.json").exists() and time.time() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)
+    time.sleep(0.5)  # it takes over Ctrl-C right after writing the fingerprint
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    notice = ""
+    for line in proc.stderr:  # the second Ctrl-C once the first one's notice is out
+        notice += line
+        if "Ctrl-C again to stop at once" in line:
+            break
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, notice + err
     assert "stopped at once" in err
 
 

@@ -24,7 +24,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from lmpress.types import Request
@@ -307,6 +307,7 @@ class Pacer:
         politeness_s: float = 0.0,
         clock: Clock = time.monotonic,
         adaptive: bool = True,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ):
         self.limit = AdaptiveLimit(num_workers, clock)
         # remote_params.use_adaptive_concurrency: false keeps num_workers in flight through
@@ -315,7 +316,9 @@ class Pacer:
         self.rate = AdaptiveRate(clock)
         limited = requests_per_minute or input_tokens_per_minute or output_tokens_per_minute
         self.budget = (
-            Budget(requests_per_minute, input_tokens_per_minute, output_tokens_per_minute, clock)
+            Budget(
+                requests_per_minute, input_tokens_per_minute, output_tokens_per_minute, clock, sleep
+            )
             if limited
             else None
         )
@@ -323,14 +326,16 @@ class Pacer:
         self.cooldown_until = 0.0
         self.last_success = -math.inf
         self._clock = clock
+        self._sleep = sleep
+        self._resting: set[asyncio.Task] = set()  # slots held back for politeness_s
 
     async def acquire(self, input_tokens: int, output_tokens: int) -> Ticket:
         await self.limit.acquire()
         try:
             while (wait := self.cooldown_until - self._clock()) > 0:
-                await asyncio.sleep(wait)
+                await self._sleep(wait)
             if (wait := self.rate.wait()) > 0:
-                await asyncio.sleep(wait)
+                await self._sleep(wait)
             if self.budget is not None:
                 await self.budget.take(input_tokens, output_tokens)
         except BaseException:
@@ -369,10 +374,19 @@ class Pacer:
             if retry_after:
                 self.cooldown_until = max(self.cooldown_until, self._clock() + retry_after)
         if self.politeness_s > 0:
-            asyncio.get_running_loop().call_later(self.politeness_s, self.limit.release)
+            rest = asyncio.get_running_loop().create_task(self._rest())
+            self._resting.add(rest)  # a task only weakly held by the loop could be collected
+            rest.add_done_callback(self._resting.discard)
         else:
             self.limit.release()
         return excusable
+
+    async def _rest(self) -> None:
+        """Hold a released slot for politeness_s before the next request may take it."""
+        try:
+            await self._sleep(self.politeness_s)
+        finally:
+            self.limit.release()
 
 
 def estimate_tokens(text_chars: int, messages: int = 0, images: int = 0) -> int:

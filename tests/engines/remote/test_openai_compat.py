@@ -391,13 +391,11 @@ def test_a_provider_that_never_relents_still_ends_the_row():
 
 def test_retry_after_is_honoured():
     with LLMServer(Faults(transient_rate=1.0, transient_kinds=("429",), retry_after="1")) as server:
-        started = time.monotonic()
         engine = make_engine(server, **{"remote_params.retry_backoff_max": 5})
         result = complete(engine, ask("a rate limited question"))
         assert result.ok
         first, second = (t for t, _ in list(server.stats.arrivals)[:2])
         assert second - first >= 0.95  # waited as told, not the 0.01 s backoff base
-        assert time.monotonic() - started < 5
 
 
 def test_a_stream_failing_midway_ends_with_an_error_not_a_retry():
@@ -423,7 +421,8 @@ def test_a_cancelled_request_gives_its_slot_back():
 
         async def run() -> Result:
             hanging = asyncio.ensure_future(engine.complete(ask("first, hangs")))
-            await asyncio.sleep(0.2)
+            while server.stats.in_flight < 1:  # the server holds it
+                await asyncio.sleep(0.01)
             hanging.cancel()  # e.g. a chat user pressed Ctrl-C
             try:
                 return await asyncio.wait_for(engine.complete(ask("second")), 5)

@@ -25,11 +25,13 @@ from lmpress.engines.remote.pacing import (
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0
+        self.slept: list[float] = []
 
     def __call__(self) -> float:
         return self.now
 
     async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
         self.now += seconds
 
 
@@ -193,16 +195,17 @@ def test_adaptive_limit_survives_cancelled_waiters():
 
 
 def test_pacer_cooldown_holds_new_requests_after_a_retry_after():
-    async def run() -> float:
-        pacer = Pacer(4)
+    async def run() -> list[float]:
+        clock = FakeClock()
+        pacer = Pacer(4, clock=clock, sleep=clock.sleep)
         ticket = await pacer.acquire(10, 10)
-        pacer.release(ticket, ok=False, overloaded=True, retry_after=0.3)
-        started = time.monotonic()
+        pacer.release(ticket, ok=False, overloaded=True, retry_after=30)
         ticket = await pacer.acquire(10, 10)
         pacer.release(ticket, ok=True)
-        return time.monotonic() - started
+        return clock.slept
 
-    assert 0.25 <= asyncio.run(run()) < 1.0
+    # The next request waited out the 30 s the provider asked for, and no more.
+    assert sum(asyncio.run(run())) == pytest.approx(30)
 
 
 def test_estimate_tokens_is_about_four_characters_a_token():
@@ -212,16 +215,21 @@ def test_estimate_tokens_is_about_four_characters_a_token():
 
 
 def test_politeness_keeps_a_worker_resting_after_each_request():
-    async def run() -> float:
-        pacer = Pacer(1, politeness_s=0.3)
+    async def run() -> tuple[float, list[str]]:
+        clock = FakeClock()
+        pacer = Pacer(1, politeness_s=3.0, clock=clock, sleep=clock.sleep)
+        events = []
         ticket = await pacer.acquire(1, 1)
+        sent_at = clock.now
         pacer.release(ticket, ok=True)
-        started = time.monotonic()
-        ticket = await pacer.acquire(1, 1)  # the one worker rests 0.3 s first
+        events.append("released")
+        ticket = await pacer.acquire(1, 1)  # the one worker rests 3 s first
+        events.append("acquired")
         pacer.release(ticket, ok=True)
-        return time.monotonic() - started
+        return clock.now - sent_at, events
 
-    assert 0.25 <= asyncio.run(run()) < 1.0
+    rested, events = asyncio.run(run())
+    assert rested == pytest.approx(3.0) and events == ["released", "acquired"]
 
 
 def test_adaptive_rate_remembers_only_its_window():
