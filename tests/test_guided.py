@@ -24,6 +24,7 @@ from lmpress.openai_wire.requests import guided_decoding as read_response_format
 from lmpress.types import GenerationParams, Message, Request
 from tests.engines.local.vllm_contract_support import standin  # noqa: F401 (a fixture)
 from tests.servers.llm_server import LLMServer
+from tests.servers.request_types import VLLM_EXTENSIONS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,6 +97,8 @@ def sent_body(server: LLMServer, engine_name: str, form: str, monkeypatch) -> di
     if engine_name in KEYS:
         monkeypatch.setenv(KEYS[engine_name], "sk-test-key")
     url = server.anthropic_url if engine_name == "ANTHROPIC" else server.openai_url
+    # vLLM takes `structured_outputs`, a field OpenAI does not declare: the fake plays vLLM.
+    server.faults.extensions = VLLM_EXTENSIONS if engine_name == "REMOTE_VLLM" else frozenset()
     config = load_config(None, {
         "engine": engine_name, "model.model_name": "test-model", "remote_params.api_url": url,
         "remote_params.max_retries": 0, "generation.guided_decoding": FORMS[form],

@@ -90,7 +90,10 @@ def request_body(
             if p.top_logprobs:
                 body["top_logprobs"] = p.top_logprobs
     if p.logit_bias:
-        body["logit_bias"] = dict(p.logit_bias)
+        # OpenAI's type takes whole-number biases, and a config's -100 is read as -100.0.
+        body["logit_bias"] = {
+            k: int(v) if float(v).is_integer() else v for k, v in p.logit_bias.items()
+        }
     defaults = GenerationParams()
     for name in sorted(dialect.extra_fields):
         value = getattr(p, name)

@@ -93,7 +93,7 @@ class BatchStore:
     def row(self, custom_id: str, body: dict[str, Any], url: str, anthropic: bool) -> Row:
         """What one request of a batch comes to, by the rules of a live request to `url`."""
         faults = self.server.faults
-        problem = refusals.request_problem(body, anthropic)
+        problem = refusals.request_problem(body, url, anthropic, faults.extensions)
         if anthropic and body.get("stream"):
             problem = "stream: not supported in a Message Batch"
         status = 400 if problem else refusals.permanent_status(

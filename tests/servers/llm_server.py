@@ -7,7 +7,9 @@ one that ends with a tool's result `reply_text(that result)` (`tool_replies`). F
 chosen by content, so a run is reproducible: `transient_rate` of the distinct conversations
 fail their first attempt (429 with Retry-After, 500, a hang past the client's timeout, a dropped
 connection, a malformed body), and conversations containing a `permanent` marker always fail
-with that status. What a successful request gets is in `replies`.
+with that status. What a successful request gets is in `replies`. A body the SDK's own request
+type does not allow (an unknown field, a wrong type) gets the 400 the provider gives
+(`request_types`); `Faults.extensions` names the fields beyond it that a vLLM-like server takes.
 
 The same port serves the providers' batch APIs (OpenAI's Files and Batches, Anthropic's Message
 Batches) in compressed time, with their own faults in `Faults.batch` (`batch_api`), so a test can
@@ -55,6 +57,9 @@ class Faults:
     rate_limit_rps: float | None = None  # beyond this rate: 429 with the wait in Retry-After
     overloaded_until: float = 0.0  # time.monotonic() before which every request gets 429
     model: str = "test-model"
+    # Top-level body fields beyond the SDK's request type that this server takes, as a vLLM
+    # server takes its own (`request_types.VLLM_EXTENSIONS`); none: an OpenAI that refuses them.
+    extensions: frozenset[str] = frozenset()
     batch: BatchFaults = field(default_factory=BatchFaults)  # the batch APIs' clock and faults
 
 
@@ -293,7 +298,7 @@ class _Handler(BaseHTTPRequestHandler):
         wait = app._rate_limited()
         if wait is not None:
             return self._rate_limit(wait, anthropic)
-        problem = refusals.request_problem(body, anthropic)
+        problem = refusals.request_problem(body, path, anthropic, f.extensions)
         if problem:
             return self._error(400, problem, anthropic)
         fault = app.fault_for(conversation, attempt)

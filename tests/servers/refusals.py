@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.servers import tool_replies
+from tests.servers import request_types, tool_replies
 
 # The error `type` each status carries, as the providers spell it.
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -42,8 +42,15 @@ def permanent_status(conversation: str, permanent: dict[str, int]) -> int | None
     return None
 
 
-def request_problem(body: dict[str, Any], anthropic: bool) -> str | None:
-    """What the real API answers 400 to in a chat (or completion, or Messages) body, or None."""
+def request_problem(
+    body: dict[str, Any], path: str, anthropic: bool, extensions: frozenset[str] = frozenset()
+) -> str | None:
+    """What the real API answers 400 to in a chat (or completion, or Messages) body sent to
+    `path`, or None: first what the SDK's request type does not allow (`request_types`; the
+    fields in `extensions` aside), then what the API refuses in a body of the right shape."""
+    problem = request_types.body_problem(body, request_types.endpoint(path, anthropic), extensions)
+    if problem:
+        return problem
     if not body.get("model"):
         return "model: field required"
     if anthropic:

@@ -12,8 +12,9 @@ from lmpress.engines.registry import create_engine
 from lmpress.engines.remote.anthropic import convert_messages, parse_message, request_body
 from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.errors import ConfigError, RequestError, UnsupportedParamError
-from lmpress.types import ContentPart, Delta, GenerationParams, Message, Request, Result
+from lmpress.types import ContentPart, Delta, GenerationParams, Message, Request, Result, ToolCall
 from tests.servers.llm_server import Faults, LLMServer, reply_text
+from tests.servers.request_types import body_problem
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,6 +124,34 @@ def test_request_body_maps_stop_strings_max_tokens_and_structured_output():
         request_body(Request("r", [], prompt="Once"), "claude-x")
     with pytest.raises(RequestError, match="json"):
         request_body(conversation(("user", "hi"), guided_decoding={"regex": "a"}), "claude-x")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_body_with_everything_the_engine_sends_fits_the_sdk_type(stream):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look it up.",
+                "parameters": {"type": "object", "properties": {"w": {"type": "string"}}},
+            },
+        }
+    ]
+    request = Request("r", [
+        Message("system", "Be brief."),
+        Message("user", [ContentPart("text", "What are these?"),
+                         ContentPart("image_url", image_url="https://example.com/cat.png"),
+                         ContentPart("image_url", image_url="data:image/gif;base64,R0lGOD")]),
+        Message("assistant", "Let me look.", tool_calls=[ToolCall("c1", "lookup", '{"w": "x"}')]),
+        Message("tool", "a cat", tool_call_id="c1"),
+    ], GenerationParams(max_new_tokens=9, stop_strings=["END"], tool_choice="required",
+                        parallel_tool_calls=False, guided_decoding={"json_object": True}),
+        tools=tools)  # fmt: skip
+    engine = make_engine(None, **{"remote_params.user_id": "user-7"})
+    body = {**engine._body(request), **({"stream": True} if stream else {})}
+    assert body["metadata"] == {"user_id": "user-7"} and body["tool_choice"]["type"] == "any"
+    assert body_problem(body, "messages") is None
 
 
 def test_parse_message_reads_text_stop_reason_and_usage():

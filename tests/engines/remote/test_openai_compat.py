@@ -20,6 +20,7 @@ from lmpress.errors import ConfigError, UnsupportedParamError
 from lmpress.openai_wire.client import Dialect, request_body
 from lmpress.types import ContentPart, Delta, GenerationParams, Message, Request, Result
 from tests.servers.llm_server import Faults, LLMServer, reply_text
+from tests.servers.request_types import VLLM_EXTENSIONS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -273,6 +274,11 @@ def test_raw_prompt_goes_to_the_completions_endpoint(server):
 
 def test_remote_vllm_sends_vllm_fields(server):
     engine = make_engine(server, "REMOTE_VLLM", **{"generation.top_k": 4})
+    # Fields OpenAI does not declare: the fake, playing OpenAI, refuses them, naming them.
+    refused = complete(engine, ask("hello", top_k=4, min_tokens=2))
+    assert refused.error.status == 400
+    assert "min_tokens, top_k" in refused.error.message
+    server.faults.extensions = VLLM_EXTENSIONS  # now it plays a vLLM server
     assert complete(engine, ask("hello", top_k=4, min_tokens=2)).ok
     body = server.stats.bodies[-1][1]
     assert body["top_k"] == 4 and body["min_tokens"] == 2
@@ -572,6 +578,8 @@ def test_each_bundled_remote_recipe_answers_through_the_test_server(recipe, serv
     if config.engine == "GOOGLE_VERTEX":
         pytest.importorskip("google.auth")
     url = server.anthropic_url if config.engine == "ANTHROPIC" else server.openai_url
+    if config.engine == "REMOTE_VLLM":  # its recipe sets top_k and min_p, vLLM's own fields
+        server.faults.extensions = VLLM_EXTENSIONS
     overrides = {"remote_params.api_url": url}
     if config.engine == "GOOGLE_VERTEX":
         overrides["remote_params.api_key_env_varname"] = "MY_KEY"
