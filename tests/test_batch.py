@@ -88,7 +88,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, refere
     out = tmp_path / "out.jsonl"
     rng = random.Random(20261121)
     kills_mid_job = 0
-    for _attempt in range(8):
+    for _attempt in range(6):
         written = count_lines(out)
         proc = spawn("batch", "-i", str(src), "-o", str(out), *ONE_BY_ONE)
         # Kill once this run has written a random few rows: mid-job however fast the machine.
@@ -365,9 +365,7 @@ def test_shards_split_the_file_and_add_up(tmp_path):
         run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--shard", f"{i}/3")
         assert run.returncode == 0, run.stderr
         seen += [ident(r) for r in read_rows(out)]
-    whole = tmp_path / "whole.jsonl"
-    assert run_lmpress("batch", "-i", str(src), "-o", str(whole), *TINY).returncode == 0
-    assert sorted(seen) == sorted(ident(r) for r in read_rows(whole))
+    assert sorted(seen) == sorted(ident(r) for r in data)
     assert len(seen) == len(set(seen)) == 20
     bad = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "x.jsonl"), "--shard", "3/3")
     assert bad.returncode == 2 and "expected I/N with 0 <= I < N" in bad.stderr

@@ -13,9 +13,9 @@ from lmpress.packaged import SMOLLM2
 SCHEMA = {
     "type": "object",
     "properties": {
-        "city": {"type": "string", "maxLength": 30},
+        "city": {"type": "string", "maxLength": 16},
         "population": {"type": "integer", "minimum": 0},
-        "landmarks": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+        "landmarks": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 2},
     },
     "required": ["city", "population", "landmarks"],
     "additionalProperties": False,

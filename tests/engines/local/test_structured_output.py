@@ -21,13 +21,13 @@ from lmpress.types import GenerationParams, Message, Request
 SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 24},
+        "name": {"type": "string", "maxLength": 16},
         "age": {"type": "integer", "minimum": 18, "maximum": 99},
         "role": {"enum": ["captain", "cook", "navigator", "gunner"]},
-        "skills": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 2},
         "ship": {
             "type": "object",
-            "properties": {"name": {"type": "string", "maxLength": 24}, "guns": {"type": "integer", "minimum": 0, "maximum": 120}},
+            "properties": {"name": {"type": "string", "maxLength": 16}, "guns": {"type": "integer", "minimum": 0, "maximum": 120}},
             "required": ["name", "guns"],
             "additionalProperties": False,
         },
