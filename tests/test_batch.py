@@ -365,7 +365,9 @@ def test_shards_split_the_file_and_add_up(tmp_path):
         run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--shard", f"{i}/3")
         assert run.returncode == 0, run.stderr
         seen += [ident(r) for r in read_rows(out)]
-    assert sorted(seen) == sorted(ident(r) for r in data)
+    whole = tmp_path / "whole.jsonl"
+    assert run_lmpress("batch", "-i", str(src), "-o", str(whole), *TINY).returncode == 0
+    assert sorted(seen) == sorted(ident(r) for r in read_rows(whole))
     assert len(seen) == len(set(seen)) == 20
     bad = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "x.jsonl"), "--shard", "3/3")
     assert bad.returncode == 2 and "expected I/N with 0 <= I < N" in bad.stderr
