@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -257,8 +258,15 @@ def test_unknown_command_lists_the_commands_and_help_explains_them(echo_chat):
     assert chat.leave("/quit") == 0
 
 
-def test_ctrl_c_stops_the_reply_keeps_it_and_stays(echo_chat):
-    chat = echo_chat(env={"ECHO_DELAY_S": "0.1"})
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_stops_the_reply_keeps_it_and_stays(echo_chat, inherited):
+    # A shell's background job starts with Ctrl-C ignored, and the chat inherits that.
+    disposition = signal.SIG_IGN if inherited == "ignored" else signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, disposition)
+    try:
+        chat = echo_chat(env={"ECHO_DELAY_S": "0.1"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
     words = " ".join(f"w{i}" for i in range(30))
     chat.child.sendline(words)
     chat.child.expect("ECHO")  # the reply has begun streaming

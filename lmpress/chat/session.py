@@ -85,15 +85,24 @@ class Chat:
 
     def run(self, lines: Iterator[str]) -> int:
         """Handle each message or command; return the exit code (1 if anything failed)."""
-        for line in lines:
-            try:
-                self.handle(line)
-            except LeaveChat:
-                break
-            except KeyboardInterrupt:  # between a reply's end and the next prompt
-                if not self.interactive:
-                    raise
-                self.style.note("(Ctrl-C stops a reply; Ctrl-D or /exit leaves)")
+        previous = None
+        if self.interactive and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # Started with Ctrl-C ignored (a shell's background job, a test runner's child),
+            # Python raises no KeyboardInterrupt: Ctrl-C at the prompt would do nothing.
+            previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            for line in lines:
+                try:
+                    self.handle(line)
+                except LeaveChat:
+                    break
+                except KeyboardInterrupt:  # between a reply's end and the next prompt
+                    if not self.interactive:
+                        raise
+                    self.style.note("(Ctrl-C stops a reply; Ctrl-D or /exit leaves)")
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
         return 1 if self.failures else 0
 
     def handle(self, line: str) -> None:
