@@ -263,15 +263,17 @@ def dry_run_file(config: RunConfig, input: str | None, options: BatchOptions) ->
 def _check_writable(path: str) -> None:
     """Fail before any work if the output cannot be created (access() lies to root)."""
     target = Path(path).expanduser()
-    existed = target.exists()
+    # A file that does not exist yet is not created here: one that appeared and vanished
+    # would confuse whoever watches the output (a scratch file beside it is tried instead).
+    probe = target if target.exists() else target.with_name(f".{target.name}.probe")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("a"):
+        with probe.open("a"):
             pass
     except OSError as exc:
         raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
-    if not existed:
-        target.unlink()
+    if probe != target:
+        probe.unlink()
 
 
 def parse_shard(text: str) -> tuple[int, int]:

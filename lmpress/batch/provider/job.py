@@ -38,16 +38,21 @@ MAX_ATTEMPTS = 3  # a row is submitted at most this many times before it fails
 
 class ProviderBatchJob(BatchJob):
     async def _process(self, done: IdKeys, set_aside: IdKeys) -> None:
-        assert self.engine is not None
-        remote = self.config.remote_params
-        provider: Any = self.engine.provider
-        self.api = batch_api(self.engine, remote.batch_completion_window or "24h")
         self.state = BatchState(self.files.batches).load()
-        self.limits = (
-            remote.batch_max_requests or provider.batch_max_requests,
-            remote.batch_max_bytes or provider.batch_max_bytes,
-        )
-        self.done = done
+        if self.engine is None:
+            # Every row is written or left aside (the job loaded no engine): an earlier run was
+            # killed after writing a batch's rows and before logging it collected.
+            for chunk in self.state.waiting():
+                self.state.record(chunk, "collected")
+        else:
+            remote = self.config.remote_params
+            provider: Any = self.engine.provider
+            self.api = batch_api(self.engine, remote.batch_completion_window or "24h")
+            self.limits = (
+                remote.batch_max_requests or provider.batch_max_requests,
+                remote.batch_max_bytes or provider.batch_max_bytes,
+            )
+        self.settled = (done, set_aside)  # rows an earlier run wrote, or failed for good
         self.reader = RowReader(
             self.options.mapping, self.config.generation, self.engine_class,
             self.options.output_format, self.source, self.selection,
@@ -179,6 +184,8 @@ class ProviderBatchJob(BatchJob):
         provider's reason, to the errors file, and are retried by the next run."""
         message = f"batch {chunk.batch_id} failed validation: {why}"
         for row in self.state.rows(chunk):
+            if self._settled(row["id"]):
+                continue
             failure = RowFailure(row["line"], row["id"], ErrorKind.BAD_REQUEST, message, None,
                                  False, row["raw"])  # fmt: skip
             self._fail(failure, None, 0)
@@ -186,8 +193,8 @@ class ProviderBatchJob(BatchJob):
 
     def _write(self, row: dict[str, Any], outcome: Outcome) -> None:
         rid, read = self.reader.read(Line(row["line"], row["raw"]))
-        if id_key(rid) in self.done:
-            return  # written by an earlier run that stopped while collecting
+        if self._settled(rid):
+            return
         if isinstance(read, RowFailure):
             self._fail(read, None, 0)
             return
@@ -203,8 +210,15 @@ class ProviderBatchJob(BatchJob):
         result.latency_s = 0.0
         self._finish(0, parsed, result, None)
 
+    def _settled(self, rid: str) -> bool:
+        """Whether an earlier run, killed while collecting this row's batch, already wrote the
+        row or (with --no-retry-failed) recorded its failure."""
+        key = id_key(rid)
+        return any(key in keys for keys in self.settled)
+
     async def _run_again(self, rows: list[dict[str, Any]]) -> None:
         """Rows their batch did not run, as --on-expired says."""
+        rows = [row for row in rows if not self._settled(row["id"])]
         policy = self.options.on_expired
         retry = [r for r in rows if r.get("attempt", 1) < MAX_ATTEMPTS]
         for row in rows:
