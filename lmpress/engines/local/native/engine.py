@@ -25,6 +25,7 @@ from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
 from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.common.tool_calls import ToolPlan, check_parser
+from lmpress.engines.local.native.batch_cache import give_freed_caches_back
 from lmpress.engines.local.native.loading import (
     batching_settings,
     checkpoint_defaults,
@@ -62,6 +63,8 @@ class NativeEngine(NativeScheduler):
         hf_logging.set_verbosity_error()  # its progress bars and hints would bury our output
         hf_logging.disable_progress_bar()
         self.device, self.dtype = pick_device_and_dtype(config.model, torch)
+        if self.device == "cpu":
+            give_freed_caches_back()
         self.tokenizer = load_tokenizer(config.model)
         model_config = load_model_config(config.model)
         self.model = load_model(config.model, self.device, self.dtype, model_config)
