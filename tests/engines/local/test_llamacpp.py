@@ -382,13 +382,6 @@ def test_token_ids_outside_the_vocabulary_fail_the_row(llama):
     assert result.error is not None and "generation.stop_token_ids: -1" in result.error.message
 
 
-def test_penalties_change_greedy_output(llama):
-    plain = llama.generate(PROMPTS[:4], GenerationParams(max_new_tokens=20))
-    for penalty in ({"repetition_penalty": 5.0}, {"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):  # fmt: skip
-        penalised = llama.generate(PROMPTS[:4], GenerationParams(max_new_tokens=20, **penalty))
-        assert [r.text for r in plain] != [r.text for r in penalised], penalty
-
-
 def test_logprobs(engine):
     result = engine.generate(["hi"], GenerationParams(max_new_tokens=6, min_tokens=6, logprobs=True, top_logprobs=3))[0]  # fmt: skip
     logprobs = result.samples[0].logprobs
