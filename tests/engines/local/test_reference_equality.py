@@ -87,19 +87,54 @@ def assert_equals_reference(engine, tokenizer, result, request, reference):
 # --- tiny models -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
-def tiny(request):
-    """A tiny model on NATIVE, and transformers' own model and tokenizer loaded apart from it."""
+WINDOW = 16  # tokens a layer of the sliding-window model attends to; the prompts are longer
+
+
+def windowed(tmp_path_factory) -> str:
+    """The tiny llama's weights as a Mistral whose layers attend to the last WINDOW tokens."""
+    from lmpress.tinymodels import tiny_model
+
+    path = tmp_path_factory.mktemp("mistral-window")
+    shutil.copytree(tiny_model("llama"), path, dirs_exist_ok=True)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=WINDOW)  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2", "llama-eager", "mistral-window"])
+def tiny(request, tmp_path_factory):
+    """A tiny model on NATIVE, and transformers' own model and tokenizer loaded apart from it:
+    on its default attention (sdpa), on eager attention, and with a sliding window."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lmpress.tinymodels import tiny_model
 
-    path = str(tiny_model(request.param))
-    engine = make(path, **{"generation.batch_size": 4})
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    name, _, variant = request.param.partition("-")
+    path = windowed(tmp_path_factory) if variant == "window" else str(tiny_model(name))
+    attention = {"attn_implementation": "eager"} if variant == "eager" else {}
+    overrides = {f"model.{k}": v for k, v in attention.items()}
+    engine = make(path, **{"generation.batch_size": 4, **overrides})
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **attention).eval()
     yield engine, model, AutoTokenizer.from_pretrained(path)
     close(engine)
+
+
+def test_a_sliding_window_changes_the_replies(tmp_path_factory):
+    """The windowed model is not the llama it was copied from: its replies differ, so the
+    equality test above checks that NATIVE honours the window."""
+    from lmpress.tinymodels import tiny_model
+
+    params = GenerationParams(max_new_tokens=NEW_TOKENS)
+    replies = []
+    for path in (windowed(tmp_path_factory), str(tiny_model("llama"))):
+        engine = make(path)
+        try:
+            replies.append([r.text for r in engine.generate([chat(q, params) for q in QUESTIONS])])
+        finally:
+            close(engine)
+    assert replies[0] != replies[1]
 
 
 def test_native_greedy_text_and_logprobs_equal_transformers_generate(tiny):

@@ -1,18 +1,12 @@
 """The KV cache behind NATIVE's continuous batching, which lmpress keeps itself.
 
-transformers' DynamicCache holds one tensor a layer, [rows, heads, length, head_dim], every row
-as long as the longest. `BatchCache` keeps the rows decoding now in one such cache, one slot a
-row, each row's tokens right-aligned behind masked-out padding, so one forward pass decodes a
-token for every slot. A row's position counts its own tokens only, so the padding changes
-nothing it computes.
-
-Each layer's keys and values are a window of columns in larger buffers (`SlackLayer`): a step
-writes its own column in place rather than concatenating as DynamicCache does, which copies the
-whole cache every step. A row that ends frees its slot (`leave`) and the columns no row uses
-any more drop out of the window; a row that joins (`place`) takes a free slot and copies in the
-cache of its own prompt, prefilled on its own. Neither copies the other rows: the buffers are
-only copied when they run out of room (columns, or slots) and when slots stay free with nobody
-to take them (`compact`), so the cache never holds two copies of itself at once.
+Every row decoding now has a cache of its own (`RowCache`): for every layer, keys and values as
+long as its own tokens, with a few spare columns after them, all in one allocation. Nothing is
+padded to the longest row, so the batch's cache holds only the tokens its rows hold. A step
+writes each row's new column in place (`RowsLayer.update`) and attention runs over each row's
+own columns (row_attention.py). A row that ends drops its cache (`BatchCache.leave`); a row that
+joins (`join`) copies in the cache of its own prompt, prefilled on its own. Neither copies the
+other rows; a row's buffer is only copied when it runs out of spare columns.
 
 `PrefixStore` keeps the prompt caches of the last few prompts prefilled: a new prompt that
 begins with the same tokens (a system prompt, a few-shot block) starts from the longest such
@@ -30,10 +24,9 @@ from typing import Any
 # copying the prefix costs about what computing it would.
 MIN_SHARED_PREFIX = 16
 PREFIX_SLOTS = 4  # prompts whose caches are kept for the prompts after them
-# Columns a layer's buffers keep spare past the window: every this many steps they are copied
-# into new ones. Concatenating instead copied the whole cache every step: about 30% of a decode
-# step of SmolLM2-135M on a CPU at batch 16 and 400 tokens.
-SPARE_COLUMNS = 32
+# Columns a row's buffer keeps spare past its tokens: every this many steps it is copied into a
+# larger one. More costs memory in every row; fewer, copies.
+SPARE_COLUMNS = 16
 
 
 # Allocations at least this large get pages of their own from the kernel (glibc's mmap
@@ -50,7 +43,7 @@ def give_freed_caches_back() -> None:
     next ones cannot use. Measured on SmolLM2-135M (48 chat prompts, batch 16, 256 new
     tokens), that kept NATIVE's peak memory 8-12% above static `generate`'s. A fixed
     threshold stops that: buffers of a megabyte and more are mapped, and unmapped when freed.
-    Only cache moves, prompt prefills and the step's logits are that large, so the page faults
+    Only row caches, prompt prefills and the step's logits are that large, so the page faults
     cost nothing measurable. No-op where the C library is not glibc."""
     import ctypes
     import sys
@@ -83,152 +76,110 @@ def dynamic_cache(layers: list[tuple[Any, Any]]) -> Any:
     return DynamicCache(layers)
 
 
+class RowCache:
+    """One row's keys and values: per layer, [heads, columns, dim] each, views of a single
+    buffer; the first `length` columns hold the row's tokens."""
+
+    def __init__(self, prompt: PromptCache):
+        self.length = prompt.layers[0][0].shape[-2]
+        self.layers = self._buffers(
+            [(k[0], v[0]) for k, v in prompt.layers], self.length + SPARE_COLUMNS
+        )
+
+    def make_room(self) -> None:
+        """At least one spare column, for the next token."""
+        if self.length == self.layers[0][0].shape[1]:
+            self.layers = self._buffers(self.layers, self.length + SPARE_COLUMNS)
+
+    def _buffers(self, layers: list[tuple[Any, Any]], columns: int) -> list[tuple[Any, Any]]:
+        """New buffers of `columns` columns, holding the first `length` columns of `layers`."""
+        tensors = [t for layer in layers for t in layer]
+        sizes = [t.shape[0] * columns * t.shape[2] for t in tensors]
+        flat = tensors[0].new_empty(sum(sizes))
+        views, at = [], 0
+        for t, size in zip(tensors, sizes, strict=True):
+            view = flat[at : at + size].view(t.shape[0], columns, t.shape[2])
+            view[:, : self.length] = t[:, : self.length]
+            views.append(view)
+            at += size
+        return list(zip(views[::2], views[1::2], strict=True))
+
+
+class RowViews(list):
+    """Each row's keys (or values) for one layer, [heads, its own length, dim]: what a
+    `RowsLayer` gives attention in place of one padded tensor (see row_attention.py)."""
+
+
 @functools.cache
-def slack_layer_class() -> type:
+def rows_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
-    class SlackLayer(DynamicLayer):
-        """A DynamicLayer whose keys and values are columns `start` to `end` of larger buffers
-        [slots, heads, columns, dim], so a step writes its own column in place. Columns that
-        no row's tokens fill are masked out, and hold zeros or an ended row's keys: a masked
-        column weighs 0 in attention, but 0 times a NaN left in unset memory would still be
-        NaN, so the buffers are never left unset."""
+    class RowsLayer(DynamicLayer):
+        """One layer of a `BatchCache` as the model sees it: `update` writes each row's new
+        token in place and returns the rows' own columns. Mask sizes are those of the new
+        token alone: attention needs no mask, since every row attends to all of its own
+        tokens."""
 
-        def __init__(self, like: Any, slots: int, columns: int):
+        def __init__(self, batch: BatchCache, index: int):
             super().__init__()
-            self.dtype, self.device, self.is_initialized = like.dtype, like.device, True
-            shape = (slots, like.shape[1], columns, like.shape[3])
-            self.key_buffer, self.value_buffer = like.new_zeros(shape), like.new_zeros(shape)
-            self.show(0, 0)
-
-        def show(self, start: int, end: int) -> None:
-            self.start, self.end = start, end
-            self.keys = self.key_buffer[:, :, start:end]
-            self.values = self.value_buffer[:, :, start:end]
-
-        def moved(self, slots: list[int] | None, total: int, width: int) -> Any:
-            """A new layer of `total` slots, these of this one (all, for None) first in this
-            order, their window right-aligned in `width` columns and spare columns after it."""
-            moved = type(self)(self.keys, total, width + SPARE_COLUMNS)
-            moved.show(0, width)
-            kept = self.end - self.start
-            for mine, theirs in ((self.keys, moved.keys), (self.values, moved.values)):
-                if slots is None:
-                    theirs[: mine.shape[0], :, width - kept :] = mine
-                else:
-                    theirs[: len(slots), :, width - kept :] = mine[slots]
-            return moved
+            self.batch, self.index, self.is_initialized = batch, index, True
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.end + key_states.shape[-2] > self.key_buffer.shape[-2]:  # out of columns
-                moved = self.moved(None, self.key_buffer.shape[0], self.end - self.start)
-                self.key_buffer, self.value_buffer = moved.key_buffer, moved.value_buffer
-                self.show(0, moved.end)
-            end = self.end + key_states.shape[-2]
-            self.key_buffer[:, :, self.end : end] = key_states
-            self.value_buffer[:, :, self.end : end] = value_states
-            self.show(self.start, end)
-            return self.keys, self.values
+            keys, values = RowViews(), RowViews()
+            new_keys, new_values = key_states[:, :, -1].unbind(0), value_states[:, :, -1].unbind(0)
+            new = zip(new_keys, new_values, strict=True)
+            for row, (new_k, new_v) in zip(self.batch.rows, new, strict=True):
+                k, v = row.layers[self.index]
+                n = row.length  # counts the token being written
+                k.select(1, n - 1).copy_(new_k)
+                v.select(1, n - 1).copy_(new_v)
+                keys.append(k.narrow(1, 0, n))
+                values.append(v.narrow(1, 0, n))
+            return keys, values
 
-    return SlackLayer
+        def get_seq_length(self) -> int:
+            return 0
 
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return query_length, 0
 
-def slack_cache(layers: list[Any]) -> Any:
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    cache.layers = layers
-    return cache
+    return RowsLayer
 
 
 class BatchCache:
-    """The rows decoding now, a slot each: their KV cache, and their attention mask
-    [slots, width] (1 where the slot's row has a token). A free slot decodes too, until a row
-    takes it or `compact` drops it: its mask keeps it to its own tokens since it was freed,
-    so it computes nothing that is not finite."""
+    """The rows decoding now, in order: their caches, and the cache the model's forward pass
+    takes for one step of all of them."""
 
-    def __init__(self, device: str):
-        self.device = device
-        self.cache: Any = None
-        self.mask: Any = None
-        self.free: set[int] = set()
+    def __init__(self) -> None:
+        self.rows: list[RowCache] = []
+        self._cache: Any = None
 
-    @property
-    def slots(self) -> int:
-        return 0 if self.mask is None else self.mask.shape[0]
+    def join(self, prompts: list[PromptCache]) -> None:
+        """Add a row after the last for each prompt, starting from its cache."""
+        self.rows += [RowCache(prompt) for prompt in prompts]
 
-    @property
-    def width(self) -> int:
-        return 0 if self.mask is None else self.mask.shape[1]
-
-    def place(self, joining: list[tuple[int, PromptCache]]) -> None:
-        """Put each prompt's cache in its slot: a free one, or a new one after the last."""
-        import torch
-
-        slots = max(self.slots, *(b + 1 for b, _ in joining))
-        width = max(self.width, *(len(prompt.ids) for _, prompt in joining))
-        if self.cache is None:
-            like = joining[0][1].layers
-            self.cache = slack_cache([slack_layer_class()(k, 0, 0) for k, _ in like])
-        room = self.cache.layers[0].start  # unused columns left of the window
-        if slots > self.slots or width - self.width > room:
-            self._move(None, slots, width)
-        else:
-            for layer in self.cache.layers:
-                layer.show(layer.end - width, layer.end)
-        mask = torch.zeros((slots, width), dtype=torch.long, device=self.device)
-        if self.mask is not None:
-            mask[: self.slots, width - self.width :] = self.mask
-        for b, prompt in joining:
-            n = len(prompt.ids)
-            mask[b] = 0
-            mask[b, width - n :] = 1
-            for layer, tensors in zip(self.cache.layers, prompt.layers, strict=True):
-                for window, tensor in zip((layer.keys, layer.values), tensors, strict=True):
-                    window[b, :, : width - n] = 0
-                    window[b, :, width - n :] = tensor[0]
-        self.mask = mask
-        self.free -= {b for b, _ in joining}
-
-    def leave(self, slots: list[int]) -> None:
-        """Free these slots, and drop the columns no row uses any more."""
-        self.free.update(slots)
-        if len(self.free) == self.slots:
-            self.cache = self.mask = None
-            self.free = set()
-            return
-        self.mask[slots] = 0
-        live = [b for b in range(self.slots) if b not in self.free]
-        first = int(self.mask[live].any(dim=0).int().argmax())  # the first column in use
-        if first:
-            self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                layer.show(layer.start + first, layer.end)
-
-    def compact(self) -> list[int]:
-        """Drop the free slots; returns the slots kept, in their new order."""
-        live = [b for b in range(self.slots) if b not in self.free]
-        if self.free:
-            self.mask = self.mask[live]
-            self._move(live, len(live), self.width)
-            self.free = set()
-        return live
-
-    def _move(self, slots: list[int] | None, total: int, width: int) -> None:
-        """Into new buffers (see SlackLayer.moved), layer by layer, so that at most one layer
-        is held twice at a time."""
-        layers = self.cache.layers
-        for i, layer in enumerate(layers):
-            layers[i] = layer.moved(slots, total, width)
+    def leave(self, indices: list[int]) -> None:
+        gone = set(indices)
+        self.rows = [row for i, row in enumerate(self.rows) if i not in gone]
 
     def step_inputs(self) -> tuple[Any, Any]:
-        """The attention mask and positions for one new token in every slot; the mask is
-        kept."""
+        """The positions of one new token in every row, [rows, 1], and the cache to pass the
+        model; every row counts the new token from here."""
         import torch
 
-        positions = self.mask.sum(dim=1, keepdim=True)  # each row's own tokens so far
-        self.mask = torch.cat([self.mask, self.mask.new_ones((self.slots, 1))], dim=1)
-        return self.mask, positions
+        positions = []
+        for row in self.rows:
+            row.make_room()
+            positions.append([row.length])
+            row.length += 1
+        if self._cache is None:
+            from transformers import DynamicCache
+
+            self._cache = DynamicCache()
+            layer = rows_layer_class()
+            self._cache.layers = [layer(self, i) for i in range(len(self.rows[0].layers))]
+        device = self.rows[0].layers[0][0].device
+        return torch.tensor(positions, device=device), self._cache
 
 
 class PrefixStore:

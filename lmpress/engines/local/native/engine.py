@@ -3,7 +3,7 @@
 `NativeEngine` loads the model and tokenizer (loading.py), turns each request into prompt ids
 (its chat template applied, checked against the context and the KV cache's budget) and hands
 it to the worker thread, which batches rows continuously on the model's forward pass
-(scheduling.py, batch_cache.py) while each row keeps its own sampling settings, seed, stop
+(scheduling.py; batch_cache.py and row_attention.py keep and read each row's KV cache) while each row keeps its own sampling settings, seed, stop
 strings, streaming and cancellation (sampling.py).
 
 A vision-language model (a config with a vision tower's: LLaVA, Idefics3, ...) loads through
@@ -39,6 +39,7 @@ from lmpress.engines.local.native.loading import (
     native_prompts,
     pick_device_and_dtype,
 )
+from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
 from lmpress.engines.local.worker import Submission
 from lmpress.errors import RequestError
@@ -68,6 +69,7 @@ class NativeEngine(NativeScheduler):
         self.tokenizer = load_tokenizer(config.model)
         model_config = load_model_config(config.model)
         self.model = load_model(config.model, self.device, self.dtype, model_config)
+        use_row_attention(self.model)
         self.processor = load_processor(config.model, model_config, self.tokenizer)
         policy = config.model.generation_defaults
         self.model_defaults = checkpoint_defaults(self.model, policy)

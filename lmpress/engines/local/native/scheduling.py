@@ -1,13 +1,12 @@
 """The worker thread of NATIVE: continuous batching on the model's forward pass.
 
-Every step decodes one token for each row in the batch (batch_cache.py keeps their KV cache),
-and sampling.py's `BatchControl` picks each row's token by its own settings. A row that ends
-leaves the batch at once and its request is answered when its last sample ends; between
-steps, waiting requests join while there are free rows (`generation.batch_size`, a request
-with n samples counting n) and room in the KV cache's memory budget. A joining prompt is
-prefilled on its own, starting from the longest prefix it shares with a recent prompt, and
-takes the slot of a row that ended (batch_cache.py); slots nobody takes are dropped before the
-next step.
+Every step decodes one token for each row in the batch (batch_cache.py keeps each row's KV
+cache, row_attention.py attends over it), and sampling.py's `BatchControl` picks each row's
+token by its own settings. A row that ends leaves the batch at once and its request is answered
+when its last sample ends; between steps, waiting requests join while there are free rows
+(`generation.batch_size`, a request with n samples counting n) and room in the KV cache's memory
+budget. A joining prompt is prefilled on its own, starting from the longest prefix it shares
+with a recent prompt.
 
 transformers' own continuous batching (`generate_batch` and its manager) was measured against
 this (benchmarks/README.md); it has no per-row grammar, stop strings, seeds or penalties.
@@ -19,6 +18,7 @@ import time
 from typing import Any
 
 from lmpress.engines.local.native.batch_cache import (
+    SPARE_COLUMNS,
     BatchCache,
     PrefixStore,
     PromptCache,
@@ -49,16 +49,16 @@ class NativeScheduler(WorkerEngine):
     context_length: int | None
     n_vocab: int
     batch_size: int
-    kv_budget_tokens: int | None  # tokens the KV cache may hold, all rows and padding together
+    kv_budget_tokens: int | None  # tokens the KV cache may hold, all rows together
     prefix_reuse: bool
     checkpoint_processors: Any  # the checkpoint's own logits processors, with "use"
 
     def _run(self) -> None:
         import torch
 
-        self._batch = BatchCache(self.device)
+        self._batch = BatchCache()
         self._prefixes = PrefixStore() if self.prefix_reuse else None
-        self._active: list[Row | None] = []  # the rows in the batch by slot; None: free
+        self._active: list[Row] = []  # the rows in the batch, in the order of their caches
         self._rows_of: dict[Submission, list[Row]] = {}  # requests in the batch, by request
         while True:
             with self._wakeup:
@@ -74,7 +74,7 @@ class NativeScheduler(WorkerEngine):
             except Exception as exc:  # fail the rows in flight; the worker serves on
                 self._fail(list(self._rows_of), failure_info(exc))
                 self._active, self._rows_of = [], {}
-                self._batch = BatchCache(self.device)
+                self._batch = BatchCache()
 
     def _admit(self) -> None:
         """Prefill the waiting requests that fit and add their rows to the batch."""
@@ -92,25 +92,14 @@ class NativeScheduler(WorkerEngine):
             self._pick(rows, logits.repeat(len(rows), 1))
             joining += [(row, prompt) for row in rows if row.finish_reason is None]
             self._answer_finished(rows)
-        free = [b for b, row in enumerate(self._active) if row is None]
-        places = []
-        for row, prompt in joining:
-            b = free.pop(0) if free else len(self._active)
-            if b == len(self._active):
-                self._active.append(None)
-            self._active[b] = row
-            places.append((b, prompt))
-        if places:
-            self._batch.place(places)
-        if free:  # nobody takes these slots now: stop decoding them
-            self._active = [self._active[b] for b in self._batch.compact()]
+        self._active += [row for row, _ in joining]
+        self._batch.join([prompt for _, prompt in joining])
 
     def _take_fitting(self) -> list[Submission]:
         """The waiting requests, in order, while their rows fit the batch and the budget."""
         taken: list[Submission] = []
-        live = [row for row in self._active if row is not None]
-        rows = len(live)
-        longest = max((self._need(row.state) for row in live), default=0)
+        rows = len(self._active)
+        held = sum(self._need(row.state) for row in self._active)  # the cache they may come to
         with self._wakeup:
             while self._pending:
                 state = self._pending[0]
@@ -120,15 +109,16 @@ class NativeScheduler(WorkerEngine):
                 n, need = state.request.params.n, self._need(state)
                 fits = rows + n <= self.batch_size or not rows
                 budget = self.kv_budget_tokens
-                if not fits or (budget and rows and (rows + n) * max(longest, need) > budget):
+                if not fits or (budget and rows and held + n * need > budget):
                     break
                 taken.append(self._pending.popleft())
-                rows, longest = rows + n, max(longest, need)
+                rows, held = rows + n, held + n * need
         return taken
 
     def _need(self, state: Submission) -> int:
-        """The cache columns a request's row may come to hold: its prompt and its reply."""
-        return len(state.prompt_ids) + self._limit(state)
+        """The cache columns a request's row may come to hold: its prompt, its reply and the
+        spare columns after them."""
+        return len(state.prompt_ids) + self._limit(state) + SPARE_COLUMNS
 
     def _limit(self, state: Submission) -> int:
         return reply_limit(len(state.prompt_ids), state.request.params, self.context_length)
@@ -173,12 +163,11 @@ class NativeScheduler(WorkerEngine):
         """One token for every row in the batch; the rows that end leave it."""
         import torch
 
-        mask, positions = self._batch.step_inputs()
+        positions, cache = self._batch.step_inputs()
         out = self.model(
             input_ids=torch.tensor([[row.last] for row in self._active], device=self.device),
-            attention_mask=mask,
             position_ids=positions,
-            past_key_values=self._batch.cache,
+            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
@@ -187,9 +176,7 @@ class NativeScheduler(WorkerEngine):
         if ended:
             self._answer_finished(self._active)
             self._batch.leave(ended)
-            self._active = [None if b in ended else row for b, row in enumerate(self._active)]
-            if not any(self._active):
-                self._active = []
+            self._active = [row for row in self._active if row.finish_reason is None]
 
     def _pick(self, rows: list[Row], logits: Any) -> None:
         control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)

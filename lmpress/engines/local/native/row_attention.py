@@ -1,0 +1,93 @@
+"""Attention over rows of different lengths, for NATIVE's per-row KV cache (batch_cache.py).
+
+A decoding step's cache layer hands attention each row's own keys and values (`RowViews`)
+rather than one tensor padded to the longest row. `use_row_attention` registers an attention
+function with transformers (its AttentionInterface) that runs the model's own attention once a
+row over those, and hands everything else (a prompt's prefill, a vision tower) to the model's
+own attention unchanged. Masks are the model's own too: a decoding row attends to all of its
+tokens, or to the last `sliding_window` of them on a layer that has one.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from lmpress.engines.local.native.batch_cache import RowViews
+from lmpress.errors import ModelLoadError
+
+PREFIX = "lmpress_rows_"
+# Arguments sdpa_attention_forward acts on beyond the scale; a model passing any of them goes
+# through it row by row.
+SDPA_EXTRAS = {"softcap", "position_bias", "s_aux", "sinks", "is_causal"}
+
+
+def use_row_attention(model: Any) -> None:
+    """Route the text model's attention through `row_attention`, around the implementation it
+    was loaded with."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    config = model.config.get_text_config()
+    own = config._attn_implementation or "eager"
+    if own.startswith(PREFIX):
+        return
+    masks = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    if own not in masks or (own != "eager" and own not in AttentionInterface._global_mapping):
+        raise ModelLoadError(
+            f"NATIVE cannot batch rows on attention '{own}' "
+            "(set model.attn_implementation to sdpa or eager)"
+        )
+    name = PREFIX + own
+    AttentionInterface.register(name, row_attention)
+    AttentionMaskInterface.register(name, masks[own])
+    config._attn_implementation = name
+
+
+def row_attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
+) -> tuple[Any, None]:
+    own = own_attention(module)
+    if not isinstance(key, RowViews):
+        return own(module, query, key, value, attention_mask, **kwargs)
+    import torch
+
+    window = kwargs.get("sliding_window")
+    if window:
+        key = [k[:, -window:] for k in key]
+        value = [v[:, -window:] for v in value]
+    queries = query.unbind(0)
+    if own is sdpa_attention_forward() and not set(kwargs) & SDPA_EXTRAS:
+        # What sdpa_attention_forward does for one query token, without its checks, which
+        # cost about as much as the attention of a short row.
+        sdpa, scale = torch.nn.functional.scaled_dot_product_attention, kwargs.get("scaling")
+        gqa = query.shape[1] != key[0].shape[0]
+        outputs = [
+            sdpa(q[None], k[None], v[None], scale=scale, enable_gqa=gqa)
+            for q, k, v in zip(queries, key, value, strict=True)
+        ]
+        return torch.cat(outputs).transpose(1, 2).contiguous(), None
+    outputs = [
+        own(module, q[None], k[None], v[None], None, **kwargs)[0]
+        for q, k, v in zip(queries, key, value, strict=True)
+    ]
+    return torch.cat(outputs), None
+
+
+def own_attention(module: Any) -> Any:
+    """The attention function the module's model was loaded with: a registered one, or the
+    eager one of the module's modeling file."""
+    from transformers import AttentionInterface
+
+    own = module.config._attn_implementation.removeprefix(PREFIX)
+    if own != "eager":
+        return AttentionInterface._global_mapping[own]
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+@functools.cache
+def sdpa_attention_forward() -> Any:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
