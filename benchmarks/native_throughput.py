@@ -31,6 +31,7 @@ import argparse
 from rounds import Rounds, SideProcess, chat_prompts, lmpress_generate, mixed_prompts
 
 from lmpress.configs import load_config
+from lmpress.engines.local.native.row_attention import own_attention_back
 from lmpress.engines.registry import create_engine
 
 
@@ -73,8 +74,10 @@ def raw_generate(
 
 def build_raw(config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool):
     """The raw side, in its own process: the engine only loads the model and tokenizer (its
-    worker thread never runs here), then plain `generate` on them."""
+    worker thread never runs here), then plain `generate` on them, on the attention the model
+    was loaded with."""
     engine = create_engine(config)
+    own_attention_back(engine.model)
     raw_generate(engine, prompts[:batch_size], batch_size, 2)  # warm up
     return lambda: raw_generate(engine, prompts, batch_size, new_tokens, eos)
 
@@ -85,6 +88,7 @@ def build_generate_batch(config, prompts: list[str], batch_size: int, new_tokens
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     engine = create_engine(config)
+    own_attention_back(engine.model)
     tokenizer, model = engine.tokenizer, engine.model
     inputs = [
         list(

@@ -91,3 +91,10 @@ def sdpa_attention_forward() -> Any:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward
+
+
+def own_attention_back(model: Any) -> None:
+    """Undo `use_row_attention`: the text model's attention is the one it was loaded with, for
+    code that runs the model itself (`model.generate`, `generate_batch`)."""
+    config = model.config.get_text_config()
+    config._attn_implementation = config._attn_implementation.removeprefix(PREFIX)
