@@ -129,6 +129,36 @@ def test_a_row_too_long_for_the_kv_budget_fails_alone(tiny_llama):
     assert [r.text for r in results[1:]] == expected
 
 
+def test_the_rows_decoding_hold_no_more_kv_cache_than_the_budget(tiny_llama, monkeypatch):
+    """Batch size 8, and a budget for about three rows: at every step the rows' buffers,
+    spare columns included, fit the budget, and rows still decode side by side."""
+    from lmpress.engines.local.native import batch_cache
+
+    held: list[tuple[int, int]] = []  # (rows, columns allocated) at each step
+    step_inputs = batch_cache.BatchCache.step_inputs
+
+    def watched(self):
+        out = step_inputs(self)
+        held.append((len(self.rows), sum(row.layers[0][0].shape[1] for row in self.rows)))
+        return out
+
+    monkeypatch.setattr(batch_cache.BatchCache, "step_inputs", watched)
+    probe = make(tiny_llama)
+    try:
+        per_token = kv_bytes_per_token(probe.model.config, probe.dtype)
+    finally:
+        close(probe)
+    budget_tokens = 170
+    engine = make(tiny_llama, batch_size=8, kv_cache_gb=budget_tokens * per_token / 2**30)
+    try:
+        results = engine.generate(QUESTIONS, GenerationParams(max_new_tokens=24, min_tokens=24))
+    finally:
+        close(engine)
+    assert all(r.ok for r in results)
+    assert max(columns for _, columns in held) <= budget_tokens
+    assert max(rows for rows, _ in held) in (2, 3)
+
+
 @pytest.mark.parametrize("kwargs", [{"kv_cache_gb": 0}, {"kv_cache_gb": "lots"}, {"prefix_reuse": "yes"}])  # fmt: skip
 def test_bad_batching_settings_are_refused(tiny_llama, kwargs):
     with pytest.raises(ConfigError, match=f"model.model_kwargs.{next(iter(kwargs))}"):
