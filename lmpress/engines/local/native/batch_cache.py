@@ -138,6 +138,8 @@ def rows_layer_class() -> type:
             return keys, values
 
         def get_seq_length(self) -> int:
+            # Rows differ in length; the step passes each row's position itself, and masks
+            # come out empty (get_mask_sizes), so no single length is asked for anything.
             return 0
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
