@@ -127,8 +127,7 @@ def rows_layer_class() -> type:
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
             keys, values = RowViews(), RowViews()
             new_keys, new_values = key_states[:, :, -1].unbind(0), value_states[:, :, -1].unbind(0)
-            new = zip(new_keys, new_values, strict=True)
-            for row, (new_k, new_v) in zip(self.batch.rows, new, strict=True):
+            for row, new_k, new_v in zip(self.batch.rows, new_keys, new_values, strict=True):
                 k, v = row.layers[self.index]
                 n = row.length  # counts the token being written
                 k.select(1, n - 1).copy_(new_k)

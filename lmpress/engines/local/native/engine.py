@@ -3,8 +3,9 @@
 `NativeEngine` loads the model and tokenizer (loading.py), turns each request into prompt ids
 (its chat template applied, checked against the context and the KV cache's budget) and hands
 it to the worker thread, which batches rows continuously on the model's forward pass
-(scheduling.py; batch_cache.py and row_attention.py keep and read each row's KV cache) while each row keeps its own sampling settings, seed, stop
-strings, streaming and cancellation (sampling.py).
+(scheduling.py; batch_cache.py and row_attention.py keep and read each row's KV cache) while
+each row keeps its own sampling settings, seed, stop strings, streaming and cancellation
+(sampling.py).
 
 A vision-language model (a config with a vision tower's: LLaVA, Idefics3, ...) loads through
 AutoModelForImageTextToText with its AutoProcessor, whose chat template places the image
