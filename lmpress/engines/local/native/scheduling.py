@@ -14,6 +14,7 @@ this (benchmarks/README.md); it has no per-row grammar, stop strings, seeds or p
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -38,6 +39,14 @@ def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> 
     return limit
 
 
+def cache_argument(model: Any) -> str:
+    """The name the model's forward takes and returns its KV cache by: `cache` from
+    transformers 5.24 on, where `past_key_values` is deprecated (and goes in 5.40);
+    `past_key_values` before it."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 class NativeScheduler(WorkerEngine):
     """The worker side of NativeEngine, which loads what is declared here before it starts
     the worker."""
@@ -57,6 +66,7 @@ class NativeScheduler(WorkerEngine):
         import torch
 
         self._batch = BatchCache()
+        self._cache_arg = cache_argument(self.model)
         self._prefixes = PrefixStore() if self.prefix_reuse else None
         self._active: list[Row] = []  # the rows in the batch, in the order of their caches
         self._rows_of: dict[Submission, list[Row]] = {}  # requests in the batch, by request
@@ -139,12 +149,12 @@ class NativeScheduler(WorkerEngine):
             input_ids=torch.tensor([ids[shared:]], device=self.device),
             attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=self.device),
             position_ids=torch.arange(shared, len(ids), device=self.device)[None],
-            past_key_values=dynamic_cache(prefix),
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_arg: dynamic_cache(prefix)},
             **self._on_device(media or {}),
         )
-        prompt = PromptCache(list(ids), layer_tensors(out.past_key_values))
+        prompt = PromptCache(list(ids), layer_tensors(getattr(out, self._cache_arg)))
         if store is not None:
             store.add(prompt)
         return prompt, out.logits[:, -1]
@@ -167,9 +177,9 @@ class NativeScheduler(WorkerEngine):
         out = self.model(
             input_ids=torch.tensor([[row.last] for row in self._active], device=self.device),
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_arg: cache},
         )
         self._pick(self._active, out.logits[:, -1])
         ended = [b for b, row in enumerate(self._active) if row.finish_reason is not None]
