@@ -10,6 +10,7 @@ typer.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import sys
 import traceback
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if debug:
         os.environ["LMPRESS_DEBUG"] = "1"
     args = [a for a in args if a != "--debug"]
+    _route_library_warnings(debug)
     try:
         code = app(args=args, prog_name="lmpress", standalone_mode=False, obj={"debug": debug})
         return code if isinstance(code, int) else 0
@@ -117,6 +119,20 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         return 1
+
+
+def _route_library_warnings(debug: bool) -> None:
+    """Python warnings (a library's FutureWarning about its own API, say) go to the log that
+    --debug shows, never as raw lines into a reply, a chat or a batch's output."""
+    logging.captureWarnings(True)
+    logger = logging.getLogger("py.warnings")
+    logger.propagate = False
+    if debug:
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("lmpress: debug: %(message)s"))
+    else:
+        handler = logging.NullHandler()
+    logger.handlers[:] = [handler]
 
 
 def _usage_error(exc: Exception) -> int:

@@ -59,6 +59,17 @@ def test_infer_reads_stdin_and_system_prompt(echo_plugin):
     ]
 
 
+def test_library_warnings_reach_the_debug_log_not_the_terminal(echo_plugin):
+    env = {**with_plugin(echo_plugin), "ECHO_WARN": "1"}
+    quiet = run_lmpress("infer", "--engine", "ECHO", "hello", env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout == 'ECHO [{"role": "user", "content": "hello"}]\n'
+    assert "Warning" not in quiet.stderr and "deprecated" not in quiet.stderr
+    debug = run_lmpress("infer", "--debug", "--engine", "ECHO", "hello", env=env)
+    assert debug.stdout == quiet.stdout
+    assert "FutureWarning: ECHO's `transcript` is deprecated" in debug.stderr
+
+
 def test_infer_with_input_path_runs_the_batch_path(tmp_path):
     # Oumi's spelling; -i means --interactive in `infer`, as in `oumi infer`.
     src = tmp_path / "in.jsonl"

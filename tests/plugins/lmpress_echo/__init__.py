@@ -2,7 +2,8 @@
 
 ECHO replies with a transcript of exactly what it received, word by word, so tests can check
 what a front sent to the engine. `generation.max_new_tokens` caps the words; the environment
-variable ECHO_DELAY_S slows each word down (to interrupt a reply mid-stream).
+variable ECHO_DELAY_S slows each word down (to interrupt a reply mid-stream), and ECHO_WARN
+makes it warn as a library does about its own deprecated API, once per reply.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import warnings
 
 from lmpress.engines.base import Engine
 from lmpress.types import Delta, Request, Result, Sample, Usage
@@ -21,6 +23,8 @@ class EchoEngine(Engine):
 
     async def stream(self, request: Request):
         delay = float(os.environ.get("ECHO_DELAY_S", "0"))
+        if os.environ.get("ECHO_WARN"):
+            warnings.warn("ECHO's `transcript` is deprecated: use `record`", FutureWarning, 1)
         transcript = json.dumps(
             # A message with images as OpenAI's parts; any other as its text.
             [
