@@ -6,12 +6,86 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+import traceback
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+PACKAGE = str(REPO / "lmpress") + os.sep
+
+
+# --- a deprecated call in lmpress's own code fails the test that makes it ----------------------
+#
+# pytest records warnings; this also looks at where each deprecation warning came from. The
+# frame a library blames (its `stacklevel`) is often its own wrapper (transformers' renamed
+# arguments blame torch's Module.__call__), so a filter on the warning's module cannot tell
+# whose call it was. The stack can: a DeprecationWarning, PendingDeprecationWarning or
+# FutureWarning raised while lmpress's code is calling in (on any thread: NATIVE's worker
+# too), and not while a library imports itself, is lmpress's to fix.
+
+DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
+@dataclass
+class DeprecationSpy:
+    """Stands in front of the recorder pytest installs for a test's warnings."""
+
+    seen: list[str] = field(default_factory=list)
+
+    def wrap(self, record):
+        def spy(message: warnings.WarningMessage) -> None:
+            if issubclass(message.category, DEPRECATIONS):
+                caller = lmpress_caller(traceback.extract_stack()[:-2])
+                if caller is not None:
+                    self.seen.append(
+                        f"{message.category.__name__}: {message.message} (called from {caller})"
+                    )
+            record(message)
+
+        return spy
+
+
+def lmpress_caller(stack: list[traceback.FrameSummary]) -> str | None:
+    """The innermost lmpress frame that led to a warning, unless an import came after it."""
+    for frame in reversed(stack):
+        if frame.filename.startswith("<frozen importlib"):
+            return None  # a library warning about itself as it is imported
+        if frame.filename.startswith(PACKAGE):
+            return f"{os.path.relpath(frame.filename, REPO)}:{frame.lineno}"
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    # Inside pytest's own warnings wrapper, which has installed this test's recorder.
+    spy = DeprecationSpy()
+    item.stash[DEPRECATION_SPY] = spy
+    record = warnings._showwarnmsg_impl
+    warnings._showwarnmsg_impl = spy.wrap(record)
+    try:
+        yield
+    finally:
+        warnings._showwarnmsg_impl = record
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    spy = item.stash.get(DEPRECATION_SPY, None)
+    if call.when == "teardown" or spy is None or not spy.seen or report.failed:
+        return
+    report.outcome = "failed"
+    report.longrepr = "lmpress's own code made a deprecated call:\n" + "\n".join(
+        dict.fromkeys(spy.seen)
+    )
+    spy.seen.clear()
+
+
+DEPRECATION_SPY = pytest.StashKey[DeprecationSpy]()
 
 
 @pytest.fixture(scope="session")
