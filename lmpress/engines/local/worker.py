@@ -18,9 +18,11 @@ backend state per request (KV sequences, samplers) frees it in `_run` itself.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import threading
 import time
+import weakref
 from abc import abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator
@@ -85,6 +87,18 @@ class Submission:
             self.cancelled = True
 
 
+# Engines whose worker still runs. A script that never closes its engine must still exit
+# cleanly: a daemon worker left inside the backend while the interpreter tears down can take
+# the process down with it (`terminate called without an active exception`, exit 134).
+_running: weakref.WeakSet[WorkerEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_forgotten_workers() -> None:
+    for engine in list(_running):
+        engine._stop_worker_now()
+
+
 class WorkerEngine(Engine):
     """An engine whose model is driven by one worker thread (see the module docstring)."""
 
@@ -96,6 +110,7 @@ class WorkerEngine(Engine):
         self._live: set[Submission] = set()  # queued, and the caller still listening
         self._worker = threading.Thread(target=self._worker_main, name=thread_name, daemon=True)
         self._worker.start()
+        _running.add(self)
 
     @abstractmethod
     def _prepare(self, request: Request, started: float) -> Submission:
@@ -141,14 +156,25 @@ class WorkerEngine(Engine):
 
     async def _stop_worker(self) -> bool:
         """Stop the worker and wait for it; False when it was already stopped."""
+        if not self._ask_worker_to_stop():
+            return False
+        await asyncio.to_thread(self._worker.join)
+        return True
+
+    def _ask_worker_to_stop(self) -> bool:
         with self._wakeup:
             if self._stopping:
                 return False
             self._stopping = True  # not `_closed`, which a dying worker sets too
             self._closed = True
             self._wakeup.notify_all()
-        await asyncio.to_thread(self._worker.join)
+        _running.discard(self)
         return True
+
+    def _stop_worker_now(self, wait_s: float = 10.0) -> None:
+        """At interpreter exit: let the worker finish its step and return."""
+        if self._ask_worker_to_stop():
+            self._worker.join(wait_s)
 
     async def _submit(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
         started = time.perf_counter()
