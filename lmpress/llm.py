@@ -1,0 +1,172 @@
+"""The Python front: `LLM`, one model on one engine, for scripts and notebooks.
+
+    from lmpress import LLM
+
+    with LLM("smollm2", temperature=0.2) as llm:
+        print(llm.generate(["Why is the sky blue?"])[0].text)
+
+It is the same path the commands take (a RunConfig, `create_engine`, the batch runner), so a
+script gets what `lmpress infer` and `lmpress batch` give: the same recipes and checks, and
+`batch` with resume, one writer per output and failed rows set aside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from lmpress.configs.loading import bundled_recipes, load_config
+from lmpress.configs.overrides import generation_with_overrides
+from lmpress.configs.schema import ModelParams, RemoteParams, RunConfig
+from lmpress.errors import ConfigError
+from lmpress.types import Delta, GenerationParams, Message, Request, Result
+
+_SECTIONS: dict[str, type] = {
+    "generation": GenerationParams,
+    "model": ModelParams,
+    "remote_params": RemoteParams,
+}
+# Engines whose owner forgot to close them; closed at interpreter exit, before the worker
+# threads they hold are torn down under a running backend.
+_open: weakref.WeakSet[LLM] = weakref.WeakSet()
+
+
+class LLM:
+    """A model on an engine, loaded on first use and closed by `close` or a `with` block.
+
+    Args:
+        model: a bundled recipe's name or a recipe file (`"smollm2"`, `"recipe.yaml"`), else
+            a model name as `--model.model_name` takes it (a directory, a `.gguf` file, a
+            packaged or tiny name, a hub id).
+        engine: the engine (NATIVE, LLAMACPP, VLLM, OPENAI, ...); the recipe's otherwise.
+        **settings: any config field by its own name (`temperature=0.2`,
+            `max_new_tokens=64`, `api_url=...`) or its dotted key as a dict
+            (`**{"remote_params.num_workers": 8}`), as checked as on the command line.
+    """
+
+    def __init__(self, model: str | None = None, *, engine: str | None = None, **settings: Any):
+        recipe = model if model and _is_recipe(model) else None
+        overrides = {_dotted(key): value for key, value in settings.items()}
+        if model and recipe is None:
+            overrides["model.model_name"] = model
+        self.config: RunConfig = load_config(recipe, overrides, engine)
+        self._engine = None
+
+    @property
+    def engine(self):
+        """The engine, created on first use (a model loads here, not in the constructor)."""
+        if self._engine is None:
+            from lmpress.engines.registry import create_engine
+
+            self._engine = create_engine(self.config)
+            _open.add(self)
+        return self._engine
+
+    def generate(
+        self, prompts: str | Iterable[str], *, progress: bool = False, **settings: Any
+    ) -> list[Result]:
+        """Complete each prompt (chat turns, the model's template applied), in order.
+
+        Args:
+            prompts: one prompt or many.
+            progress: draw a progress bar.
+            **settings: generation settings for these prompts only (`temperature=0.7`).
+
+        Returns:
+            One Result per prompt: `.text`, `.samples` (with n > 1), `.usage`, `.error`.
+        """
+        items = [prompts] if isinstance(prompts, str) else list(prompts)
+        return self.engine.generate(items, self._params(settings), progress=progress)
+
+    def chat(
+        self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]], **settings
+    ) -> Result | list[Result]:
+        """The assistant's reply to one conversation (a list of OpenAI-style messages), or a
+        list of replies to a list of conversations."""
+        many = bool(messages) and not isinstance(messages[0], dict)
+        conversations = list(messages) if many else [messages]
+        results = self.engine.generate(conversations, self._params(settings))
+        return results if many else results[0]
+
+    def stream(self, prompt: str | Sequence[dict[str, Any]], **settings: Any) -> Iterator[str]:
+        """The reply to one prompt or conversation as it is generated, a piece of text at a
+        time. Raises RuntimeError with the engine's message when the request fails."""
+        from lmpress.data.messages import parse_messages
+
+        messages = [Message("user", prompt)] if isinstance(prompt, str) else None
+        request = Request(
+            "stream", messages or parse_messages(list(prompt)), self._params(settings)
+        )
+        loop = asyncio.new_event_loop()
+        pieces = self.engine.stream(request)
+        try:
+            while True:
+                try:
+                    item = loop.run_until_complete(pieces.__anext__())
+                except StopAsyncIteration:
+                    return
+                if isinstance(item, Delta) and item.index == 0:
+                    yield item.text
+                elif isinstance(item, Result) and item.error is not None:
+                    raise RuntimeError(item.error.message)
+        finally:
+            loop.run_until_complete(pieces.aclose())  # a consumer that stops early cancels
+            loop.close()
+
+    def batch(self, input_path: str, output_path: str, **options: Any):
+        """Run every row of a file as `lmpress batch -i input_path -o output_path` does:
+        resumable, one job per output, failed rows set aside in OUTPUT.errors.jsonl.
+
+        Args:
+            **options: BatchOptions fields (`overwrite=True`, `ordered=True`, `limit=10`).
+
+        Returns:
+            The BatchSummary: rows_ok, rows_failed, rows_skipped, tokens, wall_s.
+        """
+        from lmpress.batch import BatchOptions, run_batch
+
+        batch_options = BatchOptions(input_path, output_path, **options)
+        return asyncio.run(run_batch(self.config, batch_options, engine=self.engine))
+
+    def close(self) -> None:
+        """Release the engine (a later call loads it again)."""
+        engine, self._engine = self._engine, None
+        _open.discard(self)
+        if engine is not None:
+            asyncio.run(engine.aclose())
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _params(self, settings: dict[str, Any]) -> GenerationParams:
+        return generation_with_overrides(self.config.generation, settings, "LLM()")
+
+
+def _is_recipe(name: str) -> bool:
+    return name in bundled_recipes() or name.endswith((".yaml", ".yml"))
+
+
+def _dotted(key: str) -> str:
+    """A setting's dotted config key: as given when dotted, else the section that has it."""
+    if "." in key or key in {f.name for f in dataclasses.fields(RunConfig)}:
+        return key
+    for section, cls in _SECTIONS.items():
+        if key in {f.name for f in dataclasses.fields(cls)}:
+            return f"{section}.{key}"
+    raise ConfigError(f"LLM(): unknown setting '{key}'; give a dotted key such as 'model.{key}'")
+
+
+@atexit.register
+def _close_forgotten() -> None:
+    for llm in list(_open):
+        try:
+            llm.close()
+        except Exception:  # exiting anyway: a backend that fails to close must not say so
+            pass
