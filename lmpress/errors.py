@@ -76,10 +76,12 @@ class OutputWriteError(LmpressError):
     filesystem. What was written before stays valid, so the same command resumes once the
     cause is gone. Exit 1 once rows were written, 2 when nothing had started."""
 
-    def __init__(self, path: str | Path, exc: OSError, started: bool = True):
+    def __init__(self, path: str | Path | None, exc: OSError, started: bool = True):
+        """`path`: the file, where known (None: a write lmpress did not wrap)."""
         why = _WRITE_FAILURES.get(exc.errno or 0)
+        where = f"{path}: " if path is not None else ""
         if why is None:
-            super().__init__(f"{path}: cannot write ({exc.strerror or exc})")
+            super().__init__(f"{where}cannot write ({exc.strerror or exc})")
         else:
             then = (
                 f"rows already written are kept: {_FIX[exc.errno]} and re-run the same command "
@@ -87,7 +89,7 @@ class OutputWriteError(LmpressError):
                 if started
                 else f"{_FIX[exc.errno]} and run the command again"
             )
-            super().__init__(f"{path}: cannot write: {why}; {then}")
+            super().__init__(f"{where}cannot write: {why}; {then}")
         self.exit_code = 1 if started else 2
 
 

@@ -25,7 +25,13 @@ import typer
 from lmpress import __version__
 from lmpress.cli import batch, chat, infer, listings, serve
 from lmpress.cli.options import OVERRIDES, OVERRIDES_HELP
-from lmpress.errors import DISK_ERRNOS, LmpressError, Terminated, exception_line
+from lmpress.errors import (
+    DISK_ERRNOS,
+    LmpressError,
+    OutputWriteError,
+    Terminated,
+    exception_line,
+)
 
 app = typer.Typer(
     name="lmpress",
@@ -119,12 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         if exc.errno in DISK_ERRNOS:  # a write no command turned into its own error
-            where = f"{exc.filename}: " if exc.filename else ""
-            print(
-                f"lmpress: error: {where}cannot write ({exc.strerror}); what was written is "
-                f"kept: re-run the same command to resume once there is room",
-                file=sys.stderr,
-            )
+            print(f"lmpress: error: {OutputWriteError(exc.filename, exc)}", file=sys.stderr)
         elif not debug:
             print(f"lmpress: internal error: {exception_line(exc)} (run with --debug for "
                   f"the traceback)", file=sys.stderr)  # fmt: skip

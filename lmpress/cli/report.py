@@ -30,7 +30,8 @@ class BatchReport(BatchEvents):
         print(f"lmpress: {message}", file=self.stream)
 
     def interrupted(self) -> None:
-        print(file=self.stream)  # past the ^C the terminal echoed
+        if self.stream.isatty():
+            print(file=self.stream)  # past the ^C the terminal echoed
 
     def progressed(self, summary: BatchSummary) -> None:
         if self.bar is not None:
