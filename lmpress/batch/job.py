@@ -82,6 +82,8 @@ class BatchOptions:
 
 
 class BatchJob:
+    _grace_ends: float | None = None  # loop time when rows in flight are abandoned (a signal)
+
     def __init__(
         self,
         config: RunConfig,
@@ -115,9 +117,8 @@ class BatchJob:
         if not self.target.stream:
             self.summary.errors_path = str(self.files.errors)
         self.unreachable = False  # stopped because the endpoint never answered
-        self.stopping = False  # no new rows: a signal, --on-error fail, --max-errors, a budget
-        self._interrupts = 0  # Ctrl-C and SIGTERM, counted together
-        self._grace_ends: float | None = None  # loop time when rows in flight are abandoned
+        self.stopping = False  # no new rows: Ctrl-C, --on-error fail, --max-errors, a budget
+        self._interrupts = 0
 
     # --- the whole job ---------------------------------------------------------------------
 
