@@ -3,7 +3,9 @@ message as one line; `--debug` adds the traceback."""
 
 from __future__ import annotations
 
+import errno
 from enum import Enum
+from pathlib import Path
 
 
 class ErrorKind(str, Enum):
@@ -67,6 +69,51 @@ class InputError(LmpressError):
 
 class ModelLoadError(LmpressError):
     """The model or tokenizer could not be loaded."""
+
+
+class OutputWriteError(LmpressError):
+    """Writing a file of the output failed: a full disk, a quota, a read-only or failing
+    filesystem. What was written before stays valid, so the same command resumes once the
+    cause is gone. Exit 1 once rows were written, 2 when nothing had started."""
+
+    def __init__(self, path: str | Path | None, exc: OSError, started: bool = True):
+        """`path`: the file, where known (None: a write lmpress did not wrap)."""
+        why = _WRITE_FAILURES.get(exc.errno or 0)
+        where = f"{path}: " if path is not None else ""
+        if why is None:
+            super().__init__(f"{where}cannot write ({exc.strerror or exc})")
+        else:
+            then = (
+                f"rows already written are kept: {_FIX[exc.errno]} and re-run the same command "
+                f"to resume"
+                if started
+                else f"{_FIX[exc.errno]} and run the command again"
+            )
+            super().__init__(f"{where}cannot write: {why}; {then}")
+        self.exit_code = 1 if started else 2
+
+
+# What a write can meet that is not the user's input: said in words, with what to do.
+_WRITE_FAILURES = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file is at the size limit (ulimit -f)",
+    errno.EROFS: "the filesystem is read-only",
+    errno.EIO: "an I/O error on the device",
+}
+_FIX = {
+    errno.ENOSPC: "free some space",
+    errno.EDQUOT: "free some space",
+    errno.EFBIG: "raise the limit",
+    errno.EROFS: "make it writable (or move the output and its side files)",
+    errno.EIO: "check the device",
+}
+DISK_ERRNOS = frozenset(_WRITE_FAILURES)
+
+
+class Terminated(BaseException):
+    """SIGTERM came where no stop of its own was set up (`lmpress` turns it into this, so that
+    cleanups run): a BaseException, so that no `except Exception` swallows it."""
 
 
 class RequestError(Exception):

@@ -299,6 +299,23 @@ def test_ctrl_c_stops_the_reply_keeps_it_and_stays(echo_chat, inherited):
     assert chat.leave("eof") == 0
 
 
+@pytest.mark.parametrize("when", ["mid-reply", "at-the-prompt"])
+def test_sigterm_ends_the_chat_cleanly_with_the_terminal_restored(echo_chat, when):
+    chat = echo_chat(env={"ECHO_DELAY_S": "0.1"})
+    if when == "mid-reply":
+        chat.child.sendline(" ".join(f"w{i}" for i in range(30)))
+        chat.child.expect("ECHO")  # streaming, keys not echoed meanwhile
+    chat.child.kill(signal.SIGTERM)
+    chat.child.expect(pexpect.EOF)
+    echo_after = chat.child.getecho()  # the terminal's settings, as the chat left them
+    chat.child.close()
+    shown = clean(chat.child.before)
+    assert chat.child.exitstatus == 143, shown
+    assert "lmpress: stopped by SIGTERM" in shown
+    assert "Traceback" not in shown
+    assert echo_after  # typed keys echo again
+
+
 def test_multi_line_input_history_and_completion(echo_chat, tmp_path):
     chat = echo_chat()
     chat.child.sendline('"""')

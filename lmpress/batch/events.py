@@ -8,7 +8,10 @@ from typing import Any
 
 from lmpress.data.formats import render_failure
 
-EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 130, 143
+# The signals that stop a job (Ctrl-C; what Slurm, Kubernetes, systemd and `timeout` send),
+# each with the exit code a shell gives a process they end (128 + the signal's number).
+STOP_SIGNALS = {"SIGINT": EXIT_INTERRUPTED, "SIGTERM": EXIT_TERMINATED}
 
 
 @dataclass
@@ -25,7 +28,8 @@ class BatchSummary:
     cost_usd: float | None = None  # what this run's rows cost, where a price is known
     cost_live_usd: float | None = None  # what they would have cost live (provider batches)
     wall_s: float = 0.0
-    interrupted: bool = False
+    interrupted: bool = False  # a signal stopped the run (`signal` says which)
+    signal: str | None = None  # "SIGINT" (Ctrl-C) or "SIGTERM"
     stopped_because: str | None = None
     errors_path: str | None = None  # OUT.errors.jsonl; None when streaming (no side files)
 
@@ -44,7 +48,7 @@ class BatchSummary:
     @property
     def exit_code(self) -> int:
         if self.interrupted:
-            return EXIT_INTERRUPTED
+            return STOP_SIGNALS.get(self.signal or "SIGINT", EXIT_INTERRUPTED)
         return EXIT_FAILED_ROWS if self.rows_failed or self.stopped_because else EXIT_OK
 
     def as_dict(self) -> dict[str, Any]:
@@ -63,6 +67,7 @@ class BatchSummary:
             "rows_per_s": round(self.rows_per_s, 3),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "interrupted": self.interrupted,
+            "signal": self.signal,
             "stopped_because": self.stopped_because,
         }
 
@@ -97,7 +102,7 @@ class BatchEvents:
         """Something the user should know: loading, resuming, repairing, stopping."""
 
     def interrupted(self) -> None:
-        """Ctrl-C came; a notice says what happens next."""
+        """Ctrl-C or SIGTERM came; a notice says what happens next."""
 
     def progressed(self, summary: BatchSummary) -> None:
         """A row was written or set aside."""

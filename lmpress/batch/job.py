@@ -9,11 +9,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from lmpress.batch.budget import Budget
-from lmpress.batch.events import EXIT_INTERRUPTED, BatchEvents, BatchSummary, RowFailure
+from lmpress.batch.events import STOP_SIGNALS, BatchEvents, BatchSummary, RowFailure
 from lmpress.batch.outputs import Reorder, output_for
 from lmpress.batch.rows import RowReader
 from lmpress.configs.schema import RunConfig
@@ -32,15 +33,23 @@ from lmpress.data.resume import (
 )
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source, open_source
-from lmpress.data.targets import STDIO, output_file_format, resolve_output
+from lmpress.data.targets import (
+    STDIO,
+    output_file_format,
+    resolve_output,
+    write_text_atomically,
+)
 from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine, load_engine_class
-from lmpress.errors import InputError
+from lmpress.errors import InputError, OutputWriteError
 from lmpress.pricing import price_for
 from lmpress.structured import check_structure
 from lmpress.types import Request, Result
 
 CONNECTION_ERROR = "connection_error"  # the error kind remote engines give an unreachable host
+STOP_CHECK_S = 0.2  # how often a job waiting on its rows in flight looks for a stop signal
+# How a run ended, for what a summary that cannot be written says.
+Ended = Literal["ok", "write failed", "raised"]
 
 
 @dataclass
@@ -56,7 +65,7 @@ class BatchOptions:
     ray: bool = False  # generate on Ray replicas (`batch.cluster`), as the config's ray: says
     output_format: str = "auto"  # rows: "auto" (follow the input), "lmpress" or "openai"
     recipe: str | None = None  # recorded in the fingerprint
-    grace_s: float = 5.0  # how long rows in flight may finish after Ctrl-C
+    grace_s: float = 10.0  # how long rows in flight may finish after Ctrl-C or SIGTERM
     input_format: str = "auto"  # auto (by suffix) | jsonl | parquet | csv | tsv | hf
     split: str | None = None  # a Hugging Face dataset's split
     file_format: str | None = None  # the output file: jsonl | parquet; None: by its suffix
@@ -73,6 +82,8 @@ class BatchOptions:
 
 
 class BatchJob:
+    _grace_ends: float | None = None  # loop time when rows in flight are abandoned (a signal)
+
     def __init__(
         self,
         config: RunConfig,
@@ -125,19 +136,24 @@ class BatchJob:
             self.files.remove_all()
             write_fingerprint(self.files, self._fingerprint(), self.options.recipe)
         loop = asyncio.get_running_loop()
-        handled = _install_interrupt(loop, self._on_interrupt)
+        restore_signals = _install_stop_signals(loop, self._on_interrupt)
+        ended: Ended = "raised"
         try:
             self.events.started(self.summary)
             with self.output.open() as out, LazyJsonlWriter(self._errors_path()) as errors:
                 self._out, self._errors = out, errors
                 await self._process(done, set_aside)
             self._finish_output()
+            ended = "ok"
+        except OutputWriteError as exc:
+            self.summary.stopped_because = str(exc)
+            ended = "write failed"
+            raise
         finally:
-            if handled:
-                loop.remove_signal_handler(signal.SIGINT)
+            restore_signals()
             self.summary.wall_s = time.perf_counter() - started
             self.events.finished(self.summary)
-            self._write_summary()
+            self._write_summary(ended)
         return self.summary
 
     async def _start_engine(self) -> None:
@@ -168,10 +184,12 @@ class BatchJob:
         )
 
     def _finish_output(self) -> None:
+        """A Parquet output is written from its journal, on a stop too; the journal stays
+        whole if that fails, so the next run writes it."""
         try:
             said = self.output.finish()
         except OSError as exc:
-            raise InputError(f"{self.files.output}: cannot write ({exc.strerror})") from exc
+            raise OutputWriteError(self.files.output, exc) from exc
         if said:
             self._say(said)
 
@@ -187,17 +205,6 @@ class BatchJob:
         reorder = Reorder(self._out) if options.ordered else None
         in_flight: set[asyncio.Task] = set()
         seq = 0
-
-        async def settle(all_of_them: bool) -> None:
-            nonlocal in_flight
-            if not in_flight:
-                return
-            mode = asyncio.ALL_COMPLETED if all_of_them else asyncio.FIRST_COMPLETED
-            finished, in_flight = await asyncio.wait(in_flight, return_when=mode)
-            for task in finished:
-                if not task.cancelled():
-                    self._finish(*task.result(), reorder)
-
         for rid, read in reader.rows():
             if self.stopping:
                 break
@@ -213,34 +220,51 @@ class BatchJob:
             assert self.engine is not None
             window = self.engine.max_in_flight
             # Bounded memory: rows in flight, plus (when ordered) finished rows held for order.
-            while in_flight and (
-                len(in_flight) >= window
-                or (reorder is not None and len(in_flight) + reorder.held >= 4 * window)
+            while (
+                in_flight
+                and not self.stopping
+                and (
+                    len(in_flight) >= window
+                    or (reorder is not None and len(in_flight) + reorder.held >= 4 * window)
+                )
             ):
-                await settle(all_of_them=False)
+                in_flight = await self._settle(in_flight, reorder)
             if self.stopping:
                 break
             in_flight.add(asyncio.create_task(self._run_row(seq, row, request)))
             await asyncio.sleep(0)  # let the engine see the request at once
             seq += 1
-        await self._drain(in_flight, settle)
+        await self._drain(in_flight, reorder)
 
-    async def _drain(self, in_flight: set[asyncio.Task], settle) -> None:
-        if not in_flight:
-            return
-        if not self._interrupts:
-            await settle(all_of_them=True)
-            return
-        # Interrupted: rows in flight get a few seconds, then are abandoned (redone next run).
-        finished, pending = await asyncio.wait(in_flight, timeout=self.options.grace_s)
-        in_flight.clear()
-        in_flight.update(finished)
-        await settle(all_of_them=True)
-        for task in pending:
+    async def _settle(
+        self, in_flight: set[asyncio.Task], reorder: Reorder | None
+    ) -> set[asyncio.Task]:
+        """Write the rows that finish within a moment; the rows still in flight. The moment
+        is short so that a signal is seen while every row in flight is slow."""
+        left = self.grace_left()
+        tick = STOP_CHECK_S if left is None else min(left, STOP_CHECK_S)
+        finished, pending = await asyncio.wait(
+            in_flight, timeout=tick, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in finished:
+            if not task.cancelled():
+                self._finish(*task.result(), reorder)
+        return pending
+
+    async def _drain(self, in_flight: set[asyncio.Task], reorder: Reorder | None) -> None:
+        """No more rows are taken: those in flight finish. Once a signal came (before or
+        meanwhile) they have what is left of its grace period; those still running then are
+        abandoned, and redone by the next run."""
+        while in_flight and self.grace_left() != 0:
+            in_flight = await self._settle(in_flight, reorder)
+        for task in in_flight:
             task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-            self._say(f"left {len(pending)} unfinished rows for the next run")
+        if in_flight:
+            await asyncio.wait(in_flight)
+            for task in in_flight:  # abandoned: what a row raised while cancelled is moot
+                if not task.cancelled():
+                    task.exception()
+            self._say(f"left {len(in_flight)} unfinished rows for the next run")
 
     async def _run_row(self, seq: int, row: ParsedRow, request: Request):
         assert self.engine is not None
@@ -311,39 +335,78 @@ class BatchJob:
         self.summary.stopped_because = reason
         self._say(f"stopping: {reason}; rows in flight finish first")
 
-    def _on_interrupt(self) -> None:
+    def _on_interrupt(self, name: str = "SIGINT") -> None:
+        """Ctrl-C (SIGINT) or SIGTERM: take no new rows, let those in flight finish within
+        the grace period, write the output, the errors file and the summary, and exit 130 or
+        143. A second signal of either kind exits at once."""
         self._interrupts += 1
         self.events.interrupted()
+        summary = self.summary
         if self._interrupts > 1:
             # Every written row is already flushed; the next run repairs and resumes.
             self._say("stopped at once; re-run the same command to resume")
             sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
+            os._exit(summary.exit_code)
         self.stopping = True
-        self.summary.interrupted = True
+        summary.interrupted, summary.signal = True, name
+        how = "interrupted by Ctrl-C" if name == "SIGINT" else f"stopped by {name}"
+        summary.stopped_because = summary.stopped_because or how
+        grace = self.options.grace_s
+        self._grace_ends = asyncio.get_running_loop().time() + grace
+        again = "Ctrl-C" if name == "SIGINT" else f"Ctrl-C or {name}"
         self._say(
-            f"interrupted: finishing rows in flight for up to {self.options.grace_s:g}s "
-            f"(Ctrl-C again to stop at once); re-run the same command to resume"
+            f"{how}: finishing rows in flight for up to {grace:g}s ({again} again to stop "
+            f"at once); re-run the same command to resume"
         )
+
+    def grace_left(self) -> float | None:
+        """Seconds left for rows in flight once a signal came; None: no signal, no limit."""
+        if self._grace_ends is None:
+            return None
+        return max(0.0, self._grace_ends - asyncio.get_running_loop().time())
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _write_summary(self) -> None:
+    def _write_summary(self, ended: Ended = "ok") -> None:
+        """OUT.summary.json, replaced whole or not at all. One that cannot be written ends a
+        run that went well with that error; after another error it is a notice; after a
+        failed write to the output (on its way to the user, and likely the same full disk),
+        nothing more is said."""
         if self.target.stream:
             return
         try:
             text = json.dumps(self.summary.as_dict(), indent=2) + "\n"
-            self.files.summary.write_text(text, encoding="utf-8")
+            write_text_atomically(self.files.summary, text)
         except OSError as exc:
-            self._say(f"could not write {self.files.summary}: {exc.strerror}")
+            error = OutputWriteError(self.files.summary, exc)
+            if ended == "ok":
+                raise error from exc
+            if ended != "write failed":
+                self._say(str(error))
 
     def _say(self, message: str) -> None:
         self.events.notice(message)
 
 
-def _install_interrupt(loop: asyncio.AbstractEventLoop, handler) -> bool:
-    try:
-        loop.add_signal_handler(signal.SIGINT, handler)
-        return True
-    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
-        return False
+def _install_stop_signals(
+    loop: asyncio.AbstractEventLoop, handler: Callable[[str], None]
+) -> Callable[[], None]:
+    """Hand Ctrl-C and SIGTERM to `handler` (called with the signal's name) while the job
+    runs; returns what puts back the handlers there were before."""
+    installed: list[tuple[signal.Signals, Any]] = []
+    for name in STOP_SIGNALS:
+        sig = signal.Signals[name]
+        previous = signal.getsignal(sig)
+        try:
+            loop.add_signal_handler(sig, handler, name)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, Windows
+            continue
+        installed.append((sig, previous))
+
+    def restore() -> None:
+        for sig, previous in installed:
+            loop.remove_signal_handler(sig)  # which sets the default, not what was there
+            if previous is not None:
+                signal.signal(sig, previous)
+
+    return restore

@@ -17,7 +17,7 @@ from lmpress.chat.conversation import Conversation
 from lmpress.chat.terminal import Style, keys_not_echoed, reply_renderer
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
-from lmpress.errors import LmpressError, RequestError, exception_line
+from lmpress.errors import LmpressError, RequestError, Terminated, exception_line
 from lmpress.types import Delta, GenerationParams, Message, Request, Result
 
 
@@ -157,7 +157,7 @@ class Chat:
         if not self.interactive:  # piped: Ctrl-C ends the whole run, once the reply is freed
             try:
                 self.loop.run_until_complete(task)
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, Terminated):
                 task.cancel()
                 self.loop.run_until_complete(task)
                 raise
@@ -174,6 +174,10 @@ class Chat:
                 self.loop.run_until_complete(task)
         except asyncio.CancelledError:  # a second Ctrl-C while the stream was closing
             turn.stopped = True
+        except Terminated:  # SIGTERM ends the chat: the reply is freed, the terminal restored
+            task.cancel()
+            self.loop.run_until_complete(task)
+            raise
         finally:
             signal.signal(signal.SIGINT, previous)
         turn.elapsed = time.perf_counter() - turn.started

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from lmpress.errors import Terminated
+
 PROMPT = "> "
 CONTINUE = "... "
 BLOCK = '"""'
@@ -39,6 +41,10 @@ def read_messages(
             if on_interrupt:
                 on_interrupt("(Ctrl-C clears the line; Ctrl-D or /exit leaves)")
             continue
+        except Terminated:  # SIGTERM at the prompt: what comes next starts a fresh line
+            if interactive:
+                print()
+            raise
         yield message.rstrip("\r\n")  # a pasted block's last newline is not part of it
 
 

@@ -9,11 +9,15 @@ typer.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 from typing import Annotated
 
 import click
@@ -22,7 +26,13 @@ import typer
 from lmpress import __version__
 from lmpress.cli import batch, chat, infer, listings, serve
 from lmpress.cli.options import OVERRIDES, OVERRIDES_HELP
-from lmpress.errors import LmpressError, exception_line
+from lmpress.errors import (
+    DISK_ERRNOS,
+    LmpressError,
+    OutputWriteError,
+    Terminated,
+    exception_line,
+)
 
 app = typer.Typer(
     name="lmpress",
@@ -92,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     args = [a for a in args if a != "--debug"]
     _route_library_warnings(debug)
     try:
-        code = app(args=args, prog_name="lmpress", standalone_mode=False, obj={"debug": debug})
+        with _signals():
+            code = app(args=args, prog_name="lmpress", standalone_mode=False, obj={"debug": debug})
         return code if isinstance(code, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
@@ -104,11 +115,23 @@ def main(argv: list[str] | None = None) -> int:
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("lmpress: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("lmpress: stopped by SIGTERM", file=sys.stderr)
+        return 143
     except LmpressError as exc:
         if debug:
             traceback.print_exc()
         print(f"lmpress: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        if debug:
+            traceback.print_exc()
+        if exc.errno in DISK_ERRNOS:  # a write no command turned into its own error
+            print(f"lmpress: error: {OutputWriteError(exc.filename, exc)}", file=sys.stderr)
+        elif not debug:
+            print(f"lmpress: internal error: {exception_line(exc)} (run with --debug for "
+                  f"the traceback)", file=sys.stderr)  # fmt: skip
+        return 1
     except Exception as exc:
         if debug:
             traceback.print_exc()
@@ -133,6 +156,31 @@ def _route_library_warnings(debug: bool) -> None:
     else:
         handler = logging.NullHandler()
     logger.handlers[:] = [handler]
+
+
+@contextlib.contextmanager
+def _signals() -> Iterator[None]:
+    """While a command runs: SIGTERM raises Terminated, so that cleanups run (a terminal's
+    settings, an engine's close) and the command ends with one line and exit 143; commands
+    with a stop of their own (batch, serve) take it over while they run. SIGXFSZ, sent for a
+    write past `ulimit -f`, is ignored, so that the write fails as an OSError lmpress reports
+    (as it does for a full disk) instead of killing the process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, terminated)}
+    if hasattr(signal, "SIGXFSZ"):
+        previous[signal.SIGXFSZ] = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, and not ours to put back
+                signal.signal(sig, handler)
 
 
 def _usage_error(exc: Exception) -> int:

@@ -8,8 +8,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt, load_run_config, unexpected
-from lmpress.errors import ConfigError, InputError
+from lmpress.cli.options import (
+    FLAG,
+    STOP_GRACE_S,
+    EngineOpt,
+    RecipeOpt,
+    StopGraceOpt,
+    load_run_config,
+    unexpected,
+)
+from lmpress.errors import DISK_ERRNOS, ConfigError, InputError, OutputWriteError
 
 if TYPE_CHECKING:
     from lmpress.batch import BatchOptions
@@ -132,6 +140,7 @@ def batch(
             "--on-expired", help="Rows a provider batch did not run: resubmit, live, fail."
         ),
     ] = "resubmit",
+    stop_grace: StopGraceOpt = STOP_GRACE_S,
     status: Annotated[
         str | None,
         typer.Option(
@@ -148,8 +157,10 @@ def batch(
     """Run every row of a file or dataset through the model, writing each result as it completes.
 
     Re-running the same command resumes: rows already written are skipped. Failed rows go to
-    OUT.errors.jsonl and are retried on the next run. Exit code 0 when every row succeeded,
-    1 when any failed, 2 for a usage or config error, 130 when interrupted.
+    OUT.errors.jsonl and are retried on the next run. Ctrl-C or SIGTERM stops taking rows,
+    lets those in flight finish (--stop-grace), and writes the output and the summary. Exit
+    code 0 when every row succeeded, 1 when any failed (or the output could not be written),
+    2 for a usage or config error, 130 after Ctrl-C, 143 after SIGTERM.
     """
     config, words = load_run_config(ctx, recipe, engine)
     if words:
@@ -205,6 +216,7 @@ def batch(
         max_cost=max_cost,
         max_tokens=max_tokens,
         on_expired=on_expired,
+        grace_s=stop_grace,
     )
     if dry_run:
         raise typer.Exit(dry_run_file(config, input, options))
@@ -271,6 +283,8 @@ def _check_writable(path: str) -> None:
         with probe.open("a"):
             pass
     except OSError as exc:
+        if exc.errno in DISK_ERRNOS:
+            raise OutputWriteError(path, exc, started=False) from exc
         raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
     if probe != target:
         probe.unlink()

@@ -29,6 +29,19 @@ EngineOpt = Annotated[
     str | None, typer.Option("--engine", help="Engine name (sets the top-level 'engine' key).")
 ]
 
+StopGraceOpt = Annotated[
+    float,
+    typer.Option(
+        "--stop-grace",
+        help="Seconds that work in flight may take to finish after Ctrl-C or SIGTERM; a "
+        "second signal stops at once.",
+        metavar="SECONDS",
+        min=0,
+    ),
+]
+STOP_GRACE_S = 10.0  # long enough for a remote row or a reply to end; Slurm and Kubernetes
+# wait 30 s between SIGTERM and SIGKILL, which leaves time for the output to be written
+
 
 def load_run_config(
     ctx: typer.Context, recipe: str | None, engine: str | None

@@ -30,7 +30,8 @@ class BatchReport(BatchEvents):
         print(f"lmpress: {message}", file=self.stream)
 
     def interrupted(self) -> None:
-        print(file=self.stream)  # past the ^C the terminal echoed
+        if self.stream.isatty():
+            print(file=self.stream)  # past the ^C the terminal echoed
 
     def progressed(self, summary: BatchSummary) -> None:
         if self.bar is not None:
@@ -67,10 +68,10 @@ class BatchReport(BatchEvents):
         table.add_row("output", summary.output_path)
         if summary.rows_failed:
             table.add_row("failed rows", summary.errors_path or "listed above (stderr)")
-        if summary.stopped_because:
+        if summary.stopped_because:  # "stopped by SIGTERM", a budget, --on-error fail...
             table.add_row("stopped", summary.stopped_because)
         if summary.interrupted:
-            table.add_row("interrupted", "re-run the same command to resume")
+            table.add_row("to resume", "re-run the same command")
         Console(file=self.stream).print(table)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt
+from lmpress.cli.options import FLAG, STOP_GRACE_S, EngineOpt, RecipeOpt, StopGraceOpt
 from lmpress.errors import ConfigError
 
 
@@ -35,10 +35,13 @@ def serve(
         bool,
         typer.Option("--log-content", help="Log each request's messages and reply.", metavar=FLAG),
     ] = False,
+    stop_grace: StopGraceOpt = STOP_GRACE_S,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API; concurrent requests are batched.
 
     Routes: /v1/chat/completions, /v1/completions, /v1/models, /health.
+
+    Ctrl-C or SIGTERM stops it: no new requests, those in flight finish (--stop-grace).
 
     [bold]lmpress serve -c tiny-native --port 8000[/bold]
     """
@@ -53,4 +56,4 @@ def serve(
     key = api_key or os.environ.get("LMPRESS_API_KEY") or None
     from lmpress.serve.server import run_server
 
-    raise typer.Exit(run_server(config, key))
+    raise typer.Exit(run_server(config, key, stop_grace))

@@ -38,7 +38,7 @@ import jsonlines
 import orjson
 
 from lmpress.data.targets import open_read, open_write
-from lmpress.errors import InputError
+from lmpress.errors import DISK_ERRNOS, InputError, OutputWriteError
 
 BOM = b"\xef\xbb\xbf"  # Excel and Notepad start UTF-8 files with it
 
@@ -169,10 +169,21 @@ def _has_nonfinite(value: Any) -> bool:
 
 
 class JsonlWriter:
-    """Appends one JSON object per line and flushes it, so a crash loses no written row."""
+    """Appends one JSON object per line and flushes it, so a crash loses no written row.
 
-    def __init__(self, path: str | Path, mode: str = "w", handle: IO[str] | None = None):
-        """`handle`: write there (stdout, a device) instead of opening `path`; not closed."""
+    A write the file system refuses (a full disk, a read-only one) is an OutputWriteError
+    naming the file: the lines before it are whole, and at most the last one is torn, which
+    the next run cuts off (`data.resume`)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        mode: str = "w",
+        handle: IO[str] | None = None,
+        started: bool = False,
+    ):
+        """`handle`: write there (stdout, a device) instead of opening `path`; not closed.
+        `started`: the job has written rows before opening this file (for the exit code)."""
         self.path = Path(path).expanduser()
         self._owned = handle is None
         if handle is None:
@@ -180,6 +191,8 @@ class JsonlWriter:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 handle = open_write(self.path, mode)
             except OSError as exc:
+                if exc.errno in DISK_ERRNOS:
+                    raise OutputWriteError(path, exc, started) from exc
                 raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
         self._handle = handle
         self._lines = jsonlines.Writer(handle, dumps=_dumps, flush=True)
@@ -192,19 +205,42 @@ class JsonlWriter:
             # A lone surrogate ("\\ud800", valid JSON) has no UTF-8 form: write the line with
             # escapes, so the row goes out as it came in. Nothing was written: the text is
             # encoded whole before it reaches the file.
+            self._write_escaped(row)
+        except BrokenPipeError:  # `-o - | head`: the CLI ends quietly
+            raise
+        except OSError as exc:
+            raise OutputWriteError(self.path, exc) from exc
+
+    def _write_escaped(self, row: dict[str, Any]) -> None:
+        try:
             self._escaped.write(row)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputWriteError(self.path, exc) from exc
 
     def close(self) -> None:
-        if self._owned:
-            self._handle.close()
-        else:
-            self._handle.flush()
+        try:
+            if self._owned:
+                self._handle.close()
+            else:
+                self._handle.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputWriteError(self.path, exc) from exc
 
     def __enter__(self) -> JsonlWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        try:
+            self.close()
+        except (OSError, OutputWriteError):
+            if kind is None:
+                raise
+            # A write already failed and is on its way up; the buffer it left cannot be
+            # written either, and that error says nothing more.
 
 
 class LazyJsonlWriter:
@@ -219,7 +255,7 @@ class LazyJsonlWriter:
         if self.path is None:
             return
         if self._writer is None:
-            self._writer = JsonlWriter(self.path, mode="a")
+            self._writer = JsonlWriter(self.path, mode="a", started=True)
         self._writer.write(row)
 
     def __enter__(self) -> LazyJsonlWriter:
@@ -227,4 +263,4 @@ class LazyJsonlWriter:
 
     def __exit__(self, *exc: object) -> None:
         if self._writer is not None:
-            self._writer.close()
+            self._writer.__exit__(*exc)

@@ -30,8 +30,8 @@ from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import read_lines
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
-from lmpress.data.targets import COMPRESSED, is_compressed
-from lmpress.errors import InputError
+from lmpress.data.targets import COMPRESSED, is_compressed, write_text_atomically
+from lmpress.errors import InputError, OutputWriteError
 from lmpress.types import SCHEDULING_FIELDS
 
 
@@ -247,7 +247,11 @@ def write_fingerprint(files: JobFiles, current: dict[str, Any], recipe: str | No
         "recipe_sha256": _sha256(recipe),
         "settings": current,
     }
-    _write_atomically(files.fingerprint, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    text = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
+    try:
+        write_text_atomically(files.fingerprint, text)
+    except OSError as exc:  # written before any row: nothing has started
+        raise OutputWriteError(files.fingerprint, exc, started=False) from exc
 
 
 def repair_torn_tail(path: Path) -> bool:
@@ -344,9 +348,3 @@ def _sha256(path: str | None) -> str | None:
     if not path or not Path(path).is_file():
         return None
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

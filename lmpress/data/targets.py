@@ -150,3 +150,16 @@ def open_write(path: str | Path, mode: str) -> IO[str]:
 
 def is_compressed(path: str | Path) -> bool:
     return str(path).lower().endswith(COMPRESSED)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` whole or not at all: written to a scratch file beside it,
+    then renamed over it, so a full disk or a kill leaves the old file (or none), never an
+    empty or half-written one. The scratch file is removed when the write fails."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

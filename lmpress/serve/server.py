@@ -1,4 +1,11 @@
-"""Running `lmpress serve`: bind, load the engine, serve with uvicorn until stopped."""
+"""Running `lmpress serve`: bind, load the engine, serve with uvicorn until stopped.
+
+Ctrl-C and SIGTERM stop it the same way. uvicorn stops accepting, lets requests in flight
+(streams included) finish for up to the grace period (`--stop-grace`), cancels those left, and
+then raises the signal again once it is done; the engine is closed and the server ends with
+one line and exit 0. A second signal of either kind cancels the requests left at once
+(uvicorn itself forces only on a second Ctrl-C).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +15,13 @@ import socket
 import sys
 
 from lmpress.configs.schema import RunConfig
-from lmpress.errors import LmpressError
+from lmpress.errors import LmpressError, Terminated
 
 
-def run_server(config: RunConfig, api_key: str | None = None) -> int:
-    """Serve `config`'s engine until Ctrl-C (exit 0). The port is bound before the model
-    loads, so a port in use fails at once."""
+def run_server(config: RunConfig, api_key: str | None = None, stop_grace_s: float = 10.0) -> int:
+    """Serve `config`'s engine until Ctrl-C or SIGTERM (exit 0), giving requests in flight
+    `stop_grace_s` to finish. The port is bound before the model loads, so a port in use
+    fails at once."""
     import uvicorn
 
     from lmpress.engines.registry import create_engine
@@ -24,13 +32,13 @@ def run_server(config: RunConfig, api_key: str | None = None) -> int:
     _setup_logging()
     engine = create_engine(config)
     app = create_app(engine, settings, api_key)
-    server = uvicorn.Server(
+    server = _stopping_server()(
         uvicorn.Config(
             app,
             log_config=None,  # our handler, below; uvicorn's access log is replaced by ours
             access_log=False,
             lifespan="off",
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=stop_grace_s,  # type: ignore[arg-type]  # a float works
         )
     )
     host, port = sock.getsockname()[:2]
@@ -42,10 +50,32 @@ def run_server(config: RunConfig, api_key: str | None = None) -> int:
     )
     try:
         asyncio.run(_serve(server, sock, engine, banner))
-    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not an error
+    except (KeyboardInterrupt, Terminated):  # how a server is stopped: not an error
         pass
     print("lmpress serve: stopped", file=sys.stderr)
     return 0
+
+
+def _stopping_server():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, saying that it stops and stopping at once on a second signal."""
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if self.should_exit:
+                self.force_exit = True  # either signal, twice: cancel what is left now
+            else:
+                grace = self.config.timeout_graceful_shutdown
+                print(
+                    f"lmpress serve: stopping: no new requests; those in flight have "
+                    f"{grace:g}s to finish (a second Ctrl-C or SIGTERM stops at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    return Server
 
 
 async def _serve(server, sock: socket.socket, engine, banner: str) -> None:

@@ -124,6 +124,38 @@ def test_sigkill_at_random_moments_writes_every_row_once_and_submits_none_twice(
     assert len(submissions) == 120 and max(submissions.values()) == 1
 
 
+def test_sigterm_while_batches_wait_keeps_their_state_exits_143_and_the_rerun_collects_them(
+    tmp_path,
+):
+    rows = write_rows(tmp_path / "in.jsonl", 40)
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "out.batches" / "state.jsonl"
+    with server(step_s=0.5) as srv:
+        args = args_for("OPENAI", srv, rows, out, "--provider-batch",
+                        "--remote_params.batch_max_requests", "10")  # fmt: skip
+        env = {**os.environ, **KEYS, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.time() + 60
+        while b'"submitted"' not in (log.read_bytes() if log.exists() else b""):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1]
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err[-2000:]
+        assert "Traceback" not in err
+        assert "not collected yet, their state kept in" in err
+        summary = json.loads((tmp_path / "out.summary.json").read_text())
+        assert (summary["signal"], summary["stopped_because"]) == ("SIGTERM", "stopped by SIGTERM")
+        assert summary["rows_ok"] < 40
+        finish = run_lmpress(*args, env=KEYS)
+        assert finish.returncode == 0, finish.stderr[-2000:]
+        submissions = srv.stats.batch_submissions
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(ids) == sorted(f"row-{i}" for i in range(40))  # each row once
+    assert len(submissions) == 40 and max(submissions.values()) == 1  # none submitted twice
+
+
 @pytest.mark.parametrize("retry", [[], ["--no-retry-failed"]], ids=["retried", "left-aside"])
 def test_a_kill_between_writing_a_batch_and_logging_it_collected_writes_no_row_twice(
     tmp_path, retry

@@ -253,6 +253,25 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     assert "generation.temperature" in changed.stderr and "Traceback" not in changed.stderr
 
 
+def test_sigterm_stops_the_replicas_writes_the_summary_exits_143_and_resumes(tmp_path, cluster):
+    src = write_input(tmp_path / "in.jsonl", prompt_rows(500))
+    out = tmp_path / "out.jsonl"
+    with LLMServer(Faults(latency_s=0.05)) as server:
+        args = ray_job_args(server, src, out, cluster)
+        proc = _start_and_wait_for(args, out, 100)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 143, stderr[-2000:]
+        assert "Traceback" not in stderr
+        assert "stopping the Ray replicas; the rows they hold are left for the next run" in stderr
+        stopped = summary(out)
+        assert (stopped["signal"], stopped["stopped_because"]) == ("SIGTERM", "stopped by SIGTERM")
+        assert 100 <= stopped["rows_ok"] == len(replies(out)) < 500
+        rerun = run_lmpress("batch", *args)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert_each_row_once_with_its_reply(out, 500)
+
+
 def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(3))
     out = tmp_path / "out.jsonl"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -65,3 +66,25 @@ def test_ctrl_c_stops_the_server_cleanly(serve_process, echo_plugin):
     served.proc.send_signal(signal.SIGINT)
     assert served.proc.wait(timeout=60) == 0
     served.wait_for_log(lambda line: line == "lmpress serve: stopped")
+
+
+def test_sigterm_lets_a_stream_in_flight_finish_and_stops_cleanly(serve_process, echo_plugin):
+    served = serve_process(
+        "--engine", "ECHO", "--model.model_name", "echo-model",
+        "--generation.max_new_tokens", "100000",
+        env={**with_plugin(echo_plugin), "ECHO_DELAY_S": "0.05"},
+    )  # fmt: skip
+    words = " ".join(f"w{i}" for i in range(40))  # about 2 s of reply, well within the grace
+    stream = served.client().chat.completions.create(
+        model="echo-model", messages=[{"role": "user", "content": words}], stream=True
+    )
+    pieces = [next(stream).choices[0].delta.content or ""]  # the reply has begun
+    served.proc.send_signal(signal.SIGTERM)
+    chunks = list(stream)
+    pieces += [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert "".join(pieces) == "ECHO " + json.dumps([{"role": "user", "content": words}])
+    assert served.proc.wait(timeout=60) == 0
+    served.wait_for_log(lambda line: line.startswith("lmpress serve: stopping: no new requests"))
+    served.wait_for_log(lambda line: line == "lmpress serve: stopped")
+    assert "Traceback" not in served.log

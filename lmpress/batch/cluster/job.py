@@ -124,7 +124,11 @@ class RayBatchJob(BatchJob):
             except queue.Empty:
                 if self.stopping:
                     # Rows the replicas still hold are abandoned: none was written, so the
-                    # next run does them. Rows already back are written.
+                    # next run does them. Rows already back are written. Ray Data keeps
+                    # handing replicas new rows, so waiting for them would never drain: the
+                    # replicas are stopped instead (`run`, then Ray's shutdown).
+                    self._say("stopping the Ray replicas; the rows they hold are left for the "
+                              "next run")  # fmt: skip
                     return
                 await asyncio.sleep(0.01)
                 continue

@@ -89,7 +89,10 @@ class ProviderBatchJob(BatchJob):
             row, request = read
             await self._add(writers, rid, row.line, row.raw, request, attempt=1)
         for writer in writers.values():
-            await self._seal_and_submit(writer)
+            if self._interrupts:  # stopped: sealed and logged, submitted by the next run
+                writer.seal()
+            else:
+                await self._seal_and_submit(writer)
 
     async def _add(self, writers, rid, line, raw, request, attempt: int) -> None:
         endpoint = await self.api.endpoint(request)
@@ -149,8 +152,28 @@ class ProviderBatchJob(BatchJob):
                 else:
                     self._check_stuck(chunk, progress)
             if any(not c.collected for c in waiting):
-                await asyncio.sleep(delay)
+                await self._pause(delay)
                 delay = min(remote.batch_poll_max_s, delay * 1.5)
+        self._left_at_the_provider()
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait between polls; a stop signal ends the wait at once."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        while not self._interrupts and (left := until - loop.time()) > 0:
+            await asyncio.sleep(min(left, 0.1))
+
+    def _left_at_the_provider(self) -> None:
+        """Stopped by a signal: every step so far is already in the state log (each one is
+        fsynced as it happens); say what the next run picks up."""
+        waiting = self.state.waiting()
+        if not waiting:
+            return
+        rows = sum(chunk.count for chunk in waiting)
+        self._say(
+            f"{len(waiting)} batches ({rows} rows) not collected yet, their state kept in "
+            f"{self.state.log}: re-run the same command to collect them"
+        )
 
     def _check_stuck(self, chunk: Chunk, progress: Progress) -> None:
         margin = self.config.remote_params.batch_stuck_margin_s
