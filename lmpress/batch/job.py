@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from lmpress.data.columns import RowMapping
 from lmpress.data.formats import ParsedRow, output_format_for
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import LazyJsonlWriter
+from lmpress.data.output_lock import OutputLock
 from lmpress.data.resume import (
     EarlierRun,
     JobFiles,
@@ -123,9 +125,23 @@ class BatchJob:
     # --- the whole job ---------------------------------------------------------------------
 
     async def run(self) -> BatchSummary:
+        # One job per output: locked before anything an earlier run left is read or removed.
+        with self._lock_output():
+            return await self._run()
+
+    def _lock_output(self) -> OutputLock | nullcontext:
+        if self.target.stream:  # nothing to resume, so nothing two jobs could write twice
+            return nullcontext()
+        return OutputLock.take(self.files.lock, self.options.output_path)
+
+    async def _run(self) -> BatchSummary:
         started = time.perf_counter()
         id_column = self.options.mapping.id_column
         total, keys = scan_input(self.source, self.selection, id_column)
+        if total == 0:
+            shard = self.selection.shard_label
+            rows = f"shard {shard} has" if shard else "the input has"
+            self._say(f"{self.options.input_path}: {rows} no rows; nothing to do")
         earlier = self._read_earlier_run()
         done, set_aside = earlier.done, earlier.set_aside
         self.summary.rows_total = total

@@ -287,7 +287,7 @@ def _check_writable(path: str) -> None:
             raise OutputWriteError(path, exc, started=False) from exc
         raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
     if probe != target:
-        probe.unlink()
+        probe.unlink(missing_ok=True)  # two jobs starting at once share the probe
 
 
 def parse_shard(text: str) -> tuple[int, int]:

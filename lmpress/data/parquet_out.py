@@ -18,7 +18,9 @@ The file's schema is the same whatever happened to each row:
   cost (`prompt_tokens`, `completion_tokens`, `cost_usd`), who made it (`model`, `engine`,
   `latency_s`) and, for a row that failed, why (`error_kind`, `error_message`). An input column
   of the same name is kept as `input_<name>`.
-Rows are written in the order they finished (input order with `--ordered`).
+Rows are written in the order they finished (input order with `--ordered`). A job with no
+rows writes an empty file with that schema: the input's columns as its schema says (none for
+an input without one), `id` when they hold no id, and lmpress's columns.
 """
 
 from __future__ import annotations
@@ -114,10 +116,12 @@ class _ColumnPlan:
         self.id_keys = ID_KEYS if id_column is None else (id_column, *ID_KEYS)
         self.types: dict[str, Any] = {}  # name -> Arrow type; None: written as JSON text
         self.add_id = False
+        self.observed = False  # a row was seen
 
     def observe(self, rows: list[dict[str, Any]]) -> None:
         import pyarrow as pa
 
+        self.observed = True
         names: dict[str, None] = {}
         for row in rows:
             columns = row["columns"]
@@ -158,6 +162,9 @@ class _ColumnPlan:
     def fields(self) -> list[Any]:
         import pyarrow as pa
 
+        if not self.observed:  # no row: the input's columns where it has a schema, else none
+            self.types = dict(self.wanted)
+            self.add_id = not any(k in self.wanted for k in self.id_keys)
         fields = [pa.field("id", pa.string())] if self.add_id and "id" not in self.types else []
         for name, kind in self.types.items():
             out = f"input_{name}" if name in RESULT_COLUMNS else name

@@ -10,6 +10,8 @@ Beside them:
 - OUT.summary.json    the last run's summary
 - OUT.fingerprint.json  the settings the output was started with; a re-run with other
                       settings is refused, so results of two configurations never mix.
+- OUT.lock            locked while a job writes the output, so a second job on it is refused
+                      (`data.output_lock`); kept when the job ends, never removed.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ class JobFiles:
         return self.output.with_name(f"{stem}.batches")
 
     @property
+    def lock(self) -> Path:
+        """Locked by the job writing the output (`data.output_lock`)."""
+        stem = self.summary.name.removesuffix(".summary.json")
+        return self.output.with_name(f"{stem}.lock")
+
+    @property
     def record(self) -> Path:
         """The file that says which rows are done: the journal, or the JSONL output itself."""
         return self.journal or self.output
@@ -72,12 +80,15 @@ class JobFiles:
     @property
     def side_files(self) -> list[Path]:
         """What lmpress writes beside the output."""
-        side = [self.errors, self.summary, self.fingerprint]
+        side = [self.errors, self.summary, self.fingerprint, self.lock]
         return side + [self.journal] if self.journal else side
 
     def remove_all(self) -> None:
+        """Start over: everything but the lock, which the job removing them holds (removed,
+        a second job could lock a new file of that name)."""
         for path in (self.output, *self.side_files):
-            path.unlink(missing_ok=True)
+            if path != self.lock:
+                path.unlink(missing_ok=True)
         if self.batches.is_dir():
             import shutil
 
@@ -88,7 +99,8 @@ def scan_input(
     source: Source, selection: RowSelection, id_column: str | None = None
 ) -> tuple[int, IdKeys]:
     """One pass before any work: count the rows the job runs, refuse duplicate ids, pick the
-    sample, and return the count and the id keys of the picked rows that have one."""
+    sample, and return the count and the id keys of the picked rows that have one. An input
+    (or a shard of it) with no rows is a job with nothing to do: 0 rows, not an error."""
     every = IdKeys()  # every row of the shard, for duplicates
     picked = IdKeys() if selection.limit is not None else every
     sampled: dict[int, int] = {}  # place -> key, of the rows in the reservoir
@@ -112,8 +124,6 @@ def scan_input(
         elif picked is not every and key is not None:
             picked.add(key)
     selection.scanned()
-    if total == 0:
-        raise InputError(f"{source.path}: the input has no rows")
     repeated = every.freeze()
     if repeated is not None:
         _refuse_duplicate(source, selection, id_column, repeated)

@@ -24,6 +24,7 @@ import csv
 import datetime
 import decimal
 import io
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,6 +222,8 @@ def _csv_name(delimiter: str) -> str:
 
 
 def _dataset_rows(path: str, split: str | None) -> Iterator[Line]:
+    if _saved_without_rows(Path(path).expanduser()):
+        return
     dataset = _open_dataset(path, split)
     number = 0
     if hasattr(dataset, "with_format") and hasattr(dataset, "data"):  # an in-place Dataset
@@ -279,6 +282,17 @@ def _pick_split(loaded: Any, split: str | None, path: str) -> Any:
     if split not in loaded:
         raise InputError(f"--split {split}: {path} has splits {', '.join(names)}")
     return loaded[split]
+
+
+def _saved_without_rows(directory: Path) -> bool:
+    """A `save_to_disk` of a dataset with no rows (say, filtered down to none): datasets 5
+    writes no data file for it, and `load_from_disk` then fails on an empty list
+    (huggingface/datasets#8385); here it is read as what it is, no rows."""
+    try:
+        state = json.loads((directory / "state.json").read_text(encoding="utf-8"))
+        return state["_data_files"] == []
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _data_files(directory: Path) -> bool:

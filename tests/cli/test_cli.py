@@ -272,8 +272,9 @@ def test_empty_input_file(tmp_path):
     run = run_lmpress(
         "batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl"), *TINY
     )
-    assert run.returncode == 2
-    assert "in.jsonl: the input has no rows" in run.stderr
+    assert run.returncode == 0, run.stderr  # nothing to do is no error (issue 31)
+    assert "in.jsonl: the input has no rows; nothing to do" in run.stderr
+    assert (tmp_path / "o.jsonl").read_bytes() == b""
 
 
 def test_engines_lists_every_reserved_name():

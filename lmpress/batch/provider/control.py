@@ -9,6 +9,7 @@ import sys
 from lmpress.batch.provider.apis import batch_api
 from lmpress.batch.provider.state import BatchState
 from lmpress.configs.schema import RunConfig
+from lmpress.data.output_lock import OutputLock
 from lmpress.data.resume import JobFiles
 from lmpress.data.targets import output_file_format
 from lmpress.engines.registry import create_engine
@@ -16,12 +17,18 @@ from lmpress.errors import InputError
 
 
 def show_or_cancel(config: RunConfig, output: str, cancel: bool = False) -> int:
+    """`--status` only reads, so it runs beside a live job. `--cancel` takes the output's lock
+    as a job does: cancelled under a live job, the batches would only be resubmitted by it
+    (`--on-expired`), so it is refused until that job ends."""
     files = JobFiles.beside(output, output_file_format(output))
     state = BatchState(files.batches)
     if not state.log.exists():
         raise InputError(f"{output}: no provider batches were submitted for this output")
-    state.load()
-    return asyncio.run(_run(config, state, cancel))
+    if not cancel:
+        return asyncio.run(_run(config, state.load(tidy=False), cancel))
+    then = "stop it first, then --cancel: it would resubmit the rows of what is cancelled"
+    with OutputLock.take(files.lock, output, then):
+        return asyncio.run(_run(config, state.load(tidy=False), cancel))
 
 
 async def _run(config: RunConfig, state: BatchState, cancel: bool) -> int:

@@ -50,9 +50,10 @@ class BatchState:
         self.log = directory / "state.jsonl"
         self.chunks: dict[str, Chunk] = {}
 
-    def load(self) -> BatchState:
-        """Replay the log; chunk files that were never sealed (a crash while writing them)
-        are removed, their rows read again from the input."""
+    def load(self, tidy: bool = True) -> BatchState:
+        """Replay the log; with `tidy` (the job, holding the output's lock), chunk files that
+        were never sealed (a crash while writing them) are removed, their rows read again from
+        the input. `--status` does not tidy: a live job may be writing those files."""
         lines = self.log.read_bytes().splitlines() if self.log.exists() else []
         for number, raw in enumerate(lines, start=1):
             if not raw.strip():
@@ -63,7 +64,7 @@ class BatchState:
                 if number == len(lines):
                     break  # a torn last line: that step did not happen
                 raise InputError(f"{self.log}:{number}: unreadable ({exc})") from exc
-        if self.dir.exists():
+        if tidy and self.dir.exists():
             for path in self.dir.glob("chunk-*"):
                 if path.name.split(".")[0] not in self.chunks:
                     path.unlink()

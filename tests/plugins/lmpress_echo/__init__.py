@@ -2,8 +2,10 @@
 
 ECHO replies with a transcript of exactly what it received, word by word, so tests can check
 what a front sent to the engine. `generation.max_new_tokens` caps the words; the environment
-variable ECHO_DELAY_S slows each word down (to interrupt a reply mid-stream), and ECHO_WARN
-makes it warn as a library does about its own deprecated API, once per reply.
+variable ECHO_DELAY_S slows each word down (to interrupt a reply mid-stream), ECHO_WARN
+makes it warn as a library does about its own deprecated API, once per reply, and
+ECHO_GATE, a file path, holds every reply until that file exists (to keep a job running
+until a test has done what it must while the job runs).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class EchoEngine(Engine):
         delay = float(os.environ.get("ECHO_DELAY_S", "0"))
         if os.environ.get("ECHO_WARN"):
             warnings.warn("ECHO's `transcript` is deprecated: use `record`", FutureWarning, 1)
+        gate = os.environ.get("ECHO_GATE")
+        while gate and not os.path.exists(gate):
+            await asyncio.sleep(0.02)
         transcript = json.dumps(
             # A message with images as OpenAI's parts; any other as its text.
             [
