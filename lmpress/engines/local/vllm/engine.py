@@ -87,9 +87,7 @@ class VllmEngine(Engine):
     def __init__(self, config: RunConfig):
         super().__init__(config)
         self.api = VllmApi.load()
-        self.settings = engine_settings(
-            config, self.api.engine_arg_names(), self.api.auto_dtype()
-        )
+        self.settings = engine_settings(config, self.api.engine_arg_names(), self.api.auto_dtype())
         sampling_params(self.api, config.generation, stream=False)  # refuse bad settings now
         template = config.model.chat_template
         self.chat_template = resolve_chat_template(template) if template else None
