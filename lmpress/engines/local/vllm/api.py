@@ -144,6 +144,14 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts) or (0,)
 
 
+def is_request_error(exc: BaseException) -> bool:
+    """Whether vLLM refused a request for something in it: a ValueError in older versions,
+    VLLMClientError (not a ValueError) since vLLM 0.2x."""
+    return isinstance(exc, ValueError) or any(
+        cls.__name__ == "VLLMClientError" for cls in type(exc).__mro__
+    )
+
+
 def describe(exc: BaseException) -> str:
     """An exception's message on one line, looking through vLLM's wrappers (EngineGenerateError
     carries no message of its own, only its cause). Multi-line messages, such as pydantic's

@@ -41,6 +41,7 @@ from lmpress.engines.local.vllm.api import (
     VllmApi,
     accelerator_reason,
     describe,
+    is_request_error,
     visible_gpus,
     vllm_version,
 )
@@ -289,8 +290,8 @@ class AsyncLLMRunner:
 
 def _error_info(exc: BaseException) -> ErrorInfo:
     message = describe(exc)
-    if isinstance(exc, ValueError) or isinstance(exc.__cause__, ValueError):
-        # vLLM's validation errors (VLLMValidationError is a ValueError): this request only.
+    if is_request_error(exc) or (exc.__cause__ is not None and is_request_error(exc.__cause__)):
+        # vLLM refused this request (its settings or its prompt): this request only.
         kind = "context_length_exceeded" if "context length" in message else "invalid_request"
         return ErrorInfo(kind, message)
     return ErrorInfo("generation_error", message)

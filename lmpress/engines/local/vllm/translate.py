@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
 from lmpress.engines.local.native.dequantized import dequantized_copy
+from lmpress.engines.local.vllm.api import is_request_error
 from lmpress.errors import ConfigError, ModelLoadError, first_line
 from lmpress.guided import GuidedDecoding
 from lmpress.packaged import NAMES as PACKAGED_NAMES
@@ -239,7 +240,9 @@ def sampling_params(api: VllmApi, params: GenerationParams, *, stream: bool) -> 
             structured_outputs=_structured_outputs(api, params.guided_decoding),
             output_kind=kind.DELTA if stream else kind.FINAL_ONLY,
         )
-    except (ValueError, TypeError) as exc:
+    except Exception as exc:
+        if not (isinstance(exc, TypeError) or is_request_error(exc)):
+            raise
         raise ConfigError(f"generation: vLLM refused these settings: {first_line(exc)}") from exc
 
 
