@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lmpress.configs.schema import ModelParams
 from lmpress.errors import ModelLoadError
 from lmpress.packaged import resolve_packaged_name
 from lmpress.tinygguf import resolve_gguf_name
@@ -46,6 +47,22 @@ def cuda_dtype_facts() -> tuple[bool, bool]:
 
     cuda = torch.cuda.is_available()
     return cuda, bool(cuda and torch.cuda.is_bf16_supported())
+
+
+def dtype_in_use(engine: str, model: ModelParams) -> str | None:
+    """The dtype NATIVE or VLLM will load `model` in on this machine (None for other engines),
+    for `lmpress config show`: `model.model_kwargs.dtype` on VLLM, else `torch_dtype_str` with
+    `auto` resolved by `auto_dtype`. Imports torch to see the GPU, not vLLM."""
+    if engine not in ("NATIVE", "VLLM"):
+        return None
+    chosen = model.model_kwargs.get("dtype") if engine == "VLLM" else None
+    chosen = dtype_name(str(chosen or model.torch_dtype_str).lower())
+    if chosen != "auto":
+        return chosen
+    cuda, bf16 = cuda_dtype_facts()
+    if engine == "NATIVE" and model.device_map not in (None, "auto"):
+        cuda = model.device_map.startswith("cuda")
+    return auto_dtype(cuda=cuda, bf16_supported=bf16)
 
 
 def local_or_hub(name: str, key: str) -> str:

@@ -206,3 +206,17 @@ def test_oumi_model_fields_reach_vllm():
     assert args["mm_processor_kwargs"] == {"num_crops": 4}
     assert args["load_format"] == "dummy"
     assert args["max_model_len"] == 1024
+
+
+@pytest.mark.parametrize("engine", ["NATIVE", "VLLM"])
+def test_config_show_says_which_dtype_auto_means_here(engine):
+    import torch
+
+    cuda = torch.cuda.is_available()
+    expected = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if cuda else "float32"
+    run = run_lmpress("config", "show", "--engine", engine)
+    assert run.returncode == 0, run.stderr
+    line = f"# {engine} loads the model in {expected} here (model.torch_dtype_str: auto)"
+    assert run.stdout.splitlines()[-1] == line
+    pinned = run_lmpress("config", "show", "--engine", engine, "--model.torch_dtype_str", "bf16")
+    assert pinned.stdout.splitlines()[-1].startswith(f"# {engine} loads the model in bfloat16")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.engines.common.models import auto_dtype
+from lmpress.engines.local.vllm.logs import capture_vllm_log, root_cause, with_hint
 from lmpress.errors import EngineUnavailableError, first_line
 
 INSTALL_HINT = "pip install -U 'lmpress[vllm]'"
@@ -97,6 +98,7 @@ def vllm_version() -> str:
     """vLLM's version, or EngineUnavailableError saying how to install a usable one."""
     # vLLM logs to stdout unless told otherwise; lmpress's stdout carries replies and JSONL.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    capture_vllm_log()  # before vLLM reads its logging settings, at import
     try:
         import vllm
     except ImportError as exc:
@@ -150,6 +152,13 @@ def is_request_error(exc: BaseException) -> bool:
     return isinstance(exc, ValueError) or any(
         cls.__name__ == "VLLMClientError" for cls in type(exc).__mro__
     )
+
+
+def failure(exc: BaseException) -> str:
+    """Why vLLM failed, on one line: the first exception its processes logged (the one that
+    matters when an engine process dies), else the exception's own message, with the setting
+    to change where lmpress knows it."""
+    return with_hint(root_cause() or describe(exc))
 
 
 def describe(exc: BaseException) -> str:

@@ -41,6 +41,7 @@ from lmpress.engines.local.vllm.api import (
     VllmApi,
     accelerator_reason,
     describe,
+    failure,
     is_request_error,
     visible_gpus,
     vllm_version,
@@ -170,7 +171,7 @@ class AsyncLLMRunner:
             raise
         except Exception as exc:
             raise ModelLoadError(
-                f"vLLM could not start model '{args['model']}': {describe(exc)}"
+                f"vLLM could not start model '{args['model']}': {failure(exc)}"
             ) from exc
         return llm, await self.api.tokenizer(llm)
 
@@ -204,7 +205,7 @@ class AsyncLLMRunner:
                 if isinstance(item, _Failure):
                     if item.engine_dead:
                         raise EngineUnavailableError(
-                            f"vLLM's engine stopped ({describe(item.error)}); the rows written "
+                            f"vLLM's engine stopped ({failure(item.error)}); the rows written "
                             f"so far are kept"
                         )
                     yield error_result(request, engine, _error_info(item.error), started)

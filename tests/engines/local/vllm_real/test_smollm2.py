@@ -20,7 +20,9 @@ from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.packaged import SMOLLM2
 from lmpress.types import Delta, GenerationParams, Message, Request
+from tests.conftest import run_lmpress
 from tests.engines.local.vllm_real.conftest import raw_vllm
+from tests.serve.conftest import Served
 
 MAX_MODEL_LEN = 1024
 # What both sides run with. lmpress's `auto` dtype is float32 on a CPU (the rule NATIVE follows
@@ -238,3 +240,77 @@ def test_a_prompt_too_long_fails_alone(engine):
         "maximum context length" in results[0].error.message or "1024" in results[0].error.message
     )
     assert results[1].ok and results[1].text.startswith("The capital of France is")
+
+
+# --- the fronts: each an `lmpress` process of its own, with the same engine arguments ----------
+
+CLI_MODEL = [
+    "--engine", "VLLM", "--model.model_name", SMOLLM2,
+    "--model.model_max_length", str(MAX_MODEL_LEN), "--model.model_kwargs.enforce_eager", "true",
+]  # fmt: skip
+
+
+def test_infer_prints_what_vllm_chat_answers(reference):
+    run = run_lmpress("infer", *CLI_MODEL, FRANCE, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout == reference["chat"][0][0]["text"] + "\n"
+    assert run.stdout == "The capital of France is Paris.\n"
+
+
+def test_batch_rows_equal_vllm_and_a_bad_row_fails_alone(reference, tmp_path):
+    rows = [
+        {"id": "france", "messages": [{"role": "user", "content": FRANCE}]},
+        {"id": "romeo", "prompt": CHAT_CASES[3][0]},
+        {"id": "raw", "text": PROMPT_CASES[1][0]},
+        {"id": "too-long", "prompt": " ".join(["word"] * (MAX_MODEL_LEN + 50))},
+    ]
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = run_lmpress(
+        "batch", *CLI_MODEL, "--generation.max_new_tokens", "24", "-i", str(source), "-o",
+        str(out), timeout=600,
+    )  # fmt: skip
+    assert run.returncode != 0 or "1 failed" in run.stderr, run.stderr[-2000:]
+    written = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert written["france"]["response"]["text"] == reference["chat"][0][0]["text"]
+    # The raw side answered these with up to 48 and 24 new tokens, greedily.
+    assert reference["chat"][3][0]["text"].startswith(written["romeo"]["response"]["text"])
+    assert written["raw"]["response"]["text"] == reference["generate"][1][0]["text"]
+    assert "context length" in json.dumps(written["too-long"])
+
+
+def test_serve_answers_as_vllm_and_a_client_that_leaves_frees_its_request(reference):
+    served = Served(CLI_MODEL, start_timeout=600)
+    try:
+        client = served.client(timeout=300)
+        reply = client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": FRANCE}], temperature=0,
+            max_tokens=48, logprobs=True, top_logprobs=3,
+        )  # fmt: skip
+        expected = reference["chat"][0][0]
+        assert reply.choices[0].message.content == expected["text"]
+        assert [t.logprob for t in reply.choices[0].logprobs.content] == pytest.approx(
+            [e[1] for e in expected["logprobs"]], abs=1e-4
+        )
+        stream = client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": HAIKU}], temperature=0,
+            max_tokens=48, stream=True,
+        )  # fmt: skip
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text == reference["chat"][2][0]["text"]
+        # A streaming client that leaves after two chunks: its request ends, the server goes on.
+        leaving = client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": HAIKU}], max_tokens=900,
+            stream=True, extra_body={"min_tokens": 900},
+        )  # fmt: skip
+        for i, _ in enumerate(leaving):
+            if i == 2:
+                break
+        leaving.close()
+        served.wait_until_idle(timeout=120)
+        again = client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": FRANCE}], temperature=0
+        )
+        assert again.choices[0].message.content == expected["text"]
+    finally:
+        served.stop()
