@@ -22,6 +22,14 @@ INSTALL_HINT = "pip install -U 'lmpress[vllm]'"
 MIN_VERSION = (0, 12)
 
 
+# Engine arguments that vLLM's LLM class turns from a mapping into a config object and
+# AsyncEngineArgs does not (vllm/entrypoints/llm.py, vLLM 0.32).
+DICT_CONFIGS = {
+    "structured_outputs_config": "StructuredOutputsConfig",
+    "profiler_config": "ProfilerConfig",
+}
+
+
 @dataclass(frozen=True)
 class VllmApi:
     """The vLLM classes lmpress calls, imported on first use (never at module level)."""
@@ -55,6 +63,19 @@ class VllmApi:
             RequestOutputKind,
             LoRARequest,
         )
+
+    def engine_args(self, args: dict[str, Any]) -> Any:
+        """AsyncEngineArgs for keyword arguments from a recipe. A config section given as a
+        mapping (`structured_outputs_config: {disable_any_whitespace: true}`) becomes vLLM's
+        config class, as `vllm.LLM` does for the sections AsyncEngineArgs leaves as dicts."""
+        args = dict(args)
+        for key, class_name in DICT_CONFIGS.items():
+            if isinstance(args.get(key), dict):
+                import vllm.config
+
+                config_class = getattr(vllm.config, class_name)
+                args[key] = config_class(**args[key])
+        return self.AsyncEngineArgs(**args)
 
     def engine_arg_names(self) -> set[str]:
         return {f.name for f in dataclasses.fields(self.AsyncEngineArgs)}

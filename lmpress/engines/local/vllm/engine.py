@@ -166,7 +166,7 @@ class AsyncLLMRunner:
     async def _start(self, args: dict[str, Any]) -> tuple[Any, Any]:
         # Built on this loop: AsyncLLM binds its output handler to the loop it starts on.
         try:
-            llm = self.api.AsyncLLM.from_engine_args(self.api.AsyncEngineArgs(**args))
+            llm = self.api.AsyncLLM.from_engine_args(self.api.engine_args(args))
         except LmpressError:
             raise
         except Exception as exc:

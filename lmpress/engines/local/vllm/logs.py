@@ -99,13 +99,17 @@ def root_cause() -> str | None:
     return None
 
 
+MEMORY = (
+    "on a CPU set VLLM_CPU_KVCACHE_SPACE to the GiB of KV cache vLLM may take "
+    "(e.g. VLLM_CPU_KVCACHE_SPACE=1), or lower model.model_kwargs.gpu_memory_utilization, the "
+    "share of memory vLLM reserves"
+)
 # (what vLLM's message says, what to change): checked in order, on the lowercased cause.
 HINTS = (
+    (("available memory",), MEMORY),
     (("kv cache",), "lower model.model_max_length (vLLM's max_model_len), or give vLLM more KV "
      "cache: VLLM_CPU_KVCACHE_SPACE on a CPU, model.model_kwargs.gpu_memory_utilization on a GPU"),
-    (("memory",), "on a CPU set VLLM_CPU_KVCACHE_SPACE to the GiB of KV cache vLLM may take "
-     "(e.g. VLLM_CPU_KVCACHE_SPACE=1), or lower model.model_kwargs.gpu_memory_utilization, the "
-     "share of memory vLLM reserves"),
+    (("memory",), MEMORY),
     (("max_model_len", "max model len", "maximum context", "max_position_embeddings"),
      "lower model.model_max_length (vLLM's max_model_len) to at most the model's context"),
     (("head_dim", "head size"), "vLLM's CPU attention takes head sizes 32, 64, 80, 96, 112, 128, "
