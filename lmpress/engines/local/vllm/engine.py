@@ -46,6 +46,7 @@ from lmpress.engines.local.vllm.api import (
     visible_gpus,
     vllm_version,
 )
+from lmpress.engines.local.vllm.logs import children_print_to_log
 from lmpress.engines.local.vllm.translate import (
     EngineSettings,
     OutputAssembler,
@@ -157,8 +158,9 @@ class AsyncLLMRunner:
         )
         self._thread.start()
         try:
-            started = asyncio.run_coroutine_threadsafe(self._start(settings.args), self._loop)
-            self.llm, self.tokenizer = started.result()
+            with children_print_to_log():
+                started = asyncio.run_coroutine_threadsafe(self._start(settings.args), self._loop)
+                self.llm, self.tokenizer = started.result()
         except BaseException:
             self._stop_loop()
             raise

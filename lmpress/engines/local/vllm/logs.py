@@ -5,7 +5,8 @@ the exception that reaches lmpress says only "Engine core initialization failed.
 above": the cause is in a child's traceback, on stderr. So before vLLM is imported lmpress
 points vLLM's logging (`VLLM_LOGGING_CONFIG_PATH`, which vLLM's child processes read too) at a
 config that writes everything to a file and only warnings to stderr; errors and their tracebacks
-reach stderr with --debug only. When vLLM fails, `root_cause` reads the first real exception
+reach stderr with --debug only. vLLM's child processes are started with their stderr on the
+file as well (`children_print_to_log`): a dying process prints its traceback outside logging. When vLLM fails, `root_cause` reads the first real exception
 out of that file, and `with_hint` adds the setting that cures it. A user who configures vLLM's
 logging (VLLM_LOGGING_CONFIG_PATH, VLLM_CONFIGURE_LOGGING=0) keeps their own.
 """
@@ -13,12 +14,15 @@ logging (VLLM_LOGGING_CONFIG_PATH, VLLM_CONFIGURE_LOGGING=0) keeps their own.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 _LOG_FILE: Path | None = None
@@ -85,6 +89,28 @@ def capture_vllm_log() -> Path | None:
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config_file)
     _LOG_FILE = log_file
     return log_file
+
+
+@contextlib.contextmanager
+def children_print_to_log() -> Iterator[None]:
+    """While vLLM starts its processes, this process's stderr (file descriptor 2, which they
+    inherit) points at the log file, so that what they print outside logging (a process's
+    dying traceback, progress bars, the resource tracker's warnings) lands there too. Not with
+    --debug, nor where the user configured vLLM's logging."""
+    if _LOG_FILE is None or os.environ.get("LMPRESS_DEBUG"):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log = os.open(_LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.dup2(log, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)
 
 
 def root_cause() -> str | None:

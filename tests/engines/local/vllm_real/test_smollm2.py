@@ -28,9 +28,10 @@ MAX_MODEL_LEN = 1024
 # What both sides run with. lmpress's `auto` dtype is float32 on a CPU (the rule NATIVE follows
 # too), so the raw side names it; eager, because compiling the model costs minutes here.
 # vLLM 0.32's structured-output backends read `disable_any_whitespace` from the engine's
-# structured_outputs_config only (the per-request field is ignored): without it a sampled
-# small model fills JSON with newlines until max_tokens.
-COMPACT_JSON = {"disable_any_whitespace": True}
+# structured_outputs_config only (the per-request field is ignored), for a backend named there:
+# without it a sampled small model fills JSON with newlines until max_tokens. llguidance is
+# the grammar engine NATIVE and LLAMACPP use too.
+COMPACT_JSON = {"backend": "guidance", "disable_any_whitespace": True}
 ENGINE_ARGS = {
     "dtype": "float32",
     "max_model_len": MAX_MODEL_LEN,
