@@ -83,9 +83,16 @@ def test_infer_prints_only_the_reply_on_stdout(model_dir):
         env=standin_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    # vLLM's own log lines go to stderr, so stdout is the reply and nothing else.
+    # vLLM's own log lines go to lmpress's vLLM log file while it starts (to stderr with
+    # --debug), so stdout is the reply and nothing else.
     assert run.stdout == "<|im_start|>user why is it<|im_end|> <|im_start|>assistant\n"
-    assert "Initializing an engine" in run.stderr
+    assert "Initializing an engine" not in run.stderr
+    debug = run_lmpress(
+        "--debug", "infer", "--engine", "VLLM", "--model.model_name", model_dir, "why",
+        env=standin_env(),
+    )  # fmt: skip
+    assert debug.stdout == "<|im_start|>user why<|im_end|> <|im_start|>assistant\n"
+    assert "Initializing an engine" in debug.stderr
 
 
 def test_batch_writes_rows_and_reports_the_row_vllm_refused(model_dir, tmp_path):

@@ -57,10 +57,12 @@ PERSON = {
             "type": "object",
             "properties": {"city": {"type": "string", "maxLength": 20}, "zip": {"type": "string"}},
             "required": ["city", "zip"],
+            "additionalProperties": False,
         },
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
     },
     "required": ["name", "age", "address", "tags"],
+    "additionalProperties": False,
 }
 STRUCTURED = {"json": PERSON}
 
@@ -185,7 +187,7 @@ def test_structured_outputs_are_valid_every_time(engine):
         Request(
             f"j{i}",
             [Message("user", "Describe a person as JSON.")],
-            GenerationParams(temperature=1.0, max_new_tokens=160, guided_decoding=STRUCTURED),
+            GenerationParams(temperature=0.8, max_new_tokens=160, guided_decoding=STRUCTURED),
         )
         for i in range(50)
     ]
