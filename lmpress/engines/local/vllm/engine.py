@@ -29,13 +29,14 @@ import itertools
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.engines.common.prompts import render_chat_prompt, resolve_chat_template
+from lmpress.engines.common.tool_calls import ToolPlan, check_parser, tool_plan
 from lmpress.engines.local.vllm.api import (
     INSTALL_HINT,
     VllmApi,
@@ -70,6 +71,9 @@ from lmpress.types import Delta, ErrorInfo, Request, Result
 
 class VllmEngine(Engine):
     name = "VLLM"
+    # Tools go into the prompt and calls come back out as on NATIVE (common/tool_calls.py); a
+    # required call is generated under its grammar by vLLM's structured outputs.
+    takes_tools = True
     supported_params = frozenset({
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
@@ -94,6 +98,7 @@ class VllmEngine(Engine):
         sampling_params(self.api, config.generation, stream=False)  # refuse bad settings now
         template = config.model.chat_template
         self.chat_template = resolve_chat_template(template) if template else None
+        self.tool_call_parser = check_parser(config.model.tool_call_parser)
         self.max_in_flight = 2 * self.settings.max_num_seqs * self.settings.data_parallel_size
         # One copy: vLLM checks tensor x pipeline against the GPUs itself, and says so plainly.
         if self.settings.data_parallel_size > 1:
@@ -184,8 +189,12 @@ class AsyncLLMRunner:
         started = time.perf_counter()
         try:
             check_text(request)
-            prompt, tokenization = self.render(request)
-            params = sampling_params(self.api, request.params, stream=deltas)
+            plan = self.tool_plan(request)
+            prompt, tokenization = self.render(request, plan)
+            generation = request.params
+            if plan is not None and plan.grammar:  # tool_choice required, or a named function
+                generation = replace(generation, guided_decoding={"grammar": plan.grammar})
+            params = sampling_params(self.api, generation, stream=deltas)
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", "invalid_request")
             yield error_result(request, engine, ErrorInfo(kind, str(exc)), started)
@@ -213,16 +222,28 @@ class AsyncLLMRunner:
                     yield error_result(request, engine, _error_info(item.error), started)
                     return
                 for delta in assembler.feed(item):
-                    if deltas:
+                    if deltas and plan is None:  # a reply that may be a call arrives whole
                         yield delta
             latency = time.perf_counter() - started
-            yield assembler.result(model=engine.model_name, engine=engine.name, latency_s=latency)
+            result = assembler.result(
+                model=engine.model_name, engine=engine.name, latency_s=latency
+            )
+            if plan is not None:
+                result.samples = [plan.read(sample) for sample in result.samples]
+            yield result
         finally:
             # The consumer finished, was cancelled or went away: abort the request in vLLM.
             if not future.done():
                 future.cancel()
 
-    def render(self, request: Request) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def tool_plan(self, request: Request) -> ToolPlan | None:
+        """How the request's tools go into the prompt and its calls come out (None: none)."""
+        template = self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
+        return tool_plan(request, template, self.engine.tool_call_parser)
+
+    def render(
+        self, request: Request, plan: ToolPlan | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The prompt as vLLM takes it, and the tokenization arguments to go with it."""
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
@@ -234,6 +255,7 @@ class AsyncLLMRunner:
             self.engine.model_name,
             self.engine.chat_template,
             self.engine.config.model.chat_template_kwargs,
+            plan,
             reads_images=bool(images),
         )
         prompt: dict[str, Any] = {"prompt": text}

@@ -210,6 +210,52 @@ def test_structured_outputs_are_valid_every_time(engine):
     assert len({r.text for r in results[:50]}) > 10  # sampled, not one reply fifty times
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+}
+
+
+def test_tool_choice_required_gives_a_valid_call_every_time(engine):
+    """Tools go into the prompt; with tool_choice required vLLM's structured outputs hold the
+    reply to a call whose arguments follow the tool's schema, and lmpress reads it back."""
+    requests = [
+        Request(
+            f"t{i}",
+            [Message("user", f"What is the weather like in {city}?")],
+            GenerationParams(temperature=0.8, max_new_tokens=80, tool_choice="required"),
+            tools=[WEATHER, TIME],
+        )
+        for i, city in enumerate(["Paris", "Tokyo", "Lima", "Oslo", "Cairo"] * 2)
+    ]
+    for result in engine.generate(requests):
+        sample = result.samples[0]
+        assert sample.finish_reason == "tool_calls", (result.error, sample.text)
+        (call,) = sample.tool_calls
+        assert call.name in ("get_weather", "get_time")
+        if call.name == "get_weather":
+            jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+
+
 def unfinished(engine) -> int:
     """Requests vLLM's AsyncLLM still holds (its output processor's count)."""
     return engine._runner.llm.output_processor.get_num_unfinished_requests()
