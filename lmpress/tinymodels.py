@@ -84,6 +84,9 @@ SPECS = {
         # and a projector before the llama text model; an image processor that needs Pillow only.
         TinySpec("llava", "llava", "bpe", 512, 64, 2, 4, 2, 128),
         TinySpec("gpt2", "gpt2", "unigram", 400, 64, 2, 4, 4, 256),
+        # llama with 32-wide attention heads: vLLM's CPU attention takes head sizes of 32 and
+        # up, and the models above have 16.
+        TinySpec("llama-head32", "llama", "bpe", 512, 64, 2, 2, 1, 128),
         # SmolLM2-135M's shape with random weights, for throughput benchmarks.
         TinySpec("smollm2-135m-shape", "llama", "bpe", 49152, 576, 30, 9, 3, 1536, 8192, 0.02),
     )

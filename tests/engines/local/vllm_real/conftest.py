@@ -1,0 +1,65 @@
+"""The real-vLLM tests run where vLLM itself imports and runs: .venv-vllm, with vLLM's CPU build
+(`make test-vllm`). Anywhere else they are skipped, unless LMPRESS_REQUIRE_VLLM is set (as the
+Makefile sets it), when a vLLM that cannot run fails them instead: a green run of the target
+means they ran.
+
+vLLM takes about 20 s to start on these machines, so each module starts as few engines as it
+can: one raw `vllm.LLM` in a process of its own for the reference answers (raw_vllm.py), one
+lmpress engine in this process, and one `lmpress` subprocess per front it checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REQUIRED = bool(os.environ.get("LMPRESS_REQUIRE_VLLM"))
+# vLLM's CPU backend otherwise reserves most of the machine's memory (gpu_memory_utilization
+# 0.92 of it) and refuses to start when other processes hold some. One GiB of KV cache holds
+# tens of thousands of SmolLM2 tokens.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def vllm_problem() -> str | None:
+    """Why real vLLM cannot run here, or None."""
+    try:
+        import vllm
+        from vllm.platforms import current_platform
+    except Exception as exc:
+        return f"vllm does not import here ({type(exc).__name__}: {exc}); run make test-vllm"
+    if "standin" in str(Path(vllm.__file__)):
+        return "the vLLM stand-in is on the path, not vLLM"
+    if not getattr(current_platform, "device_type", ""):
+        return "vLLM found no device it can run on"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    problem = vllm_problem() if any(HERE in Path(i.path).parents for i in items) else None
+    if problem is None:
+        return
+    if REQUIRED:
+        raise pytest.UsageError(f"the real-vLLM tests cannot run: {problem}")
+    for item in items:
+        if HERE in Path(item.path).parents:
+            item.add_marker(pytest.mark.skip(reason=problem))
+
+
+def raw_vllm(cases: dict, tmp_dir: Path) -> dict:
+    """vLLM's own answers to `cases` (see raw_vllm.py), from a process of its own."""
+    cases_file, out_file = tmp_dir / "cases.json", tmp_dir / "raw.json"
+    cases_file.write_text(json.dumps(cases))
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "raw_vllm.py"), str(cases_file), str(out_file)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out_file.read_text())

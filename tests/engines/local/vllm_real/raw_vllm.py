@@ -1,0 +1,82 @@
+"""vLLM's own answers, for the real-vLLM tests to compare lmpress with.
+
+    python raw_vllm.py CASES.json OUT.json
+
+CASES.json: {"model": DIR, "engine_args": {...}, "chat": [{"messages": [...], "sampling":
+{...}}], "generate": [{"prompt": "...", "sampling": {...}}]}. Each "sampling" is vLLM's
+SamplingParams keyword arguments, written by hand in the test (never made by lmpress's own
+translation), with `structured_outputs` as StructuredOutputsParams' keyword arguments.
+`vllm.LLM(model=DIR, **engine_args)` answers the chat cases with `LLM.chat` and the prompts with
+`LLM.generate`, each list in one call. OUT.json: {"chat": [...], "generate": [...]}, one entry
+a case: its samples' text, token ids, finish reason and per-token logprobs (the chosen token's
+text and logprob, then the top ones).
+
+A script of its own, in a process of its own: vLLM starts its engine core by spawn, which
+needs the `__main__` guard, and this keeps lmpress out of the process entirely.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def sampling(vllm, spec: dict):
+    spec = dict(spec)
+    if "structured_outputs" in spec:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        spec["structured_outputs"] = StructuredOutputsParams(**spec["structured_outputs"])
+    if "logit_bias" in spec:
+        spec["logit_bias"] = {int(k): v for k, v in spec["logit_bias"].items()}
+    return vllm.SamplingParams(**spec)
+
+
+def described(output) -> list[dict]:
+    samples = []
+    for completion in output.outputs:
+        logprobs = None
+        if completion.logprobs is not None:
+            logprobs = []
+            for token_id, position in zip(completion.token_ids, completion.logprobs, strict=True):
+                ranked = sorted(position.values(), key=lambda lp: -lp.logprob)
+                chosen = position[token_id]
+                top = [[lp.decoded_token, lp.logprob] for lp in ranked]
+                logprobs.append([chosen.decoded_token, chosen.logprob, top])
+        samples.append({
+            "index": completion.index,
+            "text": completion.text,
+            "token_ids": list(completion.token_ids),
+            "finish_reason": completion.finish_reason,
+            "logprobs": logprobs,
+        })  # fmt: skip
+    return sorted(samples, key=lambda s: s["index"])
+
+
+def main(cases_file: str, out_file: str) -> None:
+    import vllm
+
+    with open(cases_file, encoding="utf-8") as f:
+        cases = json.load(f)
+    llm = vllm.LLM(model=cases["model"], **cases["engine_args"])
+    out: dict[str, list] = {"chat": [], "generate": []}
+    if cases.get("chat"):
+        outputs = llm.chat(
+            [c["messages"] for c in cases["chat"]],
+            [sampling(vllm, c["sampling"]) for c in cases["chat"]],
+            use_tqdm=False,
+        )
+        out["chat"] = [described(o) for o in outputs]
+    if cases.get("generate"):
+        outputs = llm.generate(
+            [c["prompt"] for c in cases["generate"]],
+            [sampling(vllm, c["sampling"]) for c in cases["generate"]],
+            use_tqdm=False,
+        )
+        out["generate"] = [described(o) for o in outputs]
+    with open(out_file, "w", encoding="utf-8") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,352 @@
+"""lmpress's VLLM engine against vLLM itself, on real weights: SmolLM2-135M-Instruct (the
+packaged model, dequantized once into the Hugging Face directory NATIVE loads too).
+
+Each case is asked twice with the same messages, settings and engine arguments: of raw vLLM
+(`vllm.LLM.chat` and `LLM.generate` in a process of its own, raw_vllm.py, with SamplingParams
+written here by hand) and of lmpress's engine (GenerationParams through lmpress's own
+translation). The replies must be the same text, token for token, with the same logprobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import jsonschema
+import pytest
+
+from lmpress.configs import load_config
+from lmpress.engines.registry import create_engine
+from lmpress.packaged import SMOLLM2
+from lmpress.types import Delta, GenerationParams, Message, Request
+from tests.conftest import run_lmpress
+from tests.engines.local.vllm_real.conftest import raw_vllm
+from tests.serve.conftest import Served
+
+MAX_MODEL_LEN = 1024
+# What both sides run with. lmpress's `auto` dtype is float32 on a CPU (the rule NATIVE follows
+# too), so the raw side names it; eager, because compiling the model costs minutes here.
+# vLLM 0.32's structured-output backends read `disable_any_whitespace` from the engine's
+# structured_outputs_config only (the per-request field is ignored), for a backend named there:
+# without it a sampled small model fills JSON with newlines until max_tokens. llguidance is
+# the grammar engine NATIVE and LLAMACPP use too.
+COMPACT_JSON = {"backend": "guidance", "disable_any_whitespace": True}
+ENGINE_ARGS = {
+    "dtype": "float32",
+    "max_model_len": MAX_MODEL_LEN,
+    "enforce_eager": True,
+    "structured_outputs_config": COMPACT_JSON,
+}
+LMPRESS_MODEL = {
+    "model.model_name": SMOLLM2,
+    "model.model_max_length": MAX_MODEL_LEN,
+    "model.model_kwargs": {"enforce_eager": True, "structured_outputs_config": COMPACT_JSON},
+}
+
+FRANCE = "What is the capital of France?"
+HAIKU = "Write a haiku about the sea."
+PARIS = 7042  # " Paris" in SmolLM2's vocabulary
+FULL_STOP = 30  # "."
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer"},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "zip": {"type": "string"}},
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
+    },
+    "required": ["name", "age", "address", "tags"],
+    "additionalProperties": False,
+}
+STRUCTURED = {"json": PERSON}
+
+# (question, lmpress GenerationParams fields, vLLM SamplingParams fields)
+CHAT_CASES = [
+    (FRANCE, {"max_new_tokens": 48, "logprobs": True, "top_logprobs": 3},
+     {"temperature": 0, "max_tokens": 48, "logprobs": 3}),
+    ("What is 2+2?", {"max_new_tokens": 48, "logprobs": True, "top_logprobs": 3},
+     {"temperature": 0, "max_tokens": 48, "logprobs": 3}),
+    (HAIKU, {"max_new_tokens": 48}, {"temperature": 0, "max_tokens": 48}),
+    ("Who wrote Romeo and Juliet?", {"max_new_tokens": 48}, {"temperature": 0, "max_tokens": 48}),
+    (HAIKU, {"temperature": 0.9, "seed": 1234, "n": 2, "max_new_tokens": 32},
+     {"temperature": 0.9, "seed": 1234, "n": 2, "max_tokens": 32}),
+    (HAIKU, {"temperature": 1.0, "top_k": 5, "top_p": 0.9, "min_p": 0.05, "seed": 7,
+             "max_new_tokens": 32},
+     {"temperature": 1.0, "top_k": 5, "top_p": 0.9, "min_p": 0.05, "seed": 7, "max_tokens": 32}),
+    (FRANCE, {"stop_strings": ["Paris"], "max_new_tokens": 32},
+     {"temperature": 0, "stop": ["Paris"], "max_tokens": 32}),
+    (FRANCE, {"stop_token_ids": [FULL_STOP], "max_new_tokens": 32},
+     {"temperature": 0, "stop_token_ids": [FULL_STOP], "max_tokens": 32}),
+    ("What is 2+2?", {"min_tokens": 16, "max_new_tokens": 40},
+     {"temperature": 0, "min_tokens": 16, "max_tokens": 40}),
+    (HAIKU, {"repetition_penalty": 1.5, "presence_penalty": 0.8, "frequency_penalty": 0.6,
+             "max_new_tokens": 48},
+     {"temperature": 0, "repetition_penalty": 1.5, "presence_penalty": 0.8,
+      "frequency_penalty": 0.6, "max_tokens": 48}),
+    (FRANCE, {"logit_bias": {str(PARIS): -100}, "max_new_tokens": 32},
+     {"temperature": 0, "logit_bias": {str(PARIS): -100}, "max_tokens": 32}),
+    ("Describe a person as JSON.", {"guided_decoding": STRUCTURED, "max_new_tokens": 120},
+     {"temperature": 0, "structured_outputs": STRUCTURED, "max_tokens": 120}),
+    ("Is the sea blue? Answer yes or no, then why.",
+     {"guided_decoding": {"regex": "(yes|no), because [a-z ]{5,40}\\."}, "max_new_tokens": 40},
+     {"temperature": 0, "structured_outputs": {"regex": "(yes|no), because [a-z ]{5,40}\\."},
+      "max_tokens": 40}),
+    (FRANCE, {"guided_decoding": {"choice": ["London", "Paris", "Berlin"]}, "max_new_tokens": 8},
+     {"temperature": 0, "structured_outputs": {"choice": ["London", "Paris", "Berlin"]},
+      "max_tokens": 8}),
+]  # fmt: skip
+PROMPT_CASES = [
+    ("The capital of France is", {"max_new_tokens": 24, "logprobs": True, "top_logprobs": 2},
+     {"temperature": 0, "max_tokens": 24, "logprobs": 2}),
+    ("def fibonacci(n):", {"max_new_tokens": 24}, {"temperature": 0, "max_tokens": 24}),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    from lmpress.engines.local.vllm.translate import model_directory
+
+    return model_directory(SMOLLM2, "model.model_name")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir, tmp_path_factory) -> dict:
+    cases = {
+        "model": model_dir,
+        "engine_args": ENGINE_ARGS,
+        "chat": [{"messages": [{"role": "user", "content": q}], "sampling": s}
+                 for q, _, s in CHAT_CASES],
+        "generate": [{"prompt": p, "sampling": s} for p, _, s in PROMPT_CASES],
+    }  # fmt: skip
+    return raw_vllm(cases, tmp_path_factory.mktemp("raw-smollm2"))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = create_engine(load_config(overrides={"engine": "VLLM", **LMPRESS_MODEL}))
+    yield engine
+    asyncio.run(engine.aclose())
+
+
+def assert_same(result, raw: list[dict], what: str) -> None:
+    assert result.ok, f"{what}: {result.error}"
+    assert [s.text for s in result.samples] == [r["text"] for r in raw], what
+    assert [s.completion_tokens for s in result.samples] == [len(r["token_ids"]) for r in raw]
+    finish = {"stop": "stop", "length": "length"}
+    assert [s.finish_reason for s in result.samples] == [finish[r["finish_reason"]] for r in raw]
+    for sample, expected in zip(result.samples, raw, strict=True):
+        if expected["logprobs"] is None:
+            assert sample.logprobs is None, what
+            continue
+        assert [lp.token for lp in sample.logprobs] == [e[0] for e in expected["logprobs"]]
+        ours = [lp.logprob for lp in sample.logprobs]
+        assert ours == pytest.approx([e[1] for e in expected["logprobs"]], abs=1e-4), what
+        for lp, e in zip(sample.logprobs, expected["logprobs"], strict=True):
+            assert [t for t, _ in lp.top] == [t for t, _ in e[2][: len(lp.top)]], what
+            assert len(lp.top) == min(len(e[2]), 3)
+
+
+def test_chat_replies_equal_vllm_chat(engine, reference):
+    requests = [
+        Request(f"c{i}", [Message("user", q)], GenerationParams(**p))
+        for i, (q, p, _) in enumerate(CHAT_CASES)
+    ]
+    results = engine.generate(requests)
+    for (question, params, _), result, raw in zip(
+        CHAT_CASES, results, reference["chat"], strict=True
+    ):
+        assert_same(result, raw, f"{question} {params}")
+    # What the cases are there to show, on vLLM's own side too.
+    first = reference["chat"]
+    assert first[0][0]["text"] == "The capital of France is Paris."
+    assert first[6][0]["text"] == "The capital of France is "  # stop string, not shown
+    assert "Paris" not in first[10][0]["text"]  # logit_bias -100 on " Paris"
+    assert first[4][0]["text"] != first[4][1]["text"]  # n=2 samples differ
+
+
+def test_raw_prompts_equal_vllm_generate(engine, reference):
+    requests = [
+        Request(f"p{i}", [], GenerationParams(**p), prompt=text)
+        for i, (text, p, _) in enumerate(PROMPT_CASES)
+    ]
+    for result, raw in zip(engine.generate(requests), reference["generate"], strict=True):
+        assert_same(result, raw, result.request_id)
+
+
+def test_structured_outputs_are_valid_every_time(engine):
+    """vLLM's own structured-output backend, through lmpress: 50 sampled replies, each valid.
+    Unseeded: vLLM 0.32's CPU backend dies when a seeded request's prompt is prefilled in
+    chunks, as 70 prompts at once are ("CPU Generator does not use offset")."""
+    json_rows = [
+        Request(
+            f"j{i}",
+            [Message("user", "Describe a person as JSON.")],
+            GenerationParams(temperature=0.8, max_new_tokens=160, guided_decoding=STRUCTURED),
+        )
+        for i in range(50)
+    ]
+    regex = "[A-Z][a-z]{2,8} (is|was) (blue|green|grey)\\."
+    other_rows = [
+        Request(
+            f"r{i}",
+            [Message("user", "What colour is the sea?")],
+            GenerationParams(temperature=1.0, max_new_tokens=24, guided_decoding=g),
+        )
+        for i in range(10)
+        for g in ({"regex": regex}, {"choice": ["red", "green", "blue"]})
+    ]
+    results = engine.generate(json_rows + other_rows)
+    for result in results[:50]:
+        assert result.ok and result.samples[0].finish_reason == "stop", result.text
+        jsonschema.validate(json.loads(result.text), PERSON)
+    for result in results[50:]:
+        assert re.fullmatch(regex, result.text) or result.text in ("red", "green", "blue")
+    assert len({r.text for r in results[:50]}) > 10  # sampled, not one reply fifty times
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+}
+
+
+def test_tool_choice_required_gives_a_valid_call_every_time(engine):
+    """Tools go into the prompt; with tool_choice required vLLM's structured outputs hold the
+    reply to a call whose arguments follow the tool's schema, and lmpress reads it back."""
+    requests = [
+        Request(
+            f"t{i}",
+            [Message("user", f"What is the weather like in {city}?")],
+            GenerationParams(temperature=0.8, max_new_tokens=80, tool_choice="required"),
+            tools=[WEATHER, TIME],
+        )
+        for i, city in enumerate(["Paris", "Tokyo", "Lima", "Oslo", "Cairo"] * 2)
+    ]
+    for result in engine.generate(requests):
+        sample = result.samples[0]
+        assert sample.finish_reason == "tool_calls", (result.error, sample.text)
+        (call,) = sample.tool_calls
+        assert call.name in ("get_weather", "get_time")
+        if call.name == "get_weather":
+            jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+
+
+def unfinished(engine) -> int:
+    """Requests vLLM's AsyncLLM still holds (its output processor's count)."""
+    return engine._runner.llm.output_processor.get_num_unfinished_requests()
+
+
+def test_a_stream_closed_early_aborts_its_request_in_vllm(engine):
+    request = Request(
+        "long", [Message("user", HAIKU)], GenerationParams(min_tokens=900, max_new_tokens=900)
+    )
+
+    async def read_two_pieces() -> int:
+        stream = engine.stream(request)
+        pieces = 0
+        async for item in stream:
+            assert isinstance(item, Delta)
+            pieces += 1
+            if pieces == 2:
+                break
+        await stream.aclose()
+        # vLLM frees the request on its own loop; wait for it (a long reply takes minutes).
+        for _ in range(200):
+            if unfinished(engine) == 0:
+                return pieces
+            await asyncio.sleep(0.05)
+        return -1
+
+    assert asyncio.run(read_two_pieces()) == 2
+    # The engine goes on answering.
+    assert engine.generate([Request("after", [Message("user", FRANCE)])])[0].ok
+
+
+def test_a_prompt_too_long_fails_alone(engine):
+    long = " ".join(["word"] * (MAX_MODEL_LEN + 50))
+    results = engine.generate([
+        Request("long", [Message("user", long)]),
+        Request("fine", [Message("user", FRANCE)], GenerationParams(max_new_tokens=16)),
+    ])  # fmt: skip
+    assert results[0].error is not None and results[0].error.kind == "context_length_exceeded"
+    assert (
+        "maximum context length" in results[0].error.message or "1024" in results[0].error.message
+    )
+    assert results[1].ok and results[1].text.startswith("The capital of France is")
+
+
+# --- the fronts: each an `lmpress` process of its own, with the same engine arguments ----------
+
+CLI_MODEL = [
+    "--engine", "VLLM", "--model.model_name", SMOLLM2,
+    "--model.model_max_length", str(MAX_MODEL_LEN), "--model.model_kwargs.enforce_eager", "true",
+]  # fmt: skip
+
+
+def test_infer_prints_what_vllm_chat_answers(reference):
+    run = run_lmpress("infer", *CLI_MODEL, FRANCE, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout == reference["chat"][0][0]["text"] + "\n"
+    assert run.stdout == "The capital of France is Paris.\n"
+
+
+def test_serve_answers_as_vllm_and_a_client_that_leaves_frees_its_request(reference):
+    served = Served(CLI_MODEL, start_timeout=600)
+    try:
+        client = served.client(timeout=300)
+        reply = client.chat.completions.create(
+            model=SMOLLM2, messages=[{"role": "user", "content": FRANCE}], temperature=0,
+            max_tokens=48, logprobs=True, top_logprobs=3,
+        )  # fmt: skip
+        expected = reference["chat"][0][0]
+        assert reply.choices[0].message.content == expected["text"]
+        assert [t.logprob for t in reply.choices[0].logprobs.content] == pytest.approx(
+            [e[1] for e in expected["logprobs"]], abs=1e-4
+        )
+        stream = client.chat.completions.create(
+            model=SMOLLM2, messages=[{"role": "user", "content": HAIKU}], temperature=0,
+            max_tokens=48, stream=True,
+        )  # fmt: skip
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text == reference["chat"][2][0]["text"]
+        # A streaming client that leaves after two chunks: its request ends, the server goes on.
+        leaving = client.chat.completions.create(
+            model=SMOLLM2, messages=[{"role": "user", "content": HAIKU}], max_tokens=900,
+            stream=True, extra_body={"min_tokens": 900},
+        )  # fmt: skip
+        for i, _ in enumerate(leaving):
+            if i == 2:
+                break
+        leaving.close()
+        served.wait_until_idle(timeout=120)
+        again = client.chat.completions.create(
+            model=SMOLLM2, messages=[{"role": "user", "content": FRANCE}], temperature=0
+        )
+        assert again.choices[0].message.content == expected["text"]
+    finally:
+        served.stop()
