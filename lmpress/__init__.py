@@ -6,7 +6,8 @@ Importing this package imports no backend library; engines load theirs on first 
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from lmpress.version import __version__
+
 __all__ = ["LLM", "__version__"]
 
 if TYPE_CHECKING:

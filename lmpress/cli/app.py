@@ -23,7 +23,6 @@ from typing import Annotated
 import click
 import typer
 
-from lmpress import __version__
 from lmpress.cli import batch, chat, infer, listings, serve
 from lmpress.cli.options import OVERRIDES, OVERRIDES_HELP
 from lmpress.errors import (
@@ -33,6 +32,7 @@ from lmpress.errors import (
     Terminated,
     exception_line,
 )
+from lmpress.version import __version__
 
 app = typer.Typer(
     name="lmpress",

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpress import __version__
 from lmpress.configs.schema import RunConfig
 from lmpress.data.formats import output_row_id, row_id
 from lmpress.data.idkeys import IdKeys
@@ -35,6 +34,7 @@ from lmpress.data.sources import Source
 from lmpress.data.targets import COMPRESSED, is_compressed, write_text_atomically
 from lmpress.errors import InputError, OutputWriteError
 from lmpress.types import SCHEDULING_FIELDS
+from lmpress.version import __version__
 
 
 @dataclass(frozen=True)

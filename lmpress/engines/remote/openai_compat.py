@@ -21,7 +21,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
-from lmpress import tools
+import lmpress.tools as tools
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote.base import RemoteEngine, Reply, client_options
 from lmpress.engines.remote.media import inline_image_url
