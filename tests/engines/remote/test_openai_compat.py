@@ -443,10 +443,14 @@ def test_requests_per_minute_is_respected_ahead_of_time():
         engine = make_engine(server, **{"remote_params.requests_per_minute": 600})  # 10/s
         results = engine.generate([f"row {i}" for i in range(25)])
         assert all(r.ok for r in results)
-        # Paced as they arrive at the server: 10 at once, then 10 a second, so the 21st comes
-        # at least a second after the first. A slow machine only spreads them further.
+        # Paced as they arrive at the server: 10 at once, then 10 a second, so the 11th to the
+        # 21st are sent 0.9 s apart and the 25th 1.5 s after the first. The first ten open new
+        # connections, which a busy machine can delay by a few tenths of a second while the
+        # later ones reuse them, so the spans are measured with that much room: a pacer that
+        # sent ahead of its budget would land all 25 within a fraction of either.
         arrived = sorted(t for t, _ in server.stats.arrivals)
-        assert len(arrived) == 25 and arrived[20] - arrived[0] >= 0.95
+        assert len(arrived) == 25
+        assert arrived[20] - arrived[10] >= 0.7 and arrived[24] - arrived[0] >= 1.2
         assert server.stats.statuses[429] == 0
 
 
