@@ -54,8 +54,12 @@ class Faults:
     permanent: dict[str, int] = field(default_factory=dict)  # marker in the conversation -> status
     required_key: str | None = None  # a request without this key gets 401
     echo_credentials: bool = False  # error bodies quote the credentials received (careless server)
-    rate_limit_rps: float | None = None  # beyond this rate: 429 with the wait in Retry-After
-    overloaded_until: float = 0.0  # time.monotonic() before which every request gets 429
+    rate_limit_rps: float | None = None  # beyond this rate (1 s of burst): 429
+    rate_limit_retry_after: bool = True  # that 429 says the wait (retry-after-ms, Retry-After)
+    overloaded_until: float = 0.0  # time.monotonic() before which every request is turned away
+    overloaded_from: float = 0.0  # ... and from which (a burst in the middle of a run)
+    overload_status: int = 429  # what they get: 429, 503, or Anthropic's 529 "overloaded"
+    overload_retry_after: str | None = "0.2"  # the Retry-After they get, if any
     model: str = "test-model"
     # Top-level body fields beyond the SDK's request type that this server takes, as a vLLM
     # server takes its own (`request_types.VLLM_EXTENSIONS`); none: an OpenAI that refuses them.
@@ -293,10 +297,12 @@ class _Handler(BaseHTTPRequestHandler):
         if f.required_key is not None and credential != f.required_key:
             echo = f" (got {credential!r})" if f.echo_credentials else ""
             return self._error(401, f"invalid API key{echo}", anthropic)
-        if time.monotonic() < f.overloaded_until:
-            return self._rate_limit(0.2, anthropic)
+        if f.overloaded_from <= time.monotonic() < f.overloaded_until:
+            return self._overloaded(anthropic)
         wait = app._rate_limited()
         if wait is not None:
+            if not f.rate_limit_retry_after:
+                return self._error(429, "rate limit reached, slow down", anthropic)
             return self._rate_limit(wait, anthropic)
         problem = refusals.request_problem(body, path, anthropic, f.extensions)
         if problem:
@@ -355,6 +361,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, anthropic: bool, headers=None) -> int:
         return self._json(status, refusals.error_body(status, message, anthropic), headers)
+
+    def _overloaded(self, anthropic: bool) -> int:
+        f = self.server.app.faults
+        headers = {"Retry-After": f.overload_retry_after} if f.overload_retry_after else {}
+        if f.overload_status == 429:
+            return self._error(429, "rate limit reached, slow down", anthropic, headers)
+        return self._error(f.overload_status, "overloaded, try again later", anthropic, headers)
 
     def _rate_limit(self, wait: float | None, anthropic: bool) -> int:
         f = self.server.app.faults
