@@ -6,8 +6,11 @@ so a test can check that every row got its own answer; a request with tools gets
 one that ends with a tool's result `reply_text(that result)` (`tool_replies`). Faults are
 chosen by content, so a run is reproducible: `transient_rate` of the distinct conversations
 fail their first attempt (429 with Retry-After, 500, a hang past the client's timeout, a dropped
-connection, a malformed body), and conversations containing a `permanent` marker always fail
-with that status. What a successful request gets is in `replies`. A body the SDK's own request
+connection, a malformed body; repeat a kind in `transient_kinds` to weight it), and conversations
+containing a `permanent` marker always fail with that status. Load-driven pushback comes from
+`rate_limit_rps` (a token bucket; 429 beyond it, with or without the wait in Retry-After), and
+an outage from `overloaded_until` or `burst` (every request gets `overload_status`: 429, 503,
+529). What a successful request gets is in `replies`. A body the SDK's own request
 type does not allow (an unknown field, a wrong type) gets the 400 the provider gives
 (`request_types`); `Faults.extensions` names the fields beyond it that a vLLM-like server takes.
 
@@ -57,7 +60,9 @@ class Faults:
     rate_limit_rps: float | None = None  # beyond this rate (1 s of burst): 429
     rate_limit_retry_after: bool = True  # that 429 says the wait (retry-after-ms, Retry-After)
     overloaded_until: float = 0.0  # time.monotonic() before which every request is turned away
-    overloaded_from: float = 0.0  # ... and from which (a burst in the middle of a run)
+    # A burst in the middle of a run: (seconds after the first request, how long) during which
+    # every request is turned away, as with overloaded_until.
+    burst: tuple[float, float] | None = None
     overload_status: int = 429  # what they get: 429, 503, or Anthropic's 529 "overloaded"
     overload_retry_after: str | None = "0.2"  # the Retry-After they get, if any
     model: str = "test-model"
@@ -183,6 +188,13 @@ class LLMServer:
             self._bucket = (tokens, now)
             return (1 - tokens) / rps
 
+    def in_burst(self) -> bool:
+        """Whether `Faults.burst` turns requests away now."""
+        burst, first = self.faults.burst, self.stats.first_arrival
+        if burst is None or first is None:
+            return False
+        return burst[0] <= time.monotonic() - first < burst[0] + burst[1]
+
     def fault_for(self, conversation: str, attempt: int) -> str | int | None:
         """What goes wrong with this attempt: a permanent status, a transient kind, or None."""
         f = self.faults
@@ -297,7 +309,7 @@ class _Handler(BaseHTTPRequestHandler):
         if f.required_key is not None and credential != f.required_key:
             echo = f" (got {credential!r})" if f.echo_credentials else ""
             return self._error(401, f"invalid API key{echo}", anthropic)
-        if f.overloaded_from <= time.monotonic() < f.overloaded_until:
+        if time.monotonic() < f.overloaded_until or app.in_burst():
             return self._overloaded(anthropic)
         wait = app._rate_limited()
         if wait is not None:

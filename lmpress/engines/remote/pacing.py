@@ -296,17 +296,20 @@ class AdaptiveRate:
     An interval is a span of send times (SPAN_S at least), judged once its requests are back:
     the share of them that got an overload signal, and the rate at which the others got
     through. The rate is cut only when that share stands above the background (the share the
-    provider sheds whatever the load: 0 until seen) by more than chance explains, and then to a
-    little under the rate that got through, which is the provider's limit when the pushback is
-    load-driven. The next interval puts the cut on trial. Pushback back within the background:
-    the cut holds. Clearly lower, or higher, but still in excess: cut again. About the same: it
-    did not answer to the rate, so the cut is undone and that share becomes the background
-    (up to MAX_BACKGROUND). A rate that holds grows each interval, not each success, so a
-    slowed sender does not recover more slowly: doubling while under half a rate that went
-    through calmly in the last CALM_MEMORY_S (before an outage, say), by GROWTH up to it, by
-    PROBE beyond; it is dropped once it no longer binds. Pushback that dominates an interval
-    is judged without waiting for SPAN_S, so that rows do not spend their retries on a hard
-    limit while it is found."""
+    provider sheds whatever the load, as calm intervals show it; FIRST_BACKGROUND until then)
+    by more than chance explains, and then to a little under the rate that got through, which
+    is the provider's limit when the pushback is load-driven.
+
+    The next interval puts the cut on trial. Pushback about the same (within two standard
+    errors): it did not answer to the rate, so the cut is undone and that share becomes the
+    background (up to MAX_BACKGROUND). Clearly lower and back within the background: the cut
+    holds. Clearly lower or higher, but still in excess: cut again.
+
+    A rate that holds grows each interval, not each success, so a slowed sender does not
+    recover more slowly: doubling while under half a rate that went through calmly in the last
+    CALM_MEMORY_S (before an outage, say), by GROWTH up to it, by PROBE beyond; it is dropped
+    once it no longer binds. Pushback that dominates an interval is judged without waiting for
+    SPAN_S, so that rows do not spend their retries on a hard limit while it is found."""
 
     SPAN_S = 0.25  # an interval's shortest span of send times
     MIN_ANSWERS = 20  # its fewest answers, so that a share of pushback means something
@@ -317,12 +320,13 @@ class AdaptiveRate:
     MIN_MARGIN = 0.05  # pushback share above the background that counts as excess: at least
     MAX_MARGIN = 0.2  # and at most (else three standard errors)
     MAX_BACKGROUND = 0.5  # more pushback than this is taken for a limit, never for chance
+    FIRST_BACKGROUND = 0.15  # the background assumed until intervals show what it is
     SMOOTHING = 0.25  # how fast the background follows the share in calm intervals
     CALM_MEMORY_S = 30.0  # how long the rates of calm intervals are remembered
 
     def __init__(self, clock: Clock = time.monotonic):
         self.rate: float | None = None  # requests a second; None: no cap
-        self.background = 0.0
+        self.background = self.FIRST_BACKGROUND
         self._clock = clock
         self._start: float | None = None  # the send time the current interval counts from
         self._answers: deque[tuple[float, bool]] = deque()  # (sent_at, overloaded) since _start
@@ -371,12 +375,13 @@ class AdaptiveRate:
     def _measure(self, horizon: float) -> Interval | None:
         """The interval of requests sent from _start to `horizon`, or None while it holds too
         few answers to say much: MIN_ANSWERS with pushback among them (and MIN_CALM_ANSWERS
-        that got through, or none), MIN_CALM_ANSWERS without."""
+        that got through, or none) or on trial, else MIN_CALM_ANSWERS."""
         span = horizon - (self._start or 0.0)
         judged = [pushed for sent_at, pushed in self._answers if sent_at < horizon]
         answers, pushed = len(judged), sum(judged)
         through = answers - pushed
-        if span <= 0 or answers < (self.MIN_ANSWERS if pushed else self.MIN_CALM_ANSWERS):
+        enough = self.MIN_ANSWERS if pushed or self._on_trial else self.MIN_CALM_ANSWERS
+        if span <= 0 or answers < enough:
             return None
         if pushed and 0 < through < self.MIN_CALM_ANSWERS:
             return None
@@ -385,13 +390,13 @@ class AdaptiveRate:
 
     def _decide(self, interval: Interval) -> None:
         excess = interval.share > self.background + self._margin(self.background, interval)
-        if not excess:
-            self._calm(interval)
-        elif self._on_trial and self._unchanged(interval):
+        if self._on_trial and self._unchanged(interval):
             # The cut did not bring pushback down: it is not ours to prevent.
             self.rate, self._on_trial = self._before, False
             self._calm_since = self._calm_since_before
             self.background = min(interval.share, self.MAX_BACKGROUND)
+        elif not excess:
+            self._calm(interval)
         elif interval.accepted > 0:  # else none get through: cooldown and backoff do the work
             self._calm_since_before = self._calm_since
             if self.rate is not None and not self._on_trial:  # growing, it met the limit
