@@ -275,7 +275,7 @@ class Interval:
 
     answers: int
     pushed: int  # of them, overload signals
-    accepted: float  # requests a second that got through
+    accepted: float  # requests a second that got through, in the busier half of the span
     answered: float  # requests a second answered, either way, over the whole span
     sent: float  # requests a second the rate let out (while it binds)
 
@@ -300,10 +300,11 @@ class AdaptiveRate:
     by more than chance explains, and then to a little under the rate that got through, which
     is the provider's limit when the pushback is load-driven.
 
-    The next interval puts the cut on trial. Pushback about the same (within two standard
-    errors): it did not answer to the rate, so the cut is undone and that share becomes the
-    background (up to MAX_BACKGROUND). Clearly lower and back within the background: the cut
-    holds. Clearly lower or higher, but still in excess: cut again.
+    The next interval puts the cut on trial: which explains its pushback better, chance (the
+    share before the cut, whatever the rate) or a limit (the rate that got through before the
+    cut, so the share is what the new rate exceeds it by)? Chance: the cut is undone and that
+    share becomes the background (up to MAX_BACKGROUND). A limit: the cut holds, and if the
+    pushback is still in excess the rate is cut again.
 
     A rate that holds grows each interval, not each success, so a slowed sender does not
     recover more slowly: doubling while under half a rate that went through calmly in the last
@@ -320,7 +321,7 @@ class AdaptiveRate:
     MIN_MARGIN = 0.05  # pushback share above the background that counts as excess: at least
     MAX_MARGIN = 0.2  # and at most (else three standard errors)
     MAX_BACKGROUND = 0.5  # more pushback than this is taken for a limit, never for chance
-    FIRST_BACKGROUND = 0.15  # the background assumed until intervals show what it is
+    FIRST_BACKGROUND = 0.0  # the background assumed until intervals show what it is
     SMOOTHING = 0.25  # how fast the background follows the share in calm intervals
     CALM_MEMORY_S = 30.0  # how long the rates of calm intervals are remembered
 
@@ -335,7 +336,7 @@ class AdaptiveRate:
         self._round_trip = 0.0  # of requests that got through, smoothed
         self._on_trial = False  # the interval after a cut: does pushback fall?
         self._before: float | None = None  # the rate before the last cut
-        self._share_before = (0, 1)  # (pushed, answers) of the interval that made it
+        self._before_cut = (0.0, 0.0)  # (share, accepted) of the interval that made it
         self._calm_rates: deque[tuple[float, float]] = deque()  # (when, answered), calm ones
         self._calm_since = self._calm_since_before = -math.inf  # those that count, from when
         self._next = 0.0
@@ -374,19 +375,25 @@ class AdaptiveRate:
 
     def _measure(self, horizon: float) -> Interval | None:
         """The interval of requests sent from _start to `horizon`, or None while it holds too
-        few answers to say much: MIN_ANSWERS with pushback among them (and MIN_CALM_ANSWERS
-        that got through, or none) or on trial, else MIN_CALM_ANSWERS."""
-        span = horizon - (self._start or 0.0)
-        judged = [pushed for sent_at, pushed in self._answers if sent_at < horizon]
-        answers, pushed = len(judged), sum(judged)
+        few answers to say much: MIN_CALM_ANSWERS while nothing is capped or pushed back, else
+        MIN_ANSWERS (of which MIN_CALM_ANSWERS got through, or none), so that a rate only grows
+        on an interval long enough to meet a limit."""
+        start = self._start or 0.0
+        span = horizon - start
+        judged = [(sent_at, pushed) for sent_at, pushed in self._answers if sent_at < horizon]
+        answers, pushed = len(judged), sum(p for _, p in judged)
         through = answers - pushed
-        enough = self.MIN_ANSWERS if pushed or self._on_trial else self.MIN_CALM_ANSWERS
+        enough = self.MIN_CALM_ANSWERS if self.rate is None and not pushed else self.MIN_ANSWERS
         if span <= 0 or answers < enough:
             return None
         if pushed and 0 < through < self.MIN_CALM_ANSWERS:
             return None
+        # The busier half: a sender slowed by start-up, an outage or a cooldown for part of
+        # the span would otherwise pass its own slowness off as the provider's limit.
+        early = sum(1 for sent_at, p in judged if not p and sent_at < start + span / 2)
+        accepted = max(early, through - early) / (span / 2)
         sent = sum(1 for turn in self._turns if turn < horizon)
-        return Interval(answers, pushed, through / span, answers / span, sent / span)
+        return Interval(answers, pushed, accepted, answers / span, sent / span)
 
     def _decide(self, interval: Interval) -> None:
         excess = interval.share > self.background + self._margin(self.background, interval)
@@ -402,15 +409,17 @@ class AdaptiveRate:
             if self.rate is not None and not self._on_trial:  # growing, it met the limit
                 self._calm_since = self._clock()
             self._on_trial, self._before = True, self.rate
-            self._share_before = (interval.pushed, interval.answers)
+            self._before_cut = (interval.share, interval.accepted)
             cut = self.CUT * interval.accepted
-            self.rate = cut if self.rate is None else min(self.rate, cut)
+            # A capped rate is at most halved an interval: what got through while an outage or
+            # the cooldown held requests back is no measure of a limit.
+            self.rate = cut if self.rate is None else min(self.rate, max(cut, self.rate / 2))
 
     def _calm(self, interval: Interval) -> None:
         """An interval without excess pushback: learn the background, grow the rate."""
         b = self.background
         if self._on_trial:  # the cut held: what pushback is left is background, at most
-            self.background = min(b, interval.share + self._margin(interval.share, interval))
+            self.background = min(b, interval.share)
         elif self.rate is None or interval.share < b:  # capped, the share may rise with load
             self.background += self.SMOOTHING * (min(interval.share, self.MAX_BACKGROUND) - b)
         self._on_trial = False
@@ -435,13 +444,18 @@ class AdaptiveRate:
         return min(max(self.MIN_MARGIN, min(self.MAX_MARGIN, 3 * error)), (1 - share) / 2)
 
     def _unchanged(self, interval: Interval) -> bool:
-        """Whether the share of pushback is within two standard errors (of the difference)
-        of the share before the cut. Lower: the cut helped, if not enough. Higher: the provider
-        takes less than it did. Both call for another cut."""
-        pushed_before, answers_before = self._share_before
-        pooled = (interval.pushed + pushed_before) / (interval.answers + answers_before)
-        error = math.sqrt(pooled * (1 - pooled) * (1 / interval.answers + 1 / answers_before))
-        return abs(pushed_before / answers_before - interval.share) <= 2 * error
+        """Whether chance explains this interval's pushback better than a limit does. Chance:
+        the share before the cut, whatever the rate. A limit: the rate that got through before
+        the cut, so the share is what the rate sent now exceeds it by. Binomial likelihoods."""
+        share_before, limit = self._before_cut
+
+        def likelihood(share: float) -> float:
+            share = min(max(share, 0.005), 0.995)
+            return interval.pushed * math.log(share) + (
+                interval.answers - interval.pushed
+            ) * math.log(1 - share)
+
+        return likelihood(share_before) >= likelihood(1 - limit / interval.answered)
 
     def _next_interval(self, start: float) -> None:
         self._start = start
