@@ -307,8 +307,8 @@ class AdaptiveRate:
     pushback is still in excess the rate is cut again.
 
     A rate that holds grows each interval, not each success, so a slowed sender does not
-    recover more slowly: doubling while under half a rate that went through calmly in the last
-    CALM_MEMORY_S (before an outage, say), by GROWTH up to it, by PROBE beyond; it is dropped
+    recover more slowly: doubling until growing meets the limit, then doubling while under half
+    a rate that went through calmly since, by GROWTH up to it, by PROBE beyond; it is dropped
     once it no longer binds. Pushback that dominates an interval is judged without waiting for
     SPAN_S, so that rows do not spend their retries on a hard limit while it is found."""
 
@@ -430,7 +430,10 @@ class AdaptiveRate:
         if self.rate is None:
             return
         if self.rate > 1.2 * interval.sent:
-            self.rate = None  # it no longer binds
+            self.rate, self._calm_since = None, -math.inf  # it no longer binds
+            return
+        if self._calm_since == -math.inf:  # growing has not met the limit yet: slow start
+            self.rate *= 2
             return
         known = max((r for t, r in self._calm_rates if t >= self._calm_since), default=0.0)
         self.rate *= (
