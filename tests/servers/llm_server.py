@@ -6,8 +6,11 @@ so a test can check that every row got its own answer; a request with tools gets
 one that ends with a tool's result `reply_text(that result)` (`tool_replies`). Faults are
 chosen by content, so a run is reproducible: `transient_rate` of the distinct conversations
 fail their first attempt (429 with Retry-After, 500, a hang past the client's timeout, a dropped
-connection, a malformed body), and conversations containing a `permanent` marker always fail
-with that status. What a successful request gets is in `replies`. A body the SDK's own request
+connection, a malformed body; repeat a kind in `transient_kinds` to weight it), and conversations
+containing a `permanent` marker always fail with that status. Load-driven pushback comes from
+`rate_limit_rps` (a token bucket; 429 beyond it, with or without the wait in Retry-After), and
+an outage from `overloaded_until` or `burst` (every request gets `overload_status`: 429, 503,
+529). What a successful request gets is in `replies`. A body the SDK's own request
 type does not allow (an unknown field, a wrong type) gets the 400 the provider gives
 (`request_types`); `Faults.extensions` names the fields beyond it that a vLLM-like server takes.
 
@@ -54,8 +57,14 @@ class Faults:
     permanent: dict[str, int] = field(default_factory=dict)  # marker in the conversation -> status
     required_key: str | None = None  # a request without this key gets 401
     echo_credentials: bool = False  # error bodies quote the credentials received (careless server)
-    rate_limit_rps: float | None = None  # beyond this rate: 429 with the wait in Retry-After
-    overloaded_until: float = 0.0  # time.monotonic() before which every request gets 429
+    rate_limit_rps: float | None = None  # beyond this rate (1 s of burst): 429
+    rate_limit_retry_after: bool = True  # that 429 says the wait (retry-after-ms, Retry-After)
+    overloaded_until: float = 0.0  # time.monotonic() before which every request is turned away
+    # A burst in the middle of a run: (seconds after the first request, how long) during which
+    # every request is turned away, as with overloaded_until.
+    burst: tuple[float, float] | None = None
+    overload_status: int = 429  # what they get: 429, 503, or Anthropic's 529 "overloaded"
+    overload_retry_after: str | None = "0.2"  # the Retry-After they get, if any
     model: str = "test-model"
     # Top-level body fields beyond the SDK's request type that this server takes, as a vLLM
     # server takes its own (`request_types.VLLM_EXTENSIONS`); none: an OpenAI that refuses them.
@@ -179,6 +188,13 @@ class LLMServer:
             self._bucket = (tokens, now)
             return (1 - tokens) / rps
 
+    def in_burst(self) -> bool:
+        """Whether `Faults.burst` turns requests away now."""
+        burst, first = self.faults.burst, self.stats.first_arrival
+        if burst is None or first is None:
+            return False
+        return burst[0] <= time.monotonic() - first < burst[0] + burst[1]
+
     def fault_for(self, conversation: str, attempt: int) -> str | int | None:
         """What goes wrong with this attempt: a permanent status, a transient kind, or None."""
         f = self.faults
@@ -293,10 +309,12 @@ class _Handler(BaseHTTPRequestHandler):
         if f.required_key is not None and credential != f.required_key:
             echo = f" (got {credential!r})" if f.echo_credentials else ""
             return self._error(401, f"invalid API key{echo}", anthropic)
-        if time.monotonic() < f.overloaded_until:
-            return self._rate_limit(0.2, anthropic)
+        if time.monotonic() < f.overloaded_until or app.in_burst():
+            return self._overloaded(anthropic)
         wait = app._rate_limited()
         if wait is not None:
+            if not f.rate_limit_retry_after:
+                return self._error(429, "rate limit reached, slow down", anthropic)
             return self._rate_limit(wait, anthropic)
         problem = refusals.request_problem(body, path, anthropic, f.extensions)
         if problem:
@@ -355,6 +373,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, anthropic: bool, headers=None) -> int:
         return self._json(status, refusals.error_body(status, message, anthropic), headers)
+
+    def _overloaded(self, anthropic: bool) -> int:
+        f = self.server.app.faults
+        headers = {"Retry-After": f.overload_retry_after} if f.overload_retry_after else {}
+        if f.overload_status == 429:
+            return self._error(429, "rate limit reached, slow down", anthropic, headers)
+        return self._error(f.overload_status, "overloaded, try again later", anthropic, headers)
 
     def _rate_limit(self, wait: float | None, anthropic: bool) -> int:
         f = self.server.app.faults

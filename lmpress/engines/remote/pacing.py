@@ -2,15 +2,26 @@
 
 A remote engine sends through one `Pacer`, which combines four limits:
 
-- concurrency: at most `num_workers` requests in flight, lowered by half when the server says it
-  is overloaded (429, 503, 529) and raised again as requests succeed (`AdaptiveLimit`);
-- a learned rate: once the server pushes back, a little under the rate it was accepting, grown
-  again with each success until it no longer binds (`AdaptiveRate`);
-- a shared cooldown: a `Retry-After` on a 429 holds back every new request until then, so a
-  rate-limited server is not hammered by the other workers meanwhile;
+- concurrency: at most `num_workers` requests in flight, halved when overload signals (429,
+  503, 529) dominate the answers, grown back as requests succeed (`AdaptiveLimit`);
+- a learned rate: none until pushback exceeds what the provider sheds whatever the load, then a
+  little under the rate that got through, grown back each interval until it no longer binds
+  (`AdaptiveRate`);
+- a shared cooldown: a `Retry-After` holds back every new request until then, when overload
+  signals dominate, so a rate-limited server is not hammered by the other workers meanwhile;
 - per-minute budgets, respected ahead of time: requests, input tokens (estimated before sending,
   corrected with the reported usage) and output tokens (max_new_tokens reserved, the unused part
   refunded) (`Budget`, built on `TokenBucket`).
+
+Pushback comes in two kinds that look alike one answer at a time: load-driven (a rate limit: the
+more is sent, the larger the share turned away) and random (a provider shedding load whatever
+ours is: Anthropic's 529, an occasional 429 on a quiet account). Reacting to each 429 treats
+both as the first: with a share of answers shed at random every cut is followed by more
+pushback, so the rate ratchets down towards nothing (issue 31: 9.3 rows/s falling to 1.2 with
+15% of first attempts getting a 429). So nothing here reacts to a single answer. Concurrency
+and the cooldown answer only pushback that dominates (`Pushback`: half of the last round trip's
+answers, or nothing served lately); the learned rate judges intervals, and undoes a cut that did
+not lower the share turned away. The figures are in benchmarks/README.md (remote pacing).
 
 Nothing here imports an SDK; the clock and sleep are injectable for tests.
 """
@@ -175,9 +186,41 @@ class Budget:
             self.output.give_back(output_tokens[0] - output_tokens[1])
 
 
+class Pushback:
+    """The last `window` answers, and whether pushback dominates them: at least half of them
+    were overload signals, or nothing has got through for SERVING_WINDOW_S (or at all yet).
+
+    Dominant pushback is what the concurrency cut and the shared cooldown answer: a provider
+    turning most requests away. Pushback a provider sheds at random (a share of 429s or 529s
+    whatever the load) stays a minority of any round trip, so it cuts neither."""
+
+    def __init__(self, window: int, clock: Clock = time.monotonic):
+        self._recent: deque[bool] = deque(maxlen=max(1, window))
+        self._overloaded = 0
+        self._clock = clock
+        self.last_success = -math.inf
+
+    def record(self, overloaded: bool, ok: bool) -> None:
+        if len(self._recent) == self._recent.maxlen:
+            self._overloaded -= self._recent[0]
+        self._recent.append(overloaded)
+        self._overloaded += overloaded
+        if ok:
+            self.last_success = self._clock()
+
+    def serving(self) -> bool:
+        """Whether the provider answered a request lately (see `Pacer.release`)."""
+        return self._clock() - self.last_success <= SERVING_WINDOW_S
+
+    def dominant(self) -> bool:
+        if not self.serving():
+            return True
+        return 2 * self._overloaded >= self._recent.maxlen
+
+
 class AdaptiveLimit:
-    """A semaphore whose size moves: halved on overload, at most once per round trip (signals
-    from requests sent before the last cut say nothing new), grown back on success."""
+    """A semaphore whose size moves: halved on dominant overload, at most once per round trip
+    (signals from requests sent before the last cut say nothing new), grown back on success."""
 
     def __init__(self, maximum: int, clock: Clock = time.monotonic):
         self.maximum = maximum
@@ -226,55 +269,203 @@ class AdaptiveLimit:
         self.limit = max(float(self.floor), self.limit / 2)
 
 
-class AdaptiveRate:
-    """A send rate learned from pushback: none until the server says it is overloaded, then
-    90% of what it accepted over the last few seconds, growing with each success until it no
-    longer binds. Concurrency alone cannot find a rate limit below what even a few requests in
-    flight produce; this can, so a job without a configured requests_per_minute settles near
-    the provider's limit instead of bouncing off it until rows run out of retries."""
+@dataclass
+class Interval:
+    """What one interval's answers say."""
 
-    WINDOW_S = 5.0  # how far back accepted requests are counted
-    CUT = 0.9  # the new rate, as a share of the accepted rate
-    GROWTH = 1.01  # per success: about +1% each, so +25% a second at 25 requests a second
+    answers: int
+    pushed: int  # of them, overload signals
+    accepted: float  # requests a second that got through, in the busier half of the span
+    answered: float  # requests a second answered, either way, over the whole span
+    sent: float  # requests a second the rate let out (while it binds)
+
+    @property
+    def share(self) -> float:
+        return self.pushed / self.answers
+
+    @property
+    def dominated(self) -> bool:
+        """Pushback is two thirds of it or more."""
+        return self.pushed >= self.answers * 2 / 3
+
+
+class AdaptiveRate:
+    """A send rate learned from pushback, judged an interval at a time, so that pushback that
+    the provider sheds at random cannot ratchet it down.
+
+    An interval is a span of send times (SPAN_S at least), judged once its requests are back:
+    the share of them that got an overload signal, and the rate at which the others got
+    through. The rate is cut only when that share stands above the background (the share the
+    provider sheds whatever the load, as calm intervals show it; FIRST_BACKGROUND until then)
+    by more than chance explains, and then to a little under the rate that got through, which
+    is the provider's limit when the pushback is load-driven.
+
+    The next interval puts the cut on trial: which explains its pushback better, chance (the
+    share before the cut, whatever the rate) or a limit (the rate that got through before the
+    cut, so the share is what the new rate exceeds it by)? Chance: the cut is undone and that
+    share becomes the background (up to MAX_BACKGROUND). A limit: the cut holds, and if the
+    pushback is still in excess the rate is cut again.
+
+    A rate that holds grows each interval, not each success, so a slowed sender does not
+    recover more slowly: doubling until growing meets the limit, then doubling while under half
+    a rate that went through calmly since, by GROWTH up to it, by PROBE beyond; it is dropped
+    once it no longer binds. Pushback that dominates an interval is judged without waiting for
+    SPAN_S, so that rows do not spend their retries on a hard limit while it is found."""
+
+    SPAN_S = 0.25  # an interval's shortest span of send times
+    MIN_ANSWERS = 20  # its fewest answers, so that a share of pushback means something
+    MIN_CALM_ANSWERS = 5  # or, with no pushback at all, enough to grow on
+    CUT = 0.95  # the new rate, as a share of the rate that got through
+    GROWTH = 1.25  # a holding rate's growth per interval up to rates that went calmly
+    PROBE = 1.1  # and beyond them
+    MIN_MARGIN = 0.05  # pushback share above the background that counts as excess: at least
+    MAX_MARGIN = 0.2  # and at most (else three standard errors)
+    MAX_BACKGROUND = 0.5  # more pushback than this is taken for a limit, never for chance
+    FIRST_BACKGROUND = 0.0  # the background assumed until intervals show what it is
+    SMOOTHING = 0.25  # how fast the background follows the share in calm intervals
+    CALM_MEMORY_S = 30.0  # how long the rates of calm intervals are remembered
 
     def __init__(self, clock: Clock = time.monotonic):
         self.rate: float | None = None  # requests a second; None: no cap
+        self.background = self.FIRST_BACKGROUND
         self._clock = clock
-        self._accepted: deque[float] = deque()
-        self._started: float | None = None
-        self._last_cut = -math.inf
+        self._start: float | None = None  # the send time the current interval counts from
+        self._answers: deque[tuple[float, bool]] = deque()  # (sent_at, overloaded) since _start
+        self._pushed = 0  # how many of them were overloaded
+        self._turns: deque[float] = deque()  # when requests paced since _start went
+        self._round_trip = 0.0  # of requests that got through, smoothed
+        self._on_trial = False  # the interval after a cut: does pushback fall?
+        self._before: float | None = None  # the rate before the last cut
+        self._before_cut = (0.0, 0.0)  # (share, accepted) of the interval that made it
+        self._calm_rates: deque[tuple[float, float]] = deque()  # (when, answered), calm ones
+        self._calm_since = self._calm_since_before = -math.inf  # those that count, from when
         self._next = 0.0
 
-    def _forget_old(self, now: float) -> None:
-        while self._accepted and self._accepted[0] < now - self.WINDOW_S:
-            self._accepted.popleft()
-
-    def _accepted_rate(self, now: float) -> float:
-        self._forget_old(now)
-        span = min(self.WINDOW_S, now - (self._started or now))
-        return len(self._accepted) / span if span > 0 else 0.0
-
-    def succeeded(self) -> None:
+    def record(self, sent_at: float, overloaded: bool) -> None:
+        """One answer: the request sent at `sent_at` got an overload signal, or did not."""
         now = self._clock()
-        if self._started is None:
-            self._started = now
-        self._accepted.append(now)
-        self._forget_old(now)  # at most WINDOW_S of successes are kept, however long the job
-        if self.rate is not None:
-            self.rate *= self.GROWTH
-            if self.rate > 2 * self._accepted_rate(now):
-                self.rate = None  # no longer what holds the sender back
+        if not overloaded:
+            trip = now - sent_at
+            self._round_trip = 0.8 * self._round_trip + 0.2 * trip if self._round_trip else trip
+        if self._start is None:
+            self._start = sent_at
+        if sent_at < self._start:
+            return  # sent before this interval (before a cut, say): it says nothing about it
+        self._answers.append((sent_at, overloaded))
+        self._pushed += overloaded
+        # Requests sent before the horizon are back, nearly all. An overload signal comes back
+        # at once, an answer after a round trip: a later horizon would count too many of the
+        # first and too few of the second.
+        horizon = now - 2 * self._round_trip
+        count = len(self._answers)
+        if count >= self.MIN_CALM_ANSWERS and horizon - self._start >= self.SPAN_S:
+            self._judge(horizon)
+        elif count % self.MIN_ANSWERS == 0 and 3 * self._pushed >= 2 * count:
+            self._judge(now - self._round_trip, only_if_dominated=True)
 
-    def overloaded(self, sent_at: float) -> None:
-        now = self._clock()
-        if sent_at < self._last_cut:
+    def _judge(self, horizon: float, only_if_dominated: bool = False) -> None:
+        interval = self._measure(horizon)
+        if interval is None or (only_if_dominated and not interval.dominated):
             return
-        accepted = self._accepted_rate(now)
-        if accepted <= 0:
-            return  # nothing gets through: the cooldown and the concurrency cut do the work
-        self._last_cut = now
-        cap = self.CUT * accepted
-        self.rate = cap if self.rate is None else min(self.rate, cap)
+        rate = self.rate
+        self._next_interval(horizon)
+        self._decide(interval)
+        if self.rate != rate:  # what went since the horizon, or is booked, went at the old rate
+            self._next_interval(max(self._clock(), self._next))
+
+    def _measure(self, horizon: float) -> Interval | None:
+        """The interval of requests sent from _start to `horizon`, or None while it holds too
+        few answers to say much: MIN_CALM_ANSWERS while nothing is capped or pushed back, else
+        MIN_ANSWERS (of which MIN_CALM_ANSWERS got through, or none), so that a rate only grows
+        on an interval long enough to meet a limit."""
+        start = self._start or 0.0
+        span = horizon - start
+        judged = [(sent_at, pushed) for sent_at, pushed in self._answers if sent_at < horizon]
+        answers, pushed = len(judged), sum(p for _, p in judged)
+        through = answers - pushed
+        enough = self.MIN_CALM_ANSWERS if self.rate is None and not pushed else self.MIN_ANSWERS
+        if span <= 0 or answers < enough:
+            return None
+        if pushed and 0 < through < self.MIN_CALM_ANSWERS:
+            return None
+        # The busier half: a sender slowed by start-up, an outage or a cooldown for part of
+        # the span would otherwise pass its own slowness off as the provider's limit.
+        early = sum(1 for sent_at, p in judged if not p and sent_at < start + span / 2)
+        accepted = max(early, through - early) / (span / 2)
+        sent = sum(1 for turn in self._turns if turn < horizon)
+        return Interval(answers, pushed, accepted, answers / span, sent / span)
+
+    def _decide(self, interval: Interval) -> None:
+        excess = interval.share > self.background + self._margin(self.background, interval)
+        if self._on_trial and self._unchanged(interval):
+            # The cut did not bring pushback down: it is not ours to prevent.
+            self.rate, self._on_trial = self._before, False
+            self._calm_since = self._calm_since_before
+            self.background = min(interval.share, self.MAX_BACKGROUND)
+        elif not excess:
+            self._calm(interval)
+        elif interval.accepted > 0:  # else none get through: cooldown and backoff do the work
+            self._calm_since_before = self._calm_since
+            if self.rate is not None and not self._on_trial:  # growing, it met the limit
+                self._calm_since = self._clock()
+            self._on_trial, self._before = True, self.rate
+            self._before_cut = (interval.share, interval.accepted)
+            cut = self.CUT * interval.accepted
+            # A capped rate is at most halved an interval: what got through while an outage or
+            # the cooldown held requests back is no measure of a limit.
+            self.rate = cut if self.rate is None else min(self.rate, max(cut, self.rate / 2))
+
+    def _calm(self, interval: Interval) -> None:
+        """An interval without excess pushback: learn the background, grow the rate."""
+        b = self.background
+        if self._on_trial:  # the cut held: what pushback is left is background, at most
+            self.background = min(b, interval.share)
+        elif self.rate is None or interval.share < b:  # capped, the share may rise with load
+            self.background += self.SMOOTHING * (min(interval.share, self.MAX_BACKGROUND) - b)
+        self._on_trial = False
+        now = self._clock()
+        self._calm_rates.append((now, interval.answered))
+        while self._calm_rates[0][0] < now - self.CALM_MEMORY_S:
+            self._calm_rates.popleft()
+        if self.rate is None:
+            return
+        if self.rate > 1.2 * interval.sent:
+            self.rate, self._calm_since = None, -math.inf  # it no longer binds
+            return
+        if self._calm_since == -math.inf:  # growing has not met the limit yet: slow start
+            self.rate *= 2
+            return
+        known = max((r for t, r in self._calm_rates if t >= self._calm_since), default=0.0)
+        self.rate *= (
+            2 if 2 * self.rate <= known else self.GROWTH if self.rate < known else self.PROBE
+        )
+
+    def _margin(self, share: float, interval: Interval) -> float:
+        """How far above `share` this interval's share must stand to be more than chance:
+        three standard errors, within [MIN_MARGIN, MAX_MARGIN], and short of 1."""
+        error = math.sqrt(share * (1 - share) / interval.answers)
+        return min(max(self.MIN_MARGIN, min(self.MAX_MARGIN, 3 * error)), (1 - share) / 2)
+
+    def _unchanged(self, interval: Interval) -> bool:
+        """Whether chance explains this interval's pushback better than a limit does. Chance:
+        the share before the cut, whatever the rate. A limit: the rate that got through before
+        the cut, so the share is what the rate sent now exceeds it by. Binomial likelihoods."""
+        share_before, limit = self._before_cut
+
+        def likelihood(share: float) -> float:
+            share = min(max(share, 0.005), 0.995)
+            return interval.pushed * math.log(share) + (
+                interval.answers - interval.pushed
+            ) * math.log(1 - share)
+
+        return likelihood(share_before) >= likelihood(1 - limit / interval.answered)
+
+    def _next_interval(self, start: float) -> None:
+        self._start = start
+        self._answers = deque(a for a in self._answers if a[0] >= start)
+        self._pushed = sum(pushed for _, pushed in self._answers)
+        while self._turns and self._turns[0] < start:
+            self._turns.popleft()
 
     def wait(self) -> float:
         """Seconds the next request must wait to keep to the rate; reserves its turn."""
@@ -283,6 +474,7 @@ class AdaptiveRate:
         now = self._clock()
         turn = max(now, self._next)
         self._next = turn + 1.0 / self.rate
+        self._turns.append(turn)
         return turn - now
 
 
@@ -314,6 +506,7 @@ class Pacer:
         # overload (the cooldown and the learned send rate still hold requests back).
         self.adaptive = adaptive
         self.rate = AdaptiveRate(clock)
+        self.pushback = Pushback(num_workers, clock)
         limited = requests_per_minute or input_tokens_per_minute or output_tokens_per_minute
         self.budget = (
             Budget(
@@ -324,7 +517,6 @@ class Pacer:
         )
         self.politeness_s = politeness_s
         self.cooldown_until = 0.0
-        self.last_success = -math.inf
         self._clock = clock
         self._sleep = sleep
         self._resting: set[asyncio.Task] = set()  # slots held back for politeness_s
@@ -355,22 +547,23 @@ class Pacer:
         """Give the slot back and learn from the outcome. `usage` is the (input, output)
         tokens the provider reported; without it, a failed request is charged no output.
 
-        Returns True for pushback that says nothing against this request: an overload signal
-        while other requests are getting through (one succeeded in the last SERVING_WINDOW_S),
-        so the provider is serving and this one only lost the race for its rate limit."""
-        now = self._clock()
-        excusable = overloaded and now - self.last_success <= SERVING_WINDOW_S
+        Overload signals cut concurrency and hold every request back for a Retry-After only
+        while they dominate (`Pushback`); the learned rate judges them an interval at a time
+        (`AdaptiveRate`). Returns True for pushback that says nothing against this request:
+        an overload signal while other requests are getting through (one succeeded in the last
+        SERVING_WINDOW_S), so the provider is serving and this one only lost the race for its
+        rate limit, or was shed at random."""
+        excusable = overloaded and self.pushback.serving()
         if self.budget is not None:
             used_in, used_out = usage if usage is not None else (ticket.input_tokens, 0)
             self.budget.settle((ticket.input_tokens, used_in), (ticket.output_tokens, used_out))
+        self.pushback.record(overloaded, ok)
+        self.rate.record(ticket.sent_at, overloaded)
         if ok:
-            self.last_success = now
             self.limit.succeeded()
-            self.rate.succeeded()
-        elif overloaded:
+        elif overloaded and self.pushback.dominant():
             if self.adaptive:
                 self.limit.overloaded(ticket.sent_at)
-            self.rate.overloaded(ticket.sent_at)
             if retry_after:
                 self.cooldown_until = max(self.cooldown_until, self._clock() + retry_after)
         if self.politeness_s > 0:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import heapq
 import random
 import time
+from collections import Counter
 
 import pytest
 
@@ -138,25 +140,6 @@ def test_adaptive_limit_halves_once_per_round_trip_and_grows_back():
     assert limit.limit == 32
 
 
-def test_adaptive_rate_settles_under_the_accepted_rate_and_lifts_when_free():
-    clock = FakeClock()
-    rate = AdaptiveRate(clock)
-    assert rate.wait() == 0 and rate.rate is None  # no pushback yet: no cap
-    for _ in range(100):  # 20 accepted a second for 5 seconds
-        clock.now += 0.05
-        rate.succeeded()
-    rate.overloaded(sent_at=clock.now)
-    assert rate.rate == pytest.approx(0.9 * 20, rel=0.05)
-    waits = [rate.wait() for _ in range(3)]
-    assert waits[0] == 0 and waits[2] == pytest.approx(2 / rate.rate)  # spaced out
-    rate.overloaded(sent_at=clock.now - 1)  # sent before the cut: says nothing new
-    assert rate.rate == pytest.approx(0.9 * 20, rel=0.05)
-    for _ in range(400):  # the limit went away: successes grow the rate until it stops binding
-        clock.now += 0.01
-        rate.succeeded()
-    assert rate.rate is None
-
-
 def test_adaptive_limit_caps_concurrency_and_wakes_waiters_in_order():
     async def run() -> tuple[int, list[int]]:
         limit = AdaptiveLimit(3)
@@ -232,15 +215,6 @@ def test_politeness_keeps_a_worker_resting_after_each_request():
     assert rested == pytest.approx(3.0) and events == ["released", "acquired"]
 
 
-def test_adaptive_rate_remembers_only_its_window():
-    clock = FakeClock()
-    rate = AdaptiveRate(clock)
-    for _ in range(10_000):  # a long job that never hits a limit
-        clock.now += 0.01
-        rate.succeeded()
-    assert len(rate._accepted) <= AdaptiveRate.WINDOW_S / 0.01 + 1
-
-
 def test_pacer_tells_pushback_that_says_nothing_against_the_request():
     async def run() -> list[bool]:
         clock = FakeClock()
@@ -300,3 +274,158 @@ def test_use_adaptive_concurrency_false_keeps_num_workers_through_overload(adapt
                 return len(held)
 
     assert asyncio.run(run()) == after
+
+
+def test_pushback_in_a_minority_neither_halves_concurrency_nor_holds_everyone_back():
+    """A 429 among successes (a provider shedding at random) leaves num_workers in flight and
+    holds back only the request that got it; a wave of them, most of a round trip's answers,
+    halves concurrency and holds every request for the Retry-After."""
+
+    async def run() -> tuple[float, float, float, float]:
+        clock = FakeClock()
+        pacer = Pacer(16, clock=clock, sleep=clock.sleep)
+        for i in range(40):
+            ticket = await pacer.acquire(1, 1)
+            clock.now += 0.01
+            pacer.release(ticket, ok=i % 8 != 3, overloaded=i % 8 == 3, retry_after=5)
+        after_random = pacer.limit.limit, pacer.cooldown_until - clock.now
+        for _ in range(8):
+            ticket = await pacer.acquire(1, 1)
+            clock.now += 0.01
+            pacer.release(ticket, ok=False, overloaded=True, retry_after=5)
+        return (*after_random, pacer.limit.limit, pacer.cooldown_until - clock.now)
+
+    limit_random, held_random, limit_wave, held_wave = asyncio.run(run())
+    assert limit_random == 16 and held_random <= 0
+    assert limit_wave <= 8 and held_wave == pytest.approx(5, abs=0.1)
+
+
+# --- the learned rate against simulated providers, on the fake clock ---------------------------
+
+
+class NoRate:
+    """A sender that never paces: what the learned rate is measured against."""
+
+    rate = None
+
+    def record(self, sent_at: float, overloaded: bool) -> None:
+        pass
+
+    def wait(self) -> float:
+        return 0.0
+
+
+def simulate(refuse, seconds: float, paced: bool = True, workers: int = 16, latency: float = 0.05):
+    """`workers` senders on the fake clock, each sending again as soon as its last request is
+    answered, or 0.1 s after a refusal (as a retry's backoff would), all through one
+    AdaptiveRate. `refuse(t)` says whether the provider turns away a request arriving at t;
+    a refusal comes back at once, an answer after `latency`. Returns the rate, the requests that
+    got through in each simulated second, and those refused."""
+    clock = FakeClock()
+    clock.now = 0.0
+    rate = AdaptiveRate(clock) if paced else NoRate()
+    events = [(0.0, i, "free", (0.0, False)) for i in range(workers)]
+    heapq.heapify(events)
+    through, refused = Counter(), Counter()
+    seq = workers
+    while events:
+        t, _, kind, (sent_at, turned_away) = heapq.heappop(events)
+        if t >= seconds:
+            break
+        clock.now = t
+        seq += 1
+        if kind == "free":
+            heapq.heappush(events, (t + rate.wait(), seq, "send", (t, False)))
+        elif kind == "send":
+            no = refuse(t)
+            heapq.heappush(events, (t + (0.002 if no else latency), seq, "answer", (t, no)))
+        else:
+            rate.record(sent_at, turned_away)
+            (refused if turned_away else through)[int(t)] += 1
+            heapq.heappush(events, (t + (0.1 if turned_away else 0.0), seq, "free", (t, False)))
+    return rate, through, refused
+
+
+def at_random(share: float, seed: int = 0):
+    rng = random.Random(seed)
+    return lambda t: rng.random() < share
+
+
+def token_bucket(per_second: float):
+    """A provider's rate limit: `per_second`, with a second's worth of burst."""
+    state = {"tokens": per_second, "at": 0.0}
+
+    def refuse(t: float) -> bool:
+        state["tokens"] = min(per_second, state["tokens"] + (t - state["at"]) * per_second)
+        state["at"] = t
+        if state["tokens"] >= 1:
+            state["tokens"] -= 1
+            return False
+        return True
+
+    return refuse
+
+
+def total(counts: Counter, start: int, end: int) -> int:
+    return sum(counts[s] for s in range(start, end))
+
+
+@pytest.mark.parametrize("share", [0.11, 0.15, 0.3])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pushback_at_random_does_not_ratchet_the_rate_down(share, seed):
+    """A provider that turns away a share of requests whatever the load: the paced sender gets
+    as many through as one that never paces, to the end."""
+    _, through, _ = simulate(at_random(share, seed), 60)
+    _, unpaced, _ = simulate(at_random(share, seed), 60, paced=False)
+    assert total(through, 0, 60) >= 0.95 * total(unpaced, 0, 60)
+    assert total(through, 50, 60) >= 0.95 * total(unpaced, 50, 60)  # no slow decay either
+
+
+@pytest.mark.parametrize("limit, workers, latency", [(10, 16, 0.05), (60, 32, 0.2), (3, 8, 1.0)])
+def test_a_real_rate_limit_is_found_and_kept(limit, workers, latency):
+    """A provider that takes `limit` requests a second and refuses the rest: once settled, as
+    many get through as the limit allows, and few are refused, where a sender that does not
+    pace has most of its requests refused."""
+    rate, through, refused = simulate(token_bucket(limit), 60, workers=workers, latency=latency)
+    _, _, refused_unpaced = simulate(token_bucket(limit), 60, False, workers, latency)
+    assert total(through, 20, 60) >= 0.9 * limit * 40
+    assert total(refused, 20, 60) <= 0.25 * (total(refused, 20, 60) + total(through, 20, 60))
+    assert total(refused_unpaced, 20, 60) > 2 * total(through, 20, 60)
+    assert rate.rate is not None and 0.8 * limit <= rate.rate <= 2 * limit
+
+
+def test_an_outage_slows_the_sender_then_full_speed_returns():
+    """Five seconds of refusing everything in the middle of a run (a burst of 529s): the rate
+    is not left cut, so the seconds after it run as fast as the seconds before."""
+    rate, through, refused = simulate(lambda t: 20 <= t < 25, 60)
+    before = total(through, 10, 20) / 10
+    assert total(through, 21, 25) == 0 and total(refused, 21, 25) > 0
+    assert total(through, 28, 35) >= 0.9 * before * 7  # back within 3 s, and stays
+    assert total(through, 35, 60) >= 0.95 * before * 25
+    assert rate.rate is None
+
+
+def test_a_cut_that_does_not_lower_pushback_is_undone():
+    """Every third request turned away, whatever the rate: the first intervals look like a
+    limit and the rate is cut; the next, at the lower rate, shows the same share, so the cut
+    is undone and that share is taken for the provider's background."""
+    clock = FakeClock()
+    rate = AdaptiveRate(clock)
+    capped = []
+    for i in range(4000):  # answers 50 ms after they were sent, 320 a second
+        clock.now += max(rate.wait(), 0.05 / 16)
+        rate.record(clock.now - 0.05, i % 3 == 0)
+        if rate.rate is not None:
+            capped.append(i)
+    assert capped and capped[-1] < 1000  # cut once, early, and not again
+    assert rate.rate is None
+    assert rate.background == pytest.approx(1 / 3, abs=0.05)
+
+
+def test_the_learned_rate_remembers_one_interval():
+    clock = FakeClock()
+    rate = AdaptiveRate(clock)
+    for _ in range(10_000):  # a long job that never hits a limit
+        clock.now += 0.01
+        rate.record(clock.now - 0.05, False)
+    assert len(rate._answers) <= (AdaptiveRate.SPAN_S + 0.2) / 0.01
