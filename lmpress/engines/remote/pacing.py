@@ -242,7 +242,7 @@ class AdaptiveLimit:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # granted, then cancelled: hand the slot on
-            else:
+            elif waiter in self._waiters:  # a release may have dropped it already
                 self._waiters.remove(waiter)
             raise
 

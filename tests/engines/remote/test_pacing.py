@@ -429,3 +429,22 @@ def test_the_learned_rate_remembers_one_interval():
         clock.now += 0.01
         rate.record(clock.now - 0.05, False)
     assert len(rate._answers) <= (AdaptiveRate.SPAN_S + 0.2) / 0.01
+
+
+def test_waiters_cancelled_before_a_release_leave_quietly():
+    # Rows abandoned at the end of a stop's grace are cancelled while they wait for a slot; a
+    # release in between drops their futures from the queue, and each must not fail to.
+    async def main() -> int:
+        limit = AdaptiveLimit(1)
+        await limit.acquire()
+        waiting = [asyncio.create_task(limit.acquire()) for _ in range(3)]
+        await asyncio.sleep(0)
+        for task in waiting:
+            task.cancel()
+        limit.release()
+        outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+        assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+        await limit.acquire()  # the slot is free again
+        return limit.in_flight
+
+    assert asyncio.run(main()) == 1
