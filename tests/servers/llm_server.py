@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl
 
-from tests.servers import refusals
+from tests.servers import refusals, request_types
 from tests.servers.batch_api import BatchAPI, BatchFaults, Request
 from tests.servers.replies import Reply, reply_text
 
@@ -126,6 +126,7 @@ class LLMServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> LLMServer:
+        request_types.prepare()
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )

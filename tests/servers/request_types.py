@@ -73,6 +73,15 @@ def body_problem(
     return None
 
 
+def prepare() -> None:
+    """Build every endpoint's validator now (the SDKs' types import in a second or two): a
+    server that built them on its first request answered it late enough, on a busy machine,
+    for a client with a short timeout to send it again."""
+    for where in typing.get_args(Endpoint):
+        for stream in (False, True):
+            _type(where, stream)
+
+
 @cache
 def _type(where: Endpoint, stream: bool) -> tuple[frozenset[str], SchemaValidator]:
     """The top-level keys the SDK's request type declares, and a strict validator for it."""
