@@ -25,7 +25,7 @@ STATUS = re.compile(r"\[(\d+) tokens · [\d.]+ tokens/s · [\d.]+ s · prompt (\
 class ChatSession:
     """One `lmpress chat` in a pseudo-terminal, read the way a user reads it."""
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path):
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120):
         full_env = {**os.environ, "TERM": "xterm", **env}
         full_env.pop("NO_COLOR", None)
         self.child = pexpect.spawn(
@@ -36,7 +36,7 @@ class ChatSession:
             encoding="utf-8",
             codec_errors="replace",
             dimensions=(60, 1000),  # wide, so no line a test reads is wrapped
-            timeout=120,
+            timeout=timeout,
         )
         self.child.expect(PROMPT)
         self.welcome = clean(self.child.before)

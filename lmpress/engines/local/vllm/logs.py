@@ -38,10 +38,13 @@ WRAPPERS = ("root cause", "stack trace", "EngineCore encountered")
 
 
 class BelowError(logging.Filter):
-    """Lets through what is not an error: errors and tracebacks stay in the file."""
+    """Lets through what is not an error: errors and tracebacks stay in the file. So do vLLM's
+    deprecation warnings, which speak to the code calling vLLM (lmpress), not to its user: in
+    `lmpress chat` vLLM 0.32's "Passing raw prompts to InputProcessor is deprecated" was
+    printed inside the first reply."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < logging.ERROR
+        return record.levelno < logging.ERROR and "deprecated" not in record.getMessage()
 
 
 def capture_vllm_log() -> Path | None:

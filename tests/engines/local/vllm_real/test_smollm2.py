@@ -17,12 +17,14 @@ import jsonschema
 import pytest
 
 from lmpress.configs import load_config
+from lmpress.engines.local.vllm import engine as engine_module
 from lmpress.engines.registry import create_engine
 from lmpress.packaged import SMOLLM2
 from lmpress.types import Delta, GenerationParams, Message, Request
-from tests.conftest import run_lmpress
+from tests.conftest import REPO, run_lmpress
 from tests.engines.local.vllm_real.conftest import raw_vllm
 from tests.serve.conftest import Served
+from tests.test_chat import STATUS, ChatSession
 
 MAX_MODEL_LEN = 1024
 # What both sides run with. lmpress's `auto` dtype is float32 on a CPU (the rule NATIVE follows
@@ -101,6 +103,29 @@ CHAT_CASES = [
      {"temperature": 0, "structured_outputs": {"choice": ["London", "Paris", "Berlin"]},
       "max_tokens": 8}),
 ]  # fmt: skip
+# Conversations asked of raw vLLM beside CHAT_CASES, greedy, with chat's default length.
+# PARIS_REPLY is vLLM's first reply to FRANCE (asserted below), so CHAT_FOLLOW_UP is the
+# conversation `lmpress chat` holds after that reply and a follow-up.
+CHAT_MAX_TOKENS = 256  # generation.max_new_tokens' default, which chat uses
+PARIS_REPLY = "The capital of France is Paris."
+FOLLOW_UP = "And Germany?"
+CHAT_FOLLOW_UP = [
+    {"role": "user", "content": FRANCE},
+    {"role": "assistant", "content": PARIS_REPLY},
+    {"role": "user", "content": FOLLOW_UP},
+]
+# A system prompt of several hundred tokens (several of vLLM's KV-cache blocks) that two
+# questions share: the second is prefilled from vLLM's prefix cache.
+LONG_SYSTEM = "You answer from these notes only. " + " ".join(
+    f"Note {i}: room {i} of the museum holds {i * 3} paintings and {i + 7} statues."
+    for i in range(30)
+)
+SHARED_PREFIX = [
+    [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": q}]
+    for q in ("How many paintings does room 4 hold?", "How many statues does room 9 hold?")
+]
+FOLLOW_UP_ALONE = [{"role": "user", "content": FOLLOW_UP}]
+EXTRA_CHATS = [CHAT_FOLLOW_UP, FOLLOW_UP_ALONE, *SHARED_PREFIX]
 PROMPT_CASES = [
     ("The capital of France is", {"max_new_tokens": 24, "logprobs": True, "top_logprobs": 2},
      {"temperature": 0, "max_tokens": 24, "logprobs": 2}),
@@ -121,7 +146,9 @@ def reference(model_dir, tmp_path_factory) -> dict:
         "model": model_dir,
         "engine_args": ENGINE_ARGS,
         "chat": [{"messages": [{"role": "user", "content": q}], "sampling": s}
-                 for q, _, s in CHAT_CASES],
+                 for q, _, s in CHAT_CASES]
+                + [{"messages": m, "sampling": {"temperature": 0, "max_tokens": CHAT_MAX_TOKENS}}
+                   for m in EXTRA_CHATS],
         "generate": [{"prompt": p, "sampling": s} for p, _, s in PROMPT_CASES],
     }  # fmt: skip
     return raw_vllm(cases, tmp_path_factory.mktemp("raw-smollm2"))
@@ -159,12 +186,12 @@ def test_chat_replies_equal_vllm_chat(engine, reference):
     ]
     results = engine.generate(requests)
     for (question, params, _), result, raw in zip(
-        CHAT_CASES, results, reference["chat"], strict=True
+        CHAT_CASES, results, reference["chat"][: len(CHAT_CASES)], strict=True
     ):
         assert_same(result, raw, f"{question} {params}")
     # What the cases are there to show, on vLLM's own side too.
     first = reference["chat"]
-    assert first[0][0]["text"] == "The capital of France is Paris."
+    assert first[0][0]["text"] == PARIS_REPLY
     assert first[6][0]["text"] == "The capital of France is "  # stop string, not shown
     assert "Paris" not in first[10][0]["text"]  # logit_bias -100 on " Paris"
     assert first[4][0]["text"] != first[4][1]["text"]  # n=2 samples differ
@@ -315,6 +342,28 @@ def test_infer_prints_what_vllm_chat_answers(reference):
     assert run.stdout == "The capital of France is Paris.\n"
 
 
+def reply_shown(shown: str) -> str:
+    """The reply in what chat showed for a message: its lines before the status line."""
+    lines = shown.strip("\n").splitlines()
+    assert STATUS.search(lines[-1]), shown
+    return "\n".join(lines[:-1]).strip()
+
+
+def test_chat_replies_as_vllm_and_the_second_turn_sees_the_first(reference, tmp_path):
+    state = {"PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(tmp_path / "state")}
+    session = ChatSession(CLI_MODEL, state, tmp_path, timeout=600)
+    try:
+        assert reply_shown(session.say(FRANCE)) == reference["chat"][0][0]["text"] == PARIS_REPLY
+        # The follow-up is answered with the first exchange before it, as vLLM answers the
+        # whole conversation.
+        follow_up = extra(reference, CHAT_FOLLOW_UP)["text"]
+        assert follow_up != extra(reference, FOLLOW_UP_ALONE)["text"]  # it needs the history
+        assert reply_shown(session.say(FOLLOW_UP)) == follow_up
+        assert session.leave() == 0
+    finally:
+        session.child.close(force=True)
+
+
 def test_serve_answers_as_vllm_and_a_client_that_leaves_frees_its_request(reference):
     served = Served(CLI_MODEL, start_timeout=600)
     try:
@@ -350,3 +399,35 @@ def test_serve_answers_as_vllm_and_a_client_that_leaves_frees_its_request(refere
         assert again.choices[0].message.content == expected["text"]
     finally:
         served.stop()
+
+
+def extra(reference: dict, conversation: list[dict]) -> dict:
+    """vLLM's greedy answer to one of EXTRA_CHATS."""
+    return reference["chat"][len(CHAT_CASES) + EXTRA_CHATS.index(conversation)][0]
+
+
+def test_a_shared_prefix_is_read_from_vllms_cache_and_the_reply_is_unchanged(
+    engine, reference, monkeypatch
+):
+    """vLLM's prefix cache (on by default) serves lmpress's requests: the second of two
+    conversations with the same long system prompt is prefilled mostly from the cache, as
+    vLLM's own RequestOutput.num_cached_tokens says, and its reply is still vLLM's."""
+    cached: dict[str, int | None] = {}
+
+    class Recording(engine_module.OutputAssembler):  # records what vLLM sent; changes nothing
+        def feed(self, output):
+            cached[self.request_id] = output.num_cached_tokens
+            return super().feed(output)
+
+    monkeypatch.setattr(engine_module, "OutputAssembler", Recording)
+    greedy = GenerationParams(max_new_tokens=CHAT_MAX_TOKENS)
+    results = []
+    for i, conversation in enumerate(SHARED_PREFIX):  # one after the other
+        messages = [Message(m["role"], m["content"]) for m in conversation]
+        (result,) = engine.generate([Request(f"shared{i}", messages, greedy)])
+        assert result.ok and result.text == extra(reference, conversation)["text"], result.text
+        results.append(result)
+    prompt = results[1].usage.prompt_tokens
+    assert prompt > 400
+    assert cached["shared0"] < prompt / 2  # nothing before it shared the system prompt
+    assert cached["shared1"] > prompt / 2  # the system prompt came from the cache
