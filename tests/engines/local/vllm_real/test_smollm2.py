@@ -22,7 +22,7 @@ from lmpress.engines.registry import create_engine
 from lmpress.packaged import SMOLLM2
 from lmpress.types import Delta, GenerationParams, Message, Request
 from tests.conftest import REPO, run_lmpress
-from tests.engines.local.vllm_real.conftest import raw_vllm
+from tests.engines.local.vllm_real.conftest import REQUIRED, raw_vllm
 from tests.serve.conftest import Served
 from tests.test_chat import STATUS, ChatSession
 
@@ -362,6 +362,26 @@ def test_chat_replies_as_vllm_and_the_second_turn_sees_the_first(reference, tmp_
         assert session.leave() == 0
     finally:
         session.child.close(force=True)
+
+
+def test_batch_on_ray_writes_what_vllm_answers(reference, tmp_path):
+    """`lmpress batch --ray` with one replica, on a local Ray that lmpress starts: the replica
+    runs the same engine on vLLM, and every row is vLLM's greedy answer."""
+    if not REQUIRED:
+        pytest.importorskip("ray", reason="the ray extra is not installed")
+    greedy = [i for i, (_, p, _) in enumerate(CHAT_CASES[:4]) if p["max_new_tokens"] == 48]
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows = [{"id": f"r{i}", "prompt": CHAT_CASES[i][0]} for i in greedy]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = run_lmpress(
+        "batch", *CLI_MODEL, "--generation.max_new_tokens", "48", "-i", str(source),
+        "-o", str(out), "--ray", "--ray.replicas", "1", "--ray.cpus_per_replica", "1",
+        timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "started Ray" in run.stderr
+    written = {row["id"]: row["response"]["text"] for row in map(json.loads, out.open())}
+    assert written == {f"r{i}": reference["chat"][i][0]["text"] for i in greedy}
 
 
 def test_serve_answers_as_vllm_and_a_client_that_leaves_frees_its_request(reference):
