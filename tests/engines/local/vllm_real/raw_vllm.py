@@ -7,9 +7,11 @@ CASES.json: {"model": DIR, "engine_args": {...}, "chat": [{"messages": [...], "s
 SamplingParams keyword arguments, written by hand in the test (never made by lmpress's own
 translation), with `structured_outputs` as StructuredOutputsParams' keyword arguments.
 `vllm.LLM(model=DIR, **engine_args)` answers the chat cases with `LLM.chat` and the prompts with
-`LLM.generate`, each list in one call. OUT.json: {"chat": [...], "generate": [...]}, one entry
-a case: its samples' text, token ids, finish reason and per-token logprobs (the chosen token's
-text and logprob, then the top ones).
+`LLM.generate`, each list in one call. With "lora": ADAPTER_DIR (and enable_lora in
+engine_args) each list is asked once more with that adapter's LoRARequest, as "lora_chat" and
+"lora_generate". OUT.json: {"chat": [...], "generate": [...], ...}, one entry a case: its
+samples' text, token ids, finish reason and per-token logprobs (the chosen token's text and
+logprob, then the top ones).
 
 A script of its own, in a process of its own: vLLM starts its engine core by spawn, which
 needs the `__main__` guard, and this keeps lmpress out of the process entirely.
@@ -59,21 +61,30 @@ def main(cases_file: str, out_file: str) -> None:
     with open(cases_file, encoding="utf-8") as f:
         cases = json.load(f)
     llm = vllm.LLM(model=cases["model"], **cases["engine_args"])
-    out: dict[str, list] = {"chat": [], "generate": []}
-    if cases.get("chat"):
-        outputs = llm.chat(
-            [c["messages"] for c in cases["chat"]],
-            [sampling(vllm, c["sampling"]) for c in cases["chat"]],
-            use_tqdm=False,
-        )
-        out["chat"] = [described(o) for o in outputs]
-    if cases.get("generate"):
-        outputs = llm.generate(
-            [c["prompt"] for c in cases["generate"]],
-            [sampling(vllm, c["sampling"]) for c in cases["generate"]],
-            use_tqdm=False,
-        )
-        out["generate"] = [described(o) for o in outputs]
+    out: dict[str, list] = {}
+    adapters = [("", None)]
+    if cases.get("lora"):
+        from vllm.lora.request import LoRARequest
+
+        adapters.append(("lora_", LoRARequest("adapter", 1, cases["lora"])))
+    for prefix, lora in adapters:
+        out[prefix + "chat"], out[prefix + "generate"] = [], []
+        if cases.get("chat"):
+            outputs = llm.chat(
+                [c["messages"] for c in cases["chat"]],
+                [sampling(vllm, c["sampling"]) for c in cases["chat"]],
+                use_tqdm=False,
+                lora_request=lora,
+            )
+            out[prefix + "chat"] = [described(o) for o in outputs]
+        if cases.get("generate"):
+            outputs = llm.generate(
+                [c["prompt"] for c in cases["generate"]],
+                [sampling(vllm, c["sampling"]) for c in cases["generate"]],
+                use_tqdm=False,
+                lora_request=lora,
+            )
+            out[prefix + "generate"] = [described(o) for o in outputs]
     with open(out_file, "w", encoding="utf-8") as f:
         json.dump(out, f)
 
