@@ -1,4 +1,7 @@
-"""Images on the VLLM engine, against the vLLM stand-in (see vllm_standin/README.md): a row's
+"""contract test: needs GPUs to run for real (a vLLM install with torchvision, which vLLM's
+LLaVA imports: .venv-vllm, vLLM's CPU build, cannot have it, see the README's VLLM section).
+
+Images on the VLLM engine, against the vLLM stand-in (see vllm_standin/README.md): a row's
 images go as vLLM's `multi_modal_data` beside the template's text with one placeholder per
 image, and vLLM's refusals fail that row alone. This proves the adapter, not vLLM:
 benchmarks/vllm_check.py sends images to the real one on a GPU machine."""
