@@ -120,25 +120,6 @@ async def run_clients(port: int, model: str, chats: list, clients: int, max_toke
     return counts["tokens"], wall, counts["chunks"]
 
 
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """CPU seconds (user + system) so far of the server's own process (the HTTP front end) and
-    of its child processes together (vLLM's engine core)."""
-    import psutil
-
-    root = psutil.Process(pid)
-    if root.name().startswith("py-spy"):
-        root = root.children()[0]
-    children = 0.0
-    for child in root.children(recursive=True):
-        try:
-            times = child.cpu_times()
-            children += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    times = root.cpu_times()
-    return times.user + times.system, children
-
-
 def measure(side: str, args: argparse.Namespace, model_dir: str, chats: list, tmp: Path):
     port = free_port()
     command = server_command(side, args, model_dir, port)
@@ -154,12 +135,11 @@ def measure(side: str, args: argparse.Namespace, model_dir: str, chats: list, tm
     try:
         model = wait_ready(proc, port, log)
         asyncio.run(run_clients(port, model, chats[: args.clients], args.clients, 8))  # warm-up
-        load, cpu = os.getloadavg()[0], cpu_seconds(proc.pid)
+        load = os.getloadavg()[0]
         tokens, wall, chunks = asyncio.run(
             run_clients(port, model, chats, args.clients, args.max_tokens)
         )
-        cpu = [after - before for after, before in zip(cpu_seconds(proc.pid), cpu, strict=True)]
-        return tokens, wall, chunks, (load + os.getloadavg()[0]) / 2, cpu
+        return tokens, wall, chunks, (load + os.getloadavg()[0]) / 2
     finally:
         proc.terminate()
         try:
@@ -204,12 +184,11 @@ def main() -> int:
             sides = ("vllm", "lmpress") if round_ % 2 else ("lmpress", "vllm")
             rates = {}
             for side in (args.only,) if args.only else sides:
-                tokens, wall, chunks, load, cpu = measure(side, args, model_dir, chats, Path(tmp))
+                tokens, wall, chunks, load = measure(side, args, model_dir, chats, Path(tmp))
                 rates[side] = tokens / wall
                 loads.append(load)
                 print(f"round {round_} {side:8}: {tokens} tokens in {wall:.2f} s = "
-                      f"{rates[side]:.1f} tok/s ({chunks} chunks), load {load:.2f}; CPU s: front end "
-                      f"{cpu[0]:.1f}, engine core {cpu[1]:.1f}", flush=True)  # fmt: skip
+                      f"{rates[side]:.1f} tok/s ({chunks} chunks), load {load:.2f}", flush=True)  # fmt: skip
             if len(rates) == 2:
                 ratios.append(rates["lmpress"] / rates["vllm"])
                 print(f"round {round_} lmpress / vllm = {ratios[-1]:.3f}", flush=True)
