@@ -1,0 +1,202 @@
+"""Which engine to pick on a CPU: raw vLLM (CPU build), lmpress VLLM, NATIVE and LLAMACPP on
+one chat workload, each side in a process of its own.
+
+The workload is vllm_check.py's: `--rows` mixed chat conversations, greedy, at most
+`--max-new-tokens` new tokens a row, EOS honoured, `--in-flight` rows decoded together
+(vLLM's `max_num_seqs` on the vLLM sides, `generation.batch_size` on NATIVE and LLAMACPP).
+The sides:
+
+- vllm: raw `vllm.LLM(...).chat(all rows)` (vllm_check.run_raw), in the vLLM venv;
+- VLLM: `run_batch` on lmpress's VLLM engine (AsyncLLM), in the vLLM venv;
+- NATIVE: `run_batch` on NATIVE, the same dequantized SmolLM2 (transformers), in the main venv;
+- LLAMACPP F16 and Q4_1: `run_batch` on LLAMACPP over the F16 GGUF (`smollm2:135m-instruct`)
+  and the shipped Q4_1 file (`smollm2:135m-instruct-q4_1`), lmpress's defaults otherwise.
+
+Both vLLM sides get the same engine arguments: float32 (lmpress's `auto` on a CPU), eager,
+`max_num_seqs`; `VLLM_CPU_KVCACHE_SPACE` defaults to 2 (GiB). Only generation is timed, not
+loading. A side counts the tokens each row generated, EOS included. Each round runs the sides
+in turn, the next round in reverse order, so drift in the machine's load spreads over them;
+the table gives each side's median tok/s and the median of its per-round ratios to raw vLLM.
+Peak RSS is the most the side's process tree (vLLM's engine core included) held at once,
+sampled every 0.2 s over the whole run, loading included.
+
+    python benchmarks/cpu_engines.py [--rows 64] [--max-new-tokens 256] [--in-flight 16]
+        [--rounds 2] [--vllm-python .venv-vllm/bin/python] [--sides vllm,VLLM,NATIVE,...]
+
+Run it with the main venv's Python; the vLLM sides run with `--vllm-python`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from vllm_check import conversations, run_raw
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "smollm2:135m-instruct"
+SIDES = {  # side: (engine, model, runs in the vLLM venv)
+    "vllm": ("raw vLLM", MODEL, True),
+    "VLLM": ("VLLM", MODEL, True),
+    "NATIVE": ("NATIVE", MODEL, False),
+    "LLAMACPP-F16": ("LLAMACPP", MODEL, False),
+    "LLAMACPP-Q4_1": ("LLAMACPP", "smollm2:135m-instruct-q4_1", False),
+}
+
+
+def vllm_args(in_flight: int) -> dict:
+    return {"enforce_eager": True, "dtype": "float32", "max_num_seqs": in_flight}
+
+
+def run_lmpress(engine_name: str, model: str, rows: int, new_tokens: int, in_flight: int):
+    """`lmpress batch` in process: run_batch over a JSONL of the conversations."""
+    from lmpress.batch import BatchOptions, run_batch
+    from lmpress.cli.report import BatchReport
+    from lmpress.configs import load_config
+    from lmpress.engines.registry import create_engine
+
+    overrides = {
+        "model.model_name": model,
+        "generation.max_new_tokens": new_tokens,
+        "generation.temperature": 0.0,
+        "generation.batch_size": in_flight,
+    }
+    if engine_name == "VLLM":
+        from lmpress.engines.local.vllm.translate import model_directory
+
+        overrides["model.model_name"] = model_directory(model, "model")
+        overrides["model.model_kwargs"] = vllm_args(in_flight)
+    config = load_config(None, overrides, engine=engine_name)
+    engine = create_engine(config)
+    with tempfile.TemporaryDirectory() as tmp:
+        source, target = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
+        with source.open("w") as f:
+            for i, messages in enumerate(conversations(rows)):
+                f.write(json.dumps({"id": str(i), "messages": messages}) + "\n")
+
+        async def go():
+            try:
+                options = BatchOptions(str(source), str(target))
+                return await run_batch(
+                    config, options, engine=engine, events=BatchReport(bar=False)
+                )
+            finally:
+                await engine.aclose()
+
+        summary = asyncio.run(go())
+    return {"tokens": summary.completion_tokens, "wall_s": summary.wall_s,
+            "failed": summary.rows_failed}  # fmt: skip
+
+
+def run_here(side: str, args: argparse.Namespace) -> dict:
+    engine_name, model, _ = SIDES[side]
+    if side == "vllm":
+        from lmpress.engines.local.vllm.translate import model_directory
+
+        out = run_raw(model_directory(model, "model"), args.rows, args.max_new_tokens,
+                      vllm_args(args.in_flight), False)  # fmt: skip
+        return {"tokens": out["completion_tokens"], "wall_s": out["wall_s"], "failed": 0}
+    return run_lmpress(engine_name, model, args.rows, args.max_new_tokens, args.in_flight)
+
+
+def peak_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
+    """The largest total RSS of process `pid` and its descendants, sampled until `done`."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    while not done.wait(0.2):
+        total = 0
+        try:
+            for proc in [root, *root.children(recursive=True)]:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+        except psutil.NoSuchProcess:
+            return
+        peak[0] = max(peak[0], total)
+
+
+def run_side(side: str, args: argparse.Namespace) -> dict:
+    python = args.vllm_python if SIDES[side][2] else sys.executable
+    command = [python, __file__, "--only", side, "--rows", str(args.rows),
+               "--max-new-tokens", str(args.max_new_tokens), "--in-flight", str(args.in_flight)]  # fmt: skip
+    env = {**os.environ, "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    load = os.getloadavg()[0]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env)  # fmt: skip
+    done, peak = threading.Event(), [0]
+    watcher = threading.Thread(target=peak_rss, args=(proc.pid, done, peak), daemon=True)
+    watcher.start()
+    stdout, _ = proc.communicate()
+    done.set()
+    watcher.join()
+    lines = stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        sys.exit(f"cpu_engines: the {side} run failed (exit code {proc.returncode})")
+    result = json.loads(lines[-1])
+    result.update(peak_mib=peak[0] / 2**20, load=(load + os.getloadavg()[0]) / 2)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--in-flight", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--only", choices=sorted(SIDES), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.only:
+        print(json.dumps(run_here(args.only, args)))
+        return 0
+    sides = args.sides.split(",")
+    if unknown := [s for s in sides if s not in SIDES]:
+        parser.error(f"--sides: unknown {unknown}; choose from {', '.join(SIDES)}")
+    print(f"{args.rows} chat rows, at most {args.max_new_tokens} new tokens, greedy, EOS "
+          f"honoured, {args.in_flight} in flight; vLLM sides float32 eager, "
+          f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '2')}", flush=True)  # fmt: skip
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for round_ in range(1, args.rounds + 1):
+        for side in sides if round_ % 2 else sides[::-1]:
+            r = run_side(side, args)
+            runs[side].append(r)
+            print(f"round {round_} {side:14} {r['tokens']:>6} tokens {r['wall_s']:7.1f} s "
+                  f"{r['tokens'] / r['wall_s']:7.1f} tok/s  peak RSS {r['peak_mib']:6.0f} MiB  "
+                  f"load {r['load']:.1f}" + (f"  FAILED ROWS {r['failed']}" if r["failed"] else ""),
+                  flush=True)  # fmt: skip
+    print(f"\n| side | tok/s (median of {args.rounds}) | rounds | / raw vLLM | peak RSS |")
+    print("| --- | --- | --- | --- | --- |")
+    for side in sides:
+        rates = [r["tokens"] / r["wall_s"] for r in runs[side]]
+        ratio = "n/a"
+        if "vllm" in runs:
+            per_round = [
+                a / (b["tokens"] / b["wall_s"]) for a, b in zip(rates, runs["vllm"], strict=True)
+            ]
+            ratio = f"{statistics.median(per_round):.2f}"
+        peak = max(r["peak_mib"] for r in runs[side])
+        print(f"| {side} | {statistics.median(rates):.1f} | "
+              f"{', '.join(f'{x:.1f}' for x in rates)} | {ratio} | {peak:.0f} MiB |")  # fmt: skip
+    loads = [r["load"] for side in sides for r in runs[side]]
+    print(f"load average {min(loads):.1f} to {max(loads):.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
