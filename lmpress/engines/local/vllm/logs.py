@@ -37,6 +37,9 @@ EXCEPTION_LINE = re.compile(r"(?:^|\] )((?:\w+\.)*\w*(?:Error|Exception)): (.+)$
 WRAPPERS = ("root cause", "stack trace", "EngineCore encountered")
 
 
+OWN_CONFIG_ENV = "LMPRESS_VLLM_LOGGING_CONFIG"  # the config lmpress wrote, as processes inherit it
+
+
 class BelowError(logging.Filter):
     """Lets through what is not an error: errors and tracebacks stay in the file. So do vLLM's
     deprecation warnings, which speak to the code calling vLLM (lmpress), not to its user: in
@@ -53,10 +56,12 @@ def capture_vllm_log() -> Path | None:
     global _LOG_FILE
     if _LOG_FILE is not None:
         return _LOG_FILE
-    if (
-        os.environ.get("VLLM_LOGGING_CONFIG_PATH")
-        or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0"
-    ):
+    configured = os.environ.get("VLLM_LOGGING_CONFIG_PATH")
+    # A path lmpress set in a parent process (a script that ran VLLM, then the lmpress
+    # command) is not the user's configuration: this process routes its own.
+    if (configured and configured != os.environ.get(OWN_CONFIG_ENV)) or os.environ.get(
+        "VLLM_CONFIGURE_LOGGING"
+    ) == "0":
         return None
     folder = Path(tempfile.mkdtemp(prefix="lmpress-vllm-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
@@ -89,7 +94,7 @@ def capture_vllm_log() -> Path | None:
     }
     config_file = folder / "logging.json"
     config_file.write_text(json.dumps(config), encoding="utf-8")
-    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config_file)
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = os.environ[OWN_CONFIG_ENV] = str(config_file)
     _LOG_FILE = log_file
     return log_file
 
