@@ -11,10 +11,10 @@ from collections import Counter
 
 import pytest
 
+from lmpress.engines.remote.learned_rate import AdaptiveRate
 from lmpress.engines.remote.pacing import (
     SERVING_WINDOW_S,
     AdaptiveLimit,
-    AdaptiveRate,
     Budget,
     Pacer,
     TokenBucket,
