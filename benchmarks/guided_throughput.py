@@ -30,7 +30,7 @@ from rounds import Rounds, SideProcess
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.types import GenerationParams, Message, Request
+from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 SCHEMA = {
     "type": "object",
@@ -118,7 +118,7 @@ def _time_grammar() -> list[float]:
     """Make the grammar's per-step work (masking a row's logits, following its token) add its
     seconds to the one-element list returned: what guided decoding costs, measured directly,
     so a noisy machine that blurs the tokens/s ratio does not hide it."""
-    from lmpress.engines.common import grammar
+    from lmpress.engines.local import guided as grammar
     from lmpress.engines.local.native import sampling
 
     spent = [0.0]

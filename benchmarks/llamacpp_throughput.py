@@ -1,7 +1,7 @@
 """LLAMACPP engine throughput against llama-cpp-python's `create_chat_completion`, in one run.
 
 Both sides load the same random-weight GGUF of ~100M parameters (built locally by
-lmpress.tinygguf), with the same context size and thread counts, and answer the same chat
+lmpress.builtin_models.tiny_gguf), with the same context size and thread counts, and answer the same chat
 prompts greedily with the same number of new tokens each, EOS held off on both sides (lmpress:
 generation.min_tokens; llama-cpp-python: a -inf logit bias on EOS). `--eos` honours EOS on
 both sides instead, so rows finish at different lengths; each side counts the tokens it
@@ -38,7 +38,7 @@ from rounds import Rounds, SideProcess, lmpress_generate, mixed_prompts
 from lmpress.configs import load_config
 from lmpress.engines.local.llamacpp.loading import gguf_path, load_llama
 from lmpress.engines.registry import create_engine
-from lmpress.types import GenerationParams, Message, Request
+from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 
 def baseline(llm, prompts: list[str], new_tokens: int, eos: bool = False) -> int:

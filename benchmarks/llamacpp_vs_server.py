@@ -55,7 +55,7 @@ from lmpress.engines.local.llamacpp.loading import (
     planned_sequence_context,
 )
 from lmpress.engines.registry import create_engine
-from lmpress.tinymodels import cache_root
+from lmpress.builtin_models.tiny import cache_root
 
 SERVER_TARGETS = ("llama-server", "llama-batched-bench")
 

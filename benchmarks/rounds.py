@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from lmpress.types import GenerationParams, Message, Request
+from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 WORDS = "the quick brown fox jumps over a lazy dog while rivers run to the sea".split()
 

@@ -148,7 +148,7 @@ def main() -> int:
     args = parser.parse_args()
 
     # Build the tiny model once, before either measurement (it trains a 49k-vocab tokenizer).
-    subprocess.run([sys.executable, "-m", "lmpress.tinymodels", args.model.removeprefix("tiny:")],
+    subprocess.run([sys.executable, "-m", "lmpress.builtin_models.tiny", args.model.removeprefix("tiny:")],
                    check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     settings = [
         "--engine", "NATIVE", "--model.model_name", args.model,

@@ -8,8 +8,8 @@ from typing import TextIO
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_params
 from lmpress.engines.registry import create_engine
-from lmpress.images import image_part
-from lmpress.types import ContentPart, Delta, Message, Request, Result
+from lmpress.vocabulary.images import image_part
+from lmpress.vocabulary.types import ContentPart, Delta, Message, Request, Result
 
 
 async def run_prompt(

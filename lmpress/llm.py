@@ -22,8 +22,8 @@ from typing import Any
 from lmpress.configs.loading import bundled_recipes, load_config
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import ModelParams, RemoteParams, RunConfig
-from lmpress.errors import ConfigError
-from lmpress.types import Delta, GenerationParams, Message, Request, Result
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 
 _SECTIONS: dict[str, type] = {
     "generation": GenerationParams,

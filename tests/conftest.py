@@ -91,7 +91,7 @@ DEPRECATION_SPY = pytest.StashKey[DeprecationSpy]()
 @pytest.fixture(scope="session")
 def tiny_llama() -> str:
     """A Llama-shaped model with a byte-level BPE tokenizer and a ChatML template."""
-    from lmpress.tinymodels import tiny_model
+    from lmpress.builtin_models.tiny import tiny_model
 
     return str(tiny_model("llama"))
 
@@ -99,7 +99,7 @@ def tiny_llama() -> str:
 @pytest.fixture(scope="session")
 def tiny_gpt2() -> str:
     """A GPT-2 model with a Unigram (SentencePiece-family) tokenizer and an [INST] template."""
-    from lmpress.tinymodels import tiny_model
+    from lmpress.builtin_models.tiny import tiny_model
 
     return str(tiny_model("gpt2"))
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from lmpress import LLM
-from lmpress.errors import ConfigError
+from lmpress.vocabulary.errors import ConfigError
 from tests.conftest import REPO
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.remote.presets import BY_NAME, PRICES
-from lmpress.errors import ConfigError
-from lmpress.pricing import Price, listed_price, price_for
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.dryrun.pricing import Price, listed_price, price_for
 
 
 def config(engine: str, model: str, **remote):

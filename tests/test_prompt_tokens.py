@@ -15,10 +15,10 @@ import pytest
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.engines.remote.pacing import estimate_request_tokens
-from lmpress.errors import ModelLoadError, RequestError
-from lmpress.packaged import SMOLLM2
-from lmpress.prompt_tokens import prompt_counter
-from lmpress.types import ContentPart, GenerationParams, Message, Request, ToolCall
+from lmpress.vocabulary.errors import ModelLoadError, RequestError
+from lmpress.builtin_models.packaged import SMOLLM2
+from lmpress.dryrun.prompt_tokens import prompt_counter
+from lmpress.vocabulary.types import ContentPart, GenerationParams, Message, Request, ToolCall
 
 PARAMS = GenerationParams(max_new_tokens=2)
 WEATHER = {
@@ -132,7 +132,7 @@ def test_llamacpp_context_follows_n_ctx_and_batch_size_as_llama_cpp_makes_it():
     """The counter predicts a sequence's part of the KV cache without loading the weights;
     the engine's real context says whether it predicted right (llama.cpp rounds n_ctx up to a
     multiple of 256, and each of batch_size sequences gets an equal part, also of 256)."""
-    from lmpress.tinygguf import tiny_gguf
+    from lmpress.builtin_models.tiny_gguf import tiny_gguf
 
     path = str(tiny_gguf("llama"))  # trained with a context of 2048
     for n_ctx, batch_size in [(0, 1), (0, 3), (300, 1), (1000, 3), (4000, 8)]:

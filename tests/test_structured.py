@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmpress.structured import check_reply
+from lmpress.batch.guided_check import check_reply
 
 SCHEMA = {
     "type": "object",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lmpress.errors import ModelLoadError
-from lmpress.tinygguf import SPECS, resolve_gguf_name, tiny_gguf
+from lmpress.vocabulary.errors import ModelLoadError
+from lmpress.builtin_models.tiny_gguf import SPECS, resolve_gguf_name, tiny_gguf
 from tests.conftest import REPO
 
 TEXT = "Hello the quick cat, naïve café 東京 ☀ runs."
@@ -83,7 +83,7 @@ def test_benchmark_model_has_about_100m_parameters():
 
 def test_command_prints_the_path(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "lmpress.tinygguf", "llama"],
+        [sys.executable, "-m", "lmpress.builtin_models.tiny_gguf", "llama"],
         capture_output=True, text=True, check=True, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), "LMPRESS_CACHE": str(tmp_path)},
     )  # fmt: skip

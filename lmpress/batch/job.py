@@ -43,10 +43,10 @@ from lmpress.data.targets import (
 )
 from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine, load_engine_class
-from lmpress.errors import InputError, OutputWriteError
-from lmpress.pricing import price_for
-from lmpress.structured import check_structure
-from lmpress.types import Request, Result
+from lmpress.vocabulary.errors import InputError, OutputWriteError
+from lmpress.dryrun.pricing import price_for
+from lmpress.batch.guided_check import check_structure
+from lmpress.vocabulary.types import Request, Result
 
 CONNECTION_ERROR = "connection_error"  # the error kind remote engines give an unreachable host
 STOP_CHECK_S = 0.2  # how often a job waiting on its rows in flight looks for a stop signal

@@ -17,7 +17,7 @@ from lmpress.data.jsonl import JsonlWriter
 from lmpress.data.parquet_out import journal_line, write_parquet
 from lmpress.data.resume import JobFiles
 from lmpress.data.targets import STDIO, OutputTarget
-from lmpress.types import Result
+from lmpress.vocabulary.types import Result
 
 
 @dataclass

@@ -14,8 +14,8 @@ from lmpress.data.jsonl import Line
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
 from lmpress.engines.base import Engine, check_params, check_tools
-from lmpress.errors import LmpressError, UnsupportedParamError
-from lmpress.types import GenerationParams, Request
+from lmpress.vocabulary.errors import LmpressError, UnsupportedParamError
+from lmpress.vocabulary.types import GenerationParams, Request
 
 Read = tuple[ParsedRow, Request] | RowFailure
 

@@ -13,9 +13,9 @@ from lmpress.configs.loading import parse_scalar, validate
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_params
-from lmpress.errors import ConfigError, InputError
-from lmpress.images import image_part
-from lmpress.types import GENERATION_FIELDS, SCHEDULING_FIELDS, GenerationParams
+from lmpress.vocabulary.errors import ConfigError, InputError
+from lmpress.vocabulary.images import image_part
+from lmpress.vocabulary.types import GENERATION_FIELDS, SCHEDULING_FIELDS, GenerationParams
 
 
 def help_command(chat: Chat, arg: str) -> None:

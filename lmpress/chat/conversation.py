@@ -8,8 +8,8 @@ from pathlib import Path
 
 from lmpress.data.formats import ParsedRow, RowError, parse_row
 from lmpress.data.jsonl import JsonlWriter, count_lines, read_lines
-from lmpress.errors import InputError
-from lmpress.types import ContentPart, Message
+from lmpress.vocabulary.errors import InputError
+from lmpress.vocabulary.types import ContentPart, Message
 
 
 @dataclass

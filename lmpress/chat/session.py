@@ -17,8 +17,8 @@ from lmpress.chat.conversation import Conversation
 from lmpress.chat.terminal import Style, keys_not_echoed, reply_renderer
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
-from lmpress.errors import LmpressError, RequestError, Terminated, exception_line
-from lmpress.types import Delta, GenerationParams, Message, Request, Result
+from lmpress.vocabulary.errors import LmpressError, RequestError, Terminated, exception_line
+from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 
 
 @dataclass

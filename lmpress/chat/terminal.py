@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from lmpress.errors import Terminated
+from lmpress.vocabulary.errors import Terminated
 
 PROMPT = "> "
 CONTINUE = "... "

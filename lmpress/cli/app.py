@@ -25,7 +25,7 @@ import typer
 
 from lmpress.cli import batch, chat, infer, listings, serve
 from lmpress.cli.options import OVERRIDES, OVERRIDES_HELP
-from lmpress.errors import (
+from lmpress.vocabulary.errors import (
     DISK_ERRNOS,
     LmpressError,
     OutputWriteError,

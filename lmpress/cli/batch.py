@@ -17,7 +17,7 @@ from lmpress.cli.options import (
     load_run_config,
     unexpected,
 )
-from lmpress.errors import DISK_ERRNOS, ConfigError, InputError, OutputWriteError
+from lmpress.vocabulary.errors import DISK_ERRNOS, ConfigError, InputError, OutputWriteError
 
 if TYPE_CHECKING:
     from lmpress.batch import BatchOptions
@@ -261,7 +261,7 @@ def run_file(
 
 def dry_run_file(config: RunConfig, input: str | None, options: BatchOptions) -> int:
     """Read and count every picked row without generating: the dry run's table."""
-    from lmpress.batch.dry_run import dry_run
+    from lmpress.dryrun.run import dry_run
     from lmpress.cli.report import dry_run_table
 
     input_path = input or config.input_path

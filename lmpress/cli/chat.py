@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt, debug_wanted, load_run_config
-from lmpress.errors import ConfigError
+from lmpress.vocabulary.errors import ConfigError
 
 
 def chat(

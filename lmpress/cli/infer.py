@@ -11,7 +11,7 @@ import typer
 
 from lmpress.cli.listings import recipes
 from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt, debug_wanted, load_run_config
-from lmpress.errors import ConfigError
+from lmpress.vocabulary.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from lmpress.cli.options import EngineOpt, RecipeOpt, load_run_config
-from lmpress.errors import ConfigError
+from lmpress.vocabulary.errors import ConfigError
 
 
 def engines() -> None:

@@ -11,7 +11,7 @@ from lmpress.batch import BatchEvents, BatchSummary, RowFailure
 from lmpress.progress import ProgressBar
 
 if TYPE_CHECKING:
-    from lmpress.dryrun import DryRunSummary
+    from lmpress.dryrun.tally import DryRunSummary
 
 
 class BatchReport(BatchEvents):

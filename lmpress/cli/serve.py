@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from lmpress.cli.options import FLAG, STOP_GRACE_S, EngineOpt, RecipeOpt, StopGraceOpt
-from lmpress.errors import ConfigError
+from lmpress.vocabulary.errors import ConfigError
 
 
 def serve(

@@ -26,7 +26,7 @@ from lmpress.configs.schema import (
     RunConfig,
     check_range,
 )
-from lmpress.errors import ConfigError, first_line
+from lmpress.vocabulary.errors import ConfigError, first_line
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 

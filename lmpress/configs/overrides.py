@@ -18,8 +18,8 @@ from functools import cache
 from typing import Any
 
 from lmpress.configs.schema import check_range
-from lmpress.errors import ConfigError
-from lmpress.types import GenerationParams
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.types import GenerationParams
 
 Convert = Callable[[str, Any], Any]  # (the key as shown, the value) -> the field's value
 TRUE_WORDS = ("y", "yes", "true", "on", "1")

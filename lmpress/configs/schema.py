@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.errors import ConfigError
-from lmpress.types import GenerationParams
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.types import GenerationParams
 
 
 @dataclass

@@ -17,7 +17,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.errors import ConfigError
+from lmpress.vocabulary.errors import ConfigError
 
 
 class TemplateError(ValueError):

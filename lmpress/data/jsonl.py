@@ -38,7 +38,7 @@ import jsonlines
 import orjson
 
 from lmpress.data.targets import open_read, open_write
-from lmpress.errors import DISK_ERRNOS, InputError, OutputWriteError
+from lmpress.vocabulary.errors import DISK_ERRNOS, InputError, OutputWriteError
 
 BOM = b"\xef\xbb\xbf"  # Excel and Notepad start UTF-8 files with it
 

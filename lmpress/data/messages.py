@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lmpress.images import sniff_media_type
-from lmpress.tools import ToolError, parse_tool_calls
-from lmpress.types import ROLES, ContentPart, Message
+from lmpress.vocabulary.images import sniff_media_type
+from lmpress.vocabulary.tools import ToolError, parse_tool_calls
+from lmpress.vocabulary.types import ROLES, ContentPart, Message
 
 
 class RowError(ValueError):

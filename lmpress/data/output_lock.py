@@ -27,7 +27,7 @@ import socket
 import time
 from pathlib import Path
 
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 NO_LOCK_ENV = "LMPRESS_NO_LOCK"
 AGAIN = (

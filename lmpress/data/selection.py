@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 
 @dataclass

@@ -32,7 +32,7 @@ from typing import Any
 
 from lmpress.data.jsonl import Line, open_input, read_lines
 from lmpress.data.targets import COMPRESSED, STDIO
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 INPUT_FORMATS = ("auto", "jsonl", "parquet", "csv", "tsv", "hf")
 HUB_PREFIX = "hf:"

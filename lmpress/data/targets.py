@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 STDIO = "-"
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
-from lmpress.errors import InputError, RequestError, UnsupportedParamError
+from lmpress.vocabulary.errors import InputError, RequestError, UnsupportedParamError
 from lmpress.progress import ProgressBar
-from lmpress.tools import ToolError, check_request, uses_tools
-from lmpress.types import (
+from lmpress.vocabulary.tools import ToolError, check_request, uses_tools
+from lmpress.vocabulary.types import (
     ErrorInfo,
     GenerationParams,
     Message,

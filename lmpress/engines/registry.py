@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
 from lmpress.engines.remote.presets import PROVIDERS, engine_class
-from lmpress.errors import EngineUnavailableError
+from lmpress.vocabulary.errors import EngineUnavailableError
 
 ENTRY_POINT_GROUP = "lmpress.engines"
 

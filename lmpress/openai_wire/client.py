@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lmpress.guided import FORMS, GuidedDecoding
-from lmpress.types import GenerationParams, Message, Request
+from lmpress.vocabulary.guided import FORMS, GuidedDecoding
+from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 # What every OpenAI-compatible chat endpoint takes.
 OPENAI_PARAMS = frozenset({

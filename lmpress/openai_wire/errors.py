@@ -7,8 +7,8 @@ from typing import Any
 
 from openai.types import ErrorObject
 
-from lmpress.errors import ErrorKind
-from lmpress.types import ErrorInfo
+from lmpress.vocabulary.errors import ErrorKind
+from lmpress.vocabulary.types import ErrorInfo
 
 # Every kind, decided: a kind added to ErrorKind without a status here fails the test that
 # checks this table is whole, rather than reaching clients as a 500.

@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lmpress.configs.schema import RANGE_CHECKS
-from lmpress.errors import ConfigError
-from lmpress.guided import GuidedDecoding
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.guided import GuidedDecoding
 from lmpress.openai_wire.errors import ApiError
-from lmpress.tools import ToolError, check_tool_choice, check_tools
+from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -75,7 +75,7 @@ class ChatCompletionBody(_Body):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # Function tools, checked by `lmpress.tools`; an engine that cannot take them refuses them.
+    # Function tools, checked by `lmpress.vocabulary.tools`; an engine that cannot take them refuses them.
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

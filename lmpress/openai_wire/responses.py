@@ -31,7 +31,7 @@ from openai.types.chat.chat_completion_token_logprob import (
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
 from pydantic import BaseModel
 
-from lmpress.types import FinishReason, Result, Sample, TokenLogprob, Usage
+from lmpress.vocabulary.types import FinishReason, Result, Sample, TokenLogprob, Usage
 
 # --- response bodies -------------------------------------------------------------------------
 

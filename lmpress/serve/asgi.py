@@ -19,7 +19,7 @@ from starlette.responses import Response as StarletteResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lmpress.openai_wire.errors import ApiError
-from lmpress.types import Usage
+from lmpress.vocabulary.types import Usage
 
 log = logging.getLogger("lmpress.serve")
 

@@ -15,7 +15,7 @@ import socket
 import sys
 
 from lmpress.configs.schema import RunConfig
-from lmpress.errors import LmpressError, Terminated
+from lmpress.vocabulary.errors import LmpressError, Terminated
 
 
 def run_server(config: RunConfig, api_key: str | None = None, stop_grace_s: float = 10.0) -> int:

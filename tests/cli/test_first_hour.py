@@ -233,6 +233,6 @@ def test_tinygguf_has_help():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "lmpress.tinygguf", "--help"],
+    out = subprocess.run([sys.executable, "-m", "lmpress.builtin_models.tiny_gguf", "--help"],
                          capture_output=True, text=True)  # fmt: skip
-    assert out.returncode == 0 and "usage: python -m lmpress.tinygguf" in out.stdout
+    assert out.returncode == 0 and "usage: python -m lmpress.builtin_models.tiny_gguf" in out.stdout

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lmpress.tinygguf import tiny_gguf
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from tests.conftest import run_lmpress
 
 ROWS = [

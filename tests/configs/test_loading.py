@@ -8,7 +8,7 @@ import pytest
 
 from lmpress.configs import load_config, parse_overrides
 from lmpress.configs.loading import config_to_yaml
-from lmpress.errors import ConfigError
+from lmpress.vocabulary.errors import ConfigError
 
 
 def write(tmp_path, text: str, name: str = "recipe.yaml"):

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from lmpress.configs import load_config
-from lmpress.errors import ConfigError
-from lmpress.guided import GuidedDecoding
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.guided import GuidedDecoding
 
 EVERY_OUMI_FIELD = """
 name: every-field

@@ -12,8 +12,8 @@ from omegaconf.errors import OmegaConfBaseException
 from lmpress.configs.loading import _coerce_lists, _omegaconf_message
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import check_range
-from lmpress.errors import ConfigError
-from lmpress.types import GenerationParams
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.types import GenerationParams
 
 BASE = GenerationParams(temperature=0.3, stop_strings=["END"]).mark_explicit({"temperature"})
 

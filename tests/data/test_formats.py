@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lmpress.data.formats import RowError, parse_row, render_row, row_id
-from lmpress.types import Result, Sample, TokenLogprob, Usage
+from lmpress.vocabulary.types import Result, Sample, TokenLogprob, Usage
 
 
 def result(text="hi there", n=1):

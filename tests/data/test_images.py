@@ -1,4 +1,4 @@
-"""lmpress.images: every way a row names an image, read and checked in one place, and the one
+"""lmpress.vocabulary.images: every way a row names an image, read and checked in one place, and the one
 line a bad image gets."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import threading
 
 import pytest
 
-from lmpress import images
+from lmpress.vocabulary import images
 from lmpress.data.formats import parse_row
-from lmpress.errors import InputError
-from lmpress.images import ImageError, image_part, image_urls, load_image, read_image
-from lmpress.types import Request
+from lmpress.vocabulary.errors import InputError
+from lmpress.vocabulary.images import ImageError, image_part, image_urls, load_image, read_image
+from lmpress.vocabulary.types import Request
 
 PIL = pytest.importorskip("PIL.Image")
 

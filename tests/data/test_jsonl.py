@@ -9,7 +9,7 @@ import json
 import pytest
 
 from lmpress.data.jsonl import JsonlWriter, count_lines, read_lines
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 
 def test_reads_lines_with_numbers_and_reports_bad_ones(tmp_path):

@@ -8,7 +8,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from lmpress.data.formats import RowError, parse_row, render_failure, render_row
-from lmpress.types import Result, Sample, TokenLogprob, Usage
+from lmpress.vocabulary.types import Result, Sample, TokenLogprob, Usage
 
 # The request lines from vLLM's run-batch documentation (examples/offline_inference/openai).
 VLLM_EXAMPLE = [
@@ -136,7 +136,7 @@ def test_bad_request_lines(raw, expected):
 
 def test_lines_take_what_serve_takes():
     """logit_bias and response_format, once refused in a batch file, mean what serve reads."""
-    from lmpress.guided import GuidedDecoding
+    from lmpress.vocabulary.guided import GuidedDecoding
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     body = {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": -100},

@@ -13,7 +13,7 @@ import pytest
 
 from lmpress.data.output_lock import NO_LOCK_ENV, OutputLock
 from lmpress.data.resume import JobFiles
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 
 def test_a_second_taker_is_refused_with_the_holders_pid_and_host(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from lmpress.data.columns import RowMapping
 from lmpress.data.formats import RowError, parse_row
 from lmpress.data.selection import RowSelection
-from lmpress.errors import ConfigError, InputError
+from lmpress.vocabulary.errors import ConfigError, InputError
 
 
 def picked(selection: RowSelection, count: int) -> list[int]:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lmpress.data.sources import BATCH_ROWS, open_source
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 
 def rows_of(path, **kwargs) -> list:

@@ -10,7 +10,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from lmpress.data.formats import RowError, parse_row, render_row
-from lmpress.types import GenerationParams, Result, Sample, ToolCall, Usage
+from lmpress.vocabulary.types import GenerationParams, Result, Sample, ToolCall, Usage
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

@@ -12,7 +12,7 @@ from lmpress.engines.registry import (
     load_engine_class,
     missing_modules,
 )
-from lmpress.errors import EngineUnavailableError
+from lmpress.vocabulary.errors import EngineUnavailableError
 from tests.conftest import run_lmpress, with_plugin
 
 RESERVED = ["NATIVE", "VLLM", "LLAMACPP", "OPENAI", "ANTHROPIC", "REMOTE", "REMOTE_VLLM", "GEMINI",

@@ -10,7 +10,7 @@ import pytest
 from lmpress.configs import load_config
 from lmpress.engines.remote.presets import BY_NAME
 from lmpress.openai_wire.client import OPENAI_PARAMS, request_body
-from lmpress.types import ContentPart, GenerationParams, Message, Request, ToolCall
+from lmpress.vocabulary.types import ContentPart, GenerationParams, Message, Request, ToolCall
 from tests.servers.request_types import VLLM_EXTENSIONS, body_problem
 
 # A value away from the default for each parameter in OPENAI_PARAMS.

@@ -23,8 +23,8 @@ from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.serve.app import create_app
 from lmpress.serve.server import listen
-from lmpress.tinygguf import tiny_gguf
-from lmpress.tinymodels import tiny_model
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
+from lmpress.builtin_models.tiny import tiny_model
 
 MODEL = "stress"
 CLIENTS = 64

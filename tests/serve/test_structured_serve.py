@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from lmpress.packaged import SMOLLM2
+from lmpress.builtin_models.packaged import SMOLLM2
 
 SCHEMA = {
     "type": "object",

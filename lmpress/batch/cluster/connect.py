@@ -10,7 +10,7 @@ import warnings
 from dataclasses import dataclass
 
 from lmpress.configs.schema import RayParams
-from lmpress.errors import ConfigError, EngineUnavailableError
+from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError
 
 INSTALL_HINT = "install it with: pip install 'lmpress[ray]'"
 

@@ -24,7 +24,7 @@ from lmpress.configs.schema import RunConfig
 from lmpress.data.idkeys import IdKeys
 from lmpress.engines.remote.base import RemoteEngine
 from lmpress.engines.remote.credentials import key_variable
-from lmpress.errors import LmpressError
+from lmpress.vocabulary.errors import LmpressError
 
 
 class Puller:

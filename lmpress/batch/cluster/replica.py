@@ -24,9 +24,9 @@ from lmpress.data.jsonl import Line
 from lmpress.engines.base import error_result
 from lmpress.engines.local.worker import failure_info
 from lmpress.engines.registry import create_engine
-from lmpress.errors import LmpressError
-from lmpress.structured import check_structure
-from lmpress.types import Result
+from lmpress.vocabulary.errors import LmpressError
+from lmpress.batch.guided_check import check_structure
+from lmpress.vocabulary.types import Result
 
 
 @dataclass

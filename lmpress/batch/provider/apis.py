@@ -22,8 +22,8 @@ from typing import Any
 from lmpress.batch.provider.state import BatchState, Chunk
 from lmpress.engines.remote.base import RemoteEngine, Reply
 from lmpress.engines.remote.retry import classify
-from lmpress.errors import InputError
-from lmpress.types import Request
+from lmpress.vocabulary.errors import InputError
+from lmpress.vocabulary.types import Request
 
 # Anthropic's custom_id rule; OpenAI takes any string, but one rule keeps ids portable.
 SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -13,7 +13,7 @@ from lmpress.data.output_lock import OutputLock
 from lmpress.data.resume import JobFiles
 from lmpress.data.targets import output_file_format
 from lmpress.engines.registry import create_engine
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 
 def show_or_cancel(config: RunConfig, output: str, cancel: bool = False) -> int:

@@ -29,8 +29,8 @@ from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import Line
 from lmpress.data.resume import id_key
 from lmpress.engines.base import error_result
-from lmpress.errors import ErrorKind, InputError
-from lmpress.types import ErrorInfo
+from lmpress.vocabulary.errors import ErrorKind, InputError
+from lmpress.vocabulary.types import ErrorInfo
 
 ON_EXPIRED = ("resubmit", "live", "fail")
 MAX_ATTEMPTS = 3  # a row is submitted at most this many times before it fails

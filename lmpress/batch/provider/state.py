@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 
 @dataclass

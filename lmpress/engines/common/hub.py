@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from lmpress.errors import ModelLoadError
+from lmpress.vocabulary.errors import ModelLoadError
 
 PROBE_TIMEOUT_S = 5.0  # a hub that does not answer a HEAD in this long is not usable anyway
 

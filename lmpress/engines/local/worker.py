@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.engines.base import Engine, check_text, error_result
-from lmpress.errors import RequestError, exception_line
-from lmpress.types import Delta, ErrorInfo, Request, Result
+from lmpress.vocabulary.errors import RequestError, exception_line
+from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result
 
 
 class CallerQueue:

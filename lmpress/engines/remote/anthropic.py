@@ -18,12 +18,12 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote.base import RemoteEngine, Reply, client_options
-from lmpress.engines.remote.media import base64_image
+from lmpress.engines.remote.inline_images import base64_image
 from lmpress.engines.remote.retry import MalformedResponse
-from lmpress.errors import ErrorKind, RequestError
-from lmpress.guided import GuidedDecoding
-from lmpress.tools import chosen_name
-from lmpress.types import (
+from lmpress.vocabulary.errors import ErrorKind, RequestError
+from lmpress.vocabulary.guided import GuidedDecoding
+from lmpress.vocabulary.tools import chosen_name
+from lmpress.vocabulary.types import (
     Delta,
     FinishReason,
     GenerationParams,

@@ -35,14 +35,14 @@ from lmpress.engines.remote.retry import (
     classify,
     status_kind,
 )
-from lmpress.errors import (
+from lmpress.vocabulary.errors import (
     ConfigError,
     ErrorKind,
     LmpressError,
     RequestError,
     UnsupportedParamError,
 )
-from lmpress.types import Delta, ErrorInfo, Request, Result, Sample, Usage
+from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, Usage
 
 MESSAGE_LIMIT = 500  # characters of a provider's error message kept in a failed row
 

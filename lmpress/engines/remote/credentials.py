@@ -8,7 +8,7 @@ import re
 import sys
 
 from lmpress.configs.schema import RemoteParams
-from lmpress.errors import ConfigError
+from lmpress.vocabulary.errors import ConfigError
 
 
 def resolve_api_key(

@@ -21,14 +21,14 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
-import lmpress.tools as tools
+import lmpress.vocabulary.tools as tools
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote.base import RemoteEngine, Reply, client_options
-from lmpress.engines.remote.media import inline_image_url
+from lmpress.engines.remote.inline_images import inline_image_url
 from lmpress.engines.remote.retry import MalformedResponse
-from lmpress.errors import ConfigError, ErrorKind, RequestError
+from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 from lmpress.openai_wire.client import OPENAI_PARAMS, Dialect, request_body
-from lmpress.types import (
+from lmpress.vocabulary.types import (
     FINISH_REASONS,
     Delta,
     FinishReason,

@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from lmpress.engines.remote.learned_rate import AdaptiveRate
-from lmpress.types import Request
+from lmpress.vocabulary.types import Request
 
 Clock = Callable[[], float]
 

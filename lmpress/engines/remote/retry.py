@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.engines.remote.pacing import parse_retry_after
-from lmpress.errors import ErrorKind, RequestError
+from lmpress.vocabulary.errors import ErrorKind, RequestError
 
 # 408 and 409 are retried too, as both SDKs do: a timeout and a conflict say "try again".
 RETRYABLE_STATUS = frozenset({408, 409, 429})

@@ -10,7 +10,7 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote.openai_compat import OpenAICompatEngine
-from lmpress.errors import ConfigError, ErrorKind, RequestError
+from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 
 
 class GoogleVertexEngine(OpenAICompatEngine):

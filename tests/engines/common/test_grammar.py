@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from lmpress.engines.common.grammar import GrammarError, Grammars
-from lmpress.engines.common.tool_calls import call_grammar
-from lmpress.packaged import SMOLLM2_Q4_1
+from lmpress.engines.local.guided import GrammarError, Grammars
+from lmpress.engines.common.tool_parsers import call_grammar
+from lmpress.builtin_models.packaged import SMOLLM2_Q4_1
 
 SCHEMA = {
     "type": "object",
@@ -113,7 +113,7 @@ def test_a_sentencepiece_tokenizer_is_read_piece_by_piece():
     """llguidance cannot read a Metaspace decoder (Llama 2, Mistral); the pieces are read
     instead, '▁' as a space, and the text a grammar forces tokenizes to its exact bytes."""
     transformers = pytest.importorskip("transformers")
-    from lmpress.tinymodels import resolve_model_name
+    from lmpress.builtin_models.tiny import resolve_model_name
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_name("tiny:gpt2"))
     grammars = Grammars.for_hf_tokenizer(tokenizer, [tokenizer.eos_token_id])

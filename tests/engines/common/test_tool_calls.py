@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lmpress.engines.common.tool_calls import (
+from lmpress.engines.common.tool_parsers import (
     call_grammar,
     chosen_tools,
     parse_tool_calls,
@@ -88,7 +88,7 @@ def test_the_call_grammar_compiles_and_admits_a_valid_call_only(parser):
 
 
 def request_with_history(tool_choice="auto", tools=(WEATHER, TIME)):
-    from lmpress.types import GenerationParams, Message, Request, ToolCall
+    from lmpress.vocabulary.types import GenerationParams, Message, Request, ToolCall
 
     asked = ToolCall("call_1", "get_weather", '{"city": "Oslo"}')
     messages = [
@@ -102,7 +102,7 @@ def request_with_history(tool_choice="auto", tools=(WEATHER, TIME)):
 
 
 def test_a_template_that_renders_tools_gets_them_and_the_calls_as_they_are():
-    from lmpress.engines.common.tool_calls import plan_tools
+    from lmpress.engines.common.tool_parsers import plan_tools
 
     plan = plan_tools(request_with_history(), "{% if tools %}...{% endif %}<tool_call>", None)
     assert plan.tools == [WEATHER, TIME] and plan.parser == "hermes" and plan.grammar is None
@@ -115,7 +115,7 @@ def test_a_template_that_renders_tools_gets_them_and_the_calls_as_they_are():
 
 
 def test_a_template_without_tools_gets_them_in_the_system_turn_and_the_hermes_form():
-    from lmpress.engines.common.tool_calls import plan_tools
+    from lmpress.engines.common.tool_parsers import plan_tools
 
     plan = plan_tools(request_with_history("required"), "{{ messages }}", None)
     assert plan.tools is None
@@ -132,7 +132,7 @@ def test_a_template_without_tools_gets_them_in_the_system_turn_and_the_hermes_fo
 
 
 def test_tool_choice_none_offers_no_tools():
-    from lmpress.engines.common.tool_calls import plan_tools
+    from lmpress.engines.common.tool_parsers import plan_tools
 
     plan = plan_tools(request_with_history("none"), "{{ messages }}", None)
     assert plan.tools is None and plan.grammar is None

@@ -19,9 +19,9 @@ from lmpress.configs.schema import ModelParams
 from lmpress.engines.local.native.dequantized import existing_copy
 from lmpress.engines.local.native.loading import model_source
 from lmpress.engines.registry import create_engine
-from lmpress.packaged import SMOLLM2, resolve_packaged_name
-from lmpress.tinygguf import tiny_gguf
-from lmpress.types import GenerationParams, Message, Request
+from lmpress.builtin_models.packaged import SMOLLM2, resolve_packaged_name
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
+from lmpress.vocabulary.types import GenerationParams, Message, Request
 from tests.conftest import REPO
 
 TEXTS = ["Hello world", " café naïve 東京 ☀ <|im_start|>x", "What is 2+2?\n\n  spaces", ""]

@@ -11,9 +11,9 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.errors import ConfigError, ModelLoadError, UnsupportedParamError
-from lmpress.tinygguf import tiny_gguf
-from lmpress.types import ContentPart, Delta, GenerationParams, Message, Request, Result
+from lmpress.vocabulary.errors import ConfigError, ModelLoadError, UnsupportedParamError
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
+from lmpress.vocabulary.types import ContentPart, Delta, GenerationParams, Message, Request, Result
 from tests.conftest import REPO
 
 TOKENIZERS = ["llama", "gpt2"]
@@ -341,7 +341,7 @@ def test_characters_split_across_tokens_stream_whole():
 def test_a_stop_string_drops_the_half_character_after_it():
     """BPE token 'cafÃ' is 'caf' plus the first byte of 'é': stopping at 'caf' leaves nothing
     of that byte in the reply."""
-    from lmpress.tinygguf import byte_to_unicode
+    from lmpress.builtin_models.tiny_gguf import byte_to_unicode
 
     path = tiny_gguf("gpt2")
     token = gguf_fields(path)["tokenizer.ggml.tokens"].index("caf" + byte_to_unicode()[0xC3])
@@ -554,7 +554,7 @@ def test_unsupported_param_is_refused_before_loading():
 
 def test_the_module_imports_no_backend():
     code = (
-        "import sys, lmpress.engines.local.llamacpp.engine, lmpress.tinygguf\n"
+        "import sys, lmpress.engines.local.llamacpp.engine, lmpress.builtin_models.tiny_gguf\n"
         "print(sorted(m for m in ('llama_cpp', 'gguf', 'numpy', 'torch') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)  # fmt: skip

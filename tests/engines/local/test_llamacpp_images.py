@@ -12,8 +12,8 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.tinygguf import tiny_gguf
-from lmpress.types import ContentPart, GenerationParams, Message, Request
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
+from lmpress.vocabulary.types import ContentPart, GenerationParams, Message, Request
 from tests.image_files import CORRUPT_PNG, data_url, picture
 
 pytest.importorskip("llama_cpp.mtmd_cpp")
@@ -47,7 +47,7 @@ def reference(engine, request: Request) -> str:
     import numpy as np
     from llama_cpp import mtmd_cpp as m
 
-    from lmpress.images import load_images
+    from lmpress.vocabulary.images import load_images
 
     images = load_images(request)
     text = engine.render(request).encode()
@@ -113,7 +113,7 @@ def test_a_corrupt_image_fails_only_its_row(vlm):
 
 
 def test_a_missing_or_wrong_projector_fails_at_load(tmp_path):
-    from lmpress.errors import ModelLoadError
+    from lmpress.vocabulary.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match=r"^model.model_kwargs.mmproj: '.*' does not exist"):
         create_engine(load_config(overrides={

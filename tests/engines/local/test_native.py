@@ -8,8 +8,8 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.errors import ModelLoadError, UnsupportedParamError
-from lmpress.types import Delta, GenerationParams, Message, Request, Result
+from lmpress.vocabulary.errors import ModelLoadError, UnsupportedParamError
+from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 
 PROMPTS = [("word " * (i % 7 + 1)) + f"question {i}?" for i in range(12)]
 
@@ -158,7 +158,7 @@ def test_raw_prompt_skips_the_chat_template(llama):
 
 
 def test_image_parts_fail_the_row_not_the_engine(llama):
-    from lmpress.types import ContentPart
+    from lmpress.vocabulary.types import ContentPart
 
     image = Message("user", [ContentPart("image_url", image_url="file:///x.png")])
     results = llama.generate([Request("img", [image], GenerationParams(max_new_tokens=4)), "fine"])

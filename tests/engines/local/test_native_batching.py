@@ -10,8 +10,8 @@ import pytest
 from lmpress.configs import load_config
 from lmpress.engines.local.native.loading import kv_bytes_per_token
 from lmpress.engines.registry import create_engine
-from lmpress.errors import ConfigError
-from lmpress.types import GenerationParams, Message, Request, Result
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.types import GenerationParams, Message, Request, Result
 
 SYSTEM = "You answer questions about rivers, trains and the sea. " * 3  # 130 tokens here
 QUESTIONS = [f"question {i}: " + "why " * (i % 5) for i in range(10)]

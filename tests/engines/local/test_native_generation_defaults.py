@@ -12,7 +12,7 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.types import Request
+from lmpress.vocabulary.types import Request
 from tests.conftest import run_lmpress
 
 PROMPTS = ["the cat sat on the mat", "one two three four", "why is the sky blue"]

@@ -10,7 +10,7 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.types import ContentPart, Delta, GenerationParams, Message, Request, Result
+from lmpress.vocabulary.types import ContentPart, Delta, GenerationParams, Message, Request, Result
 from tests.image_files import CORRUPT_PNG, data_url, picture
 
 pytest.importorskip("PIL")
@@ -137,7 +137,7 @@ def test_streaming_sampling_and_cancellation_work_on_image_rows(vlm):
 
 
 def test_the_dry_run_counts_what_the_engine_reports(vlm):
-    from lmpress.prompt_tokens import prompt_counter
+    from lmpress.dryrun.prompt_tokens import prompt_counter
 
     counter = prompt_counter(vlm.config)
     requests = [ask("t"), ask("1", 1), ask("2", 1, 2)]

@@ -10,8 +10,8 @@ import torch
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.errors import ModelLoadError
-from lmpress.types import GenerationParams
+from lmpress.vocabulary.errors import ModelLoadError
+from lmpress.vocabulary.types import GenerationParams
 
 
 def make(model: str, **overrides):
@@ -76,7 +76,7 @@ TEMPLATE = (
 
 
 def test_chat_template_kwargs_reach_the_template(tiny_llama):
-    from lmpress.types import Message, Request
+    from lmpress.vocabulary.types import Message, Request
 
     request = Request("r", [Message("user", "hi")], GenerationParams())
     prompts = {}

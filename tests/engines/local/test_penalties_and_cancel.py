@@ -9,9 +9,9 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.tinygguf import tiny_gguf
-from lmpress.tinymodels import tiny_model
-from lmpress.types import Delta, GenerationParams, Message, Request
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
+from lmpress.builtin_models.tiny import tiny_model
+from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 
 MODELS = {"NATIVE": lambda: str(tiny_model("llama")), "LLAMACPP": lambda: str(tiny_gguf("llama"))}
 PROMPTS = ["Why is the sky blue?", "one two three four", "Tell me about the sea.", "hello"]

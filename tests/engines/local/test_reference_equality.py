@@ -13,9 +13,9 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.packaged import SMOLLM2
-from lmpress.tinygguf import tiny_gguf
-from lmpress.types import GenerationParams, Message, Request
+from lmpress.builtin_models.packaged import SMOLLM2
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
+from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 QUESTIONS = [
     "Why is the sky blue?",
@@ -92,7 +92,7 @@ WINDOW = 16  # tokens a layer of the sliding-window model attends to; the prompt
 
 def windowed(tmp_path_factory) -> str:
     """The tiny llama's weights as a Mistral whose layers attend to the last WINDOW tokens."""
-    from lmpress.tinymodels import tiny_model
+    from lmpress.builtin_models.tiny import tiny_model
 
     path = tmp_path_factory.mktemp("mistral-window")
     shutil.copytree(tiny_model("llama"), path, dirs_exist_ok=True)
@@ -109,7 +109,7 @@ def tiny(request, tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lmpress.tinymodels import tiny_model
+    from lmpress.builtin_models.tiny import tiny_model
 
     name, _, variant = request.param.partition("-")
     path = windowed(tmp_path_factory) if variant == "window" else str(tiny_model(name))
@@ -124,7 +124,7 @@ def tiny(request, tmp_path_factory):
 def test_a_sliding_window_changes_the_replies(tmp_path_factory):
     """The windowed model is not the llama it was copied from: its replies differ, so the
     equality test above checks that NATIVE honours the window."""
-    from lmpress.tinymodels import tiny_model
+    from lmpress.builtin_models.tiny import tiny_model
 
     params = GenerationParams(max_new_tokens=NEW_TOKENS)
     replies = []
@@ -164,7 +164,7 @@ def opinionated(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lmpress.tinymodels import tiny_model
+    from lmpress.builtin_models.tiny import tiny_model
 
     path = tmp_path_factory.mktemp("opinionated") / "model"
     shutil.copytree(tiny_model("llama"), path)

@@ -14,9 +14,9 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.packaged import SMOLLM2
-from lmpress.structured import check_structure
-from lmpress.types import GenerationParams, Message, Request
+from lmpress.builtin_models.packaged import SMOLLM2
+from lmpress.batch.guided_check import check_structure
+from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 SCHEMA = {
     "type": "object",
@@ -171,7 +171,7 @@ def test_a_named_function_is_the_one_called(engine):
 def test_a_call_after_a_tool_reply_reads_it(engine):
     """The earlier call and the tool's answer reach the model (in the hermes form, since
     SmolLM2's template renders no tools); the model then answers in words."""
-    from lmpress.types import ToolCall
+    from lmpress.vocabulary.types import ToolCall
 
     asked = ToolCall("call_1", "get_weather", '{"city": "Paris", "unit": "celsius"}')
     messages = [

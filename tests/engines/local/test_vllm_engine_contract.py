@@ -24,8 +24,8 @@ from lmpress.engines.local.vllm.api import VllmApi
 from lmpress.engines.local.vllm.engine import VllmEngine
 from lmpress.engines.local.vllm.translate import OutputAssembler, engine_settings, sampling_params
 from lmpress.engines.registry import create_engine
-from lmpress.errors import ConfigError, EngineUnavailableError, ModelLoadError
-from lmpress.types import (
+from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError, ModelLoadError
+from lmpress.vocabulary.types import (
     ContentPart,
     Delta,
     GenerationParams,

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from lmpress.errors import ConfigError, ModelLoadError
+from lmpress.vocabulary.errors import ConfigError, ModelLoadError
 from tests.conftest import run_lmpress
 from tests.engines.local.test_vllm_cli_contract import RECIPE, run_check, vllm_block
 from tests.engines.local.test_vllm_engine_contract import chat, close, make_engine, vllm_side

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from lmpress.tinymodels import VLM_TEMPLATE
-from lmpress.types import ContentPart, GenerationParams, Message, Request
+from lmpress.builtin_models.tiny import VLM_TEMPLATE
+from lmpress.vocabulary.types import ContentPart, GenerationParams, Message, Request
 from tests.engines.local.test_vllm_engine_contract import close, make_engine, vllm_side
 from tests.engines.local.vllm_contract_support import model_dir, standin, write_model_dir
 from tests.image_files import CORRUPT_PNG, data_url, picture, picture_file

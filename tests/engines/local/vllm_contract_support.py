@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lmpress.engines.common.prompts import CHATML_TEMPLATE
+from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 from tests.conftest import REPO
 
 STANDIN = Path(__file__).resolve().parent / "vllm_standin"

@@ -8,8 +8,8 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.errors import ConfigError
-from lmpress.types import GenerationParams, Message, Request, Result
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.types import GenerationParams, Message, Request, Result
 from tests.servers.llm_server import LLMServer, reply_text
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.types import GenerationParams, Message, Request, Result, ToolCall
+from lmpress.vocabulary.types import GenerationParams, Message, Request, Result, ToolCall
 from tests.servers.llm_server import LLMServer, reply_text
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ import os
 import warnings
 
 from lmpress.engines.base import Engine
-from lmpress.types import Delta, Request, Result, Sample, Usage
+from lmpress.vocabulary.types import Delta, Request, Result, Sample, Usage
 
 
 class EchoEngine(Engine):

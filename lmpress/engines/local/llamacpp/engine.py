@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
-from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
-from lmpress.engines.common.tool_calls import ToolPlan, check_parser
+from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
+from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     batched_context,
@@ -40,8 +40,8 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projecto
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.rows import RequestState
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
-from lmpress.errors import ConfigError, ModelLoadError, RequestError
-from lmpress.types import GenerationParams, Request
+from lmpress.vocabulary.errors import ConfigError, ModelLoadError, RequestError
+from lmpress.vocabulary.types import GenerationParams, Request
 
 
 class LlamaCppEngine(LlamaCppScheduler):

@@ -15,10 +15,10 @@ from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.common.prompts import resolve_chat_template
-from lmpress.errors import ConfigError, ModelLoadError
-from lmpress.packaged import resolve_packaged_name
-from lmpress.tinygguf import resolve_gguf_name
-from lmpress.types import GenerationParams
+from lmpress.vocabulary.errors import ConfigError, ModelLoadError
+from lmpress.builtin_models.packaged import resolve_packaged_name
+from lmpress.builtin_models.tiny_gguf import resolve_gguf_name
+from lmpress.vocabulary.types import GenerationParams
 
 GGUF_MAGIC = b"GGUF"
 

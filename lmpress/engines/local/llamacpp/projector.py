@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.errors import ModelLoadError, RequestError
+from lmpress.vocabulary.errors import ModelLoadError, RequestError
 
 
 @dataclass(eq=False)

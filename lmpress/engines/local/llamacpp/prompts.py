@@ -1,6 +1,6 @@
 """Prompts for LLAMACPP: a request rendered with llama-cpp-python's own chat formatter and
 tokenized by the GGUF file's tokenizer, as its chat handler does. The engine feeds these ids
-to its context; the dry run (`lmpress.prompt_tokens`) counts them from a vocabulary-only load
+to its context; the dry run (`lmpress.dryrun.prompt_tokens`) counts them from a vocabulary-only load
 of the same file, without the weights, so both go through this one class.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmpress.engines.common.tool_calls import ToolPlan, tool_plan
+from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.llamacpp.projector import ImageSegment
-from lmpress.errors import RequestError
-from lmpress.images import load_images
-from lmpress.types import Message, Request
+from lmpress.vocabulary.errors import RequestError
+from lmpress.vocabulary.images import load_images
+from lmpress.vocabulary.types import Message, Request
 
 
 class GgufPrompts:

@@ -6,9 +6,9 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.engines.common.grammar import Matcher
+from lmpress.engines.local.guided import Matcher
 from lmpress.engines.local.worker import Submission
-from lmpress.types import Delta, GenerationParams, TokenLogprob
+from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from lmpress.engines.common.grammar import Matcher
+from lmpress.engines.local.guided import Matcher
 from lmpress.engines.local.llamacpp.loading import Vocab
-from lmpress.types import GenerationParams, TokenLogprob
+from lmpress.vocabulary.types import GenerationParams, TokenLogprob
 
 
 class Sampling:

@@ -22,7 +22,7 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, Projector, te
 from lmpress.engines.local.llamacpp.rows import PromptChunk, RequestState, Row, common_prefix
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.worker import WorkerEngine, failure_info
-from lmpress.types import ErrorInfo, Result, Sample, Usage
+from lmpress.vocabulary.types import ErrorInfo, Result, Sample, Usage
 
 # The most tokens of one prompt read in one batch. llama.cpp's CPU flash attention takes a tiled
 # kernel, which rounds differently, for 64 (GGML_FA_TILE_Q) or more tokens of a sequence in one

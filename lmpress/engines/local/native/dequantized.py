@@ -28,7 +28,7 @@ def copy_path(gguf: Path, cache_dir: Path | None = None) -> Path:
     """Where the dequantized copy of `gguf` lives (whether or not it is made yet)."""
     from importlib.metadata import version
 
-    from lmpress.tinymodels import cache_root
+    from lmpress.builtin_models.tiny import cache_root
 
     root = (cache_dir or cache_root()) / "packaged"
     versions = f"transformers-{version('transformers')}-gguf-{version('gguf')}"
@@ -44,7 +44,7 @@ def dequantized_copy(gguf: Path, cache_dir: Path | None = None) -> Path:
     """The directory of `gguf` dequantized by transformers, made on first use. Processes that
     make it at once each write their own scratch directory and rename it into place, so a
     reader never sees half a copy."""
-    from lmpress.tinymodels import built_once
+    from lmpress.builtin_models.tiny import built_once
 
     return built_once(copy_path(gguf, cache_dir), lambda out: _write(gguf, out))
 

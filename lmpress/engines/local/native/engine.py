@@ -9,7 +9,7 @@ each row keeps its own sampling settings, seed, stop strings, streaming and canc
 
 A vision-language model (a config with a vision tower's: LLaVA, Idefics3, ...) loads through
 AutoModelForImageTextToText with its AutoProcessor, whose chat template places the image
-tokens; a row's images (lmpress.images) become the processor's pixel inputs, which the
+tokens; a row's images (lmpress.vocabulary.images) become the processor's pixel inputs, which the
 worker passes to the model when it prefills that row. Text rows batch with image rows alike.
 
 `model.model_kwargs.kv_cache_gb` caps the KV cache (rows join only while it has room, and a
@@ -24,8 +24,8 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
-from lmpress.engines.common.grammar import Grammars, check_recipe_guided, request_matcher
-from lmpress.engines.common.tool_calls import ToolPlan, check_parser
+from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
+from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.native.batch_cache import give_freed_caches_back
 from lmpress.engines.local.native.loading import (
     batching_settings,
@@ -43,8 +43,8 @@ from lmpress.engines.local.native.loading import (
 from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
 from lmpress.engines.local.worker import Submission
-from lmpress.errors import RequestError
-from lmpress.types import Request
+from lmpress.vocabulary.errors import RequestError
+from lmpress.vocabulary.types import Request
 
 
 class NativeEngine(NativeScheduler):

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from lmpress.engines.local.native.batch_cache import RowViews
-from lmpress.errors import ModelLoadError
+from lmpress.vocabulary.errors import ModelLoadError
 
 PREFIX = "lmpress_rows_"
 # Arguments sdpa_attention_forward acts on beyond the scale; a model passing any of them goes

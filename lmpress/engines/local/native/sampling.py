@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmpress.engines.local.worker import Submission
-from lmpress.types import Delta, GenerationParams, TokenLogprob
+from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
 
 
 @dataclass

@@ -28,7 +28,7 @@ from lmpress.engines.local.native.batch_cache import (
 )
 from lmpress.engines.local.native.sampling import BatchControl, Row, row_generator
 from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
-from lmpress.types import Result, Sample, Usage
+from lmpress.vocabulary.types import Result, Sample, Usage
 
 
 def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> int:

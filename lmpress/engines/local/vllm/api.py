@@ -14,7 +14,7 @@ from typing import Any
 
 from lmpress.engines.common.models import auto_dtype
 from lmpress.engines.local.vllm.logs import capture_vllm_log, root_cause, with_hint
-from lmpress.errors import EngineUnavailableError, first_line
+from lmpress.vocabulary.errors import EngineUnavailableError, first_line
 
 INSTALL_HINT = "pip install -U 'lmpress[vllm]'"
 

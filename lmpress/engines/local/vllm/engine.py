@@ -11,7 +11,7 @@ balances requests across them, as `vllm serve --data-parallel-size N` does.
 
 Chat rows are rendered with vLLM's tokenizer and the model's chat template (or
 `model.chat_template`), then tokenized by vLLM without adding special tokens again, as vLLM's
-own `LLM.chat` does for text conversations. A row with images (read once by lmpress.images)
+own `LLM.chat` does for text conversations. A row with images (read once by lmpress.vocabulary.images)
 goes to the template as parts, so that it writes the model's image placeholders, and its
 pixels go as the prompt's `multi_modal_data`, which vLLM's processor expands into image
 tokens. vLLM refuses images for a text model; `model.model_kwargs.limit_mm_per_prompt` is
@@ -36,7 +36,7 @@ from typing import Any
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.engines.common.prompts import render_chat_prompt, resolve_chat_template
-from lmpress.engines.common.tool_calls import ToolPlan, check_parser, tool_plan
+from lmpress.engines.common.tool_parsers import ToolPlan, check_parser, tool_plan
 from lmpress.engines.local.vllm.api import (
     INSTALL_HINT,
     VllmApi,
@@ -55,7 +55,7 @@ from lmpress.engines.local.vllm.translate import (
     sampling_params,
 )
 from lmpress.engines.local.worker import CallerQueue
-from lmpress.errors import (
+from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
     LmpressError,
@@ -63,8 +63,8 @@ from lmpress.errors import (
     RequestError,
     first_line,
 )
-from lmpress.images import load_images
-from lmpress.types import Delta, ErrorInfo, Request, Result
+from lmpress.vocabulary.images import load_images
+from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result
 
 # --- the engine -----------------------------------------------------------------------------
 

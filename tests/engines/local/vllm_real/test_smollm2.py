@@ -19,8 +19,8 @@ import pytest
 from lmpress.configs import load_config
 from lmpress.engines.local.vllm import engine as engine_module
 from lmpress.engines.registry import create_engine
-from lmpress.packaged import SMOLLM2
-from lmpress.types import Delta, GenerationParams, Message, Request
+from lmpress.builtin_models.packaged import SMOLLM2
+from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 from tests.conftest import REPO, run_lmpress
 from tests.engines.local.vllm_real.conftest import REQUIRED, raw_vllm
 from tests.serve.conftest import Served

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lmpress.tinymodels import tiny_model
+from lmpress.builtin_models.tiny import tiny_model
 from tests.conftest import run_lmpress
 from tests.engines.local.vllm_real.conftest import raw_vllm
 

@@ -32,7 +32,7 @@ class PackagedModel:
 
     def path(self) -> Path:
         """The file's path; a ModelLoadError that says how to install it when it is absent."""
-        from lmpress.errors import ModelLoadError
+        from lmpress.vocabulary.errors import ModelLoadError
 
         spec = importlib.util.find_spec(self.package)
         if spec is None or not spec.submodule_search_locations:
@@ -70,7 +70,7 @@ def resolve_packaged_name(name: str) -> str:
 
 def f16_copy(model: PackagedModel, cache_dir: Path | None = None) -> Path:
     """The model's weights in F16, written once by llama.cpp's quantize tool and cached."""
-    from lmpress.tinymodels import cache_root
+    from lmpress.builtin_models.tiny import cache_root
 
     source = model.path()
     root = (cache_dir or cache_root()) / "packaged"
@@ -80,7 +80,7 @@ def f16_copy(model: PackagedModel, cache_dir: Path | None = None) -> Path:
     try:
         import llama_cpp
     except ImportError as exc:
-        from lmpress.errors import ModelLoadError
+        from lmpress.vocabulary.errors import ModelLoadError
 
         raise ModelLoadError(
             f"model.model_name: '{SMOLLM2}' is made from {model.name} by llama-cpp-python, which "
@@ -100,7 +100,7 @@ def f16_copy(model: PackagedModel, cache_dir: Path | None = None) -> Path:
                 str(source).encode(), scratch.encode(), ctypes.byref(params)
             )
         if status != 0:
-            from lmpress.errors import ModelLoadError
+            from lmpress.vocabulary.errors import ModelLoadError
 
             raise ModelLoadError(f"cannot write an F16 copy of {source} (llama.cpp: {status})")
         os.chmod(scratch, 0o644)

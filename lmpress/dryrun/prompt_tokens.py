@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.prompts import HfPrompts
-from lmpress.engines.common.tool_calls import check_parser
+from lmpress.engines.common.tool_parsers import check_parser
 from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     chat_template,
@@ -47,8 +47,8 @@ from lmpress.engines.local.native.loading import (
 )
 from lmpress.engines.remote.pacing import estimate_request_tokens
 from lmpress.engines.remote.presets import BY_NAME
-from lmpress.errors import ModelLoadError
-from lmpress.types import Request
+from lmpress.vocabulary.errors import ModelLoadError
+from lmpress.vocabulary.types import Request
 
 
 class Counts(Protocol):

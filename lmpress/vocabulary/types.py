@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from lmpress.errors import ErrorKind
-from lmpress.guided import GuidedDecoding
+from lmpress.vocabulary.errors import ErrorKind
+from lmpress.vocabulary.guided import GuidedDecoding
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -112,7 +112,7 @@ class GenerationParams:
     # Oumi's switch: false decodes greedily whatever the temperature (Oumi's NATIVE default);
     # null (lmpress's default) follows the temperature, 0 being greedy.
     use_sampling: bool | None = None
-    # Whether a request that offers tools must call one (lmpress.tools checks the value against
+    # Whether a request that offers tools must call one (lmpress.vocabulary.tools checks the value against
     # the tools); without tools neither field means anything.
     tool_choice: Any = None
     parallel_tool_calls: bool = True

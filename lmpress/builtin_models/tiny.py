@@ -4,8 +4,8 @@ Nothing is downloaded: the tokenizer is trained here on generated text and the w
 random with a fixed seed. Each model is saved as an ordinary Hugging Face model directory, so
 lmpress loads it through the same code as any real model.
 
-    python -m lmpress.tinymodels llama            # prints the cached model's directory
-    python -m lmpress.tinymodels smollm2-135m-shape
+    python -m lmpress.builtin_models.tiny llama            # prints the cached model's directory
+    python -m lmpress.builtin_models.tiny smollm2-135m-shape
 
 In a recipe or override, `model.model_name: tiny:llama` names one.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpress.engines.common.prompts import CHATML_TEMPLATE
+from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 
 # Bump when a builder changes, so cached models are rebuilt.
 BUILDER_VERSION = 2
@@ -101,7 +101,7 @@ def resolve_model_name(name: str) -> str:
     if name.startswith(TINY_PREFIX):
         tiny = name[len(TINY_PREFIX) :]
         if tiny not in SPECS:
-            from lmpress.errors import ModelLoadError
+            from lmpress.vocabulary.errors import ModelLoadError
 
             raise ModelLoadError(
                 f"model.model_name: unknown tiny model '{tiny}' (choose from {', '.join(SPECS)})"
@@ -307,7 +307,7 @@ def _llava_model(text: Any, tokenizer: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return builder_main(argv, "lmpress.tinymodels", "tiny models", SPECS, tiny_model)
+    return builder_main(argv, "lmpress.builtin_models.tiny", "tiny models", SPECS, tiny_model)
 
 
 def builder_main(argv: list[str] | None, module: str, what: str, names: Any, build: Any) -> int:

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from lmpress.types import Message, Request, Sample, ToolCall
+from lmpress.vocabulary.types import Message, Request, Sample, ToolCall
 
 PARSERS = ("hermes", "llama3_json", "mistral")
 
@@ -40,7 +40,7 @@ def new_call_id() -> str:
 
 def check_parser(explicit: str | None) -> str | None:
     """`model.tool_call_parser` checked when the engine loads."""
-    from lmpress.errors import ConfigError
+    from lmpress.vocabulary.errors import ConfigError
 
     try:
         parser_for(None, explicit)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lmpress.errors import ConfigError, ErrorKind, RequestError
+from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 
 # The constraints, exactly one of which a GuidedDecoding holds.
 FORMS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")

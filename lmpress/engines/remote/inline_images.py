@@ -1,5 +1,5 @@
 """Images for remote APIs: a remote server cannot read the files an image part names, so a file
-(a file:// URL or a bare path) is read and checked (lmpress.images) and sent inline, as base64.
+(a file:// URL or a bare path) is read and checked (lmpress.vocabulary.images) and sent inline, as base64.
 One place for both protocols: OpenAI's data: URLs and Anthropic's base64 image blocks. http(s)
 and data: URLs go on as they are; the provider fetches and checks them."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 
-from lmpress.images import read_image
+from lmpress.vocabulary.images import read_image
 
 # URLs a server fetches itself; everything else is a local file.
 REMOTE_SCHEMES = ("http://", "https://", "gs://")

@@ -7,8 +7,8 @@ with a fixed seed. Two tokenizer families are covered, as llama.cpp names them i
 a Qwen2 (attention biases, an untied output matrix) quantized to Q4_K_M by llama.cpp's own
 quantize tool, and `gpt2-q8` stores Q8_0 weights: the quantized kernels real GGUFs take.
 
-    python -m lmpress.tinygguf llama        # prints the cached file's path
-    python -m lmpress.tinygguf bench-100m   # ~100M parameters, for benchmarks/
+    python -m lmpress.builtin_models.tiny_gguf llama        # prints the cached file's path
+    python -m lmpress.builtin_models.tiny_gguf bench-100m   # ~100M parameters, for benchmarks/
 
 The LLAMACPP engine resolves `model.model_name: tiny-gguf:NAME` to one of these files.
 """
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpress.engines.common.prompts import CHATML_TEMPLATE
-from lmpress.tinymodels import INST_TEMPLATE, WORDS, builder_main, cache_root
+from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
+from lmpress.builtin_models.tiny import INST_TEMPLATE, WORDS, builder_main, cache_root
 
 # Bump when a builder changes, so cached files are rebuilt.
 BUILDER_VERSION = 3
@@ -98,7 +98,7 @@ def resolve_gguf_name(name: str) -> str:
         return name
     tiny = name[len(TINY_GGUF_PREFIX) :]
     if tiny not in SPECS and tiny not in PROJECTORS:
-        from lmpress.errors import ModelLoadError
+        from lmpress.vocabulary.errors import ModelLoadError
 
         raise ModelLoadError(
             f"unknown tiny GGUF model '{tiny}' (choose from {', '.join([*SPECS, *PROJECTORS])})"
@@ -380,7 +380,7 @@ def _write_projector(spec: ProjectorSpec, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     names = {**SPECS, **PROJECTORS}
-    return builder_main(argv, "lmpress.tinygguf", "tiny GGUF models", names, tiny_gguf)
+    return builder_main(argv, "lmpress.builtin_models.tiny_gguf", "tiny GGUF models", names, tiny_gguf)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ hold fails there. Either raises `ImageError`, a RequestError: the row with the b
 fails alone, with one line naming the image and what is wrong.
 
 Remote engines send http(s) and data: URLs on as they are (the provider fetches and checks
-them) and read local files here to send them inline (engines/remote/media.py).
+them) and read local files here to send them inline (engines/remote/inline_images.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, unquote_to_bytes, urlparse
 
-from lmpress.errors import ErrorKind, InputError, RequestError, first_line
-from lmpress.types import ContentPart, Message, Request
+from lmpress.vocabulary.errors import ErrorKind, InputError, RequestError, first_line
+from lmpress.vocabulary.types import ContentPart, Message, Request
 
 # The largest image file lmpress reads (OpenAI's limit per image is 20 MB too).
 MAX_IMAGE_BYTES = 20 * 2**20

@@ -1,5 +1,5 @@
 """`lmpress batch --dry-run`: every picked row read as a run would read it, its prompt counted
-by the engine's own tokenizer, and nothing generated (`lmpress.dryrun` keeps the tally).
+by the engine's own tokenizer, and nothing generated (`lmpress.dryrun.tally` keeps the tally).
 
 No output is written or checked and no model weights load: a dry run answers "what would
 this job be, and what would it cost" before any of it is spent.
@@ -11,9 +11,9 @@ from lmpress.batch.job import BatchOptions
 from lmpress.batch.rows import RowReader
 from lmpress.configs.schema import RunConfig
 from lmpress.data.sources import open_source
-from lmpress.dryrun import DryRun, DryRunSummary
+from lmpress.dryrun.tally import DryRun, DryRunSummary
 from lmpress.engines.registry import load_engine_class
-from lmpress.errors import InputError
+from lmpress.vocabulary.errors import InputError
 
 
 def dry_run(config: RunConfig, options: BatchOptions) -> DryRunSummary:

@@ -24,10 +24,10 @@ from lmpress.configs.schema import RunConfig
 from lmpress.data.formats import ParsedRow
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.resume import id_key
-from lmpress.errors import RequestError
-from lmpress.pricing import Price, price_for
-from lmpress.prompt_tokens import PromptCounter, prompt_counter
-from lmpress.types import Request
+from lmpress.vocabulary.errors import RequestError
+from lmpress.dryrun.pricing import Price, price_for
+from lmpress.dryrun.prompt_tokens import PromptCounter, prompt_counter
+from lmpress.vocabulary.types import Request
 
 
 class RowFailed(Protocol):

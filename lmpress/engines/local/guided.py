@@ -174,7 +174,7 @@ def guided_matcher(grammars: Callable[[], Grammars], guided: Any, engine: str) -
     when it has none; a form the local engines lack, a value that does not compile, or a
     tokenizer the grammar engine cannot read fails the request in one line. `grammars` gives
     the engine's grammar engine, built on first use."""
-    from lmpress.errors import ErrorKind, RequestError
+    from lmpress.vocabulary.errors import ErrorKind, RequestError
 
     if guided is None or guided.form is None:
         return None
@@ -192,7 +192,7 @@ def request_matcher(
 ) -> Matcher | None:
     """The one grammar a request's replies follow: its guided decoding, or the call its
     tool_choice requires (`plan`, a ToolPlan or None); both at once is refused."""
-    from lmpress.errors import ErrorKind, RequestError
+    from lmpress.vocabulary.errors import ErrorKind, RequestError
 
     tool_grammar = plan.grammar if plan is not None else None
     if tool_grammar is None:
@@ -211,7 +211,7 @@ def request_matcher(
 
 def check_recipe_guided(grammars: Callable[[], Grammars], guided: Any, engine: str) -> None:
     """The recipe's own constraint, checked and compiled before any row is read."""
-    from lmpress.errors import ConfigError, RequestError
+    from lmpress.vocabulary.errors import ConfigError, RequestError
 
     if guided is None or guided.form is None:
         return

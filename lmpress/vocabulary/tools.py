@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from lmpress.types import Request, ToolCall
+from lmpress.vocabulary.types import Request, ToolCall
 
 TOOL_CHOICES = ("auto", "none", "required")
 # OpenAI's rule for a function's name, which every provider lmpress speaks to accepts.

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from lmpress.errors import ErrorKind
-from lmpress.types import ErrorInfo, Request, Result
+from lmpress.vocabulary.errors import ErrorKind
+from lmpress.vocabulary.types import ErrorInfo, Request, Result
 
 
 @dataclass(frozen=True)
