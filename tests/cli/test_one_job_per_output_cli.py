@@ -182,8 +182,8 @@ def test_a_ray_job_on_an_output_a_job_is_writing_is_refused_before_ray_starts(
 
 
 def test_provider_batch_status_reads_beside_a_live_job_and_cancel_waits_for_it(tmp_path):
-    from tests.cli.test_provider_batch_cli import KEYS, args_for, server
-    from tests.cli.test_provider_batch_cli import write_rows as provider_rows
+    from tests.batch.test_provider_batch_cli import KEYS, args_for, server
+    from tests.batch.test_provider_batch_cli import write_rows as provider_rows
 
     rows = provider_rows(tmp_path / "in.jsonl", 10)
     out = tmp_path / "out.jsonl"

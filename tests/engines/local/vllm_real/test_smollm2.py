@@ -24,7 +24,7 @@ from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 from tests.conftest import REPO, run_lmpress
 from tests.engines.local.vllm_real.conftest import REQUIRED, raw_vllm
 from tests.serve.conftest import Served
-from tests.test_chat import STATUS, ChatSession
+from tests.chat.test_chat import STATUS, ChatSession
 
 MAX_MODEL_LEN = 1024
 # What both sides run with. lmpress's `auto` dtype is float32 on a CPU (the rule NATIVE follows
