@@ -85,16 +85,35 @@ class LLM:
     def chat(
         self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]], **settings
     ) -> Result | list[Result]:
-        """The assistant's reply to one conversation (a list of OpenAI-style messages), or a
-        list of replies to a list of conversations."""
+        """The assistant's reply to one conversation, or the replies to many.
+
+        Args:
+            messages: one conversation (a list of OpenAI-style messages: `role`, `content`,
+                and `tool_calls` where the engine takes tools), or a list of conversations.
+            **settings: generation settings for this call only.
+
+        Returns:
+            One Result for one conversation, else one Result per conversation, in order.
+        """
         many = bool(messages) and not isinstance(messages[0], dict)
         conversations = list(messages) if many else [messages]
         results = self.engine.generate(conversations, self._params(settings))
         return results if many else results[0]
 
     def stream(self, prompt: str | Sequence[dict[str, Any]], **settings: Any) -> Iterator[str]:
-        """The reply to one prompt or conversation as it is generated, a piece of text at a
-        time. Raises RuntimeError with the engine's message when the request fails."""
+        """The reply to one prompt or conversation as it is generated, a piece of text at a time.
+
+        Args:
+            prompt: a prompt, or one conversation as a list of OpenAI-style messages.
+            **settings: generation settings for this call only.
+
+        Yields:
+            Pieces of the reply's text. Stopping early (a `break`, closing the iterator) cancels
+            the request in the engine.
+
+        Raises:
+            RuntimeError: the request failed; the message is the engine's.
+        """
         from lmpress.data.messages import parse_messages
 
         messages = [Message("user", prompt)] if isinstance(prompt, str) else None
@@ -122,6 +141,8 @@ class LLM:
         resumable, one job per output, failed rows set aside in OUTPUT.errors.jsonl.
 
         Args:
+            input_path: a JSONL, Parquet or CSV file, or a dataset, as `-i` takes it.
+            output_path: the JSONL or Parquet file to write, as `-o` takes it.
             **options: BatchOptions fields (`overwrite=True`, `ordered=True`, `limit=10`).
 
         Returns:

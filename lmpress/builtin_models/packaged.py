@@ -9,7 +9,7 @@ for another CLI), so the file is on disk and nothing downloads at run time. Two 
   activations it rounds to 8 bits, and at 135M parameters that flips near-ties: asked for the
   capital of France, the Q4_1 file begins "L'Étoile" (log-probability -1.88 against -1.97 for
   "The"); in F16 it answers "The capital of France is Paris.", as transformers does on either.
-  Decoding in F16 costs about 10% here (23 against 26 tokens/s, one sequence).
+  F16 decodes a little slower than Q4_1 (benchmarks/README.md, figures behind choices).
 Each name is one GGUF file that runs on both LLAMACPP and NATIVE (dequantized by transformers).
 """
 

@@ -17,11 +17,10 @@ Pushback comes in two kinds that look alike one answer at a time: load-driven (a
 more is sent, the larger the share turned away) and random (a provider shedding load whatever
 ours is: Anthropic's 529, an occasional 429 on a quiet account). Reacting to each 429 treats
 both as the first: with a share of answers shed at random every cut is followed by more
-pushback, so the rate ratchets down towards nothing (issue 31: 9.3 rows/s falling to 1.2 with
-15% of first attempts getting a 429). So nothing here reacts to a single answer. Concurrency
-and the cooldown answer only pushback that dominates (`Pushback`: half of the last round trip's
-answers, or nothing served lately); the learned rate judges intervals, and undoes a cut that did
-not lower the share turned away. The figures are in benchmarks/README.md (remote pacing).
+pushback, so the rate ratchets down towards nothing. So nothing here reacts to a single
+answer. Concurrency and the cooldown answer only pushback that dominates (`Pushback`: half of
+the last round trip's answers, or nothing served lately); the learned rate judges intervals,
+and undoes a cut that did not lower the share turned away. The figures are in benchmarks/README.md (remote pacing).
 
 Nothing here imports an SDK; the clock and sleep are injectable for tests.
 """
