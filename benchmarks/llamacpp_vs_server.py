@@ -49,13 +49,13 @@ from pathlib import Path
 from llamacpp_throughput import describe, lmpress_config
 from rounds import Rounds, SideProcess, chat_prompts, lmpress_generate, mixed_prompts
 
+from lmpress.builtin_models.tiny import cache_root
 from lmpress.engines.local.llamacpp.loading import (
     extra_bufts_are_safe,
     gguf_path,
     planned_sequence_context,
 )
 from lmpress.engines.registry import create_engine
-from lmpress.builtin_models.tiny import cache_root
 
 SERVER_TARGETS = ("llama-server", "llama-batched-bench")
 

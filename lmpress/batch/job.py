@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from lmpress.batch.budget import Budget
 from lmpress.batch.events import STOP_SIGNALS, BatchEvents, BatchSummary, RowFailure
+from lmpress.batch.guided_check import check_structure
 from lmpress.batch.outputs import Reorder, output_for
 from lmpress.batch.rows import RowReader
 from lmpress.configs.schema import RunConfig
@@ -41,11 +42,10 @@ from lmpress.data.targets import (
     resolve_output,
     write_text_atomically,
 )
+from lmpress.dryrun.pricing import price_for
 from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine, load_engine_class
 from lmpress.vocabulary.errors import InputError, OutputWriteError
-from lmpress.dryrun.pricing import price_for
-from lmpress.batch.guided_check import check_structure
 from lmpress.vocabulary.types import Request, Result
 
 CONNECTION_ERROR = "connection_error"  # the error kind remote engines give an unreachable host

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 from lmpress.builtin_models.tiny import INST_TEMPLATE, WORDS, builder_main, cache_root
+from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 
 # Bump when a builder changes, so cached files are rebuilt.
 BUILDER_VERSION = 3
@@ -380,7 +380,9 @@ def _write_projector(spec: ProjectorSpec, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     names = {**SPECS, **PROJECTORS}
-    return builder_main(argv, "lmpress.builtin_models.tiny_gguf", "tiny GGUF models", names, tiny_gguf)
+    return builder_main(
+        argv, "lmpress.builtin_models.tiny_gguf", "tiny GGUF models", names, tiny_gguf
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import typer
 
 from lmpress.cli import batch, chat, infer, listings, serve
 from lmpress.cli.options import OVERRIDES, OVERRIDES_HELP
+from lmpress.version import __version__
 from lmpress.vocabulary.errors import (
     DISK_ERRNOS,
     LmpressError,
@@ -32,7 +33,6 @@ from lmpress.vocabulary.errors import (
     Terminated,
     exception_line,
 )
-from lmpress.version import __version__
 
 app = typer.Typer(
     name="lmpress",

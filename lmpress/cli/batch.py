@@ -261,8 +261,8 @@ def run_file(
 
 def dry_run_file(config: RunConfig, input: str | None, options: BatchOptions) -> int:
     """Read and count every picked row without generating: the dry run's table."""
-    from lmpress.dryrun.run import dry_run
     from lmpress.cli.report import dry_run_table
+    from lmpress.dryrun.run import dry_run
 
     input_path = input or config.input_path
     if not input_path:

@@ -30,7 +30,14 @@ from lmpress.data import openai_batch
 from lmpress.data.columns import RowMapping, TemplateError
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
-from lmpress.vocabulary.types import GENERATION_FIELDS, GenerationParams, Message, Request, Result, Sample
+from lmpress.vocabulary.types import (
+    GENERATION_FIELDS,
+    GenerationParams,
+    Message,
+    Request,
+    Result,
+    Sample,
+)
 
 OUTPUT_FORMATS = ("auto", "lmpress", "openai")
 # The keys a row's own id may be under, in the order they are looked for.

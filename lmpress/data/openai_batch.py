@@ -16,9 +16,9 @@ import uuid
 from typing import Any
 
 from lmpress.data.messages import RowError
-from lmpress.vocabulary.errors import ErrorKind
 from lmpress.openai_wire import requests, responses
 from lmpress.openai_wire.errors import HTTP_STATUS, ApiError
+from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import Result
 
 CHAT_URL = requests.CHAT_PATH

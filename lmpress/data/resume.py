@@ -32,9 +32,9 @@ from lmpress.data.jsonl import read_lines
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
 from lmpress.data.targets import COMPRESSED, is_compressed, write_text_atomically
+from lmpress.version import __version__
 from lmpress.vocabulary.errors import InputError, OutputWriteError
 from lmpress.vocabulary.types import SCHEDULING_FIELDS
-from lmpress.version import __version__
 
 
 @dataclass(frozen=True)

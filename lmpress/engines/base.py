@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
-from lmpress.vocabulary.errors import InputError, RequestError, UnsupportedParamError
 from lmpress.progress import ProgressBar
+from lmpress.vocabulary.errors import InputError, RequestError, UnsupportedParamError
 from lmpress.vocabulary.tools import ToolError, check_request, uses_tools
 from lmpress.vocabulary.types import (
     ErrorInfo,

@@ -23,8 +23,6 @@ from starlette.requests import ClientDisconnect
 from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, check_tools, unsupported_params
-from lmpress.vocabulary.errors import InputError, UnsupportedParamError
-from lmpress.vocabulary.images import is_local_file, message_image_urls, short_name
 from lmpress.openai_wire import requests as bodies
 from lmpress.openai_wire import responses
 from lmpress.openai_wire.errors import ApiError, error_from_info
@@ -42,6 +40,8 @@ from lmpress.serve.asgi import (
     new_id,
     request_log,
 )
+from lmpress.vocabulary.errors import InputError, UnsupportedParamError
+from lmpress.vocabulary.images import is_local_file, message_image_urls, short_name
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result, Usage
 
 log = logging.getLogger("lmpress.serve")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmpress.vocabulary.errors import ModelLoadError
 from lmpress.builtin_models.tiny import resolve_model_name, tiny_model
+from lmpress.vocabulary.errors import ModelLoadError
 
 
 def test_tiny_models_are_cached_and_loadable(tiny_llama, tiny_gpt2):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lmpress.vocabulary.errors import ModelLoadError
 from lmpress.builtin_models.tiny_gguf import SPECS, resolve_gguf_name, tiny_gguf
+from lmpress.vocabulary.errors import ModelLoadError
 from tests.conftest import REPO
 
 TEXT = "Hello the quick cat, naïve café 東京 ☀ runs."

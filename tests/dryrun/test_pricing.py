@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from lmpress.configs import load_config
+from lmpress.dryrun.pricing import Price, listed_price, price_for
 from lmpress.engines.remote.presets import BY_NAME, PRICES
 from lmpress.vocabulary.errors import ConfigError
-from lmpress.dryrun.pricing import Price, listed_price, price_for
 
 
 def config(engine: str, model: str, **remote):

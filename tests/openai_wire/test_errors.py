@@ -8,7 +8,6 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from lmpress.data.openai_batch import render_error
-from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.openai_wire.errors import HTTP_STATUS, error_from_info
 from lmpress.openai_wire.responses import (
     COMPLETION_FINISH,
@@ -16,6 +15,7 @@ from lmpress.openai_wire.responses import (
     chat_completion,
     text_completion,
 )
+from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import FINISH_REASONS, ErrorInfo, Result, Sample
 
 

@@ -19,12 +19,12 @@ from collections.abc import Iterator
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+from lmpress.builtin_models.tiny import tiny_model
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.serve.app import create_app
 from lmpress.serve.server import listen
-from lmpress.builtin_models.tiny_gguf import tiny_gguf
-from lmpress.builtin_models.tiny import tiny_model
 
 MODEL = "stress"
 CLIENTS = 64

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lmpress.builtin_models.packaged import resolve_packaged_name
+from lmpress.builtin_models.tiny import resolve_model_name
+from lmpress.builtin_models.tiny_gguf import resolve_gguf_name
 from lmpress.configs.schema import ModelParams
 from lmpress.vocabulary.errors import ModelLoadError
-from lmpress.builtin_models.packaged import resolve_packaged_name
-from lmpress.builtin_models.tiny_gguf import resolve_gguf_name
-from lmpress.builtin_models.tiny import resolve_model_name
 
 # Short forms people write for torch's dtype names.
 DTYPE_ALIASES = {

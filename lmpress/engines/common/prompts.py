@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
+from lmpress.vocabulary.chat_templates import NAMED_TEMPLATES
 from lmpress.vocabulary.errors import ModelLoadError, RequestError, first_line
 from lmpress.vocabulary.images import load_images
-from lmpress.vocabulary.chat_templates import NAMED_TEMPLATES
 from lmpress.vocabulary.types import ContentPart, Message, Request
+
 
 def resolve_chat_template(value: str) -> str:
     """A named template, a path to a template file, or a literal Jinja template."""

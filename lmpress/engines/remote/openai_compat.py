@@ -26,8 +26,8 @@ from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote.base import RemoteEngine, Reply, client_options
 from lmpress.engines.remote.inline_images import inline_image_url
 from lmpress.engines.remote.retry import MalformedResponse
-from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 from lmpress.openai_wire.client import OPENAI_PARAMS, Dialect, request_body
+from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 from lmpress.vocabulary.types import (
     FINISH_REASONS,
     Delta,

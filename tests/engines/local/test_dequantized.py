@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
+from lmpress.builtin_models.packaged import SMOLLM2, resolve_packaged_name
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
 from lmpress.configs.schema import ModelParams
 from lmpress.engines.local.native.dequantized import existing_copy
 from lmpress.engines.local.native.loading import model_source
 from lmpress.engines.registry import create_engine
-from lmpress.builtin_models.packaged import SMOLLM2, resolve_packaged_name
-from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 from tests.conftest import REPO
 

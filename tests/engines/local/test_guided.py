@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from lmpress.engines.local.guided import GrammarError, Grammars
-from lmpress.engines.common.tool_parsers import call_grammar
 from lmpress.builtin_models.packaged import SMOLLM2_Q4_1
+from lmpress.engines.common.tool_parsers import call_grammar
+from lmpress.engines.local.guided import GrammarError, Grammars
 
 SCHEMA = {
     "type": "object",

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, UnsupportedParamError
-from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.vocabulary.types import ContentPart, Delta, GenerationParams, Message, Request, Result
 from tests.conftest import REPO
 

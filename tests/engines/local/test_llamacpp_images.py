@@ -10,9 +10,9 @@ import ctypes
 
 import pytest
 
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.vocabulary.types import ContentPart, GenerationParams, Message, Request
 from tests.image_files import CORRUPT_PNG, data_url, picture
 

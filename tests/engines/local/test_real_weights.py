@@ -12,11 +12,11 @@ import re
 
 import pytest
 
+from lmpress.builtin_models.packaged import SMOLLM2, SMOLLM2_Q4_1, resolve_packaged_name
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
 from lmpress.engines.local.llamacpp.loading import extra_bufts_are_safe, load_llama
 from lmpress.engines.registry import create_engine
-from lmpress.builtin_models.packaged import SMOLLM2, SMOLLM2_Q4_1, resolve_packaged_name
-from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 QUESTIONS = [

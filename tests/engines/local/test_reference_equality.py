@@ -11,10 +11,10 @@ import shutil
 
 import pytest
 
-from lmpress.configs import load_config
-from lmpress.engines.registry import create_engine
 from lmpress.builtin_models.packaged import SMOLLM2
 from lmpress.builtin_models.tiny_gguf import tiny_gguf
+from lmpress.configs import load_config
+from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 QUESTIONS = [

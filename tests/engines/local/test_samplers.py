@@ -10,10 +10,10 @@ import math
 
 import pytest
 
+from lmpress.builtin_models.tiny import tiny_model
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.builtin_models.tiny_gguf import tiny_gguf
-from lmpress.builtin_models.tiny import tiny_model
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 MODELS = {"NATIVE": lambda: str(tiny_model("llama")), "LLAMACPP": lambda: str(tiny_gguf("llama"))}

@@ -12,10 +12,10 @@ import re
 import jsonschema
 import pytest
 
+from lmpress.batch.guided_check import check_structure
+from lmpress.builtin_models.packaged import SMOLLM2
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.builtin_models.packaged import SMOLLM2
-from lmpress.batch.guided_check import check_structure
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 SCHEMA = {

@@ -12,7 +12,15 @@ from lmpress.engines.registry import create_engine
 from lmpress.engines.remote.anthropic import convert_messages, parse_message, request_body
 from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.vocabulary.errors import ConfigError, RequestError, UnsupportedParamError
-from lmpress.vocabulary.types import ContentPart, Delta, GenerationParams, Message, Request, Result, ToolCall
+from lmpress.vocabulary.types import (
+    ContentPart,
+    Delta,
+    GenerationParams,
+    Message,
+    Request,
+    Result,
+    ToolCall,
+)
 from tests.servers.llm_server import Faults, LLMServer, reply_text
 from tests.servers.request_types import body_problem
 

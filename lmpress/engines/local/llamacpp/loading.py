@@ -13,11 +13,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from lmpress.builtin_models.packaged import resolve_packaged_name
+from lmpress.builtin_models.tiny_gguf import resolve_gguf_name
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.common.prompts import resolve_chat_template
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError
-from lmpress.builtin_models.packaged import resolve_packaged_name
-from lmpress.builtin_models.tiny_gguf import resolve_gguf_name
 from lmpress.vocabulary.types import GenerationParams
 
 GGUF_MAGIC = b"GGUF"

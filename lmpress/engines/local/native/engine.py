@@ -24,8 +24,8 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
-from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
+from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.native.batch_cache import give_freed_caches_back
 from lmpress.engines.local.native.loading import (
     batching_settings,

@@ -11,12 +11,12 @@ import io
 from pathlib import Path
 from typing import Any
 
+from lmpress.builtin_models.packaged import NAMES as PACKAGED_NAMES
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.common.models import DTYPE_CHOICES, auto_dtype, dtype_name, local_or_hub
 from lmpress.engines.common.prompts import HfPrompts, resolve_chat_template
 from lmpress.engines.local.native.dequantized import dequantized_copy, existing_copy
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
-from lmpress.builtin_models.packaged import NAMES as PACKAGED_NAMES
 
 # The model_kwargs NATIVE reads itself rather than passing to from_pretrained: the GGUF file's
 # name, the KV cache's memory budget in GiB, and whether prompts reuse a shared prefix's cache.

@@ -16,15 +16,15 @@ import re
 import jsonschema
 import pytest
 
+from lmpress.builtin_models.packaged import SMOLLM2
 from lmpress.configs import load_config
 from lmpress.engines.local.vllm import engine as engine_module
 from lmpress.engines.registry import create_engine
-from lmpress.builtin_models.packaged import SMOLLM2
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
+from tests.chat.test_chat import STATUS, ChatSession
 from tests.conftest import REPO, run_lmpress
 from tests.engines.local.vllm_real.conftest import REQUIRED, raw_vllm
 from tests.serve.conftest import Served
-from tests.chat.test_chat import STATUS, ChatSession
 
 MAX_MODEL_LEN = 1024
 # What both sides run with. lmpress's `auto` dtype is float32 on a CPU (the rule NATIVE follows
