@@ -1,7 +1,7 @@
 """Chat templates and prompts: the template a recipe names (`model.chat_template`), and a request
 turned into prompt text and ids through a Hugging Face tokenizer's chat template, for the
 engines that tokenize with one (NATIVE, VLLM). `HfPrompts` is that whole path, tool plans
-included, so that NATIVE and the dry run's token counts (`lmpress.dryrun.prompt_tokens`) share it.
+included, so that NATIVE and its dry-run counts (`native/prompt_count.py`) share it.
 LLAMACPP renders with llama-cpp-python's own formatter (llamacpp/prompts.py), from the
 template `resolve_chat_template` gives."""
 
@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
+from lmpress.vocabulary.chat_templates import NAMED_TEMPLATES
 from lmpress.vocabulary.errors import ModelLoadError, RequestError, first_line
 from lmpress.vocabulary.images import load_images
-from lmpress.vocabulary.chat_templates import NAMED_TEMPLATES
 from lmpress.vocabulary.types import ContentPart, Message, Request
+
 
 def resolve_chat_template(value: str) -> str:
     """A named template, a path to a template file, or a literal Jinja template."""
