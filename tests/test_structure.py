@@ -1,5 +1,7 @@
-"""The package's shape, as issue 15 left it: no module over 500 lines, and no import cycle
-among lmpress's modules, counting every import (module level, deferred and TYPE_CHECKING)."""
+"""The package's shape, as issues 15 and 33 left it: no module over 500 lines, no import cycle
+among lmpress's modules, counting every import (module level, deferred and TYPE_CHECKING), and
+the rest of lmpress reaching engines only through their contract, so that a new engine is its
+own folder plus one registry row and no other module knows its name."""
 
 from __future__ import annotations
 
@@ -78,3 +80,63 @@ def test_no_import_cycle_even_through_deferred_imports():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# What the rest of lmpress may import from lmpress.engines: the interface and its checks, the
+# registry of names, what a prompt counter returns, and the remote providers' one table (names,
+# prices, tokenizers, batch limits: facts about the providers, not an engine's code).
+ENGINE_CONTRACT = {
+    "lmpress.engines",
+    "lmpress.engines.base",
+    "lmpress.engines.registry",
+    "lmpress.engines.prompt_count",
+    "lmpress.engines.remote.presets",
+}
+# Modules that reach further, and why.
+ENGINE_CONTRACT_EXCEPTIONS = {
+    # The providers' batch APIs drive a remote engine's own SDK client, retry rule and reply
+    # parsers, so that a row through a batch API comes out as the live engine writes it.
+    "lmpress.batch.provider.apis": {
+        "lmpress.engines.remote.base",
+        "lmpress.engines.remote.retry",
+        "lmpress.engines.remote.openai_compat",
+        "lmpress.engines.remote.anthropic",
+    },
+}
+
+
+def engine_imports_outside_engines() -> dict[str, set[str]]:
+    known = modules()
+    found = {}
+    for name, path in known.items():
+        if name == "lmpress.engines" or name.startswith("lmpress.engines."):
+            continue
+        engines = {m for m in imports(path, known) if m.startswith("lmpress.engines")}
+        if engines:
+            found[name] = engines
+    return found
+
+
+def test_no_module_outside_engines_imports_a_local_engines_internals():
+    reaching = {
+        name: sorted(m for m in engines if m.startswith("lmpress.engines.local"))
+        for name, engines in engine_imports_outside_engines().items()
+    }
+    assert {name: found for name, found in reaching.items() if found} == {}
+
+
+def test_the_rest_of_lmpress_reaches_engines_only_through_their_contract():
+    beyond = {
+        name: sorted(engines - ENGINE_CONTRACT - ENGINE_CONTRACT_EXCEPTIONS.get(name, set()))
+        for name, engines in engine_imports_outside_engines().items()
+    }
+    assert {name: found for name, found in beyond.items() if found} == {}
+
+
+def test_the_contract_rules_see_an_import_of_an_engines_internals(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "def f():\n    from lmpress.engines.local.native.loading import load_tokenizer\n"
+    )
+    known = {**modules(), "m": module}
+    assert "lmpress.engines.local.native.loading" in imports(module, known)

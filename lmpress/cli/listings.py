@@ -58,9 +58,9 @@ def config_show(ctx: typer.Context, recipe: RecipeOpt = None, engine: EngineOpt 
     if words:
         raise ConfigError(f"unexpected argument '{words[0]}'")
     print(config_to_yaml(config), end="")
-    from lmpress.engines.common.models import dtype_in_use
+    from lmpress.engines.registry import engine_class
 
-    dtype = dtype_in_use(config.engine, config.model)
+    dtype = engine_class(config.engine).dtype_in_use(config.model)
     if dtype:
         print(
             f"# {config.engine} loads the model in {dtype} here "

@@ -25,7 +25,8 @@ from lmpress.data.formats import ParsedRow
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.resume import id_key
 from lmpress.dryrun.pricing import Price, price_for
-from lmpress.dryrun.prompt_tokens import PromptCounter, prompt_counter
+from lmpress.dryrun.prompt_tokens import prompt_counter
+from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.errors import RequestError
 from lmpress.vocabulary.types import Request
 

@@ -1,4 +1,12 @@
-"""The one interface every engine implements, and the checks every engine shares."""
+"""The one interface every engine implements, and the checks every engine shares.
+
+Everything the rest of lmpress asks of an engine is here, as a method or attribute of
+`Engine`, with a remote API's answer as the default: what it supports (`supported_params`,
+`takes_tools`), whether its model may be a hub id (`takes_hub_ids`), how it counts prompts for
+the dry run (`prompt_counter`), the dtype it loads a model in (`dtype_in_use`), and what a
+`--ray` replica of it needs (`key_variable`, `replica_config`). A new engine overrides what
+differs, in its own folder, and needs no other module to know its name.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +16,15 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, ClassVar
 
-from lmpress.configs.schema import RunConfig
+from lmpress.configs.schema import ModelParams, RunConfig
+from lmpress.engines.prompt_count import PromptCounter
 from lmpress.progress import ProgressBar
-from lmpress.vocabulary.errors import InputError, RequestError, UnsupportedParamError
+from lmpress.vocabulary.errors import (
+    InputError,
+    RequestError,
+    UnsupportedParamError,
+    exception_line,
+)
 from lmpress.vocabulary.tools import ToolError, check_request, uses_tools
 from lmpress.vocabulary.types import (
     ErrorInfo,
@@ -44,6 +58,11 @@ class Engine(ABC):
     # to its API, or renders them and parses the calls out of the reply. `check_tools` refuses
     # them, before any work, on an engine that cannot.
     takes_tools: ClassVar[bool] = False
+    # Whether `model.model_name` may be a Hugging Face hub id: `create_engine` checks that one
+    # is on this machine or downloadable before the engine loads it.
+    takes_hub_ids: ClassVar[bool] = False
+    # The environment variable an API key is read from when the config names none.
+    default_key_env: ClassVar[str | None] = None
 
     def __init__(self, config: RunConfig):
         self.config = config
@@ -60,6 +79,36 @@ class Engine(ABC):
     def unavailable_reason(cls) -> str | None:
         """Why this engine cannot run on this machine (no GPU, say), or None when it can."""
         return None
+
+    @classmethod
+    def prompt_counter(cls, config: RunConfig) -> PromptCounter:
+        """Counts prompts as this engine will report them, for the dry run and the budgets.
+        Loads a tokenizer, never weights. The default is a remote API's: `model.tokenizer_name`,
+        else the provider's tokenizer, else an estimate marked inexact."""
+        from lmpress.engines.remote.prompt_count import prompt_counter
+
+        return prompt_counter(config)
+
+    @classmethod
+    def dtype_in_use(cls, model: ModelParams) -> str | None:
+        """The dtype this engine will load `model` in on this machine, for `lmpress config
+        show`; None where the engine has no such choice (a remote API, a GGUF file)."""
+        return None
+
+    @classmethod
+    def key_variable(cls, config: RunConfig) -> str | None:
+        """The environment variable the engine reads its API key from, if any: a `--ray` job
+        hands it to replicas on machines whose environment lacks it."""
+        from lmpress.engines.remote import credentials
+
+        return credentials.key_variable(config.remote_params, cls.default_key_env)
+
+    @classmethod
+    def replica_config(cls, config: RunConfig, replicas: int) -> RunConfig:
+        """The config each of `replicas` copies of this engine gets in a `--ray` job, so that
+        all of them together keep to the limits one run has. A local replica is a whole engine
+        of its own: the config as given."""
+        return config
 
     @property
     def model_name(self) -> str:
@@ -226,3 +275,8 @@ def error_result(request: Request, engine: Engine, error: ErrorInfo, started: fl
         latency_s=time.perf_counter() - started,
         error=error,
     )
+
+
+def failure_info(exc: Exception) -> ErrorInfo:
+    """The error a request gets when its step raised something unforeseen."""
+    return ErrorInfo("generation_error", exception_line(exc))

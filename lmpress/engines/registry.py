@@ -1,7 +1,9 @@
 """Engine NAME -> engine class, imported on first use so that `--help` imports no backend.
 
-Third-party engines register through the `lmpress.engines` entry-point group
-(`MYENGINE = "my_package.engine:MyEngine"`).
+A local engine is one row of `LOCAL` plus its folder under engines/local/; a remote provider is
+one row of engines/remote/presets.py. Third-party engines register through the `lmpress.engines`
+entry-point group (`MYENGINE = "my_package.engine:MyEngine"`). Nothing else in lmpress knows an
+engine's name: what it needs to know it asks the class (engines/base.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from importlib.metadata import entry_points
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
-from lmpress.engines.remote.presets import PROVIDERS, engine_class
+from lmpress.engines.remote import presets
 from lmpress.vocabulary.errors import EngineUnavailableError
 
 ENTRY_POINT_GROUP = "lmpress.engines"
@@ -58,7 +60,8 @@ LOCAL: tuple[EngineSpec, ...] = (
 
 # The remote engines, one per row of the providers table.
 REMOTE: tuple[EngineSpec, ...] = tuple(
-    EngineSpec(p.name, p.engine, p.extra, p.requires, p.summary, preset=True) for p in PROVIDERS
+    EngineSpec(p.name, p.engine, p.extra, p.requires, p.summary, preset=True)
+    for p in presets.PROVIDERS
 )
 BUILTIN = LOCAL + REMOTE
 
@@ -111,14 +114,18 @@ def load_engine_class(name: str) -> type[Engine]:
     return _engine_class(spec)
 
 
+def engine_class(name: str) -> type[Engine]:
+    """The class an engine name stands for, imported without checking for its backend: enough
+    to ask it what the contract answers without one (`prompt_counter`, `dtype_in_use`) on a
+    machine that cannot run it."""
+    return _engine_class(get_spec(name))
+
+
 def _engine_class(spec: EngineSpec) -> type[Engine]:
     if spec.preset:
-        return engine_class(spec.name)
+        return presets.engine_class(spec.name)
     module_name, _, class_name = spec.target.partition(":")
     return getattr(importlib.import_module(module_name), class_name)
-
-
-HUB_ENGINES = frozenset({"NATIVE", "VLLM"})  # engines that take a hub model id
 
 
 def create_engine(config: RunConfig) -> Engine:
@@ -127,7 +134,7 @@ def create_engine(config: RunConfig) -> Engine:
     reason = cls.unavailable_reason()
     if reason:
         raise EngineUnavailableError(f"engine {cls.name} cannot run here: {reason}")
-    if cls.name in HUB_ENGINES:
+    if cls.takes_hub_ids:
         from lmpress.engines.common.hub import check_hub_model
 
         check_hub_model(config.model.model_name)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
-import math
 import os
 import pickle
 import queue
@@ -22,8 +20,6 @@ from lmpress.batch.outputs import Reorder
 from lmpress.batch.rows import RowParser
 from lmpress.configs.schema import RunConfig
 from lmpress.data.idkeys import IdKeys
-from lmpress.engines.remote.base import RemoteEngine
-from lmpress.engines.remote.credentials import key_variable
 from lmpress.vocabulary.errors import LmpressError
 
 
@@ -177,24 +173,16 @@ class RayBatchJob(BatchJob):
 
     def _key_variables(self) -> dict[str, str]:
         """The API key's variable, for replicas on machines whose environment lacks it."""
-        default = getattr(self.engine_class, "default_key_env", None)
-        name = key_variable(self.config.remote_params, default)
+        name = self.engine_class.key_variable(self.config)
         return {name: os.environ[name]} if name and name in os.environ else {}
 
     def _replica_config(self) -> RunConfig:
-        """The config each replica's engine gets: a remote engine's concurrency and rate
-        limits split evenly, so that all replicas together keep to the limits one run has."""
+        """The config each replica's engine gets: the engine's own split of one run's limits
+        (a remote engine shares its concurrency and rate limits out evenly)."""
         config = copy.deepcopy(self.config)
-        replicas = config.ray.replicas
-        if replicas == 1 or not issubclass(self.engine_class, RemoteEngine):
+        if config.ray.replicas == 1:
             return config
-        remote = config.remote_params
-        split = {"num_workers": max(1, math.ceil(remote.num_workers / replicas))}
-        for name in ("requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute"):
-            if (limit := getattr(remote, name)) is not None:
-                split[name] = max(1, limit // replicas)
-        config.remote_params = dataclasses.replace(remote, **split)
-        return config
+        return self.engine_class.replica_config(config, config.ray.replicas)
 
 
 def _job_error(exc: BaseException) -> LmpressError:

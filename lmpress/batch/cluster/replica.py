@@ -22,8 +22,7 @@ from lmpress.batch.rows import RowParser
 from lmpress.configs.schema import RunConfig
 from lmpress.data.formats import ParsedRow
 from lmpress.data.jsonl import Line
-from lmpress.engines.base import error_result
-from lmpress.engines.local.worker import failure_info
+from lmpress.engines.base import error_result, failure_info
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import LmpressError
 from lmpress.vocabulary.types import Result

@@ -16,7 +16,6 @@ from pathlib import Path
 from lmpress.builtin_models.packaged import resolve_packaged_name
 from lmpress.builtin_models.tiny import resolve_model_name
 from lmpress.builtin_models.tiny_gguf import resolve_gguf_name
-from lmpress.configs.schema import ModelParams
 from lmpress.vocabulary.errors import ModelLoadError
 
 # Short forms people write for torch's dtype names.
@@ -49,19 +48,17 @@ def cuda_dtype_facts() -> tuple[bool, bool]:
     return cuda, bool(cuda and torch.cuda.is_bf16_supported())
 
 
-def dtype_in_use(engine: str, model: ModelParams) -> str | None:
-    """The dtype NATIVE or VLLM will load `model` in on this machine (None for other engines),
-    for `lmpress config show`: `model.model_kwargs.dtype` on VLLM, else `torch_dtype_str` with
-    `auto` resolved by `auto_dtype`. Imports torch to see the GPU, not vLLM."""
-    if engine not in ("NATIVE", "VLLM"):
-        return None
-    chosen = model.model_kwargs.get("dtype") if engine == "VLLM" else None
-    chosen = dtype_name(str(chosen or model.torch_dtype_str).lower())
+def dtype_in_use(chosen: str, device_map: str | None = None) -> str:
+    """The dtype a model asked for in `chosen` (a `torch_dtype_str`, or vLLM's `dtype`) loads
+    in on this machine, for `lmpress config show`: a short form resolved, `auto` by
+    `auto_dtype`; a `device_map` naming a device says whether that is a GPU. Imports torch to
+    see the GPU, not a backend."""
+    chosen = dtype_name(chosen.lower())
     if chosen != "auto":
         return chosen
     cuda, bf16 = cuda_dtype_facts()
-    if engine == "NATIVE" and model.device_map not in (None, "auto"):
-        cuda = model.device_map.startswith("cuda")
+    if device_map not in (None, "auto"):
+        cuda = device_map.startswith("cuda")
     return auto_dtype(cuda=cuda, bf16_supported=bf16)
 
 

@@ -1,7 +1,7 @@
 """Chat templates and prompts: the template a recipe names (`model.chat_template`), and a request
 turned into prompt text and ids through a Hugging Face tokenizer's chat template, for the
 engines that tokenize with one (NATIVE, VLLM). `HfPrompts` is that whole path, tool plans
-included, so that NATIVE and the dry run's token counts (`lmpress.dryrun.prompt_tokens`) share it.
+included, so that NATIVE and its dry-run counts (`native/prompt_count.py`) share it.
 LLAMACPP renders with llama-cpp-python's own formatter (llamacpp/prompts.py), from the
 template `resolve_chat_template` gives."""
 

@@ -29,8 +29,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from lmpress.engines.base import Engine, check_text, error_result
-from lmpress.vocabulary.errors import RequestError, exception_line
+from lmpress.engines.base import Engine, check_text, error_result, failure_info
+from lmpress.vocabulary.errors import RequestError
 from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result
 
 
@@ -215,8 +215,3 @@ class WorkerEngine(Engine):
                 submission.cancelled = True
                 self._live.discard(submission)
                 self._wakeup.notify()
-
-
-def failure_info(exc: Exception) -> ErrorInfo:
-    """The error a request gets when its step raised something unforeseen."""
-    return ErrorInfo("generation_error", exception_line(exc))

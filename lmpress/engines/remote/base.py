@@ -11,7 +11,9 @@ backoff; other 4xx fail the row at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -60,7 +62,6 @@ class RemoteEngine(Engine):
     """An engine that sends each request to an HTTP API, concurrently, paced and retried."""
 
     default_api_url: ClassVar[str | None] = None
-    default_key_env: ClassVar[str | None] = None
     key_required: ClassVar[bool] = True  # False: a keyless local server is fine
     model_required: ClassVar[bool] = True
     # Endpoint paths the SDK appends to the base URL, longest first: an api_url that ends in
@@ -68,6 +69,17 @@ class RemoteEngine(Engine):
     endpoint_paths: ClassVar[tuple[str, ...]] = ()
     takes_tools = True  # each provider module sends tools in its API's own form
     provider: ClassVar[Any] = None  # its row in presets.PROVIDERS, bound by presets.engine_class
+
+    @classmethod
+    def replica_config(cls, config: RunConfig, replicas: int) -> RunConfig:
+        """Concurrency and rate limits split evenly, so that all replicas together keep to the
+        limits one run has."""
+        remote = config.remote_params
+        split = {"num_workers": max(1, math.ceil(remote.num_workers / replicas))}
+        for name in ("requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute"):
+            if (limit := getattr(remote, name)) is not None:
+                split[name] = max(1, limit // replicas)
+        return dataclasses.replace(config, remote_params=dataclasses.replace(remote, **split))
 
     def __init__(self, config: RunConfig):
         super().__init__(config)

@@ -26,6 +26,7 @@ from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
+from lmpress.engines.local.llamacpp import prompt_count
 from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     batched_context,
@@ -40,6 +41,7 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projecto
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.rows import RequestState
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
+from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, RequestError
 from lmpress.vocabulary.types import GenerationParams, Request
 
@@ -53,6 +55,10 @@ class LlamaCppEngine(LlamaCppScheduler):
         "guided_decoding",
     })  # fmt: skip
     takes_tools = True
+
+    @classmethod
+    def prompt_counter(cls, config: RunConfig) -> PromptCounter:
+        return prompt_count.prompt_counter(config)
 
     def __init__(self, config: RunConfig):
         super().__init__(config)

@@ -1,7 +1,7 @@
 """Prompts for LLAMACPP: a request rendered with llama-cpp-python's own chat formatter and
 tokenized by the GGUF file's tokenizer, as its chat handler does. The engine feeds these ids
-to its context; the dry run (`lmpress.dryrun.prompt_tokens`) counts them from a vocabulary-only load
-of the same file, without the weights, so both go through this one class.
+to its context; the dry run (`prompt_count.py`) counts them from a vocabulary-only load of
+the same file, without the weights, so both go through this one class.
 """
 
 from __future__ import annotations

@@ -22,10 +22,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lmpress.configs.schema import RunConfig
+from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings
+from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
+from lmpress.engines.local.native import prompt_count
 from lmpress.engines.local.native.batch_cache import give_freed_caches_back
 from lmpress.engines.local.native.loading import (
     batching_settings,
@@ -43,6 +45,7 @@ from lmpress.engines.local.native.loading import (
 from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
 from lmpress.engines.local.worker import Submission
+from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.errors import RequestError
 from lmpress.vocabulary.types import Request
 
@@ -56,6 +59,15 @@ class NativeEngine(NativeScheduler):
     })  # fmt: skip
     uses_generation_defaults = True
     takes_tools = True
+    takes_hub_ids = True
+
+    @classmethod
+    def prompt_counter(cls, config: RunConfig) -> PromptCounter:
+        return prompt_count.prompt_counter(config)
+
+    @classmethod
+    def dtype_in_use(cls, model: ModelParams) -> str | None:
+        return dtype_in_use(str(model.torch_dtype_str), model.device_map)
 
     def __init__(self, config: RunConfig):
         super().__init__(config)

@@ -33,10 +33,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lmpress.configs.schema import RunConfig
+from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Engine, check_text, error_result
+from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.prompts import render_chat_prompt, resolve_chat_template
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser, tool_plan
+from lmpress.engines.local.vllm import prompt_count
 from lmpress.engines.local.vllm.api import (
     INSTALL_HINT,
     VllmApi,
@@ -55,6 +57,7 @@ from lmpress.engines.local.vllm.translate import (
     sampling_params,
 )
 from lmpress.engines.local.worker import CallerQueue
+from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -80,6 +83,15 @@ class VllmEngine(Engine):
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "guided_decoding",
         "skip_special_tokens",
     })  # fmt: skip
+    takes_hub_ids = True
+
+    @classmethod
+    def prompt_counter(cls, config: RunConfig) -> PromptCounter:
+        return prompt_count.prompt_counter(config)
+
+    @classmethod
+    def dtype_in_use(cls, model: ModelParams) -> str | None:
+        return dtype_in_use(str(model.model_kwargs.get("dtype") or model.torch_dtype_str))
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

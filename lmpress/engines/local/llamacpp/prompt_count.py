@@ -1,0 +1,37 @@
+"""How LLAMACPP's prompts are counted without its weights: the GGUF file opened with
+`vocab_only` and `GgufPrompts`; the context is a sequence's part of the KV cache the engine
+will make (`model_kwargs.n_ctx` shared by `generation.batch_size`)."""
+
+from __future__ import annotations
+
+from lmpress.configs.schema import RunConfig
+from lmpress.engines.common.tool_parsers import check_parser
+from lmpress.engines.local.llamacpp.loading import (
+    Vocab,
+    chat_template,
+    gguf_path,
+    load_vocab,
+    oumi_gguf_file,
+    parallel_sequences,
+    planned_sequence_context,
+    trained_context,
+)
+from lmpress.engines.local.llamacpp.prompts import GgufPrompts
+from lmpress.engines.prompt_count import PromptCounter
+
+
+def prompt_counter(config: RunConfig) -> PromptCounter:
+    model = config.model
+    path = gguf_path(oumi_gguf_file(model) or model.model_name)
+    vocab_model = load_vocab(path)
+    metadata = vocab_model.metadata()
+    parser = check_parser(model.tool_call_parser)
+    template = chat_template(config, metadata)
+    prompts = GgufPrompts(vocab_model, Vocab(vocab_model), template, model.model_name, parser)
+    context = planned_sequence_context(
+        int(model.model_kwargs.get("n_ctx") or 0),
+        trained_context(metadata),
+        parallel_sequences(config.generation.batch_size),
+    )
+    label = f"{model.model_name} (the GGUF file's vocabulary, as LLAMACPP)"
+    return PromptCounter(prompts, True, context, label)

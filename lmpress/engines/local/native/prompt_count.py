@@ -1,0 +1,28 @@
+"""How NATIVE's prompts are counted without its weights: its tokenizer (`load_tokenizer`) and
+`HfPrompts`, as the engine builds them (with a vision-language model's processor, which expands
+each image into its tokens: the images are read to count them); the context from the model's
+config (`model.model_max_length` caps it)."""
+
+from __future__ import annotations
+
+from lmpress.configs.schema import RunConfig
+from lmpress.engines.common.tool_parsers import check_parser
+from lmpress.engines.local.native.loading import (
+    context_length,
+    load_model_config,
+    load_processor,
+    load_tokenizer,
+    native_prompts,
+)
+from lmpress.engines.prompt_count import PromptCounter
+
+
+def prompt_counter(config: RunConfig) -> PromptCounter:
+    model = config.model
+    tokenizer = load_tokenizer(model)
+    model_config = load_model_config(model)
+    processor = load_processor(model, model_config, tokenizer)  # a vision-language model's
+    prompts = native_prompts(config, tokenizer, check_parser(model.tool_call_parser), processor)
+    context = context_length(model_config, model.model_max_length)
+    label = f"{model.tokenizer_name or model.model_name} (transformers, as NATIVE)"
+    return PromptCounter(prompts, True, context, label)
