@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lmpress.configs.schema import RunConfig
-from lmpress.data.formats import ParsedRow
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.resume import id_key
-from lmpress.vocabulary.errors import RequestError
+from lmpress.data.row_shapes import ParsedRow
 from lmpress.dryrun.pricing import Price, price_for
 from lmpress.dryrun.prompt_tokens import PromptCounter, prompt_counter
+from lmpress.vocabulary.errors import RequestError
 from lmpress.vocabulary.types import Request
 
 

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
+from lmpress.data.row_shapes import parse_row
 from lmpress.vocabulary import images
-from lmpress.data.formats import parse_row
 from lmpress.vocabulary.errors import InputError
 from lmpress.vocabulary.images import ImageError, image_part, image_urls, load_image, read_image
 from lmpress.vocabulary.types import Request

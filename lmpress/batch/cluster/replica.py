@@ -17,15 +17,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from lmpress.batch.events import RowFailure
+from lmpress.batch.guided_check import check_structure
 from lmpress.batch.rows import RowParser
 from lmpress.configs.schema import RunConfig
-from lmpress.data.formats import ParsedRow
 from lmpress.data.jsonl import Line
+from lmpress.data.row_shapes import ParsedRow
 from lmpress.engines.base import error_result
 from lmpress.engines.local.worker import failure_info
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import LmpressError
-from lmpress.batch.guided_check import check_structure
 from lmpress.vocabulary.types import Result
 
 
