@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lmpress.data.formats import render_failure
+from lmpress.data.row_shapes import render_failure
 
 EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 130, 143
 # The signals that stop a job (Ctrl-C; what Slurm, Kubernetes, systemd and `timeout` send),

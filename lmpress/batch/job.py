@@ -11,17 +11,16 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lmpress.batch.budget import Budget
 from lmpress.batch.events import STOP_SIGNALS, BatchEvents, BatchSummary, RowFailure
 from lmpress.batch.guided_check import check_structure
+from lmpress.batch.options import BatchMode, BatchOptions
 from lmpress.batch.outputs import Reorder, output_for
 from lmpress.batch.rows import RowReader
 from lmpress.configs.schema import RunConfig
-from lmpress.data.columns import RowMapping
-from lmpress.data.formats import ParsedRow, output_format_for
+from lmpress.data.file_formats import FileFormat
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import LazyJsonlWriter
 from lmpress.data.output_lock import OutputLock
@@ -34,7 +33,7 @@ from lmpress.data.resume import (
     scan_input,
     write_fingerprint,
 )
-from lmpress.data.selection import RowSelection
+from lmpress.data.row_shapes import OutputShape, ParsedRow, output_shape_for
 from lmpress.data.sources import Source, open_source
 from lmpress.data.targets import (
     STDIO,
@@ -52,35 +51,6 @@ CONNECTION_ERROR = "connection_error"  # the error kind remote engines give an u
 STOP_CHECK_S = 0.2  # how often a job waiting on its rows in flight looks for a stop signal
 # How a run ended, for what a summary that cannot be written says.
 Ended = Literal["ok", "write failed", "raised"]
-
-
-@dataclass
-class BatchOptions:
-    input_path: str
-    output_path: str
-    overwrite: bool = False
-    on_error: str = "skip"  # "skip": set failed rows aside and go on; "fail": stop the job
-    retry_failed: bool = True  # retry rows that failed in an earlier run
-    max_errors: int | None = None  # stop the job once this many rows failed
-    ordered: bool = False  # write rows in input order
-    shard: tuple[int, int] | None = None  # (I, N): every N-th row starting at I
-    ray: bool = False  # generate on Ray replicas (`batch.cluster`), as the config's ray: says
-    output_format: str = "auto"  # rows: "auto" (follow the input), "lmpress" or "openai"
-    recipe: str | None = None  # recorded in the fingerprint
-    grace_s: float = 10.0  # how long rows in flight may finish after Ctrl-C or SIGTERM
-    input_format: str = "auto"  # auto (by suffix) | jsonl | parquet | csv | tsv | hf
-    split: str | None = None  # a Hugging Face dataset's split
-    file_format: str | None = None  # the output file: jsonl | parquet; None: by its suffix
-    mapping: RowMapping = field(default_factory=RowMapping)
-    limit: int | None = None  # the first N rows (of the shard)
-    sample: int | None = None  # a random N rows (of the shard), picked by `seed`
-    seed: int = 0
-    max_cost: float | None = None  # USD this run may spend
-    max_tokens: int | None = None  # tokens this run may use
-    on_expired: str = "resubmit"  # provider batches: rows a batch did not run (resubmit|live|fail)
-
-    def selection(self) -> RowSelection:
-        return RowSelection(self.shard, self.limit, self.sample, self.seed)
 
 
 class BatchJob:
@@ -102,15 +72,16 @@ class BatchJob:
         file_format = output_file_format(options.output_path, options.file_format)
         self.files = JobFiles.beside(options.output_path, file_format)
         self.target = resolve_output(options.output_path, options.input_path, self.files.side_files)
-        if self.target.stream and file_format == "parquet":
+        parquet = file_format is FileFormat.PARQUET
+        if self.target.stream and parquet:
             raise InputError(f"{options.output_path}: Parquet is written to a file, not a stream")
-        schema = self.source.arrow_schema() if file_format == "parquet" else None
+        schema = self.source.arrow_schema() if parquet else None
         self.output = output_for(
-            self.target, self.files, file_format, options.output_format, schema,
+            self.target, self.files, file_format, options.output_shape, schema,
             options.mapping.id_column,
         )  # fmt: skip
         self.selection = options.selection()
-        provider_batch = bool(config.remote_params.batch_completion_window)
+        provider_batch = options.mode is BatchMode.PROVIDER
         self.budget = Budget(
             options.max_cost, options.max_tokens, price_for(config), provider_batch
         )
@@ -181,11 +152,7 @@ class BatchJob:
         return None if self.target.stream else self.files.errors
 
     def _fingerprint(self) -> dict[str, Any]:
-        options = self.options
-        return fingerprint(
-            self.config, options.output_format, self.selection.shard_label,
-            options.mapping.settings(),
-        )  # fmt: skip
+        return fingerprint(self.config, self.options.output_settings())
 
     def _read_earlier_run(self) -> EarlierRun:
         if self.target.stream:  # nothing to resume from, nothing to start over
@@ -213,10 +180,9 @@ class BatchJob:
 
     async def _process(self, done: IdKeys, set_aside: IdKeys) -> None:
         options = self.options
-        reader = RowReader(
-            options.mapping, self.config.generation, self.engine_class, options.output_format,
-            self.source, self.selection,
-        )  # fmt: skip
+        reader = RowReader.for_job(
+            self.config, options, self.engine_class, source=self.source, selection=self.selection
+        )
         window = 1  # until the engine exists and says how many it wants
         reorder = Reorder(self._out) if options.ordered else None
         in_flight: set[asyncio.Task] = set()
@@ -300,7 +266,8 @@ class BatchJob:
         if result.error is not None:
             error = result.error
             self._check_reachable(error.kind, error.message)
-            openai = output_format_for(row, self.options.output_format) == "openai"
+            shape = output_shape_for(row, self.options.output_shape)
+            openai = shape is OutputShape.OPENAI
             failure = RowFailure(
                 row.line, row.id, error.kind, error.message, error.status, openai, row.raw
             )

@@ -12,21 +12,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.batch.events import RowFailure
-from lmpress.data.formats import ParsedRow, render_row, response_record
+from lmpress.data.file_formats import FileFormat
 from lmpress.data.jsonl import JsonlWriter
 from lmpress.data.parquet_out import journal_line, write_parquet
 from lmpress.data.resume import JobFiles
+from lmpress.data.row_shapes import OutputShape, ParsedRow, render_row, response_record
 from lmpress.data.targets import STDIO, OutputTarget
 from lmpress.vocabulary.types import Result
 
 
 @dataclass
 class JsonlOutput:
-    """Rows rendered as the output format says (lmpress rows or OpenAI Batch lines)."""
+    """Rows rendered in the output shape asked for (lmpress rows or OpenAI Batch lines)."""
 
     target: OutputTarget
     files: JobFiles
-    row_format: str  # auto | lmpress | openai
+    output_shape: OutputShape
 
     def open(self) -> JsonlWriter:
         """The output: the file (appended to, for resume), or the stream as it is."""
@@ -38,7 +39,7 @@ class JsonlOutput:
         return JsonlWriter(path, handle=open(path, "a", encoding="utf-8"))
 
     def done_line(self, row: ParsedRow, result: Result) -> dict[str, Any]:
-        return render_row(row, result, self.row_format)
+        return render_row(row, result, self.output_shape)
 
     def failed_line(self, failure: RowFailure) -> dict[str, Any] | None:
         return None  # failed rows go to OUT.errors.jsonl only
@@ -104,11 +105,11 @@ class Reorder:
 def output_for(
     target: OutputTarget,
     files: JobFiles,
-    file_format: str,
-    row_format: str,
+    file_format: FileFormat,
+    output_shape: OutputShape,
     input_schema: Any | None = None,
     id_column: str | None = None,
 ) -> JsonlOutput | ParquetOutput:
-    if file_format == "parquet":
+    if file_format is FileFormat.PARQUET:
         return ParquetOutput(files, input_schema, id_column)
-    return JsonlOutput(target, files, row_format)
+    return JsonlOutput(target, files, output_shape)

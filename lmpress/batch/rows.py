@@ -5,12 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from lmpress.batch.events import RowFailure
+from lmpress.batch.options import BatchOptions
 from lmpress.configs.overrides import generation_with_overrides
+from lmpress.configs.schema import RunConfig
 from lmpress.data.columns import RowMapping
-from lmpress.data.formats import ParsedRow, RowError, output_format_for, parse_row, row_id
 from lmpress.data.jsonl import Line
+from lmpress.data.row_shapes import (
+    OutputShape,
+    ParsedRow,
+    RowError,
+    output_shape_for,
+    parse_row,
+    row_id,
+)
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
 from lmpress.engines.base import Engine, check_params, check_tools
@@ -18,6 +28,7 @@ from lmpress.vocabulary.errors import LmpressError, UnsupportedParamError
 from lmpress.vocabulary.types import GenerationParams, Request
 
 Read = tuple[ParsedRow, Request] | RowFailure
+P = TypeVar("P", bound="RowParser")
 
 
 @dataclass
@@ -28,7 +39,19 @@ class RowParser:
     mapping: RowMapping
     base: GenerationParams  # the config's generation settings, which a row may override
     engine_class: type[Engine]
-    row_format: str = "auto"  # auto | lmpress | openai: how failed rows are recorded
+    output_shape: OutputShape = OutputShape.AUTO  # how failed rows are recorded
+
+    @classmethod
+    def for_job(
+        cls: type[P],
+        config: RunConfig,
+        options: BatchOptions,
+        engine_class: type[Engine],
+        **more: Any,
+    ) -> P:
+        """How every runner, and the dry run, reads a job's rows: as its options say."""
+        shape = options.output_shape
+        return cls(options.mapping, config.generation, engine_class, shape, **more)
 
     def read(self, line: Line) -> tuple[str, Read]:
         if line.error:
@@ -40,13 +63,13 @@ class RowParser:
         try:
             row = parse_row(value, line.number, mapping=self.mapping)
         except RowError as exc:
-            openai = self.row_format == "openai" or (
-                self.row_format == "auto" and columns is not None
+            openai = self.output_shape == OutputShape.OPENAI or (
+                self.output_shape == OutputShape.AUTO and columns is not None
                 and "custom_id" in columns and "body" in columns
             )  # fmt: skip
             failure = RowFailure(line.number, rid, "invalid_row", str(exc), None, openai, columns)
             return rid, failure
-        openai = output_format_for(row, self.row_format) == "openai"
+        openai = output_shape_for(row, self.output_shape) is OutputShape.OPENAI
         try:
             params = generation_with_overrides(self.base, row.overrides, source="generation")
             check_params(self.engine_class, params)

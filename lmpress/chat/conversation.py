@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmpress.data.formats import ParsedRow, RowError, parse_row
 from lmpress.data.jsonl import JsonlWriter, count_lines, read_lines
+from lmpress.data.row_shapes import ParsedRow, RowError, parse_row
 from lmpress.vocabulary.errors import InputError
 from lmpress.vocabulary.types import ContentPart, Message
 

@@ -1,5 +1,6 @@
-"""`lmpress batch`: check every path and flag before any work, run the batch runner
-(lmpress/batch.py), and draw its progress and summary (cli/report.py)."""
+"""`lmpress batch`: check every path and flag before any work, fill the job's `BatchOptions`
+(lmpress/batch/options.py), run it (lmpress/batch/run.py), and draw its progress and summary
+(cli/report.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,16 @@ from lmpress.cli.options import (
     load_run_config,
     unexpected,
 )
+from lmpress.data.file_formats import INPUT_FORMATS
 from lmpress.vocabulary.errors import DISK_ERRNOS, ConfigError, InputError, OutputWriteError
 
 if TYPE_CHECKING:
     from lmpress.batch import BatchOptions
     from lmpress.configs.schema import RunConfig
+    from lmpress.data.file_formats import FileFormat
+    from lmpress.data.row_shapes import OutputShape
+
+_INPUT_FORMATS = f"{', '.join(f.value for f in INPUT_FORMATS[:-1])} or {INPUT_FORMATS[-1]}"
 
 
 def batch(
@@ -78,7 +84,7 @@ def batch(
     ] = "auto",
     input_format: Annotated[
         str,
-        typer.Option("--input-format", help="auto (by suffix), jsonl, parquet, csv, tsv or hf."),
+        typer.Option("--input-format", help=f"auto (by suffix), {_INPUT_FORMATS}."),
     ] = "auto",
     split: Annotated[
         str | None, typer.Option("--split", help="The split of a Hugging Face dataset.")
@@ -165,46 +171,31 @@ def batch(
     config, words = load_run_config(ctx, recipe, engine)
     if words:
         raise ConfigError(unexpected(words[0], "batch reads rows from -i FILE"))
-    from lmpress.batch import BatchOptions
+    from lmpress.batch import BatchMode, BatchOptions
+    from lmpress.batch.run import RAY_WITH_PROVIDER, batch_mode
     from lmpress.data.columns import RowMapping
-    from lmpress.data.formats import OUTPUT_FORMATS
-    from lmpress.data.targets import FILE_FORMATS
 
     if on_error not in ("skip", "fail"):
         raise ConfigError(f"--on-error {on_error}: use skip or fail")
-    if output_format not in (*OUTPUT_FORMATS, *FILE_FORMATS):
-        choices = ", ".join((*OUTPUT_FORMATS, *FILE_FORMATS))
-        raise ConfigError(f"--output-format {output_format}: use {choices}")
+    output_shape, file_format = split_output_format(output_format)
     if max_errors is not None and max_errors < 1:
         raise ConfigError("--max-errors: must be at least 1")
-    file_format = output_format if output_format in FILE_FORMATS else None
     from lmpress.batch.provider.job import ON_EXPIRED
 
     if on_expired not in ON_EXPIRED:
         raise ConfigError(f"--on-expired {on_expired}: use {', '.join(ON_EXPIRED)}")
-    if provider_batch and not config.remote_params.batch_completion_window:
-        config.remote_params.batch_completion_window = "24h"
-    if ray and config.remote_params.batch_completion_window:
-        raise ConfigError(
-            "--ray: a provider batch runs at the provider, not on Ray; drop --ray or "
-            "--provider-batch (remote_params.batch_completion_window)"
-        )
-    if status or cancel:
-        from lmpress.batch.provider.control import show_or_cancel
-
-        raise typer.Exit(show_or_cancel(config, status or cancel, cancel=bool(cancel)))
-
+    mode = BatchMode.PROVIDER if provider_batch else BatchMode.LIVE
     options = BatchOptions(
         input_path="",
         output_path="",
+        mode=BatchMode.RAY if ray else mode,
         overwrite=overwrite,
         on_error=on_error,
         retry_failed=not no_retry_failed,
         max_errors=max_errors,
         ordered=ordered,
         shard=parse_shard(shard) if shard else None,
-        ray=ray,
-        output_format="auto" if file_format else output_format,
+        output_shape=output_shape,
         recipe=recipe,
         input_format=input_format,
         split=split,
@@ -218,6 +209,13 @@ def batch(
         on_expired=on_expired,
         grace_s=stop_grace,
     )
+    if ray and provider_batch:
+        raise ConfigError(RAY_WITH_PROVIDER)
+    options.mode = batch_mode(config, options)  # a recipe's provider batch is one
+    if status or cancel:
+        from lmpress.batch.provider.control import show_or_cancel
+
+        raise typer.Exit(show_or_cancel(config, status or cancel, cancel=bool(cancel)))
     if dry_run:
         raise typer.Exit(dry_run_file(config, input, options))
     raise typer.Exit(run_file(config, input, output, options))
@@ -288,6 +286,20 @@ def _check_writable(path: str) -> None:
         raise InputError(f"{path}: cannot write output ({exc.strerror})") from exc
     if probe != target:
         probe.unlink(missing_ok=True)  # two jobs starting at once share the probe
+
+
+def split_output_format(word: str) -> tuple[OutputShape, FileFormat | None]:
+    """`--output-format` names either what each output row looks like or how the output file
+    is stored: (the row shape, the file format, None when the suffix says)."""
+    from lmpress.data.file_formats import OUTPUT_FORMATS, FileFormat
+    from lmpress.data.row_shapes import OutputShape
+
+    if word in (f.value for f in OUTPUT_FORMATS):
+        return OutputShape.AUTO, FileFormat(word)
+    if word in (s.value for s in OutputShape):
+        return OutputShape(word), None
+    choices = ", ".join([s.value for s in OutputShape] + [f.value for f in OUTPUT_FORMATS])
+    raise ConfigError(f"--output-format {word}: use {choices}")
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from lmpress.cli.listings import recipes
-from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt, debug_wanted, load_run_config
+from lmpress.cli.options import (
+    FLAG,
+    EngineOpt,
+    RecipeOpt,
+    debug_wanted,
+    declared_flags,
+    load_run_config,
+)
 from lmpress.vocabulary.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lmpress.configs.schema import RunConfig
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -77,6 +87,7 @@ def infer(
     Takes `oumi infer`'s flags: -i opens the chat, --input_path/--output_path run a file.
     """
     _logging(log_level)
+    _refuse_batch_flags(ctx.args)
     config, words = load_run_config(ctx, recipe, engine)
     if verbose:
         from lmpress.configs.loading import config_to_yaml
@@ -88,9 +99,9 @@ def infer(
 
         raise typer.Exit(run_chat(config, system=system, debug=debug_wanted(ctx)))
     if input or (config.input_path and not words):
-        from lmpress.cli.batch import run_file
-
-        raise typer.Exit(run_file(config, input, output))
+        raise typer.Exit(_run_file(config, input, output, words, system, image, raw))
+    if output:
+        raise ConfigError("--output_path is where a file's rows go: give --input_path FILE too")
     if raw and (system or image):
         raise ConfigError("--system and --image need the chat template; --raw sends text as is")
     prompt = " ".join(words)
@@ -105,6 +116,47 @@ def infer(
     from lmpress.infer import run_prompt
 
     raise typer.Exit(asyncio.run(run_prompt(config, prompt, system, raw=raw, image=image)))
+
+
+def _run_file(
+    config: RunConfig,
+    input: str | None,
+    output: str | None,
+    words: list[str],
+    system: str | None,
+    image: str | None,
+    raw: bool,
+) -> int:
+    """--input_path: the file run as `lmpress batch` runs it, with the flags both take (--system:
+    a system turn for every row without one); one that means nothing there is refused."""
+    from lmpress.batch import BatchOptions
+    from lmpress.cli.batch import run_file
+    from lmpress.data.columns import RowMapping
+
+    if words:
+        hint = "--input_path runs the file's rows; give a prompt without it"
+        raise ConfigError(f"unexpected argument '{words[0]}' ({hint})")
+    if image or raw:
+        raise ConfigError(f"{'--image' if image else '--raw'} is for one prompt, not --input_path")
+    options = BatchOptions("", "", mapping=RowMapping(system=system))
+    return run_file(config, input, output, options)
+
+
+def _refuse_batch_flags(args: list[str]) -> None:
+    """A flag of `lmpress batch` that infer lacks says where it belongs, rather than being
+    taken for an unknown config key."""
+    from lmpress.cli.batch import batch
+
+    batch_only = declared_flags(batch) - declared_flags(infer)
+    for word in args:
+        if word == "--":
+            return
+        flag = word.partition("=")[0]
+        if flag in batch_only:
+            raise ConfigError(
+                f"{flag} is a flag of lmpress batch, not of infer: run the file with "
+                f"lmpress batch -i FILE -o OUT {flag} ..."
+            )
 
 
 def _logging(level: str | None) -> None:

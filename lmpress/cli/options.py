@@ -3,7 +3,9 @@ config overrides, and loading the RunConfig they make."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+import typing
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -57,6 +59,19 @@ def debug_wanted(ctx: typer.Context) -> bool:
     """Whether `--debug` (or LMPRESS_DEBUG) was given; `main` reads it once for every command."""
     root = ctx.find_root()
     return bool(isinstance(root.obj, dict) and root.obj.get("debug"))
+
+
+def declared_flags(command: Callable[..., Any]) -> set[str]:
+    """Every option name a command declares (`--overwrite`, `-o`), read from its signature."""
+    names: set[str] = set()
+    for hint in typing.get_type_hints(command, include_extras=True).values():
+        for info in getattr(hint, "__metadata__", ()):
+            if not isinstance(info, typer.models.OptionInfo):
+                continue
+            # typer takes an Annotated option's first name where its default would be
+            first = (info.default,) if isinstance(info.default, str) else ()
+            names.update(d for d in (*first, *(info.param_decls or ())) if d.startswith("-"))
+    return names
 
 
 def unexpected(word: str, hint: str) -> str:

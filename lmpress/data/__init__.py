@@ -1,1 +1,2 @@
-"""File formats (rows <-> requests and results) and streaming JSONL."""
+"""Rows in and out: row shapes (rows <-> requests and results), file formats (JSONL, Parquet,
+CSV/TSV, datasets), resume, and where a job may write."""

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lmpress.data.formats import ID_KEYS
+from lmpress.data.row_shapes import ID_KEYS
 
 CHUNK_ROWS = 4096  # journal lines turned into one Arrow table at a time
 

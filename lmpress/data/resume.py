@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.data.formats import output_row_id, row_id
+from lmpress.data.file_formats import FileFormat
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import read_lines
+from lmpress.data.row_shapes import output_row_id, row_id
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
 from lmpress.data.targets import COMPRESSED, is_compressed, write_text_atomically
@@ -46,12 +47,14 @@ class JobFiles:
     journal: Path | None = None  # a Parquet output's record; None: the output is its own
 
     @classmethod
-    def beside(cls, output: str | Path, file_format: str = "jsonl") -> JobFiles:
+    def beside(cls, output: str | Path, file_format: FileFormat = FileFormat.JSONL) -> JobFiles:
         out = Path(output).expanduser()
         stem = out.name
         for suffix in (*COMPRESSED, ".jsonl", ".parquet", ".pq"):  # out.jsonl.gz -> out
             stem = stem.removesuffix(suffix)
-        journal = out.with_name(f"{stem}.journal.jsonl") if file_format == "parquet" else None
+        journal = (
+            out.with_name(f"{stem}.journal.jsonl") if file_format is FileFormat.PARQUET else None
+        )
         return cls(
             out,
             out.with_name(f"{stem}.errors.jsonl"),
@@ -208,22 +211,16 @@ def read_earlier_run(
     return EarlierRun(done, set_aside, fresh=False)
 
 
-def fingerprint(
-    config: RunConfig, output_format: str, shard: str | None, rows: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The settings that decide what the output holds. `rows`: how columns make prompts
-    (`RowMapping.settings()`), recorded only when set so older outputs still resume."""
-    settings = {
+def fingerprint(config: RunConfig, job_settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings that decide what the output holds: the config's, and the job's own
+    (`BatchOptions.output_settings()`, read from the fields marked as changing the output)."""
+    return {
         "engine": config.engine,
         "model": dataclasses.asdict(config.model),
         "generation": _results_only(dataclasses.asdict(config.generation)),
         "remote_params": {"api_url": config.remote_params.api_url},
-        "output_format": output_format,
-        "shard": shard,
+        **job_settings,
     }
-    if rows:
-        settings["rows"] = rows
-    return settings
 
 
 def check_fingerprint(files: JobFiles, current: dict[str, Any]) -> None:

@@ -30,20 +30,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmpress.data.file_formats import (
+    AUTO,
+    INPUT_FORMATS,
+    INPUT_SUFFIXES,
+    Auto,
+    FileFormat,
+    choices,
+)
 from lmpress.data.jsonl import Line, open_input, read_lines
 from lmpress.data.targets import COMPRESSED, STDIO
 from lmpress.vocabulary.errors import InputError
 
-INPUT_FORMATS = ("auto", "jsonl", "parquet", "csv", "tsv", "hf")
 HUB_PREFIX = "hf:"
 BATCH_ROWS = 1024  # rows decoded at a time from Parquet and Arrow: flat memory, fast enough
 # What a save_to_disk directory holds: a Dataset's state, or a DatasetDict's split list.
 SAVED_DATASET = ("state.json", "dataset_dict.json")
 DATA_FILES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt")
-SUFFIX_FORMATS = {
-    ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
-    ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,14 @@ class Source:
     """An input and how to read it."""
 
     path: str
-    format: str  # jsonl | parquet | csv | tsv | hf
+    format: FileFormat
     split: str | None = None  # a Hugging Face dataset's split
 
     @property
     def unit(self) -> str:
         """What a Line's number counts, for messages: 'line' or 'row'."""
-        return "line" if self.format in ("jsonl", "csv", "tsv") else "row"
+        lines = (FileFormat.JSONL, FileFormat.CSV, FileFormat.TSV)
+        return "line" if self.format in lines else "row"
 
     def where(self, number: int) -> str:
         """A row's place for a message: `data.jsonl:12`, or `data.parquet row 12`."""
@@ -67,69 +71,80 @@ class Source:
 
     def lines(self) -> Iterator[Line]:
         """Every row, in order."""
-        if self.format == "jsonl":
+        if self.format is FileFormat.JSONL:
             return read_lines(self.path)
-        if self.format == "parquet":
+        if self.format is FileFormat.PARQUET:
             return _parquet_rows(self.path)
-        if self.format in ("csv", "tsv"):
-            return _csv_rows(self.path, "\t" if self.format == "tsv" else ",")
+        if self.format in (FileFormat.CSV, FileFormat.TSV):
+            return _csv_rows(self.path, "\t" if self.format is FileFormat.TSV else ",")
         return _dataset_rows(self.path, self.split)
 
     def arrow_schema(self) -> Any | None:
         """The input's column types where the input has them (Parquet, a saved dataset), for a
         Parquet output to keep; None otherwise."""
-        if self.format == "parquet":
+        if self.format is FileFormat.PARQUET:
             import pyarrow.parquet as pq
 
             return pq.read_schema(self.path)
         return None
 
 
-def open_source(path: str, input_format: str = "auto", split: str | None = None) -> Source:
-    """The input checked (it exists, its format is known) before any model loads."""
-    if input_format not in INPUT_FORMATS:
-        raise InputError(f"--input-format {input_format}: use {', '.join(INPUT_FORMATS)}")
+def open_source(
+    path: str, input_format: FileFormat | Auto | str = AUTO, split: str | None = None
+) -> Source:
+    """The input checked (it exists, its file format is known) before any model loads."""
+    forced = input_file_format(input_format)
     if path == STDIO:
         raise InputError("-i -: batch reads a file; give its path (stdin is not read yet)")
     if path.startswith(HUB_PREFIX):
-        return Source(path.removeprefix(HUB_PREFIX), "hf", split)
+        return Source(path.removeprefix(HUB_PREFIX), FileFormat.HF, split)
     p = Path(path).expanduser()
-    if input_format == "hf":
-        return Source(path, "hf", split)
+    if forced is FileFormat.HF:
+        return Source(path, FileFormat.HF, split)
     if p.is_dir():
-        if input_format not in ("auto", "hf"):
-            raise InputError(f"{path}: is a directory, expected a {input_format} file")
+        if forced is not None:
+            raise InputError(f"{path}: is a directory, expected a {forced} file")
         if not any((p / name).exists() for name in SAVED_DATASET) and not _data_files(p):
             raise InputError(
                 f"{path}: is a directory with neither a saved dataset (save_to_disk) nor data "
                 f"files ({', '.join(DATA_FILES)}); give a file or a dataset directory"
             )
-        return Source(path, "hf", split)
+        return Source(path, FileFormat.HF, split)
     if not p.exists():
         raise InputError(f"{path}: no such input file")
     if split is not None:
         raise InputError(f"--split {split}: only a Hugging Face dataset has splits ({path})")
-    fmt = input_format if input_format != "auto" else format_of(path, "input")
-    if fmt == "parquet" and is_compressed_name(path):
+    fmt = forced or format_of(path, "input")
+    if fmt is FileFormat.PARQUET and is_compressed_name(path):
         raise InputError(f"{path}: Parquet compresses inside the file; give the .parquet itself")
     return Source(path, fmt)
 
 
-def format_of(path: str, role: str) -> str:
-    """The format a file's suffix names (past a compression suffix); a suffix lmpress does not
-    read is refused by name, a file with none is taken as JSONL."""
+def input_file_format(name: FileFormat | Auto | str) -> FileFormat | None:
+    """`--input-format`'s word as a file format; None for auto (by the suffix)."""
+    if name == AUTO:
+        return None
+    try:
+        return FileFormat(name)
+    except ValueError:
+        raise InputError(f"--input-format {name}: use {choices(INPUT_FORMATS)}") from None
+
+
+def format_of(path: str, role: str) -> FileFormat:
+    """The file format a file's suffix names (past a compression suffix); a suffix lmpress does
+    not read is refused by name, a file with none is taken as JSONL."""
     name = Path(path).name.lower()
     for suffix in COMPRESSED:
         name = name.removesuffix(suffix)
     suffix = Path(name).suffix
-    if suffix in SUFFIX_FORMATS:
-        return SUFFIX_FORMATS[suffix]
+    if suffix in INPUT_SUFFIXES:
+        return INPUT_SUFFIXES[suffix]
     if suffix in NOT_READ:
         raise InputError(
             f"{path}: {NOT_READ[suffix]} files are not supported as {role}; lmpress reads "
             f"JSONL, Parquet, CSV/TSV and Hugging Face datasets: convert to one of those"
         )
-    return "jsonl"
+    return FileFormat.JSONL
 
 
 NOT_READ = {

@@ -5,9 +5,9 @@ write over the file it reads (`-i X -o X`, or `-o ./X`), and never replace somet
 a regular file (`/dev/stdout`, a FIFO, a directory). Those are streamed to, as `-o -` is: rows go
 out as they finish, with no side files and no resume, since there is nothing to resume from.
 
-An output file's suffix says how it is stored: JSONL, optionally compressed (.gz .bz2 .xz with
-the standard library, .zst with `zstandard`), or Parquet. Formats lmpress does not write are
-refused by name before any model loads. Inputs are checked by `data.sources`.
+An output file's suffix says its file format (`data.file_formats`): JSONL, optionally compressed
+(.gz .bz2 .xz with the standard library, .zst with `zstandard`), or Parquet. File formats
+lmpress does not write are refused by name before any model loads. Inputs are checked by `data.sources`.
 """
 
 from __future__ import annotations
@@ -19,18 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from lmpress.data.file_formats import OUTPUT_SUFFIXES, FileFormat
 from lmpress.vocabulary.errors import InputError
 
 STDIO = "-"
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
-# Output files lmpress writes, by suffix (past a compression suffix); anything else is JSONL,
-# except a suffix naming a format lmpress does not write, which is refused by name.
-OUTPUT_SUFFIXES = {".parquet": "parquet", ".pq": "parquet"}
+# Suffixes naming a file format lmpress does not write, refused by name.
 NOT_WRITTEN = {
     ".csv": "CSV", ".tsv": "TSV", ".arrow": "Arrow", ".feather": "Feather", ".xlsx": "Excel",
     ".xls": "Excel", ".avro": "Avro", ".orc": "ORC", ".zip": "ZIP", ".tar": "tar",
 }  # fmt: skip
-FILE_FORMATS = ("jsonl", "parquet")
 
 
 @dataclass(frozen=True)
@@ -45,25 +43,25 @@ class OutputTarget:
         return "stdout" if self.path == STDIO else self.path
 
 
-def output_file_format(path: str, forced: str | None = None) -> str:
-    """How an output file is stored: "jsonl" (plain or compressed) or "parquet", by its suffix
-    or as forced; `-` is always JSONL."""
+def output_file_format(path: str, forced: FileFormat | None = None) -> FileFormat:
+    """How an output file is stored: JSONL (plain or compressed) or Parquet, by its suffix or
+    as forced; `-` is always JSONL."""
     if path == STDIO:
-        if forced == "parquet":
+        if forced is FileFormat.PARQUET:
             raise InputError("-o - streams JSONL; Parquet needs a file: give -o OUT.parquet")
-        return "jsonl"
+        return FileFormat.JSONL
     name = Path(path).name.lower()
     plain = name
     for suffix in COMPRESSED:
         plain = plain.removesuffix(suffix)
     suffix = Path(plain).suffix
-    fmt = forced or OUTPUT_SUFFIXES.get(suffix, "jsonl")
+    fmt = forced or OUTPUT_SUFFIXES.get(suffix, FileFormat.JSONL)
     if forced is None and suffix in NOT_WRITTEN:
         raise InputError(
             f"{path}: lmpress does not write {NOT_WRITTEN[suffix]} files; write .jsonl "
             f"(optionally .gz, .zst, .bz2, .xz) or .parquet"
         )
-    if fmt == "parquet" and plain != name:
+    if fmt is FileFormat.PARQUET and plain != name:
         raise InputError(f"{path}: Parquet compresses inside the file; name it OUT.parquet")
     return fmt
 

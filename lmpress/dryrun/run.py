@@ -7,7 +7,7 @@ this job be, and what would it cost" before any of it is spent.
 
 from __future__ import annotations
 
-from lmpress.batch.job import BatchOptions
+from lmpress.batch.options import BatchOptions
 from lmpress.batch.rows import RowReader
 from lmpress.configs.schema import RunConfig
 from lmpress.data.sources import open_source
@@ -25,10 +25,7 @@ def dry_run(config: RunConfig, options: BatchOptions) -> DryRunSummary:
                 selection.offer(selection.place(ordinal))
     selection.scanned()
     engine_class = load_engine_class(config.engine)
-    reader = RowReader(
-        options.mapping, config.generation, engine_class, options.output_format,
-        source, selection,
-    )  # fmt: skip
+    reader = RowReader.for_job(config, options, engine_class, source=source, selection=selection)
     tally = DryRun(config)
     for rid, read in reader.rows():
         tally.add(rid, read)

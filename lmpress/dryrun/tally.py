@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lmpress.configs.schema import RunConfig
-from lmpress.data.formats import ParsedRow
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.resume import id_key
+from lmpress.data.row_shapes import ParsedRow
 from lmpress.dryrun.pricing import Price, price_for
 from lmpress.dryrun.prompt_tokens import prompt_counter
 from lmpress.engines.prompt_count import PromptCounter

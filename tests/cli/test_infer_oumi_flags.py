@@ -78,3 +78,54 @@ def test_log_level(level, ok, echo_plugin):
     assert (run.returncode == 0) is ok, run.stderr
     if not ok:
         assert "--log-level: 'loud' is not one of DEBUG" in run.stderr
+
+
+def test_input_path_takes_system_as_lmpress_batch_does(tmp_path, echo_plugin):
+    """`--system` means what `lmpress batch --system` means: a system turn for every row
+    without one; it is not dropped on the way to the batch path."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text('{"id": "a", "prompt": "hi"}\n')
+    run = run_lmpress(
+        "infer", "--engine", "ECHO", "--generation.max_new_tokens", "64", "--system",
+        "be brief", "--input_path", str(src), "--output_path", str(out),
+        env=with_plugin(echo_plugin),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    row = json.loads(out.read_text())
+    sent = json.loads(row["response"]["text"].removeprefix("ECHO "))
+    assert sent == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--overwrite"], "--overwrite is a flag of lmpress batch, not of infer"),
+        (["--shard", "0/2"], "--shard is a flag of lmpress batch, not of infer"),
+        (["--max-errors=3"], "--max-errors is a flag of lmpress batch, not of infer"),
+        (["a", "prompt"], "unexpected argument 'a' (--input_path runs the file's rows"),
+        (["--image", "x.png"], "--image is for one prompt, not --input_path"),
+        (["--raw"], "--raw is for one prompt, not --input_path"),
+    ],
+)
+def test_input_path_never_drops_a_flag_it_was_given(tmp_path, echo_plugin, extra, said):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text('{"id": "a", "prompt": "hi"}\n')
+    run = run_lmpress(
+        "infer", "--engine", "ECHO", "--input_path", str(src), "--output_path", str(out),
+        *extra, env=with_plugin(echo_plugin),
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.strip().startswith(f"lmpress: error: {said}")
+    assert len(run.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_output_path_without_input_path_is_refused_not_dropped(tmp_path, echo_plugin):
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(
+        "infer", "--engine", "ECHO", "--output_path", str(out), "hi", env=with_plugin(echo_plugin)
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip() == (
+        "lmpress: error: --output_path is where a file's rows go: give --input_path FILE too"
+    )
+    assert not out.exists()

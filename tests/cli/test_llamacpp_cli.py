@@ -10,7 +10,7 @@ import pytest
 
 from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
-from lmpress.data.formats import parse_row, row_id
+from lmpress.data.row_shapes import parse_row, row_id
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 from tests.cli.test_cli import mixed_rows

@@ -7,7 +7,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from lmpress.data.formats import RowError, parse_row, render_failure, render_row
+from lmpress.data.row_shapes import RowError, parse_row, render_failure, render_row
 from lmpress.vocabulary.types import Result, Sample, TokenLogprob, Usage
 
 # The request lines from vLLM's run-batch documentation (examples/offline_inference/openai).
@@ -26,7 +26,7 @@ def result(n=1, logprobs=False):
 
 def test_vllm_example_lines_parse_with_their_body_parameters():
     row = parse_row(VLLM_EXAMPLE[0], 1)
-    assert (row.id, row.kind, row.model) == (
+    assert (row.id, row.shape, row.model) == (
         "request-1",
         "openai_batch",
         "meta-llama/Meta-Llama-3-8B-Instruct",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lmpress.data.columns import RowMapping
-from lmpress.data.formats import RowError, parse_row
+from lmpress.data.row_shapes import RowError, parse_row
 from lmpress.data.selection import RowSelection
 from lmpress.vocabulary.errors import ConfigError, InputError
 
@@ -59,7 +59,7 @@ def test_bad_selections_are_refused(kwargs, message):
 def test_a_format_template_makes_the_user_turn_and_keeps_the_columns():
     mapping = RowMapping("Summarize in {words} words: {text}", system="Be terse.")
     row = parse_row({"text": "a long story", "words": 5, "source": "web"}, 4, mapping=mapping)
-    assert row.kind == "template"
+    assert row.shape == "template"
     assert [(m.role, m.content) for m in row.messages] == [
         ("system", "Be terse."), ("user", "Summarize in 5 words: a long story"),
     ]  # fmt: skip

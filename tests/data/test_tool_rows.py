@@ -9,7 +9,7 @@ import json
 import pytest
 from openai.types.chat import ChatCompletion
 
-from lmpress.data.formats import RowError, parse_row, render_row
+from lmpress.data.row_shapes import RowError, parse_row, render_row
 from lmpress.vocabulary.types import GenerationParams, Result, Sample, ToolCall, Usage
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather.",
@@ -41,7 +41,7 @@ def test_an_oumi_conversation_with_a_call_and_its_result_round_trips():
         {"role": "tool", "content": "18C", "tool_call_id": "call_1"},
     ]}  # fmt: skip
     row = parse_row(raw, 1)
-    assert row.kind == "oumi"
+    assert row.shape == "oumi"
     assert row.messages[1].tool_calls == [CALL]  # Oumi's object arguments as JSON text
     assert row.messages[2].tool_call_id == "call_1"
     out = render_row(row, called())

@@ -13,7 +13,7 @@ from lmpress.batch import RowFailure
 from lmpress.cli.report import dry_run_table
 from lmpress.configs import load_config
 from lmpress.configs.overrides import generation_with_overrides
-from lmpress.data.formats import parse_row, row_id
+from lmpress.data.row_shapes import parse_row, row_id
 from lmpress.dryrun.tally import DryRun, output_bound
 from lmpress.engines.remote.pacing import estimate_request_tokens
 from lmpress.vocabulary.types import GenerationParams, Message, Request

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from lmpress.data.formats import parse_row
+from lmpress.data.row_shapes import parse_row
 from lmpress.vocabulary import images
 from lmpress.vocabulary.errors import InputError
 from lmpress.vocabulary.images import ImageError, image_part, image_urls, load_image, read_image

@@ -149,9 +149,7 @@ class RayBatchJob(BatchJob):
             options.input_path, options.input_format, options.split, self.selection,
             (done, set_aside), options.mapping.id_column, params.batch_size,
         )  # fmt: skip
-        parser = RowParser(
-            options.mapping, self.config.generation, self.engine_class, options.output_format
-        )
+        parser = RowParser.for_job(self.config, options, self.engine_class)
         calls = params.calls_per_replica
         return ray.data.read_datasource(
             rows,

@@ -20,8 +20,8 @@ from lmpress.batch.events import RowFailure
 from lmpress.batch.guided_check import check_structure
 from lmpress.batch.rows import RowParser
 from lmpress.configs.schema import RunConfig
-from lmpress.data.formats import ParsedRow
 from lmpress.data.jsonl import Line
+from lmpress.data.row_shapes import ParsedRow
 from lmpress.engines.base import error_result, failure_info
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import LmpressError

@@ -28,6 +28,7 @@ from lmpress.vocabulary.types import Request
 # Anthropic's custom_id rule; OpenAI takes any string, but one rule keeps ids portable.
 SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 EXPIRED = "expired"  # a row the batch did not run: expired or cancelled
+WINDOW = "24h"  # the completion window when the recipe sets none (--provider-batch)
 
 
 @dataclass

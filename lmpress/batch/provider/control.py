@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from lmpress.batch.provider.apis import batch_api
+from lmpress.batch.provider.apis import WINDOW, batch_api
 from lmpress.batch.provider.state import BatchState
 from lmpress.configs.schema import RunConfig
 from lmpress.data.output_lock import OutputLock
@@ -34,7 +34,7 @@ def show_or_cancel(config: RunConfig, output: str, cancel: bool = False) -> int:
 async def _run(config: RunConfig, state: BatchState, cancel: bool) -> int:
     engine = create_engine(config)
     try:
-        api = batch_api(engine, config.remote_params.batch_completion_window or "24h")
+        api = batch_api(engine, config.remote_params.batch_completion_window or WINDOW)
         for chunk in state.chunks.values():
             if chunk.batch_id is None:
                 print(f"{chunk.name}: {chunk.count} rows, not submitted yet", file=sys.stderr)

@@ -22,7 +22,7 @@ from typing import Any
 
 from lmpress.batch.events import RowFailure
 from lmpress.batch.job import BatchJob
-from lmpress.batch.provider.apis import Outcome, Progress, batch_api, custom_id
+from lmpress.batch.provider.apis import WINDOW, Outcome, Progress, batch_api, custom_id
 from lmpress.batch.provider.state import BatchState, Chunk, ChunkWriter
 from lmpress.batch.rows import RowReader
 from lmpress.data.idkeys import IdKeys
@@ -47,15 +47,15 @@ class ProviderBatchJob(BatchJob):
         else:
             remote = self.config.remote_params
             provider: Any = self.engine.provider
-            self.api = batch_api(self.engine, remote.batch_completion_window or "24h")
+            self.api = batch_api(self.engine, remote.batch_completion_window or WINDOW)
             self.limits = (
                 remote.batch_max_requests or provider.batch_max_requests,
                 remote.batch_max_bytes or provider.batch_max_bytes,
             )
         self.settled = (done, set_aside)  # rows an earlier run wrote, or failed for good
-        self.reader = RowReader(
-            self.options.mapping, self.config.generation, self.engine_class,
-            self.options.output_format, self.source, self.selection,
+        self.reader = RowReader.for_job(
+            self.config, self.options, self.engine_class, source=self.source,
+            selection=self.selection,
         )  # fmt: skip
         waiting = self._rows_waiting()
         if waiting:

@@ -1,10 +1,10 @@
-"""Rows in every input format become the right requests, and results render back faithfully."""
+"""Rows of every row shape become the right requests, and results render back faithfully."""
 
 from __future__ import annotations
 
 import pytest
 
-from lmpress.data.formats import RowError, parse_row, render_row, row_id
+from lmpress.data.row_shapes import RowError, parse_row, render_row, row_id
 from lmpress.vocabulary.types import Result, Sample, TokenLogprob, Usage
 
 
@@ -23,7 +23,7 @@ def test_chat_row():
     row = parse_row(
         {"id": "a", "messages": [{"role": "user", "content": "hi"}], "metadata": {"k": 1}}, 1
     )
-    assert (row.id, row.kind) == ("a", "chat")
+    assert (row.id, row.shape) == ("a", "chat")
     assert [(m.role, m.content) for m in row.messages] == [("user", "hi")]
     out = render_row(row, result())
     assert out["id"] == "a" and out["metadata"] == {"k": 1}
@@ -45,7 +45,7 @@ def test_oumi_conversation_with_content_items():
         "metadata": {"src": "oumi"},
     }
     row = parse_row(raw, 3)
-    assert (row.id, row.kind) == ("c1", "oumi")
+    assert (row.id, row.shape) == ("c1", "oumi")
     assert row.messages[0].text() == "hello"
     out = render_row(row, result())
     assert out["conversation_id"] == "c1"
@@ -158,7 +158,7 @@ def test_oumi_conversation_with_every_content_type_round_trips():
         "metadata": {"split": "test", "n": 3},
     }
     row = parse_row(raw, 1)
-    assert (row.id, row.kind) == ("c2", "oumi")
+    assert (row.id, row.shape) == ("c2", "oumi")
     urls = [p.image_url for p in row.messages[1].content if p.type == "image_url"]
     assert urls == [
         "file:///data/cat.png",

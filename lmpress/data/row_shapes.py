@@ -1,6 +1,7 @@
-"""Input rows to Requests and Results back to output rows, for each file format lmpress reads.
+"""Input rows to Requests and Results back to output rows, whatever file they are stored in.
 
-Formats, detected row by row:
+A *row shape* is what one row looks like; a *file format* (`data.file_formats`) is how the
+file holding the rows is stored. Input row shapes (`RowShape`), detected row by row:
 - chat:   {"messages": [...], "id"?, "metadata"?}   (OpenAI chat messages)
 - oumi:   {"conversation_id", "messages": [...], "metadata"}   (Oumi conversations)
 - prompt: {"prompt": "...", "system"?: "..."}   (a chat turn: the chat template applies)
@@ -14,8 +15,9 @@ Oumi row may offer `tools` (OpenAI function tools, Oumi's `Conversation.tools`) 
 A conversation whose last turn is the assistant's (a saved chat replayed on another model)
 has that turn regenerated: it is dropped, and the reply generated in its place.
 
-Output follows the input by default (OpenAI Batch lines for OpenAI Batch input, the input row
-with the reply appended for the others); `output_format` "lmpress" or "openai" forces one.
+Output rows follow the input by default (OpenAI Batch lines for OpenAI Batch input, the input
+row with the reply appended for the others); `OutputShape` "lmpress" or "openai" forces one
+(`--output-format lmpress|openai`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from lmpress.data import openai_batch
@@ -39,7 +42,32 @@ from lmpress.vocabulary.types import (
     Sample,
 )
 
-OUTPUT_FORMATS = ("auto", "lmpress", "openai")
+
+class RowShape(str, Enum):
+    """What one input row looks like (see above)."""
+
+    CHAT = "chat"
+    OUMI = "oumi"
+    PROMPT = "prompt"
+    TEXT = "text"
+    TEMPLATE = "template"
+    OPENAI_BATCH = "openai_batch"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class OutputShape(str, Enum):
+    """What one output row looks like: `--output-format auto|lmpress|openai`."""
+
+    AUTO = "auto"  # follow the input: OpenAI Batch lines for OpenAI Batch rows, else lmpress
+    LMPRESS = "lmpress"  # the input row with the reply appended and a `response` record
+    OPENAI = "openai"  # OpenAI Batch output lines
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # The keys a row's own id may be under, in the order they are looked for.
 ID_KEYS = ("id", "custom_id", "conversation_id")
 
@@ -48,7 +76,7 @@ ID_KEYS = ("id", "custom_id", "conversation_id")
 class ParsedRow:
     line: int  # 1-based line number in the input file
     id: str
-    kind: str  # "chat" | "oumi" | "prompt" | "text" | "template" | "openai_batch"
+    shape: RowShape
     raw: dict[str, Any]
     messages: list[Message]
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -98,17 +126,18 @@ def parse_row(
     if mapping.id_column is not None and raw.get(mapping.id_column) in (None, ""):
         raise RowError(f"row has no '{mapping.id_column}' (the --id-column)")
     if "messages" in raw:
-        kind = "oumi" if "conversation_id" in raw or _has_oumi_items(raw["messages"]) else "chat"
+        oumi = "conversation_id" in raw or _has_oumi_items(raw["messages"])
+        shape = RowShape.OUMI if oumi else RowShape.CHAT
         messages = parse_messages(raw["messages"])
         messages = regenerate_last_turn(messages) if regenerate else messages
     elif mapping.prompt_template is not None:
-        kind = "template"
+        shape = RowShape.TEMPLATE
         try:
             messages = [Message("user", mapping.prompt(raw))]
         except TemplateError as exc:
             raise RowError(str(exc)) from None
     elif "prompt" in raw:
-        kind = "prompt"
+        shape = RowShape.PROMPT
         prompt = raw["prompt"]
         if not isinstance(prompt, str):
             raise RowError(f"'prompt' must be a string, got {json_type(prompt)}")
@@ -125,7 +154,7 @@ def parse_row(
         messages = [Message("user", text)]
         if tools:
             raise RowError("'tools' need a chat row ('messages' or 'prompt'), not raw 'text'")
-        return ParsedRow(line, rid, "text", raw, messages, overrides, prompt=text)
+        return ParsedRow(line, rid, RowShape.TEXT, raw, messages, overrides, prompt=text)
     else:
         keys = ", ".join(sorted(raw)[:12]) or "none"
         raise RowError(
@@ -134,7 +163,7 @@ def parse_row(
         )
     if mapping.system is not None and messages[0].role != "system":
         messages.insert(0, Message("system", mapping.system))
-    return ParsedRow(line, rid, kind, raw, messages, overrides, tools=tools)
+    return ParsedRow(line, rid, shape, raw, messages, overrides, tools=tools)
 
 
 def _row_tools(raw: dict[str, Any], overrides: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -175,7 +204,7 @@ def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
         sampling = openai_batch.body_sampling(body, url)
         overrides = _row_overrides(sampling.overrides)
         return ParsedRow(
-            line, custom_id, "openai_batch", raw, messages, overrides, None, url, model,
+            line, custom_id, RowShape.OPENAI_BATCH, raw, messages, overrides, None, url, model,
             sampling.tools,
         )  # fmt: skip
     prompt = body.get("prompt")
@@ -185,7 +214,9 @@ def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
         raise RowError("body.prompt must be a string (one prompt per line)")
     overrides = _row_overrides(openai_batch.body_sampling(body, url).overrides)
     messages = [Message("user", prompt)]
-    return ParsedRow(line, custom_id, "openai_batch", raw, messages, overrides, prompt, url, model)
+    return ParsedRow(
+        line, custom_id, RowShape.OPENAI_BATCH, raw, messages, overrides, prompt, url, model
+    )
 
 
 def _has_oumi_items(messages: Any) -> bool:
@@ -213,17 +244,21 @@ def _row_overrides(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def output_format_for(row: ParsedRow, output_format: str) -> str:
-    if output_format == "auto":
-        return "openai" if row.kind == "openai_batch" else "lmpress"
-    return output_format
+def output_shape_for(row: ParsedRow, output_shape: OutputShape) -> OutputShape:
+    """The shape of a row's output line: as asked, or following the input row's."""
+    if OutputShape(output_shape) is OutputShape.AUTO:
+        openai = row.shape is RowShape.OPENAI_BATCH
+        return OutputShape.OPENAI if openai else OutputShape.LMPRESS
+    return OutputShape(output_shape)
 
 
-def render_row(row: ParsedRow, result: Result, output_format: str = "auto") -> dict[str, Any]:
+def render_row(
+    row: ParsedRow, result: Result, output_shape: OutputShape = OutputShape.AUTO
+) -> dict[str, Any]:
     """The output line for a completed row."""
-    if output_format_for(row, output_format) == "openai":
+    if output_shape_for(row, output_shape) is OutputShape.OPENAI:
         # The model that generated, as vLLM's run-batch reports it, not the name requested.
-        body = row.raw.get("body") if row.kind == "openai_batch" else None
+        body = row.raw.get("body") if row.shape is RowShape.OPENAI_BATCH else None
         echo = row.prompt or "" if isinstance(body, dict) and body.get("echo") else ""
         return openai_batch.render_output(
             row.id, row.url, result, result.model or row.model or "unknown", echo
@@ -260,21 +295,21 @@ def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not any(k in row.raw for k in ID_KEYS):
         out["id"] = row.id  # the id lmpress gave it, or the --id-column's
-    if row.kind == "openai_batch":
+    if row.shape is RowShape.OPENAI_BATCH:
         out["custom_id"] = row.id
         out["messages"] = [m.to_openai() for m in row.messages] + [reply]
     for key, value in row.raw.items():
-        if row.kind == "openai_batch":
+        if row.shape is RowShape.OPENAI_BATCH:
             break
-        if row.kind == "prompt" and key == "prompt":
+        if row.shape is RowShape.PROMPT and key == "prompt":
             out["messages"] = [m.to_openai() for m in row.messages] + [reply]
-        elif row.kind == "prompt" and key == "system":
+        elif row.shape is RowShape.PROMPT and key == "system":
             continue
         elif key == "messages":
             out["messages"] = [*value[: len(row.messages)], reply]
         else:
             out[key] = value
-    if row.kind == "template":  # the conversation the template made, and its reply
+    if row.shape is RowShape.TEMPLATE:  # the conversation the template made, and its reply
         out["messages"] = [m.to_openai() for m in row.messages] + [reply]
     out["response"] = response_record(result)
     return out
