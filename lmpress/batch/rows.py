@@ -14,7 +14,7 @@ from lmpress.data.jsonl import Line
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
 from lmpress.engines.base import Engine, check_params, check_tools
-from lmpress.vocabulary.errors import LmpressError, UnsupportedParamError
+from lmpress.vocabulary.errors import ErrorKind, LmpressError, UnsupportedParamError
 from lmpress.vocabulary.types import GenerationParams, Request
 
 Read = tuple[ParsedRow, Request] | RowFailure
@@ -33,7 +33,7 @@ class RowParser:
     def read(self, line: Line) -> tuple[str, Read]:
         if line.error:
             rid = line_id(line.number)
-            return rid, RowFailure(line.number, rid, "invalid_json", line.error)
+            return rid, RowFailure(line.number, rid, ErrorKind.INVALID_JSON, line.error)
         value = line.value
         columns = value if isinstance(value, dict) else None
         rid = line_row_id(line, self.mapping.id_column)
@@ -44,7 +44,9 @@ class RowParser:
                 self.row_format == "auto" and columns is not None
                 and "custom_id" in columns and "body" in columns
             )  # fmt: skip
-            failure = RowFailure(line.number, rid, "invalid_row", str(exc), None, openai, columns)
+            failure = RowFailure(
+                line.number, rid, ErrorKind.INVALID_ROW, str(exc), None, openai, columns
+            )
             return rid, failure
         openai = output_format_for(row, self.row_format) == "openai"
         try:
@@ -53,7 +55,11 @@ class RowParser:
             request = row.request(params)
             check_tools(self.engine_class, request)
         except LmpressError as exc:
-            kind = "unsupported_param" if isinstance(exc, UnsupportedParamError) else "invalid_row"
+            kind = (
+                ErrorKind.UNSUPPORTED_PARAM
+                if isinstance(exc, UnsupportedParamError)
+                else ErrorKind.INVALID_ROW
+            )
             return rid, RowFailure(line.number, rid, kind, str(exc), None, openai, columns)
         return rid, (row, request)
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import RunConfig
-from lmpress.vocabulary.errors import InputError, RequestError, UnsupportedParamError
+from lmpress.vocabulary.errors import ErrorKind, InputError, RequestError, UnsupportedParamError
 from lmpress.progress import ProgressBar
 from lmpress.vocabulary.tools import ToolError, check_request, uses_tools
 from lmpress.vocabulary.types import (
@@ -194,7 +194,7 @@ def check_text(request: Request) -> None:
             raise RequestError(
                 f"{where} is not valid Unicode text: a lone surrogate {bad} at character "
                 f"{exc.start + 1}; fix or remove that escape in the input",
-                kind="invalid_request",
+                kind=ErrorKind.INVALID_REQUEST,
             ) from None
 
 
@@ -205,14 +205,14 @@ def check_token_settings(params: GenerationParams, n_vocab: int) -> None:
         raise RequestError(
             f"generation.top_k: {params.top_k} is more than the model's {n_vocab} tokens; "
             f"use null for no limit",
-            kind="invalid_request",
+            kind=ErrorKind.INVALID_REQUEST,
         )
     for token in params.stop_token_ids:
         if not 0 <= token < n_vocab:
             raise RequestError(
                 f"generation.stop_token_ids: {token} is not a token id of this model "
                 f"(0 to {n_vocab - 1})",
-                kind="invalid_request",
+                kind=ErrorKind.INVALID_REQUEST,
             )
 
 

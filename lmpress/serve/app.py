@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, check_tools, unsupported_params
-from lmpress.vocabulary.errors import InputError, UnsupportedParamError
+from lmpress.vocabulary.errors import ErrorKind, InputError, UnsupportedParamError
 from lmpress.vocabulary.images import is_local_file, message_image_urls, short_name
 from lmpress.openai_wire import requests as bodies
 from lmpress.openai_wire import responses
@@ -65,7 +65,7 @@ class Server:
             413,
             f"the request body is larger than this server's limit of {limit} bytes "
             f"(serve.max_body_bytes)",
-            code="request_too_large",
+            code=str(ErrorKind.REQUEST_TOO_LARGE),
         )
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:

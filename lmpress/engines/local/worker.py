@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.engines.base import Engine, check_text, error_result
-from lmpress.vocabulary.errors import RequestError, exception_line
+from lmpress.vocabulary.errors import ErrorKind, RequestError, exception_line
 from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result
 
 
@@ -131,7 +131,9 @@ class WorkerEngine(Engine):
         finally:
             with self._wakeup:
                 self._closed = True
-            self._fail_held(ErrorInfo("engine_closed", f"the {self.name} engine was closed"))
+            self._fail_held(
+                ErrorInfo(ErrorKind.ENGINE_CLOSED, f"the {self.name} engine was closed")
+            )
 
     def _fail_held(self, info: ErrorInfo) -> None:
         """Answer every request still waiting on the worker with `info`."""
@@ -219,4 +221,4 @@ class WorkerEngine(Engine):
 
 def failure_info(exc: Exception) -> ErrorInfo:
     """The error a request gets when its step raised something unforeseen."""
-    return ErrorInfo("generation_error", exception_line(exc))
+    return ErrorInfo(ErrorKind.GENERATION_ERROR, exception_line(exc))
