@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from lmpress.batch.budget import Budget
 from lmpress.batch.events import STOP_SIGNALS, BatchEvents, BatchSummary, RowFailure
@@ -51,6 +51,12 @@ from lmpress.vocabulary.types import Request, Result
 STOP_CHECK_S = 0.2  # how often a job waiting on its rows in flight looks for a stop signal
 # How a run ended, for what a summary that cannot be written says.
 Ended = Literal["ok", "write failed", "raised"]
+# --on-error: set a failed row aside and go on, or stop the job.
+OnError = Literal["skip", "fail"]
+ON_ERROR: tuple[OnError, ...] = get_args(OnError)
+# --on-expired (provider batches): what becomes of a row its batch did not run.
+OnExpired = Literal["resubmit", "live", "fail"]
+ON_EXPIRED: tuple[OnExpired, ...] = get_args(OnExpired)
 
 
 @dataclass
@@ -58,7 +64,7 @@ class BatchOptions:
     input_path: str
     output_path: str
     overwrite: bool = False
-    on_error: str = "skip"  # "skip": set failed rows aside and go on; "fail": stop the job
+    on_error: OnError = "skip"
     retry_failed: bool = True  # retry rows that failed in an earlier run
     max_errors: int | None = None  # stop the job once this many rows failed
     ordered: bool = False  # write rows in input order
@@ -76,7 +82,7 @@ class BatchOptions:
     seed: int = 0
     max_cost: float | None = None  # USD this run may spend
     max_tokens: int | None = None  # tokens this run may use
-    on_expired: str = "resubmit"  # provider batches: rows a batch did not run (resubmit|live|fail)
+    on_expired: OnExpired = "resubmit"  # provider batches: rows a batch did not run
 
     def selection(self) -> RowSelection:
         return RowSelection(self.shard, self.limit, self.sample, self.seed)

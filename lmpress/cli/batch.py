@@ -166,20 +166,19 @@ def batch(
     if words:
         raise ConfigError(unexpected(words[0], "batch reads rows from -i FILE"))
     from lmpress.batch import BatchOptions
+    from lmpress.batch.job import ON_ERROR, ON_EXPIRED
     from lmpress.data.columns import RowMapping
     from lmpress.data.formats import OUTPUT_FORMATS
     from lmpress.data.targets import FILE_FORMATS
 
-    if on_error not in ("skip", "fail"):
-        raise ConfigError(f"--on-error {on_error}: use skip or fail")
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"--on-error {on_error}: use {' or '.join(ON_ERROR)}")
     if output_format not in (*OUTPUT_FORMATS, *FILE_FORMATS):
         choices = ", ".join((*OUTPUT_FORMATS, *FILE_FORMATS))
         raise ConfigError(f"--output-format {output_format}: use {choices}")
     if max_errors is not None and max_errors < 1:
         raise ConfigError("--max-errors: must be at least 1")
     file_format = output_format if output_format in FILE_FORMATS else None
-    from lmpress.batch.provider.job import ON_EXPIRED
-
     if on_expired not in ON_EXPIRED:
         raise ConfigError(f"--on-expired {on_expired}: use {', '.join(ON_EXPIRED)}")
     if provider_batch and not config.remote_params.batch_completion_window:
