@@ -1,12 +1,15 @@
 """The package's shape, as issues 15 and 33 left it: no module over 500 lines, no import cycle
-among lmpress's modules, counting every import (module level, deferred and TYPE_CHECKING), and
-the rest of lmpress reaching engines only through their contract, so that a new engine is its
-own folder plus one registry row and no other module knows its name."""
+among lmpress's modules, counting every import (module level, deferred and TYPE_CHECKING), the
+rest of lmpress reaching engines only through their contract, so that a new engine is its own
+folder plus one registry row and no other module knows its name, and a closed vocabulary: no
+error kind is spelled as a bare string."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from lmpress.vocabulary.errors import ErrorKind
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lmpress"
 MAX_LINES = 500
@@ -140,3 +143,83 @@ def test_the_contract_rules_see_an_import_of_an_engines_internals(tmp_path):
     )
     known = {**modules(), "m": module}
     assert "lmpress.engines.local.native.loading" in imports(module, known)
+
+
+# Where a call takes an error kind by position: ErrorInfo(kind, ...), RequestError(message,
+# kind), RowFailure(line, row_id, kind, ...), retry's Failure(kind, ...).
+KIND_POSITION = {"ErrorInfo": 0, "RequestError": 1, "RowFailure": 2, "Failure": 0}
+# Calls whose `kind` is no error kind: numpy's sort algorithm.
+OTHER_KINDS = {"argsort", "sort"}
+ERROR_KIND_VALUES = {kind.value for kind in ErrorKind}
+
+
+def _callee(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+
+
+def _strings(node: ast.AST) -> list[str]:
+    """The str constants an expression can evaluate to (through `a if c else b`)."""
+    if isinstance(node, ast.IfExp):
+        return _strings(node.body) + _strings(node.orelse)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    return []
+
+
+def bare_error_kinds(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each error kind spelled as a string rather than an `ErrorKind`: given
+    as `kind=`, in a kind's place in a call that makes a failure, assigned to a `kind`, or
+    redefined under a member's name (`CONNECTION_ERROR = "connection_error"`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and _callee(node) not in OTHER_KINDS:
+            values = [kw.value for kw in node.keywords if kw.arg == "kind"]
+            position = KIND_POSITION.get(_callee(node))
+            if position is not None and len(node.args) > position:
+                values.append(node.args[position])
+            if _callee(node) == "getattr" and len(node.args) == 3:
+                values += [node.args[2]] if set(_strings(node.args[1])) == {"kind"} else []
+            found += [(node.lineno, text) for value in values for text in _strings(value)]
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id in {"kind", *ErrorKind.__members__}
+            for target in node.targets
+        ):
+            texts = [text for text in _strings(node.value) if text in ERROR_KIND_VALUES]
+            found += [(node.lineno, text) for text in texts]
+    return sorted(found)
+
+
+def test_no_error_kind_is_a_bare_string():
+    found = {
+        f"{name}:{line}": text
+        for name, path in modules().items()
+        if name != ErrorKind.__module__  # where the kinds are defined
+        for line, text in bare_error_kinds(path.read_text())
+    }
+    assert found == {}
+
+
+def test_the_error_kind_scan_finds_each_spelling():
+    source = """
+RequestError("no", kind="invalid_request")
+RequestError("no", "made_up")
+ErrorInfo("engine_closed", "closed")
+RowFailure(3, "r", "invalid_json", "bad")
+kind = "context_length_exceeded" if long else "invalid_request"
+kind = getattr(exc, "kind", "invalid_request")
+np.argsort(values, kind="stable")
+kind = "chat"
+RequestError("fine", kind=ErrorKind.INVALID_REQUEST)
+CONNECTION_ERROR = "connection_error"
+"""
+    assert bare_error_kinds(source) == [
+        (2, "invalid_request"),
+        (3, "made_up"),
+        (4, "engine_closed"),
+        (5, "invalid_json"),
+        (6, "context_length_exceeded"),
+        (6, "invalid_request"),
+        (7, "invalid_request"),
+        (11, "connection_error"),
+    ]

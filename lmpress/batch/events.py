@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.data.row_shapes import render_failure
+from lmpress.vocabulary.errors import ErrorKind
 
 EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 130, 143
 # The signals that stop a job (Ctrl-C; what Slurm, Kubernetes, systemd and `timeout` send),
@@ -78,11 +79,14 @@ class RowFailure:
 
     line: int  # 1-based line of the input
     row_id: str
-    kind: str  # invalid_json, invalid_row, unsupported_param, or the engine's error kind
+    kind: ErrorKind  # invalid_json, invalid_row, unsupported_param, or the engine's error kind
     message: str
     status: int | None = None  # the HTTP status, where a remote engine gave one
     openai: bool = False  # recorded as an OpenAI Batch error line
     columns: dict[str, Any] | None = None  # the row as read, for a Parquet output's error row
+
+    def __post_init__(self) -> None:
+        self.kind = ErrorKind(self.kind)  # a string naming a kind is read as it; others refused
 
     def record(self) -> dict[str, Any]:
         """The OUT.errors.jsonl line."""

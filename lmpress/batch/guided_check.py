@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from lmpress.vocabulary.errors import ErrorKind
+from lmpress.vocabulary.guided import GuidedForm
 from lmpress.vocabulary.types import ErrorInfo, Request, Result
 
 
@@ -72,7 +73,7 @@ def schema_error(value: Any, schema: dict[str, Any]) -> str | None:
     return f"{where or 'the value'}: {error.message}"
 
 
-CHECKED_FORMS = ("json", "json_object", "regex", "choice")
+CHECKED_FORMS: tuple[GuidedForm, ...] = ("json", "json_object", "regex", "choice")
 
 
 def check_structure(request: Request, result: Result) -> Result:

@@ -44,10 +44,9 @@ from lmpress.data.targets import (
 from lmpress.dryrun.pricing import price_for
 from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine, load_engine_class
-from lmpress.vocabulary.errors import InputError, OutputWriteError
+from lmpress.vocabulary.errors import ErrorKind, InputError, OutputWriteError
 from lmpress.vocabulary.types import Request, Result
 
-CONNECTION_ERROR = "connection_error"  # the error kind remote engines give an unreachable host
 STOP_CHECK_S = 0.2  # how often a job waiting on its rows in flight looks for a stop signal
 # How a run ended, for what a summary that cannot be written says.
 Ended = Literal["ok", "write failed", "raised"]
@@ -284,7 +283,8 @@ class BatchJob:
     def _fail(self, failure: RowFailure, reorder: Reorder | None, seq: int) -> None:
         summary = self.summary
         summary.rows_failed += 1
-        if not (self.unreachable and failure.kind == CONNECTION_ERROR):  # said once, not per row
+        # An unreachable endpoint is said once (`_check_reachable`), not for each row.
+        if not (self.unreachable and failure.kind == ErrorKind.CONNECTION_ERROR):
             self.events.row_failed(failure)
         self._errors.write(failure.record())
         line = self.output.failed_line(failure)
@@ -301,10 +301,10 @@ class BatchJob:
 
     # --- stopping --------------------------------------------------------------------------
 
-    def _check_reachable(self, kind: str, message: str) -> None:
+    def _check_reachable(self, kind: ErrorKind, message: str) -> None:
         """Stop the job when the endpoint has never answered: with no row done yet and the
         first failure a connection error, every other row would only fail the same way."""
-        if kind != CONNECTION_ERROR or self.summary.rows_ok or self.stopping:
+        if kind != ErrorKind.CONNECTION_ERROR or self.summary.rows_ok or self.stopping:
             return
         self.unreachable = True
         where = self.config.remote_params.api_url or "the endpoint"

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Literal, get_args
 
 from lmpress.data.columns import RowMapping
 from lmpress.data.file_formats import AUTO, Auto, FileFormat
@@ -24,6 +24,12 @@ from lmpress.data.row_shapes import OutputShape
 from lmpress.data.selection import RowSelection
 
 CHANGES_OUTPUT = "changes_output"  # the metadata key `output_setting` marks a field with
+# --on-error: set a failed row aside and go on, or stop the job.
+OnError = Literal["skip", "fail"]
+ON_ERROR: tuple[OnError, ...] = get_args(OnError)
+# --on-expired (provider batches): what becomes of a row its batch did not run.
+OnExpired = Literal["resubmit", "live", "fail"]
+ON_EXPIRED: tuple[OnExpired, ...] = get_args(OnExpired)
 
 
 class BatchMode(str, Enum):
@@ -64,7 +70,7 @@ class BatchOptions:
     output_path: str
     mode: BatchMode = BatchMode.LIVE
     overwrite: bool = False
-    on_error: str = "skip"  # "skip": set failed rows aside and go on; "fail": stop the job
+    on_error: OnError = "skip"  # skip: set failed rows aside and go on; fail: stop the job
     retry_failed: bool = True  # retry rows that failed in an earlier run
     max_errors: int | None = None  # stop the job once this many rows failed
     ordered: bool = False  # write rows in input order
@@ -88,7 +94,7 @@ class BatchOptions:
     seed: int = 0
     max_cost: float | None = None  # USD this run may spend
     max_tokens: int | None = None  # tokens this run may use
-    on_expired: str = "resubmit"  # provider batches: rows a batch did not run (resubmit|live|fail)
+    on_expired: OnExpired = "resubmit"  # provider batches: rows a batch did not run
 
     def selection(self) -> RowSelection:
         return RowSelection(self.shard, self.limit, self.sample, self.seed)

@@ -24,7 +24,7 @@ from lmpress.data.row_shapes import (
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
 from lmpress.engines.base import Engine, check_params, check_tools
-from lmpress.vocabulary.errors import LmpressError, UnsupportedParamError
+from lmpress.vocabulary.errors import ErrorKind, LmpressError, UnsupportedParamError
 from lmpress.vocabulary.types import GenerationParams, Request
 
 Read = tuple[ParsedRow, Request] | RowFailure
@@ -56,7 +56,7 @@ class RowParser:
     def read(self, line: Line) -> tuple[str, Read]:
         if line.error:
             rid = line_id(line.number)
-            return rid, RowFailure(line.number, rid, "invalid_json", line.error)
+            return rid, RowFailure(line.number, rid, ErrorKind.INVALID_JSON, line.error)
         value = line.value
         columns = value if isinstance(value, dict) else None
         rid = line_row_id(line, self.mapping.id_column)
@@ -67,7 +67,9 @@ class RowParser:
                 self.output_shape == OutputShape.AUTO and columns is not None
                 and "custom_id" in columns and "body" in columns
             )  # fmt: skip
-            failure = RowFailure(line.number, rid, "invalid_row", str(exc), None, openai, columns)
+            failure = RowFailure(
+                line.number, rid, ErrorKind.INVALID_ROW, str(exc), None, openai, columns
+            )
             return rid, failure
         openai = output_shape_for(row, self.output_shape) is OutputShape.OPENAI
         try:
@@ -76,7 +78,11 @@ class RowParser:
             request = row.request(params)
             check_tools(self.engine_class, request)
         except LmpressError as exc:
-            kind = "unsupported_param" if isinstance(exc, UnsupportedParamError) else "invalid_row"
+            kind = (
+                ErrorKind.UNSUPPORTED_PARAM
+                if isinstance(exc, UnsupportedParamError)
+                else ErrorKind.INVALID_ROW
+            )
             return rid, RowFailure(line.number, rid, kind, str(exc), None, openai, columns)
         return rid, (row, request)
 

@@ -172,16 +172,15 @@ def batch(
     if words:
         raise ConfigError(unexpected(words[0], "batch reads rows from -i FILE"))
     from lmpress.batch import BatchMode, BatchOptions
+    from lmpress.batch.options import ON_ERROR, ON_EXPIRED
     from lmpress.batch.run import RAY_WITH_PROVIDER, batch_mode
     from lmpress.data.columns import RowMapping
 
-    if on_error not in ("skip", "fail"):
-        raise ConfigError(f"--on-error {on_error}: use skip or fail")
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"--on-error {on_error}: use {' or '.join(ON_ERROR)}")
     output_shape, file_format = split_output_format(output_format)
     if max_errors is not None and max_errors < 1:
         raise ConfigError("--max-errors: must be at least 1")
-    from lmpress.batch.provider.job import ON_EXPIRED
-
     if on_expired not in ON_EXPIRED:
         raise ConfigError(f"--on-expired {on_expired}: use {', '.join(ON_EXPIRED)}")
     mode = BatchMode.PROVIDER if provider_batch else BatchMode.LIVE

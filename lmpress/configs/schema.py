@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import GenerationParams
+
+# What `model.generation_defaults` does with the sampling defaults a checkpoint ships. The field
+# stays a `str` (OmegaConf's structured configs take no Literal); RANGE_CHECKS holds it to these.
+GenerationDefaults = Literal["ignore", "use"]
+GENERATION_DEFAULTS: tuple[GenerationDefaults, ...] = get_args(GenerationDefaults)
 
 
 @dataclass
@@ -136,7 +141,7 @@ def _finite(v: float) -> bool:
 # dotted key -> (predicate, what is allowed). NaN fails every comparison, so a bounded check
 # refuses it; an open-ended one says `_finite` too, or inf would pass.
 RANGE_CHECKS: dict[str, tuple[Any, str]] = {
-    "model.generation_defaults": (lambda v: v in ("ignore", "use"), "must be ignore or use"),
+    "model.generation_defaults": (lambda v: v in GENERATION_DEFAULTS, "must be ignore or use"),
     "generation.max_new_tokens": (lambda v: v >= 1, "must be at least 1"),
     "generation.temperature": (
         lambda v: v >= 0 and _finite(v),

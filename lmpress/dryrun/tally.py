@@ -27,7 +27,7 @@ from lmpress.data.row_shapes import ParsedRow
 from lmpress.dryrun.pricing import Price, price_for
 from lmpress.dryrun.prompt_tokens import prompt_counter
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.errors import RequestError
+from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import Request
 
 
@@ -35,7 +35,7 @@ class RowFailed(Protocol):
     """Why a row cannot run, as the batch runner reads it (`lmpress.batch.RowFailure`)."""
 
     line: int
-    kind: str
+    kind: ErrorKind
     message: str
 
 
@@ -129,10 +129,10 @@ class DryRun:
         else:
             tally.output_token_bound += bound
 
-    def _bad(self, kind: Any) -> None:
-        kind = str(getattr(kind, "value", kind))
+    def _bad(self, kind: ErrorKind) -> None:
+        name = ErrorKind(kind).value  # written as a plain string in the dry run's JSON
         self._summary.bad_rows += 1
-        self._summary.bad_kinds[kind] = self._summary.bad_kinds.get(kind, 0) + 1
+        self._summary.bad_kinds[name] = self._summary.bad_kinds.get(name, 0) + 1
 
     def summary(self) -> DryRunSummary:
         """The tally so far, priced; more rows may be added after."""

@@ -20,6 +20,7 @@ from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.progress import ProgressBar
 from lmpress.vocabulary.errors import (
+    ErrorKind,
     InputError,
     RequestError,
     UnsupportedParamError,
@@ -243,7 +244,7 @@ def check_text(request: Request) -> None:
             raise RequestError(
                 f"{where} is not valid Unicode text: a lone surrogate {bad} at character "
                 f"{exc.start + 1}; fix or remove that escape in the input",
-                kind="invalid_request",
+                kind=ErrorKind.INVALID_REQUEST,
             ) from None
 
 
@@ -254,14 +255,14 @@ def check_token_settings(params: GenerationParams, n_vocab: int) -> None:
         raise RequestError(
             f"generation.top_k: {params.top_k} is more than the model's {n_vocab} tokens; "
             f"use null for no limit",
-            kind="invalid_request",
+            kind=ErrorKind.INVALID_REQUEST,
         )
     for token in params.stop_token_ids:
         if not 0 <= token < n_vocab:
             raise RequestError(
                 f"generation.stop_token_ids: {token} is not a token id of this model "
                 f"(0 to {n_vocab - 1})",
-                kind="invalid_request",
+                kind=ErrorKind.INVALID_REQUEST,
             )
 
 
@@ -279,4 +280,4 @@ def error_result(request: Request, engine: Engine, error: ErrorInfo, started: fl
 
 def failure_info(exc: Exception) -> ErrorInfo:
     """The error a request gets when its step raised something unforeseen."""
-    return ErrorInfo("generation_error", exception_line(exc))
+    return ErrorInfo(ErrorKind.GENERATION_ERROR, exception_line(exc))

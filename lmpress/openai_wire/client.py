@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lmpress.vocabulary.guided import FORMS, GuidedDecoding
+from lmpress.vocabulary.guided import FORMS, GuidedDecoding, GuidedForm
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 # What every OpenAI-compatible chat endpoint takes.
@@ -21,7 +21,7 @@ OPENAI_PARAMS = frozenset({
 OPEN_MODEL_PARAMS = frozenset({"top_k", "min_p", "repetition_penalty"})
 VLLM_PARAMS = OPEN_MODEL_PARAMS | {"min_tokens", "stop_token_ids", "skip_special_tokens"}
 # The guided-decoding forms OpenAI's response_format can say.
-RESPONSE_FORMAT_FORMS = frozenset({"json", "json_object"})
+RESPONSE_FORMAT_FORMS: frozenset[GuidedForm] = frozenset({"json", "json_object"})
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Dialect:
     structured_outputs: bool = False
 
     @property
-    def guided_forms(self) -> frozenset[str]:
+    def guided_forms(self) -> frozenset[GuidedForm]:
         return frozenset(FORMS) if self.structured_outputs else RESPONSE_FORMAT_FORMS
 
     def check_guided(self, guided: GuidedDecoding, engine: str) -> None:

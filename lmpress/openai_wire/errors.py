@@ -14,6 +14,7 @@ from lmpress.vocabulary.types import ErrorInfo
 # checks this table is whole, rather than reaching clients as a 500.
 HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.INVALID_JSON: 400,
     ErrorKind.INVALID_ROW: 400,
     ErrorKind.UNSUPPORTED_PARAM: 400,
     ErrorKind.CONTEXT_LENGTH_EXCEEDED: 400,

@@ -40,7 +40,7 @@ from lmpress.serve.asgi import (
     new_id,
     request_log,
 )
-from lmpress.vocabulary.errors import InputError, UnsupportedParamError
+from lmpress.vocabulary.errors import ErrorKind, InputError, UnsupportedParamError
 from lmpress.vocabulary.images import is_local_file, message_image_urls, short_name
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result, Usage
 
@@ -65,7 +65,7 @@ class Server:
             413,
             f"the request body is larger than this server's limit of {limit} bytes "
             f"(serve.max_body_bytes)",
-            code="request_too_large",
+            code=str(ErrorKind.REQUEST_TOO_LARGE),
         )
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:

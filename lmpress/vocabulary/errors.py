@@ -16,6 +16,7 @@ class ErrorKind(str, Enum):
 
     # The request itself is wrong, or the engine cannot take it.
     INVALID_REQUEST = "invalid_request"
+    INVALID_JSON = "invalid_json"  # a batch input line that is no JSON
     INVALID_ROW = "invalid_row"  # a batch input row that is no request at all
     UNSUPPORTED_PARAM = "unsupported_param"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"

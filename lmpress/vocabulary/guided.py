@@ -15,12 +15,13 @@ import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 
 # The constraints, exactly one of which a GuidedDecoding holds.
-FORMS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+GuidedForm = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
+FORMS: tuple[GuidedForm, ...] = get_args(GuidedForm)
 # vLLM's options for how JSON is written; they go with json and json_object.
 OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
 
@@ -104,11 +105,11 @@ class GuidedDecoding:
         guided = cls(**{k: v for k, v in value.items() if v is not None})
         return guided if guided.form else None
 
-    def forms(self) -> list[str]:
+    def forms(self) -> list[GuidedForm]:
         return [name for name in FORMS if getattr(self, name) is not None]
 
     @property
-    def form(self) -> str | None:
+    def form(self) -> GuidedForm | None:
         """The constraint given: one of FORMS, or None for none."""
         given = self.forms()
         return given[0] if given else None
@@ -132,7 +133,9 @@ class GuidedDecoding:
             self.form == "json" and dict(self.json) in ({}, {"type": "object"})
         )
 
-    def refuse_unless(self, engine: str, forms: frozenset[str], options: bool = False) -> None:
+    def refuse_unless(
+        self, engine: str, forms: frozenset[GuidedForm], options: bool = False
+    ) -> None:
         """Raise, in one line naming the engine, unless the engine takes this form (and the
         options, when any is set)."""
         form = self.form

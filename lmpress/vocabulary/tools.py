@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal, get_args
 
 from lmpress.vocabulary.types import Request, ToolCall
 
-TOOL_CHOICES = ("auto", "none", "required")
+# tool_choice as a word (a named function is the other form).
+ToolChoiceMode = Literal["auto", "none", "required"]
+TOOL_CHOICES: tuple[ToolChoiceMode, ...] = get_args(ToolChoiceMode)
 # OpenAI's rule for a function's name, which every provider lmpress speaks to accepts.
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})

@@ -10,7 +10,9 @@ from typing import Any, Literal, get_args
 from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.guided import GuidedDecoding
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+# Who speaks a message: OpenAI's roles, which every front reads and every engine renders.
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+ROLES: tuple[Role, ...] = get_args(Role)
 
 
 @dataclass
@@ -40,7 +42,7 @@ class ToolCall:
 
 @dataclass
 class Message:
-    role: str
+    role: Role
     content: str | list[ContentPart]
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers

@@ -32,7 +32,6 @@ from lmpress.engines.base import error_result
 from lmpress.vocabulary.errors import ErrorKind, InputError
 from lmpress.vocabulary.types import ErrorInfo
 
-ON_EXPIRED = ("resubmit", "live", "fail")
 MAX_ATTEMPTS = 3  # a row is submitted at most this many times before it fails
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
 from lmpress.vocabulary.chat_templates import NAMED_TEMPLATES
-from lmpress.vocabulary.errors import ModelLoadError, RequestError, first_line
+from lmpress.vocabulary.errors import ErrorKind, ModelLoadError, RequestError, first_line
 from lmpress.vocabulary.images import load_images
 from lmpress.vocabulary.types import ContentPart, Message, Request
 
@@ -52,7 +52,7 @@ def render_chat_prompt(
         raise RequestError(
             f"model '{model}' on the {engine} engine reads text only; this row has image parts "
             f"(use a vision-language model)",
-            kind="invalid_request",
+            kind=ErrorKind.INVALID_REQUEST,
         )
     options: dict[str, Any] = {
         **(template_kwargs or {}),
@@ -65,7 +65,7 @@ def render_chat_prompt(
         raise RequestError(
             f"model '{model}' has no chat template; set model.chat_template "
             f"(a Jinja string, a template file, or 'chatml')",
-            kind="invalid_request",
+            kind=ErrorKind.INVALID_REQUEST,
         )
     messages = [template_message(m, reads_images) for m in request.messages]
     if tool_plan is not None:  # tools offered, or turns that called them (tool_calls.py)
@@ -75,7 +75,7 @@ def render_chat_prompt(
     try:
         return tokenizer.apply_chat_template(messages, **options)
     except Exception as exc:  # Jinja raises its own errors for refused conversations
-        raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
+        raise RequestError(f"chat template failed: {exc}", kind=ErrorKind.INVALID_REQUEST) from exc
 
 
 def template_message(message: Message, as_parts: bool) -> dict[str, Any]:
@@ -166,7 +166,7 @@ class HfPrompts:
             raise RequestError(
                 f"the model's processor refused this row's {len(images)} image(s): "
                 f"{first_line(exc)}",
-                kind="invalid_request",
+                kind=ErrorKind.INVALID_REQUEST,
             ) from exc
         ids = processed.pop("input_ids")[0].tolist()
         processed.pop("attention_mask", None)  # one prompt: all ones

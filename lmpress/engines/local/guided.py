@@ -23,8 +23,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from lmpress.vocabulary.guided import GuidedForm
+
 # The guided-decoding forms the local engines take (not vLLM's structural_tag).
-LOCAL_FORMS = frozenset({"json", "json_object", "regex", "choice", "grammar"})
+LOCAL_FORMS: frozenset[GuidedForm] = frozenset(
+    {"json", "json_object", "regex", "choice", "grammar"}
+)
 
 # JSON under `disable_any_whitespace`: one space after ',' and ':', none elsewhere.
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

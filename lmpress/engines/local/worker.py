@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.engines.base import Engine, check_text, error_result, failure_info
-from lmpress.vocabulary.errors import RequestError
+from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result
 
 
@@ -131,7 +131,9 @@ class WorkerEngine(Engine):
         finally:
             with self._wakeup:
                 self._closed = True
-            self._fail_held(ErrorInfo("engine_closed", f"the {self.name} engine was closed"))
+            self._fail_held(
+                ErrorInfo(ErrorKind.ENGINE_CLOSED, f"the {self.name} engine was closed")
+            )
 
     def _fail_held(self, info: ErrorInfo) -> None:
         """Answer every request still waiting on the worker with `info`."""

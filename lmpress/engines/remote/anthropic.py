@@ -21,8 +21,8 @@ from lmpress.engines.remote.base import RemoteEngine, Reply, client_options
 from lmpress.engines.remote.inline_images import base64_image
 from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.vocabulary.errors import ErrorKind, RequestError
-from lmpress.vocabulary.guided import GuidedDecoding
-from lmpress.vocabulary.tools import chosen_name
+from lmpress.vocabulary.guided import GuidedDecoding, GuidedForm
+from lmpress.vocabulary.tools import TOOL_CHOICES, chosen_name
 from lmpress.vocabulary.types import (
     Delta,
     FinishReason,
@@ -36,7 +36,7 @@ from lmpress.vocabulary.types import (
 
 # The Messages API's structured output takes a JSON schema; any JSON object is the schema
 # {"type": "object"}.
-GUIDED_FORMS = frozenset({"json", "json_object"})
+GUIDED_FORMS: frozenset[GuidedForm] = frozenset({"json", "json_object"})
 
 FINISH_REASONS: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -184,7 +184,7 @@ def tool_choice(choice: Any, parallel: bool) -> dict[str, Any] | None:
     name = chosen_name(choice)
     if name is not None:
         out: dict[str, Any] = {"type": "tool", "name": name}
-    elif choice in ("auto", "none", "required"):
+    elif choice in TOOL_CHOICES:
         out = {"type": "any" if choice == "required" else choice}
     elif parallel:
         return None  # the API's default: auto, calls in parallel allowed

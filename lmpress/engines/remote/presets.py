@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cache
 from typing import Any
 
@@ -28,6 +29,17 @@ GOOGLE_PARAMS = frozenset({
 # Hosts of open models take their extra sampling fields, and no logit_bias (token ids differ).
 OPEN_MODEL_HOST_PARAMS = (OPENAI_PARAMS - {"logit_bias"}) | OPEN_MODEL_PARAMS
 OPEN_MODEL_HOST = Dialect(extra_fields=OPEN_MODEL_PARAMS)
+
+
+class BatchApi(str, Enum):
+    """A provider's batch API, as lmpress drives it (`batch/provider/apis.py` has a class for
+    each, in a table a test checks is whole)."""
+
+    OPENAI = "openai"  # Files + Batches (OpenAI, and OpenAI-compatible servers that have them)
+    ANTHROPIC = "anthropic"  # Message Batches
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -48,9 +60,9 @@ class Provider:
     requires: tuple[str, ...] = ("openai",)  # importable modules it needs
     # Its batch API's price as a share of the live price (0.5: half); None: it has none.
     batch_discount: float | None = None
-    # The batch API lmpress drives for it ("openai": Files + Batches, "anthropic": Message
-    # Batches; None: none), and one batch's limits as the provider documents them.
-    batch_api: str | None = None
+    # The batch API lmpress drives for it (None: none), and one batch's limits as the provider
+    # documents them.
+    batch_api: BatchApi | None = None
     batch_max_requests: int = 50_000
     batch_max_bytes: int = 200 * 1024 * 1024
     # A Hugging Face tokenizer (a local path or a cached hub id) that counts its prompts
@@ -62,15 +74,15 @@ PROVIDERS: tuple[Provider, ...] = (
     # OpenAI's Batch API, Anthropic's Message Batches and Google's batch modes: half price.
     Provider("OPENAI", "OpenAI chat completions API", "https://api.openai.com/v1",
              "OPENAI_API_KEY", dialect=Dialect(max_tokens_field="max_completion_tokens"),
-             user_field=True, batch_discount=0.5, batch_api="openai"),
+             user_field=True, batch_discount=0.5, batch_api=BatchApi.OPENAI),
     Provider("ANTHROPIC", "Anthropic Messages API", "https://api.anthropic.com",
              "ANTHROPIC_API_KEY", frozenset({"max_new_tokens", "stop_strings", "guided_decoding"}),
              engine="lmpress.engines.remote.anthropic:AnthropicEngine", requires=("anthropic",),
-             batch_discount=0.5, batch_api="anthropic", batch_max_requests=100_000,
+             batch_discount=0.5, batch_api=BatchApi.ANTHROPIC, batch_max_requests=100_000,
              batch_max_bytes=256 * 1024 * 1024),
     # A server of one's own may implement OpenAI's Files and Batches endpoints.
     Provider("REMOTE", "any OpenAI-compatible server", key_required=False, model_required=False,
-             batch_api="openai"),
+             batch_api=BatchApi.OPENAI),
     Provider("REMOTE_VLLM", "a remote vLLM server", params=OPENAI_PARAMS | VLLM_PARAMS,
              dialect=Dialect(extra_fields=VLLM_PARAMS, structured_outputs=True),
              key_required=False, model_required=False),

@@ -42,7 +42,7 @@ from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.rows import RequestState
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.errors import ConfigError, ModelLoadError, RequestError
+from lmpress.vocabulary.errors import ConfigError, ErrorKind, ModelLoadError, RequestError
 from lmpress.vocabulary.types import GenerationParams, Request
 
 
@@ -134,7 +134,7 @@ class LlamaCppEngine(LlamaCppScheduler):
                 f"prompt is {len(ids)} tokens, the context of a sequence is {self.n_ctx_seq} "
                 f"(model.model_kwargs.n_ctx {self.n_ctx} shared by generation.batch_size "
                 f"{self.batch_size}): raise n_ctx or lower batch_size",
-                kind="context_length_exceeded",
+                kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
             )
         self._check_whole_images([image for image in images or () if image.non_causal])
         return ids, images
@@ -147,7 +147,7 @@ class LlamaCppEngine(LlamaCppScheduler):
             raise RequestError(
                 f"an image of this row is {largest} tokens, more than the {self._n_batch} "
                 f"that llama.cpp decodes at once; raise model.model_kwargs.n_batch",
-                kind="invalid_request",
+                kind=ErrorKind.INVALID_REQUEST,
             )
 
     # --- checking a request before it is queued -------------------------------------------
@@ -180,7 +180,7 @@ class LlamaCppEngine(LlamaCppScheduler):
                 raise RequestError(
                     f"generation.logit_bias: '{key}' is not a token id of this model "
                     f"(0 to {self.n_vocab - 1})",
-                    kind="invalid_request",
+                    kind=ErrorKind.INVALID_REQUEST,
                 )
             bias.append((token, float(value)))
         return bias
@@ -190,5 +190,5 @@ class LlamaCppEngine(LlamaCppScheduler):
             raise RequestError(
                 f"generation.n is {params.n} but generation.batch_size is {self.batch_size}: "
                 f"each sample is a sequence in flight; raise batch_size to at least n",
-                kind="invalid_request",
+                kind=ErrorKind.INVALID_REQUEST,
             )

@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.vocabulary.errors import ModelLoadError, RequestError
+from lmpress.vocabulary.errors import ErrorKind, ModelLoadError, RequestError
 
 
 @dataclass(eq=False)
@@ -98,7 +98,7 @@ class Projector:
                 why = "markers and images do not match" if code == 1 else "preprocessing failed"
                 raise RequestError(
                     f"llama.cpp could not read this row's {len(images)} image(s): {why}",
-                    kind="invalid_request",
+                    kind=ErrorKind.INVALID_REQUEST,
                 )
             return self._segments(chunks, images)
         finally:

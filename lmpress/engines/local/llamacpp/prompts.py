@@ -11,7 +11,7 @@ from typing import Any
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.llamacpp.projector import ImageSegment
-from lmpress.vocabulary.errors import RequestError
+from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.images import load_images
 from lmpress.vocabulary.types import Message, Request
 
@@ -61,7 +61,9 @@ class GgufPrompts:
         try:
             return self._formatter(messages=messages, tools=tools).prompt
         except Exception as exc:  # Jinja raises its own errors for refused conversations
-            raise RequestError(f"chat template failed: {exc}", kind="invalid_request") from exc
+            raise RequestError(
+                f"chat template failed: {exc}", kind=ErrorKind.INVALID_REQUEST
+            ) from exc
 
     def _content(self, message: Message) -> str:
         """A message's text; with a projector, each image as mtmd's marker, where it was."""
@@ -85,7 +87,7 @@ class GgufPrompts:
                 raise RequestError(
                     "the LLAMACPP engine sends text only unless model.model_kwargs.mmproj names "
                     "the model's projector GGUF; this row has image parts",
-                    kind="invalid_request",
+                    kind=ErrorKind.INVALID_REQUEST,
                 )
             images = load_images(request)
         if request.prompt is not None:
@@ -95,7 +97,7 @@ class GgufPrompts:
                 raise RequestError(
                     f"model '{self.model_name}' has no chat template in its GGUF metadata; set "
                     f"model.chat_template (a Jinja string, a template file, or 'chatml')",
-                    kind="invalid_request",
+                    kind=ErrorKind.INVALID_REQUEST,
                 )
             # As llama-cpp-python's chat handler does: the template emits BOS itself.
             text = self.render(request, plan)
@@ -103,7 +105,7 @@ class GgufPrompts:
                 return self.projector.tokenize(text, images)
             ids = self.model.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         if not ids:
-            raise RequestError("the prompt is empty", kind="invalid_request")
+            raise RequestError("the prompt is empty", kind=ErrorKind.INVALID_REQUEST)
         return list(ids), None
 
     def count(self, request: Request) -> int:

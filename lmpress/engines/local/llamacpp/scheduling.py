@@ -22,6 +22,7 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, Projector, te
 from lmpress.engines.local.llamacpp.rows import PromptChunk, RequestState, Row, common_prefix
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.worker import WorkerEngine, failure_info
+from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import ErrorInfo, Result, Sample, Usage
 
 # The most tokens of one prompt read in one batch. llama.cpp's CPU flash attention takes a tiled
@@ -395,9 +396,9 @@ class LlamaCppScheduler(WorkerEngine):
             self._closed = True
             waiting = list(self._pending)
             self._pending.clear()
-        self._fail_all(ErrorInfo("engine_closed", "the LLAMACPP engine was closed"))
+        self._fail_all(ErrorInfo(ErrorKind.ENGINE_CLOSED, "the LLAMACPP engine was closed"))
         for state in waiting:
-            info = ErrorInfo("engine_closed", "the LLAMACPP engine was closed")
+            info = ErrorInfo(ErrorKind.ENGINE_CLOSED, "the LLAMACPP engine was closed")
             state.deliver(error_result(state.request, self, info, state.started))
 
     def _result(self, state: RequestState) -> Result:

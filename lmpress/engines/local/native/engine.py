@@ -46,7 +46,7 @@ from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
 from lmpress.engines.local.worker import Submission
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.errors import RequestError
+from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import Request
 
 
@@ -141,7 +141,7 @@ class NativeEngine(NativeScheduler):
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, the model's context is {self.context_length}",
-                kind="context_length_exceeded",
+                kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
             )
         budget = self.kv_budget_tokens
         need = len(ids) + reply_limit(len(ids), request.params, self.context_length)
@@ -149,6 +149,6 @@ class NativeEngine(NativeScheduler):
             raise RequestError(
                 f"prompt ({len(ids)} tokens) and max_new_tokens ({request.params.max_new_tokens})"
                 f" need {need} tokens of KV cache; model.model_kwargs.kv_cache_gb holds {budget}",
-                kind="context_length_exceeded",
+                kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
             )
         return ids, images

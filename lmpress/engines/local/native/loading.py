@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.builtin_models.packaged import NAMES as PACKAGED_NAMES
-from lmpress.configs.schema import ModelParams, RunConfig
+from lmpress.configs.schema import GenerationDefaults, ModelParams, RunConfig
 from lmpress.engines.common.models import DTYPE_CHOICES, auto_dtype, dtype_name, local_or_hub
 from lmpress.engines.common.prompts import HfPrompts, resolve_chat_template
 from lmpress.engines.local.native.dequantized import dequantized_copy, existing_copy
@@ -247,7 +247,7 @@ DEFAULTS_ALWAYS = ("max_new_tokens", "repetition_penalty")
 DEFAULTS_WHEN_SAMPLING = ("temperature", "top_p", "top_k", "min_p")
 
 
-def checkpoint_defaults(model: Any, policy: str) -> dict[str, Any]:
+def checkpoint_defaults(model: Any, policy: GenerationDefaults) -> dict[str, Any]:
     """What `model.generation_defaults` takes from the checkpoint's generation config.
 
     "ignore" leaves it only its token ids (EOS still ends a reply), since transformers fills
@@ -271,7 +271,7 @@ def checkpoint_defaults(model: Any, policy: str) -> dict[str, Any]:
     return defaults
 
 
-def checkpoint_processors(model: Any, policy: str, device: str) -> Any:
+def checkpoint_processors(model: Any, policy: GenerationDefaults, device: str) -> Any:
     """With "use": the logits processors transformers' generate would build from the
     checkpoint's fields that lmpress has no name for (no_repeat_ngram_size, bad_words_ids,
     suppress_tokens, ...), for NATIVE to apply to each row as generate would; else None."""

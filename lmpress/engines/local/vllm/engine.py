@@ -61,6 +61,7 @@ from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
+    ErrorKind,
     LmpressError,
     ModelLoadError,
     RequestError,
@@ -208,7 +209,7 @@ class AsyncLLMRunner:
                 generation = replace(generation, guided_decoding={"grammar": plan.grammar})
             params = sampling_params(self.api, generation, stream=deltas)
         except (RequestError, ConfigError) as exc:
-            kind = getattr(exc, "kind", "invalid_request")
+            kind = getattr(exc, "kind", ErrorKind.INVALID_REQUEST)
             yield error_result(request, engine, ErrorInfo(kind, str(exc)), started)
             return
         except Exception as exc:  # vLLM refused this request's settings: it fails alone
@@ -329,6 +330,10 @@ def _error_info(exc: BaseException) -> ErrorInfo:
     message = describe(exc)
     if is_request_error(exc) or (exc.__cause__ is not None and is_request_error(exc.__cause__)):
         # vLLM refused this request (its settings or its prompt): this request only.
-        kind = "context_length_exceeded" if "context length" in message else "invalid_request"
+        kind = (
+            ErrorKind.CONTEXT_LENGTH_EXCEEDED
+            if "context length" in message
+            else ErrorKind.INVALID_REQUEST
+        )
         return ErrorInfo(kind, message)
-    return ErrorInfo("generation_error", message)
+    return ErrorInfo(ErrorKind.GENERATION_ERROR, message)

@@ -25,7 +25,15 @@ from lmpress.engines.local.native.dequantized import dequantized_copy
 from lmpress.engines.local.vllm.api import is_request_error
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 from lmpress.vocabulary.guided import GuidedDecoding
-from lmpress.vocabulary.types import Delta, GenerationParams, Result, Sample, TokenLogprob, Usage
+from lmpress.vocabulary.types import (
+    Delta,
+    FinishReason,
+    GenerationParams,
+    Result,
+    Sample,
+    TokenLogprob,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from lmpress.engines.local.vllm.api import VllmApi
@@ -269,7 +277,12 @@ def _structured_outputs(api: VllmApi, guided: GuidedDecoding | None) -> Any:
 
 # --- RequestOutput -> Delta / Result ------------------------------------------------------------
 
-FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error"}
+FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "cancelled",
+    "error": "error",
+}
 
 
 @dataclass
