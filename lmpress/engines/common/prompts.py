@@ -68,7 +68,7 @@ def render_chat_prompt(
             kind=ErrorKind.INVALID_REQUEST,
         )
     messages = [template_message(m, reads_images) for m in request.messages]
-    if tool_plan is not None:  # tools offered, or turns that called them (tool_calls.py)
+    if tool_plan is not None:  # tools offered, or turns that called them (tool_parsers.py)
         messages = tool_plan.messages
         if tool_plan.tools:
             options["tools"] = tool_plan.tools
@@ -100,7 +100,7 @@ class HfPrompts:
     what vLLM tokenizes, and what the dry run counts. A raw `prompt` takes the tokenizer's own
     special tokens (BOS, where it adds one); a chat is the template's text, which writes them
     itself. `takes_tools`: whether tools and earlier tool calls go into the prompt (a plan from
-    tool_calls.py), as on an engine that takes them. `processor`: a vision-language model's
+    tool_parsers.py), as on an engine that takes them. `processor`: a vision-language model's
     processor (AutoProcessor), which turns a prompt with images into its ids, each image
     expanded into its tokens, and the pixel inputs that go with them."""
 

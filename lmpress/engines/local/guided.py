@@ -61,7 +61,7 @@ def grammar_source(kind: str, value: Any, options: dict[str, Any] | None = None)
         return LLMatcher.grammar_from_regex(value)
     if kind == "choice":
         return grammar_from("choice", list(value))
-    if kind == "lark":  # lmpress's own grammars, such as a tool call's (see tool_calls.py)
+    if kind == "lark":  # lmpress's own grammars, such as a tool call's (see common/tool_parsers.py)
         return LLMatcher.grammar_from_lark(value)
     if kind == "grammar":
         try:

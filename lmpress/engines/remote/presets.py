@@ -131,7 +131,7 @@ BY_NAME = {provider.name: provider for provider in PROVIDERS}
 # (dated 2026-03 to 2026-06; the providers' own pages could not be read from where this was
 # written). The standard tier for prompts up to 200K tokens; longer prompts cost more on some
 # models (Gemini 2.5 Pro, Claude Sonnet). remote_params.input_price_per_million and
-# output_price_per_million override a row, or price a model that has none (pricing.py).
+# output_price_per_million override a row, or price a model that has none (dryrun/pricing.py).
 # A dated snapshot takes its model's row: gpt-4o-mini-2024-07-18 is gpt-4o-mini.
 OPENAI_PRICES = {
     "gpt-4o": (2.50, 10.00),

@@ -1,5 +1,5 @@
 """LLAMACPP with a projector (`model.model_kwargs.mmproj`): the tiny GGUF model and the tiny
-LLaVA-style projector written with the gguf package (tinygguf "llama-mmproj", 16 tokens an
+LLaVA-style projector written with the gguf package (builtin_models/tiny_gguf.py "llama-mmproj", 16 tokens an
 image), against llama.cpp's own multimodal path (libmtmd's mtmd_helper_eval_chunks on a
 single-sequence context, then greedy decoding)."""
 

@@ -1,4 +1,4 @@
-"""NATIVE on a vision-language model: the tiny LLaVA-style model (tinymodels "llava": a CLIP
+"""NATIVE on a vision-language model: the tiny LLaVA-style model (builtin_models/tiny.py "llava": a CLIP
 vision tower, a projector and a llama text model; 16 tokens an image), against transformers'
 own `generate` on the same processor inputs."""
 
