@@ -194,7 +194,8 @@ def _job_error(exc: BaseException) -> LmpressError:
             return seen
         seen = getattr(seen, "cause", None) or seen.__cause__
     # A replica that died in its constructor reaches here as text: Ray keeps its traceback.
-    raised = re.findall(r"^lmpress\.errors\.\w+: (.+)$", str(exc), re.MULTILINE)
+    where = re.escape(LmpressError.__module__)  # the module Ray's traceback names the class in
+    raised = re.findall(rf"^{where}\.\w+: (.+)$", str(exc), re.MULTILINE)
     if raised:
         return LmpressError(raised[-1])
     text = str(exc).strip().splitlines()
