@@ -107,7 +107,8 @@ def build_raw(config, prompts: list[str], new_tokens: int):
     # or its OpenMP threads would compete with this thread's (see rounds.SideProcess).
     engine = create_engine(config)
     ids = [engine.encode(Request(str(i), [Message("user", p)])) for i, p in enumerate(prompts)]
-    ctx, memory, n_vocab = engine._ctx.ctx, engine._memory, engine.n_vocab
+    ctx, n_vocab = engine.scheduler._ctx.ctx, engine.n_vocab
+    memory = lc.llama_get_memory(ctx)
     batch = lc.llama_batch_init(max(len(ids), max(map(len, ids))), 0, 1)
 
     def decode(tokens: list[tuple[int, int, int, bool]]) -> None:

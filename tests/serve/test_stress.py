@@ -134,11 +134,11 @@ def assert_nothing_held(server: InProcessServer) -> None:
     engine = server.engine
     assert server.app_server.slots.in_use == 0
     if engine.name == "NATIVE":
-        assert engine._rows_of == {} and not engine._pending
+        assert engine.scheduler._rows_of == {} and not engine._queue.pending
         # A slot still listed holds a row that has ended (it is dropped before the next step).
-        assert all(row is None or row.finish_reason is not None for row in engine._active)
+        assert all(row is None or row.finish_reason is not None for row in engine.scheduler._active)
     else:
-        assert engine.sequences_in_flight() == 0 and not engine._pending
+        assert engine.sequences_in_flight() == 0 and not engine._queue.pending
         # The cells left are the ones free sequences keep for a prompt that starts the same.
         assert engine.kv_cells_used() == engine.kv_cells_cached()
 

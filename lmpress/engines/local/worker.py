@@ -1,18 +1,20 @@
 """What the local engines share: one worker thread owns the model, callers queue requests
 for it, and each request's deltas and final result travel back to the caller's event loop.
 
-A local engine subclasses `WorkerEngine`, turns a request into its `Submission` in
-`_prepare` (tokenizing and checking it there, so a bad row fails alone before it reaches the
-model) and runs its own scheduling loop in `_run` on the worker thread, taking submissions
-from `_pending` under `_wakeup` and answering them with `Submission.deliver`. Its
+Every local engine has the same two parts. The engine class (a `WorkerEngine`) loads the model
+and translates: it turns a request into its `Submission` in `_prepare` (tokenizing and checking
+it there, so a bad row fails alone before it reaches the model). Its `scheduler` (a
+`Scheduler`, built by the engine with what it needs) owns the backend loop: `run`, on the worker
+thread, takes submissions from the `WorkQueue` the two share and answers them with
+`Submission.deliver`. The two meet only there, so each can be read without the other. The
 `CallerQueue` is the one way a local engine hands something back across threads (the VLLM
 engine's own loop uses it too).
 
-No caller may wait on a request the worker can no longer answer: the base keeps every
-submission whose caller is still listening, and when an exception escapes `_run` it fails each
-one not yet answered and starts `_run` again; when the worker ends (closed, or killed by
-something worse than an Exception) it fails them with `engine_closed`. An engine that holds
-backend state per request (KV sequences, samplers) frees it in `_run` itself.
+No caller may wait on a request the worker can no longer answer: the engine keeps every
+submission whose caller is still listening, and when an exception escapes `run` it fails each
+one not yet answered and starts `run` again; when the worker ends (closed, or killed by
+something worse than an Exception) it fails them with `engine_closed`. A scheduler that holds
+backend state per request (KV sequences, samplers) frees it in `run` itself.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ import dataclasses
 import threading
 import time
 import weakref
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result, failure_info
 from lmpress.vocabulary.errors import ErrorKind, RequestError
-from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result
+from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, Usage
 
 
 class CallerQueue:
@@ -87,6 +90,48 @@ class Submission:
             self.cancelled = True
 
 
+class WorkQueue:
+    """What an engine and its scheduler share: the submissions waiting for the worker
+    (`pending`), the condition both sides wait on and signal (`wakeup`, which guards the other
+    two), and `closed`, set once the worker must stop or has stopped."""
+
+    def __init__(self) -> None:
+        self.pending: deque[Submission] = deque()
+        self.wakeup = threading.Condition()
+        self.closed = False
+
+
+class Scheduler(ABC):
+    """A local engine's backend loop, run on the worker thread (see the module docstring)."""
+
+    def __init__(self, queue: WorkQueue, engine: Engine):
+        self.queue = queue
+        self.engine = engine  # whose name and model label the results
+
+    @abstractmethod
+    def run(self) -> None:
+        """Serve `queue.pending` until `queue.closed`."""
+
+    def fail(self, submissions: list[Submission], info: ErrorInfo) -> None:
+        """Answer these submissions with `info`."""
+        for submission in submissions:
+            submission.deliver(
+                error_result(submission.request, self.engine, info, submission.started)
+            )
+
+    def result(self, submission: Submission, samples: list[Sample]) -> Result:
+        """A submission's answer: its samples, counted and labelled with the engine."""
+        completion = sum(sample.completion_tokens for sample in samples)
+        return Result(
+            request_id=submission.request.id,
+            samples=samples,
+            usage=Usage(len(submission.prompt_ids), completion),
+            model=self.engine.model_name,
+            engine=self.engine.name,
+            latency_s=time.perf_counter() - submission.started,
+        )
+
+
 # Engines whose worker still runs. A script that never closes its engine must still exit
 # cleanly: a daemon worker left inside the backend while the interpreter tears down can take
 # the process down with it (`terminate called without an active exception`, exit 134).
@@ -102,12 +147,17 @@ def _stop_forgotten_workers() -> None:
 class WorkerEngine(Engine):
     """An engine whose model is driven by one worker thread (see the module docstring)."""
 
-    def _start_worker(self, thread_name: str) -> None:
-        self._pending: deque[Submission] = deque()
-        self._wakeup = threading.Condition()
-        self._closed = False
+    scheduler: Scheduler
+
+    def __init__(self, config: RunConfig):
+        super().__init__(config)
+        self._queue = WorkQueue()
         self._stopping = False
         self._live: set[Submission] = set()  # queued, and the caller still listening
+
+    def _start_worker(self, scheduler: Scheduler, thread_name: str) -> None:
+        """Run `scheduler` on a worker thread of its own, from now until the engine closes."""
+        self.scheduler = scheduler
         self._worker = threading.Thread(target=self._worker_main, name=thread_name, daemon=True)
         self._worker.start()
         _running.add(self)
@@ -116,35 +166,28 @@ class WorkerEngine(Engine):
     def _prepare(self, request: Request, started: float) -> Submission:
         """The request as the worker will take it; raises RequestError for a bad request."""
 
-    @abstractmethod
-    def _run(self) -> None:
-        """The worker thread: serve `_pending` until `_closed`."""
-
     def _worker_main(self) -> None:
+        queue = self._queue
         try:
             while True:
                 try:
-                    self._run()
+                    self.scheduler.run()
                     return
                 except Exception as exc:  # fail what the worker held, then serve on
                     self._fail_held(failure_info(exc))
         finally:
-            with self._wakeup:
-                self._closed = True
+            with queue.wakeup:
+                queue.closed = True
             self._fail_held(
                 ErrorInfo(ErrorKind.ENGINE_CLOSED, f"the {self.name} engine was closed")
             )
 
     def _fail_held(self, info: ErrorInfo) -> None:
         """Answer every request still waiting on the worker with `info`."""
-        with self._wakeup:
+        with self._queue.wakeup:
             held = [s for s in self._live if not s.answered]
-            self._pending.clear()
-        self._fail(held, info)
-
-    def _fail(self, submissions: list[Submission], info: ErrorInfo) -> None:
-        for submission in submissions:
-            submission.deliver(error_result(submission.request, self, info, submission.started))
+            self._queue.pending.clear()
+        self.scheduler.fail(held, info)
 
     def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
         return self._submit(request, deltas=True)
@@ -164,12 +207,13 @@ class WorkerEngine(Engine):
         return True
 
     def _ask_worker_to_stop(self) -> bool:
-        with self._wakeup:
+        queue = self._queue
+        with queue.wakeup:
             if self._stopping:
                 return False
-            self._stopping = True  # not `_closed`, which a dying worker sets too
-            self._closed = True
-            self._wakeup.notify_all()
+            self._stopping = True  # not `closed`, which a dying worker sets too
+            queue.closed = True
+            queue.wakeup.notify_all()
         _running.discard(self)
         return True
 
@@ -180,7 +224,8 @@ class WorkerEngine(Engine):
 
     async def _submit(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
         started = time.perf_counter()
-        if self._closed:  # before _prepare, which may call into a backend already freed
+        queue = self._queue
+        if queue.closed:  # before _prepare, which may call into a backend already freed
             raise RuntimeError(f"the {self.name} engine is closed")
         try:
             check_text(request)
@@ -194,12 +239,12 @@ class WorkerEngine(Engine):
         submission.replies = CallerQueue()
         # A reply that may be a tool call is not streamed as text: its calls come whole.
         submission.wants_deltas = deltas and submission.tool_plan is None
-        with self._wakeup:
-            if self._closed:
+        with queue.wakeup:
+            if queue.closed:
                 raise RuntimeError(f"the {self.name} engine is closed")
-            self._pending.append(submission)
+            queue.pending.append(submission)
             self._live.add(submission)
-            self._wakeup.notify()
+            queue.wakeup.notify()
         try:
             while True:
                 item = await submission.replies.get()
@@ -213,7 +258,7 @@ class WorkerEngine(Engine):
                 if isinstance(item, Result):
                     return
         finally:
-            with self._wakeup:
+            with queue.wakeup:
                 submission.cancelled = True
                 self._live.discard(submission)
-                self._wakeup.notify()
+                queue.wakeup.notify()

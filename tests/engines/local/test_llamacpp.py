@@ -88,7 +88,7 @@ def test_requests_in_flight_are_decoded_together():
         params = GenerationParams(max_new_tokens=48, min_tokens=48)
         results = eng.generate(PROMPTS[:6], params)
         assert all(r.ok and r.usage.completion_tokens == 48 for r in results)
-        assert eng.most_in_flight == 4
+        assert eng.scheduler.most_in_flight == 4
         assert eng.sequences_in_flight() == 0
         assert eng.kv_cells_used() == eng.kv_cells_cached() > 0
     finally:
@@ -118,11 +118,11 @@ def test_a_shared_prompt_prefix_is_read_once_per_sequence(tokenizer):
         fresh = make(path, batch_size=2)
         try:
             alone += fresh.generate([row])
-            assert fresh.prompt_tokens_reused == 0
+            assert fresh.scheduler.prompt_tokens_reused == 0
         finally:
             close(fresh)
     # The first two rows fill the two sequences; each later row reuses the system prompt.
-    assert cached.prompt_tokens_reused >= 6 * system_tokens
+    assert cached.scheduler.prompt_tokens_reused >= 6 * system_tokens
     assert [r.text for r in replies] == [r.text for r in alone]
 
 
@@ -132,12 +132,12 @@ def test_the_next_turn_of_a_chat_reads_only_what_is_new():
         params = GenerationParams(max_new_tokens=20)
         turn = [Message("user", "tell me about the sea")]
         first = eng.generate([Request("1", turn, params)])[0]
-        before = eng.prompt_tokens_reused
+        before = eng.scheduler.prompt_tokens_reused
         turn += [Message("assistant", first.text), Message("user", "and the rivers?")]
         second = eng.generate([Request("2", turn, params)])[0]
         assert second.ok
         # The whole first turn (its prompt, at least) was already in the sequence's cells.
-        assert eng.prompt_tokens_reused - before >= first.usage.prompt_tokens
+        assert eng.scheduler.prompt_tokens_reused - before >= first.usage.prompt_tokens
     finally:
         close(eng)
 
@@ -502,8 +502,8 @@ def test_model_kwargs_reach_llama_cpp():
         import llama_cpp
 
         assert (eng.n_ctx, eng.n_ctx_seq) == (2048, 512)
-        assert llama_cpp.llama_n_batch(eng._ctx.ctx) == 64
-        assert llama_cpp.llama_n_threads(eng._ctx.ctx) == 1
+        assert llama_cpp.llama_n_batch(eng.scheduler._ctx.ctx) == 64
+        assert llama_cpp.llama_n_threads(eng.scheduler._ctx.ctx) == 1
         # A prompt longer than n_batch is fed in chunks.
         assert eng.generate(["word " * 100], GenerationParams(max_new_tokens=4))[0].ok
     finally:

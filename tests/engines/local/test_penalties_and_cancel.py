@@ -67,8 +67,8 @@ LIMIT = 2000
 def live_rows(engine) -> list:
     """The engine's rows being generated now, read from its scheduler."""
     if engine.name == "NATIVE":
-        return [row for rows in list(engine._rows_of.values()) for row in rows]
-    return list(engine._generating)
+        return [row for rows in list(engine.scheduler._rows_of.values()) for row in rows]
+    return list(engine.scheduler._generating)
 
 
 @pytest.mark.parametrize("engine_name", list(MODELS))
@@ -98,7 +98,7 @@ def test_a_cancelled_request_stops_early_and_frees_its_place(engine_name):
         # short request left for reuse.
         assert live_rows(engine) == []
         if engine_name == "NATIVE":
-            assert all(r is None or r.finish_reason is not None for r in engine._active)
+            assert all(r is None or r.finish_reason is not None for r in engine.scheduler._active)
         else:
             assert engine.sequences_in_flight() == 0
             assert engine.kv_cells_used() == engine.kv_cells_cached() < 50

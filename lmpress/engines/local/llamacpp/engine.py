@@ -3,10 +3,12 @@
 llama-cpp-python's `Llama` loads the model (every `model.model_kwargs` key must be one of its
 constructor's parameters: it ignores unknown ones, lmpress refuses them) and gives the
 tokenizer and the GGUF metadata (loading.py). Generation does not go through `Llama`, which
-decodes one sequence at a time: a worker thread owns a llama.cpp context whose KV cache holds
-up to `generation.batch_size` sequences and runs continuous batching on it (scheduling.py),
-each sequence sampling from its own sampler chain, seeded per row (sampling.py). This module
-checks each request before it is queued; prompts.py renders and tokenizes it.
+decodes one sequence at a time: `LlamaCppEngine` makes a llama.cpp context whose KV cache holds
+up to `generation.batch_size` sequences and hands it to its `LlamaCppScheduler`
+(scheduling.py), which runs continuous batching on it on the worker thread, each sequence
+sampling from its own sampler chain, seeded per row (sampling.py). This module checks each
+request before it is queued; prompts.py renders and tokenizes it. The three local engines share
+this shape (worker.py).
 
 `model_kwargs.n_ctx` (default: the model's own context length) is the size of the KV cache, and
 each of the `batch_size` sequences gets an equal part of it (a multiple of 256, at least 256),
@@ -39,14 +41,15 @@ from lmpress.engines.local.llamacpp.loading import (
 )
 from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projector
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
-from lmpress.engines.local.llamacpp.rows import RequestState
+from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
+from lmpress.engines.local.worker import WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.errors import ConfigError, ErrorKind, ModelLoadError, RequestError
 from lmpress.vocabulary.types import GenerationParams, Request
 
 
-class LlamaCppEngine(LlamaCppScheduler):
+class LlamaCppEngine(WorkerEngine):
     name = "LLAMACPP"
     supported_params = frozenset({
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -93,8 +96,18 @@ class LlamaCppEngine(LlamaCppScheduler):
         )  # fmt: skip
         batch_size = parallel_sequences(config.generation.batch_size)
         ctx = batched_context(self.llama, self.path, kwargs, batch_size)
-        # The penalty window: the whole sequence unless the recipe says otherwise.
-        self._start_scheduling(ctx, batch_size, penalty_window=kwargs.get("last_n_tokens_size"))
+        scheduler = LlamaCppScheduler(
+            self._queue, self, ctx=ctx, vocab=self.vocab, projector=self.projector,
+            batch_size=batch_size,
+            # The penalty window: the whole sequence unless the recipe says otherwise.
+            penalty_window=kwargs.get("last_n_tokens_size"),
+        )  # fmt: skip
+        self.batch_size = batch_size
+        self.n_ctx, self.n_ctx_seq = scheduler.n_ctx, scheduler.n_ctx_seq
+        self._n_batch = scheduler.batches.size  # the most tokens llama.cpp decodes at once
+        # Two batches' worth, so a finished sequence's place is taken at once.
+        self.max_in_flight = 2 * batch_size
+        self._start_worker(scheduler, "lmpress-llamacpp")
         self._grammars: Grammars | None = None
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
 
@@ -108,10 +121,25 @@ class LlamaCppEngine(LlamaCppScheduler):
     async def aclose(self) -> None:
         if not await self._stop_worker():
             return
-        self._close_context()
+        self.scheduler.close()
         if self.projector is not None:
             self.projector.close()
         self.llama.close()
+
+    # --- what the KV cache holds now -------------------------------------------------------
+
+    def sequences_in_flight(self) -> int:
+        """Sequences holding a slot in the KV cache right now (0 when idle)."""
+        return self.scheduler.sequences.in_flight()
+
+    def kv_cells_used(self) -> int:
+        """Positions held in the KV cache, summed over sequences and read from llama.cpp
+        itself (0 when nothing is cached)."""
+        return self.scheduler.sequences.cells_used()
+
+    def kv_cells_cached(self) -> int:
+        """Positions that free sequences keep for a request that starts the same way."""
+        return self.scheduler.sequences.cells_cached()
 
     # --- prompts ---------------------------------------------------------------------------
 
@@ -152,7 +180,7 @@ class LlamaCppEngine(LlamaCppScheduler):
 
     # --- checking a request before it is queued -------------------------------------------
 
-    def _prepare(self, request: Request, started: float) -> RequestState:
+    def _prepare(self, request: Request, started: float) -> LlamaCppSubmission:
         plan = self.prompts.plan(request)
         prompt_ids, images = self.inputs(request, plan)
         logit_bias = self._logit_bias(request.params)
@@ -164,7 +192,7 @@ class LlamaCppEngine(LlamaCppScheduler):
             plan,
             self.name,
         )
-        return RequestState(
+        return LlamaCppSubmission(
             request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher, tool_plan=plan,
             media=images,
         )  # fmt: skip

@@ -1,4 +1,8 @@
-"""What LLAMACPP's scheduler keeps per request and per sequence, and how two prompts compare."""
+"""What LLAMACPP's scheduler keeps per request (`LlamaCppSubmission`: the worker's
+`Submission` with its rows and how much of its prompt is read) and per sequence
+(`SequenceRow`: one sample, decoded in one sequence of the KV cache). NATIVE's counterpart of a
+row is `BatchRow` (native/sampling.py), which holds a generator where this holds a sampler
+chain and a sequence id."""
 
 from __future__ import annotations
 
@@ -11,24 +15,12 @@ from lmpress.engines.local.worker import Submission
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two token lists share. Found by bisection with list slices
-    compared in C: admitting a row against every free sequence's cache stays in microseconds
-    even when they share a long system prompt."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:  # the longest k with a[:k] == b[:k] lies in [lo, hi]
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 @dataclass(eq=False)
-class RequestState(Submission):
+class LlamaCppSubmission(Submission):
+    """A request as LLAMACPP's scheduler takes it."""
+
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
+    rows: list[SequenceRow] = field(default_factory=list)
     fed: int = 0  # prompt tokens already decoded
 
 
@@ -36,17 +28,17 @@ class RequestState(Submission):
 class PromptChunk:
     """The part of a prompt one step reads into its sequence: up to `end`."""
 
-    state: RequestState
+    submission: LlamaCppSubmission
     seq_id: int
     end: int
     batch_index: int = -1  # the batch row of its last token
 
 
 @dataclass(eq=False)
-class Row:
+class SequenceRow:
     """One sequence in the KV cache: one sample of one request."""
 
-    state: RequestState
+    submission: LlamaCppSubmission
     index: int
     seq_id: int
     limit: int  # tokens this row may generate
@@ -70,7 +62,7 @@ class Row:
 
     @property
     def params(self) -> GenerationParams:
-        return self.state.request.params
+        return self.submission.request.params
 
     def cut_at_stop_string(self) -> None:
         hits = [i for i in (self.text.find(s) for s in self.params.stop_strings) if i >= 0]
@@ -80,14 +72,14 @@ class Row:
             self.decoder.reset()  # bytes after the stop string are not part of the reply
 
     def stream_text(self) -> None:
-        if not self.state.wants_deltas or self.state.cancelled:
+        if not self.submission.wants_deltas or self.submission.cancelled:
             return
         end = len(self.text)
         if self.finish_reason is None and self.params.stop_strings:
             # Hold back what may be the beginning of a stop string.
             end -= max(len(s) for s in self.params.stop_strings) - 1
         if end > self.emitted:
-            self.state.deliver(
-                Delta(self.state.request.id, self.text[self.emitted : end], self.index)
+            self.submission.deliver(
+                Delta(self.submission.request.id, self.text[self.emitted : end], self.index)
             )
             self.emitted = end

@@ -1,11 +1,11 @@
 """NATIVE: Hugging Face transformers + PyTorch, on CPU or CUDA.
 
-`NativeEngine` loads the model and tokenizer (loading.py), turns each request into prompt ids
-(its chat template applied, checked against the context and the KV cache's budget) and hands
-it to the worker thread, which batches rows continuously on the model's forward pass
-(scheduling.py; batch_cache.py and row_attention.py keep and read each row's KV cache) while
-each row keeps its own sampling settings, seed, stop strings, streaming and cancellation
-(sampling.py).
+`NativeEngine` loads the model and tokenizer (loading.py) and turns each request into prompt ids
+(its chat template applied, checked against the context and the KV cache's budget); its
+`NativeScheduler` (scheduling.py), on the worker thread, batches rows continuously on the
+model's forward pass (batch_cache.py and row_attention.py keep and read each row's KV cache)
+while each row keeps its own sampling settings, seed, stop strings, streaming and cancellation
+(sampling.py). The three local engines share this shape (worker.py).
 
 A vision-language model (a config with a vision tower's: LLaVA, Idefics3, ...) loads through
 AutoModelForImageTextToText with its AutoProcessor, whose chat template places the image
@@ -44,13 +44,13 @@ from lmpress.engines.local.native.loading import (
 )
 from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
-from lmpress.engines.local.worker import Submission
+from lmpress.engines.local.worker import Submission, WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import Request
 
 
-class NativeEngine(NativeScheduler):
+class NativeEngine(WorkerEngine):
     name = "NATIVE"
     supported_params = frozenset({
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -100,7 +100,13 @@ class NativeEngine(NativeScheduler):
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
         self.prompts = native_prompts(config, self.tokenizer, self.tool_call_parser, self.processor)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
-        self._start_worker("lmpress-native")
+        scheduler = NativeScheduler(
+            self._queue, self, model=self.model, tokenizer=self.tokenizer, device=self.device,
+            eos_ids=self.eos_ids, context_length=self.context_length, batch_size=self.batch_size,
+            kv_budget_tokens=self.kv_budget_tokens, prefix_reuse=self.prefix_reuse,
+            checkpoint_processors=self.checkpoint_processors,
+        )  # fmt: skip
+        self._start_worker(scheduler, "lmpress-native")
 
     def _grammar_engine(self) -> Grammars:
         """The grammar engine over this model's tokenizer, built on the first guided row."""

@@ -18,10 +18,10 @@ from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
 
 
 @dataclass
-class Row:
+class BatchRow:
     """One sequence in a batch: one sample of one request."""
 
-    state: Submission
+    submission: Submission
     index: int
     generator: Any
     tokens: list[int] = field(default_factory=list)  # generated, EOS and stop ids left out
@@ -36,11 +36,11 @@ class Row:
 
     @property
     def params(self) -> GenerationParams:
-        return self.state.request.params
+        return self.submission.request.params
 
     @property
     def needs_text(self) -> bool:
-        return self.state.wants_deltas or bool(self.params.stop_strings)
+        return self.submission.wants_deltas or bool(self.params.stop_strings)
 
     def finish(self, tokenizer: Any) -> None:
         """The row's final text, and "length" where nothing else ended it."""
@@ -65,7 +65,9 @@ def row_generator(seed: int | None, index: int) -> Any:
 class BatchControl:
     """One step's per-row sampling (`choose`) and per-row stopping (`advance`)."""
 
-    def __init__(self, rows: list[Row], tokenizer: Any, eos_ids: set[int], processors: Any = None):
+    def __init__(
+        self, rows: list[BatchRow], tokenizer: Any, eos_ids: set[int], processors: Any = None
+    ):
         import torch
 
         self.torch = torch
@@ -107,7 +109,7 @@ class BatchControl:
         model_scores = scores.clone() if self.want_logprobs and reshaped else scores
         if self.processors:  # as generate applies them: on the row's prompt and reply so far
             for b, row in enumerate(rows):
-                ids = torch.tensor([row.state.prompt_ids + row.tokens], device=scores.device)
+                ids = torch.tensor([row.submission.prompt_ids + row.tokens], device=scores.device)
                 scores[b : b + 1] = self.processors(ids, scores[b : b + 1])
         if self.penalised:
             scores = self._penalise(scores)
@@ -136,7 +138,7 @@ class BatchControl:
             p = row.params
             if p.repetition_penalty != 1:
                 seen = torch.tensor(
-                    sorted(set(row.state.prompt_ids) | set(row.tokens)), device=scores.device
+                    sorted(set(row.submission.prompt_ids) | set(row.tokens)), device=scores.device
                 )
                 picked = scores[b, seen]
                 scores[b, seen] = torch.where(
@@ -149,7 +151,7 @@ class BatchControl:
                 scores[b] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         return scores
 
-    def _sample(self, scores: Any, rows: list[Row]) -> Any:
+    def _sample(self, scores: Any, rows: list[BatchRow]) -> Any:
         torch = self.torch
         device = scores.device
         temperature = torch.tensor([r.params.sampling_temperature() for r in rows], device=device)
@@ -189,7 +191,7 @@ class BatchControl:
             if row.finish_reason is None:
                 self._advance(b, row, token)
 
-    def _advance(self, b: int, row: Row, token: int) -> None:
+    def _advance(self, b: int, row: BatchRow, token: int) -> None:
         row.generated += 1
         if token in self.stop_ids[b]:
             row.finish_reason = "stop"
@@ -201,13 +203,13 @@ class BatchControl:
                     row.finish_reason = "stop"
             if row.finish_reason is None and row.generated >= row.limit:
                 row.finish_reason = "length"
-        if row.state.cancelled:
+        if row.submission.cancelled:
             row.finish_reason = "cancelled"
             return
         if row.needs_text:
             self._update_text(row)
 
-    def _update_text(self, row: Row) -> None:
+    def _update_text(self, row: BatchRow) -> None:
         params = row.params
         text = self.tokenizer.decode(row.tokens, skip_special_tokens=params.skip_special_tokens)
         holdback = 0
@@ -219,7 +221,7 @@ class BatchControl:
             else:
                 holdback = max(len(s) for s in params.stop_strings) - 1
         row.text = text
-        if not row.state.wants_deltas:
+        if not row.submission.wants_deltas:
             return
         if row.finish_reason is None:
             # Hold back a half-formed character and anything that may begin a stop string.
@@ -227,5 +229,7 @@ class BatchControl:
         else:
             end = len(text)
         if end > row.emitted:
-            row.state.deliver(Delta(row.state.request.id, text[row.emitted : end], row.index))
+            row.submission.deliver(
+                Delta(row.submission.request.id, text[row.emitted : end], row.index)
+            )
             row.emitted = end

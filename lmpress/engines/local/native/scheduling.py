@@ -1,4 +1,8 @@
-"""The worker thread of NATIVE: continuous batching on the model's forward pass.
+"""NATIVE's scheduler: continuous batching on the model's forward pass, on the worker thread.
+
+`NativeScheduler` is built by `NativeEngine` with the loaded model and the settings it batches
+by, and owns everything that changes while the worker runs (the batch's rows and caches); the
+engine only hands it submissions through the shared queue (worker.py).
 
 Every step decodes one token for each row in the batch (batch_cache.py keeps each row's KV
 cache, row_attention.py attends over it), and sampling.py's `BatchControl` picks each row's
@@ -15,9 +19,9 @@ this (benchmarks/README.md); it has no per-row grammar, stop strings, seeds or p
 from __future__ import annotations
 
 import inspect
-import time
 from typing import Any
 
+from lmpress.engines.base import Engine
 from lmpress.engines.local.native.batch_cache import (
     SPARE_COLUMNS,
     BatchCache,
@@ -26,9 +30,9 @@ from lmpress.engines.local.native.batch_cache import (
     dynamic_cache,
     layer_tensors,
 )
-from lmpress.engines.local.native.sampling import BatchControl, Row, row_generator
-from lmpress.engines.local.worker import Submission, WorkerEngine, failure_info
-from lmpress.vocabulary.types import Result, Sample, Usage
+from lmpress.engines.local.native.sampling import BatchControl, BatchRow, row_generator
+from lmpress.engines.local.worker import Scheduler, Submission, WorkQueue, failure_info
+from lmpress.vocabulary.types import Result, Sample
 
 
 def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> int:
@@ -47,34 +51,49 @@ def cache_argument(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-class NativeScheduler(WorkerEngine):
-    """The worker side of NativeEngine, which loads what is declared here before it starts
-    the worker."""
+class NativeScheduler(Scheduler):
+    """NATIVE's worker loop over one loaded model (see the module docstring)."""
 
-    model: Any
-    tokenizer: Any
-    device: str
-    eos_ids: set[int]
-    context_length: int | None
-    n_vocab: int
-    batch_size: int
-    kv_budget_tokens: int | None  # tokens the KV cache may hold, all rows together
-    prefix_reuse: bool
-    checkpoint_processors: Any  # the checkpoint's own logits processors, with "use"
+    def __init__(
+        self,
+        queue: WorkQueue,
+        engine: Engine,
+        *,
+        model: Any,
+        tokenizer: Any,
+        device: str,
+        eos_ids: set[int],
+        context_length: int | None,
+        batch_size: int,
+        kv_budget_tokens: int | None,
+        prefix_reuse: bool,
+        checkpoint_processors: Any,
+    ):
+        super().__init__(queue, engine)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.eos_ids = eos_ids
+        self.context_length = context_length
+        self.batch_size = batch_size  # rows in the batch, a request with n samples counting n
+        self.kv_budget_tokens = kv_budget_tokens  # tokens the KV cache may hold, all rows
+        self.prefix_reuse = prefix_reuse
+        self.checkpoint_processors = checkpoint_processors  # the checkpoint's own ("use")
 
-    def _run(self) -> None:
+    def run(self) -> None:
         import torch
 
         self._batch = BatchCache()
         self._cache_arg = cache_argument(self.model)
         self._prefixes = PrefixStore() if self.prefix_reuse else None
-        self._active: list[Row] = []  # the rows in the batch, in the order of their caches
-        self._rows_of: dict[Submission, list[Row]] = {}  # requests in the batch, by request
+        self._active: list[BatchRow] = []  # the rows in the batch, in the order of their caches
+        self._rows_of: dict[Submission, list[BatchRow]] = {}  # requests in the batch, by request
+        queue = self.queue
         while True:
-            with self._wakeup:
-                while not self._pending and not self._active and not self._closed:
-                    self._wakeup.wait()
-                if self._closed:
+            with queue.wakeup:
+                while not queue.pending and not self._active and not queue.closed:
+                    queue.wakeup.wait()
+                if queue.closed:
                     return
             try:
                 with torch.inference_mode():
@@ -82,23 +101,23 @@ class NativeScheduler(WorkerEngine):
                     if self._active:
                         self._step()
             except Exception as exc:  # fail the rows in flight; the worker serves on
-                self._fail(list(self._rows_of), failure_info(exc))
+                self.fail(list(self._rows_of), failure_info(exc))
                 self._active, self._rows_of = [], {}
                 self._batch = BatchCache()
 
     def _admit(self) -> None:
         """Prefill the waiting requests that fit and add their rows to the batch."""
-        joining: list[tuple[Row, PromptCache]] = []
-        for state in self._take_fitting():
-            rows = self._rows(state)
+        joining: list[tuple[BatchRow, PromptCache]] = []
+        for submission in self._take_fitting():
+            rows = self._rows(submission)
             if not rows:
                 continue
             try:
-                prompt, logits = self._prefill(state.prompt_ids, state.media)
+                prompt, logits = self._prefill(submission.prompt_ids, submission.media)
             except Exception as exc:  # this prompt, not the batch, is at fault
-                self._fail([state], failure_info(exc))
+                self.fail([submission], failure_info(exc))
                 continue
-            self._rows_of[state] = rows
+            self._rows_of[submission] = rows
             self._pick(rows, logits.repeat(len(rows), 1))
             joining += [(row, prompt) for row in rows if row.finish_reason is None]
             self._answer_finished(rows)
@@ -109,29 +128,32 @@ class NativeScheduler(WorkerEngine):
         """The waiting requests, in order, while their rows fit the batch and the budget."""
         taken: list[Submission] = []
         rows = len(self._active)
-        held = sum(self._need(row.state) for row in self._active)  # the cache they may come to
-        with self._wakeup:
-            while self._pending:
-                state = self._pending[0]
-                if state.cancelled:
-                    self._pending.popleft()
+        held = sum(self._need(row.submission) for row in self._active)  # the cache they may come to
+        pending = self.queue.pending
+        with self.queue.wakeup:
+            while pending:
+                submission = pending[0]
+                if submission.cancelled:
+                    pending.popleft()
                     continue
-                n, need = state.request.params.n, self._need(state)
+                n, need = submission.request.params.n, self._need(submission)
                 fits = rows + n <= self.batch_size or not rows
                 budget = self.kv_budget_tokens
                 if not fits or (budget and rows and held + n * need > budget):
                     break
-                taken.append(self._pending.popleft())
+                taken.append(pending.popleft())
                 rows, held = rows + n, held + n * need
         return taken
 
-    def _need(self, state: Submission) -> int:
+    def _need(self, submission: Submission) -> int:
         """The cache columns a request's row may come to hold: its prompt, its reply and the
         spare columns after them."""
-        return len(state.prompt_ids) + self._limit(state) + SPARE_COLUMNS
+        return len(submission.prompt_ids) + self._limit(submission) + SPARE_COLUMNS
 
-    def _limit(self, state: Submission) -> int:
-        return reply_limit(len(state.prompt_ids), state.request.params, self.context_length)
+    def _limit(self, submission: Submission) -> int:
+        return reply_limit(
+            len(submission.prompt_ids), submission.request.params, self.context_length
+        )
 
     def _prefill(
         self, ids: list[int], media: dict[str, Any] | None = None
@@ -188,37 +210,37 @@ class NativeScheduler(WorkerEngine):
             self._batch.leave(ended)
             self._active = [row for row in self._active if row.finish_reason is None]
 
-    def _pick(self, rows: list[Row], logits: Any) -> None:
+    def _pick(self, rows: list[BatchRow], logits: Any) -> None:
         control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)
         chosen = control.choose(logits)
         control.advance(chosen)
         for row, token in zip(rows, chosen.tolist(), strict=True):
             row.last = token
 
-    def _answer_finished(self, rows: list[Row]) -> None:
+    def _answer_finished(self, rows: list[BatchRow]) -> None:
         """Answer each request of these rows whose samples have all ended."""
-        for state in dict.fromkeys(row.state for row in rows):
-            own = self._rows_of[state]
+        for submission in dict.fromkeys(row.submission for row in rows):
+            own = self._rows_of[submission]
             if all(row.finish_reason is not None for row in own):
-                del self._rows_of[state]
-                state.deliver(self._result(state, own))
+                del self._rows_of[submission]
+                submission.deliver(self._result(submission, own))
 
-    def _rows(self, state: Submission) -> list[Row]:
+    def _rows(self, submission: Submission) -> list[BatchRow]:
         """A request's rows, one per sample; none when its settings fail (it is answered)."""
-        params = state.request.params
+        params = submission.request.params
         try:
-            rows = [Row(state, i, row_generator(params.seed, i)) for i in range(params.n)]
+            rows = [BatchRow(submission, i, row_generator(params.seed, i)) for i in range(params.n)]
             for row in rows:
-                row.limit = self._limit(state)
+                row.limit = self._limit(submission)
                 row.logprobs = [] if params.logprobs else None
-                if state.matcher is not None:
-                    row.matcher = state.matcher.copy()
+                if submission.matcher is not None:
+                    row.matcher = submission.matcher.copy()
             return rows
         except Exception as exc:  # this request's settings, not the batch, are at fault
-            self._fail([state], failure_info(exc))
+            self.fail([submission], failure_info(exc))
             return []
 
-    def _result(self, state: Submission, rows: list[Row]) -> Result:
+    def _result(self, submission: Submission, rows: list[BatchRow]) -> Result:
         samples = []
         for row in rows:
             row.finish(self.tokenizer)
@@ -230,11 +252,4 @@ class NativeScheduler(WorkerEngine):
                     completion_tokens=row.generated,
                 )
             )
-        return Result(
-            request_id=state.request.id,
-            samples=samples,
-            usage=Usage(len(state.prompt_ids), sum(row.generated for row in rows)),
-            model=self.model_name,
-            engine=self.name,
-            latency_s=time.perf_counter() - state.started,
-        )
+        return self.result(submission, samples)

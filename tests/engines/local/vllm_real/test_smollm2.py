@@ -18,7 +18,7 @@ import pytest
 
 from lmpress.builtin_models.packaged import SMOLLM2
 from lmpress.configs import load_config
-from lmpress.engines.local.vllm import engine as engine_module
+from lmpress.engines.local.vllm import scheduling as scheduling_module
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 from tests.chat.test_chat import STATUS, ChatSession
@@ -285,7 +285,7 @@ def test_tool_choice_required_gives_a_valid_call_every_time(engine):
 
 def unfinished(engine) -> int:
     """Requests vLLM's AsyncLLM still holds (its output processor's count)."""
-    return engine._runner.llm.output_processor.get_num_unfinished_requests()
+    return engine.scheduler.llm.output_processor.get_num_unfinished_requests()
 
 
 def test_a_stream_closed_early_aborts_its_request_in_vllm(engine):
@@ -434,12 +434,12 @@ def test_a_shared_prefix_is_read_from_vllms_cache_and_the_reply_is_unchanged(
     vLLM's own RequestOutput.num_cached_tokens says, and its reply is still vLLM's."""
     cached: dict[str, int | None] = {}
 
-    class Recording(engine_module.OutputAssembler):  # records what vLLM sent; changes nothing
+    class Recording(scheduling_module.OutputAssembler):  # records what vLLM sent; changes nothing
         def feed(self, output):
             cached[self.request_id] = output.num_cached_tokens
             return super().feed(output)
 
-    monkeypatch.setattr(engine_module, "OutputAssembler", Recording)
+    monkeypatch.setattr(scheduling_module, "OutputAssembler", Recording)
     greedy = GenerationParams(max_new_tokens=CHAT_MAX_TOKENS)
     results = []
     for i, conversation in enumerate(SHARED_PREFIX):  # one after the other

@@ -1,0 +1,118 @@
+"""The sequences of LLAMACPP's KV cache: which are free, and what each free one keeps.
+
+The context holds `batch_size` sequences, each in its own part of the KV cache. The scheduler
+(scheduling.py) asks `Sequences` for free ones when a request starts and gives them back when
+its rows end; a finished sequence's KV cells stay until the sequence is taken again, so a
+request whose prompt begins like a free sequence's last prompt and reply (the same system
+prompt, the next turn of a chat) takes that sequence and reads only the rest. This is its own
+class because which sequence a request takes is a policy of its own (prefix reuse, id order),
+apart from the step that decodes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+# A cached prefix shorter than this (a chat template's opening, a word or two) does not decide
+# which sequence a request takes: keeping it spares a few tokens, and a sequence taken out of
+# id order costs a micro-batch a step while its prompt is read.
+KEPT_PREFIX = 16
+
+Prompted = TypeVar("Prompted")  # anything with `prompt_ids` and `request.params.n`
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two token lists share. Found by bisection with list slices
+    compared in C: admitting a row against every free sequence's cache stays in microseconds
+    even when they share a long system prompt."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # the longest k with a[:k] == b[:k] lies in [lo, hi]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class Sequences:
+    """The sequence ids of one llama.cpp context and their KV cells."""
+
+    def __init__(self, lc: Any, memory: Any, count: int):
+        self._lc = lc  # the llama_cpp module
+        self._memory = memory  # the context's llama_memory
+        self.count = count
+        self.free = list(range(count))  # least recently used first
+        # The tokens whose KV cells a free sequence still holds from its last request.
+        self._cached: list[list[int]] = [[] for _ in range(count)]
+
+    def in_flight(self) -> int:
+        """Sequences holding a slot in the KV cache right now (0 when idle)."""
+        return self.count - len(self.free)
+
+    def cells_used(self) -> int:
+        """Positions held in the KV cache, summed over sequences and read from llama.cpp
+        itself (0 when nothing is cached)."""
+        lc = self._lc
+        return sum(lc.llama_memory_seq_pos_max(self._memory, seq) + 1 for seq in range(self.count))
+
+    def cells_cached(self) -> int:
+        """Positions that free sequences keep for reuse (see `take`)."""
+        return sum(len(self._cached[seq]) for seq in self.free)
+
+    def take(self, starting: list[Prompted]) -> list[tuple[Prompted, list[int]]]:
+        """Free sequences for requests starting together, `n` each. A request takes the free
+        sequence whose cached tokens share the longest prefix with its prompt, if that is at
+        least KEPT_PREFIX tokens (a shared system prompt, an earlier turn of the same
+        conversation: see `keep_prefix`). The others take the least recently used ones,
+        shorter prompts the lower ids: prompts read together then stop in id order, so the
+        prompts still being read form one run of ids, which llama.cpp reads in one
+        micro-batch (see `LlamaCppScheduler._step`)."""
+        taken, rest = [], []
+        for submission in starting:
+            best, kept = None, KEPT_PREFIX - 1
+            for seq in self.free:
+                common = common_prefix(self._cached[seq], submission.prompt_ids)
+                if common > kept:
+                    best, kept = seq, common
+            if best is None:
+                rest.append(submission)
+            else:
+                self.free.remove(best)
+                taken.append((submission, [best]))
+        for submission, seqs in taken:  # the other samples' sequences
+            seqs += [self.free.pop(0) for _ in range(submission.request.params.n - 1)]
+        pool = sorted(self.free.pop(0) for s in rest for _ in range(s.request.params.n))
+        for submission in sorted(rest, key=lambda s: len(s.prompt_ids)):
+            n = submission.request.params.n
+            taken.append((submission, pool[:n]))
+            del pool[:n]
+        return taken
+
+    def keep_prefix(self, prompt: list[int], seqs: list[int]) -> int:
+        """Clear a request's sequences but for the part of the first one's cached tokens that
+        begins its prompt (all but the prompt's last token at most, whose logits are needed),
+        which is not decoded again; how many tokens that is."""
+        first = seqs[0]
+        reused = min(common_prefix(self._cached[first], prompt), len(prompt) - 1)
+        lc = self._lc
+        lc.llama_memory_seq_rm(self._memory, first, reused, -1)
+        for seq in seqs[1:]:  # filled from the first one's cells once the prompt is read
+            lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        for seq in seqs:
+            self._cached[seq] = []
+        return reused
+
+    def copy(self, source: int, seq: int) -> None:
+        """Give `seq` the KV cells of `source` (another sample of the same prompt)."""
+        self._lc.llama_memory_seq_cp(self._memory, source, seq, -1, -1)
+
+    def give_back(self, seq: int, kept: list[int]) -> None:
+        """The sequence is free again; its cells hold `kept` for a request that starts the
+        same way."""
+        self._cached[seq] = kept
+        self.free.append(seq)
+
+    def clear(self, seq: int) -> None:
+        """Drop the sequence's KV cells."""
+        self._lc.llama_memory_seq_rm(self._memory, seq, -1, -1)

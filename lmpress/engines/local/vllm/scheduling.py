@@ -1,0 +1,235 @@
+"""VLLM's scheduler: requests bridged into vLLM's AsyncLLM and its outputs bridged back.
+
+`VllmScheduler` plays the part NATIVE's and LLAMACPP's schedulers play (the engine hands it
+requests; it owns the backend loop), but vLLM schedules and batches itself, on an asyncio loop:
+so this runs AsyncLLM on an event loop of its own, on a worker thread, and one engine serves any
+caller's loop (batch, chat, serve, and `generate()`, which starts a new loop per call). Closing
+a request's stream aborts the request in vLLM. It renders each prompt itself (with the
+tokenizer AsyncLLM hands back once started) and reads vLLM's outputs through translate.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from lmpress.engines.base import Engine, check_text, error_result
+from lmpress.engines.common.prompts import render_chat_prompt
+from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
+from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_request_error
+from lmpress.engines.local.vllm.logs import children_print_to_log
+from lmpress.engines.local.vllm.translate import EngineSettings, OutputAssembler, sampling_params
+from lmpress.engines.local.worker import CallerQueue
+from lmpress.vocabulary.errors import (
+    ConfigError,
+    EngineUnavailableError,
+    ErrorKind,
+    LmpressError,
+    ModelLoadError,
+    RequestError,
+)
+from lmpress.vocabulary.images import load_images
+from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result
+
+
+class _End:
+    """The request's outputs are all delivered."""
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+    engine_dead: bool
+
+
+class VllmScheduler:
+    """One AsyncLLM on an event loop of its own, on a worker thread; requests from any caller's
+    loop are bridged to it and their outputs bridged back."""
+
+    def __init__(self, engine: Engine, api: VllmApi, settings: EngineSettings):
+        """Start AsyncLLM with `settings` through `api`. `engine`: the VLLM engine, whose
+        name, model, chat template and tool-call parser its requests are rendered and
+        labelled with."""
+        self.engine = engine
+        self.api = api
+        self.lora_request = None
+        if settings.adapter:
+            self.lora_request = self.api.LoRARequest(
+                lora_name=Path(settings.adapter).name or "adapter",
+                lora_int_id=1,
+                lora_path=settings.adapter,
+            )
+        self._ids = itertools.count(1)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="lmpress-vllm", daemon=True
+        )
+        self._thread.start()
+        try:
+            with children_print_to_log():
+                started = asyncio.run_coroutine_threadsafe(self._start(settings.args), self._loop)
+                self.llm, self.tokenizer = started.result()
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    async def _start(self, args: dict[str, Any]) -> tuple[Any, Any]:
+        # Built on this loop: AsyncLLM binds its output handler to the loop it starts on.
+        try:
+            llm = self.api.AsyncLLM.from_engine_args(self.api.engine_args(args))
+        except LmpressError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(
+                f"vLLM could not start model '{args['model']}': {failure(exc)}"
+            ) from exc
+        return llm, await self.api.tokenizer(llm)
+
+    # --- requests, on the caller's loop ---------------------------------------------------
+
+    async def run(self, request: Request, *, deltas: bool) -> AsyncIterator[Delta | Result]:
+        engine = self.engine
+        started = time.perf_counter()
+        try:
+            check_text(request)
+            plan = self.tool_plan(request)
+            prompt, tokenization = self.render(request, plan)
+            generation = request.params
+            if plan is not None and plan.grammar:  # tool_choice required, or a named function
+                generation = replace(generation, guided_decoding={"grammar": plan.grammar})
+            params = sampling_params(self.api, generation, stream=deltas)
+        except (RequestError, ConfigError) as exc:
+            kind = getattr(exc, "kind", ErrorKind.INVALID_REQUEST)
+            yield error_result(request, engine, ErrorInfo(kind, str(exc)), started)
+            return
+        except Exception as exc:  # vLLM refused this request's settings: it fails alone
+            yield error_result(request, engine, _error_info(exc), started)
+            return
+        replies = CallerQueue()
+        vllm_id = f"{request.id}-{next(self._ids)}"
+        pump = self._pump(vllm_id, prompt, params, tokenization, replies)
+        future = asyncio.run_coroutine_threadsafe(pump, self._loop)
+        top = request.params.top_logprobs if request.params.logprobs else None
+        assembler = OutputAssembler(request.id, top)
+        try:
+            while True:
+                item = await replies.get()
+                if isinstance(item, _End):
+                    break
+                if isinstance(item, _Failure):
+                    if item.engine_dead:
+                        raise EngineUnavailableError(
+                            f"vLLM's engine stopped ({failure(item.error)}); the rows written "
+                            f"so far are kept"
+                        )
+                    yield error_result(request, engine, _error_info(item.error), started)
+                    return
+                for delta in assembler.feed(item):
+                    if deltas and plan is None:  # a reply that may be a call arrives whole
+                        yield delta
+            latency = time.perf_counter() - started
+            result = assembler.result(
+                model=engine.model_name, engine=engine.name, latency_s=latency
+            )
+            if plan is not None:
+                result.samples = [plan.read(sample) for sample in result.samples]
+            yield result
+        finally:
+            # The consumer finished, was cancelled or went away: abort the request in vLLM.
+            if not future.done():
+                future.cancel()
+
+    def tool_plan(self, request: Request) -> ToolPlan | None:
+        """How the request's tools go into the prompt and its calls come out (None: none)."""
+        template = self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
+        return tool_plan(request, template, self.engine.tool_call_parser)
+
+    def render(
+        self, request: Request, plan: ToolPlan | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The prompt as vLLM takes it, and the tokenization arguments to go with it."""
+        if request.prompt is not None:
+            return {"prompt": request.prompt}, None
+        images = load_images(request)
+        text = render_chat_prompt(
+            self.tokenizer,
+            request,
+            "VLLM",
+            self.engine.model_name,
+            self.engine.chat_template,
+            self.engine.config.model.chat_template_kwargs,
+            plan,
+            reads_images=bool(images),
+        )
+        prompt: dict[str, Any] = {"prompt": text}
+        if images:  # vLLM's processor expands each placeholder the template wrote
+            prompt["multi_modal_data"] = {"image": images}
+        # The template writes BOS and the other special tokens itself.
+        return prompt, {"add_special_tokens": False}
+
+    # --- requests, on the engine's loop -----------------------------------------------------
+
+    async def _pump(
+        self,
+        vllm_id: str,
+        prompt: dict[str, Any],
+        params: Any,
+        tokenization: dict[str, Any] | None,
+        replies: CallerQueue,
+    ) -> None:
+        # A put that finds the caller's loop closed is dropped: nobody is listening.
+        try:
+            async for output in self.llm.generate(
+                prompt,
+                params,
+                vllm_id,
+                lora_request=self.lora_request,
+                tokenization_kwargs=tokenization,
+            ):
+                replies.put(output)
+        except asyncio.CancelledError:
+            # generate() aborts on cancellation itself; aborting by id as well costs nothing
+            # and frees the sequence whatever the version does.
+            await self.llm.abort(vllm_id)
+            raise
+        except Exception as exc:
+            replies.put(_Failure(exc, self.api.is_dead(self.llm)))
+            return
+        replies.put(_End())
+
+    # --- shutting down ----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        if self._thread.is_alive():
+
+            async def shutdown() -> None:
+                self.llm.shutdown()
+
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shutdown(), self._loop))
+        await asyncio.to_thread(self._stop_loop)
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        if not self._loop.is_closed():
+            self._loop.close()
+
+
+def _error_info(exc: BaseException) -> ErrorInfo:
+    message = describe(exc)
+    if is_request_error(exc) or (exc.__cause__ is not None and is_request_error(exc.__cause__)):
+        # vLLM refused this request (its settings or its prompt): this request only.
+        kind = (
+            ErrorKind.CONTEXT_LENGTH_EXCEEDED
+            if "context length" in message
+            else ErrorKind.INVALID_REQUEST
+        )
+        return ErrorInfo(kind, message)
+    return ErrorInfo(ErrorKind.GENERATION_ERROR, message)
