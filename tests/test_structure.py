@@ -145,6 +145,46 @@ def test_the_contract_rules_see_an_import_of_an_engines_internals(tmp_path):
     assert "lmpress.engines.local.native.loading" in imports(module, known)
 
 
+def engine_family(module: str) -> str | None:
+    """The engine a module belongs to: 'local.native', 'remote', ...; None for the shared parts
+    (engines.base, registry, common/, local/worker.py, local/guided.py)."""
+    parts = module.split(".")
+    if parts[:3] == ["lmpress", "engines", "remote"]:
+        return "remote"
+    if parts[:3] == ["lmpress", "engines", "local"] and len(parts) > 4:
+        return f"local.{parts[3]}"
+    return None
+
+
+def test_no_engine_imports_another_engines_code():
+    """What two engines share lives in engines/common/ (or local/worker.py, local/guided.py),
+    never inside one of them: a piece another engine needs is moved to a module named for what
+    it is, so that no engine's folder is a library for the others."""
+    known = modules()
+    crossing = {}
+    for name, path in known.items():
+        family = engine_family(name)
+        if family is None:
+            continue
+        others = {m for m in imports(path, known) if engine_family(m) not in (None, family)}
+        if others:
+            crossing[name] = sorted(others)
+    assert crossing == {}
+
+
+def test_the_package_has_no_loose_rooms_and_the_tests_mirror_it():
+    """The package root holds the fronts that are one module (llm.py, infer.py), the entry
+    points and what every front shares (progress.py, version.py); everything else is in a
+    folder a reader can name, and each folder has its tests in the same place under tests/."""
+    loose = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert loose == [
+        "__init__.py", "__main__.py", "infer.py", "llm.py", "progress.py", "version.py",
+    ]  # fmt: skip
+    tests = Path(__file__).resolve().parent
+    folders = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists())
+    assert [name for name in folders if not (tests / name / "__init__.py").exists()] == []
+
+
 # Where a call takes an error kind by position: ErrorInfo(kind, ...), RequestError(message,
 # kind), RowFailure(line, row_id, kind, ...), retry's Failure(kind, ...).
 KIND_POSITION = {"ErrorInfo": 0, "RequestError": 1, "RowFailure": 2, "Failure": 0}

@@ -9,8 +9,8 @@ import dataclasses
 from typing import Any
 
 from lmpress.configs.schema import RunConfig
+from lmpress.engines.common.checkpoints import load_tokenizer
 from lmpress.engines.common.prompts import HfPrompts
-from lmpress.engines.local.native.loading import load_tokenizer
 from lmpress.engines.prompt_count import PromptCounter, estimate_counter
 from lmpress.engines.remote.presets import BY_NAME
 from lmpress.vocabulary.errors import ModelLoadError

@@ -18,8 +18,8 @@ from lmpress.builtin_models.packaged import SMOLLM2, resolve_packaged_name
 from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
 from lmpress.configs.schema import ModelParams
-from lmpress.engines.local.native.dequantized import existing_copy
-from lmpress.engines.local.native.loading import model_source
+from lmpress.engines.common.checkpoints import model_source
+from lmpress.engines.common.dequantized import existing_copy
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 from tests.conftest import REPO
@@ -103,7 +103,7 @@ def test_the_engine_loads_from_the_copy_exactly_what_the_gguf_file_holds():
 
 def test_copies_made_at_once_end_as_one_whole_copy(tmp_path):
     gguf = tiny_gguf("llama")
-    make = f"from lmpress.engines.local.native.dequantized import dequantized_copy as d; from pathlib import Path as P; print(d(P({str(gguf)!r}), P({str(tmp_path)!r})))"  # fmt: skip
+    make = f"from lmpress.engines.common.dequantized import dequantized_copy as d; from pathlib import Path as P; print(d(P({str(gguf)!r}), P({str(tmp_path)!r})))"  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
         subprocess.Popen([sys.executable, "-c", make], stdout=subprocess.PIPE, text=True, env=env)

@@ -24,6 +24,7 @@ from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings
+from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
@@ -33,12 +34,9 @@ from lmpress.engines.local.native.loading import (
     batching_settings,
     checkpoint_defaults,
     checkpoint_processors,
-    context_length,
     eos_ids,
     load_model,
-    load_model_config,
     load_processor,
-    load_tokenizer,
     native_prompts,
     pick_device_and_dtype,
 )

@@ -6,14 +6,9 @@ config (`model.model_max_length` caps it)."""
 from __future__ import annotations
 
 from lmpress.configs.schema import RunConfig
+from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.tool_parsers import check_parser
-from lmpress.engines.local.native.loading import (
-    context_length,
-    load_model_config,
-    load_processor,
-    load_tokenizer,
-    native_prompts,
-)
+from lmpress.engines.local.native.loading import load_processor, native_prompts
 from lmpress.engines.prompt_count import PromptCounter
 
 

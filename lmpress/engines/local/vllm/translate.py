@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from lmpress.builtin_models.packaged import NAMES as PACKAGED_NAMES
 from lmpress.configs.schema import RunConfig
+from lmpress.engines.common.dequantized import dequantized_copy
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
-from lmpress.engines.local.native.dequantized import dequantized_copy
 from lmpress.engines.local.vllm.api import is_request_error
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 from lmpress.vocabulary.guided import GuidedDecoding

@@ -1,4 +1,4 @@
-"""A GGUF file as NATIVE loads it, dequantized once and kept as a Hugging Face directory.
+"""A GGUF file as NATIVE and VLLM load it, dequantized once and kept as a Hugging Face directory.
 
 transformers dequantizes a GGUF file tensor by tensor on every load, and reads its tokenizer and
 config out of the same file: for SmolLM2-135M (270 MB of F16) that is ~12 s a load here, against
@@ -10,7 +10,7 @@ The copy holds exactly what transformers made of the file: the dequantized tenso
 stored as float16 where every value of the model is a float16, as an F16 file's are), so a load
 at any dtype casts the same values a GGUF load casts. Its name carries the file's name and size
 and the versions of transformers and gguf that dequantized it, so an upgrade makes a new copy.
-Only lmpress's own packaged models get one (packaged.py): a user's GGUF file of many GB would
+Only lmpress's own packaged models get one (builtin_models/packaged.py): a user's GGUF file of many GB would
 take several times its size dequantized, which lmpress should not write unasked.
 """
 
