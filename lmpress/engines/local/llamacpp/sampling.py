@@ -34,9 +34,9 @@ class Sampling:
         """A row's sampler chain: logit bias, penalties, then greedy, or top-k, top-p, min-p,
         temperature and a draw seeded per row (the same seed gives the same tokens whatever
         else is in flight). None for plain greedy (no bias, no penalties): `pick` takes the
-        most likely token itself. A chain copies the whole vocabulary's logits into a
-        candidate array at every pick, about 70 microseconds against 5 for numpy's argmax:
-        at 32 rows that was 4% of a step of a 100M model."""
+        most likely token itself, because a chain copies the whole vocabulary's logits into a
+        candidate array at every pick, which costs a greedy row far more than an argmax
+        (benchmarks/README.md, figures behind choices)."""
         if params.sampling_temperature() == 0 and not logit_bias and not has_penalties(params):
             return None
         lc = self._lc

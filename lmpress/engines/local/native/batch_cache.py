@@ -40,9 +40,8 @@ def give_freed_caches_back() -> None:
     glibc maps each allocation above its mmap threshold on its own, but it raises that
     threshold to the size of each such block freed, so that once a cache buffer has been
     replaced, the next ones come from the heap, where the freed ones leave holes the larger
-    next ones cannot use. Measured on SmolLM2-135M (48 chat prompts, batch 16, 256 new
-    tokens), that kept NATIVE's peak memory 8-12% above static `generate`'s. A fixed
-    threshold stops that: buffers of a megabyte and more are mapped, and unmapped when freed.
+    next ones cannot use, which kept NATIVE's peak memory above static `generate`'s
+    (benchmarks/README.md, figures behind choices). A fixed threshold stops that: buffers of a megabyte and more are mapped, and unmapped when freed.
     Only row caches, prompt prefills and the step's logits are that large, so the page faults
     cost nothing measurable. No-op where the C library is not glibc."""
     import ctypes
