@@ -26,6 +26,7 @@ from lmpress.configs.schema import (
     RunConfig,
     check_range,
 )
+from lmpress.vocabulary.embeddings import TASKS
 from lmpress.vocabulary.errors import ConfigError, first_line
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
@@ -171,6 +172,11 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(
             f"engine: unknown engine '{config.engine}'{_suggest(config.engine, names)} "
             f"Run 'lmpress engines' to see them all."
+        )
+    if config.task not in TASKS:
+        raise ConfigError(
+            f"task: unknown task '{config.task}'{_suggest(config.task, list(TASKS))} "
+            f"Use one of {', '.join(TASKS)}."
         )
     for section in ("model", "generation", "remote_params", "serve", "ray"):
         _check_ranges(getattr(config, section), section)

@@ -110,6 +110,8 @@ class RayParams:
 class RunConfig:
     name: str | None = None  # a label, as Oumi configs carry one
     engine: str = "NATIVE"
+    # What the run does: generate text, or embed, score or rerank (vocabulary/embeddings.py).
+    task: str = "generate"
     model: ModelParams = field(default_factory=ModelParams)
     generation: GenerationParams = field(default_factory=GenerationParams)
     remote_params: RemoteParams = field(default_factory=RemoteParams)

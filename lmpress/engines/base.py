@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.progress import ProgressBar
+from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
 from lmpress.vocabulary.errors import (
     ErrorKind,
     InputError,
@@ -64,9 +65,14 @@ class Engine(ABC):
     takes_hub_ids: ClassVar[bool] = False
     # The environment variable an API key is read from when the config names none.
     default_key_env: ClassVar[str | None] = None
+    # The tasks it answers (vocabulary/embeddings.py): `generate` through `stream`, `embed`
+    # through `embed`, `score` and `rerank` through `score`. A run of another task is refused
+    # before any work.
+    tasks: ClassVar[frozenset[str]] = frozenset({"generate"})
 
     def __init__(self, config: RunConfig):
         self.config = config
+        check_task(self, config.task)
         check_params(self, config.generation)
         if config.model.generation_defaults == "use" and not self.uses_generation_defaults:
             raise UnsupportedParamError(
@@ -132,6 +138,16 @@ class Engine(ABC):
                 result = item
         assert result is not None, f"{self.name} ended a stream without a Result"
         return result
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        """The request's inputs as vectors, one each, on an engine whose `tasks` include
+        `embed`. A failure of this request comes back as an EmbedResult with `error` set."""
+        raise UnsupportedParamError(f"engine {self.name} cannot embed")
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        """One relevance score per document against the query, on an engine whose `tasks`
+        include `score`. A failure of this request comes back as a ScoreResult with `error`."""
+        raise UnsupportedParamError(f"engine {self.name} cannot score")
 
     async def aclose(self) -> None:
         """Release the backend. The engine is unusable afterwards."""
@@ -201,6 +217,16 @@ def unsupported_params(engine: Engine | type[Engine], params: GenerationParams) 
         for name, value in params.changed_fields().items()
         if name not in engine.supported_params and inherent.get(name, object()) != value
     )
+
+
+def check_task(engine: Engine | type[Engine], task: str) -> None:
+    """Refuse, before any work, a task the engine does not answer."""
+    if task not in engine.tasks:
+        answers = ", ".join(sorted(engine.tasks))
+        raise UnsupportedParamError(
+            f"task: engine {engine.name} cannot {task} (it answers {answers}); pick an engine "
+            f"that can ('lmpress engines' lists what each answers)"
+        )
 
 
 def check_params(engine: Engine | type[Engine], params: GenerationParams) -> None:

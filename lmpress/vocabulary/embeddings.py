@@ -1,0 +1,77 @@
+"""The pooling tasks: embeddings, scores and reranking, beside text generation.
+
+A run's `task` (`RunConfig.task`) says which one it does; the model loads for it (NATIVE loads
+an encoder and its pooling for `embed`, a cross-encoder for `score` and `rerank`), so one run
+does one task. `rerank` is `score` with the documents sorted by their scores (and cut to
+`top_n`), which the fronts do; engines answer `score`.
+
+Vectors come back as the model gives them, its own pooling and normalisation (a
+sentence-transformers `Normalize` module) applied; `normalize` adds an L2 normalisation,
+`dimensions` keeps the first N values (Matryoshka), refused where the model does not say it
+was trained for that. A local engine hands back float32 numpy arrays, a remote one lists of
+floats: `Embedding.vector` is either, and writers take either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from lmpress.vocabulary.types import ErrorInfo, Usage
+
+Task = Literal["generate", "embed", "score", "rerank"]
+TASKS: tuple[Task, ...] = get_args(Task)
+# The tasks an engine answers with `score` rather than `generate` or `embed`.
+SCORING_TASKS: tuple[Task, ...] = ("score", "rerank")
+
+
+@dataclass
+class EmbedRequest:
+    """Texts to turn into vectors, one vector each (OpenAI's `input`: a string, or a list of
+    strings or of token-id lists)."""
+
+    id: str
+    inputs: list[str] | list[list[int]]
+    dimensions: int | None = None  # keep the first N values; None: all of them
+    normalize: bool = False  # L2-normalise after the model's own pooling and normalisation
+
+
+@dataclass
+class Embedding:
+    vector: Sequence[float]  # float32 numpy array (local engines) or list of floats (remote)
+    prompt_tokens: int = 0  # tokens the model read for this input
+    truncated: bool = False  # the input was cut at the model's limit to fit
+
+
+@dataclass
+class EmbedResult:
+    request_id: str
+    embeddings: list[Embedding]  # one per input, in order; empty when `error` is set
+    usage: Usage  # prompt_tokens: all inputs together
+    model: str
+    engine: str
+    latency_s: float = 0.0
+    error: ErrorInfo | None = None
+
+
+@dataclass
+class ScoreRequest:
+    """A query against documents, one relevance score each: vLLM's `/v1/score` (`text_1`,
+    `text_2`) and `/v1/rerank` (`query`, `documents`) bodies."""
+
+    id: str
+    query: str
+    documents: list[str]
+    top_n: int | None = None  # rerank: keep the N best; None: all
+
+
+@dataclass
+class ScoreResult:
+    request_id: str
+    scores: list[float] = field(default_factory=list)  # one per document, in the given order
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+    engine: str = ""
+    latency_s: float = 0.0
+    error: ErrorInfo | None = None
