@@ -1,5 +1,5 @@
-"""A test server on 127.0.0.1 that speaks OpenAI chat completions (and completions, and /models)
-and Anthropic Messages, streaming (SSE) and not, with knobs for latency and injected faults.
+"""A test server on 127.0.0.1 that speaks OpenAI chat completions (and completions, embeddings
+and /models) and Anthropic Messages, streaming (SSE) and not, with knobs for latency and injected faults.
 
 Replies depend on the request: the reply to a conversation is `reply_text(last user message)`,
 so a test can check that every row got its own answer; a request with tools gets a call, and
@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl
 
-from tests.servers import refusals, request_types
+from tests.servers import embeddings, refusals, request_types
 from tests.servers.batch_api import BatchAPI, BatchFaults, Request
 from tests.servers.replies import Reply, reply_text
 
@@ -252,7 +252,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         anthropic = path in ("/v1/messages", "/messages")
         if not anthropic and path not in (
-            "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"
+            "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+            "/v1/embeddings", "/embeddings",
         ):  # fmt: skip
             self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
             return
@@ -339,6 +340,8 @@ class _Handler(BaseHTTPRequestHandler):
             return 599
         if fault == "malformed" and not body.get("stream"):
             return self._raw(200, b'{"id": "broken", "choices": [{"index": 0, "mess')
+        if path.endswith("/embeddings"):
+            return self._json(200, embeddings.reply(body, f.model))
         reply = Reply.of(body, anthropic, f.model)
         if body.get("stream"):
             broken = fault if fault in ("drop", "malformed") else None

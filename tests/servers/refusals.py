@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.servers import request_types, tool_replies
+from tests.servers import embeddings, request_types, tool_replies
 
 # The error `type` each status carries, as the providers spell it.
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -30,8 +30,9 @@ def error_body(
 
 
 def conversation(body: dict[str, Any]) -> str:
-    """The text fault markers are looked for in, and faults keyed by: the messages (or prompt)."""
-    return json.dumps(body.get("messages", body.get("prompt")), sort_keys=True)
+    """The text fault markers are looked for in, and faults keyed by: the messages (or prompt,
+    or an embeddings body's input)."""
+    return json.dumps(body.get("messages", body.get("prompt", body.get("input"))), sort_keys=True)
 
 
 def permanent_status(conversation: str, permanent: dict[str, int]) -> int | None:
@@ -51,6 +52,8 @@ def request_problem(
     problem = request_types.body_problem(body, request_types.endpoint(path, anthropic), extensions)
     if problem:
         return problem
+    if request_types.endpoint(path, anthropic) == "embeddings":
+        return embeddings.problem(body)
     if not body.get("model"):
         return "model: field required"
     if anthropic:

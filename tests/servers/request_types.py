@@ -5,7 +5,7 @@ cannot pass against a fake that takes anything.
 The types are the TypedDicts the SDKs annotate their `create` methods with:
 `openai.types.chat.completion_create_params`, `openai.types.completion_create_params` and
 `anthropic.types.message_create_params`, each in its streaming or non-streaming form (only those
-declare `stream`). pydantic builds a validator from each, and two changes to its core schema make
+declare `stream`), and `openai.types.embedding_create_params`. pydantic builds a validator from each, and two changes to its core schema make
 it check what the providers' servers check: every TypedDict forbids keys it does not declare
 (pydantic ignores them by default), and an `Iterable[...]` field is read as a list (pydantic
 checks an Iterable lazily, as it is consumed, so a bad message would pass). Validation is strict,
@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import SchemaValidator
 
-Endpoint = Literal["chat", "completions", "messages"]
+Endpoint = Literal["chat", "completions", "messages", "embeddings"]
 # The fields that tell the members of the SDKs' unions apart (a message's role, a block's type).
 TAGS = ("role", "type")
 
@@ -50,6 +50,8 @@ def endpoint(path: str, anthropic: bool) -> Endpoint:
     """Which request type a body sent to `path` must fit."""
     if anthropic:
         return "messages"
+    if path.rstrip("/").endswith("embeddings"):
+        return "embeddings"
     return "chat" if path.rstrip("/").endswith("chat/completions") else "completions"
 
 
@@ -87,8 +89,13 @@ def _type(where: Endpoint, stream: bool) -> tuple[frozenset[str], SchemaValidato
     """The top-level keys the SDK's request type declares, and a strict validator for it."""
     from anthropic.types import message_create_params as messages
     from openai.types import completion_create_params as completions
+    from openai.types import embedding_create_params as embeddings
     from openai.types.chat import completion_create_params as chat
 
+    if where == "embeddings":  # one type: it does not stream
+        typed_dict: Any = embeddings.EmbeddingCreateParams
+        declared = frozenset(typing.get_type_hints(typed_dict))
+        return declared, SchemaValidator(_strict(TypeAdapter(typed_dict).core_schema))
     module = {"chat": chat, "completions": completions, "messages": messages}[where]
     name = "MessageCreateParams" if where == "messages" else "CompletionCreateParams"
     typed_dict = getattr(module, name + ("Streaming" if stream else "NonStreaming"))

@@ -16,10 +16,10 @@ import gc
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, check_tools, error_result
@@ -29,6 +29,7 @@ from lmpress.engines.remote.pacing import (
     Ticket,
     backoff_delay,
     estimate_request_tokens,
+    estimate_tokens,
 )
 from lmpress.engines.remote.retry import (
     Attempts,
@@ -37,6 +38,7 @@ from lmpress.engines.remote.retry import (
     classify,
     status_kind,
 )
+from lmpress.vocabulary.embeddings import Embedding, EmbedRequest, EmbedResult
 from lmpress.vocabulary.errors import (
     ConfigError,
     ErrorKind,
@@ -49,6 +51,9 @@ from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, 
 MESSAGE_LIMIT = 500  # characters of a provider's error message kept in a failed row
 
 
+R = TypeVar("R", "Reply", "EmbedReply")
+
+
 @dataclass
 class Reply:
     """What one successful attempt produced."""
@@ -56,6 +61,23 @@ class Reply:
     samples: list[Sample]
     usage: Usage
     model: str = ""
+
+
+@dataclass
+class EmbedReply:
+    """What one successful embeddings request produced."""
+
+    embeddings: list[Embedding]
+    usage: Usage
+    model: str = ""
+
+
+@dataclass
+class Failed:
+    """A request that failed for good: its last failure and how many attempts it made."""
+
+    failure: Failure
+    attempts: int
 
 
 class RemoteEngine(Engine):
@@ -144,6 +166,10 @@ class RemoteEngine(Engine):
         """One streaming attempt: Deltas, then one Reply. Raises on any failure."""
         raise NotImplementedError
 
+    async def _send_embed(self, client: Any, request: EmbedRequest) -> EmbedReply:
+        """One embeddings attempt, on an engine whose `tasks` include `embed`."""
+        raise NotImplementedError
+
     def _estimate(self, request: Request) -> int:
         """The request's input tokens, roughly, before the provider counts them."""
         return estimate_request_tokens(request)
@@ -168,13 +194,44 @@ class RemoteEngine(Engine):
                 request, self, ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc)), started
             )
         client = self._client_for_loop()
-        input_tokens = self._estimate(request)
         output_tokens = request.params.max_new_tokens * request.params.n
+        outcome = await self._with_retries(
+            lambda: self._send(client, request), self._estimate(request), output_tokens
+        )
+        if isinstance(outcome, Failed):
+            return error_result(request, self, self._failure_info(outcome), started)
+        return self._result(request, outcome, started)
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        """The inputs' vectors from the provider's embeddings endpoint, one request paced and
+        retried as a chat request is; `normalize` is applied here (providers do not)."""
+        started = time.perf_counter()
+        client = self._client_for_loop()
+        outcome = await self._with_retries(
+            lambda: self._send_embed(client, request), estimate_input_tokens(request.inputs), 0
+        )
+        latency = time.perf_counter() - started
+        if isinstance(outcome, Failed):
+            info = self._failure_info(outcome)
+            return EmbedResult(request.id, [], Usage(), self.model_name, self.name, latency, info)
+        embeddings = outcome.embeddings
+        if request.normalize:
+            embeddings = [
+                dataclasses.replace(e, vector=l2_normalized(e.vector)) for e in embeddings
+            ]
+        model = outcome.model or self.model_name
+        return EmbedResult(request.id, embeddings, outcome.usage, model, self.name, latency)
+
+    async def _with_retries(
+        self, send: Callable[[], Awaitable[R]], input_tokens: int, output_tokens: int
+    ) -> R | Failed:
+        """What `send` answers, tried until it succeeds or may not be tried again, each attempt
+        paced (concurrency, rate limits) and its failure sorted by `retry.classify`."""
         attempts = Attempts(self.remote.max_retries)
         while True:
             ticket = await self.pacer.acquire(input_tokens, output_tokens)
             try:
-                reply = await self._send(client, request)
+                reply = await send()
             except Exception as exc:
                 failure, excusable = self._fail(ticket, exc)
             except BaseException:  # cancelled: the caller went away; free the slot
@@ -182,10 +239,10 @@ class RemoteEngine(Engine):
                 raise
             else:
                 self._succeed(ticket, reply)
-                return self._result(request, reply, started)
+                return reply
             delay = self._delay(attempts.backoff_index(), failure)
             if not attempts.may_retry(failure, excusable):
-                return self._failed(request, failure, attempts.made, started)
+                return Failed(failure, attempts.made)
             await asyncio.sleep(delay)
 
     async def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
@@ -267,7 +324,7 @@ class RemoteEngine(Engine):
                 self.pacer.budget.rebind()
         return self._client
 
-    def _succeed(self, ticket: Ticket, reply: Reply) -> None:
+    def _succeed(self, ticket: Ticket, reply: Reply | EmbedReply) -> None:
         usage = reply.usage
         self.pacer.release(ticket, ok=True, usage=(usage.prompt_tokens, usage.completion_tokens))
 
@@ -301,16 +358,28 @@ class RemoteEngine(Engine):
         )
 
     def _failed(self, request: Request, failure: Failure, attempts: int, started: float) -> Result:
-        tries = f" (after {attempts} attempts)" if attempts > 1 else ""
+        return error_result(request, self, self._failure_info(Failed(failure, attempts)), started)
+
+    def _failure_info(self, failed: Failed) -> ErrorInfo:
+        failure = failed.failure
+        tries = f" (after {failed.attempts} attempts)" if failed.attempts > 1 else ""
         status = f"HTTP {failure.status}: " if failure.status else ""
         # Redacted before it is shortened, so no cut can leave half a key behind.
         detail = self.redactor(failure.message)
         if len(detail) > MESSAGE_LIMIT:
             detail = detail[:MESSAGE_LIMIT] + "..."
         message = f"{self.name}: {status}{detail}{tries}"
-        return error_result(
-            request, self, ErrorInfo(failure.kind, message, failure.status), started
-        )
+        return ErrorInfo(failure.kind, message, failure.status)
+
+
+def estimate_input_tokens(inputs: list[str] | list[list[int]]) -> int:
+    """Embedding inputs' tokens, roughly: token ids counted, text as the chat estimate does."""
+    return sum(len(i) if isinstance(i, list) else estimate_tokens(len(i)) for i in inputs)
+
+
+def l2_normalized(vector: Sequence[float]) -> list[float]:
+    norm = math.sqrt(sum(float(v) * float(v) for v in vector))
+    return [float(v) / norm for v in vector] if norm else [float(v) for v in vector]
 
 
 def client_options(sdk: Any, num_workers: int, timeout_s: float) -> dict[str, Any]:

@@ -23,10 +23,11 @@ from typing import Any, ClassVar
 
 import lmpress.vocabulary.tools as tools
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.remote.base import RemoteEngine, Reply, client_options
+from lmpress.engines.remote.base import EmbedReply, RemoteEngine, Reply, client_options
 from lmpress.engines.remote.inline_images import inline_image_url
 from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.openai_wire.client import OPENAI_PARAMS, Dialect, request_body
+from lmpress.vocabulary.embeddings import Embedding, EmbedRequest
 from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 from lmpress.vocabulary.types import (
     FINISH_REASONS,
@@ -133,6 +134,28 @@ class OpenAICompatEngine(RemoteEngine):
         except ValueError as exc:
             raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
         return parse_chat_completion(data, self.model_name)
+
+    async def _send_embed(self, client: Any, request: EmbedRequest) -> EmbedReply:
+        await self._before_send(client)
+        args: dict[str, Any] = {"model": await self._model(client), "input": request.inputs}
+        if request.dimensions is not None:
+            args["dimensions"] = request.dimensions
+        if self.user_field and self.remote.user_id:
+            args["user"] = self.remote.user_id
+        # No encoding_format: the SDK asks for base64 (a quarter of the bytes of JSON floats)
+        # and decodes it to floats itself.
+        reply = await client.embeddings.create(**args)
+        try:
+            data = sorted(reply.data, key=lambda item: item.index)
+            embeddings = [Embedding(list(item.embedding)) for item in data]
+            usage = Usage(int(reply.usage.prompt_tokens or 0) if reply.usage else 0, 0)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise MalformedResponse(f"the reply is not an embeddings list ({exc})") from exc
+        if len(embeddings) != len(request.inputs):
+            raise MalformedResponse(
+                f"the reply has {len(embeddings)} vectors for {len(request.inputs)} inputs"
+            )
+        return EmbedReply(embeddings, usage, reply.model or "")
 
     async def _send_stream(self, client: Any, request: Request) -> AsyncIterator[Delta | Reply]:
         await self._before_send(client)

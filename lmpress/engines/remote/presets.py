@@ -21,6 +21,8 @@ from typing import Any
 from lmpress.openai_wire.client import OPEN_MODEL_PARAMS, OPENAI_PARAMS, VLLM_PARAMS, Dialect
 
 OPENAI_COMPAT = "lmpress.engines.remote.openai_compat:OpenAICompatEngine"
+GENERATE = frozenset({"generate"})
+EMBED = frozenset({"generate", "embed"})
 
 GOOGLE_PARAMS = frozenset({
     "max_new_tokens", "temperature", "top_p", "n", "stop_strings", "seed", "presence_penalty",
@@ -68,13 +70,16 @@ class Provider:
     # A Hugging Face tokenizer (a local path or a cached hub id) that counts its prompts
     # exactly; None where the provider publishes none (the dry run then estimates).
     tokenizer: str | None = None
+    # The tasks it answers (vocabulary/embeddings.py): `embed` where its API has OpenAI's
+    # /embeddings.
+    tasks: frozenset[str] = GENERATE
 
 
 PROVIDERS: tuple[Provider, ...] = (
     # OpenAI's Batch API, Anthropic's Message Batches and Google's batch modes: half price.
     Provider("OPENAI", "OpenAI chat completions API", "https://api.openai.com/v1",
              "OPENAI_API_KEY", dialect=Dialect(max_tokens_field="max_completion_tokens"),
-             user_field=True, batch_discount=0.5, batch_api=BatchApi.OPENAI),
+             user_field=True, batch_discount=0.5, batch_api=BatchApi.OPENAI, tasks=EMBED),
     Provider("ANTHROPIC", "Anthropic Messages API", "https://api.anthropic.com",
              "ANTHROPIC_API_KEY", frozenset({"max_new_tokens", "stop_strings", "guided_decoding"}),
              engine="lmpress.engines.remote.anthropic:AnthropicEngine", requires=("anthropic",),
@@ -82,18 +87,18 @@ PROVIDERS: tuple[Provider, ...] = (
              batch_max_bytes=256 * 1024 * 1024),
     # A server of one's own may implement OpenAI's Files and Batches endpoints.
     Provider("REMOTE", "any OpenAI-compatible server", key_required=False, model_required=False,
-             batch_api=BatchApi.OPENAI),
+             batch_api=BatchApi.OPENAI, tasks=EMBED),
     Provider("REMOTE_VLLM", "a remote vLLM server", params=OPENAI_PARAMS | VLLM_PARAMS,
              dialect=Dialect(extra_fields=VLLM_PARAMS, structured_outputs=True),
-             key_required=False, model_required=False),
+             key_required=False, model_required=False, tasks=EMBED),
     Provider("GEMINI", "Google Gemini (OpenAI-compatible)",
              "https://generativelanguage.googleapis.com/v1beta/openai/", "GEMINI_API_KEY",
-             GOOGLE_PARAMS, batch_discount=0.5),
+             GOOGLE_PARAMS, batch_discount=0.5, tasks=EMBED),
     Provider("GOOGLE_VERTEX", "Google Vertex AI", params=GOOGLE_PARAMS, key_required=False,
              engine="lmpress.engines.remote.vertex:GoogleVertexEngine", extra="vertex",
              requires=("openai", "google.auth"), batch_discount=0.5),
     Provider("TOGETHER", "Together AI", "https://api.together.xyz/v1", "TOGETHER_API_KEY",
-             OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST),
+             OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST, tasks=EMBED),
     Provider("PARASAIL", "Parasail", "https://api.parasail.io/v1", "PARASAIL_API_KEY",
              OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST),
     Provider("DEEPSEEK", "DeepSeek", "https://api.deepseek.com/v1", "DEEPSEEK_API_KEY",
@@ -102,11 +107,11 @@ PROVIDERS: tuple[Provider, ...] = (
     Provider("OPENROUTER", "OpenRouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY",
              OPENAI_PARAMS | OPEN_MODEL_PARAMS, OPEN_MODEL_HOST),
     Provider("FIREWORKS", "Fireworks AI", "https://api.fireworks.ai/inference/v1",
-             "FIREWORKS_API_KEY", OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST),
+             "FIREWORKS_API_KEY", OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST, tasks=EMBED),
     # SGLang's OpenAI-compatible API: guided_decoding.json goes as response_format.
     Provider("SGLANG", "a running SGLang server (OpenAI-compatible API)",
              params=OPENAI_PARAMS | VLLM_PARAMS, dialect=Dialect(extra_fields=VLLM_PARAMS),
-             key_required=False, model_required=False,
+             key_required=False, model_required=False, tasks=EMBED,
              engine="lmpress.engines.remote.openai_compat:SGLangEngine"),
     Provider("SAMBANOVA", "SambaNova Cloud", "https://api.sambanova.ai/v1", "SAMBANOVA_API_KEY",
              frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop_strings"}),
@@ -144,6 +149,10 @@ OPENAI_PRICES = {
     "gpt-5-nano": (0.05, 0.40),
     "o3": (2.00, 8.00),
     "o4-mini": (1.10, 4.40),
+    # Embeddings are priced on their input alone.
+    "text-embedding-3-small": (0.02, 0.0),
+    "text-embedding-3-large": (0.13, 0.0),
+    "text-embedding-ada-002": (0.10, 0.0),
 }
 ANTHROPIC_PRICES = {
     "claude-opus-4-1": (15.00, 75.00),
@@ -186,6 +195,7 @@ def engine_class(name: str) -> type[Any]:
         "model_required": provider.model_required,
         "user_field": provider.user_field,
         "dialect": provider.dialect,
+        "tasks": provider.tasks,
         "provider": provider,
         "__doc__": f"{provider.summary}: {base.__name__} with the {provider.name} row.",
         "__module__": base.__module__,

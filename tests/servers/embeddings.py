@@ -1,0 +1,65 @@
+"""What the loopback server answers to /v1/embeddings: a vector that depends only on the input,
+so a test can compute the one each row must get (`vector`).
+
+A vector has DIMS values, each a byte of the input's SHA-256 as (byte - 128) / 128: exact in
+float32, so a vector survives the base64 encoding (float32, little-endian) unchanged.
+`dimensions` keeps the first N values, as a Matryoshka model does; more than DIMS is refused.
+An input's tokens are its words (token ids: their count), at least one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import struct
+from typing import Any
+
+DIMS = 16
+
+
+def vector(text: str | list[int], dimensions: int | None = None) -> list[float]:
+    """The vector the server gives an input (a string, or a list of token ids)."""
+    key = text if isinstance(text, str) else json.dumps(text)
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return [(byte - 128) / 128 for byte in digest[: dimensions or DIMS]]
+
+
+def tokens(text: str | list[int]) -> int:
+    return max(1, len(text) if isinstance(text, list) else len(text.split()))
+
+
+def inputs(body: dict[str, Any]) -> list[str | list[int]]:
+    """A body's `input` as a list of inputs: a string, token ids, or a list of either."""
+    value = body["input"]
+    if isinstance(value, str) or (value and isinstance(value[0], int)):
+        return [value]
+    return list(value)
+
+
+def problem(body: dict[str, Any]) -> str | None:
+    """What the real API refuses in a body of the right shape, or None."""
+    if not body.get("model"):
+        return "model: field required"
+    if body["input"] in ("", []):
+        return "'input' : input cannot be an empty string"
+    dimensions = body.get("dimensions")
+    if dimensions is not None and not 1 <= dimensions <= DIMS:
+        return f"This model does not support specifying dimensions above {DIMS}."
+    return None
+
+
+def reply(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """The embeddings list for a body, floats or base64 as `encoding_format` asks."""
+    data = []
+    for index, item in enumerate(inputs(body)):
+        values = vector(item, body.get("dimensions"))
+        if body.get("encoding_format") == "base64":
+            packed = struct.pack(f"<{len(values)}f", *values)
+            embedding: Any = base64.b64encode(packed).decode("ascii")
+        else:
+            embedding = values
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    used = sum(tokens(item) for item in inputs(body))
+    usage = {"prompt_tokens": used, "total_tokens": used}
+    return {"object": "list", "data": data, "model": model, "usage": usage}
