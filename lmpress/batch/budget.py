@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult
 from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import Result
 
@@ -38,7 +39,7 @@ class Budget:
                 "remote_params.input_price_per_million and output_price_per_million (USD)"
             )
 
-    def charge(self, result: Result) -> None:
+    def charge(self, result: Result | EmbedResult | ScoreResult) -> None:
         """Count a finished row's tokens, and price it into `result.cost_usd` where a price
         is known."""
         usage = result.usage

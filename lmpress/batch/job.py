@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from lmpress.batch.budget import Budget
 from lmpress.batch.events import STOP_SIGNALS, BatchEvents, BatchSummary, RowFailure
-from lmpress.batch.guided_check import check_structure
 from lmpress.batch.options import BatchMode, BatchOptions
 from lmpress.batch.outputs import Reorder, output_for
+from lmpress.batch.pooling import AnyRequest, AnyResult, run_request
 from lmpress.batch.rows import RowReader
 from lmpress.configs.schema import RunConfig
 from lmpress.data.file_formats import FileFormat
@@ -45,7 +45,6 @@ from lmpress.dryrun.pricing import price_for
 from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine, load_engine_class
 from lmpress.vocabulary.errors import ErrorKind, InputError, OutputWriteError
-from lmpress.vocabulary.types import Request, Result
 
 STOP_CHECK_S = 0.2  # how often a job waiting on its rows in flight looks for a stop signal
 # How a run ended, for what a summary that cannot be written says.
@@ -247,12 +246,11 @@ class BatchJob:
                     task.exception()
             self._say(f"left {len(in_flight)} unfinished rows for the next run")
 
-    async def _run_row(self, seq: int, row: ParsedRow, request: Request):
+    async def _run_row(self, seq: int, row: ParsedRow, request: AnyRequest):
         assert self.engine is not None
-        result = await self.engine.complete(request)
-        return seq, row, check_structure(request, result)
+        return seq, row, await run_request(self.engine, request)
 
-    def _finish(self, seq: int, row: ParsedRow, result: Result, reorder: Reorder | None) -> None:
+    def _finish(self, seq: int, row: ParsedRow, result: AnyResult, reorder: Reorder | None) -> None:
         summary = self.summary
         summary.prompt_tokens += result.usage.prompt_tokens
         summary.completion_tokens += result.usage.completion_tokens

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.batch.events import RowFailure
+from lmpress.batch.pooling import AnyResult
+from lmpress.data import pooling_rows
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.jsonl import JsonlWriter
 from lmpress.data.parquet_out import journal_line, write_parquet
@@ -38,7 +40,7 @@ class JsonlOutput:
         path = self.target.path
         return JsonlWriter(path, handle=open(path, "a", encoding="utf-8"))
 
-    def done_line(self, row: ParsedRow, result: Result) -> dict[str, Any]:
+    def done_line(self, row: ParsedRow, result: AnyResult) -> dict[str, Any]:
         return render_row(row, result, self.output_shape)
 
     def failed_line(self, failure: RowFailure) -> dict[str, Any] | None:
@@ -61,9 +63,15 @@ class ParquetOutput:
         assert self.files.journal is not None
         return JsonlWriter(self.files.journal, mode="a")
 
-    def done_line(self, row: ParsedRow, result: Result) -> dict[str, Any]:
+    def done_line(self, row: ParsedRow, result: AnyResult) -> dict[str, Any]:
         self.wrote = True
-        return journal_line(row.id, row.line, row.raw, response_record(result))
+        if row.pooling is not None:
+            assert not isinstance(result, Result)
+            record = {**pooling_rows.values(row.pooling, result), **pooling_rows.meta(result)}
+        else:
+            assert isinstance(result, Result)
+            record = response_record(result)
+        return journal_line(row.id, row.line, row.raw, record)
 
     def failed_line(self, failure: RowFailure) -> dict[str, Any] | None:
         self.wrote = True

@@ -24,10 +24,11 @@ from lmpress.data.row_shapes import (
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
 from lmpress.engines.base import Engine, check_params, check_tools
+from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest, Task
 from lmpress.vocabulary.errors import ErrorKind, LmpressError, UnsupportedParamError
 from lmpress.vocabulary.types import GenerationParams, Request
 
-Read = tuple[ParsedRow, Request] | RowFailure
+Read = tuple[ParsedRow, Request | EmbedRequest | ScoreRequest] | RowFailure
 P = TypeVar("P", bound="RowParser")
 
 
@@ -40,6 +41,7 @@ class RowParser:
     base: GenerationParams  # the config's generation settings, which a row may override
     engine_class: type[Engine]
     output_shape: OutputShape = OutputShape.AUTO  # how failed rows are recorded
+    task: Task = "generate"  # the run's (vocabulary/embeddings.py): which row shapes it takes
 
     @classmethod
     def for_job(
@@ -51,7 +53,8 @@ class RowParser:
     ) -> P:
         """How every runner, and the dry run, reads a job's rows: as its options say."""
         shape = options.output_shape
-        return cls(options.mapping, config.generation, engine_class, shape, **more)
+        task: Task = config.task  # type: ignore[assignment]  # checked by configs.loading
+        return cls(options.mapping, config.generation, engine_class, shape, task, **more)
 
     def read(self, line: Line) -> tuple[str, Read]:
         if line.error:
@@ -61,7 +64,7 @@ class RowParser:
         columns = value if isinstance(value, dict) else None
         rid = line_row_id(line, self.mapping.id_column)
         try:
-            row = parse_row(value, line.number, mapping=self.mapping)
+            row = parse_row(value, line.number, mapping=self.mapping, task=self.task)
         except RowError as exc:
             openai = self.output_shape == OutputShape.OPENAI or (
                 self.output_shape == OutputShape.AUTO and columns is not None
@@ -71,6 +74,8 @@ class RowParser:
                 line.number, rid, ErrorKind.INVALID_ROW, str(exc), None, openai, columns
             )
             return rid, failure
+        if row.pooling is not None:  # no generation settings to apply
+            return rid, (row, row.pooling.request(row.id))
         openai = output_shape_for(row, self.output_shape) is OutputShape.OPENAI
         try:
             params = generation_with_overrides(self.base, row.overrides, source="generation")

@@ -9,6 +9,7 @@ import dataclasses
 from lmpress.batch.events import BatchEvents, BatchSummary
 from lmpress.batch.job import BatchJob
 from lmpress.batch.options import BatchMode, BatchOptions
+from lmpress.batch.pooling import check_mode
 from lmpress.batch.provider.job import ProviderBatchJob
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
@@ -56,6 +57,7 @@ async def run_batch(
     re-run loads no model) and closed at the end.
     """
     options = dataclasses.replace(options, mode=batch_mode(config, options))
+    check_mode(config, options.mode)
     job = RUNNERS[options.mode]()(config, options, engine, events)
     try:
         return await job.run()

@@ -103,6 +103,10 @@ def batch(
     id_column: Annotated[
         str | None, typer.Option("--id-column", help="The column holding each row's id.")
     ] = None,
+    text_column: Annotated[
+        str | None,
+        typer.Option("--text-column", help="With --task embed: the column to embed."),
+    ] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the first N rows.")] = None,
     sample: Annotated[
         int | None, typer.Option("--sample", help="A random N rows (reproducible with --seed).")
@@ -178,6 +182,8 @@ def batch(
 
     if on_error not in ON_ERROR:
         raise ConfigError(f"--on-error {on_error}: use {' or '.join(ON_ERROR)}")
+    if text_column is not None and config.task != "embed":
+        raise ConfigError(f"--text-column: only an embed run reads it (task is {config.task})")
     output_shape, file_format = split_output_format(output_format)
     if max_errors is not None and max_errors < 1:
         raise ConfigError("--max-errors: must be at least 1")
@@ -199,7 +205,7 @@ def batch(
         input_format=input_format,
         split=split,
         file_format=file_format,
-        mapping=RowMapping(prompt_template, system, id_column),
+        mapping=RowMapping(prompt_template, system, id_column, text_column),
         limit=limit,
         sample=sample,
         seed=seed,

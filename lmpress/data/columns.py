@@ -6,6 +6,7 @@
   when it holds `{{` or `{%` (`Summarize: {{ text }}`), else a Python format string
   (`Summarize: {text}`). A column the template names and the row lacks is that row's error.
 - `--system` makes a system turn for every chat row that has none of its own.
+- `--text-column` names the column an embed run embeds (`data.pooling_rows`).
 - `--id-column` names the column holding the row's id (else `id`, `custom_id` or
   `conversation_id`, else a hash of the row).
 Every column is kept and written back out beside the reply.
@@ -29,6 +30,7 @@ class RowMapping:
     prompt_template: str | None = None
     system: str | None = None
     id_column: str | None = None
+    text_column: str | None = None  # an embed run's text (`--text-column`)
     _render: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -37,7 +39,12 @@ class RowMapping:
 
     @property
     def is_default(self) -> bool:
-        return self.prompt_template is None and self.system is None and self.id_column is None
+        return (
+            self.prompt_template is None
+            and self.system is None
+            and self.id_column is None
+            and self.text_column is None
+        )
 
     def prompt(self, row: dict[str, Any]) -> str:
         """The user turn the template makes from the row's columns."""
@@ -50,6 +57,7 @@ class RowMapping:
             "prompt_template": self.prompt_template,
             "system": self.system,
             "id_column": self.id_column,
+            "text_column": self.text_column,
         }
         return {key: value for key, value in values.items() if value is not None}
 

@@ -1,6 +1,7 @@
 """The OpenAI Batch file format, both ways, as read by the OpenAI Batch API and `vllm run-batch`.
 
 Request line:  {"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
+(or /v1/completions; /v1/embeddings, /v1/score and /v1/rerank lines are `data.pooling_rows`)
 Output line:   {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}
 
 A line's body is read by `openai_wire.requests` and its output body built by
@@ -55,6 +56,11 @@ def render_output(
         body = responses.text_completion(f"cmpl-{_hex()}", created, model, [result], [echo])
     else:
         body = responses.chat_completion(f"chatcmpl-{_hex()}", created, model, result)
+    return render_body(custom_id, body)
+
+
+def render_body(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A successful output line carrying a response body already built (embeddings, scores)."""
     return {
         "id": f"batch_req_{_hex()}",
         "custom_id": custom_id,

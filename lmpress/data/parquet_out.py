@@ -17,7 +17,9 @@ The file's schema is the same whatever happened to each row:
   (`response`, `finish_reason`, `tool_calls`, `structured`, `samples`, `logprobs`), what it
   cost (`prompt_tokens`, `completion_tokens`, `cost_usd`), who made it (`model`, `engine`,
   `latency_s`) and, for a row that failed, why (`error_kind`, `error_message`). An input column
-  of the same name is kept as `input_<name>`.
+  of the same name is kept as `input_<name>`;
+- then, in an embed, score or rerank run, the columns its rows have: `embedding` (a fixed-size
+  list of float32 when every vector has one size), `embeddings`, `scores`, `results` (JSON).
 Rows are written in the order they finished (input order with `--ordered`). A job with no
 rows writes an empty file with that schema: the input's columns as its schema says (none for
 an input without one), `id` when they hold no id, and lmpress's columns.
@@ -74,9 +76,11 @@ def write_parquet(
     import pyarrow.parquet as pq
 
     plan = _ColumnPlan(input_schema, id_column)
+    pooled = _PooledColumns()
     for rows in _chunks(journal):
         plan.observe(rows)
-    schema = pa.schema([*plan.fields(), *_result_fields()])
+        pooled.observe(rows)
+    schema = pa.schema([*plan.fields(), *_result_fields(), *pooled.fields()])
     tmp = output.with_name(f".{output.name}.tmp")
     written = 0
     try:
@@ -167,7 +171,7 @@ class _ColumnPlan:
             self.add_id = not any(k in self.wanted for k in self.id_keys)
         fields = [pa.field("id", pa.string())] if self.add_id and "id" not in self.types else []
         for name, kind in self.types.items():
-            out = f"input_{name}" if name in RESULT_COLUMNS else name
+            out = f"input_{name}" if name in RESERVED else name
             if kind is None:
                 kind = pa.string()
             elif name in self.wanted:
@@ -185,7 +189,7 @@ class _ColumnPlan:
             arrays.append(pa.array([row["id"] for row in rows], pa.string()))
         for name, kind in self.types.items():
             values = [row["columns"].get(name) for row in rows]
-            field = schema.field(f"input_{name}" if name in RESULT_COLUMNS else name)
+            field = schema.field(f"input_{name}" if name in RESERVED else name)
             if kind is None:
                 arrays.append(pa.array([_as_json(v) for v in values], pa.string()))
             elif pa.types.is_null(kind):
@@ -195,7 +199,47 @@ class _ColumnPlan:
                 arrays.append(array.cast(field.type))
         for name, values in _result_values(rows).items():
             arrays.append(pa.array(values, schema.field(name).type))
+        for name in POOLED_COLUMNS:
+            if name in schema.names:
+                values = [(row.get("response") or {}).get(name) for row in rows]
+                if name == "results":
+                    values = [_as_json(v) for v in values]
+                arrays.append(pa.array(values, schema.field(name).type))
         return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# An embed, score or rerank run's columns (`data.pooling_rows`), after lmpress's, where its
+# rows have them.
+POOLED_COLUMNS = ("embedding", "embeddings", "scores", "results")
+RESERVED = frozenset(RESULT_COLUMNS) | frozenset(POOLED_COLUMNS)  # input columns renamed
+
+
+class _PooledColumns:
+    """Which pooling columns the journal holds, and the vectors' size: `embedding` is a
+    fixed-size list of float32 when every vector has the same size (a variable one else)."""
+
+    def __init__(self) -> None:
+        self.present: set[str] = set()
+        self.sizes: set[int] = set()
+
+    def observe(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            response = row.get("response") or {}
+            self.present.update(name for name in POOLED_COLUMNS if name in response)
+            if isinstance(response.get("embedding"), list):
+                self.sizes.add(len(response["embedding"]))
+
+    def fields(self) -> list[Any]:
+        import pyarrow as pa
+
+        one = len(self.sizes) == 1
+        types = {
+            "embedding": pa.list_(pa.float32(), *self.sizes) if one else pa.list_(pa.float32()),
+            "embeddings": pa.list_(pa.list_(pa.float32())),
+            "scores": pa.list_(pa.float64()),
+            "results": pa.string(),
+        }
+        return [pa.field(name, types[name]) for name in POOLED_COLUMNS if name in self.present]
 
 
 def _casts(array: Any, kind: Any) -> bool:

@@ -216,6 +216,7 @@ def fingerprint(config: RunConfig, job_settings: dict[str, Any]) -> dict[str, An
     (`BatchOptions.output_settings()`, read from the fields marked as changing the output)."""
     return {
         "engine": config.engine,
+        "task": config.task,
         "model": dataclasses.asdict(config.model),
         "generation": _results_only(dataclasses.asdict(config.generation)),
         "remote_params": {"api_url": config.remote_params.api_url},
@@ -235,6 +236,7 @@ def check_fingerprint(files: JobFiles, current: dict[str, Any]) -> None:
         stored = json.loads(files.fingerprint.read_text(encoding="utf-8"))["settings"]
         if isinstance(stored.get("generation"), dict):  # older versions kept some of them
             stored["generation"] = _results_only(stored["generation"])
+        stored.setdefault("task", "generate")  # older versions generated, and said nothing
     except (OSError, ValueError, KeyError, AttributeError) as exc:
         raise InputError(f"{files.fingerprint}: unreadable ({exc}); use --overwrite") from exc
     changes = _differences(stored, current)

@@ -8,6 +8,8 @@ file holding the rows is stored. Input row shapes (`RowShape`), detected row by 
 - text:   {"text": "..."}   (raw text for a base model to continue: no chat template)
 - template: any columns, with `--prompt-template` making the user turn from them
 - openai_batch: {"custom_id", "method", "url", "body"}   (OpenAI Batch request lines)
+- embed, score: the rows of an embed, score or rerank run (`RunConfig.task`), read and
+  written by `data.pooling_rows`; a row of a shape the run's task does not take fails alone
 Any row may carry its own `generation` overrides, a mapping of generation fields. A chat or
 Oumi row may offer `tools` (OpenAI function tools, Oumi's `Conversation.tools`) and a
 `tool_choice`, which overrides `generation.tool_choice` for that row.
@@ -29,9 +31,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from lmpress.data import openai_batch
+from lmpress.data import openai_batch, pooling_rows
 from lmpress.data.columns import RowMapping, TemplateError
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
+from lmpress.data.pooling_rows import PoolingInput
+from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult, Task
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 from lmpress.vocabulary.types import (
     GENERATION_FIELDS,
@@ -52,6 +56,8 @@ class RowShape(str, Enum):
     TEXT = "text"
     TEMPLATE = "template"
     OPENAI_BATCH = "openai_batch"
+    EMBED = "embed"
+    SCORE = "score"
 
     def __str__(self) -> str:
         return self.value
@@ -84,6 +90,7 @@ class ParsedRow:
     url: str = openai_batch.CHAT_URL  # the endpoint an OpenAI Batch line asked for
     model: str | None = None  # the model an OpenAI Batch line named
     tools: list[dict[str, Any]] | None = None  # the function tools the row offers
+    pooling: PoolingInput | None = None  # what an embed, score or rerank row asks
 
     def request(self, params: GenerationParams) -> Request:
         return Request(self.id, self.messages, params, prompt=self.prompt, tools=self.tools)
@@ -111,15 +118,25 @@ def id_keys(id_column: str | None) -> tuple[str, ...]:
 
 
 def parse_row(
-    raw: Any, line: int, regenerate: bool = True, mapping: RowMapping = NO_MAPPING
+    raw: Any,
+    line: int,
+    regenerate: bool = True,
+    mapping: RowMapping = NO_MAPPING,
+    task: Task = "generate",
 ) -> ParsedRow:
     """Turn one decoded row into a ParsedRow, or raise RowError. `regenerate`: drop a trailing
     assistant turn to generate it anew (batch); chat's /load keeps it to continue. `mapping`:
-    how a table's columns make the conversation (`data.columns`)."""
+    how a table's columns make the conversation (`data.columns`). `task`: the run's, which
+    decides the shapes a row may have."""
     if not isinstance(raw, dict):
         raise RowError(f"expected a JSON object, got {json_type(raw)}")
     if openai_batch.is_batch_request(raw):
-        return _parse_batch_request(raw, line)
+        return _parse_batch_request(raw, line, task)
+    if task != "generate":
+        rid = row_id(raw, line, mapping.id_column)
+        pooled = pooling_rows.row_input(raw, task, mapping)
+        shape = RowShape.EMBED if task == "embed" else RowShape.SCORE
+        return ParsedRow(line, rid, shape, raw, [], pooling=pooled)
     overrides = _row_overrides(raw.get("generation"))
     tools = _row_tools(raw, overrides)
     rid = row_id(raw, line, mapping.id_column)
@@ -155,6 +172,11 @@ def parse_row(
         if tools:
             raise RowError("'tools' need a chat row ('messages' or 'prompt'), not raw 'text'")
         return ParsedRow(line, rid, RowShape.TEXT, raw, messages, overrides, prompt=text)
+    elif "input" in raw or "query" in raw or "text_1" in raw:
+        raise RowError(
+            "an embed, score or rerank row in a generate run; run it with --task embed "
+            "(or score, rerank)"
+        )
     else:
         keys = ", ".join(sorted(raw)[:12]) or "none"
         raise RowError(
@@ -180,7 +202,7 @@ def _row_tools(raw: dict[str, Any], overrides: dict[str, Any]) -> list[dict[str,
     return tools
 
 
-def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
+def _parse_batch_request(raw: dict[str, Any], line: int, task: Task) -> ParsedRow:
     custom_id = raw.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise RowError("'custom_id' must be a non-empty string")
@@ -188,15 +210,27 @@ def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
     if method != "POST":
         raise RowError(f"method {json.dumps(method)} is not supported (use POST)")
     url = raw.get("url")
-    if url not in openai_batch.URLS:
-        raise RowError(
-            f"url {json.dumps(url)} is not supported by lmpress "
-            f"(use {' or '.join(openai_batch.URLS)})"
-        )
+    urls = (*openai_batch.URLS, *pooling_rows.URLS)
+    if url not in urls:
+        raise RowError(f"url {json.dumps(url)} is not supported by lmpress (use {', '.join(urls)})")
     body = raw.get("body")
     if not isinstance(body, dict):
         raise RowError(f"'body' must be an object, got {json_type(body)}")
     model = body.get("model") if isinstance(body.get("model"), str) else None
+    if url in pooling_rows.URLS:
+        if task == "generate":
+            raise RowError(
+                f"a {url} line in a generate run; run it with --task "
+                f"{pooling_rows.URL_TASKS[url][0]}"
+            )
+        pooled = pooling_rows.body_input(url, body, task)
+        return ParsedRow(
+            line, custom_id, RowShape.OPENAI_BATCH, raw, [], url=url, model=model, pooling=pooled
+        )
+    if task != "generate":
+        raise pooling_rows.wrong_task(
+            "chat" if url == openai_batch.CHAT_URL else "completions", task
+        )
     if url == openai_batch.CHAT_URL:
         if "messages" not in body:
             raise RowError("body has no 'messages'")
@@ -253,9 +287,15 @@ def output_shape_for(row: ParsedRow, output_shape: OutputShape) -> OutputShape:
 
 
 def render_row(
-    row: ParsedRow, result: Result, output_shape: OutputShape = OutputShape.AUTO
+    row: ParsedRow,
+    result: Result | EmbedResult | ScoreResult,
+    output_shape: OutputShape = OutputShape.AUTO,
 ) -> dict[str, Any]:
     """The output line for a completed row."""
+    if row.pooling is not None:
+        assert not isinstance(result, Result)
+        return _render_pooled(row, row.pooling, result, output_shape)
+    assert isinstance(result, Result)
     if output_shape_for(row, output_shape) is OutputShape.OPENAI:
         # The model that generated, as vLLM's run-batch reports it, not the name requested.
         body = row.raw.get("body") if row.shape is RowShape.OPENAI_BATCH else None
@@ -264,6 +304,29 @@ def render_row(
             row.id, row.url, result, result.model or row.model or "unknown", echo
         )
     return _render_lmpress(row, result)
+
+
+def _render_pooled(
+    row: ParsedRow,
+    pooled: PoolingInput,
+    result: EmbedResult | ScoreResult,
+    output_shape: OutputShape,
+) -> dict[str, Any]:
+    """An embed, score or rerank row's line: an OpenAI Batch output line in the endpoint's
+    response shape, or the input row with its vectors or scores and a `response` record."""
+    model = result.model or row.model or "unknown"
+    if output_shape_for(row, output_shape) is OutputShape.OPENAI:
+        url = row.url if row.url in pooling_rows.URLS else pooling_rows.task_url(pooled.task)
+        body = pooling_rows.openai_body(url, pooled, result, model, row.id)
+        return openai_batch.render_body(row.id, body)
+    out: dict[str, Any] = {} if any(k in row.raw for k in ID_KEYS) else {"id": row.id}
+    if row.shape is RowShape.OPENAI_BATCH:
+        out["custom_id"] = row.id
+    else:
+        out.update(row.raw)
+    out.update(pooling_rows.values(pooled, result))
+    out["response"] = pooling_rows.meta(result)
+    return out
 
 
 def render_failure(

@@ -27,8 +27,9 @@ from lmpress.data.row_shapes import ParsedRow
 from lmpress.dryrun.pricing import Price, price_for
 from lmpress.dryrun.prompt_tokens import prompt_counter
 from lmpress.engines.prompt_count import PromptCounter
+from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ErrorKind, RequestError
-from lmpress.vocabulary.types import Request
+from lmpress.vocabulary.types import GenerationParams, Request
 
 
 class RowFailed(Protocol):
@@ -103,7 +104,9 @@ class DryRun:
             price=self.price,
         )
 
-    def add(self, rid: str, read: tuple[ParsedRow, Request] | RowFailed) -> None:
+    def add(
+        self, rid: str, read: tuple[ParsedRow, Request | EmbedRequest | ScoreRequest] | RowFailed
+    ) -> None:
         """One row: its id, and its parsed row and request, or why it cannot run."""
         tally = self._summary
         tally.rows += 1
@@ -112,6 +115,9 @@ class DryRun:
             self._bad(read.kind)
             return
         _, request = read
+        if not isinstance(request, Request):
+            self._add_pooled(request)
+            return
         try:
             tokens = self.counter.count(request)
         except RequestError as exc:  # the engine would refuse it before generating
@@ -128,6 +134,28 @@ class DryRun:
             tally.output_token_bound = None
         else:
             tally.output_token_bound += bound
+
+    def _add_pooled(self, request: EmbedRequest | ScoreRequest) -> None:
+        """An embed, score or rerank row: each text counted as a raw prompt (no chat
+        template), a query once per document it is scored against; nothing is generated."""
+        if isinstance(request, EmbedRequest):
+            texts: list[str | list[int]] = list(request.inputs)
+        else:
+            texts = [text for doc in request.documents for text in (request.query, doc)]
+        tokens = 0
+        for text in texts:
+            if isinstance(text, list):
+                tokens += len(text)
+                continue
+            try:
+                tokens += self.counter.count(
+                    Request(request.id, [], GenerationParams(), prompt=text)
+                )
+            except RequestError as exc:
+                self._bad(exc.kind)
+                return
+        self._summary.prompt_tokens += tokens
+        self._summary.longest_prompt = max(self._summary.longest_prompt, tokens)
 
     def _bad(self, kind: ErrorKind) -> None:
         name = ErrorKind(kind).value  # written as a plain string in the dry run's JSON

@@ -53,6 +53,7 @@ class EmbedResult:
     engine: str
     latency_s: float = 0.0
     error: ErrorInfo | None = None
+    cost_usd: float | None = None  # what the tokens cost, where the config knows a price
 
 
 @dataclass
@@ -75,3 +76,4 @@ class ScoreResult:
     engine: str = ""
     latency_s: float = 0.0
     error: ErrorInfo | None = None
+    cost_usd: float | None = None

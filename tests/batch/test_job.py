@@ -401,7 +401,7 @@ def test_vllm_run_batch_examples_round_trip(tmp_path):
     src = write_rows(tmp_path / "in.jsonl", [*VLLM_EXAMPLE, embeddings])
     out = tmp_path / "results.jsonl"
     run = run_lmpress("batch", "-i", str(src), "-o", str(out), "--model.model_name", "tiny:llama")
-    assert run.returncode == 1  # the embeddings line is not lmpress's to answer
+    assert run.returncode == 1  # the embeddings line is not a generate run's to answer
     lines = read_rows(out)
     assert sorted(line["custom_id"] for line in lines) == ["request-1", "request-2"]
     for line in lines:
@@ -412,7 +412,9 @@ def test_vllm_run_batch_examples_round_trip(tmp_path):
         assert body.usage.completion_tokens > 0
     (error,) = read_rows(tmp_path / "results.errors.jsonl")
     assert error["custom_id"] == "request-3" and error["line"] == 3
-    assert 'url "/v1/embeddings" is not supported' in error["error"]["message"]
+    assert error["error"]["message"] == (
+        "a /v1/embeddings line in a generate run; run it with --task embed"
+    )
     # The output is itself valid input for a resumed run: nothing left to do but the refused line.
     again = run_lmpress(
         "batch",

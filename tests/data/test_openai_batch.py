@@ -92,8 +92,12 @@ def test_failure_line_follows_the_openai_error_file():
             'method "GET" is not supported',
         ),
         (
+            {"custom_id": "a", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}},
+            'url "/v1/moderations" is not supported',
+        ),
+        (
             {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
-            'url "/v1/embeddings" is not supported',
+            "a /v1/embeddings line in a generate run; run it with --task embed",
         ),
         (
             {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": "x"},

@@ -1,0 +1,212 @@
+"""The rows of an embed, score or rerank run (`vocabulary/embeddings.py`), both ways.
+
+Input, beside the generation shapes of `row_shapes`:
+- embed:  {"input": "..."} or {"input": ["...", ...]} (or token ids), a table's
+          `--text-column`, or `--prompt-template` making the text from the columns
+- score:  {"query": "...", "documents": ["...", ...], "top_n"?} (vLLM's /v1/rerank body) or
+          {"text_1": "...", "text_2": "..." or [...]} (its /v1/score body); a score run and a
+          rerank run take either
+- OpenAI Batch lines to /v1/embeddings, /v1/score and /v1/rerank, their bodies read by
+  `openai_wire.pooling` as serve reads them.
+Output: the input row with `embedding` (one input) or `embeddings` (a list), `scores` (a
+score run) or `results` (a rerank run: best first, cut to top_n), and a `response` record
+with the usage, `truncated`, model, engine and latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lmpress.data.columns import RowMapping, TemplateError
+from lmpress.data.messages import RowError, json_type
+from lmpress.openai_wire import pooling as wire
+from lmpress.openai_wire.errors import ApiError
+from lmpress.openai_wire.requests import validate_body
+from lmpress.vocabulary.embeddings import (
+    EmbedRequest,
+    EmbedResult,
+    ScoreRequest,
+    ScoreResult,
+    Task,
+)
+
+URLS = (wire.EMBEDDINGS_PATH, wire.SCORE_PATH, wire.RERANK_PATH)
+# The task an OpenAI Batch line's url asks for (a score line serves a rerank run too).
+URL_TASKS: dict[str, tuple[Task, ...]] = {
+    wire.EMBEDDINGS_PATH: ("embed",),
+    wire.SCORE_PATH: ("score", "rerank"),
+    wire.RERANK_PATH: ("score", "rerank"),
+}
+
+
+@dataclass
+class PoolingInput:
+    """What a row asks of an embed, score or rerank run."""
+
+    task: Task  # the run's
+    inputs: list[Any] | None = None  # embed: strings, or lists of token ids
+    single: bool = True  # embed: the row gave one input, and gets one `embedding`
+    dimensions: int | None = None
+    normalize: bool = False
+    encoding_format: wire.EncodingFormat = "float"  # how an OpenAI Batch output line has it
+    query: str | None = None  # score and rerank
+    documents: list[str] | None = None
+    top_n: int | None = None
+
+    def request(self, rid: str) -> EmbedRequest | ScoreRequest:
+        if self.task == "embed":
+            assert self.inputs is not None
+            return EmbedRequest(rid, self.inputs, self.dimensions, self.normalize)
+        assert self.query is not None and self.documents is not None
+        return ScoreRequest(rid, self.query, self.documents, self.top_n)
+
+
+def row_input(raw: dict[str, Any], task: Task, mapping: RowMapping) -> PoolingInput:
+    """A plain row's (or a table row's) input to an embed, score or rerank run."""
+    if task == "embed":
+        return _embed_input(raw, mapping)
+    if "query" in raw or "documents" in raw:
+        body = {key: raw.get(key) for key in ("query", "documents", "top_n") if key in raw}
+        rerank = _validate(wire.RerankBody, body, "")
+        wire.check_top_n(rerank.top_n)
+        return PoolingInput(
+            task, query=rerank.query, documents=rerank.documents, top_n=rerank.top_n
+        )
+    if "text_1" in raw or "text_2" in raw:
+        body = {key: raw.get(key) for key in ("text_1", "text_2")}
+        query, documents = _checked(lambda: wire.score_pair(_validate(wire.ScoreBody, body, "")))
+        return PoolingInput(task, query=query, documents=documents)
+    raise RowError(
+        f"{_shape_of(raw)} in {run_of(task)}; give 'query' and 'documents' (or 'text_1' and "
+        f"'text_2')"
+    )
+
+
+def body_input(url: str, body: dict[str, Any], task: Task) -> PoolingInput:
+    """An OpenAI Batch line's body to /v1/embeddings, /v1/score or /v1/rerank."""
+    if task not in URL_TASKS[url]:
+        raise RowError(f"a {url} line in {run_of(task)}; {_fits(task)}")
+    if url == wire.EMBEDDINGS_PATH:
+        parsed = _validate(wire.EmbeddingsBody, body, "body.")
+        got = _checked(lambda: wire.embeddings_input(parsed, "body."))
+        return PoolingInput(
+            task,
+            got.inputs,
+            _single(parsed.input),
+            got.dimensions,
+            got.normalize,
+            got.encoding_format,
+        )
+    if url == wire.SCORE_PATH:
+        score = _validate(wire.ScoreBody, body, "body.")
+        query, documents = _checked(lambda: wire.score_pair(score, "body."))
+        return PoolingInput(task, query=query, documents=documents)
+    rerank = _validate(wire.RerankBody, body, "body.")
+    _checked(lambda: wire.check_top_n(rerank.top_n, "body."))
+    return PoolingInput(task, query=rerank.query, documents=rerank.documents, top_n=rerank.top_n)
+
+
+def task_url(task: Task) -> str:
+    """The endpoint a plain row of this task is written as, in OpenAI Batch output lines."""
+    return {"embed": wire.EMBEDDINGS_PATH, "score": wire.SCORE_PATH}.get(task, wire.RERANK_PATH)
+
+
+def wrong_task(kind: str, task: Task) -> RowError:
+    """A generation row (chat, prompt, text...) in a pooling run, or the other way round."""
+    return RowError(f"a {kind} row in {run_of(task)}; {_fits(task)}")
+
+
+def run_of(task: Task) -> str:
+    return f"an {task} run" if task == "embed" else f"a {task} run"
+
+
+def _fits(task: Task) -> str:
+    if task == "embed":
+        return "give 'input' (or --text-column COL), or an OpenAI Batch line to /v1/embeddings"
+    if task in ("score", "rerank"):
+        return "give 'query' and 'documents' (or 'text_1' and 'text_2')"
+    return "this run generates text (--task embed, score or rerank runs the other rows)"
+
+
+def _embed_input(raw: dict[str, Any], mapping: RowMapping) -> PoolingInput:
+    if mapping.text_column is not None:
+        if mapping.text_column not in raw:
+            raise RowError(f"row has no '{mapping.text_column}' (the --text-column)")
+        value = raw[mapping.text_column]
+        if not isinstance(value, str):
+            raise RowError(f"'{mapping.text_column}' must be text, got {json_type(value)}")
+        return PoolingInput("embed", [value])
+    if mapping.prompt_template is not None:
+        try:
+            return PoolingInput("embed", [mapping.prompt(raw)])
+        except TemplateError as exc:
+            raise RowError(str(exc)) from None
+    if "input" not in raw:
+        raise wrong_task(_shape_of(raw).removeprefix("a ").removesuffix(" row"), "embed")
+    parsed = _validate(wire.EmbeddingsBody, {"input": raw["input"]}, "")
+    got = _checked(lambda: wire.embeddings_input(parsed))
+    return PoolingInput("embed", got.inputs, _single(parsed.input))
+
+
+def _single(value: Any) -> bool:
+    """An input of one text (or one list of token ids), which gets one `embedding`."""
+    return isinstance(value, str) or all(isinstance(v, int) for v in value)
+
+
+def _shape_of(raw: dict[str, Any]) -> str:
+    for key, name in (("messages", "chat"), ("prompt", "prompt"), ("text", "text")):
+        if key in raw:
+            return f"a {name} row"
+    keys = ", ".join(sorted(raw)[:12]) or "none"
+    return f"a row with keys {keys}"
+
+
+def _validate(model: Any, body: dict[str, Any], where: str) -> Any:
+    return _checked(lambda: validate_body(model, body, where))
+
+
+def _checked(read: Any) -> Any:
+    try:
+        return read()
+    except ApiError as exc:
+        raise RowError(exc.message) from None
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def values(pooled: PoolingInput, result: EmbedResult | ScoreResult) -> dict[str, Any]:
+    """What a row gets: its vectors, scores or ranked documents."""
+    if isinstance(result, EmbedResult):
+        vectors = [wire.encoded(e.vector, "float") for e in result.embeddings]
+        return {"embedding": vectors[0]} if pooled.single else {"embeddings": vectors}
+    if pooled.task == "rerank":
+        assert pooled.documents is not None
+        return {"results": wire.rerank_results(result, pooled.documents, pooled.top_n)}
+    return {"scores": list(result.scores)}
+
+
+def meta(result: EmbedResult | ScoreResult) -> dict[str, Any]:
+    """The `response` record beside them: usage, truncation, who made it, at what cost."""
+    tokens = result.usage.prompt_tokens
+    record: dict[str, Any] = {"usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    if isinstance(result, EmbedResult):
+        truncated = [e.truncated for e in result.embeddings]
+        record["truncated"] = truncated[0] if len(truncated) == 1 else truncated
+    record.update(model=result.model, engine=result.engine, latency_s=round(result.latency_s, 4))
+    if result.cost_usd is not None:
+        record["cost_usd"] = round(result.cost_usd, 8)
+    return record
+
+
+def openai_body(
+    url: str, pooled: PoolingInput, result: EmbedResult | ScoreResult, model: str, rid: str
+) -> dict[str, Any]:
+    """The response body an OpenAI Batch output line carries, as serve answers it."""
+    if isinstance(result, EmbedResult):
+        return wire.embeddings_response(result, model, pooled.encoding_format)
+    if url == wire.RERANK_PATH:
+        assert pooled.documents is not None
+        return wire.rerank_response(rid, result, pooled.documents, pooled.top_n, model)
+    return wire.score_response(rid, 0, result, model)

@@ -1,0 +1,182 @@
+"""The pooling endpoints' wire format, both ways: OpenAI's `/v1/embeddings`, and vLLM's
+`/v1/score` and `/v1/rerank` (the shapes llama-server's rerank also takes).
+
+`lmpress serve` reads these bodies from HTTP and `lmpress batch` from an OpenAI Batch line's
+`body`, through the same models, so a body means the same in both. Embeddings responses are
+built from the `openai` package's own types; a base64 vector is the float32 values,
+little-endian, as OpenAI sends them and the official client decodes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from openai.types import CreateEmbeddingResponse
+from openai.types import Embedding as OpenAIEmbedding
+from openai.types.create_embedding_response import Usage as EmbeddingUsage
+from pydantic import BaseModel, ConfigDict
+
+from lmpress.openai_wire.errors import ApiError
+from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult
+
+EMBEDDINGS_PATH = "/v1/embeddings"
+SCORE_PATH = "/v1/score"
+RERANK_PATH = "/v1/rerank"
+
+EncodingFormat = Literal["float", "base64"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class EmbeddingsBody(_Strict):
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None  # serve requires it; a batch line may leave it
+    dimensions: int | None = None
+    encoding_format: EncodingFormat | None = None
+    user: str | None = None  # accepted; it changes nothing here
+    normalize: bool | None = None  # vLLM's extension: L2-normalise the vectors
+
+
+class ScoreBody(_Strict):
+    """vLLM's /v1/score: `text_1` against each of `text_2`."""
+
+    text_1: str | list[str]
+    text_2: str | list[str]
+    model: str | None = None
+
+
+class RerankBody(_Strict):
+    """vLLM's (and Jina's, llama-server's) /v1/rerank."""
+
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+    model: str | None = None
+    return_documents: bool | None = None
+
+
+@dataclass
+class Embeddings:
+    """An embeddings body read: the inputs, and what to do with their vectors."""
+
+    inputs: list[str] | list[list[int]]
+    dimensions: int | None = None
+    encoding_format: EncodingFormat = "float"
+    normalize: bool = False
+
+
+def embeddings_input(body: EmbeddingsBody, where: str = "") -> Embeddings:
+    """A body's inputs, one list, each a string or a list of token ids; an empty input, a
+    `dimensions` under 1, is a 400 naming the argument."""
+    value = body.input
+    if isinstance(value, str):
+        inputs: list[Any] = [value]
+    elif value and all(isinstance(v, int) for v in value):
+        inputs = [value]
+    else:
+        inputs = list(value)
+    if not inputs or any(isinstance(i, list) and not i for i in inputs):
+        raise ApiError(400, f"'{where}input' must not be empty", param="input")
+    if body.dimensions is not None and body.dimensions < 1:
+        message = f"'{where}dimensions': {body.dimensions} must be at least 1"
+        raise ApiError(400, message, param="dimensions")
+    return Embeddings(
+        inputs, body.dimensions, body.encoding_format or "float", bool(body.normalize)
+    )
+
+
+def score_pair(body: ScoreBody, where: str = "") -> tuple[str, list[str]]:
+    """A score body's query and documents: one `text_1` against one or more `text_2`."""
+    first = body.text_1
+    if isinstance(first, list):
+        if len(first) != 1:
+            raise ApiError(
+                400,
+                f"'{where}text_1' must be one text (scoring pairs of lists is not supported)",
+                param="text_1",
+            )
+        first = first[0]
+    second = [body.text_2] if isinstance(body.text_2, str) else list(body.text_2)
+    if not second:
+        raise ApiError(400, f"'{where}text_2' must not be empty", param="text_2")
+    return first, second
+
+
+def check_top_n(top_n: int | None, where: str = "") -> None:
+    if top_n is not None and top_n < 1:
+        raise ApiError(400, f"'{where}top_n': {top_n} must be at least 1", param="top_n")
+
+
+def encoded(vector: Sequence[float], encoding_format: EncodingFormat) -> list[float] | str:
+    """A vector as a body carries it: floats, or base64 of its float32 values (a numpy array
+    or a list alike)."""
+    values = [float(v) for v in vector]
+    if encoding_format == "base64":
+        return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")
+    return values
+
+
+def embeddings_response(
+    result: EmbedResult, model: str, encoding_format: EncodingFormat = "float"
+) -> dict[str, Any]:
+    """The `/v1/embeddings` response body for a result."""
+    data = [
+        OpenAIEmbedding(embedding=[], index=i, object="embedding")
+        for i in range(len(result.embeddings))
+    ]
+    usage = EmbeddingUsage(
+        prompt_tokens=result.usage.prompt_tokens, total_tokens=result.usage.prompt_tokens
+    )
+    body = CreateEmbeddingResponse(data=data, model=model, object="list", usage=usage)
+    out = body.model_dump(mode="json")
+    for item, embedding in zip(out["data"], result.embeddings, strict=True):
+        item["embedding"] = encoded(embedding.vector, encoding_format)
+    return out
+
+
+def ranked(scores: list[float], top_n: int | None) -> list[tuple[int, float]]:
+    """(index, score) of the documents, best first, cut to `top_n`."""
+    order = sorted(enumerate(scores), key=lambda pair: -pair[1])
+    return order[:top_n] if top_n is not None else order
+
+
+def rerank_results(
+    result: ScoreResult, documents: list[str], top_n: int | None
+) -> list[dict[str, Any]]:
+    return [
+        {"index": index, "relevance_score": score, "document": {"text": documents[index]}}
+        for index, score in ranked(result.scores, top_n)
+    ]
+
+
+def rerank_response(
+    id: str, result: ScoreResult, documents: list[str], top_n: int | None, model: str
+) -> dict[str, Any]:
+    """vLLM's /v1/rerank response body."""
+    return {
+        "id": id,
+        "model": model,
+        "usage": {"total_tokens": result.usage.prompt_tokens},
+        "results": rerank_results(result, documents, top_n),
+    }
+
+
+def score_response(id: str, created: int, result: ScoreResult, model: str) -> dict[str, Any]:
+    """vLLM's /v1/score response body."""
+    tokens = result.usage.prompt_tokens
+    return {
+        "id": id,
+        "object": "list",
+        "created": created,
+        "model": model,
+        "data": [
+            {"index": i, "object": "score", "score": score} for i, score in enumerate(result.scores)
+        ],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+    }

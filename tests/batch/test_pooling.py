@@ -1,0 +1,215 @@
+"""Embed runs through the real `lmpress batch` command and the OPENAI engine against the
+loopback server: plain rows, OpenAI Batch lines in and out, Parquet, the dry run, faults,
+kill -9 and resume, and a resumed output's task."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_lmpress
+from tests.dryrun.test_dry_run_and_budget_cli import table
+from tests.servers.embeddings import vector
+from tests.servers.llm_server import Faults, LLMServer
+
+pytestmark = pytest.mark.timeout(180)
+
+MODEL = "text-embedding-3-small"  # priced at $0.02 per million input tokens
+
+
+@pytest.fixture(autouse=True)
+def key(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-key")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with LLMServer() as s:
+        yield s
+
+
+def embed_args(server: LLMServer, src: Path, out: Path, *more: str) -> list[str]:
+    return [
+        "batch", "-i", str(src), "-o", str(out), "--engine", "OPENAI", "--task", "embed",
+        "--model.model_name", MODEL, "--remote_params.api_url", server.openai_url,
+        "--remote_params.retry_backoff_base", "0.01", "--remote_params.retry_backoff_max",
+        "0.2", *more,
+    ]  # fmt: skip
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def from_base64(text: str) -> list[float]:
+    raw = base64.b64decode(text)
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+def test_plain_rows_get_their_vectors_and_a_chat_row_fails_alone(tmp_path, server):
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "a", "input": "hello world"},
+            {"id": "b", "input": ["one", "two three"]},
+            {"id": "c", "messages": [{"role": "user", "content": "hi"}]},
+            {"id": "d", "input": [5, 6, 7]},
+        ],
+    )
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(*embed_args(server, src, out))
+    assert run.returncode == 1, run.stderr  # one row failed
+    rows = {row["id"]: row for row in read_jsonl(out)}
+    assert rows["a"]["embedding"] == vector("hello world")
+    assert rows["b"]["embeddings"] == [vector("one"), vector("two three")]
+    assert rows["d"]["embedding"] == vector([5, 6, 7])
+    assert rows["a"]["response"]["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
+    assert rows["a"]["response"]["truncated"] is False
+    assert rows["a"]["response"]["cost_usd"] == pytest.approx(2 * 0.02 / 1e6)
+    assert "c" not in rows
+    said = [line for line in run.stderr.splitlines() if ":3:" in line]
+    assert said == [f"lmpress: {src}:3: a chat row in an embed run; give 'input' (or "
+                    f"--text-column COL), or an OpenAI Batch line to /v1/embeddings"]  # fmt: skip
+    assert "Traceback" not in run.stderr and "sk-test-key" not in run.stderr + run.stdout
+    (error,) = read_jsonl(tmp_path / "out.errors.jsonl")
+    assert error["id"] == "c" and error["error"]["kind"] == "invalid_row"
+
+
+def test_openai_batch_lines_in_openai_batch_lines_out(tmp_path, server):
+    def line(cid: str, **body) -> dict:
+        return {"custom_id": cid, "method": "POST", "url": "/v1/embeddings",
+                "body": {"model": MODEL, **body}}  # fmt: skip
+
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            line("e1", input="first text"),
+            line("e2", input=["a", "b c"], encoding_format="base64", dimensions=4),
+            line("e3", input="x", colour=3),
+        ],
+    )
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(*embed_args(server, src, out))
+    assert run.returncode == 1, run.stderr
+    lines = {row["custom_id"]: row for row in read_jsonl(out)}
+    assert set(lines) == {"e1", "e2"}
+    from openai.types import CreateEmbeddingResponse
+
+    first = CreateEmbeddingResponse.model_validate(lines["e1"]["response"]["body"])
+    assert first.data[0].embedding == vector("first text") and first.usage.prompt_tokens == 2
+    second = lines["e2"]["response"]["body"]["data"]
+    assert [from_base64(item["embedding"]) for item in second] == [vector("a", 4), vector("b c", 4)]
+    (error,) = read_jsonl(tmp_path / "out.errors.jsonl")
+    assert error["custom_id"] == "e3" and error["response"]["status_code"] == 400
+    assert error["error"]["message"] == "Unrecognized request argument supplied: body.colour"
+
+
+def test_a_table_column_to_parquet_as_fixed_size_float32_vectors(tmp_path, server):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"document number {i}" for i in range(6)]
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"doc": texts, "n": list(range(6))}), src)
+    out = tmp_path / "out.parquet"
+    run = run_lmpress(*embed_args(server, src, out, "--text-column", "doc", "--limit", "5"))
+    assert run.returncode == 0, run.stderr
+    table = pq.read_table(out).sort_by("n")
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), 16)
+    assert table.column("embedding").to_pylist() == [vector(t) for t in texts[:5]]
+    assert table.column("prompt_tokens").to_pylist() == [3] * 5
+
+
+def test_dry_run_counts_input_tokens_and_prices_them(tmp_path, server):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"input": "x" * 400}, {"input": ["y" * 40, "z"]}])
+    server.reset()
+    run = run_lmpress(*embed_args(server, src, tmp_path / "out.jsonl", "--dry-run"))
+    assert run.returncode == 0, run.stderr
+    shown = table(run.stderr)
+    # OPENAI publishes no tokenizer: ~4 characters a token, plus one, per input.
+    assert shown["prompt tokens"] == f"~{101 + 11 + 1}"
+    assert shown["output tokens, at most"] == "0"
+    assert (
+        "$0.02 in" in shown["price per million tokens"]
+        and MODEL in shown["price per million tokens"]
+    )
+    assert server.stats.requests == 0 and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_429_storm_still_gets_every_row_once(tmp_path):
+    faults = Faults(transient_rate=1.0, transient_kinds=("429",), retry_after="0")
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "input": f"t {i}"} for i in range(20)])
+    out = tmp_path / "out.jsonl"
+    with LLMServer(faults) as server:
+        run = run_lmpress(*embed_args(server, src, out))
+        statuses = server.stats.statuses
+    assert run.returncode == 0, run.stderr
+    rows = read_jsonl(out)
+    assert sorted(int(r["id"]) for r in rows) == list(range(20))
+    assert all(r["embedding"] == vector(f"t {r['id']}") for r in rows)
+    assert statuses[429] == 20 and statuses[200] == 20
+
+
+def test_kill_9_mid_job_then_resume_writes_every_row_once(tmp_path):
+    rows = 40
+    src = write_jsonl(
+        tmp_path / "in.jsonl", [{"id": str(i), "input": f"r {i}"} for i in range(rows)]
+    )
+    out = tmp_path / "out.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with LLMServer(Faults(latency_s=0.05)) as server:
+        args = embed_args(server, src, out, "--remote_params.num_workers", "2")
+        proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "the job ended before the kill"
+            if out.exists() and out.read_bytes().count(b"\n") >= 8:
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        before = out.read_bytes().count(b"\n")
+        assert 8 <= before < rows
+        run = run_lmpress(*embed_args(server, src, out), env=env)
+    assert run.returncode == 0, run.stderr
+    ids = [r["id"] for r in read_jsonl(out)]
+    assert sorted(ids, key=int) == [str(i) for i in range(rows)]  # each once
+
+
+def test_a_resumed_output_refuses_another_task(tmp_path, server):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "input": "x"}])
+    out = tmp_path / "out.jsonl"
+    assert run_lmpress(*embed_args(server, src, out)).returncode == 0
+    args = embed_args(server, src, out)
+    args[args.index("embed")] = "generate"
+    run = run_lmpress(*args)
+    assert run.returncode == 2
+    assert 'task was "embed", now "generate"' in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+
+
+def test_an_engine_that_cannot_embed_is_refused_in_one_line(tmp_path, server):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "input": "x"}])
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), "--engine", "DEEPSEEK",
+        "--task", "embed", "--model.model_name", "m", "--remote_params.api_url",
+        server.openai_url,
+        env={"DEEPSEEK_API_KEY": "k"},
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "engine DEEPSEEK cannot embed" in run.stderr and "Traceback" not in run.stderr
