@@ -1,4 +1,5 @@
-"""The FastAPI app of `lmpress serve`: OpenAI's routes over one engine.
+"""The FastAPI app of `lmpress serve`: OpenAI's routes over one engine (the pooling routes,
+embeddings, score and rerank, in `serve.pooling`).
 
 A route checks the body, the model and the parameters, then returns a `GenerationResponse`
 that runs the engine and watches for the client going away; when it goes, the generation is
@@ -12,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -23,11 +25,13 @@ from starlette.requests import ClientDisconnect
 from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, check_tools, unsupported_params
+from lmpress.openai_wire import pooling as wire
 from lmpress.openai_wire import requests as bodies
 from lmpress.openai_wire import responses
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling
 from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
+from lmpress.serve import pooling
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -114,6 +118,7 @@ class Server:
     # --- the routes ----------------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> GenerationResponse:
+        pooling.require_task(self, bodies.CHAT_PATH, ("generate",))
         body = bodies.parse_body(bodies.ChatCompletionBody, await self.read_body(request))
         sampling = bodies.chat_sampling(body)
         try:
@@ -137,6 +142,7 @@ class Server:
         return GenerationResponse(self.slots, run, entry)
 
     async def completions(self, request: HttpRequest) -> GenerationResponse:
+        pooling.require_task(self, bodies.COMPLETIONS_PATH, ("generate",))
         body = bodies.parse_body(bodies.CompletionBody, await self.read_body(request))
         sampling = bodies.completion_sampling(body)
         prompts = bodies.completion_prompts(body)
@@ -345,6 +351,12 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
 
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
+    for path, route in (
+        (wire.EMBEDDINGS_PATH, pooling.embeddings),
+        (wire.SCORE_PATH, pooling.score),
+        (wire.RERANK_PATH, pooling.rerank),
+    ):
+        app.add_api_route(path, partial(route, server), methods=["POST"])
 
     async def api_error(request: HttpRequest, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)

@@ -1,0 +1,129 @@
+"""The pooling routes of `lmpress serve`: OpenAI's `/v1/embeddings`, and vLLM's `/v1/score` and
+`/v1/rerank`, over the served engine's `embed` and `score`.
+
+A server runs one task (`--task`, as a batch run does: NATIVE loads an encoder for `embed`, a
+cross-encoder for `score` and `rerank`), so a route of another task answers 400 in one line.
+Each request goes to the engine as it comes, as a generation does; the engine batches what is
+waiting. Bodies are read and answered by `openai_wire.pooling`, as batch reads the same bodies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse
+
+from lmpress.configs.schema import ServeParams
+from lmpress.engines.base import Engine
+from lmpress.openai_wire import pooling as wire
+from lmpress.openai_wire.errors import ApiError, error_from_info
+from lmpress.openai_wire.requests import parse_body
+from lmpress.serve.asgi import (
+    GenerationResponse,
+    RequestLog,
+    Response,
+    Slots,
+    new_id,
+    request_log,
+)
+from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest, Task
+from lmpress.vocabulary.types import Usage
+
+
+class Server(Protocol):
+    """What these routes use of `serve.app.Server`."""
+
+    engine: Engine
+    settings: ServeParams
+    model_name: str
+    slots: Slots
+
+    async def read_body(self, request: HttpRequest) -> bytes: ...
+
+    def check_model(self, model: str) -> None: ...
+
+
+def require_task(server: Server, path: str, tasks: tuple[Task, ...]) -> None:
+    """A 400 for a route whose task this server does not run."""
+    task = server.engine.config.task
+    if task not in tasks:
+        raise ApiError(
+            400,
+            f"{path}: this server runs the {task} task; start it with --task {tasks[0]} "
+            f"(on an engine that can {tasks[0]}) to serve {path}",
+            code="unsupported_task",
+        )
+
+
+def _model(server: Server, model: str | None) -> None:
+    if model is None:
+        raise ApiError(400, "Missing required parameter: 'model'", param="model")
+    server.check_model(model)
+
+
+def _logged(server: Server, request: HttpRequest, prefix: str, content: object) -> RequestLog:
+    entry = request_log(request.scope)
+    entry.id = new_id(prefix)
+    if server.settings.log_content:
+        entry.content = {"input": content}
+    return entry
+
+
+async def embeddings(server: Server, request: HttpRequest) -> GenerationResponse:
+    require_task(server, wire.EMBEDDINGS_PATH, ("embed",))
+    body = parse_body(wire.EmbeddingsBody, await server.read_body(request))
+    _model(server, body.model)
+    got = wire.embeddings_input(body)
+    entry = _logged(server, request, "embd", got.inputs)
+    embed = EmbedRequest(entry.id, got.inputs, got.dimensions, got.normalize)
+
+    async def run() -> Response:
+        result = await server.engine.embed(embed)
+        entry.usage = Usage(result.usage.prompt_tokens, 0)
+        if result.error is not None:
+            raise error_from_info(result.error)
+        out = wire.embeddings_response(result, server.model_name, got.encoding_format)
+        return JSONResponse(out, headers={"x-request-id": entry.id})
+
+    return GenerationResponse(server.slots, run(), entry)
+
+
+async def score(server: Server, request: HttpRequest) -> GenerationResponse:
+    require_task(server, wire.SCORE_PATH, ("score", "rerank"))
+    body = parse_body(wire.ScoreBody, await server.read_body(request))
+    _model(server, body.model)
+    query, documents = wire.score_pair(body)
+    entry = _logged(server, request, "score", [query, *documents])
+
+    async def run() -> Response:
+        result = await _scored(server, entry, ScoreRequest(entry.id, query, documents))
+        out = wire.score_response(entry.id, int(time.time()), result, server.model_name)
+        return JSONResponse(out, headers={"x-request-id": entry.id})
+
+    return GenerationResponse(server.slots, run(), entry)
+
+
+async def rerank(server: Server, request: HttpRequest) -> GenerationResponse:
+    require_task(server, wire.RERANK_PATH, ("rerank", "score"))
+    body = parse_body(wire.RerankBody, await server.read_body(request))
+    _model(server, body.model)
+    wire.check_top_n(body.top_n)
+    entry = _logged(server, request, "rerank", [body.query, *body.documents])
+    scored = ScoreRequest(entry.id, body.query, body.documents, body.top_n)
+
+    async def run() -> Response:
+        result = await _scored(server, entry, scored)
+        out = wire.rerank_response(entry.id, result, body.documents, body.top_n, server.model_name)
+        return JSONResponse(out, headers={"x-request-id": entry.id})
+
+    return GenerationResponse(server.slots, run(), entry)
+
+
+async def _scored(server: Server, entry: RequestLog, request: ScoreRequest):
+    result = await server.engine.score(request)
+    entry.usage = Usage(result.usage.prompt_tokens, 0)
+    if result.error is not None:
+        raise error_from_info(result.error)
+    return result

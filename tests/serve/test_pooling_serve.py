@@ -1,0 +1,87 @@
+"""`lmpress serve`'s /v1/embeddings with the official `openai` client, float and base64, over
+the OPENAI engine and the loopback server behind it; the routes of a task it does not run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.servers.embeddings import vector
+from tests.servers.llm_server import LLMServer
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    with LLMServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def embed_server(serve_process, backend):
+    return serve_process(
+        "--engine", "OPENAI", "--task", "embed", "--model.model_name", "text-embedding-3-small",
+        "--remote_params.api_url", backend.openai_url, "--api-key", "serve-key",
+        env={"OPENAI_API_KEY": "sk-upstream"},
+    )  # fmt: skip
+
+
+def test_the_openai_client_gets_float_and_base64_vectors(embed_server):
+    client = embed_server.client(api_key="serve-key")
+    texts = ["first text", "second, longer text"]
+    floats = client.embeddings.create(
+        model="text-embedding-3-small", input=texts, encoding_format="float"
+    )
+    assert [item.embedding for item in floats.data] == [vector(t) for t in texts]
+    assert floats.usage.prompt_tokens == 2 + 3 and floats.model == "text-embedding-3-small"
+    # No encoding_format: the client asks for base64 and decodes it itself.
+    decoded = client.embeddings.create(model="text-embedding-3-small", input="x y", dimensions=5)
+    assert decoded.data[0].embedding == vector("x y", 5)
+    raw = embed_server.http().post(
+        "/v1/embeddings",
+        json={"model": "text-embedding-3-small", "input": "x y", "encoding_format": "base64"},
+        headers={"Authorization": "Bearer serve-key"},
+    )
+    assert isinstance(raw.json()["data"][0]["embedding"], str)
+
+
+def test_concurrent_requests_each_get_their_own_vector(embed_server):
+    client = embed_server.async_client(api_key="serve-key")
+
+    async def run():
+        calls = [
+            client.embeddings.create(model="text-embedding-3-small", input=f"text {i}")
+            for i in range(16)
+        ]
+        return await asyncio.gather(*calls)
+
+    replies = asyncio.run(run())
+    assert [r.data[0].embedding for r in replies] == [vector(f"text {i}") for i in range(16)]
+
+
+def test_bad_bodies_keys_and_tasks_answer_in_openai_s_shape(embed_server):
+    http = embed_server.http()
+    auth = {"Authorization": "Bearer serve-key"}
+    unknown = http.post("/v1/embeddings", json={"model": "text-embedding-3-small", "input": "a",
+                                                "colour": 1}, headers=auth)  # fmt: skip
+    assert unknown.status_code == 400
+    assert unknown.json()["error"]["message"] == "Unrecognized request argument supplied: colour"
+    no_key = http.post("/v1/embeddings", json={"model": "text-embedding-3-small", "input": "a"})
+    assert no_key.status_code == 401
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"model": "text-embedding-3-small", "messages": [{"role": "user", "content": "a"}]},
+        headers=auth,
+    )
+    assert chat.status_code == 400
+    assert chat.json()["error"]["message"] == (
+        "/v1/chat/completions: this server runs the embed task; start it with --task generate "
+        "(on an engine that can generate) to serve /v1/chat/completions"
+    )
+    rerank = http.post("/v1/rerank", json={"model": "m", "query": "q", "documents": ["d"]},
+                       headers=auth)  # fmt: skip
+    assert rerank.status_code == 400 and "--task rerank" in rerank.json()["error"]["message"]
+    assert "sk-upstream" not in embed_server.log and "serve-key" not in json.dumps(rerank.json())
