@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO, run_lmpress
 from tests.dryrun.test_dry_run_and_budget_cli import table
-from tests.servers.embeddings import vector
+from tests.servers.embeddings import score, vector
 from tests.servers.llm_server import Faults, LLMServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -213,3 +213,59 @@ def test_an_engine_that_cannot_embed_is_refused_in_one_line(tmp_path, server):
     )  # fmt: skip
     assert run.returncode == 2
     assert "engine DEEPSEEK cannot embed" in run.stderr and "Traceback" not in run.stderr
+
+
+def vllm_args(server: LLMServer, src: Path, out: Path, task: str) -> list[str]:
+    args = embed_args(server, src, out)
+    args[args.index("OPENAI")] = "REMOTE_VLLM"
+    args[args.index("embed")] = task
+    return args
+
+
+def test_rerank_rows_come_back_best_first_cut_to_top_n(tmp_path, server):
+    docs = ["alpha doc", "beta doc", "gamma doc", "delta doc"]
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "r", "query": "which one", "documents": docs, "top_n": 2},
+            {"id": "p", "text_1": "which one", "text_2": docs[:2]},
+            {"id": "bad", "query": "q"},
+            {"id": "e", "input": "an embed row"},
+        ],
+    )
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(*vllm_args(server, src, out, "rerank"))
+    assert run.returncode == 1, run.stderr
+    rows = {row["id"]: row for row in read_jsonl(out)}
+    expected = sorted(((score("which one", d), i) for i, d in enumerate(docs)), reverse=True)
+    assert rows["r"]["results"] == [
+        {"index": i, "relevance_score": s, "document": {"text": docs[i]}} for s, i in expected[:2]
+    ]
+    assert [r["index"] for r in rows["p"]["results"]] == sorted(
+        range(2), key=lambda i: -score("which one", docs[i])
+    )
+    errors = {e["id"]: e["error"]["message"] for e in read_jsonl(tmp_path / "out.errors.jsonl")}
+    assert errors == {
+        "bad": "Missing required parameter: 'documents'",
+        "e": "a row with keys id, input in a rerank run; give 'query' and 'documents' (or "
+        "'text_1' and 'text_2')",
+    }
+
+
+def test_score_lines_in_openai_batch_out_in_vllm_s_shapes(tmp_path, server):
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            {"custom_id": "s", "method": "POST", "url": "/v1/score",
+             "body": {"model": "m", "text_1": "q", "text_2": ["a", "b"]}},
+            {"custom_id": "k", "method": "POST", "url": "/v1/rerank",
+             "body": {"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 1}},
+        ],
+    )  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(*vllm_args(server, src, out, "score"))
+    assert run.returncode == 0, run.stderr
+    bodies = {row["custom_id"]: row["response"]["body"] for row in read_jsonl(out)}
+    assert [d["score"] for d in bodies["s"]["data"]] == [score("q", "a"), score("q", "b")]
+    best = max(range(2), key=lambda i: score("q", "ab"[i]))
+    assert [r["index"] for r in bodies["k"]["results"]] == [best]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.servers.embeddings import vector
+from tests.servers.embeddings import score, vector
 from tests.servers.llm_server import LLMServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -85,3 +85,29 @@ def test_bad_bodies_keys_and_tasks_answer_in_openai_s_shape(embed_server):
                        headers=auth)  # fmt: skip
     assert rerank.status_code == 400 and "--task rerank" in rerank.json()["error"]["message"]
     assert "sk-upstream" not in embed_server.log and "serve-key" not in json.dumps(rerank.json())
+
+
+def test_rerank_and_score_in_vllm_s_shapes_over_remote_vllm(serve_process, backend):
+    served = serve_process(
+        "--engine", "REMOTE_VLLM", "--task", "rerank", "--model.model_name", "reranker",
+        "--remote_params.api_url", backend.openai_url,
+    )  # fmt: skip
+    http = served.http()
+    docs = ["one doc", "two doc", "three doc"]
+    reranked = http.post(
+        "/v1/rerank", json={"model": "reranker", "query": "q", "documents": docs, "top_n": 2}
+    )
+    assert reranked.status_code == 200, reranked.text
+    order = sorted(range(3), key=lambda i: -score("q", docs[i]))[:2]
+    assert reranked.json()["results"] == [
+        {"index": i, "relevance_score": score("q", docs[i]), "document": {"text": docs[i]}}
+        for i in order
+    ]
+    scored = http.post("/v1/score", json={"model": "reranker", "text_1": "q", "text_2": docs})
+    assert [d["score"] for d in scored.json()["data"]] == [score("q", d) for d in docs]
+    bad = http.post("/v1/rerank", json={"model": "reranker", "query": "q", "documents": docs,
+                                        "top_n": 0})  # fmt: skip
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == "'top_n': 0 must be at least 1"
+    embeddings = http.post("/v1/embeddings", json={"model": "reranker", "input": "x"})
+    assert embeddings.status_code == 400 and "--task embed" in embeddings.text

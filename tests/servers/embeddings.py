@@ -1,5 +1,6 @@
 """What the loopback server answers to /v1/embeddings: a vector that depends only on the input,
-so a test can compute the one each row must get (`vector`).
+so a test can compute the one each row must get (`vector`); and to vLLM's /v1/score, a score
+that depends only on the pair (`score`).
 
 A vector has DIMS values, each a byte of the input's SHA-256 as (byte - 128) / 128: exact in
 float32, so a vector survives the base64 encoding (float32, little-endian) unchanged.
@@ -63,3 +64,40 @@ def reply(body: dict[str, Any], model: str) -> dict[str, Any]:
     used = sum(tokens(item) for item in inputs(body))
     usage = {"prompt_tokens": used, "total_tokens": used}
     return {"object": "list", "data": data, "model": model, "usage": usage}
+
+
+SCORE_FIELDS = frozenset({"model", "text_1", "text_2"})
+
+
+def score(query: str, document: str) -> float:
+    """The relevance score the server gives a pair: in [0, 1), exact in a double."""
+    digest = hashlib.sha256(f"{query}\0{document}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32
+
+
+def score_problem(body: dict[str, Any]) -> str | None:
+    """What vLLM's /v1/score refuses (a 400), or None: one text_1 against text_2."""
+    unknown = sorted(set(body) - SCORE_FIELDS)
+    if unknown:
+        return f"Unrecognized request argument supplied: {', '.join(unknown)}"
+    if not body.get("model"):
+        return "model: field required"
+    if not isinstance(body.get("text_1"), str):
+        return "text_1: Input should be a valid string"
+    second = body.get("text_2")
+    if not (isinstance(second, str) or isinstance(second, list) and second):
+        return "text_2: Input should be a string or a non-empty list of strings"
+    return None
+
+
+def score_reply(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """vLLM's ScoreResponse: one score per text_2, in order."""
+    documents = [body["text_2"]] if isinstance(body["text_2"], str) else body["text_2"]
+    data = [
+        {"index": i, "object": "score", "score": score(body["text_1"], doc)}
+        for i, doc in enumerate(documents)
+    ]
+    used = sum(tokens(body["text_1"]) + tokens(doc) for doc in documents)
+    usage = {"prompt_tokens": used, "total_tokens": used, "completion_tokens": 0}
+    return {"id": "score-test", "object": "list", "created": 0, "model": model, "data": data,
+            "usage": usage}  # fmt: skip

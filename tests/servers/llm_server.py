@@ -1,5 +1,5 @@
 """A test server on 127.0.0.1 that speaks OpenAI chat completions (and completions, embeddings
-and /models) and Anthropic Messages, streaming (SSE) and not, with knobs for latency and injected faults.
+and /models, and vLLM's /v1/score) and Anthropic Messages, streaming (SSE) and not, with knobs for latency and injected faults.
 
 Replies depend on the request: the reply to a conversation is `reply_text(last user message)`,
 so a test can check that every row got its own answer; a request with tools gets a call, and
@@ -253,7 +253,7 @@ class _Handler(BaseHTTPRequestHandler):
         anthropic = path in ("/v1/messages", "/messages")
         if not anthropic and path not in (
             "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-            "/v1/embeddings", "/embeddings",
+            "/v1/embeddings", "/embeddings", "/v1/score", "/score",
         ):  # fmt: skip
             self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
             return
@@ -342,6 +342,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._raw(200, b'{"id": "broken", "choices": [{"index": 0, "mess')
         if path.endswith("/embeddings"):
             return self._json(200, embeddings.reply(body, f.model))
+        if path.endswith("/score"):
+            return self._json(200, embeddings.score_reply(body, f.model))
         reply = Reply.of(body, anthropic, f.model)
         if body.get("stream"):
             broken = fault if fault in ("drop", "malformed") else None

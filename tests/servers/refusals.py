@@ -31,8 +31,11 @@ def error_body(
 
 def conversation(body: dict[str, Any]) -> str:
     """The text fault markers are looked for in, and faults keyed by: the messages (or prompt,
-    or an embeddings body's input)."""
-    return json.dumps(body.get("messages", body.get("prompt", body.get("input"))), sort_keys=True)
+    or an embeddings body's input, or a score body's texts)."""
+    text = body.get("messages", body.get("prompt", body.get("input")))
+    if text is None and "text_1" in body:  # a /v1/score body
+        text = [body["text_1"], body.get("text_2")]
+    return json.dumps(text, sort_keys=True)
 
 
 def permanent_status(conversation: str, permanent: dict[str, int]) -> int | None:
@@ -49,6 +52,8 @@ def request_problem(
     """What the real API answers 400 to in a chat (or completion, or Messages) body sent to
     `path`, or None: first what the SDK's request type does not allow (`request_types`; the
     fields in `extensions` aside), then what the API refuses in a body of the right shape."""
+    if path.rstrip("/").endswith("/score"):  # vLLM's own endpoint: no SDK type to check
+        return embeddings.score_problem(body)
     problem = request_types.body_problem(body, request_types.endpoint(path, anthropic), extensions)
     if problem:
         return problem

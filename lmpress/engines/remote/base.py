@@ -38,7 +38,13 @@ from lmpress.engines.remote.retry import (
     classify,
     status_kind,
 )
-from lmpress.vocabulary.embeddings import Embedding, EmbedRequest, EmbedResult
+from lmpress.vocabulary.embeddings import (
+    Embedding,
+    EmbedRequest,
+    EmbedResult,
+    ScoreRequest,
+    ScoreResult,
+)
 from lmpress.vocabulary.errors import (
     ConfigError,
     ErrorKind,
@@ -51,7 +57,7 @@ from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, 
 MESSAGE_LIMIT = 500  # characters of a provider's error message kept in a failed row
 
 
-R = TypeVar("R", "Reply", "EmbedReply")
+R = TypeVar("R", "Reply", "EmbedReply", "ScoreReply")
 
 
 @dataclass
@@ -68,6 +74,15 @@ class EmbedReply:
     """What one successful embeddings request produced."""
 
     embeddings: list[Embedding]
+    usage: Usage
+    model: str = ""
+
+
+@dataclass
+class ScoreReply:
+    """What one successful scoring request produced."""
+
+    scores: list[float]
     usage: Usage
     model: str = ""
 
@@ -170,6 +185,10 @@ class RemoteEngine(Engine):
         """One embeddings attempt, on an engine whose `tasks` include `embed`."""
         raise NotImplementedError
 
+    async def _send_score(self, client: Any, request: ScoreRequest) -> ScoreReply:
+        """One scoring attempt, on an engine whose `tasks` include `score`."""
+        raise NotImplementedError
+
     def _estimate(self, request: Request) -> int:
         """The request's input tokens, roughly, before the provider counts them."""
         return estimate_request_tokens(request)
@@ -221,6 +240,22 @@ class RemoteEngine(Engine):
             ]
         model = outcome.model or self.model_name
         return EmbedResult(request.id, embeddings, outcome.usage, model, self.name, latency)
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        """The documents' scores against the query from the provider's scoring endpoint,
+        paced and retried as a chat request is."""
+        started = time.perf_counter()
+        client = self._client_for_loop()
+        texts = [request.query, *request.documents]
+        outcome = await self._with_retries(
+            lambda: self._send_score(client, request), estimate_input_tokens(texts), 0
+        )
+        latency = time.perf_counter() - started
+        if isinstance(outcome, Failed):
+            info = self._failure_info(outcome)
+            return ScoreResult(request.id, [], Usage(), self.model_name, self.name, latency, info)
+        model = outcome.model or self.model_name
+        return ScoreResult(request.id, outcome.scores, outcome.usage, model, self.name, latency)
 
     async def _with_retries(
         self, send: Callable[[], Awaitable[R]], input_tokens: int, output_tokens: int
@@ -324,7 +359,7 @@ class RemoteEngine(Engine):
                 self.pacer.budget.rebind()
         return self._client
 
-    def _succeed(self, ticket: Ticket, reply: Reply | EmbedReply) -> None:
+    def _succeed(self, ticket: Ticket, reply: Reply | EmbedReply | ScoreReply) -> None:
         usage = reply.usage
         self.pacer.release(ticket, ok=True, usage=(usage.prompt_tokens, usage.completion_tokens))
 
@@ -372,7 +407,7 @@ class RemoteEngine(Engine):
         return ErrorInfo(failure.kind, message, failure.status)
 
 
-def estimate_input_tokens(inputs: list[str] | list[list[int]]) -> int:
+def estimate_input_tokens(inputs: Sequence[str] | Sequence[list[int]]) -> int:
     """Embedding inputs' tokens, roughly: token ids counted, text as the chat estimate does."""
     return sum(len(i) if isinstance(i, list) else estimate_tokens(len(i)) for i in inputs)
 

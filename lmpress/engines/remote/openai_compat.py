@@ -23,11 +23,17 @@ from typing import Any, ClassVar
 
 import lmpress.vocabulary.tools as tools
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.remote.base import EmbedReply, RemoteEngine, Reply, client_options
+from lmpress.engines.remote.base import (
+    EmbedReply,
+    RemoteEngine,
+    Reply,
+    ScoreReply,
+    client_options,
+)
 from lmpress.engines.remote.inline_images import inline_image_url
 from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.openai_wire.client import OPENAI_PARAMS, Dialect, request_body
-from lmpress.vocabulary.embeddings import Embedding, EmbedRequest
+from lmpress.vocabulary.embeddings import Embedding, EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 from lmpress.vocabulary.types import (
     FINISH_REASONS,
@@ -156,6 +162,26 @@ class OpenAICompatEngine(RemoteEngine):
                 f"the reply has {len(embeddings)} vectors for {len(request.inputs)} inputs"
             )
         return EmbedReply(embeddings, usage, reply.model or "")
+
+    async def _send_score(self, client: Any, request: ScoreRequest) -> ScoreReply:
+        """vLLM's /score (beside its OpenAI routes): text_1 against each of text_2, through
+        the SDK's generic `post`, which authenticates, sends and raises as for any route."""
+        await self._before_send(client)
+        body = {"model": await self._model(client), "text_1": request.query,
+                "text_2": request.documents}  # fmt: skip
+        content = await client.post("/score", body=body, cast_to=bytes, options=_BEARER_ONLY)
+        try:
+            data = json.loads(content)
+            items = sorted(data["data"], key=lambda item: item["index"])
+            scores = [float(item["score"]) for item in items]
+            usage = Usage(int((data.get("usage") or {}).get("prompt_tokens") or 0), 0)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise MalformedResponse(f"the reply is not a score list ({exc})") from exc
+        if len(scores) != len(request.documents):
+            raise MalformedResponse(
+                f"the reply has {len(scores)} scores for {len(request.documents)} documents"
+            )
+        return ScoreReply(scores, usage, data.get("model") or "")
 
     async def _send_stream(self, client: Any, request: Request) -> AsyncIterator[Delta | Reply]:
         await self._before_send(client)

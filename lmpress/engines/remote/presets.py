@@ -23,6 +23,8 @@ from lmpress.openai_wire.client import OPEN_MODEL_PARAMS, OPENAI_PARAMS, VLLM_PA
 OPENAI_COMPAT = "lmpress.engines.remote.openai_compat:OpenAICompatEngine"
 GENERATE = frozenset({"generate"})
 EMBED = frozenset({"generate", "embed"})
+# vLLM's server also scores pairs (/score) for a cross-encoder, and so reranks.
+POOLING = EMBED | {"score", "rerank"}
 
 GOOGLE_PARAMS = frozenset({
     "max_new_tokens", "temperature", "top_p", "n", "stop_strings", "seed", "presence_penalty",
@@ -71,7 +73,7 @@ class Provider:
     # exactly; None where the provider publishes none (the dry run then estimates).
     tokenizer: str | None = None
     # The tasks it answers (vocabulary/embeddings.py): `embed` where its API has OpenAI's
-    # /embeddings.
+    # /embeddings, `score` and `rerank` where it has vLLM's /score.
     tasks: frozenset[str] = GENERATE
 
 
@@ -90,7 +92,7 @@ PROVIDERS: tuple[Provider, ...] = (
              batch_api=BatchApi.OPENAI, tasks=EMBED),
     Provider("REMOTE_VLLM", "a remote vLLM server", params=OPENAI_PARAMS | VLLM_PARAMS,
              dialect=Dialect(extra_fields=VLLM_PARAMS, structured_outputs=True),
-             key_required=False, model_required=False, tasks=EMBED),
+             key_required=False, model_required=False, tasks=POOLING),
     Provider("GEMINI", "Google Gemini (OpenAI-compatible)",
              "https://generativelanguage.googleapis.com/v1beta/openai/", "GEMINI_API_KEY",
              GOOGLE_PARAMS, batch_discount=0.5, tasks=EMBED),

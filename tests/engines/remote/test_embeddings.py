@@ -1,5 +1,6 @@
-"""The OpenAI-compatible engines' embeddings: through the real `openai` SDK's
-`embeddings.create` against the loopback server, paced and retried as chat requests are."""
+"""The OpenAI-compatible engines' embeddings (the real `openai` SDK's `embeddings.create`) and
+REMOTE_VLLM's scores (vLLM's /score through the SDK) against the loopback server, paced and
+retried as chat requests are."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.vocabulary.embeddings import EmbedRequest
+from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ErrorKind, UnsupportedParamError
-from tests.servers.embeddings import vector
+from tests.servers.embeddings import score, vector
 from tests.servers.llm_server import Faults, LLMServer
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def make_engine(server: LLMServer, engine: str = "REMOTE", **overrides):
+def make_engine(server: LLMServer, engine: str = "REMOTE", task: str = "embed", **overrides):
     values = {
         "engine": engine,
-        "task": "embed",
+        "task": task,
         "model.model_name": "test-model",
         "remote_params.api_url": server.openai_url,
         "remote_params.api_key": "sk-test",
@@ -113,3 +114,30 @@ def test_an_engine_without_embeddings_is_refused_before_any_request():
         with pytest.raises(UnsupportedParamError, match="engine DEEPSEEK cannot embed"):
             make_engine(server, "DEEPSEEK")
         assert server.stats.requests == 0
+
+
+def test_remote_vllm_scores_each_document_through_its_score_route():
+    faults = Faults(transient_rate=1.0, transient_kinds=("500",))
+    with LLMServer(faults) as server:
+        engine = make_engine(server, "REMOTE_VLLM", task="rerank")
+        (result,) = asyncio.run(_score(engine, ScoreRequest("q", "what is x", ["x is y", "z"])))
+        paths = [path for path, _ in server.stats.bodies]
+    assert result.error is None
+    assert result.scores == [score("what is x", "x is y"), score("what is x", "z")]
+    assert result.usage.prompt_tokens == (3 + 3) + (3 + 1)
+    assert paths == ["/v1/score", "/v1/score"]  # the first attempt's 500 was retried
+
+
+async def _score(engine, request):
+    try:
+        return [await engine.score(request)]
+    finally:
+        await engine.aclose()
+
+
+def test_an_engine_without_a_score_route_cannot_rerank():
+    with (
+        LLMServer() as server,
+        pytest.raises(UnsupportedParamError, match="engine OPENAI cannot rerank"),
+    ):
+        make_engine(server, "OPENAI", task="rerank")
