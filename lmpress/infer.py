@@ -1,13 +1,19 @@
-"""`lmpress infer PROMPT`: the smallest front, one request with its reply streamed to stdout."""
+"""`lmpress infer PROMPT`: the smallest front, one request with its reply streamed to stdout;
+with `--task embed`, the text's vector, and with `--task score` or `rerank`, the documents'
+scores against the text."""
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import TextIO
 
 from lmpress.configs.schema import RunConfig
+from lmpress.data import pooling_rows
+from lmpress.data.pooling_rows import PoolingInput
 from lmpress.engines.base import check_params
 from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.embeddings import EmbedResult, Task
 from lmpress.vocabulary.images import image_part
 from lmpress.vocabulary.types import ContentPart, Delta, Message, Request, Result
 
@@ -52,5 +58,53 @@ async def run_prompt(
     out.write("\n")
     for i, sample in enumerate(result.samples[1:], start=2):
         out.write(f"--- sample {i} ---\n{sample.text}\n")
+    out.flush()
+    return 0
+
+
+SHOWN_VALUES = 8  # of a vector, printed without --json
+
+
+async def run_pooled(
+    config: RunConfig,
+    text: str,
+    documents: list[str],
+    as_json: bool = False,
+    out: TextIO | None = None,
+) -> int:
+    """Embed `text`, or score `documents` against it, as the config's task says; print the
+    vector's size and first values (the scores, best first for rerank), or the row an embed
+    or score run would write with `as_json`. Returns the exit code."""
+    out = out or sys.stdout
+    task: Task = config.task  # type: ignore[assignment]  # checked by configs.loading
+    if task == "embed":
+        pooled = PoolingInput(task, [text])
+    else:
+        pooled = PoolingInput(task, query=text, documents=documents)
+    engine = create_engine(config)
+    try:
+        request = pooled.request("prompt")
+        result = await (
+            engine.embed(request) if task == "embed" else engine.score(request)  # type: ignore[arg-type]
+        )
+    finally:
+        await engine.aclose()
+    if result.error:
+        print(f"lmpress: error: {result.error.message}", file=sys.stderr)
+        return 1
+    if as_json:
+        row = {**pooling_rows.values(pooled, result), "response": pooling_rows.meta(result)}
+        out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    elif isinstance(result, EmbedResult):
+        vector = [float(v) for v in result.embeddings[0].vector]
+        shown = ", ".join(f"{v:.4f}" for v in vector[:SHOWN_VALUES])
+        more = ", ..." if len(vector) > SHOWN_VALUES else ""
+        out.write(f"{len(vector)} values: [{shown}{more}]\n")
+    else:
+        order = range(len(documents))
+        if task == "rerank":
+            order = [i for i, _ in sorted(enumerate(result.scores), key=lambda p: -p[1])]
+        for i in order:
+            out.write(f"{result.scores[i]:.4f}  {documents[i]}\n")
     out.flush()
     return 0

@@ -61,6 +61,20 @@ def infer(
         str | None,
         typer.Option("--output_path", "--output", "-o", help="Output JSONL (with --input_path)."),
     ] = None,
+    documents: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--document", help="With --task score or rerank: a document to score (repeat it)."
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="With --task embed, score or rerank: print the result as JSON.",
+            metavar=FLAG,
+        ),
+    ] = False,
     log_level: Annotated[
         str | None,
         typer.Option("-log", "--log-level", help=f"Logging level: {', '.join(LOG_LEVELS)}."),
@@ -85,6 +99,8 @@ def infer(
     [bold]lmpress infer --engine NATIVE --model.model_name HuggingFaceTB/SmolLM2-135M-Instruct "Why is the sky blue?"[/bold]
 
     Takes `oumi infer`'s flags: -i opens the chat, --input_path/--output_path run a file.
+    With --task embed it prints the text's vector (its size and first values; --json: all of
+    it), with --task score or rerank each --document's score against the text.
     """
     _logging(log_level)
     _refuse_batch_flags(ctx.args)
@@ -113,9 +129,36 @@ def infer(
             raise ConfigError("no prompt: stdin was empty; give the prompt as an argument")
     import asyncio
 
+    if config.task != "generate":
+        raise typer.Exit(_run_pooled(config, prompt, documents or [], json_out, system, image))
+    if documents or json_out:
+        flag = "--document" if documents else "--json"
+        raise ConfigError(f"{flag} is for --task embed, score or rerank (task is generate)")
     from lmpress.infer import run_prompt
 
     raise typer.Exit(asyncio.run(run_prompt(config, prompt, system, raw=raw, image=image)))
+
+
+def _run_pooled(
+    config: RunConfig,
+    text: str,
+    documents: list[str],
+    as_json: bool,
+    system: str | None,
+    image: str | None,
+) -> int:
+    import asyncio
+
+    from lmpress.infer import run_pooled
+
+    if system or image:
+        flag = "--system" if system else "--image"
+        raise ConfigError(f"{flag} is for generating; a {config.task} run takes the text alone")
+    if config.task == "embed" and documents:
+        raise ConfigError("--document is for --task score or rerank; embed takes the text alone")
+    if config.task != "embed" and not documents:
+        raise ConfigError(f"--task {config.task}: give the documents to score, --document TEXT")
+    return asyncio.run(run_pooled(config, text, documents, as_json))
 
 
 def _run_file(
