@@ -9,10 +9,12 @@ from lmpress.vocabulary.errors import ConfigError
 
 
 def engines() -> None:
-    """List every engine, whether it can run here, and the generation parameters it supports."""
+    """List every engine, whether it can run here, the tasks it answers and the generation
+    parameters it supports."""
     import textwrap
 
     from lmpress.engines.registry import engine_names, engine_status
+    from lmpress.vocabulary.embeddings import TASKS
 
     for name in engine_names():
         status = engine_status(name)
@@ -20,6 +22,7 @@ def engines() -> None:
         if status.usable and status.why:
             usable += f", but {status.why}"
         print(f"{status.name:14} {status.summary}\n{'':14} {usable}")
+        print(f"{'':14} tasks: {', '.join(t for t in TASKS if t in status.tasks)}")
         if status.supported_params:
             params = "parameters: " + ", ".join(sorted(status.supported_params))
             print(textwrap.fill(params, 92, initial_indent=" " * 15, subsequent_indent=" " * 27))

@@ -148,6 +148,7 @@ class EngineStatus:
     usable: bool
     why: str
     supported_params: frozenset[str]
+    tasks: frozenset[str] = frozenset({"generate"})  # what it answers (Engine.tasks)
 
 
 def engine_status(name: str) -> EngineStatus:
@@ -157,15 +158,16 @@ def engine_status(name: str) -> EngineStatus:
         cls = _engine_class(spec)
     except Exception as exc:  # a broken plugin must not break the listing
         return EngineStatus(spec.name, spec.summary, False, f"cannot import: {exc}", frozenset())
+    params, tasks = cls.supported_params, cls.tasks
     missing = missing_modules(spec)
     if missing:
         why = f"needs {', '.join(missing)}: {install_hint(spec)}"
-        return EngineStatus(spec.name, spec.summary, False, why, cls.supported_params)
+        return EngineStatus(spec.name, spec.summary, False, why, params, tasks)
     reason = cls.unavailable_reason()
     if reason is None:
         reason_or_note = _missing_key_note(cls)
-        return EngineStatus(spec.name, spec.summary, True, reason_or_note, cls.supported_params)
-    return EngineStatus(spec.name, spec.summary, False, reason, cls.supported_params)
+        return EngineStatus(spec.name, spec.summary, True, reason_or_note, params, tasks)
+    return EngineStatus(spec.name, spec.summary, False, reason, params, tasks)
 
 
 def _missing_key_note(cls: type) -> str:

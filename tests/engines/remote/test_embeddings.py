@@ -141,3 +141,13 @@ def test_an_engine_without_a_score_route_cannot_rerank():
         pytest.raises(UnsupportedParamError, match="engine OPENAI cannot rerank"),
     ):
         make_engine(server, "OPENAI", task="rerank")
+
+
+def test_lmpress_engines_says_which_tasks_each_answers(capsys):
+    from lmpress.cli.listings import engines
+
+    engines()
+    blocks = {block.split()[0]: block for block in capsys.readouterr().out.split("\n\n") if block}
+    assert "tasks: generate, embed\n" in blocks["OPENAI"]
+    assert "tasks: generate, embed, score, rerank\n" in blocks["REMOTE_VLLM"]
+    assert "tasks: generate\n" in blocks["DEEPSEEK"]
