@@ -69,7 +69,7 @@ def row_input(raw: dict[str, Any], task: Task, mapping: RowMapping) -> PoolingIn
     if "query" in raw or "documents" in raw:
         body = {key: raw.get(key) for key in ("query", "documents", "top_n") if key in raw}
         rerank = _validate(wire.RerankBody, body, "")
-        wire.check_top_n(rerank.top_n)
+        _checked(lambda: wire.check_top_n(rerank.top_n))
         return PoolingInput(
             task, query=rerank.query, documents=rerank.documents, top_n=rerank.top_n
         )

@@ -1,0 +1,84 @@
+"""The rows of embed, score and rerank runs: which shapes each task takes, read once, and what
+a row of the wrong shape is told."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmpress.data.columns import RowMapping
+from lmpress.data.messages import RowError
+from lmpress.data.row_shapes import RowShape, parse_row
+from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
+
+
+def embed(raw, mapping=RowMapping()):
+    return parse_row(raw, 1, mapping=mapping, task="embed")
+
+
+def test_embed_rows_a_text_a_list_token_ids_a_column_and_a_template():
+    one = embed({"id": "a", "input": "hi"})
+    assert one.shape is RowShape.EMBED and one.pooling.single
+    assert one.pooling.request("a") == EmbedRequest("a", ["hi"])
+    several = embed({"input": ["a", "b"]})
+    assert not several.pooling.single and several.pooling.inputs == ["a", "b"]
+    ids = embed({"input": [1, 2, 3]})
+    assert ids.pooling.single and ids.pooling.inputs == [[1, 2, 3]]
+    column = embed({"doc": "from a column", "other": 1}, RowMapping(text_column="doc"))
+    assert column.pooling.inputs == ["from a column"]
+    template = embed({"title": "T", "body": "B"}, RowMapping(prompt_template="{title}: {body}"))
+    assert template.pooling.inputs == ["T: B"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "mapping", "message"),
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, RowMapping(),
+         "a chat row in an embed run; give 'input' (or --text-column COL), or an OpenAI Batch "
+         "line to /v1/embeddings"),
+        ({"input": []}, RowMapping(), "'input' must not be empty"),
+        ({"input": {"a": 1}}, RowMapping(), "Invalid type for 'input'"),
+        ({"x": "y"}, RowMapping(text_column="doc"), "row has no 'doc' (the --text-column)"),
+        ({"doc": 3}, RowMapping(text_column="doc"), "'doc' must be text, got a number"),
+        ({"custom_id": "c", "url": "/v1/score", "body": {"text_1": "a", "text_2": "b"}},
+         RowMapping(), "a /v1/score line in an embed run"),
+        ({"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": []}},
+         RowMapping(), "a chat row in an embed run"),
+    ],
+)  # fmt: skip
+def test_a_row_an_embed_run_cannot_take_says_why_in_one_line(raw, mapping, message):
+    with pytest.raises(RowError) as caught:
+        embed(raw, mapping)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_score_and_rerank_rows_in_vllm_s_shapes():
+    rerank = parse_row({"query": "q", "documents": ["a", "b"], "top_n": 1}, 1, task="rerank")
+    assert rerank.shape is RowShape.SCORE
+    assert rerank.pooling.request("r") == ScoreRequest("r", "q", ["a", "b"], 1)
+    pair = parse_row({"text_1": ["q"], "text_2": "a"}, 1, task="score")
+    assert pair.pooling.request("p") == ScoreRequest("p", "q", ["a"])
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"text_1": ["a", "b"], "text_2": ["c", "d"]},
+         "'text_1' must be one text (scoring pairs of lists is not supported)"),
+        ({"query": "q"}, "Missing required parameter: 'documents'"),
+        ({"query": "q", "documents": ["a"], "top_n": 0}, "'top_n': 0 must be at least 1"),
+        ({"input": "x"}, "a row with keys input in a score run; give 'query' and 'documents'"),
+    ],
+)  # fmt: skip
+def test_a_row_a_score_run_cannot_take_says_why(raw, message):
+    with pytest.raises(RowError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        parse_row(raw, 1, task="score")
+
+
+def test_a_generate_run_sends_embed_rows_and_lines_to_their_task():
+    with pytest.raises(RowError, match="run it with --task embed"):
+        parse_row({"input": "x"}, 1)
+    line = {"custom_id": "c", "url": "/v1/rerank", "body": {"query": "q", "documents": []}}
+    with pytest.raises(
+        RowError, match="^a /v1/rerank line in a generate run; run it with --task score"
+    ):
+        parse_row(line, 1)
