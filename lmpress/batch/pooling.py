@@ -7,6 +7,7 @@ from __future__ import annotations
 from lmpress.batch.guided_check import check_structure
 from lmpress.batch.options import BatchMode
 from lmpress.configs.schema import RunConfig
+from lmpress.data.pooling_rows import run_of
 from lmpress.engines.base import Engine
 from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
 from lmpress.vocabulary.errors import ConfigError
@@ -30,6 +31,6 @@ def check_mode(config: RunConfig, mode: BatchMode) -> None:
     if config.task != "generate" and mode is not BatchMode.LIVE:
         flag = "--ray" if mode is BatchMode.RAY else "--provider-batch"
         raise ConfigError(
-            f"{flag}: a {config.task} run goes live only (drop {flag}, and "
+            f"{flag}: {run_of(config.task)} goes live only (drop {flag}, and "
             f"remote_params.batch_completion_window where the recipe sets it)"
         )

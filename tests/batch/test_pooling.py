@@ -269,3 +269,27 @@ def test_score_lines_in_openai_batch_out_in_vllm_s_shapes(tmp_path, server):
     assert [d["score"] for d in bodies["s"]["data"]] == [score("q", "a"), score("q", "b")]
     best = max(range(2), key=lambda i: score("q", "ab"[i]))
     assert [r["index"] for r in bodies["k"]["results"]] == [best]
+
+
+def test_a_token_budget_stops_an_embed_run_and_the_next_run_finishes_it(tmp_path, server):
+    src = write_jsonl(
+        tmp_path / "in.jsonl", [{"id": str(i), "input": f"w{i} x"} for i in range(20)]
+    )
+    out = tmp_path / "out.jsonl"
+    args = embed_args(server, src, out, "--remote_params.num_workers", "1")
+    run = run_lmpress(*args, "--max-tokens", "6")
+    assert "stopping: used 6 tokens of --max-tokens 6" in run.stderr
+    first = len(read_jsonl(out))
+    assert 3 <= first < 20  # two tokens a row; the rows in flight finish
+    assert run_lmpress(*args).returncode == 0
+    assert sorted(int(r["id"]) for r in read_jsonl(out)) == list(range(20))
+
+
+def test_a_provider_batch_or_ray_embed_run_is_refused_in_one_line(tmp_path, server):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "input": "x"}])
+    run = run_lmpress(*embed_args(server, src, tmp_path / "o.jsonl", "--provider-batch"))
+    assert run.returncode == 2
+    assert run.stderr == (
+        "lmpress: error: --provider-batch: an embed run goes live only (drop --provider-batch, "
+        "and remote_params.batch_completion_window where the recipe sets it)\n"
+    )
