@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_lmpress
 from tests.servers.embeddings import score, vector
 from tests.servers.llm_server import LLMServer
 
@@ -111,3 +113,33 @@ def test_rerank_and_score_in_vllm_s_shapes_over_remote_vllm(serve_process, backe
     assert bad.json()["error"]["message"] == "'top_n': 0 must be at least 1"
     embeddings = http.post("/v1/embeddings", json={"model": "reranker", "input": "x"})
     assert embeddings.status_code == 400 and "--task embed" in embeddings.text
+
+
+def test_one_openai_batch_file_through_batch_and_through_serve_gives_the_same_vectors(
+    embed_server, backend, tmp_path
+):
+    lines = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "text-embedding-3-small", "input": text}}
+        for i, text in enumerate(["one", ["two", "three"], [7, 8, 9]])
+    ]  # fmt: skip
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    def vectors(url: str, engine: str, out: Path, env: dict, *more: str) -> dict:
+        run = run_lmpress(
+            "batch", "-i", str(src), "-o", str(out), "--engine", engine, "--task", "embed",
+            "--model.model_name", "text-embedding-3-small", "--remote_params.api_url", url,
+            *more, env=env,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        return {r["custom_id"]: r["response"]["body"]["data"] for r in rows}
+
+    direct = vectors(backend.openai_url, "OPENAI", tmp_path / "a.jsonl", {"OPENAI_API_KEY": "k"})
+    served = vectors(
+        f"{embed_server.url}/v1", "REMOTE", tmp_path / "b.jsonl", {"MY_KEY": "serve-key"},
+        "--remote_params.api_key_env_varname", "MY_KEY",
+    )  # fmt: skip
+    assert direct == served
+    assert direct["e1"][1]["embedding"] == vector("three")
