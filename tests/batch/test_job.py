@@ -465,7 +465,7 @@ MALFORMED = [
     ('{"prompt": "x", "generation": {"tempreture": 1}}', "unknown key 'tempreture'"),
     ('{"prompt": "x", "generation": {"num_beams": 3}}', "does not support generation.num_beams"),
     (
-        '{"custom_id": "a1", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}',
+        '{"custom_id": "a1", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}}',
         "is not supported",
     ),
     (

@@ -152,8 +152,8 @@ def test_unknown_model_is_404(echo_server):
 
 def test_unknown_route_is_an_openai_404(echo_server):
     with echo_server.http() as http:
-        error = assert_error(http.get("/v1/embeddings"), 404)
-        assert "/v1/embeddings" in error["message"]
+        error = assert_error(http.get("/v1/moderations"), 404)
+        assert "/v1/moderations" in error["message"]
         assert_error(http.get("/v1/chat/completions"), 405)
 
 
