@@ -293,3 +293,19 @@ def test_a_provider_batch_or_ray_embed_run_is_refused_in_one_line(tmp_path, serv
         "lmpress: error: --provider-batch: an embed run goes live only (drop --provider-batch, "
         "and remote_params.batch_completion_window where the recipe sets it)\n"
     )
+
+
+def test_an_output_from_before_tasks_resumes_as_a_generate_run_only(tmp_path):
+    from lmpress.configs import load_config
+    from lmpress.data.resume import JobFiles, check_fingerprint, fingerprint
+    from lmpress.vocabulary.errors import InputError
+
+    files = JobFiles.beside(tmp_path / "out.jsonl")
+    generate = load_config(None, {"engine": "OPENAI", "model.model_name": MODEL})
+    older = fingerprint(generate, {})
+    del older["task"]  # as lmpress wrote it before runs had a task
+    files.fingerprint.write_text(json.dumps({"settings": older}))
+    check_fingerprint(files, fingerprint(generate, {}))
+    embed = load_config(None, {"engine": "OPENAI", "model.model_name": MODEL, "task": "embed"})
+    with pytest.raises(InputError, match='task was "generate", now "embed"'):
+        check_fingerprint(files, fingerprint(embed, {}))
