@@ -11,12 +11,18 @@ from lmpress.chat.session import Chat
 from lmpress.chat.terminal import Style, read_messages, setup_readline
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.errors import ConfigError
 
 
 def run_chat(
     config: RunConfig, system: str | None = None, markdown: bool = False, debug: bool = False
 ) -> int:
     """Chat on stdin/stdout until Ctrl-D or /exit; returns the exit code."""
+    if config.task != "generate":
+        raise ConfigError(
+            f"task: the chat generates text; {config.task} runs through lmpress infer, batch "
+            f"or serve (--task {config.task})"
+        )
     interactive = sys.stdin.isatty()
     style = Style(sys.stderr)
     model = config.model.model_name

@@ -55,3 +55,15 @@ def test_a_score_without_documents_and_documents_without_a_task_are_refused(serv
     )
     run = infer(server, "OPENAI", "generate", "hi", "--json")
     assert run.returncode == 2 and "--json is for --task embed" in run.stderr
+
+
+def test_the_chat_refuses_a_pooling_task_in_one_line(server):
+    run = run_lmpress(
+        "chat", "--engine", "OPENAI", "--task", "embed", "--model.model_name", "m",
+        "--remote_params.api_url", server.openai_url, input="", env={"OPENAI_API_KEY": "k"},
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr == (
+        "lmpress: error: task: the chat generates text; embed runs through lmpress infer, "
+        "batch or serve (--task embed)\n"
+    )
