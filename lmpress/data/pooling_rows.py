@@ -15,6 +15,7 @@ with the usage, `truncated`, model, engine and latency.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,4 +210,4 @@ def openai_body(
     if url == wire.RERANK_PATH:
         assert pooled.documents is not None
         return wire.rerank_response(rid, result, pooled.documents, pooled.top_n, model)
-    return wire.score_response(rid, 0, result, model)
+    return wire.score_response(rid, int(time.time()), result, model)

@@ -3,9 +3,11 @@
 A provider module (openai_compat, anthropic) subclasses `RemoteEngine` and supplies three
 things: `_make_client` (its SDK's async client, built with `client_options`), `_send` (one
 non-streaming attempt) and `_send_stream` (one streaming attempt), plus, where the service is
-picky, `check_request_params`. Failures of an attempt arrive here as exceptions and are sorted
-by `retry.classify`: 429, 5xx, timeouts, dropped connections and malformed bodies are retried with
-backoff; other 4xx fail the row at once.
+picky, `check_request_params`; where it embeds or scores (its `tasks`), `_send_embed` and
+`_send_score`, which go through the same retry loop (`_with_retries`) as `_send`. Failures of
+an attempt arrive here as exceptions and are sorted by `retry.classify`: 429, 5xx, timeouts,
+dropped connections and malformed bodies are retried with backoff; other 4xx fail the row at
+once.
 """
 
 from __future__ import annotations
