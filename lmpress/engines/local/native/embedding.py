@@ -3,9 +3,10 @@ worker thread.
 
 Each request (its inputs already token rows, encoders.py) is one `PoolingSubmission`; the
 scheduler pools the rows of every submission waiting, sorts them by length and runs the longest
-first, at most `batch_size` rows and `BATCH_TOKENS` padded tokens at once, so that rows of like
-length share a batch (little padding) and memory stays flat however many rows wait. Longest
-first, so a long row never waits behind an endless stream of short ones. A submission is
+first, at most `batch_size` rows and `BATCH_TOKENS` padded tokens at once, and no row shorter
+than half the batch's longest: so no row is padded to more than twice its length (a batch
+does not mix a few long rows with many short ones) and memory stays flat however many rows
+wait. Longest first, so a long row never waits behind an endless stream of short ones. A submission is
 answered once all its rows are: with one output per row, in order.
 """
 
@@ -69,7 +70,7 @@ class PoolingScheduler(Scheduler):
             if not waiting:
                 continue
             waiting.sort(key=lambda item: len(item[0].rows[item[1]].ids), reverse=True)
-            batch = waiting[: self.batch_length(len(waiting[0][0].rows[waiting[0][1]].ids))]
+            batch = self.next_batch(waiting)
             waiting = waiting[len(batch) :]
             outputs = self.encoder.forward([s.rows[i] for s, i in batch])
             for (submission, i), output in zip(batch, outputs, strict=True):
@@ -78,9 +79,19 @@ class PoolingScheduler(Scheduler):
                 if submission.done == len(submission.rows):
                     submission.deliver(submission.outputs)
 
-    def batch_length(self, longest: int) -> int:
-        """How many rows the next batch takes, its longest row `longest` tokens."""
-        return max(1, min(self.batch_size, BATCH_TOKENS // longest))
+    def next_batch(
+        self, waiting: list[tuple[PoolingSubmission, int]]
+    ) -> list[tuple[PoolingSubmission, int]]:
+        """The first rows of `waiting` (sorted longest first) that make the next batch."""
+        longest = len(waiting[0][0].rows[waiting[0][1]].ids)
+        most = max(1, min(self.batch_size, BATCH_TOKENS // longest))
+        taken = 1
+        while taken < min(most, len(waiting)):
+            submission, i = waiting[taken]
+            if 2 * len(submission.rows[i].ids) < longest:
+                break
+            taken += 1
+        return waiting[:taken]
 
     def fail(self, submissions: list[Any], info: ErrorInfo) -> None:
         for submission in submissions:
