@@ -99,7 +99,11 @@ def test_dimensions_are_refused_on_a_model_not_trained_for_them(minilm):
 
 @pytest.mark.parametrize(
     ("inputs", "says"),
-    [([], "input is empty"), ([[1, 2], [99999]], "input 1: 99999 is not a token id")],
+    [
+        ([], "input is empty"),
+        ([[1, 2], [99999]], "input 1: 99999 is not a token id"),
+        (["a text", [101, 102]], "input 0: neither a text nor a list of token ids"),
+    ],
 )
 def test_a_bad_request_fails_alone_in_one_line(minilm, inputs, says):
     result = embed(minilm.engine, inputs)
@@ -181,6 +185,8 @@ def test_cross_encoder_scores_equal_transformers_logits():
     llm = LLM("tiny:cross-encoder", task="rerank")
     try:
         scores = llm.score(query, documents)
+        with pytest.raises(RuntimeError, match="is a cross-encoder: it scores pairs"):
+            llm.embed("a text")
     finally:
         llm.close()
     np.testing.assert_allclose(scores, logits, atol=1e-5)

@@ -125,6 +125,14 @@ class Encoder:
         model's limit."""
         rows = []
         for i, ids in enumerate(inputs):
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise RequestError(
+                    f"input {i}: neither a text nor a list of token ids; inputs are all texts "
+                    f"or all token-id lists",
+                    kind=ErrorKind.INVALID_REQUEST,
+                )
             if not ids:
                 raise RequestError(
                     f"input {i}: an empty list of token ids; give at least one",

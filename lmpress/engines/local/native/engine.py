@@ -148,6 +148,12 @@ class NativeEngine(WorkerEngine):
             if not request.inputs:
                 raise RequestError("input is empty; give at least one text",
                                    kind=ErrorKind.INVALID_REQUEST)  # fmt: skip
+            if encoder.cross_encoder:
+                raise RequestError(
+                    f"model '{self.model_name}' is a cross-encoder: it scores pairs and "
+                    f"cannot embed",
+                    kind=ErrorKind.UNSUPPORTED_PARAM,
+                )
             width = encoder.cut_width(request.dimensions)
             texts = all(isinstance(item, str) for item in request.inputs)
             rows = encoder.text_rows(request.inputs) if texts else encoder.id_rows(request.inputs)
