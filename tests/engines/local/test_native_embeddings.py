@@ -211,3 +211,24 @@ def test_a_cross_encoder_cannot_embed():
     message = str(refused.value)
     assert message.startswith("task: embed: model 'tiny:cross-encoder' is a cross-encoder")
     assert "\n" not in message
+
+
+def test_a_plain_directory_embeds_by_mean_pooling():
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    directory = tiny_model("llama")  # no sentence-transformers files: mean, no norm
+    texts = ["the quick red fox", "why", "a longer text about rivers and the sea"]
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModel.from_pretrained(directory).eval()
+    expected = []
+    for text in texts:  # one at a time: no padding to account for
+        ids = tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            expected.append(model(**ids).last_hidden_state[0].mean(dim=0).numpy())
+    engine = make("tiny:llama", "embed")
+    try:
+        result = embed(engine, texts)
+    finally:
+        asyncio.run(engine.aclose())
+    np.testing.assert_allclose([e.vector for e in result.embeddings], expected, atol=1e-4)
