@@ -65,8 +65,8 @@ class Encoder:
         self.pooling = Pooling() if self.cross_encoder or gguf_file else read_pooling(directory)
         if self.pooling.subfolder:
             raise ModelLoadError(
-                f"{label}: its Transformer module is in '{self.pooling.subfolder}'; give that "
-                f"folder as model.model_name"
+                f"{label}: its Transformer module is in '{self.pooling.subfolder}'; lmpress "
+                f"loads one at the top of the model's directory only"
             )
         self.tokenizer = load_tokenizer(model)
         auto = AutoModelForSequenceClassification if self.cross_encoder else AutoModel
