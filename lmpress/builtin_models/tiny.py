@@ -63,8 +63,12 @@ VISION = {"image_size": 32, "patch_size": 8, "hidden": 32}
 @dataclass(frozen=True)
 class TinySpec:
     name: str
-    architecture: str  # "llama" | "gpt2" | "llava" (a llama text model that reads images)
-    tokenizer: str  # "bpe" (byte-level BPE, GPT-2 family) | "unigram" (SentencePiece family)
+    # "llama" | "gpt2" | "llava" (a llama text model that reads images) | "cross-encoder" (BERT
+    # with a one-label classifier head: a reranker's shape)
+    architecture: str
+    # "bpe" (byte-level BPE, GPT-2 family) | "unigram" (SentencePiece family) | "wordpiece"
+    # (BERT's: [CLS] a [SEP] b [SEP], with segment ids)
+    tokenizer: str
     vocab_size: int
     hidden: int
     layers: int
@@ -89,6 +93,8 @@ SPECS = {
         TinySpec("llama-head32", "llama", "bpe", 512, 64, 2, 2, 1, 128),
         # SmolLM2-135M's shape with random weights, for throughput benchmarks.
         TinySpec("smollm2-135m-shape", "llama", "bpe", 49152, 576, 30, 9, 3, 1536, 8192, 0.02),
+        # Scores (query, document) pairs as its logit, for score and rerank.
+        TinySpec("cross-encoder", "cross-encoder", "wordpiece", 512, 64, 2, 4, 4, 128),
     )
 }
 
@@ -154,8 +160,9 @@ def build(spec: TinySpec, out: Path) -> None:
         tokenizer.save_pretrained(out)
     torch.manual_seed(0)
     model = _make_model(spec, tokenizer)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if model.can_generate():
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
 
 
@@ -196,6 +203,8 @@ def train_tokenizer(spec: TinySpec) -> Any:
 
     # A large vocabulary needs enough distinct words to learn that many merges.
     sentences = corpus(max(4000, spec.vocab_size * 2))
+    if spec.tokenizer == "wordpiece":
+        return _wordpiece_tokenizer(sentences, spec)
     if spec.tokenizer == "bpe":
         special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         tok = Tokenizer(models.BPE())
@@ -238,6 +247,45 @@ def train_tokenizer(spec: TinySpec) -> Any:
     return wrapped
 
 
+def _wordpiece_tokenizer(sentences: list[str], spec: TinySpec) -> Any:
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=spec.vocab_size, special_tokens=special, show_progress=False
+    )
+    tok.train_from_iterator(sentences, trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        mask_token="[MASK]",
+        model_max_length=spec.context,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
+
+
 def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
     vocab = max(spec.vocab_size, len(tokenizer))
     ids = {
@@ -245,6 +293,21 @@ def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
+    if spec.architecture == "cross-encoder":
+        from transformers import BertConfig, BertForSequenceClassification
+
+        config = BertConfig(
+            vocab_size=vocab,
+            hidden_size=spec.hidden,
+            num_hidden_layers=spec.layers,
+            num_attention_heads=spec.heads,
+            intermediate_size=spec.intermediate,
+            max_position_embeddings=spec.context,
+            initializer_range=spec.init_std,
+            num_labels=1,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        return BertForSequenceClassification(config)
     if spec.architecture in ("llama", "llava"):
         from transformers import LlamaConfig, LlamaForCausalLM
 

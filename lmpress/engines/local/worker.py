@@ -222,6 +222,25 @@ class WorkerEngine(Engine):
         if self._ask_worker_to_stop():
             self._worker.join(wait_s)
 
+    async def _answer(self, submission: Any) -> Any:
+        """Queue a submission that gets one answer and no deltas (a pooling task's, whose
+        scheduler answers with `deliver`), and wait for that answer."""
+        submission.replies = CallerQueue()
+        queue = self._queue
+        with queue.wakeup:
+            if queue.closed:
+                raise RuntimeError(f"the {self.name} engine is closed")
+            queue.pending.append(submission)
+            self._live.add(submission)
+            queue.wakeup.notify()
+        try:
+            return await submission.replies.get()
+        finally:
+            with queue.wakeup:
+                submission.cancelled = True
+                self._live.discard(submission)
+                queue.wakeup.notify()
+
     async def _submit(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
         started = time.perf_counter()
         queue = self._queue

@@ -12,6 +12,11 @@ AutoModelForImageTextToText with its AutoProcessor, whose chat template places t
 tokens; a row's images (lmpress.vocabulary.images) become the processor's pixel inputs, which the
 worker passes to the model when it prefills that row. Text rows batch with image rows alike.
 
+A run of `embed`, `score` or `rerank` loads an encoder instead (encoders.py: the model and
+its pooling, or a cross-encoder) and a `PoolingScheduler` (embedding.py) that batches the
+inputs waiting, sorted by length; `normalize` and `dimensions` apply to the vectors it hands
+back, here.
+
 `model.model_kwargs.kv_cache_gb` caps the KV cache (rows join only while it has room, and a
 row that could outgrow it alone fails); `model.model_kwargs.prefix_reuse: false` turns off
 reusing a shared prompt prefix's cache.
@@ -20,16 +25,19 @@ reusing a shared prompt prefix's cache.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
-from lmpress.engines.base import check_token_settings
+from lmpress.engines.base import check_token_settings, failure_info
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.native import prompt_count
 from lmpress.engines.local.native.batch_cache import give_freed_caches_back
+from lmpress.engines.local.native.embedding import PoolingScheduler, PoolingSubmission
+from lmpress.engines.local.native.encoders import Encoder
 from lmpress.engines.local.native.loading import (
     batching_settings,
     checkpoint_defaults,
@@ -44,8 +52,15 @@ from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
 from lmpress.engines.local.worker import Submission, WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.errors import ErrorKind, RequestError
-from lmpress.vocabulary.types import Request
+from lmpress.vocabulary.embeddings import (
+    Embedding,
+    EmbedRequest,
+    EmbedResult,
+    ScoreRequest,
+    ScoreResult,
+)
+from lmpress.vocabulary.errors import ErrorKind, RequestError, UnsupportedParamError
+from lmpress.vocabulary.types import ErrorInfo, Request, Usage
 
 
 class NativeEngine(WorkerEngine):
@@ -58,6 +73,7 @@ class NativeEngine(WorkerEngine):
     uses_generation_defaults = True
     takes_tools = True
     takes_hub_ids = True
+    tasks = frozenset({"generate", "embed", "score", "rerank"})
 
     @classmethod
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:
@@ -77,6 +93,16 @@ class NativeEngine(WorkerEngine):
         self.device, self.dtype = pick_device_and_dtype(config.model, torch)
         if self.device == "cpu":
             give_freed_caches_back()
+        self.encoder: Encoder | None = None
+        if config.task != "generate":
+            self.encoder = Encoder(config, self.device, self.dtype)
+            # Rows waiting are what the scheduler sorts by length: keep a few batches' worth.
+            self.max_in_flight = 4 * config.generation.batch_size
+            scheduler = PoolingScheduler(
+                self._queue, self, self.encoder, config.generation.batch_size
+            )
+            self._start_worker(scheduler, "lmpress-native")
+            return
         self.tokenizer = load_tokenizer(config.model)
         model_config = load_model_config(config.model)
         self.model = load_model(config.model, self.device, self.dtype, model_config)
@@ -115,7 +141,86 @@ class NativeEngine(WorkerEngine):
     async def aclose(self) -> None:
         await self._stop_worker()
 
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        started = time.perf_counter()
+        encoder = self._encoder("embed")
+        try:
+            if not request.inputs:
+                raise RequestError("input is empty; give at least one text",
+                                   kind=ErrorKind.INVALID_REQUEST)  # fmt: skip
+            if encoder.cross_encoder:
+                raise RequestError(
+                    f"model '{self.model_name}' is a cross-encoder: it scores pairs and "
+                    f"cannot embed",
+                    kind=ErrorKind.UNSUPPORTED_PARAM,
+                )
+            width = encoder.cut_width(request.dimensions)
+            texts = all(isinstance(item, str) for item in request.inputs)
+            rows = encoder.text_rows(request.inputs) if texts else encoder.id_rows(request.inputs)
+            answer = await self._answer(PoolingSubmission(rows, started))
+        except RequestError as exc:
+            answer = ErrorInfo(exc.kind, str(exc), exc.status)
+        except Exception as exc:  # whatever the backend met in this request fails it alone
+            answer = failure_info(exc)
+        result = EmbedResult(request.id, [], Usage(), self.model_name, self.name)
+        if isinstance(answer, ErrorInfo):
+            result.error = answer
+        else:
+            result.embeddings = [
+                Embedding(pooled_vector(vector, width, request.normalize), len(row.ids),
+                          row.truncated)
+                for vector, row in zip(answer, rows, strict=True)
+            ]  # fmt: skip
+            result.usage = Usage(sum(len(row.ids) for row in rows))
+        result.latency_s = time.perf_counter() - started
+        return result
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        import numpy as np
+
+        started = time.perf_counter()
+        encoder = self._encoder("score")
+        result = ScoreResult(request.id, model=self.model_name, engine=self.name)
+        try:
+            if not request.documents:
+                raise RequestError("documents is empty; give at least one",
+                                   kind=ErrorKind.INVALID_REQUEST)  # fmt: skip
+            if encoder.cross_encoder:  # each pair read together; its logit is the score
+                queries = [request.query] * len(request.documents)
+                rows = encoder.text_rows(queries, request.documents)
+            else:  # the cosine of the query's and each document's embeddings
+                rows = encoder.text_rows([request.query, *request.documents])
+            answer = await self._answer(PoolingSubmission(rows, started))
+        except RequestError as exc:
+            answer = ErrorInfo(exc.kind, str(exc), exc.status)
+        except Exception as exc:
+            answer = failure_info(exc)
+        if isinstance(answer, ErrorInfo):
+            result.error = answer
+        else:
+            if not encoder.cross_encoder:
+                vectors = np.stack(answer)
+                vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+                answer = vectors[1:] @ vectors[0]
+            result.scores = [float(score) for score in answer]
+            result.usage = Usage(sum(len(row.ids) for row in rows))
+        result.latency_s = time.perf_counter() - started
+        return result
+
+    def _encoder(self, task: str) -> Encoder:
+        if self.encoder is None:
+            raise UnsupportedParamError(
+                f"task: engine {self.name} was loaded for {self.config.task}; run it with "
+                f"task: {task} to {task}"
+            )
+        return self.encoder
+
     def _prepare(self, request: Request, started: float) -> Submission:
+        if self.encoder is not None:
+            raise RequestError(
+                f"task: engine {self.name} was loaded for {self.config.task}, not generate",
+                kind=ErrorKind.UNSUPPORTED_PARAM,
+            )
         if self.model_defaults:
             request = dataclasses.replace(
                 request, params=request.params.with_defaults(self.model_defaults)
@@ -156,3 +261,15 @@ class NativeEngine(WorkerEngine):
                 kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
             )
         return ids, images
+
+
+def pooled_vector(vector: Any, width: int | None, normalize: bool) -> Any:
+    """A vector cut to `width` (Matryoshka: the first values) and, with `normalize`, scaled
+    to unit length after the cut, as sentence-transformers does."""
+    import numpy as np
+
+    if width is not None:
+        vector = vector[:width]
+    if normalize:
+        vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+    return vector.astype(np.float32, copy=False)

@@ -17,8 +17,9 @@ from lmpress.engines.common.prompts import HfPrompts
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 
 # The model_kwargs NATIVE reads itself rather than passing to from_pretrained: the GGUF file's
-# name, the KV cache's memory budget in GiB, and whether prompts reuse a shared prefix's cache.
-NATIVE_KWARGS = ("filename", "kv_cache_gb", "prefix_reuse")
+# name, the KV cache's memory budget in GiB, whether prompts reuse a shared prefix's cache, and
+# the widths an embedding model was trained to be cut to (Matryoshka: true for any).
+NATIVE_KWARGS = ("filename", "kv_cache_gb", "prefix_reuse", "matryoshka_dims")
 
 
 def batching_settings(model: ModelParams, model_config: Any, dtype: Any) -> tuple[int | None, bool]:
@@ -117,7 +118,11 @@ def load_processor(model: ModelParams, model_config: Any, tokenizer: Any) -> Any
     return processor
 
 
-def load_model(model: ModelParams, device: str, dtype: Any, model_config: Any = None) -> Any:
+def load_model(
+    model: ModelParams, device: str, dtype: Any, model_config: Any = None, auto: Any = None
+) -> Any:
+    """The model's weights, on `device` in eval mode, through `auto` (an Auto class; by
+    default the one `model_class` picks for generation)."""
     name, gguf_file = model_source(model, make_copy=model.load_pretrained_weights)
     kwargs = {k: v for k, v in model.model_kwargs.items() if k not in NATIVE_KWARGS}
     if gguf_file:
@@ -126,7 +131,7 @@ def load_model(model: ModelParams, device: str, dtype: Any, model_config: Any = 
         kwargs["attn_implementation"] = model.attn_implementation
     # transformers draws a progress bar while it dequantizes GGUF tensors, with no switch.
     quiet = contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext()
-    auto = model_class(model_config or load_model_config(model))
+    auto = auto or model_class(model_config or load_model_config(model))
     try:
         with quiet:
             if model.load_pretrained_weights:
