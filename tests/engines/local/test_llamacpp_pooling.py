@@ -14,6 +14,7 @@ from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ConfigError, ErrorKind, UnsupportedParamError
+from lmpress.vocabulary.types import Message, Request
 
 CONTEXT = BERTS["bert"].context
 TEXTS = [
@@ -169,3 +170,5 @@ def test_pooling_type_override_and_calls_outside_the_task(embedder):
         own.close()
     with pytest.raises(UnsupportedParamError, match="started for task embed"):
         asyncio.run(embedder.score(ScoreRequest("s", "q", ["d"])))
+    generated = asyncio.run(embedder.complete(Request("g", [Message("user", "hi")])))
+    assert "started for task embed: generate needs" in generated.error.message

@@ -28,6 +28,7 @@ import time
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
+from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.llamacpp import prompt_count
@@ -46,7 +47,6 @@ from lmpress.engines.local.llamacpp.pooling import (
     PoolingInputs,
     PoolingScheduler,
     error_answer,
-    finish_embeddings,
     pooling_kwargs,
 )
 from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projector
@@ -188,10 +188,11 @@ class LlamaCppEngine(WorkerEngine):
 
     def _check_started_for(self, call: str) -> None:
         task = self.config.task
-        if task not in (("embed",) if call == "embed" else SCORING_TASKS):
+        fits = {"generate": ("generate",), "embed": ("embed",), "score": SCORING_TASKS}
+        if task not in fits[call]:
             raise UnsupportedParamError(
                 f"engine LLAMACPP was started for task {task}: {call} needs an engine started "
-                f"with task: {'embed' if call == 'embed' else 'score or rerank'}"
+                f"with task: {' or '.join(fits[call])}"
             )
 
     # --- what the KV cache holds now -------------------------------------------------------
@@ -249,6 +250,7 @@ class LlamaCppEngine(WorkerEngine):
     # --- checking a request before it is queued -------------------------------------------
 
     def _prepare(self, request: Request, started: float) -> LlamaCppSubmission:
+        self._check_started_for("generate")
         plan = self.prompts.plan(request)
         prompt_ids, images = self.inputs(request, plan)
         logit_bias = self._logit_bias(request.params)

@@ -169,17 +169,6 @@ class PoolingInputs:
         return self._llama.tokenize(text.encode("utf-8"), add_bos=add_special, special=False)
 
 
-def finish_embeddings(result: EmbedResult, request: EmbedRequest) -> EmbedResult:
-    """The request's `normalize` applied to vectors as the model pooled them."""
-    if result.error is None and request.normalize:
-        import numpy as np
-
-        for embedding in result.embeddings:
-            norm = float(np.linalg.norm(embedding.vector))
-            embedding.vector = embedding.vector / norm if norm > 0 else embedding.vector
-    return result
-
-
 class PoolingScheduler(Scheduler):
     """Packs waiting inputs into batches and reads back their pooled outputs (see above)."""
 
