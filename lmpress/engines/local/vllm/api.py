@@ -77,6 +77,25 @@ class VllmApi:
                 args[key] = config_class(**args[key])
         return self.AsyncEngineArgs(**args)
 
+    def pooling_runner(self, task: str) -> dict[str, Any]:
+        """The engine arguments that start vLLM's pooling runner for `task` (embed): `runner`
+        since vLLM 0.10, `task` before it."""
+        if "runner" in self.engine_arg_names():
+            return {"runner": "pooling"}
+        return {"task": task}
+
+    @staticmethod
+    def embed_params(dimensions: int | None) -> Any:
+        """PoolingParams for one embedding: the model's own pooling and normalisation, cut to
+        `dimensions` (vLLM refuses that for a model not trained for it). The pooling task is a
+        field since vLLM 0.10; before it the engine had one task. Imported here, on the first
+        embedding, as only a pooling run needs it."""
+        from vllm.pooling_params import PoolingParams
+
+        fields = getattr(PoolingParams, "__struct_fields__", ())
+        task = {"task": "embed"} if "task" in fields else {}
+        return PoolingParams(dimensions=dimensions, **task)
+
     def engine_arg_names(self) -> set[str]:
         return {f.name for f in dataclasses.fields(self.AsyncEngineArgs)}
 

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Engine
+from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.prompts import resolve_chat_template
 from lmpress.engines.common.tool_parsers import check_parser
@@ -45,7 +46,13 @@ from lmpress.engines.local.vllm.api import (
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError, first_line
+from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult
+from lmpress.vocabulary.errors import (
+    ConfigError,
+    EngineUnavailableError,
+    UnsupportedParamError,
+    first_line,
+)
 from lmpress.vocabulary.types import Delta, Request, Result
 
 
@@ -61,6 +68,8 @@ class VllmEngine(Engine):
         "skip_special_tokens",
     })  # fmt: skip
     takes_hub_ids = True
+    # `embed` through vLLM's pooling runner (`LLM.embed`), started for it with `task: embed`.
+    tasks = frozenset({"generate", "embed"})
 
     @classmethod
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:
@@ -84,6 +93,8 @@ class VllmEngine(Engine):
         super().__init__(config)
         self.api = VllmApi.load()
         self.settings = engine_settings(config, self.api.engine_arg_names(), self.api.auto_dtype())
+        if config.task != "generate":
+            self.settings.args.update(self.api.pooling_runner(config.task))
         sampling_params(self.api, config.generation, stream=False)  # refuse bad settings now
         template = config.model.chat_template
         self.chat_template = resolve_chat_template(template) if template else None
@@ -95,14 +106,31 @@ class VllmEngine(Engine):
         self.scheduler = VllmScheduler(self, self.api, self.settings)
 
     def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
+        self._check_generates()
         return self.scheduler.run(request, deltas=True)
 
+    def _check_generates(self) -> None:
+        if self.config.task != "generate":
+            raise UnsupportedParamError(
+                f"engine VLLM was started for task {self.config.task} (vLLM's pooling runner), "
+                f"which does not generate text"
+            )
+
     async def complete(self, request: Request) -> Result:
+        self._check_generates()
         result = None
         async for item in self.scheduler.run(request, deltas=False):
             result = item
         assert isinstance(result, Result)
         return result
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        if self.config.task != "embed":
+            raise UnsupportedParamError(
+                f"engine VLLM was started for task {self.config.task}: embed needs an engine "
+                f"started with task: embed"
+            )
+        return finish_embeddings(await self.scheduler.embed(request), request)
 
     async def aclose(self) -> None:
         await self.scheduler.aclose()

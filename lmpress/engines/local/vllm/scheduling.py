@@ -26,6 +26,7 @@ from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_reques
 from lmpress.engines.local.vllm.logs import children_print_to_log
 from lmpress.engines.local.vllm.translate import EngineSettings, OutputAssembler, sampling_params
 from lmpress.engines.local.worker import CallerQueue
+from lmpress.vocabulary.embeddings import Embedding, EmbedRequest, EmbedResult
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -35,7 +36,7 @@ from lmpress.vocabulary.errors import (
     RequestError,
 )
 from lmpress.vocabulary.images import load_images
-from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result
+from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Usage
 
 
 class _End:
@@ -203,6 +204,49 @@ class VllmScheduler:
             return
         replies.put(_End())
 
+    # --- embeddings: one vLLM request an input, as LLM.embed makes them --------------------
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        engine = self.engine
+        started = time.perf_counter()
+
+        def answer(embeddings: list[Embedding], error: ErrorInfo | None = None) -> EmbedResult:
+            usage = Usage(sum(e.prompt_tokens for e in embeddings), 0)
+            latency = time.perf_counter() - started
+            return EmbedResult(
+                request.id, embeddings, usage, engine.model_name, engine.name, latency, error
+            )
+
+        try:
+            params = self.api.embed_params(request.dimensions)
+            outputs = await asyncio.gather(
+                *(self._encode(request.id, item, params) for item in request.inputs)
+            )
+        except Exception as exc:
+            if self.api.is_dead(self.llm):
+                raise EngineUnavailableError(f"vLLM's engine stopped ({failure(exc)})") from exc
+            return answer([], _error_info(exc))
+        return answer([pooled_embedding(output) for output in outputs])
+
+    async def _encode(self, request_id: str, item: str | list[int], params: Any) -> Any:
+        prompt = {"prompt": item} if isinstance(item, str) else {"prompt_token_ids": list(item)}
+        vllm_id = f"{request_id}-{next(self._ids)}"
+        # Cancelling the caller's await cancels the pump on the engine's loop, which aborts.
+        pump = asyncio.run_coroutine_threadsafe(self._pool(vllm_id, prompt, params), self._loop)
+        return await asyncio.wrap_future(pump)
+
+    async def _pool(self, vllm_id: str, prompt: dict[str, Any], params: Any) -> Any:
+        final = None
+        try:
+            async for output in self.llm.encode(
+                prompt, params, vllm_id, lora_request=self.lora_request
+            ):
+                final = output
+        except asyncio.CancelledError:
+            await self.llm.abort(vllm_id)
+            raise
+        return final
+
     # --- shutting down ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -220,6 +264,15 @@ class VllmScheduler:
         self._thread.join()
         if not self._loop.is_closed():
             self._loop.close()
+
+
+def pooled_embedding(output: Any) -> Embedding:
+    """A PoolingRequestOutput's vector (a tensor) as float32 numpy, and its prompt's length."""
+    import numpy as np
+
+    data = output.outputs.data
+    vector = data.float().cpu().numpy() if hasattr(data, "cpu") else np.asarray(data, np.float32)
+    return Embedding(vector, len(output.prompt_token_ids or ()))
 
 
 def _error_info(exc: BaseException) -> ErrorInfo:
