@@ -6,8 +6,8 @@ mode (`embedding=True`) with the pooling type the GGUF declares (`{arch}.pooling
 context to a `PoolingScheduler` instead of the generation scheduler. An encoder reads each
 input whole, in one micro-batch, so the context is made with `n_batch` and `n_ubatch` equal
 to the longest input it takes (`limit`: the model's trained context unless `n_ctx` says
-less); a longer input is cut there and its `Embedding.truncated` says so, as llama-server
-truncates.
+less); a longer input is cut there, as llama-cpp-python's own `embed` cuts it, and its
+`Embedding.truncated` says so.
 
 The worker packs whatever inputs are waiting, of every request, into one `llama_batch`, each
 input its own sequence, until the batch is full (`limit` tokens or `n_seq_max` sequences),
@@ -209,7 +209,8 @@ class PoolingScheduler(Scheduler):
             queue.pending.clear()
         held = list(dict.fromkeys(submission for submission, _ in self._waiting))
         self._waiting.clear()
-        self.fail(held + waiting, ErrorInfo(ErrorKind.ENGINE_CLOSED, "the engine was closed"))
+        closed = ErrorInfo(ErrorKind.ENGINE_CLOSED, f"the {self.engine.name} engine was closed")
+        self.fail(held + waiting, closed)
 
     def _drop_cancelled(self) -> None:
         if any(submission.cancelled for submission, _ in self._waiting):

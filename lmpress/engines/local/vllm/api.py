@@ -78,11 +78,11 @@ class VllmApi:
         return self.AsyncEngineArgs(**args)
 
     def pooling_runner(self, task: str) -> dict[str, Any]:
-        """The engine arguments that start vLLM's pooling runner for `task` (embed): `runner`
-        since vLLM 0.10, `task` before it."""
+        """The engine arguments that start vLLM's pooling runner for `task` (embed, score or
+        rerank): `runner` since vLLM 0.10, `task` (embed or score) before it."""
         if "runner" in self.engine_arg_names():
             return {"runner": "pooling"}
-        return {"task": task}
+        return {"task": "embed" if task == "embed" else "score"}
 
     @staticmethod
     def embed_params(dimensions: int | None) -> Any:

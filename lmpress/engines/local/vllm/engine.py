@@ -46,7 +46,7 @@ from lmpress.engines.local.vllm.api import (
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult
+from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -68,8 +68,9 @@ class VllmEngine(Engine):
         "skip_special_tokens",
     })  # fmt: skip
     takes_hub_ids = True
-    # `embed` through vLLM's pooling runner (`LLM.embed`), started for it with `task: embed`.
-    tasks = frozenset({"generate", "embed"})
+    # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
+    # embedding model), started for it with `task: embed`, `score` or `rerank`.
+    tasks = frozenset({"generate", "embed", "score", "rerank"})
 
     @classmethod
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:
@@ -124,13 +125,23 @@ class VllmEngine(Engine):
         assert isinstance(result, Result)
         return result
 
+    # vLLM's pooling runner, started for any of the pooling tasks, answers both: an embedding
+    # model embeds, and scores by its vectors' cosine similarity, as vLLM's LLM.score does.
+
     async def embed(self, request: EmbedRequest) -> EmbedResult:
-        if self.config.task != "embed":
-            raise UnsupportedParamError(
-                f"engine VLLM was started for task {self.config.task}: embed needs an engine "
-                f"started with task: embed"
-            )
+        self._check_pools("embed")
         return finish_embeddings(await self.scheduler.embed(request), request)
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        self._check_pools("score")
+        return await self.scheduler.score(request)
+
+    def _check_pools(self, call: str) -> None:
+        if self.config.task == "generate":
+            raise UnsupportedParamError(
+                f"engine VLLM was started for task generate: {call} needs vLLM's pooling "
+                f"runner, which task: embed, score or rerank starts"
+            )
 
     async def aclose(self) -> None:
         await self.scheduler.aclose()

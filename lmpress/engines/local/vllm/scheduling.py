@@ -26,7 +26,13 @@ from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_reques
 from lmpress.engines.local.vllm.logs import children_print_to_log
 from lmpress.engines.local.vllm.translate import EngineSettings, OutputAssembler, sampling_params
 from lmpress.engines.local.worker import CallerQueue
-from lmpress.vocabulary.embeddings import Embedding, EmbedRequest, EmbedResult
+from lmpress.vocabulary.embeddings import (
+    Embedding,
+    EmbedRequest,
+    EmbedResult,
+    ScoreRequest,
+    ScoreResult,
+)
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -227,6 +233,35 @@ class VllmScheduler:
                 raise EngineUnavailableError(f"vLLM's engine stopped ({failure(exc)})") from exc
             return answer([], _error_info(exc))
         return answer([pooled_embedding(output) for output in outputs])
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        """An embedding model's scores as vLLM's `LLM.score` gives them: the cosine similarity
+        of the query's vector and each document's, each text embedded once."""
+        import numpy as np
+
+        engine = self.engine
+        started = time.perf_counter()
+        texts = [request.query, *request.documents]
+        try:
+            params = self.api.embed_params(None)
+            outputs = await asyncio.gather(*(self._encode(request.id, t, params) for t in texts))
+        except Exception as exc:
+            if self.api.is_dead(self.llm):
+                raise EngineUnavailableError(f"vLLM's engine stopped ({failure(exc)})") from exc
+            latency = time.perf_counter() - started
+            info = _error_info(exc)
+            return ScoreResult(
+                request.id, [], Usage(), engine.model_name, engine.name, latency, info
+            )
+        query, *documents = [pooled_embedding(output) for output in outputs]
+        q = np.asarray(query.vector, dtype=np.float64)
+        scores = []
+        for document in documents:
+            d = np.asarray(document.vector, dtype=np.float64)
+            scores.append(float(q @ d / max(np.linalg.norm(q) * np.linalg.norm(d), 1e-8)))
+        usage = Usage(query.prompt_tokens + sum(d.prompt_tokens for d in documents), 0)
+        latency = time.perf_counter() - started
+        return ScoreResult(request.id, scores, usage, engine.model_name, engine.name, latency)
 
     async def _encode(self, request_id: str, item: str | list[int], params: Any) -> Any:
         prompt = {"prompt": item} if isinstance(item, str) else {"prompt_token_ids": list(item)}

