@@ -129,6 +129,12 @@ class VllmApi:
         return tokenizer
 
     @staticmethod
+    def max_model_len(llm: Any) -> int:
+        """The most tokens a prompt may have, as the started engine settled it (for a
+        sentence-transformers directory, its `max_seq_length`)."""
+        return int(llm.model_config.max_model_len)
+
+    @staticmethod
     def is_dead(llm: Any) -> bool:
         """Whether the engine core has died (every later request would fail too)."""
         return bool(getattr(llm, "errored", False))

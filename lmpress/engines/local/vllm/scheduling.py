@@ -225,14 +225,32 @@ class VllmScheduler:
 
         try:
             params = self.api.embed_params(request.dimensions)
+            inputs = [self._input_ids(item) for item in request.inputs]
             outputs = await asyncio.gather(
-                *(self._encode(request.id, item, params) for item in request.inputs)
+                *(self._encode(request.id, ids, params) for ids, _ in inputs)
             )
         except Exception as exc:
             if self.api.is_dead(self.llm):
                 raise EngineUnavailableError(f"vLLM's engine stopped ({failure(exc)})") from exc
             return answer([], _error_info(exc))
-        return answer([pooled_embedding(output) for output in outputs])
+        return answer(
+            [
+                pooled_embedding(output, truncated)
+                for output, (_, truncated) in zip(outputs, inputs, strict=True)
+            ]
+        )
+
+    def _input_ids(self, item: str | list[int]) -> tuple[list[int], bool]:
+        """An input's token ids, and whether they were cut at vLLM's `max_model_len` (which
+        vLLM would refuse): cut by the tokenizer's own truncation, which keeps the end token,
+        as sentence-transformers cuts."""
+        limit = self.api.max_model_len(self.llm)
+        if not isinstance(item, str):
+            return list(item[:limit]), len(item) > limit
+        ids = list(self.tokenizer(item)["input_ids"])
+        if len(ids) <= limit:
+            return ids, False
+        return list(self.tokenizer(item, truncation=True, max_length=limit)["input_ids"]), True
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
         """An embedding model's scores as vLLM's `LLM.score` gives them: the cosine similarity
@@ -244,7 +262,8 @@ class VllmScheduler:
         texts = [request.query, *request.documents]
         try:
             params = self.api.embed_params(None)
-            outputs = await asyncio.gather(*(self._encode(request.id, t, params) for t in texts))
+            inputs = [self._input_ids(text)[0] for text in texts]
+            outputs = await asyncio.gather(*(self._encode(request.id, i, params) for i in inputs))
         except Exception as exc:
             if self.api.is_dead(self.llm):
                 raise EngineUnavailableError(f"vLLM's engine stopped ({failure(exc)})") from exc
@@ -263,8 +282,8 @@ class VllmScheduler:
         latency = time.perf_counter() - started
         return ScoreResult(request.id, scores, usage, engine.model_name, engine.name, latency)
 
-    async def _encode(self, request_id: str, item: str | list[int], params: Any) -> Any:
-        prompt = {"prompt": item} if isinstance(item, str) else {"prompt_token_ids": list(item)}
+    async def _encode(self, request_id: str, ids: list[int], params: Any) -> Any:
+        prompt = {"prompt_token_ids": ids}
         vllm_id = f"{request_id}-{next(self._ids)}"
         # Cancelling the caller's await cancels the pump on the engine's loop, which aborts.
         pump = asyncio.run_coroutine_threadsafe(self._pool(vllm_id, prompt, params), self._loop)
@@ -301,13 +320,13 @@ class VllmScheduler:
             self._loop.close()
 
 
-def pooled_embedding(output: Any) -> Embedding:
+def pooled_embedding(output: Any, truncated: bool = False) -> Embedding:
     """A PoolingRequestOutput's vector (a tensor) as float32 numpy, and its prompt's length."""
     import numpy as np
 
     data = output.outputs.data
     vector = data.float().cpu().numpy() if hasattr(data, "cpu") else np.asarray(data, np.float32)
-    return Embedding(vector, len(output.prompt_token_ids or ()))
+    return Embedding(vector, len(output.prompt_token_ids or ()), truncated)
 
 
 def _error_info(exc: BaseException) -> ErrorInfo:

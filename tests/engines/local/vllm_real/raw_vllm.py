@@ -87,8 +87,13 @@ def main(cases_file: str, out_file: str) -> None:
             )
             out[prefix + "generate"] = [described(o) for o in outputs]
     if cases.get("embed"):  # with runner: pooling in engine_args
-        outputs = llm.embed(cases["embed"], use_tqdm=False)
+        # Cut at max_model_len by the tokenizer, as sentence-transformers cuts: vLLM refuses
+        # a longer prompt otherwise.
+        limit = llm.llm_engine.model_config.max_model_len
+        tokenization = {"truncation": True, "max_length": limit}
+        outputs = llm.embed(cases["embed"], use_tqdm=False, tokenization_kwargs=tokenization)
         out["embed"] = [list(o.outputs.embedding) for o in outputs]
+        out["max_model_len"] = limit
     if cases.get("score"):  # {"query": ..., "documents": [...]}: LLM.score, one query to many
         outputs = llm.score(cases["score"]["query"], cases["score"]["documents"], use_tqdm=False)
         out["score"] = [o.outputs.score for o in outputs]

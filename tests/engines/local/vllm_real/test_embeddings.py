@@ -25,6 +25,7 @@ TEXTS = [
     "The new movie is awesome, and the popcorn was fresh " * 12,
     "Ein Mann isst Essen; 男人在吃东西。",
     "def embed(texts): return model.encode(texts)",
+    "every word counts " * 200,  # past MiniLM's limit: cut there, its end token kept
 ]
 
 
@@ -46,7 +47,7 @@ def cosine(a, b) -> float:
 
 def test_vectors_equal_vllms_own_embed(minilm, tmp_path):
     args = {"dtype": "float32", "enforce_eager": True}
-    score = {"query": "A man is eating pasta.", "documents": TEXTS}
+    score = {"query": "A man is eating pasta.", "documents": TEXTS[:5]}
     raw = raw_vllm(
         {"model": minilm, "engine_args": {**args, "runner": "pooling"}, "embed": TEXTS,
          "score": score},
@@ -82,6 +83,8 @@ def test_vectors_equal_vllms_own_embed(minilm, tmp_path):
         # MiniLM's own Normalize module: unit vectors whether or not normalize is asked for
         assert float(np.linalg.norm(embedding.vector)) == pytest.approx(1.0, abs=1e-4)
     assert all(e.prompt_tokens >= 2 for e in got) and got[1].prompt_tokens == 2  # [CLS] [SEP]
+    assert [e.truncated for e in got] == [False] * 5 + [True]
+    assert got[-1].prompt_tokens == raw["max_model_len"]
     assert first.usage.prompt_tokens == sum(e.prompt_tokens for e in first.embeddings)
     # MiniLM was not trained for shortened vectors: vLLM refuses, this request alone.
     assert shortened.error is not None and shortened.error.kind == ErrorKind.INVALID_REQUEST
