@@ -6,8 +6,8 @@ mode (`embedding=True`) with the pooling type the GGUF declares (`{arch}.pooling
 context to a `PoolingScheduler` instead of the generation scheduler. An encoder reads each
 input whole, in one micro-batch, so the context is made with `n_batch` and `n_ubatch` equal
 to the longest input it takes (`limit`: the model's trained context unless `n_ctx` says
-less); a longer input is cut there, as llama-cpp-python's own `embed` cuts it, and its
-`Embedding.truncated` says so.
+less); a longer input is cut there, keeping the end token its tokenization added, as
+sentence-transformers cuts it, and its `Embedding.truncated` says so.
 
 The worker packs whatever inputs are waiting, of every request, into one `llama_batch`, each
 input its own sequence, until the batch is full (`limit` tokens or `n_seq_max` sequences),
@@ -118,7 +118,13 @@ class PoolingInputs:
         self.n_seq = lc.llama_n_seq_max(ctx)
         self.n_embd = llama.n_embd()
         self.n_vocab = llama.n_vocab()
-        self._vocab = lc.llama_model_get_vocab(llama._model.model)
+        self._vocab = vocab = lc.llama_model_get_vocab(llama._model.model)
+        # The token tokenization ends a text with ([SEP] for BERT), kept when a text is cut.
+        self._end = (
+            lc.llama_vocab_sep(vocab) if lc.llama_vocab_get_add_sep(vocab)
+            else lc.llama_vocab_eos(vocab) if lc.llama_vocab_get_add_eos(vocab)
+            else None
+        )  # fmt: skip
 
     def embed_submission(self, request: EmbedRequest, started: float) -> PooledSubmission:
         if request.dimensions not in (None, self.n_embd):
@@ -128,42 +134,57 @@ class PoolingInputs:
                 f"{self.n_embd}",
                 kind=ErrorKind.INVALID_REQUEST,
             )
-        sequences = [self._input_ids(item, i) for i, item in enumerate(request.inputs)]
+        sequences = []
+        for index, item in enumerate(request.inputs):
+            if isinstance(item, str):
+                sequences.append(self._cut(self._tokenize(item, add_special=True), self._end))
+            else:
+                sequences.append(self._cut(self._checked_ids(item, index), None))
         return self._submission(request, sequences, started)
 
     def score_submission(self, request: ScoreRequest, started: float) -> PooledSubmission:
         query = self._tokenize(request.query, add_special=False)
         sequences = [
-            rerank_tokens(self._vocab, self._lc, query, self._tokenize(document, add_special=False))
+            self._cut(rerank_tokens(self._vocab, self._lc, query, self._tokenize(document)), None)
             for document in request.documents
         ]
         return self._submission(request, sequences, started)
 
     def _submission(
-        self, request: EmbedRequest | ScoreRequest, sequences: list[list[int]], started: float
+        self,
+        request: EmbedRequest | ScoreRequest,
+        sequences: list[tuple[list[int], bool]],
+        started: float,
     ) -> PooledSubmission:
-        truncated = [len(ids) > self.limit for ids in sequences]
-        inputs = [ids[: self.limit] for ids in sequences]
-        if any(not ids for ids in inputs):
+        if any(not ids for ids, _ in sequences):
             raise RequestError(
                 "an input is empty and the model adds no token of its own to it; give it text",
                 kind=ErrorKind.INVALID_REQUEST,
             )
+        inputs, truncated = [ids for ids, _ in sequences], [cut for _, cut in sequences]
         return PooledSubmission(request, inputs, truncated, started)
 
-    def _input_ids(self, item: str | list[int], index: int) -> list[int]:
-        if isinstance(item, str):
-            return self._tokenize(item, add_special=True)
-        bad = [token for token in item if not 0 <= token < self.n_vocab]
+    def _cut(self, ids: list[int], end: int | None) -> tuple[list[int], bool]:
+        """The ids cut to `limit` where they are longer, keeping `end` where they end with it
+        (the end token a text's tokenization added: Hugging Face tokenizers, and
+        sentence-transformers with them, cut a text so); whether they were cut."""
+        if len(ids) <= self.limit:
+            return ids, False
+        if end is not None and ids[-1] == end:
+            return [*ids[: self.limit - 1], end], True
+        return ids[: self.limit], True
+
+    def _checked_ids(self, ids: list[int], index: int) -> list[int]:
+        bad = [token for token in ids if not 0 <= token < self.n_vocab]
         if bad:
             raise RequestError(
                 f"input {index}: token {bad[0]} is not a token id of this model "
                 f"(0 to {self.n_vocab - 1})",
                 kind=ErrorKind.INVALID_REQUEST,
             )
-        return list(item)
+        return list(ids)
 
-    def _tokenize(self, text: str, *, add_special: bool) -> list[int]:
+    def _tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         """`text`'s ids, with the vocabulary's own begin/end tokens when `add_special` (as
         llama-cpp-python's `embed` tokenizes); special-token text is read as text."""
         return self._llama.tokenize(text.encode("utf-8"), add_bos=add_special, special=False)
