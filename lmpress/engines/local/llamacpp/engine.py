@@ -115,7 +115,11 @@ class LlamaCppEngine(WorkerEngine):
         self.metadata: dict[str, str] = dict(self.llama.metadata)
         if config.task != "generate":
             self.projector = None
-            self.pooling = PoolingInputs(self.llama, self.path, config.task)
+            try:
+                self.pooling = PoolingInputs(self.llama, self.path, config.task)
+            except ConfigError:  # the model's pooling does not fit the task: free it first
+                self.llama.close()
+                raise
             scheduler = PoolingScheduler(
                 self._queue, self, ctx=self.llama._ctx.ctx, limit=self.pooling.limit,
                 n_seq=self.pooling.n_seq,
