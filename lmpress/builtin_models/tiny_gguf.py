@@ -5,7 +5,8 @@ with a fixed seed. Two tokenizer families are covered, as llama.cpp names them i
 `tokenizer.ggml.model`: "llama" (SentencePiece-style pieces with scores and byte fallback) and
 "gpt2" (byte-level BPE with merges). Most use llama.cpp's "llama" architecture; `qwen2-q4k` is
 a Qwen2 (attention biases, an untied output matrix) quantized to Q4_K_M by llama.cpp's own
-quantize tool, and `gpt2-q8` stores Q8_0 weights: the quantized kernels real GGUFs take.
+quantize tool, and `gpt2-q8` stores Q8_0 weights: the quantized kernels real GGUFs take. `bert`
+and `bert-rerank` are encoders for embeddings and reranking (tiny_gguf_bert.py).
 
     python -m lmpress.builtin_models.tiny_gguf llama        # prints the cached file's path
     python -m lmpress.builtin_models.tiny_gguf bench-100m   # ~100M parameters, for benchmarks/
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.builtin_models.tiny import INST_TEMPLATE, WORDS, builder_main, cache_root
+from lmpress.builtin_models.tiny_gguf_bert import BERTS, BertSpec, write_bert
 from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 
 # Bump when a builder changes, so cached files are rebuilt.
@@ -97,18 +99,18 @@ def resolve_gguf_name(name: str) -> str:
     if not name.startswith(TINY_GGUF_PREFIX):
         return name
     tiny = name[len(TINY_GGUF_PREFIX) :]
-    if tiny not in SPECS and tiny not in PROJECTORS:
+    if tiny not in SPECS and tiny not in PROJECTORS and tiny not in BERTS:
         from lmpress.vocabulary.errors import ModelLoadError
 
         raise ModelLoadError(
-            f"unknown tiny GGUF model '{tiny}' (choose from {', '.join([*SPECS, *PROJECTORS])})"
+            f"unknown tiny GGUF model '{tiny}' (choose from {', '.join([*SPECS, *PROJECTORS, *BERTS])})"
         )
     return str(tiny_gguf(tiny))
 
 
 def tiny_gguf(name: str = "llama", cache_dir: Path | None = None) -> Path:
     """The path of a tiny GGUF file (a model or a projector), built on first use and cached."""
-    spec = SPECS[name] if name in SPECS else PROJECTORS[name]
+    spec = SPECS.get(name) or BERTS.get(name) or PROJECTORS[name]
     root = (cache_dir or cache_root()) / "tiny-gguf"
     target = root / f"{spec.name}-v{BUILDER_VERSION}.gguf"
     if target.exists():
@@ -126,9 +128,12 @@ def tiny_gguf(name: str = "llama", cache_dir: Path | None = None) -> Path:
     return target
 
 
-def build(spec: GgufSpec | ProjectorSpec, out: Path) -> None:
+def build(spec: GgufSpec | ProjectorSpec | BertSpec, out: Path) -> None:
     if isinstance(spec, ProjectorSpec):
         _write_projector(spec, out)
+        return
+    if isinstance(spec, BertSpec):
+        write_bert(spec, out)
         return
     if spec.dtype != "q4_k_m":
         _write(spec, out)
@@ -379,7 +384,7 @@ def _write_projector(spec: ProjectorSpec, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = {**SPECS, **PROJECTORS}
+    names = {**SPECS, **BERTS, **PROJECTORS}
     return builder_main(
         argv, "lmpress.builtin_models.tiny_gguf", "tiny GGUF models", names, tiny_gguf
     )

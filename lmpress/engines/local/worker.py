@@ -222,25 +222,6 @@ class WorkerEngine(Engine):
         if self._ask_worker_to_stop():
             self._worker.join(wait_s)
 
-    async def _answer(self, submission: Any) -> Any:
-        """Queue a submission that gets one answer and no deltas (a pooling task's, whose
-        scheduler answers with `deliver`), and wait for that answer."""
-        submission.replies = CallerQueue()
-        queue = self._queue
-        with queue.wakeup:
-            if queue.closed:
-                raise RuntimeError(f"the {self.name} engine is closed")
-            queue.pending.append(submission)
-            self._live.add(submission)
-            queue.wakeup.notify()
-        try:
-            return await submission.replies.get()
-        finally:
-            with queue.wakeup:
-                submission.cancelled = True
-                self._live.discard(submission)
-                queue.wakeup.notify()
-
     async def _submit(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
         started = time.perf_counter()
         queue = self._queue
@@ -255,15 +236,9 @@ class WorkerEngine(Engine):
         except Exception as exc:  # whatever the backend met in this request fails it alone
             yield error_result(request, self, failure_info(exc), started)
             return
-        submission.replies = CallerQueue()
         # A reply that may be a tool call is not streamed as text: its calls come whole.
         submission.wants_deltas = deltas and submission.tool_plan is None
-        with queue.wakeup:
-            if queue.closed:
-                raise RuntimeError(f"the {self.name} engine is closed")
-            queue.pending.append(submission)
-            self._live.add(submission)
-            queue.wakeup.notify()
+        self._enqueue(submission)
         try:
             while True:
                 item = await submission.replies.get()
@@ -277,7 +252,31 @@ class WorkerEngine(Engine):
                 if isinstance(item, Result):
                     return
         finally:
-            with queue.wakeup:
-                submission.cancelled = True
-                self._live.discard(submission)
-                queue.wakeup.notify()
+            self._withdraw(submission)
+
+    async def _answer(self, submission: Any) -> Any:
+        """Queue a submission answered whole (an embedding, a score: no deltas) and return its
+        answer. The submission has `replies`, `cancelled` and `answered` as `Submission` does,
+        and the scheduler's `fail` knows how to answer it with an error."""
+        self._enqueue(submission)
+        try:
+            return await submission.replies.get()
+        finally:
+            self._withdraw(submission)
+
+    def _enqueue(self, submission: Any) -> None:
+        submission.replies = CallerQueue()
+        queue = self._queue
+        with queue.wakeup:
+            if queue.closed:
+                raise RuntimeError(f"the {self.name} engine is closed")
+            queue.pending.append(submission)
+            self._live.add(submission)
+            queue.wakeup.notify()
+
+    def _withdraw(self, submission: Any) -> None:
+        """The caller stopped listening: the worker drops the submission if it still holds it."""
+        with self._queue.wakeup:
+            submission.cancelled = True
+            self._live.discard(submission)
+            self._queue.wakeup.notify()

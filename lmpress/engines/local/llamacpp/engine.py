@@ -24,8 +24,11 @@ llama.cpp's multimodal library and decoded into their sequences by the same sche
 
 from __future__ import annotations
 
+import time
+
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_token_settings
+from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.llamacpp import prompt_count
@@ -39,14 +42,34 @@ from lmpress.engines.local.llamacpp.loading import (
     oumi_gguf_file,
     parallel_sequences,
 )
+from lmpress.engines.local.llamacpp.pooling import (
+    PooledSubmission,
+    PoolingInputs,
+    PoolingScheduler,
+    error_answer,
+    pooling_kwargs,
+)
 from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projector
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
 from lmpress.engines.local.worker import WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.errors import ConfigError, ErrorKind, ModelLoadError, RequestError
-from lmpress.vocabulary.types import GenerationParams, Request
+from lmpress.vocabulary.embeddings import (
+    SCORING_TASKS,
+    EmbedRequest,
+    EmbedResult,
+    ScoreRequest,
+    ScoreResult,
+)
+from lmpress.vocabulary.errors import (
+    ConfigError,
+    ErrorKind,
+    ModelLoadError,
+    RequestError,
+    UnsupportedParamError,
+)
+from lmpress.vocabulary.types import ErrorInfo, GenerationParams, Request
 
 
 class LlamaCppEngine(WorkerEngine):
@@ -58,6 +81,8 @@ class LlamaCppEngine(WorkerEngine):
         "guided_decoding",
     })  # fmt: skip
     takes_tools = True
+    # One per run: the engine loads the model for the task the run does (pooling.py).
+    tasks = frozenset({"generate", "embed", "score", "rerank"})
 
     @classmethod
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:
@@ -78,6 +103,8 @@ class LlamaCppEngine(WorkerEngine):
         kwargs = check_model_kwargs(model_kwargs, llama_cpp.Llama)
         kwargs.setdefault("verbose", False)
         kwargs.setdefault("n_ctx", 0)  # 0: the model's own context length
+        if config.task != "generate":
+            pooling_kwargs(kwargs, self.path)
         extra_bufts = kwargs.pop("use_extra_bufts", None)
         try:
             self.llama = load_llama(self.path, kwargs, extra_bufts=extra_bufts)
@@ -86,6 +113,20 @@ class LlamaCppEngine(WorkerEngine):
         self.vocab = Vocab(self.llama)
         self.n_vocab = self.vocab.size
         self.metadata: dict[str, str] = dict(self.llama.metadata)
+        if config.task != "generate":
+            self.projector = None
+            try:
+                self.pooling = PoolingInputs(self.llama, self.path, config.task)
+            except ConfigError:  # the model's pooling does not fit the task: free it first
+                self.llama.close()
+                raise
+            scheduler = PoolingScheduler(
+                self._queue, self, ctx=self.llama._ctx.ctx, limit=self.pooling.limit,
+                n_seq=self.pooling.n_seq,
+            )  # fmt: skip
+            self.max_in_flight = 2 * self.pooling.n_seq
+            self._start_worker(scheduler, "lmpress-llamacpp")
+            return
         self.chat_template = chat_template(config, self.metadata)
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
         parser = self.tool_call_parser
@@ -125,6 +166,38 @@ class LlamaCppEngine(WorkerEngine):
         if self.projector is not None:
             self.projector.close()
         self.llama.close()
+
+    # --- the pooling tasks (pooling.py) ----------------------------------------------------
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        started = time.perf_counter()
+        self._check_started_for("embed")
+        try:
+            submission = self.pooling.embed_submission(request, started)
+        except RequestError as exc:
+            info = ErrorInfo(exc.kind, str(exc), exc.status)
+            return error_answer(PooledSubmission(request, [], [], started), self, info)
+        result = await self._answer(submission)
+        return finish_embeddings(result, request)
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        started = time.perf_counter()
+        self._check_started_for("score")
+        try:
+            submission = self.pooling.score_submission(request, started)
+        except RequestError as exc:
+            info = ErrorInfo(exc.kind, str(exc), exc.status)
+            return error_answer(PooledSubmission(request, [], [], started), self, info)
+        return await self._answer(submission)
+
+    def _check_started_for(self, call: str) -> None:
+        task = self.config.task
+        fits = {"generate": ("generate",), "embed": ("embed",), "score": SCORING_TASKS}
+        if task not in fits[call]:
+            raise UnsupportedParamError(
+                f"engine LLAMACPP was started for task {task}: {call} needs an engine started "
+                f"with task: {' or '.join(fits[call])}"
+            )
 
     # --- what the KV cache holds now -------------------------------------------------------
 
@@ -181,6 +254,7 @@ class LlamaCppEngine(WorkerEngine):
     # --- checking a request before it is queued -------------------------------------------
 
     def _prepare(self, request: Request, started: float) -> LlamaCppSubmission:
+        self._check_started_for("generate")
         plan = self.prompts.plan(request)
         prompt_ids, images = self.inputs(request, plan)
         logit_bias = self._logit_bias(request.params)

@@ -77,6 +77,25 @@ class VllmApi:
                 args[key] = config_class(**args[key])
         return self.AsyncEngineArgs(**args)
 
+    def pooling_runner(self, task: str) -> dict[str, Any]:
+        """The engine arguments that start vLLM's pooling runner for `task` (embed, score or
+        rerank): `runner` since vLLM 0.10, `task` (embed or score) before it."""
+        if "runner" in self.engine_arg_names():
+            return {"runner": "pooling"}
+        return {"task": "embed" if task == "embed" else "score"}
+
+    @staticmethod
+    def embed_params(dimensions: int | None) -> Any:
+        """PoolingParams for one embedding: the model's own pooling and normalisation, cut to
+        `dimensions` (vLLM refuses that for a model not trained for it). The pooling task is a
+        field since vLLM 0.10; before it the engine had one task. Imported here, on the first
+        embedding, as only a pooling run needs it."""
+        from vllm.pooling_params import PoolingParams
+
+        fields = getattr(PoolingParams, "__struct_fields__", ())
+        task = {"task": "embed"} if "task" in fields else {}
+        return PoolingParams(dimensions=dimensions, **task)
+
     def engine_arg_names(self) -> set[str]:
         return {f.name for f in dataclasses.fields(self.AsyncEngineArgs)}
 
@@ -108,6 +127,12 @@ class VllmApi:
         if inspect.isawaitable(tokenizer):
             tokenizer = await tokenizer
         return tokenizer
+
+    @staticmethod
+    def max_model_len(llm: Any) -> int:
+        """The most tokens a prompt may have, as the started engine settled it (for a
+        sentence-transformers directory, its `max_seq_length`)."""
+        return int(llm.model_config.max_model_len)
 
     @staticmethod
     def is_dead(llm: Any) -> bool:

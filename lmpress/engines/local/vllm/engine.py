@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Engine
+from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.prompts import resolve_chat_template
 from lmpress.engines.common.tool_parsers import check_parser
@@ -45,7 +46,13 @@ from lmpress.engines.local.vllm.api import (
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError, first_line
+from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
+from lmpress.vocabulary.errors import (
+    ConfigError,
+    EngineUnavailableError,
+    UnsupportedParamError,
+    first_line,
+)
 from lmpress.vocabulary.types import Delta, Request, Result
 
 
@@ -61,6 +68,9 @@ class VllmEngine(Engine):
         "skip_special_tokens",
     })  # fmt: skip
     takes_hub_ids = True
+    # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
+    # embedding model), started for it with `task: embed`, `score` or `rerank`.
+    tasks = frozenset({"generate", "embed", "score", "rerank"})
 
     @classmethod
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:
@@ -84,6 +94,8 @@ class VllmEngine(Engine):
         super().__init__(config)
         self.api = VllmApi.load()
         self.settings = engine_settings(config, self.api.engine_arg_names(), self.api.auto_dtype())
+        if config.task != "generate":
+            self.settings.args.update(self.api.pooling_runner(config.task))
         sampling_params(self.api, config.generation, stream=False)  # refuse bad settings now
         template = config.model.chat_template
         self.chat_template = resolve_chat_template(template) if template else None
@@ -95,14 +107,41 @@ class VllmEngine(Engine):
         self.scheduler = VllmScheduler(self, self.api, self.settings)
 
     def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
+        self._check_generates()
         return self.scheduler.run(request, deltas=True)
 
+    def _check_generates(self) -> None:
+        if self.config.task != "generate":
+            raise UnsupportedParamError(
+                f"engine VLLM was started for task {self.config.task} (vLLM's pooling runner), "
+                f"which does not generate text"
+            )
+
     async def complete(self, request: Request) -> Result:
+        self._check_generates()
         result = None
         async for item in self.scheduler.run(request, deltas=False):
             result = item
         assert isinstance(result, Result)
         return result
+
+    # vLLM's pooling runner, started for any of the pooling tasks, answers both: an embedding
+    # model embeds, and scores by its vectors' cosine similarity, as vLLM's LLM.score does.
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        self._check_pools("embed")
+        return finish_embeddings(await self.scheduler.embed(request), request)
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        self._check_pools("score")
+        return await self.scheduler.score(request)
+
+    def _check_pools(self, call: str) -> None:
+        if self.config.task == "generate":
+            raise UnsupportedParamError(
+                f"engine VLLM was started for task generate: {call} needs vLLM's pooling "
+                f"runner, which task: embed, score or rerank starts"
+            )
 
     async def aclose(self) -> None:
         await self.scheduler.aclose()

@@ -26,6 +26,13 @@ from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_reques
 from lmpress.engines.local.vllm.logs import children_print_to_log
 from lmpress.engines.local.vllm.translate import EngineSettings, OutputAssembler, sampling_params
 from lmpress.engines.local.worker import CallerQueue
+from lmpress.vocabulary.embeddings import (
+    Embedding,
+    EmbedRequest,
+    EmbedResult,
+    ScoreRequest,
+    ScoreResult,
+)
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -35,7 +42,7 @@ from lmpress.vocabulary.errors import (
     RequestError,
 )
 from lmpress.vocabulary.images import load_images
-from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result
+from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Usage
 
 
 class _End:
@@ -203,6 +210,97 @@ class VllmScheduler:
             return
         replies.put(_End())
 
+    # --- embeddings: one vLLM request an input, as LLM.embed makes them --------------------
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        engine = self.engine
+        started = time.perf_counter()
+
+        def answer(embeddings: list[Embedding], error: ErrorInfo | None = None) -> EmbedResult:
+            usage = Usage(sum(e.prompt_tokens for e in embeddings), 0)
+            latency = time.perf_counter() - started
+            return EmbedResult(
+                request.id, embeddings, usage, engine.model_name, engine.name, latency, error
+            )
+
+        try:
+            params = self.api.embed_params(request.dimensions)
+            inputs = [self._input_ids(item) for item in request.inputs]
+            outputs = await asyncio.gather(
+                *(self._encode(request.id, ids, params) for ids, _ in inputs)
+            )
+        except Exception as exc:
+            if self.api.is_dead(self.llm):
+                raise EngineUnavailableError(f"vLLM's engine stopped ({failure(exc)})") from exc
+            return answer([], _error_info(exc))
+        return answer(
+            [
+                pooled_embedding(output, truncated)
+                for output, (_, truncated) in zip(outputs, inputs, strict=True)
+            ]
+        )
+
+    def _input_ids(self, item: str | list[int]) -> tuple[list[int], bool]:
+        """An input's token ids, and whether they were cut at vLLM's `max_model_len` (which
+        vLLM would refuse): cut by the tokenizer's own truncation, which keeps the end token,
+        as sentence-transformers cuts."""
+        limit = self.api.max_model_len(self.llm)
+        if not isinstance(item, str):
+            return list(item[:limit]), len(item) > limit
+        ids = list(self.tokenizer(item)["input_ids"])
+        if len(ids) <= limit:
+            return ids, False
+        return list(self.tokenizer(item, truncation=True, max_length=limit)["input_ids"]), True
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        """An embedding model's scores as vLLM's `LLM.score` gives them: the cosine similarity
+        of the query's vector and each document's, each text embedded once."""
+        import numpy as np
+
+        engine = self.engine
+        started = time.perf_counter()
+        texts = [request.query, *request.documents]
+        try:
+            params = self.api.embed_params(None)
+            inputs = [self._input_ids(text)[0] for text in texts]
+            outputs = await asyncio.gather(*(self._encode(request.id, i, params) for i in inputs))
+        except Exception as exc:
+            if self.api.is_dead(self.llm):
+                raise EngineUnavailableError(f"vLLM's engine stopped ({failure(exc)})") from exc
+            latency = time.perf_counter() - started
+            info = _error_info(exc)
+            return ScoreResult(
+                request.id, [], Usage(), engine.model_name, engine.name, latency, info
+            )
+        query, *documents = [pooled_embedding(output) for output in outputs]
+        q = np.asarray(query.vector, dtype=np.float64)
+        scores = []
+        for document in documents:
+            d = np.asarray(document.vector, dtype=np.float64)
+            scores.append(float(q @ d / max(np.linalg.norm(q) * np.linalg.norm(d), 1e-8)))
+        usage = Usage(query.prompt_tokens + sum(d.prompt_tokens for d in documents), 0)
+        latency = time.perf_counter() - started
+        return ScoreResult(request.id, scores, usage, engine.model_name, engine.name, latency)
+
+    async def _encode(self, request_id: str, ids: list[int], params: Any) -> Any:
+        prompt = {"prompt_token_ids": ids}
+        vllm_id = f"{request_id}-{next(self._ids)}"
+        # Cancelling the caller's await cancels the pump on the engine's loop, which aborts.
+        pump = asyncio.run_coroutine_threadsafe(self._pool(vllm_id, prompt, params), self._loop)
+        return await asyncio.wrap_future(pump)
+
+    async def _pool(self, vllm_id: str, prompt: dict[str, Any], params: Any) -> Any:
+        final = None
+        try:
+            async for output in self.llm.encode(
+                prompt, params, vllm_id, lora_request=self.lora_request
+            ):
+                final = output
+        except asyncio.CancelledError:
+            await self.llm.abort(vllm_id)
+            raise
+        return final
+
     # --- shutting down ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -220,6 +318,15 @@ class VllmScheduler:
         self._thread.join()
         if not self._loop.is_closed():
             self._loop.close()
+
+
+def pooled_embedding(output: Any, truncated: bool = False) -> Embedding:
+    """A PoolingRequestOutput's vector (a tensor) as float32 numpy, and its prompt's length."""
+    import numpy as np
+
+    data = output.outputs.data
+    vector = data.float().cpu().numpy() if hasattr(data, "cpu") else np.asarray(data, np.float32)
+    return Embedding(vector, len(output.prompt_token_ids or ()), truncated)
 
 
 def _error_info(exc: BaseException) -> ErrorInfo:

@@ -7,7 +7,8 @@ CASES.json: {"model": DIR, "engine_args": {...}, "chat": [{"messages": [...], "s
 SamplingParams keyword arguments, written by hand in the test (never made by lmpress's own
 translation), with `structured_outputs` as StructuredOutputsParams' keyword arguments.
 `vllm.LLM(model=DIR, **engine_args)` answers the chat cases with `LLM.chat` and the prompts with
-`LLM.generate`, each list in one call. With "lora": ADAPTER_DIR (and enable_lora in
+`LLM.generate`, each list in one call, "embed" (a list of texts) with `LLM.embed`, whose vectors
+come back as lists of floats, and "score" (a query and documents) with `LLM.score`. With "lora": ADAPTER_DIR (and enable_lora in
 engine_args) each list is asked once more with that adapter's LoRARequest, as "lora_chat" and
 "lora_generate". OUT.json: {"chat": [...], "generate": [...], ...}, one entry a case: its
 samples' text, token ids, finish reason and per-token logprobs (the chosen token's text and
@@ -85,6 +86,17 @@ def main(cases_file: str, out_file: str) -> None:
                 lora_request=lora,
             )
             out[prefix + "generate"] = [described(o) for o in outputs]
+    if cases.get("embed"):  # with runner: pooling in engine_args
+        # Cut at max_model_len by the tokenizer, as sentence-transformers cuts: vLLM refuses
+        # a longer prompt otherwise.
+        limit = llm.llm_engine.model_config.max_model_len
+        tokenization = {"truncation": True, "max_length": limit}
+        outputs = llm.embed(cases["embed"], use_tqdm=False, tokenization_kwargs=tokenization)
+        out["embed"] = [list(o.outputs.embedding) for o in outputs]
+        out["max_model_len"] = limit
+    if cases.get("score"):  # {"query": ..., "documents": [...]}: LLM.score, one query to many
+        outputs = llm.score(cases["score"]["query"], cases["score"]["documents"], use_tqdm=False)
+        out["score"] = [o.outputs.score for o in outputs]
     with open(out_file, "w", encoding="utf-8") as f:
         json.dump(out, f)
 
