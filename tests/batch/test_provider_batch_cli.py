@@ -59,7 +59,9 @@ def comparable(row: dict) -> dict:
 @pytest.mark.parametrize("engine", ["OPENAI", "ANTHROPIC"])
 def test_a_thousand_rows_by_batch_equal_a_live_run_and_split_at_the_limit(tmp_path, engine):
     rows = write_rows(tmp_path / "in.jsonl", 1000)
-    with server() as srv:
+    # Each batch stays in_progress for half a second, five polls: on a loaded machine a poll
+    # round over four batches took longer than the 0.1 s the other tests give each step.
+    with server(step_s=0.5) as srv:
         live = run_lmpress(*args_for(engine, srv, rows, tmp_path / "live.jsonl"), env=KEYS)
         assert live.returncode == 0, live.stderr[-2000:]
         batch = run_lmpress(*args_for(engine, srv, rows, tmp_path / "batch.jsonl",
