@@ -31,6 +31,7 @@ from typing import Any
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings, failure_info
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
+from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
@@ -167,13 +168,14 @@ class NativeEngine(WorkerEngine):
             result.error = answer
         else:
             result.embeddings = [
-                Embedding(pooled_vector(vector, width, request.normalize), len(row.ids),
-                          row.truncated)
+                Embedding(cut_vector(vector, width), len(row.ids), row.truncated)
                 for vector, row in zip(answer, rows, strict=True)
             ]  # fmt: skip
             result.usage = Usage(sum(len(row.ids) for row in rows))
         result.latency_s = time.perf_counter() - started
-        return result
+        return finish_embeddings(
+            result, request
+        )  # normalised after the cut, as sentence-transformers does
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
         import numpy as np
@@ -263,13 +265,10 @@ class NativeEngine(WorkerEngine):
         return ids, images
 
 
-def pooled_vector(vector: Any, width: int | None, normalize: bool) -> Any:
-    """A vector cut to `width` (Matryoshka: the first values) and, with `normalize`, scaled
-    to unit length after the cut, as sentence-transformers does."""
+def cut_vector(vector: Any, width: int | None) -> Any:
+    """A vector cut to `width` (Matryoshka: the first values), as float32."""
     import numpy as np
 
     if width is not None:
         vector = vector[:width]
-    if normalize:
-        vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
     return vector.astype(np.float32, copy=False)
