@@ -456,7 +456,10 @@ def test_requests_per_minute_is_respected_ahead_of_time():
 
 def test_a_wave_of_429s_slows_the_sender_without_collapsing_it():
     # For one second the server turns everything away (429, come back in 200 ms), then serves.
-    faults = Faults(latency_s=0.1)
+    # Each reply takes 0.3 s, so 28 in flight asks under 100 requests a second of this process
+    # (client and server share it): a busy 2-core machine keeps up with that, where 0.1 s
+    # asked for 280 and measured the machine rather than the engine.
+    faults = Faults(latency_s=0.3)
     with LLMServer(faults) as server:
         engine = make_engine(server, **{"remote_params.num_workers": 32})
         faults.overloaded_until = time.monotonic() + 1.0
@@ -466,7 +469,7 @@ def test_a_wave_of_429s_slows_the_sender_without_collapsing_it():
         # workers knocking every 200 ms for a second (about 160 rejections).
         assert server.stats.statuses[429] < 110
         # Not collapsed: back to all 32 workers once the wave is over (counted at the server,
-        # so a slow machine cannot fake it, nor make it fail).
+        # so a slow machine cannot fake it).
         after = [n for t, n in server.stats.arrivals if t > faults.overloaded_until + 0.5]
         assert max(after) >= 28
 
