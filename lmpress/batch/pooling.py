@@ -28,8 +28,8 @@ async def run_request(engine: Engine, request: AnyRequest) -> AnyResult:
 
 def check_mode(config: RunConfig, mode: BatchMode) -> None:
     """Refuse, before any work, a way of running that has no path for the run's task."""
-    if config.task != "generate" and mode is not BatchMode.LIVE:
-        flag = "--ray" if mode is BatchMode.RAY else "--provider-batch"
+    if config.task != "generate" and mode is BatchMode.PROVIDER:  # Ray replicas run any task
+        flag = "--provider-batch"
         raise ConfigError(
             f"{flag}: {run_of(config.task)} goes live only (drop {flag}, and "
             f"remote_params.batch_completion_window where the recipe sets it)"

@@ -1,4 +1,5 @@
-"""One engine replica: a Ray Data actor that parses the lines it is sent and generates them.
+"""One engine replica: a Ray Data actor that parses the lines it is sent and runs them through
+its engine, by the run's task (`batch.pooling.run_request`: generate, embed or score).
 
 The engine runs on an event loop of its own, on a thread of the actor, created with the engine
 and kept for its life; each call's rows go to it at once, so the engine batches them with the
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from lmpress.batch.events import RowFailure
-from lmpress.batch.guided_check import check_structure
+from lmpress.batch.pooling import AnyResult, run_request
 from lmpress.batch.rows import RowParser
 from lmpress.configs.schema import RunConfig
 from lmpress.data.jsonl import Line
@@ -25,7 +26,6 @@ from lmpress.data.row_shapes import ParsedRow
 from lmpress.engines.base import error_result, failure_info
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import LmpressError
-from lmpress.vocabulary.types import Result
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Outcome:
     seq: int  # -1: no row
     skipped: int  # rows done by earlier runs, skipped just before this one
     row: ParsedRow | None = None
-    result: Result | None = None
+    result: AnyResult | None = None
     failure: RowFailure | None = None  # the row could not run
 
 
@@ -76,7 +76,7 @@ class Replica:
         row, request = read
         started = time.perf_counter()
         try:
-            result = check_structure(request, await self.engine.complete(request))
+            result = await run_request(self.engine, request)
         except Exception as exc:  # one row's failure must not fail the call's other rows
             result = error_result(request, self.engine, failure_info(exc), started)
         return Outcome(seq, skipped, row, result)
