@@ -156,6 +156,107 @@ def test_remote_on_ray_writes_the_rows_a_local_run_writes(tmp_path, cluster):
     assert failed_lines(on_ray) == failed_lines(local) == [124]
 
 
+# One replica, as model loads are what these runs spend their time on; rows of many calls
+# reaching one driver from two replicas is the generation tests' subject.
+ON_CLUSTER = ["--ray.cpus_per_replica", "0.5", "--ray.batch_size", "8"]
+# What differs between two runs of the same rows: timings, and the ids OpenAI Batch output
+# lines are given (`by_ident` keys a line by its custom_id instead).
+VOLATILE = {"latency_s", "request_id", "created"}
+
+
+def assert_same_rows(got: object, want: object, where: str = "") -> None:
+    """Equal rows, floats to float32's rounding: a replica batches rows with other neighbours
+    than a local run does, so the padding around a text, and the last bit of its vector, vary."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) - VOLATILE == set(want) - VOLATILE, where
+        for key in set(want) - VOLATILE:
+            assert_same_rows(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same_rows(g, w, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), where
+    else:
+        assert got == want, where
+
+
+def by_ident(path: Path) -> dict[str, dict]:
+    """Each written row by its id (an OpenAI Batch line's custom_id); ids asserted unique."""
+    rows = written(path)
+    keys = [row["custom_id"] if "custom_id" in row else row["id"] for row in rows]
+    assert len(keys) == len(set(keys)), "a row was written twice"
+    for row in rows:
+        if "custom_id" in row:
+            del row["id"]
+    return dict(zip(keys, rows, strict=True))
+
+
+def test_an_embed_run_on_ray_writes_a_local_run_s_parquet_vectors(tmp_path, cluster):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = ["", *(f"Sentence {i} is about item {i * 7}. " * (1 + i % 6) for i in range(29))]
+    rows = [{"id": f"t{i}", "input": text} for i, text in enumerate(texts)]
+    rows.insert(4, {"id": "chat", "messages": [{"role": "user", "content": "hi"}]})
+    src = write_input(tmp_path / "in.jsonl", rows)
+    local, on_ray = tmp_path / "local.parquet", tmp_path / "ray.parquet"
+    embed = ["--engine", "NATIVE", "--model.model_name", "minilm", "--task", "embed"]
+    run = run_lmpress("batch", "-i", str(src), "-o", str(local), *embed)
+    assert run.returncode == 1, run.stderr[-2000:]  # the chat row
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(on_ray), *embed, "--ray", "--ray.address", cluster,
+        *ON_CLUSTER,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert f"joined the Ray cluster at {cluster}" in run.stderr
+    assert f"{src}:5: a chat row in an embed run" in run.stderr
+    assert "Traceback" not in run.stderr
+    want, got = pq.read_table(local), pq.read_table(on_ray)
+    # The same columns and types; their order, like the rows', is whichever row came first.
+    assert {f.name: f.type for f in got.schema} == {f.name: f.type for f in want.schema}
+    assert want.schema.field("embedding").type == pa.list_(pa.float32(), 384)
+    want_rows = {row["id"]: row for row in want.to_pylist()}
+    got_rows = {row["id"]: row for row in got.to_pylist()}
+    assert len(got_rows) == got.num_rows == 31  # each row once, the failed one among them
+    assert want_rows["chat"]["error_kind"] == "invalid_row"
+    assert_same_rows(got_rows, want_rows)
+
+
+def test_a_rerank_run_on_ray_writes_a_local_run_s_rows_and_batch_lines(tmp_path, cluster):
+    docs = ["alpha doc", "beta doc about cats", "gamma doc", "delta doc on dogs", "the sea"]
+    rows: list[dict] = [
+        {"id": f"r{i}", "query": f"which {docs[i % 5]}", "documents": docs[i % 3 :], "top_n": 2}
+        for i in range(20)
+    ]
+    rows += [
+        {"id": "pair", "text_1": "which one", "text_2": docs[:2]},
+        {"id": "bad", "query": "no documents"},
+        {"custom_id": "s", "method": "POST", "url": "/v1/score",
+         "body": {"model": "m", "text_1": "q", "text_2": ["a doc", "b doc"]}},
+        {"custom_id": "k", "method": "POST", "url": "/v1/rerank",
+         "body": {"model": "m", "query": "q", "documents": docs, "top_n": 3}},
+    ]  # fmt: skip
+    src = write_input(tmp_path / "in.jsonl", rows)
+    local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    rerank = ["--engine", "NATIVE", "--model.model_name", "tiny:cross-encoder", "--task",
+              "rerank"]  # fmt: skip
+    run = run_lmpress("batch", "-i", str(src), "-o", str(local), *rerank)
+    assert run.returncode == 1, run.stderr[-2000:]  # the row without documents
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(on_ray), *rerank, "--ray", "--ray.address", cluster,
+        *ON_CLUSTER,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert f"{src}:22: Missing required parameter: 'documents'" in run.stderr
+    assert "Traceback" not in run.stderr
+    want = by_ident(local)
+    assert len(want) == 23 and "bad" not in want
+    assert want["k"]["response"]["body"]["results"][0]["document"]["text"] in docs
+    assert_same_rows(by_ident(on_ray), want)
+    assert failed_lines(on_ray) == failed_lines(local) == [22]
+
+
 def prompt_rows(count: int) -> list[dict]:
     return [{"id": f"row-{i}", "prompt": f"Question {i}"} for i in range(count)]
 

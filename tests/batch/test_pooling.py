@@ -285,7 +285,7 @@ def test_a_token_budget_stops_an_embed_run_and_the_next_run_finishes_it(tmp_path
     assert sorted(int(r["id"]) for r in read_jsonl(out)) == list(range(20))
 
 
-def test_a_provider_batch_or_ray_embed_run_is_refused_in_one_line(tmp_path, server):
+def test_a_provider_batch_embed_run_is_refused_in_one_line(tmp_path, server):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "input": "x"}])
     run = run_lmpress(*embed_args(server, src, tmp_path / "o.jsonl", "--provider-batch"))
     assert run.returncode == 2
