@@ -402,3 +402,12 @@ def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster):
     )  # fmt: skip
     assert run.returncode == 2
     assert f"ray.address 127.0.0.1:{free}: nothing answers there" in run.stderr
+    # A task the engine does not answer: refused before Ray starts, as a live run refuses it.
+    embed = write_input(tmp_path / "embed.jsonl", [{"id": "a", "input": "x"}])
+    run = run_lmpress(
+        "batch", "-i", str(embed), "-o", str(out), "--engine", "DEEPSEEK", "--task", "embed",
+        "--model.model_name", "m", "--ray", env={"DEEPSEEK_API_KEY": "k"},
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "task: engine DEEPSEEK cannot embed" in run.stderr
+    assert "starting Ray" not in run.stderr and "Traceback" not in run.stderr

@@ -20,6 +20,7 @@ from lmpress.batch.outputs import Reorder
 from lmpress.batch.rows import RowParser
 from lmpress.configs.schema import RunConfig
 from lmpress.data.idkeys import IdKeys
+from lmpress.engines.base import check_task
 from lmpress.vocabulary.errors import LmpressError
 
 
@@ -75,6 +76,8 @@ class RayBatchJob(BatchJob):
                 await asyncio.to_thread(self.cluster.close)
 
     async def _start_engine(self) -> None:
+        # Each replica's engine would refuse the task too, but only once Ray had started.
+        check_task(self.engine_class, self.config.task)
         params = self.config.ray
         address = cluster_address(params)
         self._say(f"joining Ray at {address}…" if address else "starting Ray…")
