@@ -194,15 +194,19 @@ def test_cross_encoder_scores_equal_transformers_logits():
 
 def test_an_embedding_model_scores_by_cosine(sentence_transformer):
     query, documents = "a cat", ["a kitten", "the stock market", ""]
+    firsts = ["a dog", "shares and bonds", "a cat"]  # /v1/score's pairwise form
     engine = make("minilm", "score")
     try:
         result = asyncio.run(engine.score(ScoreRequest("s", query, documents)))
+        pairwise = asyncio.run(engine.score(ScoreRequest("p", firsts, documents)))
     finally:
         asyncio.run(engine.aclose())
     vectors = sentence_transformer.encode([query, *documents])
     expected = cosines(vectors[1:], np.repeat(vectors[:1], 3, axis=0))
     np.testing.assert_allclose(result.scores, expected, atol=1e-5)
     assert result.scores[0] > result.scores[1]
+    expected = cosines(vectors[1:], sentence_transformer.encode(firsts))
+    np.testing.assert_allclose(pairwise.scores, expected, atol=1e-5)
 
 
 def test_a_cross_encoder_cannot_embed():

@@ -143,10 +143,13 @@ class PoolingInputs:
         return self._submission(request, sequences, started)
 
     def score_submission(self, request: ScoreRequest, started: float) -> PooledSubmission:
-        query = self._tokenize(request.query, add_special=False)
+        tokens = {q: self._tokenize(q, add_special=False) for q in set(request.queries())}
         sequences = [
-            self._cut(rerank_tokens(self._vocab, self._lc, query, self._tokenize(document)), None)
-            for document in request.documents
+            self._cut(
+                rerank_tokens(self._vocab, self._lc, tokens[query], self._tokenize(document)),
+                None,
+            )
+            for query, document in zip(request.queries(), request.documents, strict=True)
         ]
         return self._submission(request, sequences, started)
 
