@@ -9,10 +9,14 @@ from typing import Any
 from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest
 
 
-def finish_embeddings(result: EmbedResult, request: EmbedRequest) -> EmbedResult:
+def finish_embeddings(
+    result: EmbedResult, request: EmbedRequest, model_normalizes: bool = False
+) -> EmbedResult:
     """The request's `normalize` (an L2 normalisation) applied to the vectors as the model
-    pooled them; a zero vector stays as it is."""
-    if result.error is None and request.normalize:
+    pooled them, or the model's own where the backend left it to the caller
+    (`model_normalizes`: a GGUF's Normalize, which llama.cpp does not apply); a zero vector
+    stays as it is."""
+    if result.error is None and (request.normalize or model_normalizes):
         import numpy as np
 
         for embedding in result.embeddings:
