@@ -119,14 +119,15 @@ class VllmEngine(Engine):
         if task == "generate":
             return False
         label = f"task: {task}: model '{self.model_name}'"
-        if task == "embed" and pooling_task != "embed":
-            what = (
-                "is a cross-encoder: it scores pairs"
-                if pooling_task == "classify"
-                else (f"gives no vectors in vLLM's pooling runner (its task there: {pooling_task})")
-            )
+        if task == "embed" and pooling_task == "classify":
             raise UnsupportedParamError(
-                f"{label} {what} and cannot embed; use task score or rerank, or an embedding model"
+                f"{label} is a cross-encoder: it scores pairs and cannot embed; use task score "
+                f"or rerank, or an embedding model"
+            )
+        if task == "embed" and pooling_task != "embed":
+            raise UnsupportedParamError(
+                f"{label} gives no vectors in vLLM's pooling runner, so it cannot embed; use an "
+                f"embedding model"
             )
         if pooling_task == "classify":
             labels = getattr(self.scheduler.llm.model_config.hf_config, "num_labels", 1)
@@ -138,9 +139,8 @@ class VllmEngine(Engine):
             return True
         if pooling_task != "embed":
             raise UnsupportedParamError(
-                f"{label} neither embeds nor reads pairs in vLLM's pooling runner (its task "
-                f"there: {pooling_task}), so it cannot score; use a cross-encoder or an "
-                f"embedding model"
+                f"{label} neither embeds nor classifies pairs in vLLM's pooling runner, so it "
+                f"cannot score; use a cross-encoder or an embedding model"
             )
         return False
 
