@@ -590,3 +590,22 @@ def test_a_model_that_cannot_do_the_pooling_task_is_refused_at_start(
     assert str(refused.value) == f"task: {task}: model '{directory}' {message}"
     assert ENGINES[-1].engine_args.runner == "pooling"
     assert ENGINES[-1].is_shut_down  # the engine it started to find out is stopped
+
+
+def test_a_cross_encoder_with_a_score_template_of_its_own_is_refused(
+    standin, tmp_path, monkeypatch
+):
+    """vLLM builds such a model's prompts with the model class's get_score_template, which
+    lmpress does not: refused rather than scored from other prompts than vLLM's."""
+    directory = Path(write_model_dir(tmp_path / "m"))
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "standin_tasks": ["classify"]}))
+    monkeypatch.setattr(VllmApi, "pair_format", staticmethod(lambda llm: "template"))
+    overrides = {"engine": "VLLM", "task": "score", "model.model_name": str(directory)}
+    with pytest.raises(UnsupportedParamError) as refused:
+        create_engine(load_config(overrides=overrides))
+    assert str(refused.value) == (
+        f"task: score: model '{directory}' builds its (query, document) prompts with a score "
+        f"template of its own, which lmpress's VLLM engine does not apply; serve it with vllm "
+        f"serve and score through engine REMOTE_VLLM"
+    )

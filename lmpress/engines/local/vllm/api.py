@@ -117,6 +117,22 @@ class VllmApi:
         return PoolingParams(task="classify", extra_kwargs=extra, **{activation: False})
 
     @staticmethod
+    def pair_format(llm: Any) -> str:
+        """How vLLM's scoring joins a cross-encoder's pair: "pair" (the tokenizer's text pair,
+        with its separator and segment ids), "joined" (an LLM as reranker, `use_sep_token`
+        false: the two texts as one), or "template" (a score template of the model's own,
+        `get_score_template`, which lmpress does not build)."""
+        try:
+            from vllm.model_executor.model_loader import get_model_cls
+            from vllm.model_executor.models.interfaces import supports_score_template
+
+            if supports_score_template(get_model_cls(llm.model_config)):
+                return "template"
+        except ImportError:  # a vLLM without score templates
+            pass
+        return "pair" if getattr(llm.model_config, "use_sep_token", True) else "joined"
+
+    @staticmethod
     async def pooling_task(llm: Any) -> str | None:
         """The pooling task vLLM's `LLM` settles for the started model, by which `LLM.score`
         chooses how to score: `embed` (cosine of vectors), `classify` (a cross-encoder), or

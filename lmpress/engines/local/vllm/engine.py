@@ -106,6 +106,7 @@ class VllmEngine(Engine):
         # One copy: vLLM checks tensor x pipeline against the GPUs itself, and says so plainly.
         if self.settings.data_parallel_size > 1:
             check_gpus(self.settings, visible_gpus())
+        self.pair_format = "pair"  # how a cross-encoder's pair is read (api.pair_format)
         self.scheduler = VllmScheduler(self, self.api, self.settings)
         try:
             self.cross_encoder = self._check_pooling(config.task, self.scheduler.pooling_task)
@@ -135,6 +136,13 @@ class VllmEngine(Engine):
                 raise UnsupportedParamError(
                     f"{label} is a classifier with {labels} labels; a cross-encoder for "
                     f"scoring has one"
+                )
+            self.pair_format = self.api.pair_format(self.scheduler.llm)
+            if self.pair_format == "template":
+                raise UnsupportedParamError(
+                    f"{label} builds its (query, document) prompts with a score template of "
+                    f"its own, which lmpress's VLLM engine does not apply; serve it with vllm "
+                    f"serve and score through engine REMOTE_VLLM"
                 )
             return True
         if pooling_task != "embed":

@@ -298,11 +298,13 @@ class VllmScheduler:
         it ([CLS] query [SEP] document [SEP] for BERT, with segment ids), cut at
         `max_model_len` by the tokenizer where it is longer (vLLM would refuse it)."""
         limit = self.api.max_model_len(self.llm)
-        encoding = self.tokenizer(text=query, text_pair=document)
+        # An LLM as reranker reads the two texts as one, with no separator, as vLLM joins them.
+        texts = {"text": query, "text_pair": document}
+        if self.engine.pair_format == "joined":
+            texts = {"text": query + document}
+        encoding = self.tokenizer(**texts)
         if len(encoding["input_ids"]) > limit:
-            encoding = self.tokenizer(
-                text=query, text_pair=document, truncation=True, max_length=limit
-            )
+            encoding = self.tokenizer(**texts, truncation=True, max_length=limit)
         params = self.api.cross_encoder_params(encoding.get("token_type_ids"))
         return list(encoding["input_ids"]), params
 
