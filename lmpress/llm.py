@@ -176,23 +176,32 @@ class LLM:
         vectors = [np.asarray(e.vector, dtype=np.float32) for r in results for e in r.embeddings]
         return np.stack(vectors) if vectors else np.zeros((0, 0), dtype=np.float32)
 
-    def score(self, query: str, documents: Sequence[str]) -> list[float]:
+    def score(self, query: str | Sequence[str], documents: Sequence[str]) -> list[float]:
         """How relevant each document is to the query, on a model loaded with `task="score"`
         (or `"rerank"`): a cross-encoder's logit, or an embedding model's cosine similarity.
 
         Args:
-            query: the query.
+            query: the query; or one query a document, scored pairwise (as vLLM's `LLM.score`
+                takes two lists of one length).
             documents: the documents to score against it.
 
         Returns:
             One score per document, in order (higher is more relevant).
 
         Raises:
+            ValueError: `query` is a list of another length than `documents`.
             RuntimeError: the request failed; the message is the engine's.
         """
         from lmpress.vocabulary.embeddings import ScoreRequest
 
-        result = asyncio.run(self.engine.score(ScoreRequest("score", query, list(documents))))
+        queries = query if isinstance(query, str) else list(query)
+        if isinstance(queries, list) and len(queries) != len(documents):
+            raise ValueError(
+                f"{len(queries)} queries for {len(documents)} documents: give one query, or "
+                f"one a document to score them pairwise"
+            )
+        request = ScoreRequest("score", queries, list(documents))
+        result = asyncio.run(self.engine.score(request))
         if result.error is not None:
             raise RuntimeError(result.error.message)
         return result.scores

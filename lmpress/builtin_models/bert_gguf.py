@@ -12,8 +12,11 @@ all-MiniLM-L6-v2:
     python -m lmpress.builtin_models.bert_gguf MODEL_DIR OUT.gguf
 
 The context written is the directory's `max_seq_length` (sentence-transformers cuts inputs
-there) when it has one. A `Normalize` module has no GGUF field: llama.cpp's vectors come back
-as pooled, and a caller normalises them (lmpress's `normalize`).
+there) when it has one. A `Normalize` module has no GGUF key of llama.cpp's own (its
+convert_hf_to_gguf.py reads only the Pooling module, and llama.cpp hands vectors back as
+pooled), so the converter records it under lmpress's own key, `NORMALIZE_KEY`, which llama.cpp
+ignores and the LLAMACPP engine honours: one model gives the same unit vectors on NATIVE, VLLM
+and LLAMACPP.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ _POOLING_MODES = {
     "pooling_mode_lasttoken": POOLING_LAST,
 }
 NORMAL, CONTROL = 1, 3  # gguf.TokenType values
+# true: the model ends in sentence-transformers' Normalize module (an L2 norm after pooling).
+NORMALIZE_KEY = "lmpress.pooling.normalize"
 
 
 @dataclass(frozen=True)
@@ -99,8 +104,10 @@ def write_bert_gguf(
     pooling: int,
     out: Path,
     name: str,
+    normalize: bool = False,
 ) -> None:
-    """Write a BERT GGUF from `weights` (float32 numpy arrays under transformers' names)."""
+    """Write a BERT GGUF from `weights` (float32 numpy arrays under transformers' names);
+    `normalize`: the model's vectors are L2-normalised after pooling (NORMALIZE_KEY)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(out), "bert")
@@ -113,6 +120,8 @@ def write_bert_gguf(
     writer.add_layer_norm_eps(shape.layer_norm_eps)
     writer.add_causal_attention(False)
     writer.add_pooling_type(gguf.PoolingType(pooling))
+    if normalize:
+        writer.add_bool(NORMALIZE_KEY, True)
     writer.add_tokenizer_model("bert")
     writer.add_token_list(vocab.gguf_tokens())
     specials = {vocab.cls, vocab.sep, vocab.unk, vocab.pad, vocab.mask}
@@ -137,7 +146,7 @@ def write_bert_gguf(
 
 def convert_directory(directory: Path, out: Path) -> Path:
     """A sentence-transformers BERT directory (config.json, model.safetensors, tokenizer.json,
-    1_Pooling/config.json) as a GGUF at `out`."""
+    1_Pooling/config.json, modules.json) as a GGUF at `out`."""
     from safetensors.numpy import load_file
 
     config = json.loads((directory / "config.json").read_text())
@@ -152,6 +161,9 @@ def convert_directory(directory: Path, out: Path) -> Path:
     pooling_file = directory / "1_Pooling" / "config.json"
     modes = json.loads(pooling_file.read_text()) if pooling_file.exists() else {}
     pooling = next((p for mode, p in _POOLING_MODES.items() if modes.get(mode)), POOLING_CLS)
+    modules_file = directory / "modules.json"
+    modules = json.loads(modules_file.read_text()) if modules_file.exists() else []
+    normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
     tokenizer = json.loads((directory / "tokenizer.json").read_text())
     ids = tokenizer["model"]["vocab"]
     tokens = sorted(ids, key=ids.__getitem__)
@@ -162,7 +174,7 @@ def convert_directory(directory: Path, out: Path) -> Path:
     # llama.cpp takes one position embedding a position of the context, no more.
     for key in [k for k in weights if k.endswith("embeddings.position_embeddings.weight")]:
         weights[key] = weights[key][:context]
-    write_bert_gguf(weights, vocab, shape, pooling, out, directory.name)
+    write_bert_gguf(weights, vocab, shape, pooling, out, directory.name, normalize)
     return out
 
 

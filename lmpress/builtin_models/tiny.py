@@ -95,6 +95,8 @@ SPECS = {
         TinySpec("smollm2-135m-shape", "llama", "bpe", 49152, 576, 30, 9, 3, 1536, 8192, 0.02),
         # Scores (query, document) pairs as its logit, for score and rerank.
         TinySpec("cross-encoder", "cross-encoder", "wordpiece", 512, 64, 2, 4, 4, 128),
+        # The same with 32-wide heads, which vLLM's CPU attention takes (not 16).
+        TinySpec("cross-encoder-head32", "cross-encoder", "wordpiece", 512, 64, 2, 2, 2, 128),
     )
 }
 

@@ -4,8 +4,9 @@ Input, beside the generation shapes of `row_shapes`:
 - embed:  {"input": "..."} or {"input": ["...", ...]} (or token ids), a table's
           `--text-column`, or `--prompt-template` making the text from the columns
 - score:  {"query": "...", "documents": ["...", ...], "top_n"?} (vLLM's /v1/rerank body) or
-          {"text_1": "...", "text_2": "..." or [...]} (its /v1/score body); a score run and a
-          rerank run take either
+          {"text_1": "...", "text_2": "..." or [...]} (its /v1/score body; text_1 and text_2
+          lists of one length score pairwise, text_1[i] with text_2[i], in a score run); a
+          score run and a rerank run take either
 - OpenAI Batch lines to /v1/embeddings, /v1/score and /v1/rerank, their bodies read by
   `openai_wire.pooling` as serve reads them.
 Output: the input row with `embedding` (one input) or `embeddings` (a list), `scores` (a
@@ -51,7 +52,7 @@ class PoolingInput:
     dimensions: int | None = None
     normalize: bool = False
     encoding_format: wire.EncodingFormat = "float"  # how an OpenAI Batch output line has it
-    query: str | None = None  # score and rerank
+    query: str | list[str] | None = None  # score and rerank; a list: pairwise (a score run)
     documents: list[str] | None = None
     top_n: int | None = None
 
@@ -76,8 +77,8 @@ def row_input(raw: dict[str, Any], task: Task, mapping: RowMapping) -> PoolingIn
         )
     if "text_1" in raw or "text_2" in raw:
         body = {key: raw.get(key) for key in ("text_1", "text_2")}
-        query, documents = _checked(lambda: wire.score_pair(_validate(wire.ScoreBody, body, "")))
-        return PoolingInput(task, query=query, documents=documents)
+        score = _validate(wire.ScoreBody, body, "")
+        return _score_input(task, *_checked(lambda: wire.score_pair(score)))
     raise RowError(
         f"{_shape_of(raw)} in {run_of(task)}; give 'query' and 'documents' (or 'text_1' and "
         f"'text_2')"
@@ -101,11 +102,19 @@ def body_input(url: str, body: dict[str, Any], task: Task) -> PoolingInput:
         )
     if url == wire.SCORE_PATH:
         score = _validate(wire.ScoreBody, body, "body.")
-        query, documents = _checked(lambda: wire.score_pair(score, "body."))
-        return PoolingInput(task, query=query, documents=documents)
+        return _score_input(task, *_checked(lambda: wire.score_pair(score, "body.")))
     rerank = _validate(wire.RerankBody, body, "body.")
     _checked(lambda: wire.check_top_n(rerank.top_n, "body."))
     return PoolingInput(task, query=rerank.query, documents=rerank.documents, top_n=rerank.top_n)
+
+
+def _score_input(task: Task, query: str | list[str], documents: list[str]) -> PoolingInput:
+    if task == "rerank" and isinstance(query, list):
+        raise RowError(
+            "'text_1' is a list of texts, scored pairwise with 'text_2', which a rerank run "
+            "cannot rank against one query; run it with --task score, or give one text_1"
+        )
+    return PoolingInput(task, query=query, documents=documents)
 
 
 def task_url(task: Task) -> str:

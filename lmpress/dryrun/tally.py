@@ -141,7 +141,8 @@ class DryRun:
         if isinstance(request, EmbedRequest):
             texts: list[str | list[int]] = list(request.inputs)
         else:
-            texts = [text for doc in request.documents for text in (request.query, doc)]
+            pairs = zip(request.queries(), request.documents, strict=True)
+            texts = [text for pair in pairs for text in pair]
         tokens = 0
         for text in texts:
             if isinstance(text, list):

@@ -44,7 +44,8 @@ class EmbeddingsBody(_Strict):
 
 
 class ScoreBody(_Strict):
-    """vLLM's /v1/score: `text_1` against each of `text_2`."""
+    """vLLM's /v1/score: `text_1` against each of `text_2`, or both lists of one length,
+    scored pairwise."""
 
     text_1: str | list[str]
     text_2: str | list[str]
@@ -91,20 +92,26 @@ def embeddings_input(body: EmbeddingsBody, where: str = "") -> Embeddings:
     )
 
 
-def score_pair(body: ScoreBody, where: str = "") -> tuple[str, list[str]]:
-    """A score body's query and documents: one `text_1` against one or more `text_2`."""
-    first = body.text_1
-    if isinstance(first, list):
-        if len(first) != 1:
-            raise ApiError(
-                400,
-                f"'{where}text_1' must be one text (scoring pairs of lists is not supported)",
-                param="text_1",
-            )
-        first = first[0]
+def score_pair(body: ScoreBody, where: str = "") -> tuple[str | list[str], list[str]]:
+    """A score body's query and documents, as vLLM pairs them: one `text_1` against each
+    `text_2` (1:1, 1:N), or `text_1` and `text_2` lists of one length, `text_1[i]` with
+    `text_2[i]` (N:N), when the query comes back as that list."""
+    first = [body.text_1] if isinstance(body.text_1, str) else list(body.text_1)
     second = [body.text_2] if isinstance(body.text_2, str) else list(body.text_2)
+    if not first:
+        raise ApiError(400, f"'{where}text_1' must not be empty", param="text_1")
     if not second:
         raise ApiError(400, f"'{where}text_2' must not be empty", param="text_2")
+    if len(first) == 1:
+        return first[0], second
+    if len(first) != len(second):
+        raise ApiError(
+            400,
+            f"'{where}text_1' has {len(first)} texts and '{where}text_2' {len(second)}: give "
+            f"one text_1 to score against every text_2, or as many as text_2 to score them "
+            f"pairwise (text_1[i] with text_2[i])",
+            param="text_1",
+        )
     return first, second
 
 

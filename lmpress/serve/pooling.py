@@ -95,7 +95,8 @@ async def score(server: Server, request: HttpRequest) -> GenerationResponse:
     body = parse_body(wire.ScoreBody, await server.read_body(request))
     _model(server, body.model)
     query, documents = wire.score_pair(body)
-    entry = _logged(server, request, "score", [query, *documents])
+    firsts = [query] if isinstance(query, str) else query
+    entry = _logged(server, request, "score", [*firsts, *documents])
 
     async def run() -> Response:
         result = await _scored(server, entry, ScoreRequest(entry.id, query, documents))

@@ -59,12 +59,25 @@ class EmbedResult:
 @dataclass
 class ScoreRequest:
     """A query against documents, one relevance score each: vLLM's `/v1/score` (`text_1`,
-    `text_2`) and `/v1/rerank` (`query`, `documents`) bodies."""
+    `text_2`) and `/v1/rerank` (`query`, `documents`) bodies. `query` a list is /v1/score's
+    pairwise form: `query[i]` scored with `documents[i]`, the two lists of one length."""
 
     id: str
-    query: str
+    query: str | list[str]
     documents: list[str]
     top_n: int | None = None  # rerank: keep the N best; None: all
+
+    def queries(self) -> list[str]:
+        """The first text of each pair, one a document: the query repeated, or as given."""
+        if isinstance(self.query, str):
+            return [self.query] * len(self.documents)
+        return list(self.query)
+
+    def texts(self) -> list[str]:
+        """The query (once, where it is one text) or the pairwise queries, then the documents:
+        what a model that scores by its vectors' cosine embeds."""
+        firsts = [self.query] if isinstance(self.query, str) else list(self.query)
+        return [*firsts, *self.documents]
 
 
 @dataclass

@@ -271,6 +271,30 @@ def test_score_lines_in_openai_batch_out_in_vllm_s_shapes(tmp_path, server):
     assert [r["index"] for r in bodies["k"]["results"]] == [best]
 
 
+def test_pairwise_score_rows_and_lines_score_text_1_i_with_text_2_i(tmp_path, server):
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            {"custom_id": "s", "method": "POST", "url": "/v1/score",
+             "body": {"model": "m", "text_1": ["q1", "q2"], "text_2": ["a", "b"]}},
+            {"id": "p", "text_1": ["x", "y", "z"], "text_2": ["a", "b", "c"]},
+            {"id": "bad", "text_1": ["x", "y"], "text_2": ["a", "b", "c"]},
+        ],
+    )  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(*vllm_args(server, src, out, "score"))
+    assert run.returncode == 1, run.stderr
+    rows = {row.get("custom_id") or row["id"]: row for row in read_jsonl(out)}
+    data = rows["s"]["response"]["body"]["data"]
+    assert [d["score"] for d in data] == [score("q1", "a"), score("q2", "b")]
+    assert rows["p"]["scores"] == [score("x", "a"), score("y", "b"), score("z", "c")]
+    errors = {e["id"]: e["error"]["message"] for e in read_jsonl(tmp_path / "out.errors.jsonl")}
+    assert errors == {
+        "bad": "'text_1' has 2 texts and 'text_2' 3: give one text_1 to score against every "
+        "text_2, or as many as text_2 to score them pairwise (text_1[i] with text_2[i])"
+    }
+
+
 def test_a_token_budget_stops_an_embed_run_and_the_next_run_finishes_it(tmp_path, server):
     src = write_jsonl(
         tmp_path / "in.jsonl", [{"id": str(i), "input": f"w{i} x"} for i in range(20)]

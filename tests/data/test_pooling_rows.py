@@ -3,6 +3,8 @@ a row of the wrong shape is told."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lmpress.data.columns import RowMapping
@@ -57,21 +59,43 @@ def test_score_and_rerank_rows_in_vllm_s_shapes():
     assert rerank.pooling.request("r") == ScoreRequest("r", "q", ["a", "b"], 1)
     pair = parse_row({"text_1": ["q"], "text_2": "a"}, 1, task="score")
     assert pair.pooling.request("p") == ScoreRequest("p", "q", ["a"])
+    # vLLM's N:N form: text_1[i] with text_2[i]
+    pairwise = parse_row({"text_1": ["a", "b"], "text_2": ["c", "d"]}, 1, task="score")
+    assert pairwise.pooling.request("w") == ScoreRequest("w", ["a", "b"], ["c", "d"])
+    assert pairwise.pooling.request("w").queries() == ["a", "b"]
+    line = {
+        "custom_id": "c",
+        "url": "/v1/score",
+        "body": {"text_1": ["a", "b"], "text_2": ["c", "d"]},
+    }
+    assert parse_row(line, 1, task="score").pooling.request("l").query == ["a", "b"]
 
 
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"text_1": ["a", "b"], "text_2": ["c", "d"]},
-         "'text_1' must be one text (scoring pairs of lists is not supported)"),
+        ({"text_1": ["a", "b", "c"], "text_2": ["d", "e"]},
+         "'text_1' has 3 texts and 'text_2' 2: give one text_1 to score against every text_2, "
+         "or as many as text_2 to score them pairwise (text_1[i] with text_2[i])"),
+        ({"text_1": ["a", "b"], "text_2": "c"}, "'text_1' has 2 texts and 'text_2' 1: give"),
+        ({"text_1": [], "text_2": "c"}, "'text_1' must not be empty"),
         ({"query": "q"}, "Missing required parameter: 'documents'"),
         ({"query": "q", "documents": ["a"], "top_n": 0}, "'top_n': 0 must be at least 1"),
         ({"input": "x"}, "a row with keys input in a score run; give 'query' and 'documents'"),
     ],
 )  # fmt: skip
 def test_a_row_a_score_run_cannot_take_says_why(raw, message):
-    with pytest.raises(RowError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(RowError, match="^" + re.escape(message)):
         parse_row(raw, 1, task="score")
+
+
+def test_a_rerank_run_refuses_pairwise_rows_in_one_line():
+    with pytest.raises(RowError) as caught:
+        parse_row({"text_1": ["a", "b"], "text_2": ["c", "d"]}, 1, task="rerank")
+    assert str(caught.value) == (
+        "'text_1' is a list of texts, scored pairwise with 'text_2', which a rerank run "
+        "cannot rank against one query; run it with --task score, or give one text_1"
+    )
 
 
 def test_a_generate_run_sends_embed_rows_and_lines_to_their_task():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lmpress.builtin_models.tiny import tiny_model
 from tests.conftest import run_lmpress
 from tests.servers.embeddings import score, vector
 from tests.servers.llm_server import LLMServer
@@ -107,6 +108,11 @@ def test_rerank_and_score_in_vllm_s_shapes_over_remote_vllm(serve_process, backe
     ]
     scored = http.post("/v1/score", json={"model": "reranker", "text_1": "q", "text_2": docs})
     assert [d["score"] for d in scored.json()["data"]] == [score("q", d) for d in docs]
+    firsts = ["q1", "q2", "q3"]  # vLLM's N:N form, sent on as it came
+    pairwise = http.post("/v1/score", json={"model": "reranker", "text_1": firsts, "text_2": docs})
+    assert [d["score"] for d in pairwise.json()["data"]] == [
+        score(q, d) for q, d in zip(firsts, docs, strict=True)
+    ]
     bad = http.post("/v1/rerank", json={"model": "reranker", "query": "q", "documents": docs,
                                         "top_n": 0})  # fmt: skip
     assert bad.status_code == 400
@@ -143,3 +149,34 @@ def test_one_openai_batch_file_through_batch_and_through_serve_gives_the_same_ve
     )  # fmt: skip
     assert direct == served
     assert direct["e1"][1]["embedding"] == vector("three")
+
+
+def test_pairwise_scores_from_a_native_cross_encoder_equal_transformers_logits(serve_process):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    firsts = ["why is the sky blue", "a quick brown fox", "what"]
+    seconds = ["the sky is blue because of the sun", "over the moon", "Ünïcode café"]
+    directory = tiny_model("cross-encoder")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForSequenceClassification.from_pretrained(directory).eval()
+    with torch.no_grad():
+        pairs = tokenizer(firsts, seconds, padding=True, return_tensors="pt")
+        logits = model(**pairs).logits[:, 0].tolist()
+
+    served = serve_process(
+        "--engine", "NATIVE", "--task", "score", "--model.model_name", "tiny:cross-encoder"
+    )  # fmt: skip
+    http = served.http()
+    body = {"model": "tiny:cross-encoder", "text_1": firsts, "text_2": seconds}
+    scored = http.post("/v1/score", json=body)
+    assert scored.status_code == 200, scored.text
+    got = [d["score"] for d in scored.json()["data"]]
+    assert got == pytest.approx(logits, abs=1e-5)
+    assert got[0] != pytest.approx(logits[1], abs=1e-3)  # each pair its own, not text_1[0]'s
+    bad = http.post("/v1/score", json={**body, "text_2": seconds[:2]})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == (
+        "'text_1' has 3 texts and 'text_2' 2: give one text_1 to score against every text_2, "
+        "or as many as text_2 to score them pairwise (text_1[i] with text_2[i])"
+    )

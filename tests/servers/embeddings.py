@@ -75,29 +75,44 @@ def score(query: str, document: str) -> float:
     return int.from_bytes(digest[:4], "big") / 2**32
 
 
+def _texts(value: Any) -> list[str] | None:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value
+    return None
+
+
 def score_problem(body: dict[str, Any]) -> str | None:
-    """What vLLM's /v1/score refuses (a 400), or None: one text_1 against text_2."""
+    """What vLLM's /v1/score refuses (a 400), or None: text_1 and text_2 each a text or a
+    list, 1:1, 1:N or N:N (pairwise), as vLLM's validate_score_input takes them."""
     unknown = sorted(set(body) - SCORE_FIELDS)
     if unknown:
         return f"Unrecognized request argument supplied: {', '.join(unknown)}"
     if not body.get("model"):
         return "model: field required"
-    if not isinstance(body.get("text_1"), str):
-        return "text_1: Input should be a valid string"
-    second = body.get("text_2")
-    if not (isinstance(second, str) or isinstance(second, list) and second):
+    first, second = _texts(body.get("text_1")), _texts(body.get("text_2"))
+    if first is None:
+        return "text_1: Input should be a string or a non-empty list of strings"
+    if second is None:
         return "text_2: Input should be a string or a non-empty list of strings"
+    if len(first) > 1 and len(first) != len(second):
+        return "Input lengths must be either 1:1, 1:N or N:N"
     return None
 
 
 def score_reply(body: dict[str, Any], model: str) -> dict[str, Any]:
     """vLLM's ScoreResponse: one score per text_2, in order."""
-    documents = [body["text_2"]] if isinstance(body["text_2"], str) else body["text_2"]
+    documents = _texts(body["text_2"]) or []
+    firsts = _texts(body["text_1"]) or []
+    if len(firsts) == 1:
+        firsts = firsts * len(documents)
+    pairs = list(zip(firsts, documents, strict=True))
     data = [
-        {"index": i, "object": "score", "score": score(body["text_1"], doc)}
-        for i, doc in enumerate(documents)
+        {"index": i, "object": "score", "score": score(first, doc)}
+        for i, (first, doc) in enumerate(pairs)
     ]
-    used = sum(tokens(body["text_1"]) + tokens(doc) for doc in documents)
+    used = sum(tokens(first) + tokens(doc) for first, doc in pairs)
     usage = {"prompt_tokens": used, "total_tokens": used, "completion_tokens": 0}
     return {"id": "score-test", "object": "list", "created": 0, "model": model, "data": data,
             "usage": usage}  # fmt: skip

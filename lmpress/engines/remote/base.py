@@ -248,7 +248,7 @@ class RemoteEngine(Engine):
         paced and retried as a chat request is."""
         started = time.perf_counter()
         client = self._client_for_loop()
-        texts = [request.query, *request.documents]
+        texts = request.texts()
         outcome = await self._with_retries(
             lambda: self._send_score(client, request), estimate_input_tokens(texts), 0
         )

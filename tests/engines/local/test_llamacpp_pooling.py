@@ -170,6 +170,11 @@ def test_rerank_scores_equal_transformers_on_llama_servers_pair_format(reranker,
     assert np.argsort(result.scores).tolist() == np.argsort(want).tolist()
     assert result.usage.prompt_tokens == sum(len(p) for p in pairs)
 
+    firsts = ["a dog", "the dog", "fish", "the quick cat"]  # /v1/score's pairwise form
+    pairwise = asyncio.run(reranker.score(ScoreRequest("p", firsts, documents)))
+    pairs = [[CLS, *ids(q), SEP, *ids(d)] for q, d in zip(firsts, documents, strict=True)]
+    assert pairwise.scores == pytest.approx(transformers_scores(pairs), rel=1e-3, abs=1e-3)
+
 
 @pytest.mark.parametrize(
     ("name", "task", "message"),

@@ -182,27 +182,40 @@ def test_cross_encoder_scores_equal_transformers_logits():
         logits = model(**pairs).logits[:, 0].tolist()
     assert pairs["token_type_ids"].sum() > 0  # the documents are read as the second segment
 
+    firsts = ["the sun", "why", "a cat", "what"]  # pairwise: firsts[i] with documents[i]
+    pairs = tokenizer(firsts, documents, padding=True, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        pairwise_logits = model(**pairs).logits[:, 0].tolist()
+
     llm = LLM("tiny:cross-encoder", task="rerank")
     try:
         scores = llm.score(query, documents)
+        pairwise = llm.score(firsts, documents)
+        with pytest.raises(ValueError, match="^3 queries for 4 documents"):
+            llm.score(firsts[:3], documents)
         with pytest.raises(RuntimeError, match="is a cross-encoder: it scores pairs"):
             llm.embed("a text")
     finally:
         llm.close()
     np.testing.assert_allclose(scores, logits, atol=1e-5)
+    np.testing.assert_allclose(pairwise, pairwise_logits, atol=1e-5)
 
 
 def test_an_embedding_model_scores_by_cosine(sentence_transformer):
     query, documents = "a cat", ["a kitten", "the stock market", ""]
+    firsts = ["a dog", "shares and bonds", "a cat"]  # /v1/score's pairwise form
     engine = make("minilm", "score")
     try:
         result = asyncio.run(engine.score(ScoreRequest("s", query, documents)))
+        pairwise = asyncio.run(engine.score(ScoreRequest("p", firsts, documents)))
     finally:
         asyncio.run(engine.aclose())
     vectors = sentence_transformer.encode([query, *documents])
     expected = cosines(vectors[1:], np.repeat(vectors[:1], 3, axis=0))
     np.testing.assert_allclose(result.scores, expected, atol=1e-5)
     assert result.scores[0] > result.scores[1]
+    expected = cosines(vectors[1:], sentence_transformer.encode(firsts))
+    np.testing.assert_allclose(pairwise.scores, expected, atol=1e-5)
 
 
 def test_a_cross_encoder_cannot_embed():

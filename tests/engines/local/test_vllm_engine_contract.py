@@ -24,7 +24,12 @@ from lmpress.engines.local.vllm.api import VllmApi
 from lmpress.engines.local.vllm.engine import VllmEngine
 from lmpress.engines.local.vllm.translate import OutputAssembler, engine_settings, sampling_params
 from lmpress.engines.registry import create_engine
-from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError, ModelLoadError
+from lmpress.vocabulary.errors import (
+    ConfigError,
+    EngineUnavailableError,
+    ModelLoadError,
+    UnsupportedParamError,
+)
 from lmpress.vocabulary.types import (
     ContentPart,
     Delta,
@@ -554,4 +559,53 @@ def test_availability(standin, monkeypatch):
     forget_vllm()
     assert VllmEngine.unavailable_reason() == (
         "needs vllm>=0.12, found 0.11.2: pip install -U 'lmpress[vllm]'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("task", "pools", "labels", "message"),
+    [
+        ("embed", ["classify"], 1, "is a cross-encoder: it scores pairs and cannot embed; use "
+         "task score or rerank, or an embedding model"),
+        ("score", ["classify"], 3, "is a classifier with 3 labels; a cross-encoder for scoring "
+         "has one"),
+        ("rerank", ["token_classify"], 1, "neither embeds nor classifies pairs in vLLM's "
+         "pooling runner, so it cannot score; use a cross-encoder or an embedding model"),
+        ("embed", ["token_classify"], 1, "gives no vectors in vLLM's pooling runner, so it "
+         "cannot embed; use an embedding model"),
+    ],
+)  # fmt: skip
+def test_a_model_that_cannot_do_the_pooling_task_is_refused_at_start(
+    standin, tmp_path, task, pools, labels, message
+):
+    from vllm.v1.engine.async_llm import ENGINES
+
+    directory = Path(write_model_dir(tmp_path / "m"))
+    config = json.loads((directory / "config.json").read_text())
+    config.update(standin_tasks=pools, num_labels=labels)
+    (directory / "config.json").write_text(json.dumps(config))
+    overrides = {"engine": "VLLM", "task": task, "model.model_name": str(directory)}
+    with pytest.raises(UnsupportedParamError) as refused:
+        create_engine(load_config(overrides=overrides))
+    assert str(refused.value) == f"task: {task}: model '{directory}' {message}"
+    assert ENGINES[-1].engine_args.runner == "pooling"
+    assert ENGINES[-1].is_shut_down  # the engine it started to find out is stopped
+
+
+def test_a_cross_encoder_with_a_score_template_of_its_own_is_refused(
+    standin, tmp_path, monkeypatch
+):
+    """vLLM builds such a model's prompts with the model class's get_score_template, which
+    lmpress does not: refused rather than scored from other prompts than vLLM's."""
+    directory = Path(write_model_dir(tmp_path / "m"))
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "standin_tasks": ["classify"]}))
+    monkeypatch.setattr(VllmApi, "pair_format", staticmethod(lambda llm: "template"))
+    overrides = {"engine": "VLLM", "task": "score", "model.model_name": str(directory)}
+    with pytest.raises(UnsupportedParamError) as refused:
+        create_engine(load_config(overrides=overrides))
+    assert str(refused.value) == (
+        f"task: score: model '{directory}' builds its (query, document) prompts with a score "
+        f"template of its own, which lmpress's VLLM engine does not apply; serve it with vllm "
+        f"serve and score through engine REMOTE_VLLM"
     )

@@ -178,7 +178,7 @@ class LlamaCppEngine(WorkerEngine):
             info = ErrorInfo(exc.kind, str(exc), exc.status)
             return error_answer(PooledSubmission(request, [], [], started), self, info)
         result = await self._answer(submission)
-        return finish_embeddings(result, request)
+        return finish_embeddings(result, request, self.pooling.normalize)
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
         started = time.perf_counter()

@@ -11,7 +11,9 @@ sentence-transformers cuts it, and its `Embedding.truncated` says so.
 
 The worker packs whatever inputs are waiting, of every request, into one `llama_batch`, each
 input its own sequence, until the batch is full (`limit` tokens or `n_seq_max` sequences),
-decodes it, and reads each sequence's pooled vector with `llama_get_embeddings_seq`. Rank
+decodes it, and reads each sequence's pooled vector with `llama_get_embeddings_seq`, which
+the engine L2-normalises where the GGUF says the model ends in a Normalize module (the
+converter's `lmpress.pooling.normalize`, builtin_models/bert_gguf.py). Rank
 pooling gives one value per sequence instead of a vector: the reranker's score for a
 query/document pair, formatted as llama-server formats a rerank pair (`rerank_tokens`).
 """
@@ -23,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmpress.builtin_models.bert_gguf import NORMALIZE_KEY
 from lmpress.engines.base import Engine
 from lmpress.engines.local.llamacpp.loading import load_vocab, trained_context
 from lmpress.engines.local.worker import CallerQueue, Scheduler, WorkQueue
@@ -117,6 +120,8 @@ class PoolingInputs:
         self.limit = min(lc.llama_n_batch(ctx), lc.llama_n_ubatch(ctx), trained)
         self.n_seq = lc.llama_n_seq_max(ctx)
         self.n_embd = llama.n_embd()
+        # The model's Normalize module, which llama.cpp does not apply: lmpress's GGUF key.
+        self.normalize = llama.metadata.get(NORMALIZE_KEY) == "true"
         self.n_vocab = llama.n_vocab()
         self._vocab = vocab = lc.llama_model_get_vocab(llama._model.model)
         # The token tokenization ends a text with ([SEP] for BERT), kept when a text is cut.
@@ -143,10 +148,13 @@ class PoolingInputs:
         return self._submission(request, sequences, started)
 
     def score_submission(self, request: ScoreRequest, started: float) -> PooledSubmission:
-        query = self._tokenize(request.query, add_special=False)
+        tokens = {q: self._tokenize(q, add_special=False) for q in set(request.queries())}
         sequences = [
-            self._cut(rerank_tokens(self._vocab, self._lc, query, self._tokenize(document)), None)
-            for document in request.documents
+            self._cut(
+                rerank_tokens(self._vocab, self._lc, tokens[query], self._tokenize(document)),
+                None,
+            )
+            for query, document in zip(request.queries(), request.documents, strict=True)
         ]
         return self._submission(request, sequences, started)
 

@@ -31,7 +31,7 @@ from typing import Any
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import check_token_settings, failure_info
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
-from lmpress.engines.common.embeddings import finish_embeddings
+from lmpress.engines.common.embeddings import cosine_scores, finish_embeddings
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
@@ -178,8 +178,6 @@ class NativeEngine(WorkerEngine):
         )  # normalised after the cut, as sentence-transformers does
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
-        import numpy as np
-
         started = time.perf_counter()
         encoder = self._encoder("score")
         result = ScoreResult(request.id, model=self.model_name, engine=self.name)
@@ -188,10 +186,9 @@ class NativeEngine(WorkerEngine):
                 raise RequestError("documents is empty; give at least one",
                                    kind=ErrorKind.INVALID_REQUEST)  # fmt: skip
             if encoder.cross_encoder:  # each pair read together; its logit is the score
-                queries = [request.query] * len(request.documents)
-                rows = encoder.text_rows(queries, request.documents)
+                rows = encoder.text_rows(request.queries(), request.documents)
             else:  # the cosine of the query's and each document's embeddings
-                rows = encoder.text_rows([request.query, *request.documents])
+                rows = encoder.text_rows(request.texts())
             answer = await self._answer(PoolingSubmission(rows, started))
         except RequestError as exc:
             answer = ErrorInfo(exc.kind, str(exc), exc.status)
@@ -200,11 +197,8 @@ class NativeEngine(WorkerEngine):
         if isinstance(answer, ErrorInfo):
             result.error = answer
         else:
-            if not encoder.cross_encoder:
-                vectors = np.stack(answer)
-                vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-                answer = vectors[1:] @ vectors[0]
-            result.scores = [float(score) for score in answer]
+            scores = answer if encoder.cross_encoder else cosine_scores(request, answer)
+            result.scores = [float(score) for score in scores]
             result.usage = Usage(sum(len(row.ids) for row in rows))
         result.latency_s = time.perf_counter() - started
         return result

@@ -96,6 +96,53 @@ class VllmApi:
         task = {"task": "embed"} if "task" in fields else {}
         return PoolingParams(dimensions=dimensions, **task)
 
+    @staticmethod
+    def cross_encoder_params(token_type_ids: list[int] | None) -> Any:
+        """PoolingParams for one (query, document) pair read by a cross-encoder: vLLM's
+        `classify` head with no activation, so the score is the model's raw logit as NATIVE
+        gives it (`LLM.score` applies a one-label model's sigmoid unless told not to). BERT's
+        segment ids go as vLLM's own scoring sends them: the position of the first 1."""
+        try:
+            from vllm.entrypoints.pooling.scoring.utils import compress_token_type_ids
+        except ImportError:  # before vLLM 0.2x
+            from vllm.entrypoints.score_utils import compress_token_type_ids
+        from vllm.pooling_params import PoolingParams
+
+        fields = getattr(PoolingParams, "__struct_fields__", ())
+        # `activation` before vLLM 0.2x
+        activation = "use_activation" if "use_activation" in fields else "activation"
+        extra = None
+        if token_type_ids and any(token_type_ids):
+            extra = {"compressed_token_type_ids": compress_token_type_ids(token_type_ids)}
+        return PoolingParams(task="classify", extra_kwargs=extra, **{activation: False})
+
+    @staticmethod
+    def pair_format(llm: Any) -> str:
+        """How vLLM's scoring joins a cross-encoder's pair: "pair" (the tokenizer's text pair,
+        with its separator and segment ids), "joined" (an LLM as reranker, `use_sep_token`
+        false: the two texts as one), or "template" (a score template of the model's own,
+        `get_score_template`, which lmpress does not build)."""
+        try:
+            from vllm.model_executor.model_loader import get_model_cls
+            from vllm.model_executor.models.interfaces import supports_score_template
+
+            if supports_score_template(get_model_cls(llm.model_config)):
+                return "template"
+        except ImportError:  # a vLLM without score templates
+            pass
+        return "pair" if getattr(llm.model_config, "use_sep_token", True) else "joined"
+
+    @staticmethod
+    async def pooling_task(llm: Any) -> str | None:
+        """The pooling task vLLM's `LLM` settles for the started model, by which `LLM.score`
+        chooses how to score: `embed` (cosine of vectors), `classify` (a cross-encoder), or
+        None where the model pools for neither."""
+        tasks = tuple(await llm.get_supported_tasks())
+        choose = getattr(llm.model_config, "get_pooling_task", None)
+        if choose is not None and llm.model_config.pooler_config is not None:
+            return choose(tasks)
+        return next((task for task in ("embed", "classify") if task in tasks), None)
+
     def engine_arg_names(self) -> set[str]:
         return {f.name for f in dataclasses.fields(self.AsyncEngineArgs)}
 

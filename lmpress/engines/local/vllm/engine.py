@@ -50,10 +50,11 @@ from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreReques
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
+    ErrorKind,
     UnsupportedParamError,
     first_line,
 )
-from lmpress.vocabulary.types import Delta, Request, Result
+from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Usage
 
 
 class VllmEngine(Engine):
@@ -69,7 +70,8 @@ class VllmEngine(Engine):
     })  # fmt: skip
     takes_hub_ids = True
     # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
-    # embedding model), started for it with `task: embed`, `score` or `rerank`.
+    # embedding model or a cross-encoder), started for it with `task: embed`, `score` or
+    # `rerank`.
     tasks = frozenset({"generate", "embed", "score", "rerank"})
 
     @classmethod
@@ -104,7 +106,51 @@ class VllmEngine(Engine):
         # One copy: vLLM checks tensor x pipeline against the GPUs itself, and says so plainly.
         if self.settings.data_parallel_size > 1:
             check_gpus(self.settings, visible_gpus())
+        self.pair_format = "pair"  # how a cross-encoder's pair is read (api.pair_format)
         self.scheduler = VllmScheduler(self, self.api, self.settings)
+        try:
+            self.cross_encoder = self._check_pooling(config.task, self.scheduler.pooling_task)
+        except BaseException:
+            self.scheduler.close()
+            raise
+
+    def _check_pooling(self, task: str, pooling_task: str | None) -> bool:
+        """Whether the model scores as a cross-encoder (vLLM's `classify` head on each pair);
+        UnsupportedParamError, in one line, where it cannot do the run's task."""
+        if task == "generate":
+            return False
+        label = f"task: {task}: model '{self.model_name}'"
+        if task == "embed" and pooling_task == "classify":
+            raise UnsupportedParamError(
+                f"{label} is a cross-encoder: it scores pairs and cannot embed; use task score "
+                f"or rerank, or an embedding model"
+            )
+        if task == "embed" and pooling_task != "embed":
+            raise UnsupportedParamError(
+                f"{label} gives no vectors in vLLM's pooling runner, so it cannot embed; use an "
+                f"embedding model"
+            )
+        if pooling_task == "classify":
+            labels = getattr(self.scheduler.llm.model_config.hf_config, "num_labels", 1)
+            if labels != 1:
+                raise UnsupportedParamError(
+                    f"{label} is a classifier with {labels} labels; a cross-encoder for "
+                    f"scoring has one"
+                )
+            self.pair_format = self.api.pair_format(self.scheduler.llm)
+            if self.pair_format == "template":
+                raise UnsupportedParamError(
+                    f"{label} builds its (query, document) prompts with a score template of "
+                    f"its own, which lmpress's VLLM engine does not apply; serve it with vllm "
+                    f"serve and score through engine REMOTE_VLLM"
+                )
+            return True
+        if pooling_task != "embed":
+            raise UnsupportedParamError(
+                f"{label} neither embeds nor classifies pairs in vLLM's pooling runner, so it "
+                f"cannot score; use a cross-encoder or an embedding model"
+            )
+        return False
 
     def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
         self._check_generates()
@@ -126,15 +172,22 @@ class VllmEngine(Engine):
         return result
 
     # vLLM's pooling runner, started for any of the pooling tasks, answers both: an embedding
-    # model embeds, and scores by its vectors' cosine similarity, as vLLM's LLM.score does.
+    # model embeds, and scores by its vectors' cosine similarity, as vLLM's LLM.score does; a
+    # cross-encoder scores each pair by its classification head's logit, and cannot embed.
 
     async def embed(self, request: EmbedRequest) -> EmbedResult:
         self._check_pools("embed")
+        if self.cross_encoder:  # started for score or rerank: it has no vectors to give
+            message = (
+                f"model '{self.model_name}' is a cross-encoder: it scores pairs and cannot embed"
+            )
+            info = ErrorInfo(ErrorKind.UNSUPPORTED_PARAM, message)
+            return EmbedResult(request.id, [], Usage(), self.model_name, self.name, error=info)
         return finish_embeddings(await self.scheduler.embed(request), request)
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
         self._check_pools("score")
-        return await self.scheduler.score(request)
+        return await self.scheduler.score(request, cross_encoder=self.cross_encoder)
 
     def _check_pools(self, call: str) -> None:
         if self.config.task == "generate":

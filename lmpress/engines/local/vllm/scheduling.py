@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.engines.base import Engine, check_text, error_result
+from lmpress.engines.common.embeddings import cosine_scores
 from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
 from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_request_error
@@ -81,12 +82,12 @@ class VllmScheduler:
         try:
             with children_print_to_log():
                 started = asyncio.run_coroutine_threadsafe(self._start(settings.args), self._loop)
-                self.llm, self.tokenizer = started.result()
+                self.llm, self.tokenizer, self.pooling_task = started.result()
         except BaseException:
             self._stop_loop()
             raise
 
-    async def _start(self, args: dict[str, Any]) -> tuple[Any, Any]:
+    async def _start(self, args: dict[str, Any]) -> tuple[Any, Any, str | None]:
         # Built on this loop: AsyncLLM binds its output handler to the loop it starts on.
         try:
             llm = self.api.AsyncLLM.from_engine_args(self.api.engine_args(args))
@@ -96,7 +97,9 @@ class VllmScheduler:
             raise ModelLoadError(
                 f"vLLM could not start model '{args['model']}': {failure(exc)}"
             ) from exc
-        return llm, await self.api.tokenizer(llm)
+        pools = self.engine.config.task != "generate"  # vLLM's pooling runner
+        pooling = await self.api.pooling_task(llm) if pools else None
+        return llm, await self.api.tokenizer(llm), pooling
 
     # --- requests, on the caller's loop ---------------------------------------------------
 
@@ -252,18 +255,27 @@ class VllmScheduler:
             return ids, False
         return list(self.tokenizer(item, truncation=True, max_length=limit)["input_ids"]), True
 
-    async def score(self, request: ScoreRequest) -> ScoreResult:
-        """An embedding model's scores as vLLM's `LLM.score` gives them: the cosine similarity
-        of the query's vector and each document's, each text embedded once."""
-        import numpy as np
-
+    async def score(self, request: ScoreRequest, *, cross_encoder: bool) -> ScoreResult:
+        """The documents' scores as vLLM's `LLM.score` gives them: a cross-encoder reads each
+        (query, document) pair together and its logit is the score; an embedding model's is
+        the cosine of the two texts' vectors, each text embedded once."""
         engine = self.engine
         started = time.perf_counter()
-        texts = [request.query, *request.documents]
         try:
-            params = self.api.embed_params(None)
-            inputs = [self._input_ids(text)[0] for text in texts]
-            outputs = await asyncio.gather(*(self._encode(request.id, i, params) for i in inputs))
+            if cross_encoder:
+                pairs = [
+                    self._pair(query, document)
+                    for query, document in zip(request.queries(), request.documents, strict=True)
+                ]
+                outputs = await asyncio.gather(
+                    *(self._encode(request.id, ids, params) for ids, params in pairs)
+                )
+            else:
+                params = self.api.embed_params(None)
+                inputs = [self._input_ids(text)[0] for text in request.texts()]
+                outputs = await asyncio.gather(
+                    *(self._encode(request.id, ids, params) for ids in inputs)
+                )
         except Exception as exc:
             if self.api.is_dead(self.llm):
                 raise EngineUnavailableError(f"vLLM's engine stopped ({failure(exc)})") from exc
@@ -272,15 +284,29 @@ class VllmScheduler:
             return ScoreResult(
                 request.id, [], Usage(), engine.model_name, engine.name, latency, info
             )
-        query, *documents = [pooled_embedding(output) for output in outputs]
-        q = np.asarray(query.vector, dtype=np.float64)
-        scores = []
-        for document in documents:
-            d = np.asarray(document.vector, dtype=np.float64)
-            scores.append(float(q @ d / max(np.linalg.norm(q) * np.linalg.norm(d), 1e-8)))
-        usage = Usage(query.prompt_tokens + sum(d.prompt_tokens for d in documents), 0)
+        pooled = [pooled_embedding(output) for output in outputs]
+        if cross_encoder:
+            scores = [float(p.vector[0]) for p in pooled]
+        else:
+            scores = cosine_scores(request, [p.vector for p in pooled])
+        usage = Usage(sum(p.prompt_tokens for p in pooled), 0)
         latency = time.perf_counter() - started
         return ScoreResult(request.id, scores, usage, engine.model_name, engine.name, latency)
+
+    def _pair(self, query: str, document: str) -> tuple[list[int], Any]:
+        """A (query, document) pair as a cross-encoder reads it, as vLLM's scoring tokenizes
+        it ([CLS] query [SEP] document [SEP] for BERT, with segment ids), cut at
+        `max_model_len` by the tokenizer where it is longer (vLLM would refuse it)."""
+        limit = self.api.max_model_len(self.llm)
+        # An LLM as reranker reads the two texts as one, with no separator, as vLLM joins them.
+        texts = {"text": query, "text_pair": document}
+        if self.engine.pair_format == "joined":
+            texts = {"text": query + document}
+        encoding = self.tokenizer(**texts)
+        if len(encoding["input_ids"]) > limit:
+            encoding = self.tokenizer(**texts, truncation=True, max_length=limit)
+        params = self.api.cross_encoder_params(encoding.get("token_type_ids"))
+        return list(encoding["input_ids"]), params
 
     async def _encode(self, request_id: str, ids: list[int], params: Any) -> Any:
         prompt = {"prompt_token_ids": ids}
@@ -302,6 +328,16 @@ class VllmScheduler:
         return final
 
     # --- shutting down ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """aclose for a caller with no event loop: the engine refusing its model at start."""
+        if self._thread.is_alive():
+
+            async def shutdown() -> None:
+                self.llm.shutdown()
+
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result()
+        self._stop_loop()
 
     async def aclose(self) -> None:
         if self._thread.is_alive():

@@ -14,6 +14,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -53,13 +55,31 @@ def pytest_collection_modifyitems(config, items):
 
 def raw_vllm(cases: dict, tmp_dir: Path) -> dict:
     """vLLM's own answers to `cases` (see raw_vllm.py), from a process of its own."""
+    with raw_vllm_beside(cases, tmp_dir) as answers:
+        return answers()
+
+
+@contextmanager
+def raw_vllm_beside(cases: dict, tmp_dir: Path) -> Iterator[Callable[[], dict]]:
+    """raw_vllm started in the background, so that the test starts its own engine meanwhile:
+    call what this yields for the answers. Leaving the block stops the process."""
     cases_file, out_file = tmp_dir / "cases.json", tmp_dir / "raw.json"
     cases_file.write_text(json.dumps(cases))
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, str(HERE / "raw_vllm.py"), str(cases_file), str(out_file)],
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out_file.read_text())
+
+    def answers() -> dict:
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        return json.loads(out_file.read_text())
+
+    try:
+        yield answers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

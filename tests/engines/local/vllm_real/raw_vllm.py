@@ -8,7 +8,8 @@ SamplingParams keyword arguments, written by hand in the test (never made by lmp
 translation), with `structured_outputs` as StructuredOutputsParams' keyword arguments.
 `vllm.LLM(model=DIR, **engine_args)` answers the chat cases with `LLM.chat` and the prompts with
 `LLM.generate`, each list in one call, "embed" (a list of texts) with `LLM.embed`, whose vectors
-come back as lists of floats, and "score" (a query and documents) with `LLM.score`. With "lora": ADAPTER_DIR (and enable_lora in
+come back as lists of floats, and "score", "pairwise_score" and "default_score" (a query
+and documents, and PoolingParams' arguments) with `LLM.score`. With "lora": ADAPTER_DIR (and enable_lora in
 engine_args) each list is asked once more with that adapter's LoRARequest, as "lora_chat" and
 "lora_generate". OUT.json: {"chat": [...], "generate": [...], ...}, one entry a case: its
 samples' text, token ids, finish reason and per-token logprobs (the chosen token's text and
@@ -94,9 +95,16 @@ def main(cases_file: str, out_file: str) -> None:
         outputs = llm.embed(cases["embed"], use_tqdm=False, tokenization_kwargs=tokenization)
         out["embed"] = [list(o.outputs.embedding) for o in outputs]
         out["max_model_len"] = limit
-    if cases.get("score"):  # {"query": ..., "documents": [...]}: LLM.score, one query to many
-        outputs = llm.score(cases["score"]["query"], cases["score"]["documents"], use_tqdm=False)
-        out["score"] = [o.outputs.score for o in outputs]
+    # {"query": ..., "documents": [...]}: LLM.score, one query to many, or with "query" a
+    # list, pairwise; "pooling" is PoolingParams' keyword arguments, where the case gives it.
+    for key in ("score", "pairwise_score", "default_score"):
+        if cases.get(key):
+            case = cases[key]
+            pooling = vllm.PoolingParams(**case["pooling"]) if "pooling" in case else None
+            outputs = llm.score(
+                case["query"], case["documents"], use_tqdm=False, pooling_params=pooling
+            )
+            out[key] = [o.outputs.score for o in outputs]
     with open(out_file, "w", encoding="utf-8") as f:
         json.dump(out, f)
 

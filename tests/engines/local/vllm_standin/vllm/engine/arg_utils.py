@@ -20,6 +20,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     seed: int = 0
     max_model_len: int | None = None
+    runner: str = "auto"  # "pooling": vLLM's pooling runner
     distributed_executor_backend: str | None = None
     pipeline_parallel_size: int = 1
     tensor_parallel_size: int = 1

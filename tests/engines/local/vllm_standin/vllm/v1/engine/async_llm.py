@@ -1,5 +1,5 @@
 """Stand-in for vllm/v1/engine/async_llm.py: AsyncLLM with vLLM's signatures for
-from_engine_args, generate, abort, get_tokenizer, shutdown and errored.
+from_engine_args, generate, abort, get_tokenizer, get_supported_tasks, shutdown and errored.
 
 Its "model" echoes the prompt's words, one per token, then EOS. It honours what lmpress sends:
 n, max_tokens, stop, stop_token_ids, logprobs, structured outputs (a choice's first option, or
@@ -10,11 +10,13 @@ cancelled or closes it, as vLLM's does.
 """
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from vllm._standin_model import (
@@ -81,6 +83,15 @@ class AsyncLLM:
         self.tokenizer = StandinTokenizer(vllm_config.tokenizer or vllm_config.model)
         self.max_model_len = max_model_len(vllm_config.model, vllm_config.max_model_len)
         self.image_placeholder = image_placeholder(vllm_config.model)
+        # What the model's config.json says it pools for (a stand-in key), and its labels.
+        config_file = Path(vllm_config.model) / "config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        self._tasks = tuple(config.get("standin_tasks", ["generate"]))
+        self.model_config = SimpleNamespace(
+            max_model_len=self.max_model_len,
+            hf_config=SimpleNamespace(num_labels=config.get("num_labels", 1)),
+            pooler_config=None,
+        )
         self.requests: list[RecordedRequest] = []
         self.aborted: list[str] = []
         self.running: set[str] = set()
@@ -126,6 +137,9 @@ class AsyncLLM:
 
     def get_tokenizer(self) -> StandinTokenizer:
         return self.tokenizer
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        return self._tasks
 
     def shutdown(self, timeout: float | None = None) -> None:
         self.is_shut_down = True
