@@ -1,20 +1,26 @@
 """The part of a batch job that is the task's: an embed, score or rerank run's rows go to the
 engine's `embed` or `score` rather than `complete`, and no reply is checked against a schema.
-Everything else (resume, failures, budgets, outputs) is the job's, whatever the task."""
+Everything else (resume, failures, budgets, outputs) is the job's, whatever the task.
+
+Which ways of running take which task is decided here, before any work: every task runs live
+and on Ray replicas; a provider batch takes the tasks both the provider and its batch API answer
+(`BatchApi.tasks`: OpenAI's Batch API takes /v1/embeddings lines, so embed runs; no batch API
+scores)."""
 
 from __future__ import annotations
 
 from lmpress.batch.guided_check import check_structure
 from lmpress.batch.options import BatchMode
 from lmpress.configs.schema import RunConfig
-from lmpress.data.pooling_rows import run_of
-from lmpress.engines.base import Engine
+from lmpress.engines.base import Engine, check_task
 from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
 from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import Request, Result
 
 AnyRequest = Request | EmbedRequest | ScoreRequest
 AnyResult = Result | EmbedResult | ScoreResult
+
+_LIVE = "remote_params.batch_completion_window where the recipe sets it"
 
 
 async def run_request(engine: Engine, request: AnyRequest) -> AnyResult:
@@ -26,11 +32,21 @@ async def run_request(engine: Engine, request: AnyRequest) -> AnyResult:
     return check_structure(request, await engine.complete(request))
 
 
-def check_mode(config: RunConfig, mode: BatchMode) -> None:
+def check_mode(
+    config: RunConfig, mode: BatchMode, engine_class: type[Engine] | None = None
+) -> None:
     """Refuse, before any work, a way of running that has no path for the run's task."""
-    if config.task != "generate" and mode is BatchMode.PROVIDER:  # Ray replicas run any task
-        flag = "--provider-batch"
+    if mode is not BatchMode.PROVIDER:  # live runs and Ray replicas run any task
+        return
+    from lmpress.batch.provider.apis import batch_api_of
+    from lmpress.engines.registry import load_engine_class
+
+    engine_class = engine_class or load_engine_class(config.engine)
+    check_task(engine_class, config.task)  # a task the engine has at all comes first
+    api = batch_api_of(engine_class)
+    if config.task not in api.tasks:
+        takes = " and ".join(sorted(api.tasks))
         raise ConfigError(
-            f"{flag}: {run_of(config.task)} goes live only (drop {flag}, and "
-            f"remote_params.batch_completion_window where the recipe sets it)"
+            f"--provider-batch: {api.title} takes no {config.task} run (only {takes}); drop "
+            f"--provider-batch, and {_LIVE}, to run it live"
         )

@@ -57,7 +57,7 @@ async def run_batch(
     re-run loads no model) and closed at the end.
     """
     options = dataclasses.replace(options, mode=batch_mode(config, options))
-    check_mode(config, options.mode)
+    check_mode(config, options.mode, type(engine) if engine is not None else None)
     job = RUNNERS[options.mode]()(config, options, engine, events)
     try:
         return await job.run()

@@ -130,8 +130,8 @@ def batch(
         bool,
         typer.Option(
             "--provider-batch",
-            help="Run through the provider's batch API (OpenAI, Anthropic): half the price, "
-            "within 24h; re-run to resume waiting.",
+            help="Run through the provider's batch API (OpenAI: generate and embed runs; "
+            "Anthropic: generate): half the price, within 24h; re-run to resume waiting.",
             metavar=FLAG,
         ),
     ] = False,

@@ -129,6 +129,16 @@ def encoded(vector: Sequence[float], encoding_format: EncodingFormat) -> list[fl
     return values
 
 
+def decoded(value: list[float] | str) -> list[float]:
+    """A vector as a body carries it, back to floats: base64 is float32, little-endian."""
+    if isinstance(value, str):
+        raw = base64.b64decode(value, validate=True)
+        if len(raw) % 4:
+            raise ValueError(f"{len(raw)} bytes of base64 are not float32 values")
+        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    return [float(v) for v in value]
+
+
 def embeddings_response(
     result: EmbedResult, model: str, encoding_format: EncodingFormat = "float"
 ) -> dict[str, Any]:

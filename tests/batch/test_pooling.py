@@ -309,14 +309,68 @@ def test_a_token_budget_stops_an_embed_run_and_the_next_run_finishes_it(tmp_path
     assert sorted(int(r["id"]) for r in read_jsonl(out)) == list(range(20))
 
 
-def test_a_provider_batch_embed_run_is_refused_in_one_line(tmp_path, server):
-    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "input": "x"}])
-    run = run_lmpress(*embed_args(server, src, tmp_path / "o.jsonl", "--provider-batch"))
+CANNOT = "pick an engine that can ('lmpress engines' lists what each answers)"
+
+
+@pytest.mark.parametrize(
+    ("engine", "task", "said"),
+    [
+        # OpenAI's Batch API takes embed runs (tests/batch/test_provider_batch_cli.py); OPENAI
+        # has no /v1/score, live or batched.
+        ("OPENAI", "score",
+         f"task: engine OPENAI cannot score (it answers embed, generate); {CANNOT}"),
+        # vLLM's server scores and reranks, but has no batch API.
+        ("REMOTE_VLLM", "rerank",
+         "engine REMOTE_VLLM has no batch API lmpress can drive (OPENAI, ANTHROPIC and "
+         "OpenAI-compatible servers with /v1/batches do); drop --provider-batch to run live"),
+        # Anthropic has no embeddings, in Message Batches or out.
+        ("ANTHROPIC", "embed",
+         f"task: engine ANTHROPIC cannot embed (it answers generate); {CANNOT}"),
+    ],
+)  # fmt: skip
+def test_a_pooling_run_no_batch_api_takes_is_refused_in_one_line(
+    tmp_path, server, engine, task, said
+):
+    row = {"id": "a", "input": "x"} if task == "embed" else {"query": "q", "documents": ["d"]}
+    src = write_jsonl(tmp_path / "in.jsonl", [row])
+    server.reset()
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), "--engine", engine, "--task",
+        task, "--model.model_name", "m", "--remote_params.api_url", server.openai_url,
+        "--provider-batch",
+        env={"ANTHROPIC_API_KEY": "sk-ant-test"},
+    )  # fmt: skip
     assert run.returncode == 2
-    assert run.stderr == (
-        "lmpress: error: --provider-batch: an embed run goes live only (drop --provider-batch, "
-        "and remote_params.batch_completion_window where the recipe sets it)\n"
-    )
+    assert run.stderr == f"lmpress: error: {said}\n"
+    assert server.stats.requests == 0 and server.stats.batches_created == 0
+
+
+def test_a_provider_batch_takes_the_tasks_its_batch_api_and_its_provider_both_answer():
+    """A provider row whose server scores and has OpenAI's Batch API (none ships today): its
+    embed run may go by batch, its score run may not, since no batch API has /v1/score."""
+    from lmpress.batch.options import BatchMode
+    from lmpress.batch.pooling import check_mode
+    from lmpress.configs import load_config
+    from lmpress.engines.remote.openai_compat import OpenAICompatEngine
+    from lmpress.engines.remote.presets import POOLING, BatchApi, Provider
+    from lmpress.vocabulary.errors import ConfigError
+
+    row = Provider("SCORER", "a scoring server with batches", batch_api=BatchApi.OPENAI,
+                   tasks=POOLING)  # fmt: skip
+    engine = type("ScorerEngine", (OpenAICompatEngine,),
+                  {"name": "SCORER", "tasks": POOLING, "provider": row})  # fmt: skip
+    for task in ("generate", "embed"):
+        config = load_config(None, {"engine": "REMOTE", "task": task})
+        check_mode(config, BatchMode.PROVIDER, engine)
+    for task in ("score", "rerank"):
+        config = load_config(None, {"engine": "REMOTE", "task": task})
+        with pytest.raises(ConfigError) as refused:
+            check_mode(config, BatchMode.PROVIDER, engine)
+        assert str(refused.value) == (
+            f"--provider-batch: OpenAI's Batch API takes no {task} run (only embed and "
+            f"generate); drop --provider-batch, and remote_params.batch_completion_window "
+            f"where the recipe sets it, to run it live"
+        )
 
 
 def test_an_output_from_before_tasks_resumes_as_a_generate_run_only(tmp_path):

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.batch.test_pooling import from_base64
 from tests.conftest import REPO, run_lmpress
+from tests.servers.embeddings import vector
 from tests.servers.llm_server import BatchFaults, Faults, LLMServer
 
 KEYS = {"OPENAI_API_KEY": "sk-test-openai", "ANTHROPIC_API_KEY": "sk-ant-test"}
@@ -49,6 +51,12 @@ def lines(path: Path) -> int:
 
 def by_id(path: Path) -> dict[str, dict]:
     return {row["id"]: row for row in map(json.loads, path.read_text().splitlines())}
+
+
+def by_key(path: Path) -> dict[str, dict]:
+    """Written rows by their id, or by custom_id for OpenAI Batch output lines."""
+    rows = map(json.loads, path.read_text().splitlines())
+    return {row.get("id") if "custom_id" not in row else row["custom_id"]: row for row in rows}
 
 
 def comparable(row: dict) -> dict:
@@ -277,3 +285,152 @@ def test_an_engine_without_a_batch_api_is_refused(tmp_path):
                       env={"TOGETHER_API_KEY": "k"})  # fmt: skip
     assert run.returncode == 2
     assert "has no batch API lmpress can drive" in run.stderr
+
+
+# --- embed runs: /v1/embeddings lines through OpenAI's Batch API ------------------------------
+
+EMBED = ["--task", "embed", "--model.model_name", "text-embedding-3-small"]
+
+
+def embed_args(srv: LLMServer, rows: Path, out: Path, *extra: str) -> list[str]:
+    return ["batch", "--engine", "OPENAI", "--remote_params.api_url", srv.openai_url, *EMBED,
+            "-i", str(rows), "-o", str(out), *FAST[:6], *extra]  # fmt: skip
+
+
+def embed_rows(path: Path, count: int, marker: dict[int, str] | None = None) -> Path:
+    """Plain embed rows: mostly one text, every third a list of two; `marker` texts refused."""
+    marker = marker or {}
+    rows = []
+    for i in range(count):
+        text = f"document {i} {marker.get(i, '')}".strip()
+        rows.append({"id": f"row-{i}", "input": [text, f"title {i}"] if i % 3 == 2 else text})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def embedding_lines(path: Path, count: int, marker: dict[int, str]) -> Path:
+    """OpenAI Batch lines to /v1/embeddings: plain, cut to 4 dimensions in base64, token ids."""
+    lines = []
+    for i in range(count):
+        body: dict = {"model": "text-embedding-3-small", "input": f"line {i} {marker.get(i, '')}"}
+        if i % 3 == 1:
+            body.update(dimensions=4, encoding_format="base64")
+        elif i % 3 == 2:
+            body["input"] = [[i, i + 1, i + 2], [7]]
+        lines.append({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/embeddings",
+                      "body": body})  # fmt: skip
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def without_timing(row: dict) -> dict:
+    """A written row less what a batch changes by design: its latency and (half) its cost."""
+    response = {k: v for k, v in row["response"].items() if k not in ("latency_s", "cost_usd")}
+    return {**row, "response": response}
+
+
+def error_ids(path: Path) -> list[str]:
+    return [json.loads(line).get("id") for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("shape", ["jsonl", "openai", "parquet"])
+def test_an_embed_run_by_batch_writes_what_the_live_run_writes_and_a_refused_row_alone(
+    tmp_path, shape
+):
+    marker = {4: "REJECT-400"}
+    suffix = ".parquet" if shape == "parquet" else ".jsonl"
+    if shape == "openai":
+        rows = embedding_lines(tmp_path / "in.jsonl", 12, marker)
+    else:
+        rows = embed_rows(tmp_path / "in.jsonl", 12, marker)
+    with server(permanent={"REJECT-400": 400}) as srv:
+        live = run_lmpress(*embed_args(srv, rows, tmp_path / f"live{suffix}"), env=KEYS)
+        batch = run_lmpress(*embed_args(srv, rows, tmp_path / f"batch{suffix}",
+                                        "--provider-batch"), env=KEYS)  # fmt: skip
+        stats = srv.stats
+    assert live.returncode == batch.returncode == 1, batch.stderr[-2000:]  # the refused row
+    assert stats.batches_created == 1 and set(stats.batch_submissions.values()) == {1}
+    (endpoint,) = {path for path, _ in stats.bodies if "embeddings" in path}  # the live run's
+    assert endpoint == "/v1/embeddings"
+    assert "submitted 12 rows as batch" in batch.stderr
+    said = [line for line in batch.stderr.splitlines() if ":5:" in line]
+    assert said == [f"lmpress: {rows}:5: OPENAI batch: HTTP 400: this conversation is refused "
+                    f"(injected 400)"]  # fmt: skip
+    if shape == "parquet":
+        pq = pytest.importorskip("pyarrow.parquet")
+        tables = [pq.read_table(tmp_path / f"{n}.parquet").sort_by("id") for n in ("live", "batch")]
+        # A batch's failure says it came from the batch; the rest of each row is the same.
+        kept = [c for c in tables[0].column_names
+                if c not in ("latency_s", "cost_usd", "error_message")]  # fmt: skip
+        assert tables[1].select(kept).to_pylist() == tables[0].select(kept).to_pylist()
+        got = {r["id"]: r for r in tables[1].to_pylist()}
+        assert got["row-0"]["embedding"] == vector("document 0")
+        assert got["row-2"]["embeddings"] == [vector("document 2"), vector("title 2")]
+        assert got["row-4"]["error_kind"] == "bad_request" and got["row-4"]["embedding"] is None
+        assert got["row-4"]["error_message"].startswith("OPENAI batch: HTTP 400: ")
+        return
+    live_rows, batch_rows = by_key(tmp_path / "live.jsonl"), by_key(tmp_path / "batch.jsonl")
+    if shape == "jsonl":
+        assert {k: without_timing(v) for k, v in batch_rows.items()} == {
+            k: without_timing(v) for k, v in live_rows.items()
+        }
+        assert batch_rows["row-0"]["embedding"] == vector("document 0")
+        assert batch_rows["row-2"]["embeddings"] == [vector("document 2"), vector("title 2")]
+        assert error_ids(tmp_path / "batch.errors.jsonl") == ["row-4"]
+        cost = [rows["row-2"]["response"]["cost_usd"] for rows in (batch_rows, live_rows)]
+        assert cost[0] == pytest.approx(cost[1] / 2)  # at the batch price
+        return
+    assert {k: v["response"]["body"] for k, v in batch_rows.items()} == {
+        k: v["response"]["body"] for k, v in live_rows.items()
+    }
+    assert len(batch_rows) == 11
+    first = batch_rows["line-0"]["response"]["body"]["data"][0]["embedding"]
+    cut = batch_rows["line-1"]["response"]["body"]["data"][0]["embedding"]
+    ids = batch_rows["line-2"]["response"]["body"]["data"]
+    assert first == vector("line 0 ") and from_base64(cut) == vector("line 1 ", 4)
+    assert [item["embedding"] for item in ids] == [vector([2, 3, 4]), vector([7])]
+    (error,) = [json.loads(x) for x in (tmp_path / "batch.errors.jsonl").read_text().splitlines()]
+    assert error["custom_id"] == "line-4" and error["response"]["status_code"] == 400
+
+
+def test_an_embed_job_killed_after_submitting_resumes_with_every_row_once(tmp_path):
+    rows = embed_rows(tmp_path / "in.jsonl", 30)
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "out.batches" / "state.jsonl"
+    with server(step_s=0.5) as srv:
+        args = embed_args(srv, rows, out, "--provider-batch",
+                          "--remote_params.batch_max_requests", "10")  # fmt: skip
+        env = {**os.environ, **KEYS, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.time() + 60
+        while b'"submitted"' not in (log.read_bytes() if log.exists() else b""):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1]
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert lines(out) < 30  # killed mid-job, with batches waiting at the provider
+        finish = run_lmpress(*args, env=KEYS)
+        assert finish.returncode == 0, finish.stderr[-2000:]
+        assert "resuming" in finish.stderr
+        submissions = srv.stats.batch_submissions
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(row["id"] for row in written) == sorted(f"row-{i}" for i in range(30))
+    assert len(submissions) == 30 and max(submissions.values()) == 1  # none submitted twice
+    for row in written:
+        i = int(row["id"].split("-")[1])
+        texts = [f"document {i}", f"title {i}"] if i % 3 == 2 else [f"document {i}"]
+        assert row.get("embeddings", [row.get("embedding")]) == [vector(t) for t in texts]
+
+
+def test_embed_rows_an_expired_batch_did_not_run_go_live(tmp_path):
+    rows = embed_rows(tmp_path / "in.jsonl", 20)
+    out = tmp_path / "out.jsonl"
+    with server(expire=[1]) as srv:
+        run = run_lmpress(*embed_args(srv, rows, out, "--provider-batch", "--on-expired", "live"),
+                          env=KEYS)  # fmt: skip
+        live_bodies = [body for path, body in srv.stats.bodies if path.endswith("/embeddings")]
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "live" in run.stderr and live_bodies  # the rows the batch left undone went live
+    written = by_key(out)
+    assert len(written) == 20 and written["row-0"]["embedding"] == vector("document 0")

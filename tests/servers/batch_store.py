@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tests.servers import refusals
+from tests.servers import embeddings, refusals
 from tests.servers.batch_life import CANCELLABLE, BatchFaults, Row, Run
 from tests.servers.replies import Reply
 
@@ -98,7 +98,9 @@ class BatchStore:
             problem = "stream: not supported in a Message Batch"
         status = 400 if problem else refusals.permanent_status(
             refusals.conversation(body), faults.permanent)  # fmt: skip
-        if status is None:
+        if status is None and url.endswith("/embeddings"):
+            out, status = embeddings.reply(body, faults.model), 200
+        elif status is None:
             reply = Reply.of(body, anthropic, faults.model)
             out = reply.anthropic() if anthropic else reply.openai(url)
             out["id"] = f"msg_01{token(24)}" if anthropic else f"chatcmpl-{token(29)}"

@@ -7,6 +7,7 @@ when the batch ends (completed, expired or cancelled), each only if it has a lin
 
     output file: {"id": "batch_req_…", "custom_id": …, "error": null,
                   "response": {"status_code": 200, "request_id": "req_…", "body": <completion>}}
+                 (an /v1/embeddings batch's body is the embeddings list a live request gets)
     error file:  the same with "status_code": 4xx/5xx and "body": {"error": {…}}; or, for a row a
                  cancel or an expiry left undone, "response": null and
                  "error": {"code": "batch_cancelled" | "batch_expired", "message": …}
@@ -39,7 +40,7 @@ from tests.servers.batch_store import (
     shuffled,
 )
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 MAX_REQUESTS, MAX_FILE_BYTES = 50_000, 200 * 2**20
 # The error of a row a cancel or an expiry left undone, by how the batch ended.
 UNDONE = {

@@ -4,8 +4,10 @@ gives for the same body."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,9 +16,10 @@ import anthropic
 import openai
 import pytest
 from anthropic.types import Message
-from openai.types import Completion
+from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
+from tests.servers.embeddings import vector
 from tests.servers.llm_server import BatchFaults, Faults, LLMServer, reply_text
 
 STEP = 0.25  # each batch status lasts this long here
@@ -143,6 +146,30 @@ def test_a_batch_row_gets_what_the_live_endpoint_gives_for_the_same_body(endpoin
         batched = kind.model_validate(output[0]["response"]["body"])
         assert without_ids(batched.model_dump()) == without_ids(live.model_dump())
         assert batched.id != live.id
+
+
+def test_an_embeddings_batch_row_gets_the_live_embeddings_body_and_a_bad_one_its_400():
+    bodies = {
+        "floats": {"model": "emb-test", "input": ["a b", "c"], "dimensions": 4},
+        "base64": {"model": "emb-test", "input": "one two", "encoding_format": "base64"},
+        "too-wide": {"model": "emb-test", "input": "x", "dimensions": 999},
+    }
+    with make_server() as server:
+        client = openai_client(server)
+        live = [client.embeddings.create(**body) for body in list(bodies.values())[:2]]
+        data = input_lines(bodies, "/v1/embeddings")
+        seen, output, errors = run_openai(client, data, endpoint="/v1/embeddings")
+    assert seen[-1].status == "completed" and seen[-1].endpoint == "/v1/embeddings"
+    got = {line["custom_id"]: line["response"]["body"] for line in output}
+    floats = CreateEmbeddingResponse.model_validate(got["floats"])
+    assert floats.model_dump() == live[0].model_dump()
+    assert [e.embedding for e in floats.data] == [vector("a b", 4), vector("c", 4)]
+    encoded = got["base64"]["data"][0]["embedding"]
+    assert encoded == live[1].data[0].embedding  # asked for, the SDK leaves base64 as it is
+    assert list(struct.unpack("<16f", base64.b64decode(encoded))) == vector("one two")
+    (bad,) = errors
+    assert bad["custom_id"] == "too-wide" and bad["response"]["status_code"] == 400
+    assert "dimensions" in bad["response"]["body"]["error"]["message"]
 
 
 def test_openai_rows_that_fail_go_to_the_error_file_with_their_status():

@@ -1,11 +1,13 @@
 """The two batch APIs lmpress drives, through the official SDKs: OpenAI's Files + Batches (and any
 OpenAI-compatible server that has them) and Anthropic's Message Batches.
 
-Each one turns a request into a request line with the same body the live engine sends, submits a
+Each one turns a request into a request line with the same body the live engine sends (a
+chat or completion body, or for an embed run an /embeddings body, which OpenAI's takes), submits a
 sealed chunk (finding the batch it already made, when a crash came between the provider's answer
 and lmpress recording it), reports a batch's progress, and yields its results as
 (custom_id, Outcome) pairs parsed by the live engine's own response parsers, so a batch row's
-output is the output a live run writes.
+output is the output a live run writes. Which tasks each one takes is its `BatchApi.tasks`,
+checked before a job starts (`batch.pooling.check_mode`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.batch.provider.state import BatchState, Chunk
-from lmpress.engines.remote.base import RemoteEngine, Reply
+from lmpress.engines.remote.base import EmbedReply, RemoteEngine, Reply
 from lmpress.engines.remote.presets import BatchApi
 from lmpress.engines.remote.retry import classify
+from lmpress.openai_wire.pooling import EMBEDDINGS_PATH
+from lmpress.vocabulary.embeddings import EmbedRequest
 from lmpress.vocabulary.errors import InputError
 from lmpress.vocabulary.types import Request
+
+AnyRequest = Request | EmbedRequest  # what a batch line can carry (`BatchApi.tasks`)
 
 # Anthropic's custom_id rule; OpenAI takes any string, but one rule keeps ids portable.
 SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -45,7 +51,7 @@ class Progress:
 
 @dataclass
 class Outcome:
-    reply: Reply | None = None  # a generated row
+    reply: Reply | EmbedReply | None = None  # a generated (or embedded) row
     status: int | None = None  # a failed row's HTTP status
     message: str = ""  # a failed row's error, or why it did not run
     expired: bool = False  # not run: expired or cancelled with its batch
@@ -95,10 +101,10 @@ class BatchAPI:
                 await asyncio.sleep(wait * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
 
-    async def endpoint(self, request: Request) -> str:
+    async def endpoint(self, request: AnyRequest) -> str:
         raise NotImplementedError
 
-    async def line(self, cid: str, request: Request) -> str:
+    async def line(self, cid: str, request: AnyRequest) -> str:
         raise NotImplementedError
 
     async def submit(self, state: BatchState, chunk: Chunk) -> str:
@@ -115,12 +121,18 @@ class BatchAPI:
 
 
 class OpenAIBatches(BatchAPI):
-    async def endpoint(self, request: Request) -> str:
+    async def endpoint(self, request: AnyRequest) -> str:
+        if isinstance(request, EmbedRequest):
+            return EMBEDDINGS_PATH
         return "/v1/completions" if request.prompt is not None else "/v1/chat/completions"
 
-    async def line(self, cid: str, request: Request) -> str:
+    async def line(self, cid: str, request: AnyRequest) -> str:
         engine: Any = self.engine
-        body = engine._with_user(engine._body(request, await engine._model(self.client)))
+        model = await engine._model(self.client)
+        if isinstance(request, EmbedRequest):
+            body = engine._embed_body(request, model)
+        else:
+            body = engine._with_user(engine._body(request, model))
         url = await self.endpoint(request)
         return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body},
                           ensure_ascii=False)  # fmt: skip
@@ -177,9 +189,10 @@ class OpenAIBatches(BatchAPI):
         )  # fmt: skip
 
     async def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:
-        from lmpress.engines.remote.openai_compat import parse_chat_completion
+        from lmpress.engines.remote.openai_compat import parse_chat_completion, parse_embeddings
 
         b = await self.call(f"checking {batch_id}", self.client.batches.retrieve, batch_id)
+        parse = parse_embeddings if b.endpoint == EMBEDDINGS_PATH else parse_chat_completion
         for file_id in (b.output_file_id, b.error_file_id):
             if not file_id:
                 continue
@@ -188,7 +201,7 @@ class OpenAIBatches(BatchAPI):
                 if not raw.strip():
                     continue
                 item = json.loads(raw)
-                yield item["custom_id"], self._outcome(item, parse_chat_completion)
+                yield item["custom_id"], self._outcome(item, parse)
 
     def _outcome(self, item: dict[str, Any], parse: Any) -> Outcome:
         error = item.get("error") or {}
@@ -207,10 +220,10 @@ class OpenAIBatches(BatchAPI):
 
 
 class AnthropicBatches(BatchAPI):
-    async def endpoint(self, request: Request) -> str:
+    async def endpoint(self, request: AnyRequest) -> str:
         return "/v1/messages"
 
-    async def line(self, cid: str, request: Request) -> str:
+    async def line(self, cid: str, request: AnyRequest) -> str:
         engine: Any = self.engine
         return json.dumps({"custom_id": cid, "params": engine._body(request)}, ensure_ascii=False)
 
@@ -296,11 +309,16 @@ BATCH_APIS: dict[BatchApi, type[BatchAPI]] = {
 
 def batch_api(engine: Any, window: str) -> BatchAPI:
     """The batch API of an engine's provider, or a clear refusal."""
-    provider = getattr(engine, "provider", None)
+    return BATCH_APIS[batch_api_of(type(engine))](engine, window)
+
+
+def batch_api_of(engine_class: Any) -> BatchApi:
+    """Which batch API an engine's provider row names, or a clear refusal where none."""
+    provider = getattr(engine_class, "provider", None)
     kind = provider.batch_api if provider is not None else None
     if kind is not None:
-        return BATCH_APIS[kind](engine, window)
+        return kind
     raise InputError(
-        f"engine {engine.name} has no batch API lmpress can drive (OPENAI, ANTHROPIC and "
+        f"engine {engine_class.name} has no batch API lmpress can drive (OPENAI, ANTHROPIC and "
         f"OpenAI-compatible servers with /v1/batches do); drop --provider-batch to run live"
     )

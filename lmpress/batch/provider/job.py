@@ -1,9 +1,11 @@
 """A batch job run through the provider's batch API: the same rows, output, errors file and
 summary as a live run, at the batch price.
 
-The rows are read as a live run reads them and written into chunks no larger than the
-provider's limits (`batch_max_requests`, `batch_max_bytes`); each chunk is sealed, then
-submitted, its batch id logged the moment the provider gives it (`state`). Then the job polls
+The rows are read as a live run reads them (an embed run's become /v1/embeddings lines, which
+OpenAI's Batch API takes; `batch.pooling.check_mode` refuses a task a batch API does not take)
+and written into chunks no larger than the provider's limits (`batch_max_requests`,
+`batch_max_bytes`); each chunk is sealed, then submitted, its batch id logged the moment the
+provider gives it (`state`). Then the job polls
 every batch it has waiting, backing off politely, and writes each batch's rows as it ends,
 matched by custom_id, through the same path a live result takes. Rows a batch did not run
 (expired, cancelled, or missing from its results) are resubmitted in a new batch, run live, or
@@ -22,6 +24,7 @@ from typing import Any
 
 from lmpress.batch.events import RowFailure
 from lmpress.batch.job import BatchJob
+from lmpress.batch.pooling import run_request
 from lmpress.batch.provider.apis import WINDOW, Outcome, Progress, batch_api, custom_id
 from lmpress.batch.provider.state import BatchState, Chunk, ChunkWriter
 from lmpress.batch.rows import RowReader
@@ -29,6 +32,7 @@ from lmpress.data.idkeys import IdKeys
 from lmpress.data.jsonl import Line
 from lmpress.data.resume import id_key
 from lmpress.engines.base import error_result
+from lmpress.vocabulary.embeddings import EmbedRequest
 from lmpress.vocabulary.errors import ErrorKind, InputError
 from lmpress.vocabulary.types import ErrorInfo
 
@@ -222,13 +226,23 @@ class ProviderBatchJob(BatchJob):
             return
         parsed, request = read
         engine: Any = self.engine
-        if outcome.reply is not None:
-            result = engine._result(request, outcome.reply, time.perf_counter())
-        else:
+        started = time.perf_counter()
+        reply, error = outcome.reply, None
+        if reply is None:
             status = outcome.status or 500
             message = f"{engine.name} batch: HTTP {status}: {outcome.message}"
             error = ErrorInfo(engine.status_kind(status), message, status)
-            result = error_result(request, engine, error, time.perf_counter())
+        elif isinstance(request, EmbedRequest) and len(reply.embeddings) != len(request.inputs):
+            message = (f"{engine.name} batch: the reply has {len(reply.embeddings)} vectors for "
+                       f"{len(request.inputs)} inputs")  # fmt: skip
+            error = ErrorInfo(ErrorKind.MALFORMED_RESPONSE, message)
+        # The live engine's own result building, for each task's reply.
+        if isinstance(request, EmbedRequest):
+            result = engine._embed_result(request, error or reply, started)
+        elif error is None:
+            result = engine._result(request, reply, started)
+        else:
+            result = error_result(request, engine, error, started)
         result.latency_s = 0.0
         self._finish(0, parsed, result, None)
 
@@ -278,7 +292,7 @@ class ProviderBatchJob(BatchJob):
             return
         parsed, request = read
         self.budget.batch = False
-        result = await self.engine.complete(request)
+        result = await run_request(self.engine, request)
         self._finish(0, parsed, result, None)
         self.budget.batch = True
 

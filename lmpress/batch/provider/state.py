@@ -30,7 +30,7 @@ from lmpress.vocabulary.errors import InputError
 @dataclass
 class Chunk:
     name: str  # chunk-00001
-    endpoint: str  # /v1/chat/completions, /v1/completions, or /v1/messages
+    endpoint: str  # /v1/chat/completions, /v1/completions, /v1/embeddings or /v1/messages
     count: int
     sealed_at: float
     file_id: str | None = None

@@ -231,10 +231,19 @@ class RemoteEngine(Engine):
         outcome = await self._with_retries(
             lambda: self._send_embed(client, request), estimate_input_tokens(request.inputs), 0
         )
-        latency = time.perf_counter() - started
         if isinstance(outcome, Failed):
-            info = self._failure_info(outcome)
-            return EmbedResult(request.id, [], Usage(), self.model_name, self.name, latency, info)
+            return self._embed_result(request, self._failure_info(outcome), started)
+        return self._embed_result(request, outcome, started)
+
+    def _embed_result(
+        self, request: EmbedRequest, outcome: EmbedReply | ErrorInfo, started: float
+    ) -> EmbedResult:
+        """The result of an embeddings request, live or from a provider batch's output."""
+        latency = time.perf_counter() - started
+        if isinstance(outcome, ErrorInfo):
+            return EmbedResult(
+                request.id, [], Usage(), self.model_name, self.name, latency, outcome
+            )
         embeddings = outcome.embeddings
         if request.normalize:
             embeddings = [

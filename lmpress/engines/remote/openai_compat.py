@@ -11,6 +11,8 @@ reply straight into a Result, skipping the SDK's parameter and response models: 
 builds, authenticates and sends the request and raises its usual errors, but the per-row CPU a
 million-row job pays stays small.
 `stream` (what `chat` and `serve` use) streams through the SDK with usage included.
+`embed` posts an /embeddings body the same way (`_embed_body`, which an OpenAI Batch line of an
+embed run carries too) and `parse_embeddings` reads the reply, live or from a batch's output.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from lmpress.engines.remote.base import (
 )
 from lmpress.engines.remote.inline_images import inline_image_url
 from lmpress.engines.remote.retry import MalformedResponse
+from lmpress.openai_wire import pooling as wire
 from lmpress.openai_wire.client import OPENAI_PARAMS, Dialect, request_body
 from lmpress.vocabulary.embeddings import Embedding, EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
@@ -141,27 +144,32 @@ class OpenAICompatEngine(RemoteEngine):
             raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
         return parse_chat_completion(data, self.model_name)
 
+    def _embed_body(self, request: EmbedRequest, model: str) -> dict[str, Any]:
+        """The /embeddings body for a request, live or as an OpenAI Batch line. It asks for
+        base64, as the SDK's own `embeddings.create` does: a quarter of the bytes of JSON
+        floats, and the float32 values exactly (`parse_embeddings` reads either)."""
+        body: dict[str, Any] = {"model": model, "input": request.inputs,
+                                "encoding_format": "base64"}  # fmt: skip
+        if request.dimensions is not None:
+            body["dimensions"] = request.dimensions
+        return self._with_user(body)
+
     async def _send_embed(self, client: Any, request: EmbedRequest) -> EmbedReply:
         await self._before_send(client)
-        args: dict[str, Any] = {"model": await self._model(client), "input": request.inputs}
-        if request.dimensions is not None:
-            args["dimensions"] = request.dimensions
-        if self.user_field and self.remote.user_id:
-            args["user"] = self.remote.user_id
-        # No encoding_format: the SDK asks for base64 (a quarter of the bytes of JSON floats)
-        # and decodes it to floats itself.
-        reply = await client.embeddings.create(**args)
+        body = self._embed_body(request, await self._model(client))
+        # The SDK's generic `post`, as `_send` does, so that a live reply and a batch's
+        # output line are read by the same parser.
+        content = await client.post("/embeddings", body=body, cast_to=bytes, options=_BEARER_ONLY)
         try:
-            data = sorted(reply.data, key=lambda item: item.index)
-            embeddings = [Embedding(list(item.embedding)) for item in data]
-            usage = Usage(int(reply.usage.prompt_tokens or 0) if reply.usage else 0, 0)
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise MalformedResponse(f"the reply is not an embeddings list ({exc})") from exc
-        if len(embeddings) != len(request.inputs):
+            data = json.loads(content)
+        except ValueError as exc:
+            raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
+        reply = parse_embeddings(data, self.model_name)
+        if len(reply.embeddings) != len(request.inputs):
             raise MalformedResponse(
-                f"the reply has {len(embeddings)} vectors for {len(request.inputs)} inputs"
+                f"the reply has {len(reply.embeddings)} vectors for {len(request.inputs)} inputs"
             )
-        return EmbedReply(embeddings, usage, reply.model or "")
+        return reply
 
     async def _send_score(self, client: Any, request: ScoreRequest) -> ScoreReply:
         """vLLM's /score (beside its OpenAI routes): text_1 against each of text_2, through
@@ -369,6 +377,18 @@ def parse_chat_completion(data: Any, model: str = "") -> Reply:
     if len(samples) == 1:
         samples[0][1].completion_tokens = result.completion_tokens
     return Reply([s for _, s in samples], result, data.get("model") or model)
+
+
+def parse_embeddings(data: Any, model: str = "") -> EmbedReply:
+    """An embeddings list (OpenAI's /embeddings response body), its vectors in input order,
+    floats or base64 alike."""
+    try:
+        items = sorted(data["data"], key=lambda item: item["index"])
+        embeddings = [Embedding(wire.decoded(item["embedding"])) for item in items]
+        usage = Usage(int((data.get("usage") or {}).get("prompt_tokens") or 0), 0)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise MalformedResponse(f"the reply is not an embeddings list ({exc})") from exc
+    return EmbedReply(embeddings, usage, data.get("model") or model)
 
 
 def _token_logprobs(logprobs: dict[str, Any]) -> list[TokenLogprob]:

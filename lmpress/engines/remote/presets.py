@@ -45,6 +45,18 @@ class BatchApi(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def title(self) -> str:
+        return "OpenAI's Batch API" if self is BatchApi.OPENAI else "Anthropic's Message Batches"
+
+    @property
+    def tasks(self) -> frozenset[str]:
+        """The tasks its batches take: OpenAI's takes /v1/embeddings lines beside chat and
+        completion lines; neither has a /v1/score or /v1/rerank endpoint to batch, and
+        Anthropic has no embeddings at all. A provider batches the tasks in both this and its
+        own `Provider.tasks`."""
+        return EMBED if self is BatchApi.OPENAI else GENERATE
+
 
 @dataclass(frozen=True)
 class Provider:
