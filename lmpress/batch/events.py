@@ -8,6 +8,7 @@ from typing import Any
 
 from lmpress.data.row_shapes import render_failure
 from lmpress.vocabulary.errors import ErrorKind
+from lmpress.vocabulary.types import round_usd
 
 EXIT_OK, EXIT_FAILED_ROWS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 130, 143
 # The signals that stop a job (Ctrl-C; what Slurm, Kubernetes, systemd and `timeout` send),
@@ -62,8 +63,8 @@ class BatchSummary:
             "rows_skipped": self.rows_skipped,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
-            "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
-            "cost_live_usd": None if self.cost_live_usd is None else round(self.cost_live_usd, 6),
+            "cost_usd": None if self.cost_usd is None else round_usd(self.cost_usd),
+            "cost_live_usd": None if self.cost_live_usd is None else round_usd(self.cost_live_usd),
             "wall_s": round(self.wall_s, 3),
             "rows_per_s": round(self.rows_per_s, 3),
             "tokens_per_s": round(self.tokens_per_s, 3),

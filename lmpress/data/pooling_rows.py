@@ -32,6 +32,7 @@ from lmpress.vocabulary.embeddings import (
     ScoreResult,
     Task,
 )
+from lmpress.vocabulary.types import round_usd
 
 URLS = (wire.EMBEDDINGS_PATH, wire.SCORE_PATH, wire.RERANK_PATH)
 # The task an OpenAI Batch line's url asks for (a score line serves a rerank run too).
@@ -206,7 +207,7 @@ def meta(result: EmbedResult | ScoreResult) -> dict[str, Any]:
         record["truncated"] = truncated[0] if len(truncated) == 1 else truncated
     record.update(model=result.model, engine=result.engine, latency_s=round(result.latency_s, 4))
     if result.cost_usd is not None:
-        record["cost_usd"] = round(result.cost_usd, 8)
+        record["cost_usd"] = round_usd(result.cost_usd)
     return record
 
 

@@ -44,6 +44,7 @@ from lmpress.vocabulary.types import (
     Request,
     Result,
     Sample,
+    round_usd,
 )
 
 
@@ -422,7 +423,7 @@ def response_record(result: Result) -> dict[str, Any]:
     if result.structured is not None:
         record["structured"] = result.structured
     if result.cost_usd is not None:
-        record["cost_usd"] = round(result.cost_usd, 8)
+        record["cost_usd"] = round_usd(result.cost_usd)
     if result.error is not None:
         record["error"] = dataclasses.asdict(result.error)
     return record

@@ -224,6 +224,12 @@ class Sample:
     tool_calls: list[ToolCall] | None = None  # the calls the reply makes (finish "tool_calls")
 
 
+def round_usd(amount: float) -> float:
+    """A cost to six significant digits, for rows and summaries: float noise goes, and a
+    fraction of a cent stays (an embedding row costs about a ten-millionth of a dollar)."""
+    return float(f"{amount:.6g}")
+
+
 @dataclass
 class Usage:
     prompt_tokens: int = 0

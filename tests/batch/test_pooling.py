@@ -80,6 +80,11 @@ def test_plain_rows_get_their_vectors_and_a_chat_row_fails_alone(tmp_path, serve
     assert rows["a"]["response"]["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
     assert rows["a"]["response"]["truncated"] is False
     assert rows["a"]["response"]["cost_usd"] == pytest.approx(2 * 0.02 / 1e6)
+    # The job's cost is what its rows cost, however small: a ten-millionth of a dollar a row
+    # is not rounded away in the summary.
+    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    costs = [row["response"]["cost_usd"] for row in rows.values()]
+    assert summary["cost_usd"] == pytest.approx(sum(costs), rel=1e-5) and summary["cost_usd"] > 0
     assert "c" not in rows
     said = [line for line in run.stderr.splitlines() if ":3:" in line]
     assert said == [f"lmpress: {src}:3: a chat row in an embed run; give 'input' (or "
