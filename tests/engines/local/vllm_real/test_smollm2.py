@@ -23,7 +23,7 @@ from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 from tests.chat.test_chat import STATUS, ChatSession
 from tests.conftest import REPO, run_lmpress
-from tests.engines.local.vllm_real.conftest import REQUIRED, raw_vllm
+from tests.engines.local.vllm_real.conftest import REQUIRED, raw_vllm_beside
 from tests.serve.conftest import Served
 
 MAX_MODEL_LEN = 1024
@@ -141,7 +141,9 @@ def model_dir() -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir, tmp_path_factory) -> dict:
+def raw_answers(model_dir, tmp_path_factory):
+    """vLLM's own answers, from a process that starts before this module's engine and runs
+    beside it (each takes tens of seconds to start): call it for them."""
     cases = {
         "model": model_dir,
         "engine_args": ENGINE_ARGS,
@@ -151,11 +153,17 @@ def reference(model_dir, tmp_path_factory) -> dict:
                    for m in EXTRA_CHATS],
         "generate": [{"prompt": p, "sampling": s} for p, _, s in PROMPT_CASES],
     }  # fmt: skip
-    return raw_vllm(cases, tmp_path_factory.mktemp("raw-smollm2"))
+    with raw_vllm_beside(cases, tmp_path_factory.mktemp("raw-smollm2")) as answers:
+        yield answers
 
 
 @pytest.fixture(scope="module")
-def engine():
+def reference(raw_answers) -> dict:
+    return raw_answers()
+
+
+@pytest.fixture(scope="module")
+def engine(raw_answers):
     engine = create_engine(load_config(overrides={"engine": "VLLM", **LMPRESS_MODEL}))
     yield engine
     asyncio.run(engine.aclose())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lmpress.builtin_models.tiny import tiny_model
 from tests.conftest import run_lmpress
-from tests.engines.local.vllm_real.conftest import raw_vllm
+from tests.engines.local.vllm_real.conftest import raw_vllm_beside
 
 CHATS = ["the cat runs over the moon", "why is the sky blue", "a quick brown fox"]
 TEXTS = ["the cat runs over", "model data file line token"]
@@ -43,29 +43,29 @@ def test_batch_with_a_lora_adapter_equals_vllm_and_a_row_too_long_fails_alone(tm
     directory = str(tiny_model("llama-head32"))
     adapter = write_lora_adapter(tmp_path / "adapter")
     greedy = {"temperature": 0, "max_tokens": 20}
-    reference = raw_vllm(
-        {
-            "model": directory,
-            "lora": str(adapter),
-            "engine_args": {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
-                            "enable_lora": True, "max_lora_rank": 8},
-            "chat": [{"messages": [{"role": "user", "content": c}], "sampling": greedy}
-                     for c in CHATS],
-            "generate": [{"prompt": t, "sampling": greedy} for t in TEXTS],
-        },
-        tmp_path,
-    )  # fmt: skip
+    cases = {
+        "model": directory,
+        "lora": str(adapter),
+        "engine_args": {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
+                        "enable_lora": True, "max_lora_rank": 8},
+        "chat": [{"messages": [{"role": "user", "content": c}], "sampling": greedy}
+                 for c in CHATS],
+        "generate": [{"prompt": t, "sampling": greedy} for t in TEXTS],
+    }  # fmt: skip
     rows = [{"id": f"c{i}", "prompt": c} for i, c in enumerate(CHATS)]
     rows += [{"id": f"t{i}", "text": t} for i, t in enumerate(TEXTS)]
     too_long = {"id": "too-long", "prompt": " ".join(["the cat"] * 300)}
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in [*rows, too_long]))
-    run = run_lmpress(
-        "batch", "--engine", "VLLM", "--model.model_name", "tiny:llama-head32",
-        "--model.model_max_length", "512", "--model.model_kwargs.enforce_eager", "true",
-        "--model.adapter_model", str(adapter), "--generation.max_new_tokens", "20",
-        "-i", str(source), "-o", str(out), timeout=600,
-    )  # fmt: skip
+    # vLLM's own answers, from a process started while the lmpress job runs
+    with raw_vllm_beside(cases, tmp_path) as raw_answers:
+        run = run_lmpress(
+            "batch", "--engine", "VLLM", "--model.model_name", "tiny:llama-head32",
+            "--model.model_max_length", "512", "--model.model_kwargs.enforce_eager", "true",
+            "--model.adapter_model", str(adapter), "--generation.max_new_tokens", "20",
+            "-i", str(source), "-o", str(out), timeout=600,
+        )  # fmt: skip
+        reference = raw_answers()
     assert out.exists(), run.stderr[-2000:]
     written = {row["id"]: row["response"]["text"] for row in map(json.loads, out.open())}
     expected = [r[0]["text"] for r in reference["lora_chat"] + reference["lora_generate"]]
