@@ -21,6 +21,7 @@ class BatchSummary:
     input_path: str
     output_path: str
     input_unit: str = "line"  # what a failed row's number counts: "line" or "row" (Parquet)
+    task: str = "generate"  # an embed, score or rerank run writes no tokens: its rate is input
     rows_total: int = 0  # rows of the input in this shard
     rows_ok: int = 0
     rows_failed: int = 0
@@ -48,6 +49,10 @@ class BatchSummary:
         return self.completion_tokens / self.wall_s if self.wall_s else 0.0
 
     @property
+    def input_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
     def exit_code(self) -> int:
         if self.interrupted:
             return STOP_SIGNALS.get(self.signal or "SIGINT", EXIT_INTERRUPTED)
@@ -68,6 +73,7 @@ class BatchSummary:
             "wall_s": round(self.wall_s, 3),
             "rows_per_s": round(self.rows_per_s, 3),
             "tokens_per_s": round(self.tokens_per_s, 3),
+            "input_tokens_per_s": round(self.input_tokens_per_s, 3),
             "interrupted": self.interrupted,
             "signal": self.signal,
             "stopped_because": self.stopped_because,

@@ -84,7 +84,9 @@ class BatchJob:
             options.max_cost, options.max_tokens, price_for(config), provider_batch
         )
         label = "stdout" if self.target.path == STDIO else options.output_path
-        self.summary = BatchSummary(options.input_path, label, self.source.unit)
+        self.summary = BatchSummary(
+            options.input_path, label, self.source.unit, task=self.config.task
+        )
         if not self.target.stream:
             self.summary.errors_path = str(self.files.errors)
         self.unreachable = False  # stopped because the endpoint never answered

@@ -60,7 +60,10 @@ class BatchReport(BatchEvents):
         table.add_row("tokens in / out", f"{summary.prompt_tokens} / {summary.completion_tokens}")
         table.add_row("wall time", f"{summary.wall_s:.2f} s")
         table.add_row("rows/s", f"{summary.rows_per_s:.2f}")
-        table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
+        if summary.task == "generate":
+            table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
+        else:  # vectors and scores: the rate is what was read
+            table.add_row("input tokens/s", f"{summary.input_tokens_per_s:.1f}")
         if summary.cost_usd is not None:
             table.add_row("cost", _usd(summary.cost_usd))
         if summary.cost_live_usd is not None and summary.cost_live_usd != summary.cost_usd:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -85,6 +86,12 @@ def test_plain_rows_get_their_vectors_and_a_chat_row_fails_alone(tmp_path, serve
     summary = json.loads((tmp_path / "out.summary.json").read_text())
     costs = [row["response"]["cost_usd"] for row in rows.values()]
     assert summary["cost_usd"] == pytest.approx(sum(costs), rel=1e-5) and summary["cost_usd"] > 0
+    # No tokens are written, so the rate the table shows is the input's.
+    read = sum(row["response"]["usage"]["prompt_tokens"] for row in rows.values())
+    assert summary["prompt_tokens"] == read and summary["completion_tokens"] == 0
+    assert summary["input_tokens_per_s"] == pytest.approx(read / summary["wall_s"], rel=0.01)
+    assert re.search(r"│ input tokens/s +│ +[\d.]+ │", run.stderr), run.stderr
+    assert "│ tokens/s" not in run.stderr
     assert "c" not in rows
     said = [line for line in run.stderr.splitlines() if ":3:" in line]
     assert said == [f"lmpress: {src}:3: a chat row in an embed run; give 'input' (or "
