@@ -134,6 +134,18 @@ def test_sigkill_at_random_moments_writes_every_row_once_and_submits_none_twice(
     assert len(submissions) == 120 and max(submissions.values()) == 1
 
 
+def started_until_submitted(args: list[str], log) -> subprocess.Popen:
+    """`lmpress ARGS` in a process of its own, once its state log says a batch was submitted."""
+    env = {**os.environ, **KEYS, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 60
+    while b'"submitted"' not in (log.read_bytes() if log.exists() else b""):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1]
+        time.sleep(0.01)
+    return proc
+
+
 def test_sigterm_while_batches_wait_keeps_their_state_exits_143_and_the_rerun_collects_them(
     tmp_path,
 ):
@@ -143,13 +155,7 @@ def test_sigterm_while_batches_wait_keeps_their_state_exits_143_and_the_rerun_co
     with server(step_s=0.5) as srv:
         args = args_for("OPENAI", srv, rows, out, "--provider-batch",
                         "--remote_params.batch_max_requests", "10")  # fmt: skip
-        env = {**os.environ, **KEYS, "PYTHONPATH": str(REPO)}
-        proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        deadline = time.time() + 60
-        while b'"submitted"' not in (log.read_bytes() if log.exists() else b""):
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1]
-            time.sleep(0.01)
+        proc = started_until_submitted(args, log)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 143, err[-2000:]
@@ -400,13 +406,7 @@ def test_an_embed_job_killed_after_submitting_resumes_with_every_row_once(tmp_pa
     with server(step_s=0.5) as srv:
         args = embed_args(srv, rows, out, "--provider-batch",
                           "--remote_params.batch_max_requests", "10")  # fmt: skip
-        env = {**os.environ, **KEYS, "PYTHONPATH": str(REPO)}
-        proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        deadline = time.time() + 60
-        while b'"submitted"' not in (log.read_bytes() if log.exists() else b""):
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1]
-            time.sleep(0.01)
+        proc = started_until_submitted(args, log)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert lines(out) < 30  # killed mid-job, with batches waiting at the provider
