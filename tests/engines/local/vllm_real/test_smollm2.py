@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jsonschema
 import pytest
@@ -22,7 +24,7 @@ from lmpress.engines.local.vllm import scheduling as scheduling_module
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 from tests.chat.test_chat import STATUS, ChatSession
-from tests.conftest import REPO, run_lmpress
+from tests.conftest import REPO, CliRun, run_lmpress
 from tests.engines.local.vllm_real.conftest import REQUIRED, raw_vllm_beside
 from tests.serve.conftest import Served
 
@@ -163,7 +165,15 @@ def reference(raw_answers) -> dict:
 
 
 @pytest.fixture(scope="module")
-def engine(raw_answers):
+def infer_run(model_dir) -> Iterator[Future[CliRun]]:
+    """`lmpress infer` on VLLM, started with the module so that its vLLM starts beside the
+    others rather than after them; test_infer_prints_what_vllm_chat_answers reads it."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(run_lmpress, "infer", *CLI_MODEL, FRANCE, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def engine(raw_answers, infer_run):
     engine = create_engine(load_config(overrides={"engine": "VLLM", **LMPRESS_MODEL}))
     yield engine
     asyncio.run(engine.aclose())
@@ -343,8 +353,8 @@ CLI_MODEL = [
 ]  # fmt: skip
 
 
-def test_infer_prints_what_vllm_chat_answers(reference):
-    run = run_lmpress("infer", *CLI_MODEL, FRANCE, timeout=600)
+def test_infer_prints_what_vllm_chat_answers(reference, infer_run):
+    run = infer_run.result()
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout == reference["chat"][0][0]["text"] + "\n"
     assert run.stdout == "The capital of France is Paris.\n"
