@@ -160,8 +160,6 @@ class LLM:
         Raises:
             RuntimeError: a text failed; the message is the engine's.
         """
-        import numpy as np
-
         from lmpress.vocabulary.embeddings import EmbedRequest
 
         items = [texts] if isinstance(texts, str) else list(texts)
@@ -169,7 +167,16 @@ class LLM:
             EmbedRequest(str(i), items[start : start + EMBED_CHUNK], dimensions, normalize)
             for i, start in enumerate(range(0, len(items), EMBED_CHUNK))
         ]
-        results = asyncio.run(self._all(self.engine.embed, requests))
+        return asyncio.run(self._vectors(requests))
+
+    async def _vectors(self, requests: list[Any]) -> Any:
+        """Every request's vectors as one array. Stacked here, inside the coroutine: at its end
+        `asyncio.run` formats the repr of its main task, result included (the SIGINT handler
+        it restores holds the task), and a list of results would print every vector: seconds
+        a call at 10,000 texts."""
+        import numpy as np
+
+        results = await self._all(self.engine.embed, requests)
         for result in results:
             if result.error is not None:
                 raise RuntimeError(result.error.message)

@@ -92,10 +92,11 @@ class NativeEngine(WorkerEngine):
         hf_logging.set_verbosity_error()  # its progress bars and hints would bury our output
         hf_logging.disable_progress_bar()
         self.device, self.dtype = pick_device_and_dtype(config.model, torch)
-        if self.device == "cpu":
-            give_freed_caches_back()
         self.encoder: Encoder | None = None
         if config.task != "generate":
+            # No KV cache here, and no give_freed_caches_back: a forward pass's activations
+            # (tens of MB at batch 32) would each be mapped and unmapped, three times the page
+            # faults; glibc's own threshold reuses them, and memory stays flat as batches do.
             self.encoder = Encoder(config, self.device, self.dtype)
             # Rows waiting are what the scheduler sorts by length: keep a few batches' worth.
             self.max_in_flight = 4 * config.generation.batch_size
@@ -104,6 +105,8 @@ class NativeEngine(WorkerEngine):
             )
             self._start_worker(scheduler, "lmpress-native")
             return
+        if self.device == "cpu":
+            give_freed_caches_back()
         self.tokenizer = load_tokenizer(config.model)
         model_config = load_model_config(config.model)
         self.model = load_model(config.model, self.device, self.dtype, model_config)
