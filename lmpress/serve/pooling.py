@@ -94,12 +94,12 @@ async def score(server: Server, request: HttpRequest) -> GenerationResponse:
     require_task(server, wire.SCORE_PATH, ("score", "rerank"))
     body = parse_body(wire.ScoreBody, await server.read_body(request))
     _model(server, body.model)
-    query, documents = wire.score_pair(body)
-    firsts = [query] if isinstance(query, str) else query
-    entry = _logged(server, request, "score", [*firsts, *documents])
+    scoring = ScoreRequest("", *wire.score_pair(body))
+    entry = _logged(server, request, "score", scoring.texts())
+    scoring.id = entry.id
 
     async def run() -> Response:
-        result = await _scored(server, entry, ScoreRequest(entry.id, query, documents))
+        result = await _scored(server, entry, scoring)
         out = wire.score_response(entry.id, int(time.time()), result, server.model_name)
         return JSONResponse(out, headers={"x-request-id": entry.id})
 

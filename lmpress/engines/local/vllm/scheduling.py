@@ -262,20 +262,17 @@ class VllmScheduler:
         engine = self.engine
         started = time.perf_counter()
         try:
-            if cross_encoder:
-                pairs = [
+            if cross_encoder:  # (token ids, pooling params) a pair
+                inputs = [
                     self._pair(query, document)
                     for query, document in zip(request.queries(), request.documents, strict=True)
                 ]
-                outputs = await asyncio.gather(
-                    *(self._encode(request.id, ids, params) for ids, params in pairs)
-                )
-            else:
+            else:  # a text
                 params = self.api.embed_params(None)
-                inputs = [self._input_ids(text)[0] for text in request.texts()]
-                outputs = await asyncio.gather(
-                    *(self._encode(request.id, ids, params) for ids in inputs)
-                )
+                inputs = [(self._input_ids(text)[0], params) for text in request.texts()]
+            outputs = await asyncio.gather(
+                *(self._encode(request.id, ids, params) for ids, params in inputs)
+            )
         except Exception as exc:
             if self.api.is_dead(self.llm):
                 raise EngineUnavailableError(f"vLLM's engine stopped ({failure(exc)})") from exc
