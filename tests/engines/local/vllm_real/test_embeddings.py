@@ -17,7 +17,7 @@ from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ErrorKind, UnsupportedParamError
 from lmpress.vocabulary.types import Message, Request
-from tests.engines.local.vllm_real.conftest import raw_vllm_beside
+from tests.engines.local.vllm_real.conftest import raw_vllm
 
 TEXTS = [
     "A man is eating food.",
@@ -48,30 +48,32 @@ def cosine(a, b) -> float:
 def test_vectors_equal_vllms_own_embed(minilm, tmp_path):
     args = {"dtype": "float32", "enforce_eager": True}
     score = {"query": "A man is eating pasta.", "documents": TEXTS[:5]}
-    cases = {"model": minilm, "engine_args": {**args, "runner": "pooling"}, "embed": TEXTS,
-             "score": score}  # fmt: skip
+    raw = raw_vllm(
+        {"model": minilm, "engine_args": {**args, "runner": "pooling"}, "embed": TEXTS,
+         "score": score},
+        tmp_path,
+    )  # fmt: skip
+    reference = raw["embed"]
     overrides = {"engine": "VLLM", "task": "embed", "model.model_name": minilm,
                  "model.model_kwargs": {"enforce_eager": True}}  # fmt: skip
-    # vLLM's own answers, from a process started while lmpress's engine starts
-    with raw_vllm_beside(cases, tmp_path) as raw_answers:
-        engine = create_engine(load_config(overrides=overrides))
-        try:
+    engine = create_engine(load_config(overrides=overrides))
+    try:
 
-            async def ask():  # concurrent requests: vLLM batches their inputs together
-                return await asyncio.gather(
-                    engine.embed(EmbedRequest("a", TEXTS[:2])),
-                    engine.embed(EmbedRequest("b", TEXTS[2:], normalize=True)),
-                    engine.embed(EmbedRequest("d", ["a man"], dimensions=32)),
-                    engine.score(ScoreRequest("s", score["query"], score["documents"])),
-                )
+        async def ask():  # concurrent requests: vLLM batches their inputs together
+            return await asyncio.gather(
+                engine.embed(EmbedRequest("a", TEXTS[:2])),
+                engine.embed(EmbedRequest("b", TEXTS[2:], normalize=True)),
+                engine.embed(EmbedRequest("d", ["a man"], dimensions=32)),
+                engine.score(ScoreRequest("s", score["query"], score["documents"])),
+            )
 
-            first, second, shortened, scored = asyncio.run(ask())
-            with pytest.raises(UnsupportedParamError, match="pooling runner"):
-                asyncio.run(engine.complete(Request("g", [Message("user", "hi")])))
-        finally:
-            asyncio.run(engine.aclose())
-        raw = raw_answers()
-    reference = raw["embed"]
+        first, second, shortened, scored = asyncio.run(ask())
+        with pytest.raises(UnsupportedParamError, match="pooling runner"):
+            asyncio.run(engine.complete(Request("g", [Message("user", "hi")])))
+    except BaseException:
+        asyncio.run(engine.aclose())
+        raise
+    asyncio.run(engine.aclose())
 
     assert first.error is None and second.error is None
     got = first.embeddings + second.embeddings
