@@ -35,7 +35,10 @@ class ModelParams:
     trust_remote_code: bool = False
     model_revision: str | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
-    tool_call_parser: str | None = None  # accepted; lmpress sends no tools yet
+    tool_call_parser: str | None = None  # how a local model writes tool calls (tool_parsers.py)
+    # How a local model writes its thinking (engines/common/reasoning.py): vLLM's
+    # --reasoning-parser names; unset, the chat template's marks choose, "none" turns it off.
+    reasoning_parser: str | None = None
     # Oumi's training-only fields: accepted so a shared config loads, and named in a notice.
     enable_liger_kernel: bool = False
     shard_for_eval: bool = False

@@ -46,6 +46,12 @@ class Message:
     content: str | list[ContentPart]
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    # An assistant turn's thinking, as a row or request carried it (`reasoning_content`, or
+    # `reasoning`): engines send it back the way each provider or template wants, most drop it.
+    reasoning: str | None = None
+    # A provider's own thinking blocks for this turn (Anthropic's `thinking` with its signature,
+    # `redacted_thinking`), kept whole so a later request can send them back unchanged.
+    reasoning_details: list[dict[str, Any]] | None = None
 
     def text(self) -> str:
         """The message's text; image parts are left out."""
@@ -75,6 +81,8 @@ class Message:
             out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        if self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning
         return out
 
 
@@ -118,10 +126,23 @@ class GenerationParams:
     # the tools); without tools neither field means anything.
     tool_choice: Any = None
     parallel_tool_calls: bool = True
+    # How long a reasoning model may think. `reasoning_effort` (none, minimal, low, medium,
+    # high) is the providers' own knob; `max_reasoning_tokens` caps the thinking in tokens: a
+    # local engine closes the thinking block itself after that many and the model answers.
+    # `max_new_tokens` counts the thinking and the answer together, as the providers do.
+    reasoning_effort: str | None = None
+    max_reasoning_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.use_sampling is False:
             self.temperature = 0.0
+        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
+            raise ValueError(
+                f"reasoning_effort '{self.reasoning_effort}' is not one of "
+                f"{', '.join(REASONING_EFFORTS)}"
+            )
+        if self.max_reasoning_tokens is not None and self.max_reasoning_tokens < 0:
+            raise ValueError("max_reasoning_tokens must be 0 or more")
         # The one place guided decoding is parsed; one that sets no constraint (Oumi writes
         # every field, the unused ones null) is none.
         self.guided_decoding = GuidedDecoding.parse(self.guided_decoding)
@@ -165,6 +186,9 @@ class GenerationParams:
         )
 
 
+# `reasoning_effort`'s values, from none (answer without thinking, where the model can) up.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+
 # Below this temperature the local engines decode greedily, the limit sampling approaches as
 # the temperature falls: dividing logits by 1e-40 overflows float32 to inf and the softmax to
 # NaN. vLLM clamps at the same 0.01 instead, which is all but greedy too.
@@ -195,11 +219,13 @@ class Request:
 
 @dataclass
 class Delta:
-    """New text for one sample of a request, as it streams."""
+    """New text for one sample of a request, as it streams: answer text, or (`reasoning`)
+    the model's thinking, which a reasoning model streams before its answer."""
 
     request_id: str
     text: str
     index: int = 0
+    reasoning: bool = False
 
 
 @dataclass
@@ -222,6 +248,12 @@ class Sample:
     logprobs: list[TokenLogprob] | None = None
     completion_tokens: int = 0
     tool_calls: list[ToolCall] | None = None  # the calls the reply makes (finish "tool_calls")
+    # A reasoning model's thinking, kept apart from `text` (the answer); None for a model
+    # that does not think. `reasoning_tokens` counts it, inside `completion_tokens`.
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    # The provider's own thinking blocks (see Message.reasoning_details).
+    reasoning_details: list[dict[str, Any]] | None = None
 
 
 def round_usd(amount: float) -> float:
@@ -234,6 +266,8 @@ def round_usd(amount: float) -> float:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of completion_tokens, those spent thinking (OpenAI's completion_tokens_details).
+    reasoning_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -273,6 +307,10 @@ class Result:
     @property
     def text(self) -> str:
         return self.samples[0].text if self.samples else ""
+
+    @property
+    def reasoning(self) -> str | None:
+        return self.samples[0].reasoning if self.samples else None
 
     @property
     def finish_reason(self) -> FinishReason | None:

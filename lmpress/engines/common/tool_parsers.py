@@ -19,6 +19,7 @@ follow that tool's JSON Schema, so even a small model writes a valid call.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -98,7 +99,9 @@ class ToolPlan:
         content, calls = parse_tool_calls(sample.text, self.parser)
         if not calls:
             return sample
-        return Sample(content, "tool_calls", sample.logprobs, sample.completion_tokens, calls)
+        return dataclasses.replace(
+            sample, text=content, finish_reason="tool_calls", tool_calls=calls
+        )
 
 
 def plan_tools(request: Request, chat_template: str | None, parser: str | None) -> ToolPlan:
