@@ -59,6 +59,23 @@ VLM_TEMPLATE = (
 )
 VISION = {"image_size": 32, "patch_size": 8, "hidden": 32}
 
+# A reasoning model's template, in the form of Qwen3's, SmolLM3's and the DeepSeek-R1
+# distills': ChatML, earlier turns' thinking dropped, and the assistant's turn opened inside a
+# `<think>` block, which the model closes with `</think>` before its answer. With
+# `enable_thinking: false` the template writes an empty block itself, so the model answers
+# straight away (Qwen3's switch).
+THINK_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% set content = message['content'] %}"
+    "{% if message['role'] == 'assistant' and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\n') %}{% endif %}"
+    "{{ content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+THINK_TOKENS = ["<think>", "</think>"]
+
 
 @dataclass(frozen=True)
 class TinySpec:
@@ -78,6 +95,9 @@ class TinySpec:
     context: int = 512
     # Wider than the usual 0.02 so that a random model's greedy reply depends on its prompt.
     init_std: float = 0.25
+    # A reasoning model: `<think>` and `</think>` are tokens of their own (added, not special,
+    # so they stay in the decoded text, as Qwen3's do) and the chat template is THINK_TEMPLATE.
+    thinks: bool = False
 
 
 SPECS = {
@@ -97,6 +117,8 @@ SPECS = {
         TinySpec("cross-encoder", "cross-encoder", "wordpiece", 512, 64, 2, 4, 4, 128),
         # The same with 32-wide heads, which vLLM's CPU attention takes (not 16).
         TinySpec("cross-encoder-head32", "cross-encoder", "wordpiece", 512, 64, 2, 2, 2, 128),
+        # A reasoning model's tokens and template (THINK_TEMPLATE), 32-wide heads for vLLM.
+        TinySpec("think", "llama", "bpe", 512, 64, 2, 2, 1, 128, thinks=True),
     )
 }
 
@@ -159,6 +181,9 @@ def build(spec: TinySpec, out: Path) -> None:
         tokenizer.chat_template = VLM_TEMPLATE
         _llava_processor(tokenizer).save_pretrained(out)
     else:
+        if spec.thinks:
+            tokenizer.add_tokens(THINK_TOKENS)
+            tokenizer.chat_template = THINK_TEMPLATE
         tokenizer.save_pretrained(out)
     torch.manual_seed(0)
     model = _make_model(spec, tokenizer)
