@@ -43,6 +43,7 @@ from lmpress.engines.local.vllm.api import (
     visible_gpus,
     vllm_version,
 )
+from lmpress.engines.local.vllm.reasoning import parser_name, template_kwargs, template_text
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
@@ -51,10 +52,11 @@ from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
     ErrorKind,
+    RequestError,
     UnsupportedParamError,
     first_line,
 )
-from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Usage
+from lmpress.vocabulary.types import Delta, ErrorInfo, Message, Request, Result, Usage
 
 
 class VllmEngine(Engine):
@@ -66,7 +68,7 @@ class VllmEngine(Engine):
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "guided_decoding",
-        "skip_special_tokens",
+        "skip_special_tokens", "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     takes_hub_ids = True
     # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
@@ -101,6 +103,8 @@ class VllmEngine(Engine):
         sampling_params(self.api, config.generation, stream=False)  # refuse bad settings now
         template = config.model.chat_template
         self.chat_template = resolve_chat_template(template) if template else None
+        if config.task == "generate":
+            self._choose_reasoning_parser()
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
         self.max_in_flight = 2 * self.settings.max_num_seqs * self.settings.data_parallel_size
         # One copy: vLLM checks tensor x pipeline against the GPUs itself, and says so plainly.
@@ -110,9 +114,38 @@ class VllmEngine(Engine):
         self.scheduler = VllmScheduler(self, self.api, self.settings)
         try:
             self.cross_encoder = self._check_pooling(config.task, self.scheduler.pooling_task)
+            self._check_reasoning_effort()
         except BaseException:
             self.scheduler.close()
             raise
+
+    def _choose_reasoning_parser(self) -> None:
+        """vLLM's reasoning parser, an engine argument (reasoning.py); a run that bounds the
+        thinking of a model that does not think is refused before vLLM starts."""
+        model = self.config.model
+        template = self.chat_template or template_text(model, self.settings.args["model"])
+        name = parser_name(model, template, self.api.reasoning_parser_names)
+        self.settings.args.pop("reasoning_parser", None)
+        if name is not None:
+            self.settings.args["reasoning_parser"] = name
+        elif self.config.generation.max_reasoning_tokens is not None:
+            raise UnsupportedParamError(
+                f"generation.max_reasoning_tokens: model '{self.model_name}' does not think on "
+                f"VLLM (its chat template has no thinking marks); set model.reasoning_parser "
+                f"for a reasoning model"
+            )
+
+    def _check_reasoning_effort(self) -> None:
+        """`generation.reasoning_effort` in the recipe, refused at start where the chat template
+        cannot read it (a row's own is refused in that row)."""
+        params = self.config.generation
+        if params.reasoning_effort is None or self.config.task != "generate":
+            return
+        probe = Request("reasoning_effort", [Message("user", "")], params)
+        try:
+            template_kwargs(probe, self.scheduler.chat_template(), {})
+        except RequestError as exc:
+            raise UnsupportedParamError(f"{exc} (model '{self.model_name}')") from exc
 
     def _check_pooling(self, task: str, pooling_task: str | None) -> bool:
         """Whether the model scores as a cross-encoder (vLLM's `classify` head on each pair);

@@ -25,6 +25,7 @@ from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
 from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_request_error
 from lmpress.engines.local.vllm.logs import children_print_to_log
+from lmpress.engines.local.vllm.reasoning import VllmReasoning, template_kwargs
 from lmpress.engines.local.vllm.translate import EngineSettings, OutputAssembler, sampling_params
 from lmpress.engines.local.worker import CallerQueue
 from lmpress.vocabulary.embeddings import (
@@ -83,6 +84,12 @@ class VllmScheduler:
             with children_print_to_log():
                 started = asyncio.run_coroutine_threadsafe(self._start(settings.args), self._loop)
                 self.llm, self.tokenizer, self.pooling_task = started.result()
+            # A reasoning model's parser (reasoning.py), by the name vLLM was started with.
+            name = settings.args.get("reasoning_parser")
+            self.reasoning = None
+            if name and self.pooling_task is None:
+                parser_class = self.api.reasoning_parser_class(name)
+                self.reasoning = VllmReasoning(name, parser_class, self.tokenizer)
         except BaseException:
             self._stop_loop()
             raise
@@ -113,7 +120,10 @@ class VllmScheduler:
             generation = request.params
             if plan is not None and plan.grammar:  # tool_choice required, or a named function
                 generation = replace(generation, guided_decoding={"grammar": plan.grammar})
-            params = sampling_params(self.api, generation, stream=deltas)
+            if self.reasoning is not None and self.reasoning.harmony:  # the channels' tokens
+                generation = replace(generation, skip_special_tokens=False)
+            budget = self.thinking_budget(request, prompt["prompt"])
+            params = sampling_params(self.api, generation, stream=deltas, thinking_budget=budget)
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", ErrorKind.INVALID_REQUEST)
             yield error_result(request, engine, ErrorInfo(kind, str(exc)), started)
@@ -126,7 +136,7 @@ class VllmScheduler:
         pump = self._pump(vllm_id, prompt, params, tokenization, replies)
         future = asyncio.run_coroutine_threadsafe(pump, self._loop)
         top = request.params.top_logprobs if request.params.logprobs else None
-        assembler = OutputAssembler(request.id, top)
+        assembler = OutputAssembler(request.id, top, reasoning=self.reasoning, stream=deltas)
         try:
             while True:
                 item = await replies.get()
@@ -141,7 +151,7 @@ class VllmScheduler:
                     yield error_result(request, engine, _error_info(item.error), started)
                     return
                 for delta in assembler.feed(item):
-                    if deltas and plan is None:  # a reply that may be a call arrives whole
+                    if plan is None:  # a reply that may be a call arrives whole
                         yield delta
             latency = time.perf_counter() - started
             result = assembler.result(
@@ -157,13 +167,32 @@ class VllmScheduler:
 
     def tool_plan(self, request: Request) -> ToolPlan | None:
         """How the request's tools go into the prompt and its calls come out (None: none)."""
-        template = self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
-        return tool_plan(request, template, self.engine.tool_call_parser)
+        return tool_plan(request, self.chat_template(), self.engine.tool_call_parser)
+
+    def thinking_budget(self, request: Request, prompt: str) -> int | None:
+        """vLLM's thinking_token_budget for the row's `max_reasoning_tokens` (reasoning.py)."""
+        limit = request.params.max_reasoning_tokens
+        if limit is None:
+            return None
+        if self.reasoning is None:
+            raise RequestError(
+                f"generation.max_reasoning_tokens: model '{self.engine.model_name}' does not "
+                f"think on VLLM (its chat template has no thinking marks); set "
+                f"model.reasoning_parser for a reasoning model",
+                kind=ErrorKind.UNSUPPORTED_PARAM,
+            )
+        return self.reasoning.budget(limit, prompt)
+
+    def chat_template(self) -> str | None:
+        return self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
 
     def render(
         self, request: Request, plan: ToolPlan | None = None
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The prompt as vLLM takes it, and the tokenization arguments to go with it."""
+        variables = template_kwargs(
+            request, self.chat_template(), self.engine.config.model.chat_template_kwargs
+        )
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
         images = load_images(request)
@@ -173,7 +202,7 @@ class VllmScheduler:
             "VLLM",
             self.engine.model_name,
             self.engine.chat_template,
-            self.engine.config.model.chat_template_kwargs,
+            variables,
             plan,
             reads_images=bool(images),
         )

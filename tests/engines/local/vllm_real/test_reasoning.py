@@ -1,0 +1,188 @@
+"""lmpress's VLLM engine on a reasoning model, against vLLM itself: `tiny:think` (random
+weights, `<think>` and `</think>` as tokens of their own, a template that opens the thinking
+block). vLLM's `deepseek_r1` parser is chosen from the template's marks, with no setting.
+
+Random weights never close the block themselves, so vLLM's thinking budget is what ends it:
+raw vLLM (a process of its own, started beside this module's engine) answers the same chats
+with `thinking_token_budget` written here by hand as N + 1, since vLLM counts the newline the
+template writes after `<think>` as thinking too. lmpress, asked for `max_reasoning_tokens: N`,
+must give the same tokens, split at `</think>`: N of thinking, then the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import pytest
+
+from lmpress.builtin_models.tiny import tiny_model
+from lmpress.configs import load_config
+from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
+from tests.engines.local.vllm_real.conftest import raw_vllm_beside
+
+END = 513  # "</think>" in tiny:think's vocabulary
+MAX_TOKENS = 40
+QUESTIONS = ["why is the sky blue", "the cat runs over the moon", "a quick brown fox", "hello"]
+BUDGETS = [0, 3, 8, None]  # None: no budget (this reply closes its thinking itself)
+SCHEMA = {
+    "type": "object",
+    # Short values only: a random model writes an integer's digits until max_tokens.
+    "properties": {"a": {"type": "boolean"}, "b": {"enum": ["x", "y"]}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+JSON_BUDGET = 4
+# Compact JSON, as test_smollm2.py explains: a random model otherwise fills it with whitespace.
+COMPACT_JSON = {"backend": "guidance", "disable_any_whitespace": True}
+ENGINE_ARGS = {
+    "dtype": "float32",
+    "max_model_len": 512,
+    "enforce_eager": True,
+    "structured_outputs_config": COMPACT_JSON,
+}
+
+
+def chat(question: str) -> list[dict]:
+    return [{"role": "user", "content": question}]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    return str(tiny_model("think"))
+
+
+@pytest.fixture(scope="module")
+def raw_answers(model_dir, tmp_path_factory):
+    greedy = {"temperature": 0, "max_tokens": MAX_TOKENS}
+    cases = {
+        "model": model_dir,
+        "engine_args": {**ENGINE_ARGS, "reasoning_parser": "deepseek_r1"},
+        "chat": [
+            {"messages": chat(q), "sampling": greedy if n is None
+             else {**greedy, "thinking_token_budget": n + 1}}
+            for q, n in zip(QUESTIONS, BUDGETS, strict=True)
+        ] + [
+            {"messages": chat("a person as JSON"),
+             "sampling": {**greedy, "thinking_token_budget": JSON_BUDGET + 1,
+                          "structured_outputs": {"json": SCHEMA}}},
+        ],
+    }  # fmt: skip
+    with raw_vllm_beside(cases, tmp_path_factory.mktemp("raw-think")) as answers:
+        yield answers
+
+
+@pytest.fixture(scope="module")
+def reference(raw_answers) -> dict:
+    return raw_answers()
+
+
+@pytest.fixture(scope="module")
+def engine(raw_answers, model_dir):
+    overrides = {
+        "engine": "VLLM",
+        "model.model_name": "tiny:think",
+        "model.model_max_length": 512,
+        "model.model_kwargs": {"enforce_eager": True, "structured_outputs_config": COMPACT_JSON},
+    }
+    engine = create_engine(load_config(overrides=overrides))
+    yield engine
+    asyncio.run(engine.aclose())
+
+
+def row(rid: str, question: str, **params) -> Request:
+    return Request(rid, [Message("user", question)], GenerationParams(**params))
+
+
+def split_raw(raw: dict) -> tuple[str, str, int]:
+    """Raw vLLM's reply cut at its `</think>` token: (thinking, answer, thinking tokens), with
+    the template's newlines around them left out as lmpress leaves them out."""
+    ids = raw["token_ids"]
+    if END not in ids:
+        return raw["text"].strip("\n"), "", len(ids)
+    thinking, _, answer = raw["text"].partition("</think>")
+    return thinking.strip("\n"), answer.lstrip("\n"), ids.index(END)
+
+
+def test_thinking_and_answer_apart_each_row_bounded_by_its_own_budget(engine, reference):
+    requests = [
+        row(f"r{i}", q, temperature=0, max_new_tokens=MAX_TOKENS, max_reasoning_tokens=n)
+        for i, (q, n) in enumerate(zip(QUESTIONS, BUDGETS, strict=True))
+    ]
+    results = engine.generate(requests)
+    for result, raw, budget in zip(results, reference["chat"], BUDGETS, strict=False):
+        assert result.ok, result.error
+        (sample,) = result.samples
+        thinking, answer, spent = split_raw(raw[0])
+        assert (sample.reasoning, sample.text) == (thinking, answer)
+        assert sample.reasoning_tokens == spent
+        if budget is not None:  # cut at exactly N: vLLM wrote `</think>` in place of token N+1
+            assert spent == budget
+        assert sample.completion_tokens == len(raw[0]["token_ids"])
+        assert result.usage.reasoning_tokens == spent
+        if budget is not None:
+            assert answer  # the model answered after vLLM closed its thinking
+    assert len({r.samples[0].reasoning for r in results[1:]}) == 3  # by the prompt and budget
+
+
+def test_a_json_schema_row_answers_valid_json_and_thinks_first(engine, reference):
+    results = engine.generate([
+        row("json", "a person as JSON", temperature=0, max_new_tokens=MAX_TOKENS,
+            max_reasoning_tokens=JSON_BUDGET, guided_decoding={"json": SCHEMA}),
+        row("json-off", "a person as JSON", temperature=0, max_new_tokens=MAX_TOKENS,
+            reasoning_effort="none", guided_decoding={"json": SCHEMA}),
+    ])  # fmt: skip
+    thinking, answer, spent = split_raw(reference["chat"][-1][0])
+    sample = results[0].samples[0]
+    assert (sample.reasoning, sample.text, sample.reasoning_tokens) == (
+        thinking,
+        answer,
+        JSON_BUDGET,
+    )
+    assert spent == JSON_BUDGET
+    assert sample.finish_reason == "stop", sample.text
+    jsonschema.validate(json.loads(sample.text), SCHEMA)
+    # Thinking off (the template's enable_thinking): the grammar holds from the first token.
+    off = results[1].samples[0]
+    assert off.reasoning is None and off.reasoning_tokens == 0
+    assert off.finish_reason == "stop", off.text
+    jsonschema.validate(json.loads(off.text), SCHEMA)
+
+
+def test_reasoning_effort_none_answers_without_thinking_and_a_level_is_refused(engine):
+    results = engine.generate([
+        row("off", QUESTIONS[0], temperature=0, max_new_tokens=12, reasoning_effort="none"),
+        row("low", QUESTIONS[0], temperature=0, max_new_tokens=12, reasoning_effort="low"),
+        row("on", QUESTIONS[0], temperature=0, max_new_tokens=12),
+    ])  # fmt: skip
+    off, low, on = results
+    assert off.ok and off.samples[0].reasoning is None and off.usage.reasoning_tokens == 0
+    assert off.text and "</think>" not in off.text
+    assert not low.ok and low.error.kind == "unsupported_param"
+    assert "reasoning_effort" in low.error.message and "\n" not in low.error.message
+    assert on.ok and on.samples[0].reasoning and on.text == ""  # thinks all 12 tokens
+
+
+def test_streaming_gives_the_thinking_then_the_answer(engine):
+    request = row("s", QUESTIONS[1], temperature=0, max_new_tokens=20, max_reasoning_tokens=6)
+
+    async def read() -> tuple[list[Delta], Result]:
+        deltas, result = [], None
+        async for item in engine.stream(request):
+            if isinstance(item, Delta):
+                deltas.append(item)
+            else:
+                result = item
+        return deltas, result
+
+    deltas, result = asyncio.run(read())
+    kinds = [d.reasoning for d in deltas]
+    assert kinds == sorted(kinds, reverse=True) and True in kinds and False in kinds
+    assert "".join(d.text for d in deltas if d.reasoning) == result.samples[0].reasoning
+    assert "".join(d.text for d in deltas if not d.reasoning) == result.text
+    assert result.samples[0].reasoning_tokens == 6
+    # The same reply as without streaming.
+    (whole,) = engine.generate([request])
+    assert (whole.samples[0].reasoning, whole.text) == (result.samples[0].reasoning, result.text)
