@@ -125,10 +125,14 @@ CHANGED = {
     "stop_strings": ["x"], "stop_token_ids": [3], "min_tokens": 2, "seed": 5, "n": 2,
     "logprobs": True, "top_logprobs": 2, "logit_bias": {"5": 1.0},
     "guided_decoding": {"regex": "[a-z]+"}, "skip_special_tokens": False,
+    "max_reasoning_tokens": 5,
 }  # fmt: skip
+# Fields honoured in the prompt rather than in SamplingParams: reasoning_effort is a variable
+# of the chat template (test_reasoning_effort_is_a_template_variable_or_refused).
+IN_THE_PROMPT = {"reasoning_effort"}
 
 
-@pytest.mark.parametrize("name", sorted(VllmEngine.supported_params))
+@pytest.mark.parametrize("name", sorted(VllmEngine.supported_params - IN_THE_PROMPT))
 def test_no_supported_field_is_silently_dropped(standin, name):
     api = VllmApi.load()
     base = (
@@ -609,3 +613,22 @@ def test_a_cross_encoder_with_a_score_template_of_its_own_is_refused(
         f"template of its own, which lmpress's VLLM engine does not apply; serve it with vllm "
         f"serve and score through engine REMOTE_VLLM"
     )
+
+
+def test_reasoning_effort_is_a_template_variable_or_refused():
+    from lmpress.engines.local.vllm.reasoning import template_kwargs
+    from lmpress.vocabulary.errors import RequestError
+
+    def variables(effort: str, template: str, prompt: str | None = None) -> dict:
+        messages = [] if prompt is not None else [Message("user", "hi")]
+        request = Request("r", messages, GenerationParams(reasoning_effort=effort), prompt=prompt)
+        return template_kwargs(request, template, {"keep": 1})
+
+    qwen3 = "{% if enable_thinking is defined and enable_thinking is false %}{% endif %}"
+    gpt_oss = "Reasoning: {{ reasoning_effort }}"
+    assert variables("none", qwen3) == {"keep": 1, "enable_thinking": False}
+    assert variables("high", gpt_oss) == {"keep": 1, "reasoning_effort": "high"}
+    with pytest.raises(RequestError, match=r"reasoning_effort 'low' .* does not read"):
+        variables("low", qwen3)
+    with pytest.raises(RequestError, match=r"raw text prompt has no chat template"):
+        variables("none", qwen3, prompt="text")

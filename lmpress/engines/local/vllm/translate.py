@@ -221,7 +221,8 @@ def sampling_params(
 
     `stream` asks for each output's new text as it is generated (RequestOutputKind.DELTA);
     otherwise vLLM sends one final output (FINAL_ONLY). `thinking_budget` is vLLM's
-    `thinking_token_budget` for `generation.max_reasoning_tokens` (reasoning.py counts it).
+    `thinking_token_budget` for `generation.max_reasoning_tokens` as the row's prompt makes it
+    (reasoning.py `VllmReasoning.budget`); not given, `max_reasoning_tokens` as it is.
     Raises ConfigError naming the `generation.*` key when vLLM cannot honour a setting.
     """
     if params.n > 1 and params.temperature == 0:
@@ -230,6 +231,8 @@ def sampling_params(
             f"(vLLM refuses n > 1 with greedy decoding)"
         )
     kind = api.RequestOutputKind
+    if thinking_budget is None:
+        thinking_budget = params.max_reasoning_tokens
     # Only where set: a vLLM without reasoning support takes no such field.
     extra = {} if thinking_budget is None else {"thinking_token_budget": thinking_budget}
     try:
