@@ -19,10 +19,15 @@ pixels go as the prompt's `multi_modal_data`, which vLLM's processor expands int
 tokens. vLLM refuses images for a text model; `model.model_kwargs.limit_mm_per_prompt` is
 vLLM's own cap on images a prompt.
 
+A reasoning model's thinking is read apart from its answer by vLLM's own reasoning parser,
+chosen before vLLM starts: it is an engine argument, which also starts vLLM's thinking budget
+and holds structured outputs until the thinking ends (reasoning.py).
+
 The rest of the package: api.py (the vLLM classes lmpress calls, and every version
 difference), translate.py (recipe -> engine arguments, GenerationParams -> SamplingParams,
-RequestOutput -> Delta/Result) and logs.py (vLLM's log kept apart); NATIVE and LLAMACPP have no
-twin of these: their backends need no version shims, and no log to gather from child processes.
+RequestOutput -> Delta/Result), reasoning.py and logs.py (vLLM's log kept apart); NATIVE and
+LLAMACPP have no twin of these: their backends need no version shims, and no log to gather from
+child processes.
 """
 
 from __future__ import annotations
@@ -43,7 +48,12 @@ from lmpress.engines.local.vllm.api import (
     visible_gpus,
     vllm_version,
 )
-from lmpress.engines.local.vllm.reasoning import parser_name, template_kwargs, template_text
+from lmpress.engines.local.vllm.reasoning import (
+    budget_refusal,
+    parser_name,
+    template_kwargs,
+    template_text,
+)
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
@@ -128,12 +138,9 @@ class VllmEngine(Engine):
         self.settings.args.pop("reasoning_parser", None)
         if name is not None:
             self.settings.args["reasoning_parser"] = name
-        elif self.config.generation.max_reasoning_tokens is not None:
-            raise UnsupportedParamError(
-                f"generation.max_reasoning_tokens: model '{self.model_name}' does not think on "
-                f"VLLM (its chat template has no thinking marks); set model.reasoning_parser "
-                f"for a reasoning model"
-            )
+        refusal = budget_refusal(name, self.model_name)
+        if refusal and self.config.generation.max_reasoning_tokens is not None:
+            raise UnsupportedParamError(refusal)
 
     def _check_reasoning_effort(self) -> None:
         """`generation.reasoning_effort` in the recipe, refused at start where the chat template

@@ -55,6 +55,24 @@ def parser_name(
     return None if found is None else found.name
 
 
+def budget_refusal(name: str | None, model: str) -> str | None:
+    """Why `generation.max_reasoning_tokens` cannot bound this model's thinking on VLLM, in one
+    line; None where vLLM's thinking budget can."""
+    key = "generation.max_reasoning_tokens"
+    if name is None:
+        return (
+            f"{key}: model '{model}' does not think on VLLM (its chat template has no thinking "
+            f"marks); set model.reasoning_parser for a reasoning model"
+        )
+    if name == HARMONY_PARSER:  # its parser names no marks for vLLM's budget to count between
+        return (
+            f"{key}: vLLM's thinking budget cannot bound gpt-oss's analysis channel (its "
+            f"{HARMONY_PARSER} parser gives no start and end marks); use "
+            f"generation.reasoning_effort"
+        )
+    return None
+
+
 def template_text(model: ModelParams, model_path: str) -> str | None:
     """The chat template as vLLM will load it, read before vLLM starts (the parser is an engine
     argument): `model.chat_template`, else the tokenizer directory's chat_template.jinja or
@@ -212,8 +230,11 @@ class ReplyReader:
             if not self._thinking_started:
                 thinking = thinking.lstrip("\n")
                 self._thinking_started = bool(thinking)
-            if thinking:
-                thinking, self._held = self._held + thinking.rstrip("\n"), _trailing(thinking)
+            body = thinking.rstrip("\n")
+            if body:
+                thinking, self._held = self._held + body, _trailing(thinking)
+            else:  # newlines only: held with the others
+                thinking, self._held = "", self._held + thinking
         if answer and not self._answer_started:
             answer = answer.lstrip("\n")
             self._answer_started = bool(answer)

@@ -25,7 +25,7 @@ from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
 from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_request_error
 from lmpress.engines.local.vllm.logs import children_print_to_log
-from lmpress.engines.local.vllm.reasoning import VllmReasoning, template_kwargs
+from lmpress.engines.local.vllm.reasoning import VllmReasoning, budget_refusal, template_kwargs
 from lmpress.engines.local.vllm.translate import EngineSettings, OutputAssembler, sampling_params
 from lmpress.engines.local.worker import CallerQueue
 from lmpress.vocabulary.embeddings import (
@@ -174,13 +174,10 @@ class VllmScheduler:
         limit = request.params.max_reasoning_tokens
         if limit is None:
             return None
-        if self.reasoning is None:
-            raise RequestError(
-                f"generation.max_reasoning_tokens: model '{self.engine.model_name}' does not "
-                f"think on VLLM (its chat template has no thinking marks); set "
-                f"model.reasoning_parser for a reasoning model",
-                kind=ErrorKind.UNSUPPORTED_PARAM,
-            )
+        name = None if self.reasoning is None else self.reasoning.name
+        refusal = budget_refusal(name, self.engine.model_name)
+        if refusal is not None or self.reasoning is None:
+            raise RequestError(str(refusal), kind=ErrorKind.UNSUPPORTED_PARAM)
         return self.reasoning.budget(limit, prompt)
 
     def chat_template(self) -> str | None:

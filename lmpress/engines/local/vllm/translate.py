@@ -320,7 +320,7 @@ class OutputAssembler:
     prompt_tokens: int = 0
     samples: dict[int, _SampleState] = field(default_factory=dict)
     reasoning: VllmReasoning | None = None
-    stream: bool = False
+    stream: bool = True  # False: the Deltas are not wanted (a FINAL_ONLY request)
     prompt_token_ids: list[int] | None = None
 
     def feed(self, output: Any) -> list[Delta]:

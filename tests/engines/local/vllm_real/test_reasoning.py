@@ -19,6 +19,8 @@ import pytest
 
 from lmpress.builtin_models.tiny import tiny_model
 from lmpress.configs import load_config
+from lmpress.engines.local.vllm.api import VllmApi
+from lmpress.engines.local.vllm.reasoning import VllmReasoning
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 from tests.engines.local.vllm_real.conftest import raw_vllm_beside
@@ -186,3 +188,66 @@ def test_streaming_gives_the_thinking_then_the_answer(engine):
     # The same reply as without streaming.
     (whole,) = engine.generate([request])
     assert (whole.samples[0].reasoning, whole.text) == (result.samples[0].reasoning, result.text)
+
+
+# vLLM's parsers read through lmpress's readers on tiny:think's tokenizer, without an engine:
+# the prompt decides whether the reply starts inside the thinking, and the streamed pieces join
+# to the whole reply's split.
+OPENED = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+CLOSED = OPENED + "\n</think>\n\n"
+NOT_OPENED = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def read(name: str, tokenizer, prompt: str, pieces: list[str]):
+    """(thinking, answer, thinking tokens) of the whole reply, and (thinking, answer) as the
+    pieces stream, each piece with its own tokens."""
+    reasoning = VllmReasoning(name, VllmApi.reasoning_parser_class(name), tokenizer)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    reader = reasoning.reader(prompt_ids)
+    streamed = [reader.feed(p, tokenizer.encode(p, add_special_tokens=False)) for p in pieces]
+    text = "".join(pieces)
+    whole = reasoning.reader(prompt_ids).whole(
+        text, tokenizer.encode(text, add_special_tokens=False)
+    )
+    return whole, tuple("".join(part) for part in zip(*streamed, strict=True))
+
+
+@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3"])
+@pytest.mark.parametrize(
+    ("prompt", "pieces", "thinking", "answer"),
+    [
+        (OPENED, ["I think", " so", "\n</think>", "\n\nYes", "."], "I think so", "Yes."),
+        (OPENED, ["hm\n", "\n"], "hm", ""),  # cut short while thinking
+        (CLOSED, ["Yes", "."], None, "Yes."),
+        (NOT_OPENED, ["<think>", "\nhm", "</think>", "\n\nYes."], "hm", "Yes."),
+        (NOT_OPENED, ["Yes", "."], None, "Yes."),
+    ],
+)
+def test_vllms_parsers_split_by_what_the_prompt_left_open(
+    tokenizer, name, prompt, pieces, thinking, answer
+):
+    (whole_thinking, whole_answer, spent), streamed = read(name, tokenizer, prompt, pieces)
+    assert (whole_thinking, whole_answer) == (thinking, answer)
+    assert streamed == (thinking or "", answer)
+    ids = tokenizer.encode("".join(pieces), add_special_tokens=False)
+    if thinking is None:
+        assert spent == 0
+    else:  # the reply's tokens before </think>, its own <think> left out
+        before = ids[: ids.index(END)] if END in ids else ids
+        assert spent == len([i for i in before if i != 512])
+
+
+def test_the_budget_counts_what_the_prompt_already_thought(tokenizer):
+    reasoning = VllmReasoning(
+        "deepseek_r1", VllmApi.reasoning_parser_class("deepseek_r1"), tokenizer
+    )
+    assert reasoning.budget(5, OPENED) == 6  # the newline after <think>, as vLLM counts it
+    assert reasoning.budget(5, CLOSED) == 5
+    assert reasoning.budget(5, NOT_OPENED) == 5
