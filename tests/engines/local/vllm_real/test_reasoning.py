@@ -251,3 +251,32 @@ def test_the_budget_counts_what_the_prompt_already_thought(tokenizer):
     assert reasoning.budget(5, OPENED) == 6  # the newline after <think>, as vLLM counts it
     assert reasoning.budget(5, CLOSED) == 5
     assert reasoning.budget(5, NOT_OPENED) == 5
+
+
+def test_tool_calls_are_read_from_the_answer_only(tokenizer):
+    """The scheduler's reading of a reply, on vLLM's own output classes: a call written while
+    thinking is thinking; the one in the answer is the call. (On tiny:think's 512-token context
+    lmpress's tool instruction leaves no room for a reply, so no engine runs this.)"""
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    from lmpress.engines.common.tool_parsers import ToolPlan
+    from lmpress.engines.local.vllm.translate import OutputAssembler
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    text = f"maybe {call.replace('Paris', 'Oslo')}\n</think>\n\n{call}"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    prompt_ids = tokenizer.encode(OPENED, add_special_tokens=False)
+    reasoning = VllmReasoning(
+        "deepseek_r1", VllmApi.reasoning_parser_class("deepseek_r1"), tokenizer
+    )
+    assembler = OutputAssembler("r", reasoning=reasoning, stream=False)
+    done = CompletionOutput(0, text, ids, None, None, finish_reason="stop")
+    assembler.feed(RequestOutput("r-1", OPENED, prompt_ids, None, [done], True))
+    (sample,) = assembler.result(model="m", engine="VLLM", latency_s=0).samples
+    sample = ToolPlan("hermes", [], None).read(sample)
+    assert sample.finish_reason == "tool_calls" and sample.text == ""
+    assert [(c.name, json.loads(c.arguments)) for c in sample.tool_calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert sample.reasoning == f"maybe {call.replace('Paris', 'Oslo')}"
+    assert sample.reasoning_tokens == ids.index(END)
