@@ -24,6 +24,7 @@ from lmpress.engines.local.vllm.api import VllmApi
 from lmpress.engines.local.vllm.engine import VllmEngine
 from lmpress.engines.local.vllm.translate import OutputAssembler, engine_settings, sampling_params
 from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -632,3 +633,30 @@ def test_reasoning_effort_is_a_template_variable_or_refused():
         variables("low", qwen3)
     with pytest.raises(RequestError, match=r"raw text prompt has no chat template"):
         variables("none", qwen3, prompt="text")
+
+
+def test_the_reasoning_parser_is_chosen_from_the_template_or_named(tmp_path):
+    """vLLM's parser is an engine argument, so it is chosen from the template's files before
+    vLLM starts (the real parsers read replies in vllm_real/test_reasoning.py)."""
+    from lmpress.builtin_models.tiny import THINK_TEMPLATE
+    from lmpress.configs.schema import ModelParams
+    from lmpress.engines.local.vllm.reasoning import parser_name, template_text
+
+    def named(template: str | None, **model) -> str | None:
+        return parser_name(ModelParams(**model), template, lambda: ["deepseek_r1", "qwen3"])
+
+    think = template_text(write_model_dir(tmp_path / "think", chat_template=THINK_TEMPLATE))
+    assert think == THINK_TEMPLATE and named(think) == "deepseek_r1"
+    assert template_text(write_model_dir(tmp_path / "plain")) == CHATML_TEMPLATE
+    assert named(CHATML_TEMPLATE) is None
+    assert named("<|channel|>analysis<|message|>") == "openai_gptoss"
+    assert named(think, reasoning_parser="none") is None
+    assert named(CHATML_TEMPLATE, reasoning_parser="qwen3") == "qwen3"
+    with pytest.raises(ConfigError, match=r"'r2' is not one of vLLM's .*\(deepseek_r1, qwen3\)"):
+        named(think, reasoning_parser="r2")
+    assert template_text(str(tmp_path / "nothing-here")) is None
+
+
+def test_a_thinking_budget_for_a_model_that_does_not_think_is_refused_at_start(standin, model_dir):
+    with pytest.raises(UnsupportedParamError, match=r"generation\.max_reasoning_tokens: model"):
+        make_engine(model_dir, **{"generation.max_reasoning_tokens": 5})

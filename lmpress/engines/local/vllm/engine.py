@@ -133,11 +133,13 @@ class VllmEngine(Engine):
         """vLLM's reasoning parser, an engine argument (reasoning.py); a run that bounds the
         thinking of a model that does not think is refused before vLLM starts."""
         model = self.config.model
-        template = self.chat_template or template_text(model, self.settings.args["model"])
+        args = self.settings.args
+        source = args.get("tokenizer", args["model"])
+        template = self.chat_template or template_text(source, model.model_revision)
         name = parser_name(model, template, self.api.reasoning_parser_names)
-        self.settings.args.pop("reasoning_parser", None)
+        args.pop("reasoning_parser", None)
         if name is not None:
-            self.settings.args["reasoning_parser"] = name
+            args["reasoning_parser"] = name
         refusal = budget_refusal(name, self.model_name)
         if refusal and self.config.generation.max_reasoning_tokens is not None:
             raise UnsupportedParamError(refusal)

@@ -73,19 +73,14 @@ def budget_refusal(name: str | None, model: str) -> str | None:
     return None
 
 
-def template_text(model: ModelParams, model_path: str) -> str | None:
-    """The chat template as vLLM will load it, read before vLLM starts (the parser is an engine
-    argument): `model.chat_template`, else the tokenizer directory's chat_template.jinja or
-    tokenizer_config.json; for a hub id, those files from the hub. None where there is none."""
-    from lmpress.engines.common.prompts import resolve_chat_template
-
-    if model.chat_template:
-        return resolve_chat_template(model.chat_template)
-    source = model.tokenizer_name or model_path
+def template_text(source: str, revision: str | None = None) -> str | None:
+    """The model's own chat template as vLLM will load it, read before vLLM starts (the parser
+    is an engine argument): the chat_template.jinja or tokenizer_config.json of `source`, the
+    directory or hub id vLLM loads the tokenizer from. None where there is none."""
     for name in ("chat_template.jinja", "tokenizer_config.json"):
         path = Path(source) / name
         if not path.exists():
-            path = _hub_file(source, name, model.model_revision)
+            path = _hub_file(source, name, revision)
         if path is None or not path.exists():
             continue
         try:
