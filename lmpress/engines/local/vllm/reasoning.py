@@ -192,7 +192,7 @@ class VllmReasoning:
             opened = not parser.is_reasoning_end(list(prompt_ids or []))
         if opened and prompt_ids is not None:
             parser.adjust_initial_state_from_prompt(prompt_ids)
-        return ThinkReader(parser, self.marks, opened)
+        return ThinkReader(parser, self.marks, opened, self.parser)
 
     def budget(self, limit: int, prompt_text: str) -> int:
         """vLLM's thinking_token_budget for `limit` tokens of the reply's own thinking: vLLM
@@ -217,6 +217,13 @@ class ReplyReader:
     def feed(self, text: str, token_ids: list[int]) -> tuple[str, str]:
         thinking, answer = self._split_piece(text, token_ids)
         return self._trim(thinking, answer)
+
+    def finish(self) -> tuple[str, str]:
+        """What the parser still holds once the reply has ended."""
+        return self._trim(*self._flush())
+
+    def _flush(self) -> tuple[str, str]:
+        return "", ""
 
     def _trim(self, thinking: str, answer: str) -> tuple[str, str]:
         # The same newlines the whole reply loses (`_tidy`): around the thinking, before the
@@ -256,9 +263,12 @@ def _tidy(thinking: str | None, answer: str | None) -> tuple[str | None, str]:
 class ThinkReader(ReplyReader):
     """A `<think>`-style reply through vLLM's own parser (deepseek_r1, qwen3, ...)."""
 
-    def __init__(self, parser: Any, marks: ThinkingMarks, opened: bool):
+    def __init__(
+        self, parser: Any, marks: ThinkingMarks, opened: bool, new_parser: Callable[[], Any]
+    ):
         super().__init__()
-        self.parser = parser
+        self.parser = parser  # for the stream; a stateful one is not asked about the whole
+        self.new_parser = new_parser
         self.marks = marks
         self.opened = opened
         # None until the first token shows whether a reply the prompt left closed thinks.
@@ -294,14 +304,25 @@ class ThinkReader(ReplyReader):
             return "", ""
         return message.reasoning or "", message.content or ""
 
+    def _flush(self) -> tuple[str, str]:
+        # Parsers on vLLM's parser engine hold back text that may begin a mark.
+        flush = getattr(self.parser, "finish_streaming", None)
+        if not self.thinks or not getattr(self.parser, "engine_based_streaming", False):
+            return "", ""
+        message = flush() if flush is not None else None
+        if message is None:
+            return "", ""
+        return message.reasoning or "", message.content or ""
+
     def whole(self, text: str, token_ids: list[int]) -> tuple[str | None, str, int]:
         if not self._decide(list(token_ids)):
             return None, text, 0
-        thinking, answer = self.parser.extract_reasoning(text, None)
+        parser = self.new_parser()
+        thinking, answer = parser.extract_reasoning(text, None)
         # vLLM counts the tokens between the marks; a block the prompt opened starts before
         # the reply, so its start mark is put back for the count.
         start = [self.marks.start_id] if self.opened and self.marks.start_id is not None else []
-        spent = self.parser.count_reasoning_tokens(start + list(token_ids))
+        spent = parser.count_reasoning_tokens(start + list(token_ids))
         return (*_tidy(thinking or "", answer), spent)
 
 
@@ -316,6 +337,9 @@ class HarmonyReader(ReplyReader):
 
     def _split_piece(self, text: str, token_ids: list[int]) -> tuple[str, str]:
         return self.splitter.feed(text)
+
+    def _flush(self) -> tuple[str, str]:
+        return self.splitter.flush()
 
     def whole(self, text: str, token_ids: list[int]) -> tuple[str | None, str, int]:
         thinking, answer = common.split(text, common.HARMONY)

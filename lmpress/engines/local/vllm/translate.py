@@ -341,16 +341,20 @@ class OutputAssembler:
                 state.finish_reason = FINISH_REASONS.get(completion.finish_reason, "stop")
             if self.top_logprobs is not None and completion.logprobs:
                 state.logprobs = (state.logprobs or []) + self._logprobs(completion)
-            if not completion.text or not self.stream:
+            if not self.stream:
                 continue
             if state.reader is None:
-                deltas.append(Delta(self.request_id, completion.text, completion.index))
+                if completion.text:
+                    deltas.append(Delta(self.request_id, completion.text, completion.index))
                 continue
-            thinking, answer = state.reader.feed(completion.text, token_ids)
-            if thinking:
-                deltas.append(Delta(self.request_id, thinking, completion.index, reasoning=True))
-            if answer:
-                deltas.append(Delta(self.request_id, answer, completion.index))
+            pieces = [state.reader.feed(completion.text, token_ids)] if completion.text else []
+            if completion.finish_reason is not None:
+                pieces.append(state.reader.finish())
+            for thinking, answer in pieces:
+                if thinking:
+                    deltas.append(Delta(self.request_id, thinking, completion.index, True))
+                if answer:
+                    deltas.append(Delta(self.request_id, answer, completion.index))
         return deltas
 
     def _logprobs(self, completion: Any) -> list[TokenLogprob]:

@@ -212,6 +212,7 @@ def read(name: str, tokenizer, prompt: str, pieces: list[str]):
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     reader = reasoning.reader(prompt_ids)
     streamed = [reader.feed(p, tokenizer.encode(p, add_special_tokens=False)) for p in pieces]
+    streamed.append(reader.finish())
     text = "".join(pieces)
     whole = reasoning.reader(prompt_ids).whole(
         text, tokenizer.encode(text, add_special_tokens=False)
@@ -225,6 +226,7 @@ def read(name: str, tokenizer, prompt: str, pieces: list[str]):
     [
         (OPENED, ["I think", " so", "\n</think>", "\n\nYes", "."], "I think so", "Yes."),
         (OPENED, ["hm\n", "\n"], "hm", ""),  # cut short while thinking
+        (OPENED, ["a <", "/th"], "a </th", ""),  # ... at what may have begun the end mark
         (CLOSED, ["Yes", "."], None, "Yes."),
         (NOT_OPENED, ["<think>", "\nhm", "</think>", "\n\nYes."], "hm", "Yes."),
         (NOT_OPENED, ["Yes", "."], None, "Yes."),
