@@ -186,13 +186,7 @@ class VllmReasoning:
     def reader(self, prompt_ids: list[int] | None) -> ReplyReader:
         if self.harmony:
             return HarmonyReader(self.tokenizer)
-        parser = self.parser()
-        opened = self.marks.open_in(list(prompt_ids or []))
-        if opened is None:  # marks that are not single tokens: ask the parser, as vLLM's server
-            opened = not parser.is_reasoning_end(list(prompt_ids or []))
-        if opened and prompt_ids is not None:
-            parser.adjust_initial_state_from_prompt(prompt_ids)
-        return ThinkReader(parser, self.marks, opened, self.parser)
+        return ThinkReader(self.parser, self.marks, list(prompt_ids or []))
 
     def budget(self, limit: int, prompt_text: str) -> int:
         """vLLM's thinking_token_budget for `limit` tokens of the reply's own thinking: vLLM
@@ -263,19 +257,29 @@ def _tidy(thinking: str | None, answer: str | None) -> tuple[str | None, str]:
 class ThinkReader(ReplyReader):
     """A `<think>`-style reply through vLLM's own parser (deepseek_r1, qwen3, ...)."""
 
-    def __init__(
-        self, parser: Any, marks: ThinkingMarks, opened: bool, new_parser: Callable[[], Any]
-    ):
+    def __init__(self, new_parser: Callable[[], Any], marks: ThinkingMarks, prompt_ids: list[int]):
         super().__init__()
-        self.parser = parser  # for the stream; a stateful one is not asked about the whole
         self.new_parser = new_parser
         self.marks = marks
+        self.prompt_ids = prompt_ids
+        opened = marks.open_in(prompt_ids)
+        if opened is None:  # marks that are not single tokens: ask the parser, as vLLM's server
+            opened = not new_parser().is_reasoning_end(prompt_ids)
         self.opened = opened
         # None until the first token shows whether a reply the prompt left closed thinks.
         self.thinks: bool | None = True if opened else None
+        self._parser: Any = None  # the stream's, made on its first piece
         self._text = ""
         self._ids: list[int] = []
         self._ended = False
+
+    @property
+    def parser(self) -> Any:
+        if self._parser is None:
+            self._parser = self.new_parser()
+            if self.opened:
+                self._parser.adjust_initial_state_from_prompt(self.prompt_ids)
+        return self._parser
 
     def _decide(self, token_ids: list[int]) -> bool | None:
         if self.thinks is None and token_ids:
@@ -306,9 +310,14 @@ class ThinkReader(ReplyReader):
 
     def _flush(self) -> tuple[str, str]:
         # Parsers on vLLM's parser engine hold back text that may begin a mark.
-        flush = getattr(self.parser, "finish_streaming", None)
-        if not self.thinks or not getattr(self.parser, "engine_based_streaming", False):
+        parser = self._parser
+        if (
+            parser is None
+            or not self.thinks
+            or not getattr(parser, "engine_based_streaming", False)
+        ):
             return "", ""
+        flush = getattr(parser, "finish_streaming", None)
         message = flush() if flush is not None else None
         if message is None:
             return "", ""
