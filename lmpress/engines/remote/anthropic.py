@@ -212,27 +212,27 @@ def thinking_config(p: GenerationParams) -> dict[str, Any] | None:
         return None
 
     def refuse(message: str) -> RequestError:
-        return RequestError(f"engine ANTHROPIC: {message}", ErrorKind.INVALID_REQUEST)
+        return RequestError(f"engine ANTHROPIC {message}", ErrorKind.INVALID_REQUEST)
 
     if effort not in (None, "none", *EFFORTS):
         raise refuse(
-            f"generation.reasoning_effort '{effort}' has no Anthropic effort level; use one of "
-            f"none, {', '.join(EFFORTS)}"
+            f"has no effort level '{effort}' (generation.reasoning_effort); use none, "
+            f"{', '.join(EFFORTS)}"
         )
     if budget == 0 or effort == "none":
         if budget and effort == "none":
-            raise refuse("generation.reasoning_effort none turns thinking off; "
-                         "generation.max_reasoning_tokens then has nothing to bound")  # fmt: skip
+            raise refuse("thinks not at all with generation.reasoning_effort none, which leaves "
+                         "generation.max_reasoning_tokens nothing to bound; keep one")  # fmt: skip
         return {"type": "disabled"}
     if budget is not None and not MIN_THINKING_BUDGET <= budget < p.max_new_tokens:
         raise refuse(
-            f"generation.max_reasoning_tokens {budget}: Anthropic's thinking budget must be at "
+            f"takes a thinking budget (generation.max_reasoning_tokens, here {budget}) of at "
             f"least {MIN_THINKING_BUDGET} and less than max_new_tokens ({p.max_new_tokens})"
         )
     if chosen_name(p.tool_choice) is not None or p.tool_choice == "required":
         raise refuse(
-            "with thinking on, Anthropic takes tool_choice auto or none only, not a forced "
-            "tool (required or a named function)"
+            "takes tool_choice auto or none with thinking on, not a forced tool (required or "
+            "a named function)"
         )
     if budget is not None:
         return {"type": "enabled", "budget_tokens": budget}

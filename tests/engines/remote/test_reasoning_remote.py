@@ -16,6 +16,7 @@ import pytest
 from lmpress.batch.provider.apis import batch_api
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
+from lmpress.engines.remote.presets import BY_NAME
 from lmpress.vocabulary.errors import UnsupportedParamError
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 from tests.servers.llm_server import BatchFaults, Faults, LLMServer, reply_text
@@ -83,6 +84,27 @@ def assert_streamed(deltas: list[Delta], result: Result) -> None:
     sample = result.samples[0]
     assert "".join(d.text for d in deltas if d.reasoning) == (sample.reasoning or "")
     assert "".join(d.text for d in deltas if not d.reasoning) == sample.text
+
+
+# --- which provider takes which bound ------------------------------------------------------
+
+BOUNDS = {"reasoning_effort", "max_reasoning_tokens"}
+
+
+@pytest.mark.parametrize(
+    ("engine", "taken"),
+    [("OPENAI", {"reasoning_effort"}), ("REMOTE", {"reasoning_effort"}),
+     ("REMOTE_VLLM", {"reasoning_effort"}), ("GEMINI", BOUNDS), ("GOOGLE_VERTEX", BOUNDS),
+     ("ANTHROPIC", BOUNDS), ("DEEPSEEK", set()), ("BEDROCK", set())],
+)  # fmt: skip
+def test_each_provider_lists_the_bounds_it_takes(engine, taken):
+    assert BY_NAME[engine].params & BOUNDS == taken
+
+
+def test_a_provider_without_effort_refuses_it_before_the_first_request():
+    with LLMServer() as server, pytest.raises(UnsupportedParamError) as caught:
+        make_engine(server, "DEEPSEEK", **{"generation.reasoning_effort": "low"})
+    assert "DEEPSEEK does not support generation.reasoning_effort" in str(caught.value)
 
 
 # --- OpenAI-compatible servers -----------------------------------------------------------
@@ -267,7 +289,7 @@ def test_anthropic_none_or_a_zero_budget_turns_thinking_off(params):
     [
         ({"max_reasoning_tokens": 512, "max_new_tokens": 2048}, "at least 1024"),
         ({"max_reasoning_tokens": 2048, "max_new_tokens": 2048}, "less than max_new_tokens"),
-        ({"reasoning_effort": "minimal"}, "no Anthropic effort level"),
+        ({"reasoning_effort": "minimal"}, "no effort level 'minimal'"),
         ({"reasoning_effort": "high", "tool_choice": "required"}, "tool_choice auto or none"),
     ],
     ids=["budget-too-small", "budget-not-below-max", "minimal", "forced-tool"],
@@ -278,6 +300,15 @@ def test_anthropic_refuses_what_its_api_would_in_one_line(params, rule):
         assert server.stats.requests == 0  # refused before sending
     assert result.error is not None
     assert rule in result.error.message and "\n" not in result.error.message
+
+
+def test_a_recipe_anthropic_would_refuse_stops_before_the_first_request():
+    with LLMServer() as server, pytest.raises(UnsupportedParamError) as caught:
+        make_engine(server, "ANTHROPIC", **{"generation.max_reasoning_tokens": 2000})
+    message = str(caught.value)
+    assert message.startswith("engine ANTHROPIC takes a thinking budget")
+    assert "max_new_tokens (256)" in message and "\n" not in message
+    assert message.count("ANTHROPIC") == 1
 
 
 def test_the_anthropic_server_itself_refuses_a_budget_below_its_minimum():
