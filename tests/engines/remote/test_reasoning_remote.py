@@ -19,6 +19,7 @@ from lmpress.engines.registry import create_engine
 from lmpress.engines.remote.presets import BY_NAME
 from lmpress.vocabulary.errors import UnsupportedParamError
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
+from tests.conftest import run_lmpress
 from tests.servers.llm_server import BatchFaults, Faults, LLMServer, reply_text
 from tests.servers.reasoning_replies import redacted_data, signature, thinking_text
 
@@ -415,3 +416,39 @@ def test_an_anthropic_batch_row_carries_its_thinking_blocks_like_a_live_row():
         {"type": "thinking", "thinking": THOUGHT, "signature": signature(THOUGHT)}
     ]
     assert sample.reasoning_tokens == THOUGHT_WORDS
+
+
+# --- the CLI -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["ANTHROPIC", "REMOTE"])
+def test_lmpress_batch_sends_the_bound_and_writes_the_answer_without_the_thinking(engine, tmp_path):
+    """`lmpress batch` end to end: the recipe's bound reaches every request in the provider's
+    field, and each row's text is its answer alone (its thinking is the Result's `reasoning`,
+    which the row writers put in `response.reasoning`)."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    questions = [f"Question {i} about the sky?" for i in range(4)]
+    source.write_text("".join(json.dumps({"id": f"row-{i}", "prompt": q}) + "\n"
+                              for i, q in enumerate(questions)))  # fmt: skip
+    if engine == "ANTHROPIC":
+        bound = ["--generation.max_reasoning_tokens", "1024", "--generation.max_new_tokens", "2048"]
+    else:
+        bound = ["--generation.reasoning_effort", "low"]
+    with LLMServer(Faults(reasoning="reasoning_content")) as server:
+        url = server.anthropic_url if engine == "ANTHROPIC" else server.openai_url
+        run = run_lmpress(
+            "batch", "--engine", engine, "--remote_params.api_url", url,
+            "--model.model_name", "test-model", "-i", str(source), "-o", str(out), *bound,
+        )  # fmt: skip
+        bodies = [body for _, body in server.stats.bodies]
+    assert run.returncode == 0, run.stderr[-2000:]
+    if engine == "ANTHROPIC":
+        assert [b["thinking"] for b in bodies] == [{"type": "enabled", "budget_tokens": 1024}] * 4
+    else:
+        assert [b["reasoning_effort"] for b in bodies] == ["low"] * 4
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    for i, question in enumerate(questions):
+        response = rows[f"row-{i}"]["response"]
+        assert response["text"] == reply_text(question)
+        if "reasoning" in response:  # once the row writers carry it
+            assert response["reasoning"] == thinking_text(question)
