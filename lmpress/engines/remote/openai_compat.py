@@ -4,7 +4,9 @@ One engine class speaks the chat-completions protocol; each service is its row i
 (base URL, key variable, the generation parameters it accepts and how a few of them are spelled,
 `Dialect`) bound onto it, and the two services that need code of their own (BEDROCK's regional
 URL, SGLANG's endpoint paths) subclass it. `openai_wire.client.request_body` turns a Request into
-the JSON body and `parse_chat_completion` turns the JSON reply into samples and usage.
+the JSON body, the row's `ReasoningFields` add its reasoning bounds (reasoning.py), and
+`parse_chat_completion` turns the JSON reply into samples and usage, each sample's thinking apart
+from its answer; streamed, `StreamedChoice` does the same for each choice as it arrives.
 
 `complete` (what `batch` uses) posts the body through the SDK's generic `post` and reads the JSON
 reply straight into a Result, skipping the SDK's parameter and response models: the SDK still
