@@ -10,7 +10,9 @@ connection, a malformed body; repeat a kind in `transient_kinds` to weight it), 
 containing a `permanent` marker always fail with that status. Load-driven pushback comes from
 `rate_limit_rps` (a token bucket; 429 beyond it, with or without the wait in Retry-After), and
 an outage from `overloaded_until` or `burst` (every request gets `overload_status`: 429, 503,
-529). What a successful request gets is in `replies`. A body the SDK's own request
+529). What a successful request gets is in `replies`; a reasoning model's thinking comes before
+the answer where `Faults.reasoning` (chat completions) or a request's `thinking` (Messages) asks,
+written as that provider writes it (`reasoning_replies`). A body the SDK's own request
 type does not allow (an unknown field, a wrong type) gets the 400 the provider gives
 (`request_types`); `Faults.extensions` names the fields beyond it that a vLLM-like server takes.
 
