@@ -79,6 +79,15 @@ def opened_in(prompt: str, fmt: ReasoningFormat) -> bool:
     return start >= 0 and start > prompt.rfind(fmt.end)
 
 
+def closed_in(prompt: str, fmt: ReasoningFormat) -> bool:
+    """Whether the prompt ends just after a thinking block the template closed itself (Qwen3's
+    and SmolLM3's `enable_thinking: false` write an empty one), or with the answer opened: the
+    reply is then all answer."""
+    if fmt is HARMONY:
+        return prompt.rstrip().endswith(fmt.answer_start)
+    return prompt.rstrip().endswith(fmt.end)
+
+
 def split(text: str, fmt: ReasoningFormat | None, opened: bool = False) -> tuple[str | None, str]:
     """(thinking, answer) of a whole reply. The thinking is None when the reply has none (a
     model that does not think, or a block the prompt closed); a reply cut short while still
@@ -98,8 +107,10 @@ def split(text: str, fmt: ReasoningFormat | None, opened: bool = False) -> tuple
     return thinking.strip("\n"), answer.lstrip("\n")
 
 
+# One harmony message: its channel, then (after a header that may name a recipient or a
+# `<|constrain|>` format) its content, up to the mark that ends it or the end of the text.
 _HARMONY_MESSAGE = re.compile(
-    r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)[^<]*<\|message\|>(.*?)"
+    r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)(?:(?!<\|message\|>).)*?<\|message\|>(.*?)"
     r"(?:<\|end\|>|<\|call\|>|<\|return\|>|$)",
     re.S,
 )
@@ -123,76 +134,59 @@ def _split_harmony(text: str) -> tuple[str | None, str]:
 class StreamSplitter:
     """Splits a reply into thinking and answer as it streams: `feed` takes each new piece
     of text and returns (thinking, answer) pieces, holding back a tail that may be the start
-    of a mark until the next piece shows what it is."""
+    of a mark (and thinking's trailing newlines, which `split` strips) until the next piece
+    shows what it is; `flush` hands out the rest once the reply has ended. The pieces join up
+    to exactly what `split` gives for the whole reply: each feed splits the text so far with
+    it, the held-back tail left out, and hands out what is new."""
 
     def __init__(self, fmt: ReasoningFormat | None, opened: bool = False):
         self.fmt = fmt
-        self._pending = ""
-        # "start": not yet known whether the reply thinks; "thinking"; "answer"
-        self._state = "answer" if fmt is None else ("thinking" if opened else "start")
-        self._answer_started = False
+        self.opened = opened
+        self._text = ""
+        self._sent = (0, 0)  # characters of the thinking and of the answer handed out
+        marks = () if fmt is None else (fmt.start, fmt.end)
+        self._marks = marks + (_HARMONY_MARKS if fmt is HARMONY else ())
 
     def feed(self, text: str) -> tuple[str, str]:
-        fmt = self.fmt
-        if fmt is None:
+        if self.fmt is None:
             return "", text
-        self._pending += text
-        thinking, answer = "", ""
-        while self._pending:
-            if self._state == "start":
-                stripped = self._pending.lstrip()
-                if fmt.start.startswith(stripped):  # could still become the start mark
-                    break
-                if stripped.startswith(fmt.start):
-                    self._pending = stripped[len(fmt.start) :].lstrip("\n")
-                    self._state = "thinking"
-                else:
-                    self._state = "answer"
-            elif self._state == "thinking":
-                end = self._pending.find(fmt.end)
-                if end >= 0:
-                    thinking += self._pending[:end]
-                    self._pending = self._pending[end + len(fmt.end) :]
-                    self._state = "answer"
-                    continue
-                keep = _partial_suffix(self._pending, fmt.end)
-                thinking += self._pending[: len(self._pending) - keep]
-                self._pending = self._pending[len(self._pending) - keep :]
-                break
-            else:
-                if fmt is HARMONY:
-                    answer_at = self._pending.find(fmt.answer_start)
-                    if answer_at >= 0 and not self._answer_started:
-                        self._pending = self._pending[answer_at + len(fmt.answer_start) :]
-                        self._answer_started = True
-                        continue
-                    if not self._answer_started:
-                        break  # the channel header is still arriving
-                    self._pending = re.sub(r"<\|(?:end|return|call)\|>", "", self._pending)
-                    keep = max(_partial_suffix(self._pending, m) for m in _HARMONY_ENDS)
-                    if keep:
-                        answer += self._pending[: len(self._pending) - keep]
-                        self._pending = self._pending[len(self._pending) - keep :]
-                        break
-                if not self._answer_started:
-                    self._pending = self._pending.lstrip("\n")
-                    if not self._pending:
-                        break
-                    self._answer_started = True
-                answer += self._pending
-                self._pending = ""
-        return thinking, answer
+        self._text += text
+        whole = self._text
+        head = whole[: len(whole) - max(_partial_suffix(whole, mark) for mark in self._marks)]
+        thinking, answer = split(head, self.fmt, self.opened)
+        if self._may_still_open(head, thinking):
+            return "", ""
+        return self._new(thinking or "", answer)
 
     def flush(self) -> tuple[str, str]:
-        """What is held back once the reply has ended."""
-        pending, self._pending = self._pending, ""
-        if self.fmt is HARMONY:
-            pending = "" if pending.startswith("<|") else pending
-        if self._state == "thinking":
-            return pending, ""
-        if self._state == "start" and self.fmt is not None and pending.strip() == "":
+        """What is held back, once the reply has ended."""
+        if self.fmt is None:
             return "", ""
-        return "", pending
+        thinking, answer = split(self._text, self.fmt, self.opened)
+        return self._new(thinking or "", answer)
+
+    def _may_still_open(self, head: str, thinking: str | None) -> bool:
+        """Whether the reply so far has opened neither its thinking nor its answer yet, but
+        may still: it is all whitespace, or the start of a mark."""
+        stripped = head.lstrip()
+        if self.fmt is HARMONY:
+            unread = _HARMONY_MESSAGE.search(head) is None
+            return unread and (stripped.startswith("<|") or "<|".startswith(stripped))
+        return thinking is None and self.fmt.start.startswith(stripped)
+
+    def _new(self, thinking: str, answer: str) -> tuple[str, str]:
+        sent_thinking, sent_answer = self._sent
+        self._sent = (max(sent_thinking, len(thinking)), max(sent_answer, len(answer)))
+        return thinking[sent_thinking:], answer[sent_answer:]
+
+
+_HARMONY_MARKS = (
+    "<|start|>assistant",
+    "<|channel|>",
+    "<|message|>",
+    "<|constrain|>",
+    *_HARMONY_ENDS,
+)
 
 
 def _partial_suffix(text: str, mark: str) -> int:
@@ -206,11 +200,17 @@ def _partial_suffix(text: str, mark: str) -> int:
 class ThinkingBudget:
     """One sample's thinking on a local engine, token by token: counts the tokens it thinks,
     and once it has thought `limit` of them, hands out the tokens of `close` one by one for
-    the engine to emit in place of what it would sample. `thinking` says whether the sample is
-    still inside its thinking: grammars (JSON schemas, tool calls) apply only once it is over.
+    the engine to emit in place of what it would sample. `waits` says whether the sample is
+    still inside its thinking (or inside marks the engine writes): grammars (JSON schemas,
+    tool calls) apply only once it is over.
 
     `end_ids` are the token ids of the end mark as the tokenizer writes it (one token for a
-    model that has `</think>` in its vocabulary); a sample that writes them ends its thinking."""
+    model that has `</think>` in its vocabulary); a sample that writes them ends its thinking.
+    For a sample under a grammar the engine writes what must come between the thinking and
+    the answer itself: the start mark where the prompt did not open the block
+    (`force_open`), and after the model's own end mark the rest of `close` (`after_end_ids`:
+    THINK's blank line, harmony's final-channel header), so that the grammar starts where the
+    answer does."""
 
     def __init__(
         self,
@@ -219,18 +219,29 @@ class ThinkingBudget:
         close_ids: list[int],
         end_ids: list[int],
         start_ids: list[int] | None = None,
+        *,
+        force_open: bool = False,
+        after_end_ids: list[int] | None = None,
     ):
         self.limit = limit
         self.close_ids = close_ids
         self.end_ids = end_ids
         self.start_ids = start_ids or []
+        self.after_end_ids = after_end_ids or []
         # A template that did not open the block: the sample may still open it with its
         # first tokens (start_ids), else it answers straight away.
         self.thinking = opened
-        self._may_open = not opened and bool(self.start_ids)
+        self._may_open = not opened and bool(self.start_ids) and not force_open
         self.spent = 0  # tokens thought, the end mark left out
         self._recent: list[int] = []
-        self._forcing: list[int] = []
+        # What the engine writes next in place of sampling, and whether it opens the block.
+        self._forcing = list(self.start_ids) if force_open and not opened else []
+        self._opening = bool(self._forcing)
+
+    @property
+    def waits(self) -> bool:
+        """Whether a grammar must wait: the sample thinks, or the engine writes marks."""
+        return self.thinking or bool(self._forcing)
 
     def forced(self) -> int | None:
         """The token the engine must emit next instead of sampling, or None."""
@@ -244,7 +255,7 @@ class ThinkingBudget:
         if self._forcing:
             self._forcing.pop(0)
             if not self._forcing:
-                self.thinking = False
+                self.thinking, self._opening = self._opening, False
             return
         if self._may_open:
             self._recent.append(token)
@@ -261,3 +272,4 @@ class ThinkingBudget:
         if self.end_ids and self._recent == self.end_ids:
             self.thinking = False
             self.spent -= len(self.end_ids)
+            self._forcing = list(self.after_end_ids)
