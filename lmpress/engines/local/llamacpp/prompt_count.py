@@ -27,7 +27,10 @@ def prompt_counter(config: RunConfig) -> PromptCounter:
     metadata = vocab_model.metadata()
     parser = check_parser(model.tool_call_parser)
     template = chat_template(config, metadata)
-    prompts = GgufPrompts(vocab_model, Vocab(vocab_model), template, model.model_name, parser)
+    prompts = GgufPrompts(
+        vocab_model, Vocab(vocab_model), template, model.model_name, parser,
+        template_kwargs=model.chat_template_kwargs,
+    )  # fmt: skip
     context = planned_sequence_context(
         int(model.model_kwargs.get("n_ctx") or 0),
         trained_context(metadata),
