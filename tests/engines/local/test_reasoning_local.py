@@ -1,0 +1,205 @@
+"""Reasoning models on NATIVE (tiny:think) and LLAMACPP (tiny-gguf:think): two tiny random
+models whose chat template opens a `<think>` block, as the DeepSeek-R1 distills' and Qwen3's
+do. What a user sees: the thinking in `reasoning` and the answer in `text`, a thinking budget
+cut at exactly its tokens with the answer following (the same tokens the reference library
+gives for that prompt and that thinking), a JSON schema that applies to the answer, thinking
+switched off, and streamed thinking before the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import pytest
+
+from lmpress.batch.guided_check import check_structure
+from lmpress.configs import load_config
+from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
+
+MODELS = {"NATIVE": "tiny:think", "LLAMACPP": "tiny-gguf:think"}
+CLOSE = "\n</think>\n\n"
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["city", "n"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def engine(request):
+    config = load_config(None, {
+        "engine": request.param, "model.model_name": MODELS[request.param],
+        "generation.batch_size": 8, "generation.max_new_tokens": 24,
+    })  # fmt: skip
+    engine = create_engine(config)
+    yield engine
+    asyncio.run(engine.aclose())
+
+
+def ask(text: str, **params) -> Request:
+    return Request(text[:12], [Message("user", text)], GenerationParams(**params))
+
+
+def run(engine, *requests: Request) -> list[Result]:
+    results = engine.generate(list(requests))
+    for result in results:
+        assert result.ok, result.error
+    return results
+
+
+def reference(engine, request: Request, thinking: int, total: int) -> tuple[str, str]:
+    """(thinking, answer) as the reference library writes them greedily: `thinking` tokens
+    from the prompt, then the close written in, then the rest of `total` tokens."""
+    prompt = engine.encode(request)
+    if engine.name == "NATIVE":
+        import torch
+
+        tokenizer = engine.tokenizer
+
+        def more(ids: list[int], n: int) -> list[int]:
+            out = engine.model.generate(
+                torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
+                attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
+            )  # fmt: skip
+            return out[0, len(ids) :].tolist()
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids)
+
+        close = tokenizer.encode(CLOSE, add_special_tokens=False)
+    else:
+        import llama_cpp
+
+        llama, vocab = llama_cpp.Llama(engine.path, n_ctx=256, verbose=False), engine.vocab
+
+        def more(ids: list[int], n: int) -> list[int]:
+            out = []
+            for token in llama.generate(ids, top_k=1, temp=0.0, reset=True):
+                out.append(token)
+                if len(out) == n:
+                    break
+            return out
+
+        def decode(ids: list[int]) -> str:
+            return b"".join(vocab.piece(t, special=False) for t in ids).decode(errors="replace")
+
+        close = engine._tokenize(CLOSE)
+    thought = more(prompt, thinking)
+    answer = more(prompt + thought + close, total - thinking - len(close))
+    if engine.name == "LLAMACPP":
+        llama.close()
+    return decode(thought).strip("\n"), decode(answer)
+
+
+def test_thinking_is_apart_from_the_answer_and_cut_at_exactly_its_budget(engine):
+    request = ask("Where is the harbour?", max_reasoning_tokens=6, max_new_tokens=24)
+    (result,) = run(engine, request)
+    sample = result.samples[0]
+    assert sample.reasoning_tokens == 6 and result.usage.reasoning_tokens == 6
+    assert result.usage.completion_tokens == 24  # thinking, the close and the answer together
+    assert sample.reasoning and sample.text
+    for mark in ("<think>", "</think>"):
+        assert mark not in sample.reasoning and mark not in sample.text
+    assert (sample.reasoning, sample.text) == reference(engine, request, 6, 24)
+
+
+def test_a_budget_of_zero_closes_the_thinking_at_once(engine):
+    (result,) = run(engine, ask("Where is the harbour?", max_reasoning_tokens=0))
+    assert result.samples[0].reasoning == "" and result.usage.reasoning_tokens == 0
+    assert result.text and "</think>" not in result.text
+
+
+def test_each_row_of_one_batch_is_cut_at_its_own_budget(engine):
+    budgets = [0, 1, 3, 5, 8, 13]
+    requests = [
+        ask(f"Row {i}: name a ship.", max_reasoning_tokens=n) for i, n in enumerate(budgets)
+    ]
+    together = run(engine, *requests)
+    assert [r.usage.reasoning_tokens for r in together] == budgets
+    alone = [run(engine, request)[0] for request in requests[1::2]]
+    assert [(r.reasoning, r.text) for r in alone] == [(r.reasoning, r.text) for r in together[1::2]]
+
+
+def test_without_a_budget_the_thinking_runs_on_and_counts_every_token(engine):
+    (result,) = run(engine, ask("Where is the harbour?", max_new_tokens=10))
+    sample = result.samples[0]
+    if "</think>" not in engine_text(engine, sample):  # a random model rarely closes it
+        assert sample.text == "" and sample.reasoning_tokens == 10
+
+
+def engine_text(engine, sample) -> str:
+    return (sample.reasoning or "") + sample.text
+
+
+def test_a_json_schema_applies_to_the_answer_after_the_thinking(engine):
+    guided = {"json": SCHEMA, "disable_any_whitespace": True}
+    requests = [
+        ask(f"Give city {i} as JSON.", max_reasoning_tokens=n, max_new_tokens=48,
+            guided_decoding=guided)
+        for i, n in enumerate((0, 4, 9))
+    ]  # fmt: skip
+    results = [check_structure(q, r) for q, r in zip(requests, run(engine, *requests), strict=True)]
+    for result, budget in zip(results, (0, 4, 9), strict=True):
+        assert result.ok, result.error
+        assert result.structured["valid"]
+        jsonschema.validate(json.loads(result.text), SCHEMA)
+        assert result.usage.reasoning_tokens == budget
+        assert result.reasoning is not None and result.text.startswith("{")
+
+
+def test_reasoning_effort_none_turns_the_thinking_off(engine):
+    (result,) = run(engine, ask("Where is the harbour?", reasoning_effort="none"))
+    assert result.reasoning is None and result.usage.reasoning_tokens == 0
+    assert result.text
+    # a budget has nothing to bound then
+    (bounded,) = run(
+        engine, ask("Where is the harbour?", reasoning_effort="none", max_reasoning_tokens=2)
+    )
+    assert (bounded.reasoning, bounded.text) == (None, result.text)
+
+
+def test_an_effort_the_template_cannot_take_is_refused_in_one_line(engine):
+    (result,) = engine.generate([ask("Where is the harbour?", reasoning_effort="high")])
+    assert not result.ok
+    message = result.error.message
+    assert "reasoning_effort 'high'" in message and MODELS[engine.name] in message
+    assert "max_reasoning_tokens" in message and "\n" not in message
+
+
+def test_streamed_thinking_comes_before_the_answer_and_joins_up_to_the_result(engine):
+    request = ask("Where is the harbour?", max_reasoning_tokens=5, max_new_tokens=20)
+
+    async def collect():
+        return [item async for item in engine.stream(request)]
+
+    items = asyncio.run(collect())
+    result = items[-1]
+    deltas = [item for item in items if isinstance(item, Delta)]
+    kinds = [delta.reasoning for delta in deltas]
+    assert kinds == sorted(kinds, reverse=True) and True in kinds and False in kinds
+    assert "".join(d.text for d in deltas if d.reasoning) == result.reasoning
+    assert "".join(d.text for d in deltas if not d.reasoning) == result.text
+    assert result.usage.reasoning_tokens == 5
+
+
+def test_earlier_turns_thinking_is_left_out_of_the_prompt(engine):
+    turns = [
+        Message("user", "Where is the harbour?"),
+        Message("assistant", "Down the hill.", reasoning="SECRETPLAN"),
+        Message("user", "And the ship?"),
+    ]
+    request = Request("turns", turns, GenerationParams(max_reasoning_tokens=3))
+    (result,) = run(engine, request)
+    assert result.usage.reasoning_tokens == 3 and result.text
+    prompt = (
+        engine.render(request)
+        if engine.name == "LLAMACPP"
+        else engine.tokenizer.decode(engine.encode(request))
+    )
+    assert "Down the hill." in prompt and "SECRETPLAN" not in prompt
