@@ -248,3 +248,29 @@ def test_a_required_tool_call_is_read_from_the_answer_after_the_thinking(engine)
     assert call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
     assert sample.reasoning and sample.reasoning_tokens == 5
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_harmony_channels_under_a_grammar_are_opened_closed_and_read_by_the_engine(name):
+    """model.reasoning_parser: openai_gptoss on a model whose template opens no block: under a
+    grammar the engine writes the analysis header, closes the thinking with the final
+    channel's header at the budget, and the JSON follows; the channels' marks stay out of
+    both parts."""
+    engine = create_engine(load_config(None, {
+        "engine": name, "model.model_name": MODELS[name], "generation.batch_size": 2,
+        "model.reasoning_parser": "openai_gptoss",
+    }))  # fmt: skip
+    try:
+        guided = {"json": SCHEMA, "disable_any_whitespace": True}
+        request = ask("Give a city as JSON.", max_reasoning_tokens=3, max_new_tokens=200,
+                      guided_decoding=guided)  # fmt: skip
+        (result,) = run(engine, request)
+        assert check_structure(request, result).ok
+        jsonschema.validate(json.loads(result.text), SCHEMA)
+        assert result.usage.reasoning_tokens == 3 and result.reasoning
+        assert "<|" not in result.reasoning and "<|" not in result.text
+        # without a grammar the reply may open the channel itself; this one answers at once
+        (plain,) = run(engine, ask("Give a city.", max_new_tokens=8))
+        assert plain.reasoning is None and plain.usage.reasoning_tokens == 0
+    finally:
+        asyncio.run(engine.aclose())
