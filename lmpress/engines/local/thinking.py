@@ -7,7 +7,8 @@ its marks as this tokenizer writes them, and which switches its template reads
 `generation.reasoning_effort` asks for, and a `Thinking`: whether the prompt opened the block,
 and the budget each sample keeps (`ThinkingBudget`). The worker (worker.py) splits each
 result's text and each streamed delta with it, so both engines answer alike; each engine's
-sampling asks the budget which token to force and whether its grammar waits.
+sampling asks the budget which token to force and whether its grammar waits. The dry run
+counts each prompt with the same template variables (`SwitchedPrompts`).
 """
 
 from __future__ import annotations
@@ -47,10 +48,7 @@ class ModelThinking:
         decode: Callable[[list[int]], str],
         model_name: str,
     ):
-        template = chat_template or ""
-        if isinstance(template, dict):  # a tokenizer's named templates
-            template = "\n".join(str(t) for t in template.values())
-        self.template = str(template)
+        self.template = template_text(chat_template)
         self.model_name = model_name
         self.fmt: ReasoningFormat | None = format_for(self.template, check_parser(parser))
         self._decode = decode
@@ -63,28 +61,9 @@ class ModelThinking:
             self.after_end_ids = encode(after) if after else []
 
     def template_kwargs(self, request: Request) -> dict[str, Any]:
-        """The chat template variables a request's `reasoning_effort` sets: `none` turns
-        thinking off where the template reads `enable_thinking`, the others go as
-        `reasoning_effort` to a template that reads it (gpt-oss's); any other is refused."""
-        effort = request.params.reasoning_effort
-        if effort is None:
-            return {}
-        where = f"generation.reasoning_effort '{effort}'"
-        if request.prompt is not None:
-            raise RequestError(
-                f"{where} applies to a chat's template; this row is a raw prompt",
-                kind=ErrorKind.UNSUPPORTED_PARAM,
-            )
-        if effort == "none" and _reads(self.template, "enable_thinking"):
-            return {"enable_thinking": False}
-        if effort != "none" and _reads(self.template, "reasoning_effort"):
-            return {"reasoning_effort": effort}
-        switch = "enable_thinking" if effort == "none" else "reasoning_effort"
-        raise RequestError(
-            f"{where}: the chat template of model '{self.model_name}' reads no {switch}; "
-            f"bound its thinking with generation.max_reasoning_tokens instead",
-            kind=ErrorKind.UNSUPPORTED_PARAM,
-        )
+        """The chat template variables a request's `reasoning_effort` sets (see
+        `template_switches`)."""
+        return template_switches(self.template, request, self.model_name)
 
     def thinking(self, prompt_ids: list[int], params: Any, guided: bool) -> Thinking | None:
         """A request's thinking, from its prompt's ids; None where the reply cannot think
@@ -143,6 +122,52 @@ class Thinking:
         """The sample with its thinking apart from its answer."""
         reasoning, answer = split(sample.text, self.fmt, self.opened)
         return replace(sample, text=answer, reasoning=reasoning)
+
+
+def template_text(chat_template: Any) -> str:
+    """A chat template as text ("" for none; a tokenizer's named templates, all of them)."""
+    if isinstance(chat_template, dict):
+        return "\n".join(str(t) for t in chat_template.values())
+    return str(chat_template or "")
+
+
+def template_switches(template: str, request: Request, model_name: str) -> dict[str, Any]:
+    """The chat template variables a request's `reasoning_effort` sets: `none` turns thinking
+    off where the template reads `enable_thinking`, the others go as `reasoning_effort` to a
+    template that reads it (gpt-oss's); any other is refused in one line."""
+    effort = request.params.reasoning_effort
+    if effort is None:
+        return {}
+    where = f"generation.reasoning_effort '{effort}'"
+    if request.prompt is not None:
+        raise RequestError(
+            f"{where} applies to a chat's template; this row is a raw prompt",
+            kind=ErrorKind.UNSUPPORTED_PARAM,
+        )
+    if effort == "none" and _reads(template, "enable_thinking"):
+        return {"enable_thinking": False}
+    if effort != "none" and _reads(template, "reasoning_effort"):
+        return {"reasoning_effort": effort}
+    switch = "enable_thinking" if effort == "none" else "reasoning_effort"
+    raise RequestError(
+        f"{where}: the chat template of model '{model_name}' reads no {switch}; bound its "
+        f"thinking with generation.max_reasoning_tokens instead",
+        kind=ErrorKind.UNSUPPORTED_PARAM,
+    )
+
+
+class SwitchedPrompts:
+    """A local engine's prompts (HfPrompts, GgufPrompts) counted as the engine renders them
+    for the dry run: with each request's reasoning_effort switches."""
+
+    def __init__(self, prompts: Any, chat_template: Any, model_name: str):
+        self.prompts = prompts
+        self.template = template_text(chat_template)
+        self.model_name = model_name
+
+    def count(self, request: Request) -> int:
+        switches = template_switches(self.template, request, self.model_name)
+        return len(self.prompts.inputs(request, self.prompts.plan(request), switches)[0])
 
 
 def _reads(template: str, variable: str) -> bool:

@@ -181,6 +181,15 @@ def test_reasoning_effort_none_turns_the_thinking_off(engine):
     assert (bounded.reasoning, bounded.text) == (None, result.text)
 
 
+def test_the_dry_run_counts_the_prompt_that_reasoning_effort_renders(engine):
+    counter = type(engine).prompt_counter(engine.config)
+    for effort in (None, "none"):
+        request = ask("Where is the harbour?", reasoning_effort=effort, max_new_tokens=2)
+        (result,) = run(engine, request)
+        assert counter.count(request) == result.usage.prompt_tokens
+    assert counter.count(ask("x", reasoning_effort="none")) > counter.count(ask("x"))
+
+
 def test_an_effort_the_template_cannot_take_is_refused_in_one_line(engine):
     (result,) = engine.generate([ask("Where is the harbour?", reasoning_effort="high")])
     assert not result.ok

@@ -17,6 +17,7 @@ from lmpress.engines.local.llamacpp.loading import (
     trained_context,
 )
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
+from lmpress.engines.local.thinking import SwitchedPrompts
 from lmpress.engines.prompt_count import PromptCounter
 
 
@@ -37,4 +38,5 @@ def prompt_counter(config: RunConfig) -> PromptCounter:
         parallel_sequences(config.generation.batch_size),
     )
     label = f"{model.model_name} (the GGUF file's vocabulary, as LLAMACPP)"
-    return PromptCounter(prompts, True, context, label)
+    counted = SwitchedPrompts(prompts, template, model.model_name)
+    return PromptCounter(counted, True, context, label)
