@@ -16,6 +16,7 @@ import pytest
 from lmpress.batch.guided_check import check_structure
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 
 MODELS = {"NATIVE": "tiny:think", "LLAMACPP": "tiny-gguf:think"}
@@ -281,5 +282,43 @@ def test_harmony_channels_under_a_grammar_are_opened_closed_and_read_by_the_engi
         # without a grammar the reply may open the channel itself; this one answers at once
         (plain,) = run(engine, ask("Give a city.", max_new_tokens=8))
         assert plain.reasoning is None and plain.usage.reasoning_tokens == 0
+    finally:
+        asyncio.run(engine.aclose())
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_recipes_enable_thinking_false_gives_answers_without_thinking(name):
+    engine = create_engine(load_config(None, {
+        "engine": name, "model.model_name": MODELS[name], "generation.batch_size": 2,
+        "model.chat_template_kwargs": {"enable_thinking": False},
+    }))  # fmt: skip
+    try:
+        (result,) = run(engine, ask("Where is the harbour?", max_new_tokens=8))
+        assert result.reasoning is None and result.usage.reasoning_tokens == 0
+        assert result.text and result.usage.completion_tokens == 8
+    finally:
+        asyncio.run(engine.aclose())
+
+
+def test_a_reasoning_parser_outside_the_list_fails_the_load_in_one_line():
+    with pytest.raises(ConfigError, match="^model.reasoning_parser 'r1' is not one of [^\n]*$"):
+        create_engine(load_config(None, {
+            "engine": "LLAMACPP", "model.model_name": "tiny-gguf:think",
+            "model.reasoning_parser": "r1",
+        }))  # fmt: skip
+
+
+def test_a_budget_on_a_model_that_does_not_think_is_refused_in_one_line():
+    engine = create_engine(load_config(None, {
+        "engine": "LLAMACPP", "model.model_name": "tiny-gguf:gpt2", "generation.batch_size": 2,
+    }))  # fmt: skip
+    try:
+        (result,) = engine.generate([ask("Hello there", max_reasoning_tokens=4)])
+        assert not result.ok and "max_reasoning_tokens" in result.error.message
+        assert (
+            "tiny-gguf:gpt2" in result.error.message and "reasoning_parser" in result.error.message
+        )
+        (plain,) = run(engine, ask("Hello there", max_new_tokens=4))
+        assert plain.reasoning is None and plain.text
     finally:
         asyncio.run(engine.aclose())
