@@ -17,6 +17,10 @@ the same whatever the others hold, and what else is in flight moves a sequence's
 llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on the
 batch size, short of a near-exact tie between two tokens.
 
+A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
+sequence by sequence: the scheduler writes the close of a row's thinking once its
+`max_reasoning_tokens` are spent, and holds its grammar until the answer starts.
+
 `model_kwargs.mmproj` names the model's projector GGUF: rows may then carry images, read by
 llama.cpp's multimodal library and decoded into their sequences by the same scheduler
 (projector.py).

@@ -10,6 +10,7 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmpress.engines.common.reasoning import ThinkingBudget
 from lmpress.engines.local.guided import Matcher
 from lmpress.engines.local.worker import Submission
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
@@ -55,7 +56,7 @@ class SequenceRow:
     # An incremental decoder keeps a character split across tokens until it is whole.
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     logprobs: list[TokenLogprob] | None = None
-    budget: Any = None  # a reasoning model's: its thinking so far (common/reasoning.py)
+    budget: ThinkingBudget | None = None  # a reasoning model's: its thinking so far
 
     def __post_init__(self) -> None:
         if self.params.logprobs:

@@ -17,6 +17,10 @@ its pooling, or a cross-encoder) and a `PoolingScheduler` (embedding.py) that ba
 inputs waiting, sorted by length; `normalize` and `dimensions` apply to the vectors it hands
 back, here.
 
+A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
+row by row inside the batch: sampling.py writes the close of a row's thinking once its
+`max_reasoning_tokens` are spent, and holds its grammar until the answer starts.
+
 `model.model_kwargs.kv_cache_gb` caps the KV cache (rows join only while it has room, and a
 row that could outgrow it alone fails); `model.model_kwargs.prefix_reuse: false` turns off
 reusing a shared prompt prefix's cache.

@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmpress.engines.common.reasoning import ThinkingBudget
 from lmpress.engines.local.worker import Submission
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
 
@@ -32,7 +33,7 @@ class BatchRow:
     emitted: int = 0  # characters already sent as deltas
     logprobs: list[TokenLogprob] | None = None
     matcher: Any = None  # its place in the grammar it follows (guided decoding)
-    budget: Any = None  # a reasoning model's: its thinking so far (common/reasoning.py)
+    budget: ThinkingBudget | None = None  # a reasoning model's: its thinking so far
     last: int = 0  # the token it picked last, which the next step feeds the model
 
     @property
