@@ -136,48 +136,142 @@ class StreamSplitter:
     of text and returns (thinking, answer) pieces, holding back a tail that may be the start
     of a mark (and thinking's trailing newlines, which `split` strips) until the next piece
     shows what it is; `flush` hands out the rest once the reply has ended. The pieces join up
-    to exactly what `split` gives for the whole reply: each feed splits the text so far with
-    it, the held-back tail left out, and hands out what is new."""
+    to what `split` gives for the whole reply. Each feed reads only what is new since the last
+    mark, so a long reply streams in time linear in its length."""
 
     def __init__(self, fmt: ReasoningFormat | None, opened: bool = False):
         self.fmt = fmt
-        self.opened = opened
         self._text = ""
-        self._sent = (0, 0)  # characters of the thinking and of the answer handed out
-        marks = () if fmt is None else (fmt.start, fmt.end)
-        self._marks = marks + (_HARMONY_MARKS if fmt is HARMONY else ())
+        # THINK: "start" (not yet known whether the reply thinks), "thinking" (from `_at`),
+        # "answer" (from `_at`, its leading newlines dropped), or "plain" (all answer).
+        self._state = "thinking" if opened else "start"
+        self._at = 0  # where the thinking or the answer begins in the text
+        self._sent = 0  # THINK: where what was handed out of the current part ends
+        self._leading = True  # THINK: the current part's leading newlines still to drop
+        # HARMONY: the contents of the messages read whole so far (thinking, answer), up to
+        # `_at`; the message still arriving (whether it thinks, where its content begins) and
+        # how far it has been searched for its end; how much of each part was handed out.
+        self._parts: tuple[list[str], list[str]] = ([], [])
+        self._live: tuple[bool, int] | None = None
+        self._scan = 0
+        self._sent_parts = [0, 0]
 
     def feed(self, text: str) -> tuple[str, str]:
         if self.fmt is None:
             return "", text
         self._text += text
-        whole = self._text
-        head = whole[: len(whole) - max(_partial_suffix(whole, mark) for mark in self._marks)]
-        thinking, answer = split(head, self.fmt, self.opened)
-        if self._may_still_open(head, thinking):
-            return "", ""
-        return self._new(thinking or "", answer)
+        if self.fmt is HARMONY:
+            return self._harmony(final=False)
+        return self._think(final=False)
 
     def flush(self) -> tuple[str, str]:
         """What is held back, once the reply has ended."""
         if self.fmt is None:
             return "", ""
-        thinking, answer = split(self._text, self.fmt, self.opened)
-        return self._new(thinking or "", answer)
-
-    def _may_still_open(self, head: str, thinking: str | None) -> bool:
-        """Whether the reply so far has opened neither its thinking nor its answer yet, but
-        may still: it is all whitespace, or the start of a mark."""
-        stripped = head.lstrip()
         if self.fmt is HARMONY:
-            unread = _HARMONY_MESSAGE.search(head) is None
-            return unread and (stripped.startswith("<|") or "<|".startswith(stripped))
-        return thinking is None and self.fmt.start.startswith(stripped)
+            return self._harmony(final=True)
+        return self._think(final=True)
 
-    def _new(self, thinking: str, answer: str) -> tuple[str, str]:
-        sent_thinking, sent_answer = self._sent
-        self._sent = (max(sent_thinking, len(thinking)), max(sent_answer, len(answer)))
-        return thinking[sent_thinking:], answer[sent_answer:]
+    def _think(self, final: bool) -> tuple[str, str]:
+        fmt, text = self.fmt, self._text
+        if self._state == "start":
+            stripped = text.lstrip()
+            if stripped.startswith(fmt.start):
+                self._state, self._at = "thinking", len(text) - len(stripped) + len(fmt.start)
+                self._sent = self._at
+            elif fmt.start.startswith(stripped) and not final:
+                return "", ""  # all whitespace, or the start mark's beginning
+            else:
+                self._state = "plain"
+        if self._state == "plain":
+            piece, self._sent = text[self._sent :], len(text)
+            return "", piece
+        thinking = ""
+        if self._state == "thinking":
+            end = text.find(fmt.end, max(self._at, self._sent - len(fmt.end)))
+            if end < 0 and not final:  # hold back what may begin the end mark, and newlines
+                limit = len(text) - _partial_suffix(text, fmt.end)
+            else:
+                limit = len(text) if end < 0 else end
+            if self._leading:  # the thinking's leading newlines are dropped
+                self._skip_newlines(limit)
+            stop = limit
+            while stop > self._sent and text[stop - 1] == "\n":
+                stop -= 1
+            thinking, self._sent = text[self._sent : stop], max(self._sent, stop)
+            if end < 0:
+                return thinking, ""
+            self._state, self._at = "answer", end + len(fmt.end)
+            self._sent, self._leading = self._at, True
+        if self._leading:  # the answer's leading newlines are dropped
+            self._skip_newlines(len(text))
+        piece, self._sent = text[self._sent :], len(text)
+        return thinking, piece
+
+    def _skip_newlines(self, limit: int) -> None:
+        """Drop the newlines that open the current part, up to `limit`."""
+        text = self._text
+        while self._sent < limit and text[self._sent] == "\n":
+            self._sent += 1
+        self._leading = self._sent == limit
+
+    def _harmony(self, final: bool) -> tuple[str, str]:
+        text = self._text
+        keep = 0 if final else max(_partial_suffix(text, mark) for mark in _HARMONY_MARKS)
+        head = text[: len(text) - keep]
+        if self._state == "start":
+            if _HARMONY_HEADER.search(head) is None:
+                stripped = head.lstrip()
+                if final or not (stripped.startswith("<|") or "<|".startswith(stripped)):
+                    self._state = "plain"  # no channels: all of it is answer, as split says
+                else:
+                    return "", ""
+            else:
+                self._state = "messages"
+        if self._state == "plain":
+            piece, self._sent = text[self._sent :], len(text)
+            return "", piece
+        while True:
+            if self._live is None:  # between messages: the next one's header
+                header = _HARMONY_HEADER.search(head, self._at)
+                if header is None:
+                    break
+                self._live = (header.group(1) == "analysis", header.end())
+                self._scan = header.end()
+            thinks, begins = self._live
+            ends = [at for at in (head.find(m, self._scan) for m in _HARMONY_ENDS) if at >= 0]
+            if not ends:
+                self._scan = max(begins, len(head) - max(map(len, _HARMONY_ENDS)))
+                break
+            end = min(ends)
+            self._parts[not thinks].append(head[begins:end])
+            self._at = end + next(len(m) for m in _HARMONY_ENDS if head.startswith(m, end))
+            self._live = None
+        return self._new_harmony(True, head), self._new_harmony(False, head)
+
+    def _new_harmony(self, thinks: bool, head: str) -> str:
+        """What is new of the thinking (or the answer): the messages read whole, joined as
+        `split` joins them, then the one still arriving."""
+        parts = self._parts[not thinks]
+        glue = "\n" if thinks else ""
+        done = sum(map(len, parts)) + len(glue) * max(0, len(parts) - 1)
+        live = self._live is not None and self._live[0] == thinks
+        joint = glue if parts and live else ""
+        sent = self._sent_parts[not thinks]
+        piece = ""
+        if sent < done + len(joint):  # joined only when some of it is new
+            piece = (glue.join(parts) + joint)[sent:]
+        if live:
+            piece += head[self._live[1] + max(0, sent - done - len(joint)) :]
+        self._sent_parts[not thinks] = sent + len(piece)
+        return piece
+
+
+# A harmony message's header: its channel, then what may name a recipient or a
+# `<|constrain|>` format, up to where its content begins.
+_HARMONY_HEADER = re.compile(
+    r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)(?:(?!<\|message\|>).)*?<\|message\|>", re.S
+)
 
 
 _HARMONY_MARKS = (

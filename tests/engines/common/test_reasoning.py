@@ -165,8 +165,21 @@ CASES = [
     (THINK, False, "<think>\nThe user wants 17*3.\n</think>\n\nThe answer is 51."),
     (THINK, False, "The answer is 51, no thinking: <think> is only text here"),
     (THINK, False, "  <thin"),
+    (THINK, True, "\n\nlead\n\n\nand trail\n\n</think>\n\n\n\nanswer\n\nends\n"),
+    (THINK, True, "cut inside the end mark </thi"),
+    (THINK, True, "twice </think> answer </think> still answer"),
+    (THINK, False, "\n\n<think>late start</think>answer"),
     (HARMONY, False, GPT_OSS_REPLY),
     (HARMONY, False, GPT_OSS_REPLY.replace("<|return|>", "")),
+    (
+        HARMONY,
+        False,
+        GPT_OSS_REPLY.replace(
+            "<|channel|>final",
+            "<|channel|>analysis<|message|>more<|end|><|start|>assistant<|channel|>final",
+        ),
+    ),
+    (HARMONY, False, "<|channel|>analysis<|message|>cut in the hea"),
     (HARMONY, False, "plain text from a harmony model"),
 ]
 
