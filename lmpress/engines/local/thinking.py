@@ -50,7 +50,8 @@ class ModelThinking:
     ):
         self.template = template_text(chat_template)
         self.model_name = model_name
-        self.fmt: ReasoningFormat | None = format_for(self.template, check_parser(parser))
+        self.parser = check_parser(parser)
+        self.fmt: ReasoningFormat | None = format_for(self.template, self.parser)
         self._decode = decode
         fmt = self.fmt
         if fmt is not None:
@@ -72,10 +73,15 @@ class ModelThinking:
         fmt, limit = self.fmt, params.max_reasoning_tokens
         if fmt is None:
             if limit is not None:
+                why = (
+                    "model.reasoning_parser is none"
+                    if self.parser == "none"
+                    else "its chat template has no thinking marks; set model.reasoning_parser "
+                    "if it does"
+                )
                 raise RequestError(
-                    f"generation.max_reasoning_tokens: model '{self.model_name}' does not think "
-                    f"(its chat template has no thinking marks); set model.reasoning_parser "
-                    f"if it does",
+                    f"generation.max_reasoning_tokens: model '{self.model_name}' does not "
+                    f"think ({why})",
                     kind=ErrorKind.UNSUPPORTED_PARAM,
                 )
             return None

@@ -10,6 +10,10 @@ thread, takes submissions from the `WorkQueue` the two share and answers them wi
 `CallerQueue` is the one way a local engine hands something back across threads (the VLLM
 engine's own loop uses it too).
 
+A reasoning model's replies (a `Submission` with `thinking`, thinking.py) are split into
+thinking and answer here, alike for every local engine: each delta as it is handed back
+(`Submission.deliver`), each result's samples in `Scheduler.result`.
+
 No caller may wait on a request the worker can no longer answer: the engine keeps every
 submission whose caller is still listening, and when an exception escapes `run` it fails each
 one not yet answered and starts `run` again; when the worker ends (closed, or killed by

@@ -300,6 +300,21 @@ def test_the_recipes_enable_thinking_false_gives_answers_without_thinking(name):
         asyncio.run(engine.aclose())
 
 
+def test_reasoning_parser_none_leaves_the_reply_whole():
+    engine = create_engine(load_config(None, {
+        "engine": "LLAMACPP", "model.model_name": "tiny-gguf:think", "generation.batch_size": 2,
+        "model.reasoning_parser": "none",
+    }))  # fmt: skip
+    try:
+        (result,) = run(engine, ask("Where is the harbour?", max_new_tokens=8))
+        assert result.reasoning is None and result.usage.reasoning_tokens == 0
+        assert len(result.text) > 0
+        (refused,) = engine.generate([ask("Where is the harbour?", max_reasoning_tokens=2)])
+        assert not refused.ok and "reasoning_parser is none" in refused.error.message
+    finally:
+        asyncio.run(engine.aclose())
+
+
 def test_a_reasoning_parser_outside_the_list_fails_the_load_in_one_line():
     with pytest.raises(ConfigError, match="^model.reasoning_parser 'r1' is not one of [^\n]*$"):
         create_engine(load_config(None, {
