@@ -16,6 +16,10 @@ template with neither mark gets none, and its text is never split. `none` turns 
 
 `ReasoningFormat.close` is what an engine writes itself to end the thinking, once a row has
 thought for `max_reasoning_tokens` tokens: the model then goes on to answer (`ThinkingBudget`).
+A row under a grammar (a JSON schema, a required tool call) is held to it only once its
+thinking is over; the engine writes the marks between thinking and answer itself (the start
+mark where the prompt did not open the block, and what follows the end mark), so that the
+grammar starts exactly where the answer does.
 """
 
 from __future__ import annotations
