@@ -94,7 +94,7 @@ def reference(engine):
         def decode(ids: list[int]) -> str:
             return b"".join(vocab.piece(t, special=False) for t in ids).decode(errors="replace")
 
-        close = engine._tokenize(CLOSE)
+        close = llama.tokenize(CLOSE.encode(), add_bos=False, special=True)
 
     def written(request: Request, thinking: int, total: int) -> tuple[str, str]:
         prompt = engine.encode(request)

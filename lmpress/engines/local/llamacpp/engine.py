@@ -234,9 +234,9 @@ class LlamaCppEngine(WorkerEngine):
         return list(self.llama._model.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     def _detokenize(self, ids: list[int]) -> str:
-        """Ids back into text, special tokens written out."""
-        pieces = b"".join(self.vocab.piece(token, special=True) for token in ids)
-        return pieces.decode("utf-8", errors="replace")
+        """Ids back into text, special tokens written out (on the caller's thread, beside
+        the worker's own decoding)."""
+        return self.vocab.decode(ids, special=True)
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids (the chat template applied, or the raw prompt), checked to
