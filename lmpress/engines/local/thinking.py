@@ -29,8 +29,8 @@ from lmpress.engines.common.reasoning import (
     opened_in,
     split,
 )
-from lmpress.vocabulary.errors import ErrorKind, RequestError
-from lmpress.vocabulary.types import Request, Sample
+from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
+from lmpress.vocabulary.types import GenerationParams, Message, Request, Sample
 
 # The prompt's last tokens, decoded, show whether its template opened or closed the block.
 PROMPT_TAIL = 32
@@ -65,6 +65,16 @@ class ModelThinking:
         """The chat template variables a request's `reasoning_effort` sets (see
         `template_switches`)."""
         return template_switches(self.template, request, self.model_name)
+
+    def check_recipe(self, params: GenerationParams) -> None:
+        """The recipe's own reasoning_effort and max_reasoning_tokens, checked as a row's are
+        before any row is read: a setting no row could take fails the load in one line."""
+        probe = Request("recipe", [Message("user", "")], params)
+        try:
+            self.template_kwargs(probe)
+            self.thinking([], params, guided=False)
+        except RequestError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def thinking(self, prompt_ids: list[int], params: Any, guided: bool) -> Thinking | None:
         """A request's thinking, from its prompt's ids; None where the reply cannot think

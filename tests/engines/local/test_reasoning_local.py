@@ -337,3 +337,16 @@ def test_a_budget_on_a_model_that_does_not_think_is_refused_in_one_line():
         assert plain.reasoning is None and plain.text
     finally:
         asyncio.run(engine.aclose())
+
+
+@pytest.mark.parametrize(
+    ("model", "setting", "says"),
+    [
+        ("tiny-gguf:gpt2", {"generation.max_reasoning_tokens": 4}, "does not think"),
+        ("tiny-gguf:think", {"generation.reasoning_effort": "high"}, "reads no reasoning_effort"),
+    ],
+)
+def test_a_recipe_setting_no_row_could_take_fails_the_load_in_one_line(model, setting, says):
+    config = load_config(None, {"engine": "LLAMACPP", "model.model_name": model, **setting})
+    with pytest.raises(ConfigError, match=f"^[^\n]*{says}[^\n]*$"):
+        create_engine(config)

@@ -133,16 +133,21 @@ class LlamaCppEngine(WorkerEngine):
             self._start_worker(scheduler, "lmpress-llamacpp")
             return
         self.chat_template = chat_template(config, self.metadata)
+        try:  # the recipe's thinking settings, checked before anything more is loaded
+            self.model_thinking = ModelThinking(
+                self.chat_template, config.model.reasoning_parser, self._tokenize,
+                self._detokenize, self.model_name,
+            )  # fmt: skip
+            self.model_thinking.check_recipe(config.generation)
+        except ConfigError:
+            self.llama.close()
+            raise
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
         parser = self.tool_call_parser
         self.projector = load_projector(config.model.model_kwargs.get("mmproj"), self.llama)
         self.prompts = GgufPrompts(
             self.llama._model, self.vocab, self.chat_template, self.model_name, parser,
             self.projector, config.model.chat_template_kwargs,
-        )  # fmt: skip
-        self.model_thinking = ModelThinking(
-            self.chat_template, config.model.reasoning_parser, self._tokenize, self._detokenize,
-            self.model_name,
         )  # fmt: skip
         batch_size = parallel_sequences(config.generation.batch_size)
         ctx = batched_context(self.llama, self.path, kwargs, batch_size)

@@ -141,6 +141,7 @@ class NativeEngine(WorkerEngine):
             lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             self.model_name,
         )
+        self.model_thinking.check_recipe(config.generation)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
         scheduler = NativeScheduler(
             self._queue, self, model=self.model, tokenizer=self.tokenizer, device=self.device,
