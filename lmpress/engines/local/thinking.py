@@ -76,7 +76,9 @@ class ModelThinking:
         except RequestError as exc:
             raise ConfigError(str(exc)) from exc
 
-    def thinking(self, prompt_ids: list[int], params: Any, guided: bool) -> Thinking | None:
+    def thinking(
+        self, prompt_ids: list[int], params: GenerationParams, guided: bool
+    ) -> Thinking | None:
         """A request's thinking, from its prompt's ids; None where the reply cannot think
         (a model that does not, or a prompt that closed the block). `guided`: its reply
         follows a grammar, which starts once the thinking is over."""
