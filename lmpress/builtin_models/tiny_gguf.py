@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpress.builtin_models.tiny import INST_TEMPLATE, WORDS, builder_main, cache_root
+from lmpress.builtin_models.tiny import (
+    INST_TEMPLATE,
+    THINK_TEMPLATE,
+    THINK_TOKENS,
+    WORDS,
+    builder_main,
+    cache_root,
+)
 from lmpress.builtin_models.tiny_gguf_bert import BERTS, BertSpec, write_bert
 from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 
@@ -34,7 +41,7 @@ BUILDER_VERSION = 3
 TINY_GGUF_PREFIX = "tiny-gguf:"
 
 # gguf.TokenType values (kept here so the module imports without gguf installed).
-NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,10 @@ class GgufSpec:
     dtype: str = "f32"  # of the matrices: f32, f16, q8_0 or q4_k_m; norms are always f32
     arch: str = "llama"  # or "qwen2"
     chat_template: bool = True  # False: a base model, for raw text only
+    # A reasoning model (byte-level BPE only): `<think>` and `</think>` are tokens of their own,
+    # user-defined as Qwen3's GGUFs mark them (read from text, written into it), and the chat
+    # template is tiny.py's THINK_TEMPLATE: tiny:think's counterpart.
+    thinks: bool = False
 
 
 SPECS = {
@@ -61,6 +72,7 @@ SPECS = {
         GgufSpec("llama", "llama", 600, 64, 2, 4, 2, 128, 2048),
         GgufSpec("gpt2", "gpt2", 1000, 64, 2, 4, 4, 160, 2048),
         GgufSpec("gpt2-q8", "gpt2", 1000, 64, 2, 4, 4, 160, 2048, dtype="q8_0"),
+        GgufSpec("think", "gpt2", 1000, 64, 2, 4, 4, 160, 2048, thinks=True),
         # K-quants pack rows of 256 values: every matrix dimension here is a multiple of 256.
         GgufSpec("qwen2-q4k", "gpt2", 1000, 256, 2, 4, 2, 512, 2048, 0.1, "q4_k_m", "qwen2"),
         GgufSpec(
@@ -313,7 +325,7 @@ def bpe_vocab(spec: GgufSpec) -> Vocab:
     known = set(tokens)
     merges: list[str] = []
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    budget = spec.vocab_size - len(specials)
+    budget = spec.vocab_size - len(specials) - (len(THINK_TOKENS) if spec.thinks else 0)
     for word in _words(spec.vocab_size):
         for text in (" " + word, word):
             chars = "".join(alphabet[b] for b in text.encode("utf-8"))
@@ -328,7 +340,12 @@ def bpe_vocab(spec: GgufSpec) -> Vocab:
     types = [NORMAL] * len(tokens) + [CONTROL] * len(specials)
     bos = len(tokens)
     tokens += specials
-    return Vocab(tokens, types, None, merges, bos, bos + 2, None, False, CHATML_TEMPLATE)
+    template = CHATML_TEMPLATE
+    if spec.thinks:
+        tokens += THINK_TOKENS
+        types += [USER_DEFINED] * len(THINK_TOKENS)
+        template = THINK_TEMPLATE
+    return Vocab(tokens, types, None, merges, bos, bos + 2, None, False, template)
 
 
 def _write_projector(spec: ProjectorSpec, out: Path) -> None:

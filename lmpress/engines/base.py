@@ -234,6 +234,9 @@ def check_params(engine: Engine | type[Engine], params: GenerationParams) -> Non
     unsupported = unsupported_params(engine, params)
     if unsupported:
         listed = ", ".join(f"generation.{name}" for name in unsupported)
+        if "max_reasoning_tokens" in unsupported and "reasoning_effort" in engine.supported_params:
+            # OpenAI's chat completions has an effort level and no token budget for thinking.
+            listed += " (it bounds thinking with generation.reasoning_effort: use that)"
         raise UnsupportedParamError(
             f"engine {engine.name} does not support {listed}; remove it from the recipe or "
             f"overrides, or pick an engine that does ('lmpress engines' lists them)"

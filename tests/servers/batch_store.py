@@ -93,7 +93,9 @@ class BatchStore:
     def row(self, custom_id: str, body: dict[str, Any], url: str, anthropic: bool) -> Row:
         """What one request of a batch comes to, by the rules of a live request to `url`."""
         faults = self.server.faults
-        problem = refusals.request_problem(body, url, anthropic, faults.extensions)
+        problem = refusals.request_problem(
+            body, url, anthropic, faults.extensions, faults.reasoning
+        )
         if anthropic and body.get("stream"):
             problem = "stream: not supported in a Message Batch"
         status = 400 if problem else refusals.permanent_status(
@@ -101,7 +103,7 @@ class BatchStore:
         if status is None and url.endswith("/embeddings"):
             out, status = embeddings.reply(body, faults.model), 200
         elif status is None:
-            reply = Reply.of(body, anthropic, faults.model)
+            reply = Reply.of(body, anthropic, faults.model, faults.reasoning)
             out = reply.anthropic() if anthropic else reply.openai(url)
             out["id"] = f"msg_01{token(24)}" if anthropic else f"chatcmpl-{token(29)}"
             status = 200

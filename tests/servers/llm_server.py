@@ -10,7 +10,9 @@ connection, a malformed body; repeat a kind in `transient_kinds` to weight it), 
 containing a `permanent` marker always fail with that status. Load-driven pushback comes from
 `rate_limit_rps` (a token bucket; 429 beyond it, with or without the wait in Retry-After), and
 an outage from `overloaded_until` or `burst` (every request gets `overload_status`: 429, 503,
-529). What a successful request gets is in `replies`. A body the SDK's own request
+529). What a successful request gets is in `replies`; a reasoning model's thinking comes before
+the answer where `Faults.reasoning` (chat completions) or a request's `thinking` (Messages) asks,
+written as that provider writes it (`reasoning_replies`). A body the SDK's own request
 type does not allow (an unknown field, a wrong type) gets the 400 the provider gives
 (`request_types`); `Faults.extensions` names the fields beyond it that a vLLM-like server takes.
 
@@ -69,6 +71,10 @@ class Faults:
     # Top-level body fields beyond the SDK's request type that this server takes, as a vLLM
     # server takes its own (`request_types.VLLM_EXTENSIONS`); none: an OpenAI that refuses them.
     extensions: frozenset[str] = frozenset()
+    # The reasoning model it plays on chat completions, and so where its thinking goes
+    # (`reasoning_replies.STYLES`); None: a model that does not think. On the Messages API the
+    # model thinks when a request's `thinking` asks, as Claude does.
+    reasoning: str | None = None
     batch: BatchFaults = field(default_factory=BatchFaults)  # the batch APIs' clock and faults
 
 
@@ -318,7 +324,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not f.rate_limit_retry_after:
                 return self._error(429, "rate limit reached, slow down", anthropic)
             return self._rate_limit(wait, anthropic)
-        problem = refusals.request_problem(body, path, anthropic, f.extensions)
+        problem = refusals.request_problem(body, path, anthropic, f.extensions, f.reasoning)
         if problem:
             return self._error(400, problem, anthropic)
         fault = app.fault_for(conversation, attempt)
@@ -344,7 +350,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, embeddings.reply(body, f.model))
         if path.endswith("/score"):
             return self._json(200, embeddings.score_reply(body, f.model))
-        reply = Reply.of(body, anthropic, f.model)
+        reply = Reply.of(body, anthropic, f.model, f.reasoning)
         if body.get("stream"):
             broken = fault if fault in ("drop", "malformed") else None
             return self._stream(reply, body, anthropic, broken)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.servers import embeddings, request_types, tool_replies
+from tests.servers import embeddings, reasoning_replies, request_types, tool_replies
 
 # The error `type` each status carries, as the providers spell it.
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -47,11 +47,13 @@ def permanent_status(conversation: str, permanent: dict[str, int]) -> int | None
 
 
 def request_problem(
-    body: dict[str, Any], path: str, anthropic: bool, extensions: frozenset[str] = frozenset()
-) -> str | None:
+    body: dict[str, Any], path: str, anthropic: bool, extensions: frozenset[str] = frozenset(),
+    reasoning: str | None = None,
+) -> str | None:  # fmt: skip
     """What the real API answers 400 to in a chat (or completion, or Messages) body sent to
     `path`, or None: first what the SDK's request type does not allow (`request_types`; the
-    fields in `extensions` aside), then what the API refuses in a body of the right shape."""
+    fields in `extensions` aside), then what the API refuses in a body of the right shape
+    (the reasoning provider it plays, `Faults.reasoning`, included)."""
     if path.rstrip("/").endswith("/score"):  # vLLM's own endpoint: no SDK type to check
         return embeddings.score_problem(body)
     problem = request_types.body_problem(body, request_types.endpoint(path, anthropic), extensions)
@@ -72,7 +74,7 @@ def request_problem(
                 return "messages: roles must alternate between user and assistant"
         if any(m.get("role") not in ("user", "assistant") for m in messages):
             return "messages: role must be user or assistant (system goes in 'system')"
-        return tool_replies.anthropic_problem(body)
+        return reasoning_replies.anthropic_problem(body) or tool_replies.anthropic_problem(body)
     if "messages" in body and not body["messages"]:
         return "messages: must not be empty"
-    return tool_replies.openai_problem(body)
+    return reasoning_replies.openai_problem(body, reasoning) or tool_replies.openai_problem(body)

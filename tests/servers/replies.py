@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tests.servers import tool_replies
+from tests.servers import reasoning_replies, tool_replies
 
 
 def reply_text(last_user: str) -> str:
@@ -27,9 +27,15 @@ class Reply:
     model: str
     logprobs: int | None = None  # top_logprobs asked for, when logprobs were
     calls: list[dict[str, Any]] | None = None  # tool calls, in the wire's own form
+    thinking: str | None = None  # what the model thought first (`reasoning_replies`)
+    style: str | None = None  # how chat completions writes it (`Faults.reasoning`)
+    shown: bool = False  # whether its text goes out on chat completions
+    thinking_blocks: list[dict[str, Any]] | None = None  # on the Messages API
 
     @classmethod
-    def of(cls, body: dict[str, Any], anthropic: bool, model: str) -> Reply:
+    def of(
+        cls, body: dict[str, Any], anthropic: bool, model: str, reasoning: str | None = None
+    ) -> Reply:
         messages = body.get("messages")
         if messages is None:
             last_user = str(body.get("prompt", ""))
@@ -59,12 +65,43 @@ class Reply:
         calls = (tool_replies.anthropic_calls if anthropic else tool_replies.openai_calls)(body)
         if calls:
             samples = [("", "tool_calls")] * len(samples)
-        return cls(samples, prompt_words + 1, body.get("model") or model, logprobs, calls)
+        reply = cls(samples, prompt_words + 1, body.get("model") or model, logprobs, calls)
+        if anthropic:
+            reply.thinking = reasoning_replies.anthropic_thinking(body, last_user)
+            if reply.thinking is not None:
+                reply.thinking_blocks = reasoning_replies.anthropic_blocks(
+                    reply.thinking, last_user
+                )
+        else:
+            reply.thinking = reasoning_replies.openai_thinking(body, reasoning, last_user)
+            reply.style, reply.shown = reasoning, reasoning_replies.shows_thoughts(body, reasoning)
+        return reply
 
-    def _usage(self) -> dict[str, int]:
-        out = sum(len(text.split()) for text, _ in self.samples)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": out,
-                "total_tokens": self.prompt_tokens + out}  # fmt: skip
+    @property
+    def thinking_words(self) -> int:
+        return len(self.thinking.split()) if self.thinking is not None else 0
+
+    def _usage(self) -> dict[str, Any]:
+        thought = self.thinking_words * len(self.samples)
+        out = sum(len(text.split()) for text, _ in self.samples) + thought
+        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": out,
+                                 "total_tokens": self.prompt_tokens + out}  # fmt: skip
+        if self.thinking is not None:
+            usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+        return usage
+
+    def _message(self, text: str) -> dict[str, Any]:
+        """A chat reply's message, its thinking written the way `style` writes it."""
+        if self.calls:
+            message = {"role": "assistant", "content": None, "tool_calls": self.calls}
+        else:
+            message = {"role": "assistant", "content": text}
+        if self.thinking is not None and self.shown:
+            if self.style == "gemini":
+                message["content"] = f"<thought>{self.thinking}</thought>{text}"
+            else:
+                message[self.style] = self.thinking
+        return message
 
     def _logprobs(self, text: str) -> dict[str, Any] | None:
         if self.logprobs is None:
@@ -82,10 +119,8 @@ class Reply:
                        for i, (text, finish) in enumerate(self.samples)]  # fmt: skip
             kind = "text_completion"
         else:
-            message = {"role": "assistant", "content": None, "tool_calls": self.calls}
             choices = [
-                {"index": i, "message": message if self.calls else
-                 {"role": "assistant", "content": text},
+                {"index": i, "message": self._message(text),
                  "finish_reason": finish, "logprobs": self._logprobs(text)}
                 for i, (text, finish) in enumerate(self.samples)
             ]  # fmt: skip
@@ -107,6 +142,8 @@ class Reply:
             if chat:
                 chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                         "finish_reason": None}])  # fmt: skip
+                for delta in self._thinking_deltas():  # the thinking streams first
+                    chunk([{"index": i, "delta": delta, "finish_reason": None}])
             for j, call in enumerate(self.calls or ()):  # as OpenAI streams a call
                 function = call["function"]
                 head = {"index": j, "id": call["id"], "type": "function",
@@ -132,13 +169,31 @@ class Reply:
         events.append(b"data: [DONE]\n\n")
         return events
 
+    def _thinking_deltas(self) -> list[dict[str, Any]]:
+        """The thinking as stream deltas: word by word in its own field, or for Gemini the
+        tagged thoughts as content in pieces of 5 characters, so that a tag arrives split."""
+        if self.thinking is None or not self.shown:
+            return []
+        if self.style == "gemini":
+            tagged = f"<thought>{self.thinking}</thought>"
+            return [{"content": tagged[k : k + 5]} for k in range(0, len(tagged), 5)]
+        words = self.thinking.split(" ")
+        return [{self.style: w if j == 0 else " " + w} for j, w in enumerate(words)]
+
+    def _anthropic_usage(self, text: str) -> dict[str, Any]:
+        usage: dict[str, Any] = {"output_tokens": len(text.split()) + self.thinking_words}
+        if self.thinking is not None:
+            usage["output_tokens_details"] = {"thinking_tokens": self.thinking_words}
+        return usage
+
     def anthropic(self) -> dict[str, Any]:
         text, finish = self.samples[0]
+        content = (self.thinking_blocks or []) + (self.calls or [{"type": "text", "text": text}])
         return {"id": "msg_test", "type": "message", "role": "assistant", "model": self.model,
-                "content": self.calls or [{"type": "text", "text": text}],
+                "content": content,
                 "stop_reason": _ANTHROPIC_STOP[finish], "stop_sequence": None,
                 "usage": {"input_tokens": self.prompt_tokens,
-                          "output_tokens": len(text.split())}}  # fmt: skip
+                          **self._anthropic_usage(text)}}  # fmt: skip
 
     def anthropic_events(self) -> list[bytes]:
         text, finish = self.samples[0]
@@ -146,22 +201,25 @@ class Reply:
         start.update(content=[], stop_reason=None)
         start["usage"] = {"input_tokens": self.prompt_tokens, "output_tokens": 1}
         events = [("message_start", {"type": "message_start", "message": start})]
+        blocks = self.thinking_blocks or []
+        events += reasoning_replies.anthropic_thinking_events(blocks)  # the thinking first
+        at = len(blocks)  # the answer's block index
         if self.calls:  # a tool_use block, its input streamed as JSON pieces
-            events += tool_replies.anthropic_call_events(self.calls)
+            events += tool_replies.anthropic_call_events(self.calls, at)
         else:
-            events.append(("content_block_start", {"type": "content_block_start", "index": 0,
+            events.append(("content_block_start", {"type": "content_block_start", "index": at,
                                                    "content_block": {"type": "text", "text": ""}}))  # fmt: skip
         events.append(("ping", {"type": "ping"}))
         for j, word in enumerate(text.split(" ") if not self.calls else ()):
             piece = word if j == 0 else " " + word
-            events.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": at,
                            "delta": {"type": "text_delta", "text": piece}}))  # fmt: skip
         events += [
-            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("content_block_stop", {"type": "content_block_stop", "index": at}),
             ("message_delta", {"type": "message_delta",
                                "delta": {"stop_reason": _ANTHROPIC_STOP[finish],
                                          "stop_sequence": None},
-                               "usage": {"output_tokens": len(text.split())}}),
+                               "usage": self._anthropic_usage(text)}),
             ("message_stop", {"type": "message_stop"}),
         ]  # fmt: skip
         return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]

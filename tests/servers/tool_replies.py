@@ -214,16 +214,18 @@ def anthropic_calls(body: dict[str, Any]) -> list[dict[str, Any]] | None:
              "input": arguments_for(tool["input_schema"])}]  # fmt: skip
 
 
-def anthropic_call_events(calls: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+def anthropic_call_events(
+    calls: list[dict[str, Any]], index: int = 0
+) -> list[tuple[str, dict[str, Any]]]:
     """A tool_use block as the Messages API streams it: opened with an empty input, then the
-    input's JSON in pieces (one block: the caller closes index 0)."""
+    input's JSON in pieces (one block, at `index`, which the caller closes)."""
     call = calls[0]
     opened = {**call, "input": {}}
     events = [("content_block_start",
-               {"type": "content_block_start", "index": 0, "content_block": opened})]  # fmt: skip
+               {"type": "content_block_start", "index": index, "content_block": opened})]  # fmt: skip
     text = json.dumps(call["input"])
     for k in range(0, len(text), 8):
         delta = {"type": "input_json_delta", "partial_json": text[k : k + 8]}
         events.append(("content_block_delta",
-                       {"type": "content_block_delta", "index": 0, "delta": delta}))  # fmt: skip
+                       {"type": "content_block_delta", "index": index, "delta": delta}))  # fmt: skip
     return events

@@ -192,7 +192,13 @@ class OpenAIBatches(BatchAPI):
         from lmpress.engines.remote.openai_compat import parse_chat_completion, parse_embeddings
 
         b = await self.call(f"checking {batch_id}", self.client.batches.retrieve, batch_id)
-        parse = parse_embeddings if b.endpoint == EMBEDDINGS_PATH else parse_chat_completion
+        engine: Any = self.engine
+        thought_tags = engine.reasoning.thought_tags
+
+        def parse_chat(body: Any, model: str) -> Reply:  # as the live engine reads a reply
+            return parse_chat_completion(body, model, thought_tags)
+
+        parse = parse_embeddings if b.endpoint == EMBEDDINGS_PATH else parse_chat
         for file_id in (b.output_file_id, b.error_file_id):
             if not file_id:
                 continue

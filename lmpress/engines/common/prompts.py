@@ -137,10 +137,15 @@ class HfPrompts:
         return self.inputs(request, plan)[0]
 
     def inputs(
-        self, request: Request, plan: ToolPlan | None = None
+        self,
+        request: Request,
+        plan: ToolPlan | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[list[int], dict[str, Any] | None]:
         """The prompt's token ids, and for a prompt with images the processor's image inputs
-        (pixel_values and whatever else the model takes with them); None without images."""
+        (pixel_values and whatever else the model takes with them); None without images.
+        `template_kwargs`: this request's own template variables (its reasoning_effort's),
+        over the recipe's."""
         if request.prompt is not None:
             return list(self.tokenizer(request.prompt)["input_ids"]), None
         text = render_chat_prompt(
@@ -149,7 +154,7 @@ class HfPrompts:
             self.engine,
             self.model,
             self.chat_template,
-            self.template_kwargs,
+            {**(self.template_kwargs or {}), **(template_kwargs or {})},
             plan,
             reads_images=self.processor is not None,
         )

@@ -16,6 +16,10 @@ template with neither mark gets none, and its text is never split. `none` turns 
 
 `ReasoningFormat.close` is what an engine writes itself to end the thinking, once a row has
 thought for `max_reasoning_tokens` tokens: the model then goes on to answer (`ThinkingBudget`).
+A row under a grammar (a JSON schema, a required tool call) is held to it only once its
+thinking is over; the engine writes the marks between thinking and answer itself (the start
+mark where the prompt did not open the block, and what follows the end mark), so that the
+grammar starts exactly where the answer does.
 """
 
 from __future__ import annotations
@@ -79,6 +83,15 @@ def opened_in(prompt: str, fmt: ReasoningFormat) -> bool:
     return start >= 0 and start > prompt.rfind(fmt.end)
 
 
+def closed_in(prompt: str, fmt: ReasoningFormat) -> bool:
+    """Whether the prompt ends just after a thinking block the template closed itself (Qwen3's
+    and SmolLM3's `enable_thinking: false` write an empty one), or with the answer opened: the
+    reply is then all answer."""
+    if fmt is HARMONY:
+        return prompt.rstrip().endswith(fmt.answer_start)
+    return prompt.rstrip().endswith(fmt.end)
+
+
 def split(text: str, fmt: ReasoningFormat | None, opened: bool = False) -> tuple[str | None, str]:
     """(thinking, answer) of a whole reply. The thinking is None when the reply has none (a
     model that does not think, or a block the prompt closed); a reply cut short while still
@@ -98,8 +111,10 @@ def split(text: str, fmt: ReasoningFormat | None, opened: bool = False) -> tuple
     return thinking.strip("\n"), answer.lstrip("\n")
 
 
+# One harmony message: its channel, then (after a header that may name a recipient or a
+# `<|constrain|>` format) its content, up to the mark that ends it or the end of the text.
 _HARMONY_MESSAGE = re.compile(
-    r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)[^<]*<\|message\|>(.*?)"
+    r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)(?:(?!<\|message\|>).)*?<\|message\|>(.*?)"
     r"(?:<\|end\|>|<\|call\|>|<\|return\|>|$)",
     re.S,
 )
@@ -123,76 +138,153 @@ def _split_harmony(text: str) -> tuple[str | None, str]:
 class StreamSplitter:
     """Splits a reply into thinking and answer as it streams: `feed` takes each new piece
     of text and returns (thinking, answer) pieces, holding back a tail that may be the start
-    of a mark until the next piece shows what it is."""
+    of a mark (and thinking's trailing newlines, which `split` strips) until the next piece
+    shows what it is; `flush` hands out the rest once the reply has ended. The pieces join up
+    to what `split` gives for the whole reply. Each feed reads only what is new since the last
+    mark, so a long reply streams in time linear in its length."""
 
     def __init__(self, fmt: ReasoningFormat | None, opened: bool = False):
         self.fmt = fmt
-        self._pending = ""
-        # "start": not yet known whether the reply thinks; "thinking"; "answer"
-        self._state = "answer" if fmt is None else ("thinking" if opened else "start")
-        self._answer_started = False
+        self._text = ""
+        # THINK: "start" (not yet known whether the reply thinks), "thinking" (from `_at`),
+        # "answer" (from `_at`, its leading newlines dropped), or "plain" (all answer).
+        self._state = "thinking" if opened else "start"
+        self._at = 0  # where the thinking or the answer begins in the text
+        self._sent = 0  # THINK: where what was handed out of the current part ends
+        self._leading = True  # THINK: the current part's leading newlines still to drop
+        # HARMONY: the contents of the messages read whole so far (thinking, answer), up to
+        # `_at`; the message still arriving (whether it thinks, where its content begins) and
+        # how far it has been searched for its end; how much of each part was handed out.
+        self._parts: tuple[list[str], list[str]] = ([], [])
+        self._live: tuple[bool, int] | None = None
+        self._scan = 0
+        self._sent_parts = [0, 0]
 
     def feed(self, text: str) -> tuple[str, str]:
-        fmt = self.fmt
-        if fmt is None:
+        if self.fmt is None:
             return "", text
-        self._pending += text
-        thinking, answer = "", ""
-        while self._pending:
-            if self._state == "start":
-                stripped = self._pending.lstrip()
-                if fmt.start.startswith(stripped):  # could still become the start mark
-                    break
-                if stripped.startswith(fmt.start):
-                    self._pending = stripped[len(fmt.start) :].lstrip("\n")
-                    self._state = "thinking"
-                else:
-                    self._state = "answer"
-            elif self._state == "thinking":
-                end = self._pending.find(fmt.end)
-                if end >= 0:
-                    thinking += self._pending[:end]
-                    self._pending = self._pending[end + len(fmt.end) :]
-                    self._state = "answer"
-                    continue
-                keep = _partial_suffix(self._pending, fmt.end)
-                thinking += self._pending[: len(self._pending) - keep]
-                self._pending = self._pending[len(self._pending) - keep :]
-                break
-            else:
-                if fmt is HARMONY:
-                    answer_at = self._pending.find(fmt.answer_start)
-                    if answer_at >= 0 and not self._answer_started:
-                        self._pending = self._pending[answer_at + len(fmt.answer_start) :]
-                        self._answer_started = True
-                        continue
-                    if not self._answer_started:
-                        break  # the channel header is still arriving
-                    self._pending = re.sub(r"<\|(?:end|return|call)\|>", "", self._pending)
-                    keep = max(_partial_suffix(self._pending, m) for m in _HARMONY_ENDS)
-                    if keep:
-                        answer += self._pending[: len(self._pending) - keep]
-                        self._pending = self._pending[len(self._pending) - keep :]
-                        break
-                if not self._answer_started:
-                    self._pending = self._pending.lstrip("\n")
-                    if not self._pending:
-                        break
-                    self._answer_started = True
-                answer += self._pending
-                self._pending = ""
-        return thinking, answer
+        self._text += text
+        if self.fmt is HARMONY:
+            return self._harmony(final=False)
+        return self._think(final=False)
 
     def flush(self) -> tuple[str, str]:
-        """What is held back once the reply has ended."""
-        pending, self._pending = self._pending, ""
-        if self.fmt is HARMONY:
-            pending = "" if pending.startswith("<|") else pending
-        if self._state == "thinking":
-            return pending, ""
-        if self._state == "start" and self.fmt is not None and pending.strip() == "":
+        """What is held back, once the reply has ended."""
+        if self.fmt is None:
             return "", ""
-        return "", pending
+        if self.fmt is HARMONY:
+            return self._harmony(final=True)
+        return self._think(final=True)
+
+    def _think(self, final: bool) -> tuple[str, str]:
+        fmt, text = self.fmt, self._text
+        if self._state == "start":
+            stripped = text.lstrip()
+            if stripped.startswith(fmt.start):
+                self._state, self._at = "thinking", len(text) - len(stripped) + len(fmt.start)
+                self._sent = self._at
+            elif fmt.start.startswith(stripped) and not final:
+                return "", ""  # all whitespace, or the start mark's beginning
+            else:
+                self._state = "plain"
+        if self._state == "plain":
+            piece, self._sent = text[self._sent :], len(text)
+            return "", piece
+        thinking = ""
+        if self._state == "thinking":
+            end = text.find(fmt.end, max(self._at, self._sent - len(fmt.end)))
+            if end < 0 and not final:  # hold back what may begin the end mark, and newlines
+                limit = len(text) - _partial_suffix(text, fmt.end)
+            else:
+                limit = len(text) if end < 0 else end
+            if self._leading:  # the thinking's leading newlines are dropped
+                self._skip_newlines(limit)
+            stop = limit
+            while stop > self._sent and text[stop - 1] == "\n":
+                stop -= 1
+            thinking, self._sent = text[self._sent : stop], max(self._sent, stop)
+            if end < 0:
+                return thinking, ""
+            self._state, self._at = "answer", end + len(fmt.end)
+            self._sent, self._leading = self._at, True
+        if self._leading:  # the answer's leading newlines are dropped
+            self._skip_newlines(len(text))
+        piece, self._sent = text[self._sent :], len(text)
+        return thinking, piece
+
+    def _skip_newlines(self, limit: int) -> None:
+        """Drop the newlines that open the current part, up to `limit`."""
+        text = self._text
+        while self._sent < limit and text[self._sent] == "\n":
+            self._sent += 1
+        self._leading = self._sent == limit
+
+    def _harmony(self, final: bool) -> tuple[str, str]:
+        text = self._text
+        keep = 0 if final else max(_partial_suffix(text, mark) for mark in _HARMONY_MARKS)
+        head = text[: len(text) - keep]
+        if self._state == "start":
+            if _HARMONY_HEADER.search(head) is None:
+                stripped = head.lstrip()
+                if final or not (stripped.startswith("<|") or "<|".startswith(stripped)):
+                    self._state = "plain"  # no channels: all of it is answer, as split says
+                else:
+                    return "", ""
+            else:
+                self._state = "messages"
+        if self._state == "plain":
+            piece, self._sent = text[self._sent :], len(text)
+            return "", piece
+        while True:
+            if self._live is None:  # between messages: the next one's header
+                header = _HARMONY_HEADER.search(head, self._at)
+                if header is None:
+                    break
+                self._live = (header.group(1) == "analysis", header.end())
+                self._scan = header.end()
+            thinks, begins = self._live
+            ends = [at for at in (head.find(m, self._scan) for m in _HARMONY_ENDS) if at >= 0]
+            if not ends:
+                self._scan = max(begins, len(head) - max(map(len, _HARMONY_ENDS)))
+                break
+            end = min(ends)
+            self._parts[not thinks].append(head[begins:end])
+            self._at = end + next(len(m) for m in _HARMONY_ENDS if head.startswith(m, end))
+            self._live = None
+        return self._new_harmony(True, head), self._new_harmony(False, head)
+
+    def _new_harmony(self, thinks: bool, head: str) -> str:
+        """What is new of the thinking (or the answer): the messages read whole, joined as
+        `split` joins them, then the one still arriving."""
+        parts = self._parts[not thinks]
+        glue = "\n" if thinks else ""
+        done = sum(map(len, parts)) + len(glue) * max(0, len(parts) - 1)
+        live = self._live is not None and self._live[0] == thinks
+        joint = glue if parts and live else ""
+        sent = self._sent_parts[not thinks]
+        piece = ""
+        if sent < done + len(joint):  # joined only when some of it is new
+            piece = (glue.join(parts) + joint)[sent:]
+        if live:
+            piece += head[self._live[1] + max(0, sent - done - len(joint)) :]
+        self._sent_parts[not thinks] = sent + len(piece)
+        return piece
+
+
+# A harmony message's header: its channel, then what may name a recipient or a
+# `<|constrain|>` format, up to where its content begins.
+_HARMONY_HEADER = re.compile(
+    r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)(?:(?!<\|message\|>).)*?<\|message\|>", re.S
+)
+
+
+_HARMONY_MARKS = (
+    "<|start|>assistant",
+    "<|channel|>",
+    "<|message|>",
+    "<|constrain|>",
+    *_HARMONY_ENDS,
+)
 
 
 def _partial_suffix(text: str, mark: str) -> int:
@@ -206,11 +298,17 @@ def _partial_suffix(text: str, mark: str) -> int:
 class ThinkingBudget:
     """One sample's thinking on a local engine, token by token: counts the tokens it thinks,
     and once it has thought `limit` of them, hands out the tokens of `close` one by one for
-    the engine to emit in place of what it would sample. `thinking` says whether the sample is
-    still inside its thinking: grammars (JSON schemas, tool calls) apply only once it is over.
+    the engine to emit in place of what it would sample. `waits` says whether the sample is
+    still inside its thinking (or inside marks the engine writes): grammars (JSON schemas,
+    tool calls) apply only once it is over.
 
     `end_ids` are the token ids of the end mark as the tokenizer writes it (one token for a
-    model that has `</think>` in its vocabulary); a sample that writes them ends its thinking."""
+    model that has `</think>` in its vocabulary); a sample that writes them ends its thinking.
+    For a sample under a grammar the engine writes what must come between the thinking and
+    the answer itself: the start mark where the prompt did not open the block
+    (`force_open`), and after the model's own end mark the rest of `close` (`after_end_ids`:
+    THINK's blank line, harmony's final-channel header), so that the grammar starts where the
+    answer does."""
 
     def __init__(
         self,
@@ -219,18 +317,29 @@ class ThinkingBudget:
         close_ids: list[int],
         end_ids: list[int],
         start_ids: list[int] | None = None,
+        *,
+        force_open: bool = False,
+        after_end_ids: list[int] | None = None,
     ):
         self.limit = limit
         self.close_ids = close_ids
         self.end_ids = end_ids
         self.start_ids = start_ids or []
+        self.after_end_ids = after_end_ids or []
         # A template that did not open the block: the sample may still open it with its
         # first tokens (start_ids), else it answers straight away.
         self.thinking = opened
-        self._may_open = not opened and bool(self.start_ids)
+        self._may_open = not opened and bool(self.start_ids) and not force_open
         self.spent = 0  # tokens thought, the end mark left out
         self._recent: list[int] = []
-        self._forcing: list[int] = []
+        # What the engine writes next in place of sampling, and whether it opens the block.
+        self._forcing = list(self.start_ids) if force_open and not opened else []
+        self._opening = bool(self._forcing)
+
+    @property
+    def waits(self) -> bool:
+        """Whether a grammar must wait: the sample thinks, or the engine writes marks."""
+        return self.thinking or bool(self._forcing)
 
     def forced(self) -> int | None:
         """The token the engine must emit next instead of sampling, or None."""
@@ -244,7 +353,7 @@ class ThinkingBudget:
         if self._forcing:
             self._forcing.pop(0)
             if not self._forcing:
-                self.thinking = False
+                self.thinking, self._opening = self._opening, False
             return
         if self._may_open:
             self._recent.append(token)
@@ -261,3 +370,4 @@ class ThinkingBudget:
         if self.end_ids and self._recent == self.end_ids:
             self.thinking = False
             self.spent -= len(self.end_ids)
+            self._forcing = list(self.after_end_ids)

@@ -10,6 +10,10 @@ thread, takes submissions from the `WorkQueue` the two share and answers them wi
 `CallerQueue` is the one way a local engine hands something back across threads (the VLLM
 engine's own loop uses it too).
 
+A reasoning model's replies (a `Submission` with `thinking`, thinking.py) are split into
+thinking and answer here, alike for every local engine: each delta as it is handed back
+(`Submission.deliver`), each result's samples in `Scheduler.result`.
+
 No caller may wait on a request the worker can no longer answer: the engine keeps every
 submission whose caller is still listening, and when an exception escapes `run` it fails each
 one not yet answered and starts `run` again; when the worker ends (closed, or killed by
@@ -28,13 +32,17 @@ import weakref
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, error_result, failure_info
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, Usage
+
+if TYPE_CHECKING:
+    from lmpress.engines.common.reasoning import StreamSplitter
+    from lmpress.engines.local.thinking import Thinking
 
 
 class CallerQueue:
@@ -79,6 +87,10 @@ class Submission:
     # A prompt with images: what the model takes with its ids to prefill it (NATIVE: the
     # processor's pixel_values and the like). None for text.
     media: Any = None
+    # A reasoning model's request: how its replies think. Its deltas are split here into
+    # thinking and answer, one splitter per sample; its result in `Scheduler.result`.
+    thinking: Thinking | None = None
+    _splitters: dict[int, StreamSplitter] = field(default_factory=dict)
 
     def deliver(self, item: Delta | Result) -> None:
         """Hand a delta or the result to the caller; safe to call from any thread."""
@@ -86,6 +98,25 @@ class Submission:
             if self.answered:
                 return  # a request gets one Result, however its step failed
             self.answered = True
+            for index, splitter in self._splitters.items():  # what each one held back
+                self._put_split(item.request_id, index, splitter.flush())
+        elif self.thinking is not None:
+            splitter = self._splitters.get(item.index)
+            if splitter is None:
+                splitter = self._splitters[item.index] = self.thinking.splitter()
+            self._put_split(item.request_id, item.index, splitter.feed(item.text))
+            return
+        self._put(item)
+
+    def _put_split(self, request_id: str, index: int, pieces: tuple[str, str]) -> None:
+        """A sample's new thinking, then its new answer, each as a delta when there is any."""
+        thinking, answer = pieces
+        if thinking:
+            self._put(Delta(request_id, thinking, index, reasoning=True))
+        if answer:
+            self._put(Delta(request_id, answer, index))
+
+    def _put(self, item: Delta | Result) -> None:
         if not self.replies.put(item):
             self.cancelled = True
 
@@ -120,12 +151,16 @@ class Scheduler(ABC):
             )
 
     def result(self, submission: Submission, samples: list[Sample]) -> Result:
-        """A submission's answer: its samples, counted and labelled with the engine."""
+        """A submission's answer: its samples (a reasoning model's thinking apart from its
+        answer), counted and labelled with the engine."""
+        if submission.thinking is not None:
+            samples = [submission.thinking.split(sample) for sample in samples]
         completion = sum(sample.completion_tokens for sample in samples)
+        thought = sum(sample.reasoning_tokens for sample in samples)
         return Result(
             request_id=submission.request.id,
             samples=samples,
-            usage=Usage(len(submission.prompt_ids), completion),
+            usage=Usage(len(submission.prompt_ids), completion, thought),
             model=self.engine.model_name,
             engine=self.engine.name,
             latency_s=time.perf_counter() - submission.started,

@@ -8,6 +8,19 @@ an assistant turn's tool calls are `tool_use` blocks and a tool turn's reply a `
 block in a user turn. `parse_message` maps the reply back: text blocks joined, `tool_use`
 blocks as tool calls, `stop_reason` to lmpress's finish reasons, usage (cached input counted as
 input).
+
+Thinking (`thinking_config`): `max_reasoning_tokens` N is extended thinking with
+`budget_tokens` N, which the API takes from 1024 up to below `max_tokens` (a row outside that
+is refused, naming the rule); 0 turns thinking off. `reasoning_effort` low, medium or high is
+adaptive thinking (`thinking: {type: adaptive}`) at that `output_config.effort`, the API's own
+levels under the same names; `none` turns thinking off; `minimal` has no Anthropic level and is
+refused. With thinking on the API takes no temperature or top_k (lmpress sends neither: the
+Messages API samples at temperature 1, `inherent_params`) and no forced tool_choice (`any` or a
+named tool), which is refused. The reply's `thinking` blocks are the sample's reasoning; they and
+any `redacted_thinking` blocks are kept whole, signature and all, in `reasoning_details`, and an
+assistant turn that carries them in a later request sends them back first in its content, as the
+API requires with tool use. Thinking from elsewhere (a DeepSeek turn's `reasoning_content`) has no
+signature and is dropped.
 """
 
 from __future__ import annotations
@@ -69,6 +82,7 @@ class AnthropicEngine(RemoteEngine):
     def check_request_params(self, params: GenerationParams) -> None:
         if params.guided_decoding is not None:
             params.guided_decoding.refuse_unless(self.name, GUIDED_FORMS)
+        thinking_config(params)
 
     def status_kind(self, status: int) -> ErrorKind:
         return ErrorKind.OVERLOADED if status == 529 else super().status_kind(status)
@@ -102,32 +116,44 @@ class AnthropicEngine(RemoteEngine):
         stream = await client.messages.create(**body, stream=True)
         parts: list[str] = []
         calls: dict[int, list[str]] = {}  # block index -> [id, name, JSON input pieces...]
+        thinking: dict[int, dict[str, Any]] = {}  # block index -> the thinking block so far
         stop_reason = None
         usage = Usage()
         model = ""
         async with stream:
             async for event in stream:
-                text = ""
+                text, thought = "", ""
                 try:
                     kind = event.type
+                    delta = getattr(event, "delta", None)
                     if kind == "message_start":
                         model = event.message.model or ""
                         usage = _usage(event.message.usage.model_dump(), usage)
-                    elif kind == "content_block_start" and event.content_block.type == "tool_use":
+                    elif kind == "content_block_start":
                         block = event.content_block
-                        calls[event.index] = [block.id, block.name]
-                    elif kind == "content_block_delta" and event.delta.type == "text_delta":
-                        text = event.delta.text
-                    elif kind == "content_block_delta" and event.delta.type == "input_json_delta":
-                        calls[event.index].append(event.delta.partial_json)
+                        if block.type == "tool_use":
+                            calls[event.index] = [block.id, block.name]
+                        elif block.type in _THINKING_FIELDS:
+                            thinking[event.index] = block.model_dump()
+                    elif kind == "content_block_delta" and delta.type == "text_delta":
+                        text = delta.text
+                    elif kind == "content_block_delta" and delta.type == "input_json_delta":
+                        calls[event.index].append(delta.partial_json)
+                    elif kind == "content_block_delta" and delta.type == "thinking_delta":
+                        thought = delta.thinking
+                        thinking[event.index]["thinking"] += thought
+                    elif kind == "content_block_delta" and delta.type == "signature_delta":
+                        thinking[event.index]["signature"] = delta.signature
                     elif kind == "message_delta":
-                        stop_reason = event.delta.stop_reason or stop_reason
+                        stop_reason = delta.stop_reason or stop_reason
                         if event.usage is not None:
                             usage = _usage(event.usage.model_dump(), usage)
                 except (AttributeError, TypeError, KeyError, ValueError) as exc:
                     raise MalformedResponse(
                         f"a stream event is not a Messages event ({exc})"
                     ) from exc
+                if thought:
+                    yield Delta(request.id, thought, reasoning=True)
                 if text:
                     parts.append(text)
                     yield Delta(request.id, text)
@@ -137,6 +163,7 @@ class AnthropicEngine(RemoteEngine):
             ToolCall(id, name, "".join(pieces) or "{}")
             for id, name, *pieces in (calls[i] for i in sorted(calls))
         ] or None
+        sample = with_thinking(sample, [thinking[i] for i in sorted(thinking)], usage)
         yield Reply([sample], usage, model)
 
 
@@ -159,12 +186,57 @@ def request_body(request: Request, model: str) -> dict[str, Any]:
         body["stop_sequences"] = list(p.stop_strings)
     if p.guided_decoding is not None:
         body["output_config"] = {"format": output_format(p.guided_decoding)}
+    thinking = thinking_config(p)
+    if thinking is not None:
+        body["thinking"] = thinking
+        if p.reasoning_effort not in (None, "none"):
+            body.setdefault("output_config", {})["effort"] = p.reasoning_effort
     if request.tools:
         body["tools"] = [tool_definition(tool["function"]) for tool in request.tools]
         choice = tool_choice(p.tool_choice, p.parallel_tool_calls)
         if choice is not None:
             body["tool_choice"] = choice
     return body
+
+
+# Extended thinking's smallest budget_tokens, which the API refuses below.
+MIN_THINKING_BUDGET = 1024
+EFFORTS = ("low", "medium", "high")  # output_config.effort levels named as lmpress names them
+
+
+def thinking_config(p: GenerationParams) -> dict[str, Any] | None:
+    """The Messages API's `thinking` for the row's reasoning bounds, or None to leave the
+    model's default; a bound the API would refuse is refused here, in one line."""
+    effort, budget = p.reasoning_effort, p.max_reasoning_tokens
+    if effort is None and budget is None:
+        return None
+
+    def refuse(message: str) -> RequestError:
+        return RequestError(f"engine ANTHROPIC {message}", ErrorKind.INVALID_REQUEST)
+
+    if effort not in (None, "none", *EFFORTS):
+        raise refuse(
+            f"has no effort level '{effort}' (generation.reasoning_effort); use none, "
+            f"{', '.join(EFFORTS)}"
+        )
+    if budget == 0 or effort == "none":
+        if budget and effort == "none":
+            raise refuse("thinks not at all with generation.reasoning_effort none, which leaves "
+                         "generation.max_reasoning_tokens nothing to bound; keep one")  # fmt: skip
+        return {"type": "disabled"}
+    if budget is not None and not MIN_THINKING_BUDGET <= budget < p.max_new_tokens:
+        raise refuse(
+            f"takes a thinking budget (generation.max_reasoning_tokens, here {budget}) of at "
+            f"least {MIN_THINKING_BUDGET} and less than max_new_tokens ({p.max_new_tokens})"
+        )
+    if chosen_name(p.tool_choice) is not None or p.tool_choice == "required":
+        raise refuse(
+            "takes tool_choice auto or none with thinking on, not a forced tool (required or "
+            "a named function)"
+        )
+    if budget is not None:
+        return {"type": "enabled", "budget_tokens": budget}
+    return {"type": "adaptive"}
 
 
 def tool_definition(function: dict[str, Any]) -> dict[str, Any]:
@@ -215,6 +287,11 @@ def convert_messages(messages: list[Message]) -> tuple[str, list[dict[str, Any]]
 
 
 def _content(message: Message) -> str | list[dict[str, Any]]:
+    thinking = thinking_blocks(message.reasoning_details) if message.role == "assistant" else []
+    if thinking:
+        content = _content(Message("assistant", message.content, message.tool_calls))
+        text = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        return thinking + [block for block in text if block.get("text") != ""]
     if message.role == "tool" and message.tool_call_id is not None:
         result = _content(Message("user", message.content))
         return [{"type": "tool_result", "tool_use_id": message.tool_call_id, "content": result}]
@@ -231,6 +308,22 @@ def _content(message: Message) -> str | list[dict[str, Any]]:
         else:
             blocks.append(image_block(part.image_url or ""))
     return blocks
+
+
+# The fields of each thinking block the API takes back (ThinkingBlockParam,
+# RedactedThinkingBlockParam): a reply's block may carry more, which a request may not.
+_THINKING_FIELDS = {"thinking": ("type", "thinking", "signature"),
+                    "redacted_thinking": ("type", "data")}  # fmt: skip
+
+
+def thinking_blocks(details: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """An earlier turn's thinking blocks as the API takes them back: whole and in order."""
+    out = []
+    for block in details or ():
+        fields = _THINKING_FIELDS.get(block.get("type")) if isinstance(block, dict) else None
+        if fields is not None:
+            out.append({key: block[key] for key in fields if key in block})
+    return out
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
@@ -275,10 +368,11 @@ def output_format(guided: GuidedDecoding) -> dict[str, Any]:
 
 
 def parse_message(data: Any, model: str = "") -> Reply:
-    """A Messages API JSON reply as one sample, usage and the model name."""
+    """A Messages API JSON reply as one sample, usage and the model name: text blocks are the
+    answer, thinking blocks the reasoning (kept whole in `reasoning_details`)."""
     if not isinstance(data, dict) or not isinstance(data.get("content"), list):
         raise MalformedResponse("the reply is not a Messages API message (no content list)")
-    texts, calls = [], []
+    texts, calls, thinking = [], [], []
     for block in data["content"]:
         if not isinstance(block, dict):
             raise MalformedResponse("a content block is not an object")
@@ -291,12 +385,25 @@ def parse_message(data: Any, model: str = "") -> Reply:
                 raise MalformedResponse("a tool_use block has no id or name")
             arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
             calls.append(ToolCall(block["id"], block["name"], arguments))
+        elif block.get("type") in _THINKING_FIELDS:
+            thinking.append(block)
     stop_reason = data.get("stop_reason") or "end_turn"
     usage = _usage(data.get("usage") if isinstance(data.get("usage"), dict) else {}, Usage())
     sample = Sample("".join(texts), FINISH_REASONS.get(stop_reason, "stop"))
     sample.completion_tokens = usage.completion_tokens
     sample.tool_calls = calls or None
-    return Reply([sample], usage, data.get("model") or model)
+    return Reply([with_thinking(sample, thinking, usage)], usage, data.get("model") or model)
+
+
+def with_thinking(sample: Sample, blocks: list[dict[str, Any]], usage: Usage) -> Sample:
+    """The sample with its thinking blocks: their text as its reasoning ("" when all were
+    redacted), the blocks themselves as its reasoning_details."""
+    details = thinking_blocks(blocks)
+    if details:
+        sample.reasoning = "\n\n".join(b["thinking"] for b in details if "thinking" in b)
+        sample.reasoning_details = details
+    sample.reasoning_tokens = usage.reasoning_tokens
+    return sample
 
 
 def _usage(data: dict[str, Any], previous: Usage) -> Usage:
@@ -309,4 +416,10 @@ def _usage(data: dict[str, Any], previous: Usage) -> Usage:
         else previous.prompt_tokens
     )
     output = data.get("output_tokens")
-    return Usage(prompt, int(output) if output is not None else previous.completion_tokens)
+    details = data.get("output_tokens_details")
+    thinking = details.get("thinking_tokens") if isinstance(details, dict) else None
+    return Usage(
+        prompt,
+        int(output) if output is not None else previous.completion_tokens,
+        int(thinking) if thinking is not None else previous.reasoning_tokens,
+    )

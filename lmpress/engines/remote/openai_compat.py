@@ -4,7 +4,9 @@ One engine class speaks the chat-completions protocol; each service is its row i
 (base URL, key variable, the generation parameters it accepts and how a few of them are spelled,
 `Dialect`) bound onto it, and the two services that need code of their own (BEDROCK's regional
 URL, SGLANG's endpoint paths) subclass it. `openai_wire.client.request_body` turns a Request into
-the JSON body and `parse_chat_completion` turns the JSON reply into samples and usage.
+the JSON body, the row's `ReasoningFields` add its reasoning bounds (reasoning.py), and
+`parse_chat_completion` turns the JSON reply into samples and usage, each sample's thinking apart
+from its answer; streamed, `StreamedChoice` does the same for each choice as it arrives.
 
 `complete` (what `batch` uses) posts the body through the SDK's generic `post` and reads the JSON
 reply straight into a Result, skipping the SDK's parameter and response models: the SDK still
@@ -33,6 +35,12 @@ from lmpress.engines.remote.base import (
     client_options,
 )
 from lmpress.engines.remote.inline_images import inline_image_url
+from lmpress.engines.remote.reasoning import (
+    ReasoningFields,
+    message_reasoning,
+    reasoning_tokens,
+    split_thoughts,
+)
 from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.openai_wire import pooling as wire
 from lmpress.openai_wire.client import OPENAI_PARAMS, Dialect, request_body
@@ -68,6 +76,7 @@ class OpenAICompatEngine(RemoteEngine):
     name = "REMOTE"
     supported_params = OPENAI_PARAMS
     dialect: ClassVar[Dialect] = Dialect()
+    reasoning: ClassVar[ReasoningFields] = ReasoningFields()  # its reasoning fields (presets.py)
     key_required = False  # a local server usually has no key; a named variable must exist
     model_required = False  # asked of the server (GET /models) when not given
     endpoint_paths = ("/chat/completions", "/completions")
@@ -88,6 +97,7 @@ class OpenAICompatEngine(RemoteEngine):
     def check_request_params(self, params: GenerationParams) -> None:
         if params.guided_decoding is not None:
             self.dialect.check_guided(params.guided_decoding, self.name)
+        self.reasoning.check(params, self.name)
 
     def _make_client(self) -> Any:
         return self._openai.AsyncOpenAI(
@@ -103,7 +113,8 @@ class OpenAICompatEngine(RemoteEngine):
         return body
 
     def _body(self, request: Request, model: str, stream: bool = False) -> dict[str, Any]:
-        return request_body(request, model, self.dialect, stream=stream, image_url=inline_image_url)
+        body = request_body(request, model, self.dialect, stream=stream, image_url=inline_image_url)
+        return self.reasoning.apply(body, request.params)
 
     async def _before_send(self, client: Any) -> None:
         """A hook run before each attempt (GOOGLE_VERTEX refreshes its token here)."""
@@ -142,7 +153,7 @@ class OpenAICompatEngine(RemoteEngine):
             data = json.loads(content)
         except ValueError as exc:
             raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
-        return parse_chat_completion(data, self.model_name)
+        return parse_chat_completion(data, self.model_name, self.reasoning.thought_tags)
 
     def _embed_body(self, request: EmbedRequest, model: str) -> dict[str, Any]:
         """The /embeddings body for a request, live or as an OpenAI Batch line. It asks for
@@ -197,59 +208,38 @@ class OpenAICompatEngine(RemoteEngine):
         kwargs, extra = _split(body)
         api = client.completions if request.prompt is not None else client.chat.completions
         stream = await api.create(**kwargs, extra_body=extra or None)
-        texts: dict[int, list[str]] = {}
-        calls: dict[int, ToolCallDeltas] = {}
-        finish: dict[int, FinishReason] = {}
-        logprobs: dict[int, list[TokenLogprob]] = {}
+        choices: dict[int, StreamedChoice] = {}
         usage = Usage()
         model = ""
         async with stream:
             async for chunk in stream:
-                pieces: list[tuple[int, str]] = []
+                pieces: list[Delta] = []
                 try:
                     model = chunk.model or model
                     if getattr(chunk, "usage", None):
-                        usage = Usage(
-                            chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0
-                        )
+                        usage = _usage(chunk.usage.model_dump())
                     for choice in chunk.choices or ():
                         index = choice.index or 0
-                        if request.prompt is None:
-                            delta = choice.delta
-                            text = (delta.content if delta is not None else None) or ""
-                            for part in (delta.tool_calls if delta is not None else None) or ():
-                                calls.setdefault(index, ToolCallDeltas()).add(part)
-                        else:
-                            text = choice.text or ""
-                        if text:
-                            pieces.append((index, text))
-                        if choice.logprobs is not None and request.prompt is None:
-                            logprobs.setdefault(index, []).extend(
-                                _token_logprobs(choice.logprobs.model_dump())
-                            )
-                        if choice.finish_reason:
-                            finish[index] = finish_reason(choice.finish_reason)
+                        if index not in choices:
+                            choices[index] = StreamedChoice(self.reasoning)
+                        pieces += choices[index].add(choice, request, index)
                 except (AttributeError, TypeError, KeyError, ValueError) as exc:
                     raise MalformedResponse(
                         f"a stream chunk is not a completion chunk ({exc})"
                     ) from exc
-                for index, text in pieces:
-                    texts.setdefault(index, []).append(text)
-                    yield Delta(request.id, text, index)
-        n = max([request.params.n, *(i + 1 for i in texts), *(i + 1 for i in finish)])
+                for piece in pieces:
+                    yield piece
+        for index, choice in choices.items():
+            for piece in choice.flush(request, index):
+                yield piece
+        n = max([request.params.n, *(i + 1 for i in choices)])
         samples = [
-            with_calls(
-                Sample(
-                    "".join(texts.get(i, [])),
-                    finish.get(i, "stop"),
-                    logprobs.get(i) if request.params.logprobs else None,
-                ),
-                calls[i].assembled() if i in calls else None,
-            )
+            choices[i].sample(request.params.logprobs) if i in choices else Sample("", "stop")
             for i in range(n)
         ]
         if len(samples) == 1:
             samples[0].completion_tokens = usage.completion_tokens
+            samples[0].reasoning_tokens = usage.reasoning_tokens
         yield Reply(samples, usage, model)
 
 
@@ -338,8 +328,67 @@ class ToolCallDeltas:
         return out
 
 
-def parse_chat_completion(data: Any, model: str = "") -> Reply:
-    """A chat-completions (or completions) JSON reply as samples, usage and the model name."""
+class StreamedChoice:
+    """One streamed choice as it arrives: its thinking (`reasoning_content` or `reasoning`
+    deltas, or Gemini's <thought> tags in the content) apart from its answer, its tool calls,
+    logprobs and finish reason."""
+
+    def __init__(self, reasoning: ReasoningFields):
+        self.texts: list[str] = []
+        self.thoughts: list[str] | None = None  # None until the choice thinks
+        self.calls: ToolCallDeltas | None = None
+        self.logprobs: list[TokenLogprob] = []
+        self.finish: FinishReason = "stop"
+        self.splitter = reasoning.splitter()
+
+    def add(self, choice: Any, request: Request, index: int) -> list[Delta]:
+        """The deltas one chunk's choice brings: thinking first, then answer."""
+        thought = ""
+        if request.prompt is None:
+            delta = choice.delta
+            text = (delta.content if delta is not None else None) or ""
+            thought = (message_reasoning(delta) if delta is not None else None) or ""
+            for part in (delta.tool_calls if delta is not None else None) or ():
+                self.calls = self.calls or ToolCallDeltas()
+                self.calls.add(part)
+            if choice.logprobs is not None:
+                self.logprobs.extend(_token_logprobs(choice.logprobs.model_dump()))
+        else:
+            text = choice.text or ""
+        if self.splitter is not None and text:
+            more, text = self.splitter.feed(text)
+            thought += more
+        if choice.finish_reason:
+            self.finish = finish_reason(choice.finish_reason)
+        return self._deltas(request, index, thought, text)
+
+    def flush(self, request: Request, index: int) -> list[Delta]:
+        """What a splitter held back, once the stream has ended."""
+        if self.splitter is None:
+            return []
+        return self._deltas(request, index, *self.splitter.flush())
+
+    def _deltas(self, request: Request, index: int, thought: str, text: str) -> list[Delta]:
+        out = []
+        if thought:
+            self.thoughts = (self.thoughts or []) + [thought]
+            out.append(Delta(request.id, thought, index, reasoning=True))
+        if text:
+            self.texts.append(text)
+            out.append(Delta(request.id, text, index))
+        return out
+
+    def sample(self, logprobs: bool) -> Sample:
+        sample = Sample("".join(self.texts), self.finish, self.logprobs if logprobs else None)
+        if self.thoughts is not None:
+            sample.reasoning = "".join(self.thoughts)
+        return with_calls(sample, self.calls.assembled() if self.calls else None)
+
+
+def parse_chat_completion(data: Any, model: str = "", thought_tags: bool = False) -> Reply:
+    """A chat-completions (or completions) JSON reply as samples, usage and the model name;
+    each message's thinking (`message_reasoning`, or with `thought_tags` Gemini's <thought>
+    head of the content) apart from its answer."""
     if not isinstance(data, dict):
         raise MalformedResponse(f"expected a JSON object, got {type(data).__name__}")
     if "error" in data and "choices" not in data:
@@ -353,30 +402,48 @@ def parse_chat_completion(data: Any, model: str = "") -> Reply:
     for choice in choices:
         if not isinstance(choice, dict):
             raise MalformedResponse("a choice is not an object")
-        message = choice.get("message")
-        calls = None
-        if isinstance(message, dict):
-            text = message.get("content")
-            lp = choice.get("logprobs")
-            logprobs = _token_logprobs(lp) if isinstance(lp, dict) else None
-            calls = parse_tool_calls(message.get("tool_calls"))
-        else:
-            text = choice.get("text")
-            logprobs = None
-        if text is not None and not isinstance(text, str):
-            raise MalformedResponse("a choice's content is not text")
+        sample = _choice_sample(choice, thought_tags)
         index = choice.get("index")
-        sample = Sample(text or "", finish_reason(choice.get("finish_reason") or "stop"), logprobs)
-        samples.append(
-            (index if isinstance(index, int) else len(samples), with_calls(sample, calls))
-        )
+        samples.append((index if isinstance(index, int) else len(samples), sample))
     samples.sort(key=lambda pair: pair[0])
     usage = data.get("usage")
-    usage = usage if isinstance(usage, dict) else {}
-    result = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    result = _usage(usage if isinstance(usage, dict) else {})
     if len(samples) == 1:
         samples[0][1].completion_tokens = result.completion_tokens
+        samples[0][1].reasoning_tokens = result.reasoning_tokens
     return Reply([s for _, s in samples], result, data.get("model") or model)
+
+
+def _choice_sample(choice: dict[str, Any], thought_tags: bool) -> Sample:
+    message = choice.get("message")
+    calls = None
+    reasoning = None
+    if isinstance(message, dict):
+        text = message.get("content")
+        lp = choice.get("logprobs")
+        logprobs = _token_logprobs(lp) if isinstance(lp, dict) else None
+        calls = parse_tool_calls(message.get("tool_calls"))
+        reasoning = message_reasoning(message)
+    else:
+        text = choice.get("text")
+        logprobs = None
+    if text is not None and not isinstance(text, str):
+        raise MalformedResponse("a choice's content is not text")
+    if thought_tags and text:
+        thoughts, text = split_thoughts(text)
+        if thoughts is not None:
+            reasoning = thoughts if reasoning is None else reasoning + thoughts
+    sample = Sample(text or "", finish_reason(choice.get("finish_reason") or "stop"), logprobs)
+    sample.reasoning = reasoning
+    return with_calls(sample, calls)
+
+
+def _usage(usage: dict[str, Any]) -> Usage:
+    return Usage(
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+        reasoning_tokens(usage),
+    )
 
 
 def parse_embeddings(data: Any, model: str = "") -> EmbedReply:

@@ -18,6 +18,7 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
+from lmpress.engines.remote.reasoning import GOOGLE, OPENAI_EFFORT, ReasoningFields
 from lmpress.openai_wire.client import OPEN_MODEL_PARAMS, OPENAI_PARAMS, VLLM_PARAMS, Dialect
 
 OPENAI_COMPAT = "lmpress.engines.remote.openai_compat:OpenAICompatEngine"
@@ -68,6 +69,9 @@ class Provider:
     key_env: str | None = None  # the default variable holding the API key
     params: frozenset[str] = OPENAI_PARAMS  # the GenerationParams fields it honours
     dialect: Dialect = field(default_factory=Dialect)
+    # Which reasoning fields an OpenAI-compatible service takes (reasoning.py), whose
+    # GenerationParams fields join `params`. ANTHROPIC's are in anthropic.py and its params.
+    reasoning: ReasoningFields = field(default_factory=ReasoningFields)
     key_required: bool = True  # False: a keyless local server is fine
     model_required: bool = True  # False: asked of the server (GET /models)
     user_field: bool = False  # send remote_params.user_id as OpenAI's `user`
@@ -88,28 +92,34 @@ class Provider:
     # /embeddings, `score` and `rerank` where it has vLLM's /score.
     tasks: frozenset[str] = GENERATE
 
+    def __post_init__(self) -> None:
+        # The reasoning fields it takes are parameters it honours; a row need not list them twice.
+        object.__setattr__(self, "params", self.params | self.reasoning.params)
+
 
 PROVIDERS: tuple[Provider, ...] = (
     # OpenAI's Batch API, Anthropic's Message Batches and Google's batch modes: half price.
     Provider("OPENAI", "OpenAI chat completions API", "https://api.openai.com/v1",
              "OPENAI_API_KEY", dialect=Dialect(max_tokens_field="max_completion_tokens"),
-             user_field=True, batch_discount=0.5, batch_api=BatchApi.OPENAI, tasks=EMBED),
+             reasoning=OPENAI_EFFORT, user_field=True, batch_discount=0.5,
+             batch_api=BatchApi.OPENAI, tasks=EMBED),
     Provider("ANTHROPIC", "Anthropic Messages API", "https://api.anthropic.com",
-             "ANTHROPIC_API_KEY", frozenset({"max_new_tokens", "stop_strings", "guided_decoding"}),
+             "ANTHROPIC_API_KEY", frozenset({"max_new_tokens", "stop_strings", "guided_decoding",
+                                             "reasoning_effort", "max_reasoning_tokens"}),
              engine="lmpress.engines.remote.anthropic:AnthropicEngine", requires=("anthropic",),
              batch_discount=0.5, batch_api=BatchApi.ANTHROPIC, batch_max_requests=100_000,
              batch_max_bytes=256 * 1024 * 1024),
     # A server of one's own may implement OpenAI's Files and Batches endpoints.
     Provider("REMOTE", "any OpenAI-compatible server", key_required=False, model_required=False,
-             batch_api=BatchApi.OPENAI, tasks=EMBED),
+             reasoning=OPENAI_EFFORT, batch_api=BatchApi.OPENAI, tasks=EMBED),
     Provider("REMOTE_VLLM", "a remote vLLM server", params=OPENAI_PARAMS | VLLM_PARAMS,
              dialect=Dialect(extra_fields=VLLM_PARAMS, structured_outputs=True),
-             key_required=False, model_required=False, tasks=POOLING),
+             reasoning=OPENAI_EFFORT, key_required=False, model_required=False, tasks=POOLING),
     Provider("GEMINI", "Google Gemini (OpenAI-compatible)",
              "https://generativelanguage.googleapis.com/v1beta/openai/", "GEMINI_API_KEY",
-             GOOGLE_PARAMS, batch_discount=0.5, tasks=EMBED),
-    Provider("GOOGLE_VERTEX", "Google Vertex AI", params=GOOGLE_PARAMS, key_required=False,
-             engine="lmpress.engines.remote.vertex:GoogleVertexEngine", extra="vertex",
+             GOOGLE_PARAMS, reasoning=GOOGLE, batch_discount=0.5, tasks=EMBED),
+    Provider("GOOGLE_VERTEX", "Google Vertex AI", params=GOOGLE_PARAMS, reasoning=GOOGLE,
+             key_required=False, engine="lmpress.engines.remote.vertex:GoogleVertexEngine", extra="vertex",
              requires=("openai", "google.auth"), batch_discount=0.5),
     Provider("TOGETHER", "Together AI", "https://api.together.xyz/v1", "TOGETHER_API_KEY",
              OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST, tasks=EMBED),
@@ -121,11 +131,12 @@ PROVIDERS: tuple[Provider, ...] = (
     Provider("OPENROUTER", "OpenRouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY",
              OPENAI_PARAMS | OPEN_MODEL_PARAMS, OPEN_MODEL_HOST),
     Provider("FIREWORKS", "Fireworks AI", "https://api.fireworks.ai/inference/v1",
-             "FIREWORKS_API_KEY", OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST, tasks=EMBED),
+             "FIREWORKS_API_KEY", OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST, OPENAI_EFFORT,
+             tasks=EMBED),
     # SGLang's OpenAI-compatible API: guided_decoding.json goes as response_format.
     Provider("SGLANG", "a running SGLang server (OpenAI-compatible API)",
              params=OPENAI_PARAMS | VLLM_PARAMS, dialect=Dialect(extra_fields=VLLM_PARAMS),
-             key_required=False, model_required=False, tasks=EMBED,
+             reasoning=OPENAI_EFFORT, key_required=False, model_required=False, tasks=EMBED,
              engine="lmpress.engines.remote.openai_compat:SGLangEngine"),
     Provider("SAMBANOVA", "SambaNova Cloud", "https://api.sambanova.ai/v1", "SAMBANOVA_API_KEY",
              frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop_strings"}),
@@ -209,6 +220,7 @@ def engine_class(name: str) -> type[Any]:
         "model_required": provider.model_required,
         "user_field": provider.user_field,
         "dialect": provider.dialect,
+        "reasoning": provider.reasoning,
         "tasks": provider.tasks,
         "provider": provider,
         "__doc__": f"{provider.summary}: {base.__name__} with the {provider.name} row.",

@@ -17,6 +17,10 @@ the same whatever the others hold, and what else is in flight moves a sequence's
 llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on the
 batch size, short of a near-exact tie between two tokens.
 
+A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
+sequence by sequence: the scheduler writes the close of a row's thinking once its
+`max_reasoning_tokens` are spent, and holds its grammar until the answer starts.
+
 `model_kwargs.mmproj` names the model's projector GGUF: rows may then carry images, read by
 llama.cpp's multimodal library and decoded into their sequences by the same scheduler
 (projector.py).
@@ -53,6 +57,7 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projecto
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
+from lmpress.engines.local.thinking import ModelThinking
 from lmpress.engines.local.worker import WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
@@ -78,7 +83,7 @@ class LlamaCppEngine(WorkerEngine):
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "skip_special_tokens",
-        "guided_decoding",
+        "guided_decoding", "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     takes_tools = True
     # One per run: the engine loads the model for the task the run does (pooling.py).
@@ -128,12 +133,21 @@ class LlamaCppEngine(WorkerEngine):
             self._start_worker(scheduler, "lmpress-llamacpp")
             return
         self.chat_template = chat_template(config, self.metadata)
+        try:  # the recipe's thinking settings, checked before anything more is loaded
+            self.model_thinking = ModelThinking(
+                self.chat_template, config.model.reasoning_parser, self._tokenize,
+                self._detokenize, self.model_name,
+            )  # fmt: skip
+            self.model_thinking.check_recipe(config.generation)
+        except ConfigError:
+            self.llama.close()
+            raise
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
         parser = self.tool_call_parser
         self.projector = load_projector(config.model.model_kwargs.get("mmproj"), self.llama)
         self.prompts = GgufPrompts(
             self.llama._model, self.vocab, self.chat_template, self.model_name, parser,
-            self.projector,
+            self.projector, config.model.chat_template_kwargs,
         )  # fmt: skip
         batch_size = parallel_sequences(config.generation.batch_size)
         ctx = batched_context(self.llama, self.path, kwargs, batch_size)
@@ -218,7 +232,16 @@ class LlamaCppEngine(WorkerEngine):
 
     def render(self, request: Request, tool_plan: ToolPlan | None = None) -> str:
         """The chat template applied to a request's messages, as llama-cpp-python renders it."""
-        return self.prompts.render(request, tool_plan)
+        return self.prompts.render(request, tool_plan, self.model_thinking.template_kwargs(request))
+
+    def _tokenize(self, text: str) -> list[int]:
+        """Text as the GGUF tokenizer writes it mid-reply: no BOS, special tokens read."""
+        return list(self.llama._model.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    def _detokenize(self, ids: list[int]) -> str:
+        """Ids back into text, special tokens written out (on the caller's thread, beside
+        the worker's own decoding)."""
+        return self.vocab.decode(ids, special=True)
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids (the chat template applied, or the raw prompt), checked to
@@ -229,7 +252,8 @@ class LlamaCppEngine(WorkerEngine):
         self, request: Request, tool_plan: ToolPlan | None = None
     ) -> tuple[list[int], list[ImageSegment] | None]:
         """The prompt's token ids, checked to fit, and its image segments (None: no images)."""
-        ids, images = self.prompts.inputs(request, tool_plan)
+        switches = self.model_thinking.template_kwargs(request)
+        ids, images = self.prompts.inputs(request, tool_plan, switches)
         if len(ids) >= self.n_ctx_seq:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, the context of a sequence is {self.n_ctx_seq} "
@@ -266,9 +290,10 @@ class LlamaCppEngine(WorkerEngine):
             plan,
             self.name,
         )
+        thinking = self.model_thinking.thinking(prompt_ids, request.params, matcher is not None)
         return LlamaCppSubmission(
             request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher, tool_plan=plan,
-            media=images,
+            media=images, thinking=thinking,
         )  # fmt: skip
 
     def _logit_bias(self, params: GenerationParams) -> list[tuple[int, float]]:

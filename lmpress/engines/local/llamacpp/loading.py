@@ -267,14 +267,26 @@ class Vocab:
         return self._lc.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
 
     def piece(self, token: int, special: bool) -> bytes:
-        """The bytes a token adds to the reply; special tokens give none unless `special`."""
-        n = self._lc.llama_token_to_piece(
-            self.vocab, token, self._piece, len(self._piece), 0, special
-        )
+        """The bytes a token adds to the reply; special tokens give none unless `special`.
+        For the worker thread, whose buffer it reuses."""
+        data, self._piece = self._read_piece(token, special, self._piece)
+        return data
+
+    def decode(self, tokens: list[int], special: bool) -> str:
+        """Tokens as text, from any thread (a buffer of its own)."""
+        buffer, pieces = ctypes.create_string_buffer(256), []
+        for token in tokens:
+            data, buffer = self._read_piece(token, special, buffer)
+            pieces.append(data)
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    def _read_piece(self, token: int, special: bool, buffer: Any) -> tuple[bytes, Any]:
+        """A token's bytes, read into `buffer` (grown when too short: the buffer used)."""
+        n = self._lc.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, special)
         if n < 0:  # longer than the buffer: grow it and ask again
-            self._piece = ctypes.create_string_buffer(-n)
-            n = self._lc.llama_token_to_piece(self.vocab, token, self._piece, -n, 0, special)
-        return self._piece.raw[:n]
+            buffer = ctypes.create_string_buffer(-n)
+            n = self._lc.llama_token_to_piece(self.vocab, token, buffer, -n, 0, special)
+        return buffer.raw[:n], buffer
 
     def string(self, token: int, params: GenerationParams) -> str:
         """A token as a row reports it in its logprobs."""

@@ -17,6 +17,7 @@ from lmpress.engines.local.llamacpp.loading import (
     trained_context,
 )
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
+from lmpress.engines.local.thinking import SwitchedPrompts
 from lmpress.engines.prompt_count import PromptCounter
 
 
@@ -27,11 +28,15 @@ def prompt_counter(config: RunConfig) -> PromptCounter:
     metadata = vocab_model.metadata()
     parser = check_parser(model.tool_call_parser)
     template = chat_template(config, metadata)
-    prompts = GgufPrompts(vocab_model, Vocab(vocab_model), template, model.model_name, parser)
+    prompts = GgufPrompts(
+        vocab_model, Vocab(vocab_model), template, model.model_name, parser,
+        template_kwargs=model.chat_template_kwargs,
+    )  # fmt: skip
     context = planned_sequence_context(
         int(model.model_kwargs.get("n_ctx") or 0),
         trained_context(metadata),
         parallel_sequences(config.generation.batch_size),
     )
     label = f"{model.model_name} (the GGUF file's vocabulary, as LLAMACPP)"
-    return PromptCounter(prompts, True, context, label)
+    counted = SwitchedPrompts(prompts, template, model.model_name)
+    return PromptCounter(counted, True, context, label)

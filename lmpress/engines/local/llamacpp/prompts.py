@@ -19,7 +19,8 @@ from lmpress.vocabulary.types import Message, Request
 class GgufPrompts:
     """A request's prompt ids on a GGUF model: `model` is llama-cpp-python's `LlamaModel`
     (`Llama._model`, or one loaded with `vocab_only`), `chat_template` the recipe's or the
-    file's (None: neither has one)."""
+    file's (None: neither has one), `template_kwargs` the variables the template reads
+    (model.chat_template_kwargs, e.g. enable_thinking)."""
 
     def __init__(
         self,
@@ -29,8 +30,10 @@ class GgufPrompts:
         model_name: str,
         parser: str | None,
         projector: Any = None,
+        template_kwargs: dict[str, Any] | None = None,
     ):
         self.model = model
+        self.template_kwargs = template_kwargs or {}
         self.projector = projector  # projector.Projector: this model reads images
         self.vocab = vocab
         self.chat_template = chat_template
@@ -42,8 +45,14 @@ class GgufPrompts:
         """The request's tool plan (None: it neither offers tools nor holds calls of them)."""
         return tool_plan(request, self.chat_template, self.parser)
 
-    def render(self, request: Request, plan: ToolPlan | None = None) -> str:
-        """The chat template applied to a request's messages, as llama-cpp-python renders it."""
+    def render(
+        self,
+        request: Request,
+        plan: ToolPlan | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The chat template applied to a request's messages, as llama-cpp-python renders it;
+        `template_kwargs`: this request's own variables (its reasoning_effort's)."""
         if self._formatter is None:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -59,7 +68,8 @@ class GgufPrompts:
         if plan is not None:  # tools offered, or turns that called them (tool_calls.py)
             messages, tools = plan.messages, plan.tools
         try:
-            return self._formatter(messages=messages, tools=tools).prompt
+            variables = {**self.template_kwargs, **(template_kwargs or {})}
+            return self._formatter(messages=messages, tools=tools, **variables).prompt
         except Exception as exc:  # Jinja raises its own errors for refused conversations
             raise RequestError(
                 f"chat template failed: {exc}", kind=ErrorKind.INVALID_REQUEST
@@ -77,7 +87,10 @@ class GgufPrompts:
         return self.inputs(request, plan)[0]
 
     def inputs(
-        self, request: Request, plan: ToolPlan | None = None
+        self,
+        request: Request,
+        plan: ToolPlan | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[list[int], list[ImageSegment] | None]:
         """The prompt's token ids and, for a prompt with images, its image segments (their
         tokens are negative ids in the list, see projector.py); None without images."""
@@ -100,7 +113,7 @@ class GgufPrompts:
                     kind=ErrorKind.INVALID_REQUEST,
                 )
             # As llama-cpp-python's chat handler does: the template emits BOS itself.
-            text = self.render(request, plan)
+            text = self.render(request, plan, template_kwargs)
             if images:
                 return self.projector.tokenize(text, images)
             ids = self.model.tokenize(text.encode("utf-8"), add_bos=False, special=True)

@@ -10,6 +10,7 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmpress.engines.common.reasoning import ThinkingBudget
 from lmpress.engines.local.guided import Matcher
 from lmpress.engines.local.worker import Submission
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
@@ -55,10 +56,21 @@ class SequenceRow:
     # An incremental decoder keeps a character split across tokens until it is whole.
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     logprobs: list[TokenLogprob] | None = None
+    budget: ThinkingBudget | None = None  # a reasoning model's: its thinking so far
 
     def __post_init__(self) -> None:
         if self.params.logprobs:
             self.logprobs = []
+        if self.submission.thinking is not None:
+            self.budget = self.submission.thinking.budget()
+
+    @property
+    def special_pieces(self) -> bool:
+        """Whether special tokens are written into its text: as asked, and always for a
+        reasoning format written in them (harmony's channels), which the split must read."""
+        thinking = self.submission.thinking
+        keeps = thinking is not None and thinking.keeps_special_tokens
+        return keeps or not self.params.skip_special_tokens
 
     @property
     def params(self) -> GenerationParams:

@@ -106,6 +106,20 @@ class Sampling:
         values, top = distribution
         return token, TokenLogprob(self.vocab.string(token, params), float(values[token]), top)
 
+    def force(
+        self, sampler: Any, params: GenerationParams, index: int, logprobs: bool, token: int
+    ) -> tuple[int, TokenLogprob | None]:
+        """`token`, which the engine writes itself (a reasoning row's close of its thinking),
+        taken by the row's sampler chain as if sampled (its penalties count it), with its
+        log-probability entry under the model when the row asks for logprobs."""
+        entry = None
+        if logprobs:
+            values, top = self._logprobs(params, index)
+            entry = TokenLogprob(self.vocab.string(token, params), float(values[token]), top)
+        if sampler is not None:
+            self._lc.llama_sampler_accept(sampler, token)
+        return token, entry
+
     def _logits(self, index: int) -> Any:
         """The logits of batch row `index`, as a numpy array over llama.cpp's own buffer."""
         import numpy as np

@@ -217,9 +217,20 @@ class LlamaCppScheduler(Scheduler):
     def _sample(self, row: SequenceRow, index: int) -> None:
         params = row.params
         wants_logprobs = row.logprobs is not None
-        token, logprob = self._sampling.pick(
-            row.sampler, params, row.generated, index, wants_logprobs, row.matcher
-        )
+        budget = row.budget
+        # A reasoning row's grammar waits for its thinking to end, and once its thinking
+        # budget is spent the engine writes the tokens that close it in place of sampling.
+        thinking = budget is not None and budget.waits
+        forced = budget.forced() if budget is not None else None
+        if forced is not None:
+            token, logprob = self._sampling.force(
+                row.sampler, params, index, wants_logprobs, forced
+            )
+        else:
+            matcher = None if thinking else row.matcher
+            token, logprob = self._sampling.pick(
+                row.sampler, params, row.generated, index, wants_logprobs, matcher
+            )
         row.generated += 1
         if self.vocab.is_end(token) or token in params.stop_token_ids:
             row.finish_reason = "stop"
@@ -227,11 +238,13 @@ class LlamaCppScheduler(Scheduler):
             row.tokens.append(token)
             if logprob is not None:
                 row.logprobs.append(logprob)
-            if row.matcher is not None:
+            if budget is not None:
+                budget.accept(token)
+            if row.matcher is not None and not thinking:
                 row.matcher.accept(token)
                 if row.matcher.complete:  # nothing but the end can follow: end here
                     row.finish_reason = "stop"
-            piece = self.vocab.piece(token, special=not params.skip_special_tokens)
+            piece = self.vocab.piece(token, special=row.special_pieces)
             row.text += row.decoder.decode(piece)
             if params.stop_strings:
                 row.cut_at_stop_string()
@@ -298,6 +311,7 @@ class LlamaCppScheduler(Scheduler):
                 finish_reason=row.finish_reason or "length",
                 logprobs=row.logprobs,
                 completion_tokens=row.generated,
+                reasoning_tokens=row.budget.spent if row.budget is not None else 0,
             )
             for row in submission.rows
         ]

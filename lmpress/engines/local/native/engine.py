@@ -17,6 +17,10 @@ its pooling, or a cross-encoder) and a `PoolingScheduler` (embedding.py) that ba
 inputs waiting, sorted by length; `normalize` and `dimensions` apply to the vectors it hands
 back, here.
 
+A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
+row by row inside the batch: sampling.py writes the close of a row's thinking once its
+`max_reasoning_tokens` are spent, and holds its grammar until the answer starts.
+
 `model.model_kwargs.kv_cache_gb` caps the KV cache (rows join only while it has room, and a
 row that could outgrow it alone fails); `model.model_kwargs.prefix_reuse: false` turns off
 reusing a shared prompt prefix's cache.
@@ -51,6 +55,7 @@ from lmpress.engines.local.native.loading import (
 )
 from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
+from lmpress.engines.local.thinking import ModelThinking
 from lmpress.engines.local.worker import Submission, WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
@@ -70,6 +75,7 @@ class NativeEngine(WorkerEngine):
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens", "guided_decoding",
+        "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     uses_generation_defaults = True
     takes_tools = True
@@ -127,6 +133,15 @@ class NativeEngine(WorkerEngine):
         self._grammars: Grammars | None = None
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
         self.prompts = native_prompts(config, self.tokenizer, self.tool_call_parser, self.processor)
+        tokenizer = self.tokenizer
+        self.model_thinking = ModelThinking(
+            getattr(tokenizer, "chat_template", None),
+            config.model.reasoning_parser,
+            lambda text: tokenizer.encode(text, add_special_tokens=False),
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+            self.model_name,
+        )
+        self.model_thinking.check_recipe(config.generation)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
         scheduler = NativeScheduler(
             self._queue, self, model=self.model, tokenizer=self.tokenizer, device=self.device,
@@ -233,7 +248,11 @@ class NativeEngine(WorkerEngine):
             self.name,
         )
         ids, images = self.inputs(request, plan)
-        return Submission(request, ids, started, matcher=matcher, tool_plan=plan, media=images)
+        thinking = self.model_thinking.thinking(ids, request.params, matcher is not None)
+        return Submission(
+            request, ids, started, matcher=matcher, tool_plan=plan, media=images,
+            thinking=thinking,
+        )  # fmt: skip
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids (the chat template applied, or the raw prompt), checked to
@@ -245,7 +264,8 @@ class NativeEngine(WorkerEngine):
     ) -> tuple[list[int], dict[str, Any] | None]:
         """The prompt's token ids, checked to leave room in the context, and a prompt's image
         inputs for the model (pixel_values, ...; None without images)."""
-        ids, images = self.prompts.inputs(request, tool_plan)
+        switches = self.model_thinking.template_kwargs(request)
+        ids, images = self.prompts.inputs(request, tool_plan, switches)
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, the model's context is {self.context_length}",

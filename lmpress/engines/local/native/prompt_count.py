@@ -9,6 +9,7 @@ from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.tool_parsers import check_parser
 from lmpress.engines.local.native.loading import load_processor, native_prompts
+from lmpress.engines.local.thinking import SwitchedPrompts
 from lmpress.engines.prompt_count import PromptCounter
 
 
@@ -20,4 +21,5 @@ def prompt_counter(config: RunConfig) -> PromptCounter:
     prompts = native_prompts(config, tokenizer, check_parser(model.tool_call_parser), processor)
     context = context_length(model_config, model.model_max_length)
     label = f"{model.tokenizer_name or model.model_name} (transformers, as NATIVE)"
-    return PromptCounter(prompts, True, context, label)
+    counted = SwitchedPrompts(prompts, getattr(tokenizer, "chat_template", None), model.model_name)
+    return PromptCounter(counted, True, context, label)

@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmpress.engines.common.reasoning import ThinkingBudget
 from lmpress.engines.local.worker import Submission
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
 
@@ -32,6 +33,7 @@ class BatchRow:
     emitted: int = 0  # characters already sent as deltas
     logprobs: list[TokenLogprob] | None = None
     matcher: Any = None  # its place in the grammar it follows (guided decoding)
+    budget: ThinkingBudget | None = None  # a reasoning model's: its thinking so far
     last: int = 0  # the token it picked last, which the next step feeds the model
 
     @property
@@ -42,12 +44,18 @@ class BatchRow:
     def needs_text(self) -> bool:
         return self.submission.wants_deltas or bool(self.params.stop_strings)
 
+    @property
+    def skips_special_tokens(self) -> bool:
+        """Whether its text leaves special tokens out: as asked, but for a reasoning format
+        written in special tokens (harmony's channels), which the split must read."""
+        thinking = self.submission.thinking
+        keeps = thinking is not None and thinking.keeps_special_tokens
+        return self.params.skip_special_tokens and not keeps
+
     def finish(self, tokenizer: Any) -> None:
         """The row's final text, and "length" where nothing else ended it."""
         if self.finish_reason != "stop" or not self.params.stop_strings:
-            self.text = tokenizer.decode(
-                self.tokens, skip_special_tokens=self.params.skip_special_tokens
-            )
+            self.text = tokenizer.decode(self.tokens, skip_special_tokens=self.skips_special_tokens)
         if self.finish_reason is None:
             self.finish_reason = "length"
 
@@ -81,7 +89,18 @@ class BatchControl:
         )
         self.min_tokens = any(p.min_tokens for p in params)
         self.want_logprobs = any(p.logprobs for p in params)
-        self.guided = [b for b, row in enumerate(rows) if row.matcher is not None]
+        # A reasoning row's grammar waits for its thinking to end; meanwhile the engine may
+        # write the tokens that close the thinking in place of sampling.
+        self.guided = [
+            b
+            for b, row in enumerate(rows)
+            if row.matcher is not None and not (row.budget is not None and row.budget.waits)
+        ]
+        self.forced = {
+            b: token
+            for b, row in enumerate(rows)
+            if row.budget is not None and (token := row.budget.forced()) is not None
+        }
         self.plain = not (
             self.sampled
             or self.penalised
@@ -95,7 +114,7 @@ class BatchControl:
     def choose(self, scores: Any) -> Any:
         """Each row's next token, from its logits (one row of `scores` each)."""
         if self.plain:
-            return scores.argmax(dim=-1)
+            return self._force(scores.argmax(dim=-1))
         torch = self.torch
         scores = scores.float()
         rows = self.rows
@@ -120,8 +139,16 @@ class BatchControl:
         if self.sampled:
             idx = torch.tensor(self.sampled, device=scores.device)
             chosen[idx] = self._sample(scores[idx], [rows[b] for b in self.sampled])
+        chosen = self._force(chosen)
         if self.want_logprobs:
             self._record_logprobs(model_scores, chosen)
+        return chosen
+
+    def _force(self, chosen: Any) -> Any:
+        """The tokens the engine writes itself (a thinking budget spent) in place of the
+        rows' picks."""
+        for b, token in self.forced.items():
+            chosen[b] = token
         return chosen
 
     def _constrain(self, scores: Any, matcher: Any) -> None:
@@ -197,7 +224,10 @@ class BatchControl:
             row.finish_reason = "stop"
         else:
             row.tokens.append(token)
-            if row.matcher is not None:
+            thinking = row.budget is not None and row.budget.waits
+            if row.budget is not None:
+                row.budget.accept(token)
+            if row.matcher is not None and not thinking:
                 row.matcher.accept(token)
                 if row.matcher.complete:  # nothing but the end can follow: end here
                     row.finish_reason = "stop"
@@ -211,7 +241,7 @@ class BatchControl:
 
     def _update_text(self, row: BatchRow) -> None:
         params = row.params
-        text = self.tokenizer.decode(row.tokens, skip_special_tokens=params.skip_special_tokens)
+        text = self.tokenizer.decode(row.tokens, skip_special_tokens=row.skips_special_tokens)
         holdback = 0
         if params.stop_strings:
             hits = [i for i in (text.find(s) for s in params.stop_strings) if i >= 0]

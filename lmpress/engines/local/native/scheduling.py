@@ -235,6 +235,8 @@ class NativeScheduler(Scheduler):
                 row.logprobs = [] if params.logprobs else None
                 if submission.matcher is not None:
                     row.matcher = submission.matcher.copy()
+                if submission.thinking is not None:
+                    row.budget = submission.thinking.budget()
             return rows
         except Exception as exc:  # this request's settings, not the batch, are at fault
             self.fail([submission], failure_info(exc))
@@ -250,6 +252,7 @@ class NativeScheduler(Scheduler):
                     finish_reason=row.finish_reason or "length",
                     logprobs=row.logprobs,
                     completion_tokens=row.generated,
+                    reasoning_tokens=row.budget.spent if row.budget is not None else 0,
                 )
             )
         return self.result(submission, samples)
