@@ -128,8 +128,8 @@ CHANGED = {
     "guided_decoding": {"regex": "[a-z]+"}, "skip_special_tokens": False,
     "max_reasoning_tokens": 5,
 }  # fmt: skip
-# Fields honoured in the prompt rather than in SamplingParams: reasoning_effort is a variable
-# of the chat template (test_reasoning_effort_is_a_template_variable_or_refused).
+# Fields honoured in the prompt rather than in SamplingParams: reasoning_effort sets the chat
+# template's switches (local/thinking.py; vllm_real/test_reasoning.py runs it on VLLM).
 IN_THE_PROMPT = {"reasoning_effort"}
 
 
@@ -616,47 +616,28 @@ def test_a_cross_encoder_with_a_score_template_of_its_own_is_refused(
     )
 
 
-def test_reasoning_effort_is_a_template_variable_or_refused():
-    from lmpress.engines.local.vllm.reasoning import template_kwargs
-    from lmpress.vocabulary.errors import RequestError
-
-    def variables(effort: str, template: str, prompt: str | None = None) -> dict:
-        messages = [] if prompt is not None else [Message("user", "hi")]
-        request = Request("r", messages, GenerationParams(reasoning_effort=effort), prompt=prompt)
-        return template_kwargs(request, template, {"keep": 1})
-
-    qwen3 = "{% if enable_thinking is defined and enable_thinking is false %}{% endif %}"
-    gpt_oss = "Reasoning: {{ reasoning_effort }}"
-    assert variables("none", qwen3) == {"keep": 1, "enable_thinking": False}
-    assert variables("high", gpt_oss) == {"keep": 1, "reasoning_effort": "high"}
-    with pytest.raises(RequestError, match=r"reasoning_effort 'low' .* does not read"):
-        variables("low", qwen3)
-    with pytest.raises(RequestError, match=r"raw text prompt has no chat template"):
-        variables("none", qwen3, prompt="text")
-
-
 def test_the_reasoning_parser_is_chosen_from_the_template_or_named(tmp_path):
     """vLLM's parser is an engine argument, so it is chosen from the template's files before
     vLLM starts (the real parsers read replies in vllm_real/test_reasoning.py)."""
     from lmpress.builtin_models.tiny import THINK_TEMPLATE
     from lmpress.configs.schema import ModelParams
-    from lmpress.engines.local.vllm.reasoning import parser_name, template_text
+    from lmpress.engines.local.vllm.reasoning import own_chat_template, parser_name
 
     def named(template: str | None, **model) -> str | None:
         return parser_name(ModelParams(**model), template, lambda: ["deepseek_r1", "qwen3"])
 
-    think = template_text(write_model_dir(tmp_path / "think", chat_template=THINK_TEMPLATE))
+    think = own_chat_template(write_model_dir(tmp_path / "think", chat_template=THINK_TEMPLATE))
     assert think == THINK_TEMPLATE and named(think) == "deepseek_r1"
-    assert template_text(write_model_dir(tmp_path / "plain")) == CHATML_TEMPLATE
+    assert own_chat_template(write_model_dir(tmp_path / "plain")) == CHATML_TEMPLATE
     assert named(CHATML_TEMPLATE) is None
     assert named("<|channel|>analysis<|message|>") == "openai_gptoss"
     assert named(think, reasoning_parser="none") is None
     assert named(CHATML_TEMPLATE, reasoning_parser="qwen3") == "qwen3"
     with pytest.raises(ConfigError, match=r"'r2' is not one of vLLM's .*\(deepseek_r1, qwen3\)"):
         named(think, reasoning_parser="r2")
-    assert template_text(str(tmp_path / "nothing-here")) is None
+    assert own_chat_template(str(tmp_path / "nothing-here")) is None
 
 
 def test_a_thinking_budget_for_a_model_that_does_not_think_is_refused_at_start(standin, model_dir):
-    with pytest.raises(UnsupportedParamError, match=r"generation\.max_reasoning_tokens: model"):
+    with pytest.raises(ConfigError, match=r"max_reasoning_tokens: model .* does not think \(its"):
         make_engine(model_dir, **{"generation.max_reasoning_tokens": 5})

@@ -40,6 +40,7 @@ from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.prompts import resolve_chat_template
 from lmpress.engines.common.tool_parsers import check_parser
+from lmpress.engines.local.thinking import template_switches, template_text
 from lmpress.engines.local.vllm import prompt_count
 from lmpress.engines.local.vllm.api import (
     INSTALL_HINT,
@@ -48,12 +49,7 @@ from lmpress.engines.local.vllm.api import (
     visible_gpus,
     vllm_version,
 )
-from lmpress.engines.local.vllm.reasoning import (
-    budget_refusal,
-    parser_name,
-    template_kwargs,
-    template_text,
-)
+from lmpress.engines.local.vllm.reasoning import budget_refusal, own_chat_template, parser_name
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
@@ -135,14 +131,14 @@ class VllmEngine(Engine):
         model = self.config.model
         args = self.settings.args
         source = args.get("tokenizer", args["model"])
-        template = self.chat_template or template_text(source, model.model_revision)
+        template = self.chat_template or own_chat_template(source, model.model_revision)
         name = parser_name(model, template, self.api.reasoning_parser_names)
         args.pop("reasoning_parser", None)
         if name is not None:
             args["reasoning_parser"] = name
-        refusal = budget_refusal(name, self.model_name)
+        refusal = budget_refusal(name, model)
         if refusal and self.config.generation.max_reasoning_tokens is not None:
-            raise UnsupportedParamError(refusal)
+            raise ConfigError(refusal)
 
     def _check_reasoning_effort(self) -> None:
         """`generation.reasoning_effort` in the recipe, refused at start where the chat template
@@ -150,11 +146,11 @@ class VllmEngine(Engine):
         params = self.config.generation
         if params.reasoning_effort is None or self.config.task != "generate":
             return
-        probe = Request("reasoning_effort", [Message("user", "")], params)
+        probe = Request("recipe", [Message("user", "")], params)
         try:
-            template_kwargs(probe, self.scheduler.chat_template(), {})
+            template_switches(template_text(self.scheduler.chat_template()), probe, self.model_name)
         except RequestError as exc:
-            raise UnsupportedParamError(f"{exc} (model '{self.model_name}')") from exc
+            raise ConfigError(str(exc)) from exc
 
     def _check_pooling(self, task: str, pooling_task: str | None) -> bool:
         """Whether the model scores as a cross-encoder (vLLM's `classify` head on each pair);

@@ -1,5 +1,5 @@
 """VLLM's reasoning models: the thinking read apart from the answer by vLLM's own reasoning
-parsers, its length bounded by vLLM's thinking budget, and reasoning_effort sent to the template.
+parsers, its length bounded by vLLM's thinking budget.
 
 - Which parser: `model.reasoning_parser` (any name vLLM's `--reasoning-parser` takes, or `none`),
   else the family the chat template's marks show (common/reasoning.py `format_for`): the
@@ -11,6 +11,8 @@ parsers, its length bounded by vLLM's thinking budget, and reasoning_effort sent
   start mark after its last end mark (a template that opens the block) means the reply starts
   inside the thinking; a prompt that closed it (`enable_thinking: false`) gives an answer only;
   otherwise the reply thinks only if its first token opens a block.
+- `reasoning_effort` sets the chat template's switches as on NATIVE and LLAMACPP
+  (local/thinking.py `template_switches`).
 - `max_reasoning_tokens` is vLLM's `thinking_token_budget`, which counts the prompt's tokens
   after the start mark as thinking too (the newline Qwen3-style templates write after
   `<think>`); those are added, so that the reply itself thinks for exactly N tokens before vLLM
@@ -30,8 +32,7 @@ from typing import Any
 
 from lmpress.configs.schema import ModelParams
 from lmpress.engines.common import reasoning as common
-from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
-from lmpress.vocabulary.types import Request
+from lmpress.vocabulary.errors import ConfigError
 
 HARMONY_PARSER = "openai_gptoss"
 
@@ -55,15 +56,18 @@ def parser_name(
     return None if found is None else found.name
 
 
-def budget_refusal(name: str | None, model: str) -> str | None:
+def budget_refusal(name: str | None, model: ModelParams) -> str | None:
     """Why `generation.max_reasoning_tokens` cannot bound this model's thinking on VLLM, in one
-    line; None where vLLM's thinking budget can."""
+    line (in NATIVE's and LLAMACPP's words where they refuse it too); None where vLLM's
+    thinking budget can."""
     key = "generation.max_reasoning_tokens"
     if name is None:
-        return (
-            f"{key}: model '{model}' does not think on VLLM (its chat template has no thinking "
-            f"marks); set model.reasoning_parser for a reasoning model"
+        why = (
+            "model.reasoning_parser is none"
+            if "none" in (model.reasoning_parser, model.model_kwargs.get("reasoning_parser"))
+            else "its chat template has no thinking marks; set model.reasoning_parser if it does"
         )
+        return f"{key}: model '{model.model_name}' does not think ({why})"
     if name == HARMONY_PARSER:  # its parser names no marks for vLLM's budget to count between
         return (
             f"{key}: vLLM's thinking budget cannot bound gpt-oss's analysis channel (its "
@@ -73,7 +77,7 @@ def budget_refusal(name: str | None, model: str) -> str | None:
     return None
 
 
-def template_text(source: str, revision: str | None = None) -> str | None:
+def own_chat_template(source: str, revision: str | None = None) -> str | None:
     """The model's own chat template as vLLM will load it, read before vLLM starts (the parser
     is an engine argument): the chat_template.jinja or tokenizer_config.json of `source`, the
     directory or hub id vLLM loads the tokenizer from. None where there is none."""
@@ -106,26 +110,6 @@ def _hub_file(repo: str, name: str, revision: str | None) -> Path | None:
         return Path(hf_hub_download(repo, name, revision=revision))
     except Exception:  # no such file, or no network: vLLM says what is wrong when it starts
         return None
-
-
-def template_kwargs(request: Request, template: str | None, base: dict[str, Any]) -> dict[str, Any]:
-    """The chat template's variables for one row: `generation.reasoning_effort` `none` as
-    `enable_thinking: false` (Qwen3's, SmolLM3's switch), the other levels as the template's own
-    `reasoning_effort` (gpt-oss's); a template that reads neither refuses the row."""
-    effort = request.params.reasoning_effort
-    if effort is None:
-        return base or {}
-    variable = "enable_thinking" if effort == "none" else "reasoning_effort"
-    if request.prompt is not None:
-        why = "a raw text prompt has no chat template to read it"
-    elif variable not in (template or ""):
-        why = f"the model's chat template does not read '{variable}'"
-    else:
-        return {**(base or {}), variable: False if effort == "none" else effort}
-    raise RequestError(
-        f"generation.reasoning_effort '{effort}' is not honoured here: {why}",
-        kind=ErrorKind.UNSUPPORTED_PARAM,
-    )
 
 
 @dataclass

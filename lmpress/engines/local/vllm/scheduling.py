@@ -23,9 +23,10 @@ from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.engines.common.embeddings import cosine_scores
 from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
+from lmpress.engines.local.thinking import template_switches, template_text
 from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_request_error
 from lmpress.engines.local.vllm.logs import children_print_to_log
-from lmpress.engines.local.vllm.reasoning import VllmReasoning, budget_refusal, template_kwargs
+from lmpress.engines.local.vllm.reasoning import VllmReasoning, budget_refusal
 from lmpress.engines.local.vllm.translate import EngineSettings, OutputAssembler, sampling_params
 from lmpress.engines.local.worker import CallerQueue
 from lmpress.vocabulary.embeddings import (
@@ -175,21 +176,22 @@ class VllmScheduler:
         if limit is None:
             return None
         name = None if self.reasoning is None else self.reasoning.name
-        refusal = budget_refusal(name, self.engine.model_name)
+        refusal = budget_refusal(name, self.engine.config.model)
         if refusal is not None or self.reasoning is None:
             raise RequestError(str(refusal), kind=ErrorKind.UNSUPPORTED_PARAM)
         return self.reasoning.budget(limit, prompt)
 
-    def chat_template(self) -> str | None:
+    def chat_template(self) -> Any:
         return self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
 
     def render(
         self, request: Request, plan: ToolPlan | None = None
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The prompt as vLLM takes it, and the tokenization arguments to go with it."""
-        variables = template_kwargs(
-            request, self.chat_template(), self.engine.config.model.chat_template_kwargs
-        )
+        switches = template_switches(
+            template_text(self.chat_template()), request, self.engine.model_name
+        )  # reasoning_effort's, over the recipe's variables
+        variables = {**(self.engine.config.model.chat_template_kwargs or {}), **switches}
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
         images = load_images(request)
