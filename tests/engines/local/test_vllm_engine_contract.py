@@ -623,8 +623,11 @@ def test_the_reasoning_parser_is_chosen_from_the_template_or_named(tmp_path):
     from lmpress.configs.schema import ModelParams
     from lmpress.engines.local.vllm.reasoning import own_chat_template, parser_name
 
-    def named(template: str | None, **model) -> str | None:
-        return parser_name(ModelParams(**model), template, lambda: ["deepseek_r1", "qwen3"])
+    def known() -> list[str]:
+        return ["deepseek_r1", "qwen3"]
+
+    def named(template: str | None, tokenizer_source: str | None = None, **model) -> str | None:
+        return parser_name(ModelParams(**model), template, known, tokenizer_source)
 
     think = own_chat_template(write_model_dir(tmp_path / "think", chat_template=THINK_TEMPLATE))
     assert think == THINK_TEMPLATE and named(think) == "deepseek_r1"
@@ -636,6 +639,13 @@ def test_the_reasoning_parser_is_chosen_from_the_template_or_named(tmp_path):
     with pytest.raises(ConfigError, match=r"'r2' is not one of vLLM's .*\(deepseek_r1, qwen3\)"):
         named(think, reasoning_parser="r2")
     assert own_chat_template(str(tmp_path / "nothing-here")) is None
+    # A tokenizer without <think> and </think> as tokens: vLLM's parsers could not read it.
+    tokens = {"added_tokens": [{"content": "<think>"}], "model": {"vocab": {"</think>": 5}}}
+    with_marks = tmp_path / "think"
+    (with_marks / "tokenizer.json").write_text(json.dumps(tokens))
+    assert named(think, tokenizer_source=str(with_marks)) == "deepseek_r1"
+    (with_marks / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"<think>": 4}}}))
+    assert named(think, tokenizer_source=str(with_marks)) is None
 
 
 def test_a_thinking_budget_for_a_model_that_does_not_think_is_refused_at_start(standin, model_dir):

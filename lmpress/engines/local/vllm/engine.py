@@ -120,6 +120,7 @@ class VllmEngine(Engine):
         self.scheduler = VllmScheduler(self, self.api, self.settings)
         try:
             self.cross_encoder = self._check_pooling(config.task, self.scheduler.pooling_task)
+            self.scheduler.read_reasoning(self.settings.args.get("reasoning_parser"))
             self._check_reasoning_effort()
         except BaseException:
             self.scheduler.close()
@@ -132,7 +133,7 @@ class VllmEngine(Engine):
         args = self.settings.args
         source = args.get("tokenizer", args["model"])
         template = self.chat_template or own_chat_template(source, model.model_revision)
-        name = parser_name(model, template, self.api.reasoning_parser_names)
+        name = parser_name(model, template, self.api.reasoning_parser_names, source)
         args.pop("reasoning_parser", None)
         if name is not None:
             args["reasoning_parser"] = name

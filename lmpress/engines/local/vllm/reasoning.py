@@ -38,10 +38,15 @@ HARMONY_PARSER = "openai_gptoss"
 
 
 def parser_name(
-    model: ModelParams, chat_template: str | None, known: Callable[[], list[str]]
+    model: ModelParams,
+    chat_template: str | None,
+    known: Callable[[], list[str]],
+    tokenizer_source: str | None = None,
 ) -> str | None:
     """vLLM's reasoning parser for the model, or None for a model that does not think.
-    `known()`: the names vLLM registers; an explicit name outside them is refused in one line."""
+    `known()`: the names vLLM registers; an explicit name outside them is refused in one line.
+    A template's `<think>` marks choose a parser only where the tokenizer at
+    `tokenizer_source` has them as tokens of their own, as vLLM's parsers need."""
     explicit = model.model_kwargs.get("reasoning_parser") or model.reasoning_parser
     if explicit == "none":
         return None
@@ -53,7 +58,27 @@ def parser_name(
             )
         return explicit
     found = common.format_for(chat_template)
-    return None if found is None else found.name
+    if found is None:
+        return None
+    marks = (found.start, found.end)
+    if found is common.THINK and tokenizer_source and not tokenizer_has(tokenizer_source, marks):
+        return None
+    return found.name
+
+
+def tokenizer_has(source: str, marks: tuple[str, ...]) -> bool:
+    """Whether the tokenizer in directory `source` has each mark as a token, read from its
+    tokenizer.json; True where that file cannot tell (a hub id, no such file): vLLM's parser
+    then says so itself."""
+    path = Path(source) / "tokenizer.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    added = {token.get("content") for token in data.get("added_tokens") or []}
+    vocab = (data.get("model") or {}).get("vocab")
+    vocab = vocab if isinstance(vocab, dict) else {}
+    return all(mark in added or mark in vocab for mark in marks)
 
 
 def budget_refusal(name: str | None, model: ModelParams) -> str | None:

@@ -76,6 +76,7 @@ class VllmScheduler:
                 lora_path=settings.adapter,
             )
         self._ids = itertools.count(1)
+        self.reasoning: VllmReasoning | None = None  # read_reasoning sets it once started
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="lmpress-vllm", daemon=True
@@ -85,15 +86,25 @@ class VllmScheduler:
             with children_print_to_log():
                 started = asyncio.run_coroutine_threadsafe(self._start(settings.args), self._loop)
                 self.llm, self.tokenizer, self.pooling_task = started.result()
-            # A reasoning model's parser (reasoning.py), by the name vLLM was started with.
-            name = settings.args.get("reasoning_parser")
-            self.reasoning = None
-            if name and self.pooling_task is None:
-                parser_class = self.api.reasoning_parser_class(name)
-                self.reasoning = VllmReasoning(name, parser_class, self.tokenizer)
         except BaseException:
             self._stop_loop()
             raise
+
+    def read_reasoning(self, name: str | None) -> None:
+        """Read replies with vLLM's reasoning parser `name` (reasoning.py), the one vLLM was
+        started with; None: a model that does not think."""
+        self.reasoning = None
+        if not name or self.pooling_task is not None:
+            return
+        try:
+            parser_class = self.api.reasoning_parser_class(name)
+            self.reasoning = VllmReasoning(name, parser_class, self.tokenizer)
+        except Exception as exc:  # a tokenizer without the parser's marks
+            raise ModelLoadError(
+                f"model.reasoning_parser '{name}': vLLM's parser cannot read model "
+                f"'{self.engine.model_name}' ({describe(exc)}); set model.reasoning_parser "
+                f"to the model's own, or none"
+            ) from exc
 
     async def _start(self, args: dict[str, Any]) -> tuple[Any, Any, str | None]:
         # Built on this loop: AsyncLLM binds its output handler to the loop it starts on.
