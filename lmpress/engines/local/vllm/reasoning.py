@@ -363,4 +363,6 @@ class HarmonyReader(ReplyReader):
         thinking, answer = common.split(text, common.HARMONY)
         if thinking is None:
             return None, answer, 0
+        # The thinking's tokens, as the tokenizer writes its text (the channel marks around it
+        # left out): the reply's ids are not read by channel here.
         return thinking, answer, len(self.tokenizer.encode(thinking, add_special_tokens=False))

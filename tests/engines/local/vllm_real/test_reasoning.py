@@ -282,3 +282,19 @@ def test_tool_calls_are_read_from_the_answer_only(tokenizer):
     ]
     assert sample.reasoning == f"maybe {call.replace('Paris', 'Oslo')}"
     assert sample.reasoning_tokens == ids.index(END)
+
+
+def test_gpt_oss_channels_are_read_by_lmpress_harmony_reader(tokenizer):
+    """vLLM's openai_gptoss parser only finds where the thinking ends; the channels are read
+    by common/reasoning.py's harmony reader, streamed and whole alike."""
+    reasoning = VllmReasoning(
+        "openai_gptoss", VllmApi.reasoning_parser_class("openai_gptoss"), tokenizer
+    )
+    pieces = ["<|channel|>analysis", "<|message|>Let me", " think.<|end|>", "<|start|>assistant",
+              "<|channel|>final<|message|>Yes", ".<|return|>"]  # fmt: skip
+    reader = reasoning.reader([])
+    streamed = [reader.feed(p, []) for p in pieces] + [reader.finish()]
+    thinking, answer, spent = reasoning.reader([]).whole("".join(pieces), [])
+    assert (thinking, answer) == ("Let me think.", "Yes.")
+    assert tuple("".join(part) for part in zip(*streamed, strict=True)) == (thinking, answer)
+    assert spent == len(tokenizer.encode("Let me think.", add_special_tokens=False))
