@@ -13,6 +13,9 @@ parsers, its length bounded by vLLM's thinking budget.
   otherwise the reply thinks only if its first token opens a block.
 - `reasoning_effort` sets the chat template's switches as on NATIVE and LLAMACPP
   (local/thinking.py `template_switches`).
+- A row under a grammar (a JSON schema, a required tool call) gets the grammar from the end of
+  its thinking on (vLLM's structured outputs wait for the end mark); where the template left the
+  model to open the block, the prompt opens it (`opened_for_grammar`).
 - `max_reasoning_tokens` is vLLM's `thinking_token_budget`, which counts the prompt's tokens
   after the start mark as thinking too (the newline Qwen3-style templates write after
   `<think>`); those are added, so that the reply itself thinks for exactly N tokens before vLLM
@@ -196,6 +199,18 @@ class VllmReasoning:
         if self.harmony:
             return HarmonyReader(self.tokenizer)
         return ThinkReader(self.parser, self.marks, list(prompt_ids or []))
+
+    def opened_for_grammar(self, prompt_text: str) -> str:
+        """The prompt of a row under a grammar, with the thinking block opened where the
+        template left the model to open it (as NATIVE and LLAMACPP write the start mark): vLLM
+        holds the grammar until the end mark, and one that never came would hold it forever."""
+        marks = self.marks
+        if self.harmony or not marks.start:
+            return prompt_text
+        opened = prompt_text.rfind(marks.start) > prompt_text.rfind(marks.end)
+        if opened or prompt_text.rstrip().endswith(marks.end):  # opened, or closed
+            return prompt_text
+        return prompt_text + marks.start
 
     def budget(self, limit: int, prompt_text: str) -> int:
         """vLLM's thinking_token_budget for `limit` tokens of the reply's own thinking: vLLM

@@ -134,6 +134,8 @@ class VllmScheduler:
                 generation = replace(generation, guided_decoding={"grammar": plan.grammar})
             if self.reasoning is not None and self.reasoning.harmony:  # the channels' tokens
                 generation = replace(generation, skip_special_tokens=False)
+            if self.reasoning is not None and generation.guided_decoding is not None:
+                prompt["prompt"] = self.reasoning.opened_for_grammar(prompt["prompt"])
             budget = self.thinking_budget(request, prompt["prompt"])
             params = sampling_params(self.api, generation, stream=deltas, thinking_budget=budget)
         except (RequestError, ConfigError) as exc:

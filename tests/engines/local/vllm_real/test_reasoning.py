@@ -153,6 +153,20 @@ def test_a_json_schema_row_answers_valid_json_and_thinks_first(engine, reference
     jsonschema.validate(json.loads(off.text), SCHEMA)
 
 
+def test_a_grammar_row_whose_prompt_leaves_the_block_to_the_model_thinks_first(engine):
+    """A raw prompt that does not open the block (as Qwen3's own template leaves it to the
+    model): lmpress opens it, so that vLLM's grammar, which waits for `</think>`, applies once
+    the budget has closed it. Without the opening this random model never writes `</think>`."""
+    (result,) = engine.generate([
+        Request("raw", [], GenerationParams(temperature=0, max_new_tokens=MAX_TOKENS,
+                max_reasoning_tokens=2, guided_decoding={"json": SCHEMA}), prompt=NOT_OPENED),
+    ])  # fmt: skip
+    sample = result.samples[0]
+    assert sample.reasoning and sample.reasoning_tokens == 2, (result.error, sample)
+    assert sample.finish_reason == "stop", sample.text
+    jsonschema.validate(json.loads(sample.text), SCHEMA)
+
+
 def test_reasoning_effort_none_answers_without_thinking_and_a_level_is_refused(engine):
     results = engine.generate([
         row("off", QUESTIONS[0], temperature=0, max_new_tokens=12, reasoning_effort="none"),
