@@ -350,11 +350,12 @@ class OutputAssembler:
             pieces = [state.reader.feed(completion.text, token_ids)] if completion.text else []
             if completion.finish_reason is not None:
                 pieces.append(state.reader.finish())
+            index = completion.index
             for thinking, answer in pieces:
                 if thinking:
-                    deltas.append(Delta(self.request_id, thinking, completion.index, True))
+                    deltas.append(Delta(self.request_id, thinking, index, reasoning=True))
                 if answer:
-                    deltas.append(Delta(self.request_id, answer, completion.index))
+                    deltas.append(Delta(self.request_id, answer, index))
         return deltas
 
     def _logprobs(self, completion: Any) -> list[TokenLogprob]:
