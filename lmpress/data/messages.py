@@ -1,6 +1,10 @@
 """OpenAI chat messages (and Oumi's) to lmpress Messages: what every front that reads a
 conversation shares (batch rows, OpenAI Batch lines, serve's bodies, infer, chat's /load).
-`RowError` is what they raise: one line saying what is wrong with the row or body."""
+`RowError` is what they raise: one line saying what is wrong with the row or body.
+
+An earlier assistant turn's thinking comes as `reasoning_content` (DeepSeek's and vLLM's name,
+and the field of Oumi's `Message`) or `reasoning` (vLLM's current name) and goes to
+`Message.reasoning`; each engine sends it back as its provider or template wants."""
 
 from __future__ import annotations
 
@@ -35,8 +39,25 @@ def parse_messages(items: Any) -> list[Message]:
                 f"(expected one of {', '.join(ROLES)})"
             )
         message = Message(role, _parse_content(item.get("content"), i))
+        message.reasoning = _reasoning(item, role, i)
         messages.append(_tool_fields(message, item, i))
     return messages
+
+
+REASONING_KEYS = ("reasoning_content", "reasoning")
+
+
+def _reasoning(item: dict[str, Any], role: str, index: int) -> str | None:
+    """An assistant turn's thinking, under either name (both: the same text)."""
+    given = {key: item[key] for key in REASONING_KEYS if item.get(key) is not None}
+    for key, value in given.items():
+        if not isinstance(value, str):
+            raise RowError(f"message {index} {key} must be a string, got {json_type(value)}")
+        if role != "assistant":
+            raise RowError(f"message {index} has {key}, which only an assistant message may have")
+    if len(set(given.values())) > 1:
+        raise RowError(f"message {index} has reasoning_content and reasoning that differ")
+    return next(iter(given.values()), None)
 
 
 def _tool_fields(message: Message, item: dict[str, Any], index: int) -> Message:
