@@ -1,0 +1,105 @@
+"""A reasoning model through the CLI fronts, on the ECHO engine thinking (ECHO_THINK): `infer`
+prints the answer on stdout and the thinking on stderr, `batch` writes the thinking apart
+from the answer in every output shape, and `chat` shows it before the answer and keeps it in
+the history."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import run_lmpress, with_plugin
+
+THINKING = "let me think about it"
+
+
+@pytest.fixture
+def thinking_echo(echo_plugin) -> dict[str, str]:
+    return {**with_plugin(echo_plugin), "ECHO_THINK": THINKING}
+
+
+def test_infer_prints_the_answer_on_stdout_and_the_thinking_on_stderr(thinking_echo):
+    run = run_lmpress("infer", "--engine", "ECHO", "hi", env=thinking_echo)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout[len("ECHO ") :]) == [{"role": "user", "content": "hi"}]
+    assert THINKING + "\n" in run.stderr and "\x1b[" not in run.stderr  # dimmed on a terminal only
+    assert THINKING not in run.stdout
+
+    budget = run_lmpress(
+        "infer", "--engine", "ECHO", "--generation.max_reasoning_tokens=2", "hi", env=thinking_echo
+    )
+    assert "let me\n" in budget.stderr and "think" not in budget.stderr
+
+
+def test_batch_writes_the_thinking_apart_in_every_output_shape(thinking_echo, tmp_path):
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(
+        json.dumps({"id": "a", "prompt": "hi"}) + "\n"
+        + json.dumps({"id": "b", "prompt": "yo", "generation": {"max_reasoning_tokens": 1}})
+        + "\n"
+    )  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(
+        "batch", "--engine", "ECHO", "-i", str(rows), "-o", str(out), env=thinking_echo
+    )
+    assert run.returncode == 0, run.stderr
+    lines = {line["id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    assert lines["a"]["response"]["reasoning"] == THINKING
+    assert lines["a"]["response"]["usage"]["reasoning_tokens"] == 5
+    assert lines["b"]["response"]["reasoning"] == "let"
+    assert lines["a"]["messages"][-1]["content"].startswith("ECHO ")
+    assert "of out, thinking" in run.stderr  # the summary counts the thinking
+
+    openai = tmp_path / "openai.jsonl"
+    run = run_lmpress(
+        "batch", "--engine", "ECHO", "-i", str(rows), "-o", str(openai),
+        "--output-format", "openai", env=thinking_echo,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    body = json.loads(openai.read_text().splitlines()[0])["response"]["body"]
+    message = body["choices"][0]["message"]
+    assert message["reasoning_content"] == message["reasoning"] == THINKING
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
+
+    parquet = tmp_path / "out.parquet"
+    run = run_lmpress(
+        "batch", "--engine", "ECHO", "-i", str(rows), "-o", str(parquet), env=thinking_echo
+    )
+    assert run.returncode == 0, run.stderr
+    table = {r["id"]: r for r in pq.read_table(parquet).to_pylist()}
+    assert (table["a"]["reasoning"], table["a"]["reasoning_tokens"]) == (THINKING, 5)
+    assert table["a"]["response"].startswith("ECHO ")
+
+
+def test_chat_shows_the_thinking_before_the_answer_and_keeps_it(thinking_echo, tmp_path):
+    saved = tmp_path / "chat.jsonl"
+    script = f"first\nsecond\n/think off\nthird\n/think maybe\n/save {saved}\n"
+    run = run_lmpress("chat", "--engine", "ECHO", input=script, env=thinking_echo)
+    assert run.returncode == 1  # /think maybe failed, and the chat went on
+    assert "usage: /think on|off" in run.stderr
+    replies = run.stdout.splitlines()
+    assert len(replies) == 3 and all(r.startswith("ECHO [") for r in replies)  # answers alone
+    assert run.stderr.count(THINKING + "\n") == 2  # shown for the first two, hidden after
+    # The history keeps the answer as the turn's content and the thinking apart.
+    assert json.loads(replies[1][len("ECHO ") :])[1] == {
+        "role": "assistant", "content": replies[0], "reasoning": THINKING,
+    }  # fmt: skip
+    row = json.loads(saved.read_text())
+    assert row["messages"][-1] == {
+        "role": "assistant", "content": replies[2], "reasoning_content": THINKING,
+    }  # fmt: skip
+
+
+def test_a_bad_reasoning_setting_is_one_line_in_a_recipe_and_in_chat(thinking_echo):
+    run = run_lmpress(
+        "infer", "--engine", "ECHO", "--generation.reasoning_effort=bogus", "hi", env=thinking_echo
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "generation.reasoning_effort: 'bogus' must be one of none" in run.stderr
+    chat = run_lmpress(
+        "chat", "--engine", "ECHO", input="/set reasoning_effort=bogus\n/help\n", env=thinking_echo
+    )
+    assert "error: generation.reasoning_effort: 'bogus' must be one of" in chat.stderr
+    assert "/think [on|off]" in chat.stderr and "Traceback" not in chat.stderr
