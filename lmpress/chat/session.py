@@ -264,6 +264,8 @@ def status_line(turn: Turn, params: GenerationParams) -> str:
     parts.append(f"{turn.elapsed:.2f} s")
     if usage.prompt_tokens:  # how much of the context the conversation fills
         parts.append(f"prompt {usage.prompt_tokens} tokens")
+    if usage.reasoning_tokens:
+        parts.append(f"thinking {usage.reasoning_tokens} of the {tokens}")
     if turn.result.finish_reason == "length":
         parts.append(f"cut at generation.max_new_tokens={params.max_new_tokens}")
     return "[" + " · ".join(parts) + "]"

@@ -6,7 +6,10 @@ the history."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
+import pexpect
 import pyarrow.parquet as pq
 import pytest
 
@@ -33,6 +36,23 @@ def test_infer_prints_the_answer_on_stdout_and_the_thinking_on_stderr(thinking_e
     assert "let me\n" in budget.stderr and "think" not in budget.stderr
 
 
+def test_on_a_terminal_infers_thinking_is_dimmed_before_the_answer(thinking_echo):
+    env = {
+        **os.environ,
+        **thinking_echo,
+        "PYTHONPATH": thinking_echo["PYTHONPATH"],
+        "TERM": "xterm",
+    }
+    env.pop("NO_COLOR", None)
+    child = pexpect.spawn(
+        sys.executable, ["-m", "lmpress", "infer", "--engine", "ECHO", "hi"], env=env,
+        encoding="utf-8", timeout=120,
+    )  # fmt: skip
+    child.expect(pexpect.EOF)
+    shown = child.before.replace("\r\n", "\n")
+    assert shown.index(f"\x1b[2m{THINKING}\x1b[0m\n") < shown.index("ECHO [")
+
+
 def test_batch_writes_the_thinking_apart_in_every_output_shape(thinking_echo, tmp_path):
     rows = tmp_path / "in.jsonl"
     rows.write_text(
@@ -51,6 +71,8 @@ def test_batch_writes_the_thinking_apart_in_every_output_shape(thinking_echo, tm
     assert lines["b"]["response"]["reasoning"] == "let"
     assert lines["a"]["messages"][-1]["content"].startswith("ECHO ")
     assert "of out, thinking" in run.stderr  # the summary counts the thinking
+    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    assert summary["reasoning_tokens"] == 6 and summary["completion_tokens"] > 6
 
     openai = tmp_path / "openai.jsonl"
     run = run_lmpress(
@@ -82,6 +104,7 @@ def test_chat_shows_the_thinking_before_the_answer_and_keeps_it(thinking_echo, t
     replies = run.stdout.splitlines()
     assert len(replies) == 3 and all(r.startswith("ECHO [") for r in replies)  # answers alone
     assert run.stderr.count(THINKING + "\n") == 2  # shown for the first two, hidden after
+    assert run.stderr.count("· thinking 5 of the ") == 3  # counted in each status line
     # The history keeps the answer as the turn's content and the thinking apart.
     assert json.loads(replies[1][len("ECHO ") :])[1] == {
         "role": "assistant", "content": replies[0], "reasoning": THINKING,
