@@ -162,6 +162,9 @@ class Chat:
             self.style.note("stopped before any text came; /retry sends your message again")
             return
         reply = Message("assistant", turn.text, reasoning=turn.reasoning)
+        if turn.result and not turn.stopped and turn.result.samples:
+            # A provider's signed thinking blocks, which it wants back with a later tool call.
+            reply.reasoning_details = turn.result.samples[0].reasoning_details
         conversation.messages += [message, reply]
         if turn.result and not turn.stopped:
             for i, sample in enumerate(turn.result.samples[1:], start=2):

@@ -264,3 +264,27 @@ def test_a_bad_thinking_field_is_a_row_error_naming_the_message(message, error):
         messages = [message]
     with pytest.raises(RowError, match=error):
         parse_row({"messages": messages}, 1)
+
+
+SIGNED = {"type": "thinking", "thinking": "add them", "signature": "sig-1"}
+REDACTED = {"type": "redacted_thinking", "data": "opaque"}
+
+
+def test_anthropics_signed_thinking_blocks_are_kept_whole_for_the_provider():
+    as_details = {"role": "assistant", "content": "4", "reasoning_details": [SIGNED, REDACTED]}
+    as_parts = {"role": "assistant", "content": [SIGNED, REDACTED, {"type": "text", "text": "4"}]}
+    for turn in (as_details, as_parts):
+        messages = [{"role": "user", "content": "2+2?"}, turn, {"role": "user", "content": "why?"}]
+        earlier = parse_row({"messages": messages}, 1).messages[1]
+        assert earlier.reasoning_details == [SIGNED, REDACTED]
+        assert earlier.reasoning == "add them"
+        assert earlier.text() == "4"
+
+
+def test_bad_reasoning_details_are_a_row_error():
+    for turn, error in [
+        ({"role": "assistant", "content": "4", "reasoning_details": "x"}, "list of objects"),
+        ({"role": "user", "content": "4", "reasoning_details": []}, "only an assistant"),
+    ]:
+        with pytest.raises(RowError, match=error):
+            parse_row({"messages": [{"role": "user", "content": "q"}, turn]}, 1, regenerate=False)
