@@ -10,7 +10,7 @@ import json
 import openai
 import pytest
 
-from tests.conftest import with_plugin
+from tests.conftest import run_lmpress, with_plugin
 
 THINKING = "let me think about it"
 MODEL = "echo-model"
@@ -86,3 +86,22 @@ def test_an_earlier_turns_thinking_reaches_the_engine(thinking_server):
     reply = thinking_server.client().chat.completions.create(model=MODEL, messages=messages)
     sent = json.loads(reply.choices[0].message.content[len("ECHO ") :])
     assert sent[1] == {"role": "assistant", "content": "4", "reasoning": "add"}
+
+
+def test_lmpress_reads_its_own_served_thinking_through_remote(thinking_server, tmp_path):
+    """The round trip: `lmpress batch --engine REMOTE` against this server; the thinking comes
+    back apart from the answer, as it left, and reasoning_effort goes over the wire."""
+    source = tmp_path / "in.jsonl"
+    rows = [{"id": "a", "prompt": "hi"},
+            {"id": "b", "prompt": "hi", "generation": {"reasoning_effort": "none"}}]  # fmt: skip
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(
+        "batch", "--engine", "REMOTE", "--remote_params.api_url", f"{thinking_server.url}/v1",
+        "-i", str(source), "-o", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = {row["id"]: row["response"] for row in map(json.loads, out.read_text().splitlines())}
+    assert json.loads(rows["a"]["text"][len("ECHO ") :]) == HI
+    assert (rows["a"]["reasoning"], rows["a"]["usage"]["reasoning_tokens"]) == (THINKING, 5)
+    assert "reasoning" not in rows["b"]
