@@ -126,3 +126,53 @@ def test_a_bad_reasoning_setting_is_one_line_in_a_recipe_and_in_chat(thinking_ec
     )
     assert "error: generation.reasoning_effort: 'bogus' must be one of" in chat.stderr
     assert "/think [on|off]" in chat.stderr and "Traceback" not in chat.stderr
+
+
+# --- a real reasoning model's shape: NATIVE on tiny:think -------------------------------------
+
+THINK = ["--engine", "NATIVE", "--model.model_name", "tiny:think",
+         "--generation.max_new_tokens", "12", "--generation.max_reasoning_tokens", "4"]  # fmt: skip
+
+
+def test_tiny_think_writes_the_same_thinking_and_answer_through_every_front(tmp_path):
+    """Greedy, so infer's stdout and stderr are the batch row's answer and thinking; the
+    thinking stops at the budget and the answer follows it in every output shape."""
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(
+        json.dumps({"id": "a", "prompt": "hi"}) + "\n"
+        + json.dumps({"id": "b", "prompt": "hi", "generation": {"max_reasoning_tokens": 2}})
+        + "\n"
+    )  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress("batch", *THINK, "-i", str(rows), "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    lines = {line["id"]: line["response"] for line in map(json.loads, out.read_text().splitlines())}
+    a, b = lines["a"], lines["b"]
+    assert (a["usage"]["reasoning_tokens"], b["usage"]["reasoning_tokens"]) == (4, 2)
+    assert a["reasoning"] and a["text"] and a["usage"]["completion_tokens"] == 12
+    assert b["reasoning"] != a["reasoning"]
+
+    infer = run_lmpress("infer", *THINK, "hi")
+    assert infer.returncode == 0, infer.stderr
+    assert infer.stdout == a["text"] + "\n"
+    assert a["reasoning"] + "\n" in infer.stderr
+
+    openai = tmp_path / "openai.jsonl"
+    run = run_lmpress(
+        "batch", *THINK, "-i", str(rows), "-o", str(openai), "--output-format", "openai"
+    )
+    assert run.returncode == 0, run.stderr
+    bodies = {
+        line["custom_id"]: line["response"]["body"]
+        for line in map(json.loads, openai.read_text().splitlines())
+    }
+    message = bodies["a"]["choices"][0]["message"]
+    assert (message["content"], message["reasoning_content"]) == (a["text"], a["reasoning"])
+    assert bodies["b"]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2}
+
+    parquet = tmp_path / "out.parquet"
+    run = run_lmpress("batch", *THINK, "-i", str(rows), "-o", str(parquet))
+    assert run.returncode == 0, run.stderr
+    table = {r["id"]: r for r in pq.read_table(parquet).to_pylist()}
+    assert (table["a"]["response"], table["a"]["reasoning"]) == (a["text"], a["reasoning"])
+    assert table["b"]["reasoning_tokens"] == 2

@@ -105,3 +105,44 @@ def test_lmpress_reads_its_own_served_thinking_through_remote(thinking_server, t
     assert json.loads(rows["a"]["text"][len("ECHO ") :]) == HI
     assert (rows["a"]["reasoning"], rows["a"]["usage"]["reasoning_tokens"]) == (THINKING, 5)
     assert "reasoning" not in rows["b"]
+
+
+# --- a real reasoning model's shape: NATIVE on tiny:think -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def think_server(serve_process):
+    return serve_process(
+        "--engine", "NATIVE", "--model.model_name", "tiny:think",
+        "--serve.served_model_name", "think", "--generation.max_new_tokens", "12",
+        "--generation.max_reasoning_tokens", "4",
+    )  # fmt: skip
+
+
+def test_tiny_think_streams_its_thinking_then_its_answer(think_server):
+    client = think_server.client()
+    whole = client.chat.completions.create(model="think", messages=HI)
+    message = whole.choices[0].message
+    assert message.reasoning_content and message.content
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 4
+    stream = client.chat.completions.create(
+        model="think", messages=HI, stream=True, stream_options={"include_usage": True}
+    )
+    kinds, thinking, content, usage = [], "", "", None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            if getattr(choice.delta, "reasoning_content", None):
+                thinking += choice.delta.reasoning_content
+                kinds.append("thinking")
+            if choice.delta.content:
+                content += choice.delta.content
+                kinds.append("content")
+    # Greedy: the stream is the same reply, its thinking first.
+    assert (thinking, content) == (message.reasoning_content, message.content)
+    assert kinds == sorted(kinds, key=lambda kind: kind == "content") and "content" in kinds
+    assert usage.completion_tokens_details.reasoning_tokens == 4
+    budget = client.chat.completions.create(
+        model="think", messages=HI, extra_body={"max_reasoning_tokens": 1}
+    )
+    assert budget.usage.completion_tokens_details.reasoning_tokens == 1
