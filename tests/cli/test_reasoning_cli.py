@@ -176,3 +176,20 @@ def test_tiny_think_writes_the_same_thinking_and_answer_through_every_front(tmp_
     table = {r["id"]: r for r in pq.read_table(parquet).to_pylist()}
     assert (table["a"]["response"], table["a"]["reasoning"]) == (a["text"], a["reasoning"])
     assert table["b"]["reasoning_tokens"] == 2
+
+
+def test_tiny_think_a_structured_rows_answer_validates_with_the_thinking_apart(tmp_path):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(
+        json.dumps({"prompt": "hi", "generation": {"guided_decoding": {"json": schema}}})
+    )
+    out = tmp_path / "out.jsonl"
+    run = run_lmpress(
+        "batch", *THINK, "--generation.max_new_tokens", "40", "-i", str(rows), "-o", str(out)
+    )
+    assert run.returncode == 0, run.stderr
+    response = json.loads(out.read_text())["response"]
+    assert response["structured"] == {"valid": True, "parsed": json.loads(response["text"])}
+    assert response["reasoning"] and response["usage"]["reasoning_tokens"] == 4
