@@ -13,9 +13,10 @@ import pexpect
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import run_lmpress, with_plugin
+from tests.conftest import REPO, run_lmpress, with_plugin
 
 THINKING = "let me think about it"
+README = REPO / "README.md"
 
 
 @pytest.fixture
@@ -193,3 +194,17 @@ def test_tiny_think_a_structured_rows_answer_validates_with_the_thinking_apart(t
     response = json.loads(out.read_text())["response"]
     assert response["structured"] == {"valid": True, "parsed": json.loads(response["text"])}
     assert response["reasoning"] and response["usage"]["reasoning_tokens"] == 4
+
+
+def test_the_readmes_reasoning_run_writes_what_it_shows(tmp_path):
+    section = README.read_text().split("## Reasoning models\n", 1)[1]
+    command = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    shown = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    (tmp_path / "q.jsonl").write_text(command.splitlines()[0].split("'")[1] + "\n")
+    args = " ".join(command.splitlines()[1:3]).replace("\\", "").split()
+    assert args[:2] == ["lmpress", "batch"]
+    run = run_lmpress(*args[1:], cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    written = json.loads((tmp_path / "out.jsonl").read_text())
+    written["response"]["latency_s"] = shown["response"]["latency_s"]
+    assert written == shown
