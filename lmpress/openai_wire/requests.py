@@ -83,6 +83,9 @@ class ChatCompletionBody(_Body):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None  # none, minimal, low, medium, high
+    # vLLM's per-request template variables; of them lmpress takes `enable_thinking` (Qwen3's
+    # and SmolLM3's switch), which is what reasoning_effort none sets on those templates.
+    chat_template_kwargs: dict[str, Any] | None = None
     # Refused when given a value: lmpress cannot honour them.
     functions: Any = None
     function_call: Any = None
@@ -235,11 +238,36 @@ def chat_sampling(body: ChatCompletionBody, where: str = "") -> Sampling:
         sampling.set("top_logprobs", body.top_logprobs, "top_logprobs")
     if body.reasoning_effort is not None:
         sampling.set("reasoning_effort", body.reasoning_effort, "reasoning_effort")
+    _enable_thinking(body, sampling)
     guided = guided_decoding(body.response_format, where)
     if guided is not None:
         sampling.set("guided_decoding", guided, "response_format")
     _tools(body, sampling)
     return sampling
+
+
+def _enable_thinking(body: ChatCompletionBody, sampling: Sampling) -> None:
+    """`chat_template_kwargs: {enable_thinking: false}` as reasoning_effort none; true is the
+    templates' default. Other variables belong to the model, not to one request."""
+    kwargs = body.chat_template_kwargs or {}
+    other = sorted(set(kwargs) - {"enable_thinking"})
+    if other:
+        raise sampling.refuse(
+            f"chat_template_kwargs.{other[0]}",
+            "is not taken per request (only enable_thinking is); set it in the recipe's "
+            "model.chat_template_kwargs",
+        )
+    enabled = kwargs.get("enable_thinking")
+    if enabled is None:
+        return
+    if not isinstance(enabled, bool):
+        raise sampling.refuse("chat_template_kwargs.enable_thinking", "must be true or false")
+    if not enabled and body.reasoning_effort not in (None, "none"):
+        raise sampling.refuse(
+            "chat_template_kwargs.enable_thinking", "false contradicts 'reasoning_effort'"
+        )
+    if not enabled:
+        sampling.set("reasoning_effort", "none", "chat_template_kwargs.enable_thinking")
 
 
 def _tools(body: ChatCompletionBody, sampling: Sampling) -> None:

@@ -208,3 +208,26 @@ def test_a_bad_reasoning_setting_is_one_line_naming_it(extra, error):
     body = {"messages": [{"role": "user", "content": "hi"}], **extra}
     with pytest.raises(RowError, match=error):
         parse_row({"custom_id": "r", "url": "/v1/chat/completions", "body": body}, 1)
+
+
+def test_vllms_enable_thinking_switch_is_reasoning_effort_none():
+    def overrides(**extra):
+        body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+        return parse_row(
+            {"custom_id": "r", "url": "/v1/chat/completions", "body": body}, 1
+        ).overrides
+
+    assert overrides(chat_template_kwargs={"enable_thinking": False}) == {
+        "reasoning_effort": "none"
+    }
+    assert overrides(chat_template_kwargs={"enable_thinking": True}) == {}
+    for extra, error in [
+        ({"chat_template_kwargs": {"foo": 1}}, "'body.chat_template_kwargs.foo' is not taken per"),
+        ({"chat_template_kwargs": {"enable_thinking": "no"}}, "must be true or false"),
+        (
+            {"chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "high"},
+            "contradicts 'reasoning_effort'",
+        ),
+    ]:
+        with pytest.raises(RowError, match=error):
+            overrides(**extra)

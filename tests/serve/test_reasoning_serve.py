@@ -146,3 +146,9 @@ def test_tiny_think_streams_its_thinking_then_its_answer(think_server):
         model="think", messages=HI, extra_body={"max_reasoning_tokens": 1}
     )
     assert budget.usage.completion_tokens_details.reasoning_tokens == 1
+    # vLLM's per-request switch for Qwen3-style templates: the template closes the block.
+    off = client.chat.completions.create(
+        model="think", messages=HI, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+    )
+    assert not getattr(off.choices[0].message, "reasoning_content", None)
+    assert off.choices[0].message.content
