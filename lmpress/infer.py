@@ -47,11 +47,9 @@ async def run_prompt(
     check_params(engine, request.params)
     try:
         result: Result | None = None
-        streamed_thinking = False
         async for item in engine.stream(request):
             if isinstance(item, Delta) and item.index == 0 and item.reasoning:
                 thinking.add(item.text)
-                streamed_thinking = True
             elif isinstance(item, Delta) and item.index == 0:
                 thinking.end()
                 out.write(item.text)
@@ -68,14 +66,12 @@ async def run_prompt(
         return 1
     out.write("\n")
     out.flush()
-    if not streamed_thinking and result.reasoning:  # an engine that streamed no thinking
-        thinking.add(result.reasoning)
-        thinking.end()
+    if not thinking.last:  # an engine that gave its thinking only with the result
+        thinking.show(result.reasoning)
     for i, sample in enumerate(result.samples[1:], start=2):
         out.write(f"--- sample {i} ---\n")
         out.flush()
-        thinking.add(sample.reasoning or "")
-        thinking.end()
+        thinking.show(sample.reasoning)
         out.write(f"{sample.text}\n")
     out.flush()
     return 0

@@ -231,8 +231,8 @@ class Chat:
                     if item.error:
                         turn.error = item.error.message
                     elif not turn.pieces and item.text:  # an engine that sends no deltas
-                        if not turn.thinking and item.reasoning:
-                            thinking.add(item.reasoning)
+                        if not turn.thinking:
+                            thinking.add(item.reasoning or "")
                         answer().add(item.text)
                     break
         except asyncio.CancelledError:

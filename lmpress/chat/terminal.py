@@ -263,6 +263,11 @@ class ThinkingView:
         self.stream.flush()
         self.last = text
 
+    def show(self, text: str | None) -> None:
+        """A whole thinking at once (none: nothing)."""
+        self.add(text or "")
+        self.end()
+
     def end(self) -> None:
         if not self.open:
             return

@@ -36,6 +36,11 @@ def test_infer_prints_the_answer_on_stdout_and_the_thinking_on_stderr(thinking_e
     )
     assert "let me\n" in budget.stderr and "think" not in budget.stderr
 
+    two = run_lmpress("infer", "--engine", "ECHO", "--generation.n=2", "hi", env=thinking_echo)
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.count("ECHO [") == 2 and "--- sample 2 ---\n" in two.stdout
+    assert two.stderr.count(THINKING + "\n") == 2  # each sample's thinking, on stderr
+
 
 def test_on_a_terminal_infers_thinking_is_dimmed_before_the_answer(thinking_echo):
     env = {
