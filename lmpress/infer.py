@@ -1,6 +1,7 @@
-"""`lmpress infer PROMPT`: the smallest front, one request with its reply streamed to stdout;
-with `--task embed`, the text's vector, and with `--task score` or `rerank`, the documents'
-scores against the text."""
+"""`lmpress infer PROMPT`: the smallest front, one request with its reply streamed to stdout
+(a reasoning model's thinking to stderr, dimmed on a terminal, so a pipe gets the answer
+alone); with `--task embed`, the text's vector, and with `--task score` or `rerank`, the
+documents' scores against the text."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import sys
 from typing import TextIO
 
+from lmpress.chat.terminal import ThinkingView
 from lmpress.configs.schema import RunConfig
 from lmpress.data import pooling_rows
 from lmpress.data.pooling_rows import PoolingInput
@@ -25,11 +27,14 @@ async def run_prompt(
     out: TextIO | None = None,
     raw: bool = False,
     image: str | None = None,
+    err: TextIO | None = None,
 ) -> int:
-    """Stream the reply to `prompt`; with n > 1 each sample is printed after the first.
-    `raw` sends the text as it is for the model to continue (no chat template), as a base
-    model wants. Returns the exit code: 0, or 1 when the request failed."""
+    """Stream the reply to `prompt` to `out` and its thinking to `err`; with n > 1 each sample
+    is printed after the first. `raw` sends the text as it is for the model to continue (no
+    chat template), as a base model wants. Returns the exit code: 0, or 1 when the request
+    failed."""
     out = out or sys.stdout
+    thinking = ThinkingView(err or sys.stderr)
     messages = [
         Message("user", [image_part(image, "--image"), ContentPart("text", prompt)])
         if image
@@ -43,12 +48,16 @@ async def run_prompt(
     try:
         result: Result | None = None
         async for item in engine.stream(request):
-            if isinstance(item, Delta) and item.index == 0:
+            if isinstance(item, Delta) and item.index == 0 and item.reasoning:
+                thinking.add(item.text)
+            elif isinstance(item, Delta) and item.index == 0:
+                thinking.end()
                 out.write(item.text)
                 out.flush()
             elif isinstance(item, Result):
                 result = item
     finally:
+        thinking.end()
         await engine.aclose()
     assert result is not None
     if result.error:
@@ -56,8 +65,14 @@ async def run_prompt(
         print(f"lmpress: error: {result.error.message}", file=sys.stderr)
         return 1
     out.write("\n")
+    out.flush()
+    if not thinking.last:  # an engine that gave its thinking only with the result
+        thinking.show(result.reasoning)
     for i, sample in enumerate(result.samples[1:], start=2):
-        out.write(f"--- sample {i} ---\n{sample.text}\n")
+        out.write(f"--- sample {i} ---\n")
+        out.flush()
+        thinking.show(sample.reasoning)
+        out.write(f"{sample.text}\n")
     out.flush()
     return 0
 

@@ -28,6 +28,7 @@ class BatchSummary:
     rows_skipped: int = 0  # done (or set aside) by an earlier run
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, a reasoning model's thinking
     cost_usd: float | None = None  # what this run's rows cost, where a price is known
     cost_live_usd: float | None = None  # what they would have cost live (provider batches)
     wall_s: float = 0.0
@@ -68,6 +69,8 @@ class BatchSummary:
             "rows_skipped": self.rows_skipped,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            # Only where a model reasoned, so other runs' summaries stay as they were.
+            **({"reasoning_tokens": self.reasoning_tokens} if self.reasoning_tokens else {}),
             "cost_usd": None if self.cost_usd is None else round_usd(self.cost_usd),
             "cost_live_usd": None if self.cost_live_usd is None else round_usd(self.cost_live_usd),
             "wall_s": round(self.wall_s, 3),

@@ -256,6 +256,7 @@ class BatchJob:
         summary = self.summary
         summary.prompt_tokens += result.usage.prompt_tokens
         summary.completion_tokens += result.usage.completion_tokens
+        summary.reasoning_tokens += result.usage.reasoning_tokens
         self.budget.charge(result)
         if result.cost_usd is not None:
             summary.cost_usd = (summary.cost_usd or 0.0) + result.cost_usd

@@ -127,6 +127,15 @@ def image_command(chat: Chat, arg: str) -> None:
         chat.style.note(f"{len(attached)} image(s) attached; they go with your next message")
 
 
+def think_command(chat: Chat, arg: str) -> None:
+    if arg.lower() in ("on", "off"):
+        chat.show_thinking = arg.lower() == "on"
+    elif arg:
+        raise InputError(f"usage: /think on|off (not '{arg}')")
+    shown = "shown" if chat.show_thinking else "hidden"
+    chat.style.note(f"a reasoning model's thinking is {shown}; the history keeps it either way")
+
+
 def exit_command(chat: Chat, arg: str) -> None:
     raise LeaveChat
 
@@ -141,6 +150,7 @@ COMMANDS: dict[str, Command] = {
     "image": Command(image_command, "/image [PATH]", "attach an image file (or http/data URL) to your next message"),
     "save": Command(save_command, "/save FILE", "append the conversation to FILE as a batch input row"),
     "load": Command(load_command, "/load FILE [LINE]", "continue a saved conversation (the last row, or LINE)"),
+    "think": Command(think_command, "/think [on|off]", "show or hide a reasoning model's thinking (shown, dimmed, by default)"),
     "exit": Command(exit_command, "/exit", "leave (Ctrl-D too)"),
 }  # fmt: skip
 ALIASES = {"quit": COMMANDS["exit"], "?": COMMANDS["help"]}

@@ -48,8 +48,9 @@ class Conversation:
         return None
 
     def to_row(self) -> dict:
-        """A batch input row (`{"messages": [...]}`) of the answered exchanges."""
-        return {"messages": [m.to_openai() for m in self.with_system()]}
+        """A batch input row (`{"messages": [...]}`) of the answered exchanges; a turn's
+        provider thinking blocks go with it, as `data.messages` reads them back."""
+        return {"messages": [_saved(m) for m in self.with_system()]}
 
     @classmethod
     def from_messages(cls, messages: list[Message]) -> Conversation:
@@ -60,6 +61,13 @@ class Conversation:
         if messages and messages[-1].role == "user":
             unsent, messages = messages[-1], messages[:-1]
         return cls(system, list(messages), unsent)
+
+
+def _saved(message: Message) -> dict:
+    out = message.to_openai()
+    if message.reasoning_details:
+        out["reasoning_details"] = message.reasoning_details
+    return out
 
 
 def append_row(conversation: Conversation, path: str) -> int:

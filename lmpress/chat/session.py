@@ -1,6 +1,8 @@
 """The chat loop: each message becomes one Request carrying the whole conversation, its reply
-streams to stdout, and Ctrl-C during a reply cancels only that reply. A line starting with /
-runs one of the slash commands the chat was given (chat/commands.py), which act on the Chat."""
+streams to stdout (a reasoning model's thinking before it, dimmed, on stderr, unless /think
+off), and Ctrl-C during a reply cancels only that reply. A line starting with / runs one of the
+slash commands the chat was given (chat/commands.py), which act on the Chat. The history keeps
+the answer as the assistant turn's content and the thinking in its `reasoning`."""
 
 from __future__ import annotations
 
@@ -14,7 +16,14 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from lmpress.chat.conversation import Conversation
-from lmpress.chat.terminal import Style, keys_not_echoed, reply_renderer
+from lmpress.chat.terminal import (
+    MarkdownReply,
+    PlainReply,
+    Style,
+    ThinkingView,
+    keys_not_echoed,
+    reply_renderer,
+)
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
 from lmpress.vocabulary.errors import LmpressError, RequestError, Terminated, exception_line
@@ -39,6 +48,7 @@ class Turn:
     """One reply as it streams: filled in place, so a Ctrl-C at any await keeps what came."""
 
     pieces: list[str] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)  # a reasoning model's, streamed first
     result: Result | None = None
     stopped: bool = False
     error: str | None = None
@@ -48,6 +58,12 @@ class Turn:
     @property
     def text(self) -> str:
         return self.result.text if self.result and not self.stopped else "".join(self.pieces)
+
+    @property
+    def reasoning(self) -> str | None:
+        if self.result and not self.stopped:
+            return self.result.reasoning
+        return "".join(self.thinking) if self.thinking else None
 
 
 class Chat:
@@ -78,6 +94,7 @@ class Chat:
         self.interactive = interactive
         self.out = out or sys.stdout
         self.style = Style(info or sys.stderr)
+        self.show_thinking = True  # /think on|off
         self.failures = 0
         self.turns = 0
 
@@ -144,7 +161,11 @@ class Chat:
             conversation.unsent = message
             self.style.note("stopped before any text came; /retry sends your message again")
             return
-        conversation.messages += [message, Message("assistant", turn.text)]
+        reply = Message("assistant", turn.text, reasoning=turn.reasoning)
+        if turn.result and not turn.stopped and turn.result.samples:
+            # A provider's signed thinking blocks, which it wants back with a later tool call.
+            reply.reasoning_details = turn.result.samples[0].reasoning_details
+        conversation.messages += [message, reply]
         if turn.result and not turn.stopped:
             for i, sample in enumerate(turn.result.samples[1:], start=2):
                 self.out.write(f"--- sample {i} ---\n{sample.text}\n")
@@ -184,20 +205,35 @@ class Chat:
         return turn
 
     async def _stream(self, request: Request, turn: Turn) -> None:
-        renderer = reply_renderer(self.out, self.markdown)
+        thinking = ThinkingView(self.style.stream, self.show_thinking)
+        renderer = None
+
+        def answer() -> PlainReply | MarkdownReply:
+            # Made when the answer starts: a Markdown view takes the terminal over until done.
+            nonlocal renderer
+            if renderer is None:
+                thinking.end()
+                renderer = reply_renderer(self.out, self.markdown)
+            return renderer
+
         stream = None
         try:
             stream = self.engine.stream(request)
             async for item in stream:
-                if isinstance(item, Delta) and item.index == 0:
+                if isinstance(item, Delta) and item.index == 0 and item.reasoning:
+                    turn.thinking.append(item.text)
+                    thinking.add(item.text)
+                elif isinstance(item, Delta) and item.index == 0:
                     turn.pieces.append(item.text)
-                    renderer.add(item.text)
+                    answer().add(item.text)
                 elif isinstance(item, Result):
                     turn.result = item
                     if item.error:
                         turn.error = item.error.message
                     elif not turn.pieces and item.text:  # an engine that sends no deltas
-                        renderer.add(item.text)
+                        if not turn.thinking:
+                            thinking.add(item.reasoning or "")
+                        answer().add(item.text)
                     break
         except asyncio.CancelledError:
             turn.stopped = True
@@ -208,7 +244,7 @@ class Chat:
                 traceback.print_exc()
             turn.error = f"internal error: {exception_line(exc)} (--debug shows more)"
         finally:
-            renderer.finish(empty_line=not (turn.error or turn.stopped))
+            answer().finish(empty_line=not (turn.error or turn.stopped))
             close = getattr(stream, "aclose", None)  # closing the stream frees the request
             if close is not None:
                 await close()
@@ -231,6 +267,8 @@ def status_line(turn: Turn, params: GenerationParams) -> str:
     parts.append(f"{turn.elapsed:.2f} s")
     if usage.prompt_tokens:  # how much of the context the conversation fills
         parts.append(f"prompt {usage.prompt_tokens} tokens")
+    if usage.reasoning_tokens:
+        parts.append(f"thinking {usage.reasoning_tokens} of the {tokens}")
     if turn.result.finish_reason == "length":
         parts.append(f"cut at generation.max_new_tokens={params.max_new_tokens}")
     return "[" + " · ".join(parts) + "]"

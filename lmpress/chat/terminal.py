@@ -153,14 +153,17 @@ def keys_not_echoed() -> Iterator[None]:
 # --- showing ---------------------------------------------------------------------------------
 
 
+def colors_on(stream: TextIO) -> bool:
+    """Whether to style what goes to `stream`: a terminal, unless NO_COLOR or TERM=dumb."""
+    return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
 class Style:
     """Notices, status lines and errors, dimmed or coloured on a terminal (unless NO_COLOR)."""
 
     def __init__(self, stream: TextIO):
         self.stream = stream
-        self.color = (
-            stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-        )
+        self.color = colors_on(stream)
 
     def _write(self, text: str, code: str | None) -> None:
         sys.stdout.flush()  # keep the order of reply and notice when both go to one terminal
@@ -233,6 +236,46 @@ class MarkdownReply:
 
         self.live.update(Markdown(self.text), refresh=True)
         self.live.stop()
+
+
+class ThinkingView:
+    """A reasoning model's thinking as it streams, dimmed on a terminal, on a stream apart from
+    the answer's (stderr), so that a pipe gets the answer alone. `end` closes it before the
+    answer starts."""
+
+    DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+    def __init__(self, stream: TextIO, shown: bool = True):
+        self.stream = stream
+        self.shown = shown
+        self.color = colors_on(stream)
+        self.last = ""
+        self.open = False
+
+    def add(self, text: str) -> None:
+        if not (self.shown and text):
+            return
+        if not self.open:
+            self.open = True
+            if self.color:
+                self.stream.write(self.DIM)
+        self.stream.write(printable(text))
+        self.stream.flush()
+        self.last = text
+
+    def show(self, text: str | None) -> None:
+        """A whole thinking at once (none: nothing)."""
+        self.add(text or "")
+        self.end()
+
+    def end(self) -> None:
+        if not self.open:
+            return
+        self.open = False
+        self.stream.write(
+            (self.RESET if self.color else "") + ("" if self.last.endswith("\n") else "\n")
+        )
+        self.stream.flush()
 
 
 def reply_renderer(out: TextIO, markdown: bool) -> PlainReply | MarkdownReply:

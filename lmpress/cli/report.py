@@ -58,6 +58,8 @@ class BatchReport(BatchEvents):
         table.add_row("rows failed", str(summary.rows_failed))
         table.add_row("rows skipped (done before)", str(summary.rows_skipped))
         table.add_row("tokens in / out", f"{summary.prompt_tokens} / {summary.completion_tokens}")
+        if summary.reasoning_tokens:  # inside "out", priced as output
+            table.add_row("  of out, thinking", str(summary.reasoning_tokens))
         table.add_row("wall time", f"{summary.wall_s:.2f} s")
         table.add_row("rows/s", f"{summary.rows_per_s:.2f}")
         if summary.task == "generate":

@@ -128,6 +128,9 @@ def load_config(
             cfg = OmegaConf.merge(cfg, data)
         except OmegaConfBaseException as exc:
             raise ConfigError(f"{source}: {_omegaconf_message(exc, source)}") from exc
+    # GenerationParams refuses a value it cannot hold with a bare ValueError when built; the
+    # range checks say the same naming the key, so they run on the merged values first.
+    _check_ranges(cfg.generation, "generation")
     try:
         config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:

@@ -46,6 +46,8 @@ def generation_with_overrides(
             changes[name] = converters[name](name, value)
         except BadValue as exc:
             raise ConfigError(f"{source}: {exc}") from None
+    for name, value in changes.items():  # before GenerationParams refuses it unnamed
+        check_range(types.SimpleNamespace(**{name: value}), f"generation.{name}", source)
     params = base.replace(**changes)
     for name in changes:
         check_range(params, f"generation.{name}", source)

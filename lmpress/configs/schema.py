@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from lmpress.vocabulary.errors import ConfigError
-from lmpress.vocabulary.types import GenerationParams
+from lmpress.vocabulary.types import REASONING_EFFORTS, GenerationParams
 
 # What `model.generation_defaults` does with the sampling defaults a checkpoint ships. The field
 # stays a `str` (OmegaConf's structured configs take no Literal); RANGE_CHECKS holds it to these.
@@ -179,6 +179,14 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
         "values must be in [-100, 100], as in OpenAI's API",
     ),
     "generation.n": (lambda v: v >= 1, "must be at least 1"),
+    "generation.reasoning_effort": (
+        lambda v: v is None or v in REASONING_EFFORTS,
+        f"must be one of {', '.join(REASONING_EFFORTS)}, or null for the model's own",
+    ),
+    "generation.max_reasoning_tokens": (
+        lambda v: v is None or v >= 0,
+        "must be 0 or more, or null for no limit of its own",
+    ),
     "generation.top_logprobs": (lambda v: 0 <= v <= 20, "must be in [0, 20]"),
     "generation.num_beams": (lambda v: v >= 1, "must be at least 1"),
     "generation.batch_size": (lambda v: v >= 1, "must be at least 1"),

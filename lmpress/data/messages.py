@@ -1,6 +1,13 @@
 """OpenAI chat messages (and Oumi's) to lmpress Messages: what every front that reads a
 conversation shares (batch rows, OpenAI Batch lines, serve's bodies, infer, chat's /load).
-`RowError` is what they raise: one line saying what is wrong with the row or body."""
+`RowError` is what they raise: one line saying what is wrong with the row or body.
+
+An earlier assistant turn's thinking comes as `reasoning_content` (DeepSeek's and vLLM's name,
+and the field of Oumi's `Message`) or `reasoning` (vLLM's current name) and goes to
+`Message.reasoning`; each engine sends it back as its provider or template wants. Anthropic's
+signed thinking blocks come as the turn's `reasoning_details` (what lmpress writes in a row's
+`response`) or as `thinking` / `redacted_thinking` parts of its content, and go whole to
+`Message.reasoning_details`, their text to `Message.reasoning`."""
 
 from __future__ import annotations
 
@@ -34,9 +41,60 @@ def parse_messages(items: Any) -> list[Message]:
                 f"message {i} has unknown role {json.dumps(role)} "
                 f"(expected one of {', '.join(ROLES)})"
             )
-        message = Message(role, _parse_content(item.get("content"), i))
+        content, blocks = _thinking_parts(item.get("content"), role)
+        message = Message(role, _parse_content(content, i))
+        message.reasoning = _reasoning(item, role, i)
+        message.reasoning_details = _reasoning_details(item, role, i, blocks)
+        if message.reasoning is None and message.reasoning_details:
+            texts = [b["thinking"] for b in message.reasoning_details if "thinking" in b]
+            message.reasoning = "\n\n".join(t for t in texts if isinstance(t, str))
         messages.append(_tool_fields(message, item, i))
     return messages
+
+
+THINKING_PARTS = ("thinking", "redacted_thinking")  # Anthropic's content blocks of thinking
+
+
+def _thinking_parts(content: Any, role: str) -> tuple[Any, list[dict[str, Any]]]:
+    """An assistant turn's content without its Anthropic thinking blocks, and those blocks."""
+    if role != "assistant" or not isinstance(content, list):
+        return content, []
+    blocks = [p for p in content if isinstance(p, dict) and p.get("type") in THINKING_PARTS]
+    if not blocks:
+        return content, []
+    rest = [p for p in content if not (isinstance(p, dict) and p.get("type") in THINKING_PARTS)]
+    return rest, blocks
+
+
+def _reasoning_details(
+    item: dict[str, Any], role: str, index: int, blocks: list[dict[str, Any]]
+) -> list[dict[str, Any]] | None:
+    details = item.get("reasoning_details")
+    if details is None:
+        return blocks or None
+    if role != "assistant":
+        raise RowError(
+            f"message {index} has reasoning_details, which only an assistant message may have"
+        )
+    if not isinstance(details, list) or not all(isinstance(d, dict) for d in details):
+        raise RowError(f"message {index} reasoning_details must be a list of objects")
+    return [*details, *blocks] or None
+
+
+REASONING_KEYS = ("reasoning_content", "reasoning")
+
+
+def _reasoning(item: dict[str, Any], role: str, index: int) -> str | None:
+    """An assistant turn's thinking, under either name (both: the same text)."""
+    given = {key: item[key] for key in REASONING_KEYS if item.get(key) is not None}
+    for key, value in given.items():
+        if not isinstance(value, str):
+            raise RowError(f"message {index} {key} must be a string, got {json_type(value)}")
+        if role != "assistant":
+            raise RowError(f"message {index} has {key}, which only an assistant message may have")
+    if len(set(given.values())) > 1:
+        raise RowError(f"message {index} has reasoning_content and reasoning that differ")
+    return next(iter(given.values()), None)
 
 
 def _tool_fields(message: Message, item: dict[str, Any], index: int) -> Message:

@@ -14,8 +14,10 @@ The file's schema is the same whatever happened to each row:
   say numbers and text, is written as JSON text); an `id` column first when the rows had no
   id of their own;
 - then lmpress's columns, always all of them, null where they do not apply: the reply
-  (`response`, `finish_reason`, `tool_calls`, `structured`, `samples`, `logprobs`), what it
-  cost (`prompt_tokens`, `completion_tokens`, `cost_usd`), who made it (`model`, `engine`,
+  (`response`, a reasoning model's thinking `reasoning`, `finish_reason`, `tool_calls`,
+  `structured`, `samples` and `samples_reasoning`, `logprobs`), what it cost
+  (`prompt_tokens`, `completion_tokens`, of those `reasoning_tokens`, `cost_usd`), who made
+  it (`model`, `engine`,
   `latency_s`) and, for a row that failed, why (`error_kind`, `error_message`). An input column
   of the same name is kept as `input_<name>`;
 - then, in an embed, score or rerank run, the columns its rows have: `embedding` (a fixed-size
@@ -52,9 +54,10 @@ def journal_line(
 # lmpress's columns, after the input's, and their Arrow types ("text": string, "texts": a list
 # of strings).
 RESULT_TYPES = {
-    "response": "text", "finish_reason": "text", "tool_calls": "text", "structured": "text",
-    "samples": "texts", "logprobs": "text", "prompt_tokens": "int64",
-    "completion_tokens": "int64", "cost_usd": "float64", "model": "text", "engine": "text",
+    "response": "text", "reasoning": "text", "finish_reason": "text", "tool_calls": "text",
+    "structured": "text", "samples": "texts", "samples_reasoning": "texts", "logprobs": "text",
+    "prompt_tokens": "int64", "completion_tokens": "int64", "reasoning_tokens": "int64",
+    "cost_usd": "float64", "model": "text", "engine": "text",
     "latency_s": "float64", "error_kind": "text", "error_message": "text",
 }  # fmt: skip
 RESULT_COLUMNS = tuple(RESULT_TYPES)
@@ -259,15 +262,19 @@ def _result_values(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
         error = row.get("error") or response.get("error") or {}
         usage = response.get("usage") or {}
         samples = response.get("samples")
+        thought = samples is not None and any("reasoning" in s for s in samples)
         values = {
             "response": response.get("text"),
+            "reasoning": response.get("reasoning"),
             "finish_reason": response.get("finish_reason"),
             "tool_calls": _as_json(response.get("tool_calls")),
             "structured": _as_json(response.get("structured")),
             "samples": [s.get("text") for s in samples] if samples else None,
+            "samples_reasoning": [s.get("reasoning") for s in samples] if thought else None,
             "logprobs": _as_json(response.get("logprobs")),
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"),
+            "reasoning_tokens": usage.get("reasoning_tokens"),
             "cost_usd": response.get("cost_usd"),
             "model": response.get("model"),
             "engine": response.get("engine"),

@@ -19,7 +19,10 @@ has that turn regenerated: it is dropped, and the reply generated in its place.
 
 Output rows follow the input by default (OpenAI Batch lines for OpenAI Batch input, the input
 row with the reply appended for the others); `OutputShape` "lmpress" or "openai" forces one
-(`--output-format lmpress|openai`).
+(`--output-format lmpress|openai`). A reasoning model's thinking goes to `response.reasoning`
+(each sample's to its own record), its length to `usage.reasoning_tokens`, and in an Oumi row
+to the reply's `reasoning_content` too, the field Oumi's `Message` has for it; a model that
+does not reason writes neither, so its rows are what they were.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from lmpress.data import openai_batch, pooling_rows
 from lmpress.data.columns import RowMapping, TemplateError
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
 from lmpress.data.pooling_rows import PoolingInput
+from lmpress.openai_wire.responses import reasoned
 from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult, Task
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 from lmpress.vocabulary.types import (
@@ -356,6 +360,11 @@ def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
     messages row; a row without an id gets the one lmpress gave it, so a resumed job can tell
     it is done."""
     reply = reply_message(result.samples[0] if result.samples else Sample("", "stop"))
+    if row.shape is RowShape.OUMI and result.samples and result.samples[0].reasoning is not None:
+        # Oumi's Message has a field of its own for the thinking; an OpenAI chat message does
+        # not (DeepSeek refuses `reasoning_content` sent back), so chat rows keep it in
+        # `response.reasoning` only.
+        reply["reasoning_content"] = result.samples[0].reasoning
     out: dict[str, Any] = {}
     if not any(k in row.raw for k in ID_KEYS):
         out["id"] = row.id  # the id lmpress gave it, or the --id-column's
@@ -389,9 +398,28 @@ def reply_message(sample: Sample) -> dict[str, Any]:
 
 
 def _sample_record(sample: Sample) -> dict[str, Any]:
-    record: dict[str, Any] = {"text": sample.text, "finish_reason": sample.finish_reason}
+    record: dict[str, Any] = {"text": sample.text}
+    if sample.reasoning is not None:  # only a reasoning model's rows have it
+        record["reasoning"] = sample.reasoning
+    record["finish_reason"] = sample.finish_reason
+    if sample.reasoning_details:
+        record["reasoning_details"] = sample.reasoning_details
     if sample.tool_calls:
         record["tool_calls"] = [call.to_openai() for call in sample.tool_calls]
+    return record
+
+
+def usage_record(result: Result) -> dict[str, Any]:
+    """A row's `usage`; `reasoning_tokens` (of the completion tokens) only where the model
+    reasoned, so a non-reasoning model's rows stay as they were."""
+    usage = result.usage
+    record = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+    if reasoned(result):
+        record["reasoning_tokens"] = usage.reasoning_tokens
     return record
 
 
@@ -400,11 +428,7 @@ def response_record(result: Result) -> dict[str, Any]:
     record: dict[str, Any] = {
         **_sample_record(first),
         "finish_reason": result.finish_reason,
-        "usage": {
-            "prompt_tokens": result.usage.prompt_tokens,
-            "completion_tokens": result.usage.completion_tokens,
-            "total_tokens": result.usage.total_tokens,
-        },
+        "usage": usage_record(result),
         "model": result.model,
         "engine": result.engine,
         "latency_s": round(result.latency_s, 4),

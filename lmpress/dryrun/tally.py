@@ -8,7 +8,10 @@ What the summary says, and why it is shaped so:
   so their tokens are not in the totals, as they would not be in the run's usage;
 - prompt tokens, exact where the counter is the engine's own tokenizer (`Engine.prompt_counter`);
 - the output-token bound: per row `max_new_tokens` times `n`, where a local engine stops at
-  the end of the context the room left there, so the bound is one the run cannot exceed;
+  the end of the context the room left there, so the bound is one the run cannot exceed; a
+  reasoning model's thinking is inside it (`max_new_tokens` counts thinking and answer
+  together, as the providers' limits do, and `max_reasoning_tokens` only divides it), and
+  is priced as output, as the providers bill it;
 - the cost at the model's price (`dryrun/pricing.py`), live and through the provider's batch API: the
   prompt tokens plus the output bound, so an upper bound.
 Memory stays flat: a row costs its 8-byte id key (`IdKeys`), whatever the input's size.

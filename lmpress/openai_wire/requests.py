@@ -59,6 +59,9 @@ class _Body(_Strict):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
+    # A reasoning model's thinking budget in tokens: lmpress's name, and vLLM's.
+    max_reasoning_tokens: int | None = None
+    thinking_token_budget: int | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -79,6 +82,10 @@ class ChatCompletionBody(_Body):
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None  # none, minimal, low, medium, high
+    # vLLM's per-request template variables; of them lmpress takes `enable_thinking` (Qwen3's
+    # and SmolLM3's switch), which is what reasoning_effort none sets on those templates.
+    chat_template_kwargs: dict[str, Any] | None = None
     # Refused when given a value: lmpress cannot honour them.
     functions: Any = None
     function_call: Any = None
@@ -86,7 +93,6 @@ class ChatCompletionBody(_Body):
     modalities: Any = None
     prediction: Any = None
     web_search_options: Any = None
-    reasoning_effort: Any = None
     verbosity: Any = None
 
 
@@ -99,8 +105,7 @@ class CompletionBody(_Body):
 
 
 UNSUPPORTED_CHAT_ARGS = (
-    "functions", "function_call", "audio", "prediction", "web_search_options",
-    "reasoning_effort", "verbosity",
+    "functions", "function_call", "audio", "prediction", "web_search_options", "verbosity",
 )  # fmt: skip
 
 Body = TypeVar("Body", bound=_Strict)
@@ -194,7 +199,21 @@ def _common_sampling(body: _Body, max_tokens: int | None, where: str) -> Samplin
             )
         if stops:
             sampling.set("stop_strings", stops, "stop")
+    _reasoning_budget(body, sampling)
     return sampling
+
+
+def _reasoning_budget(body: _Body, sampling: Sampling) -> None:
+    """`max_reasoning_tokens`, or vLLM's `thinking_token_budget` for the same thing."""
+    given = [
+        (name, getattr(body, name))
+        for name in ("max_reasoning_tokens", "thinking_token_budget")
+        if getattr(body, name) is not None
+    ]
+    if len(given) == 2 and given[0][1] != given[1][1]:
+        raise sampling.refuse("thinking_token_budget", "differs from 'max_reasoning_tokens'")
+    if given:
+        sampling.set("max_reasoning_tokens", given[0][1], given[0][0])
 
 
 def chat_sampling(body: ChatCompletionBody, where: str = "") -> Sampling:
@@ -217,11 +236,38 @@ def chat_sampling(body: ChatCompletionBody, where: str = "") -> Sampling:
         if not body.logprobs:
             raise sampling.refuse("top_logprobs", "needs 'logprobs' set to true")
         sampling.set("top_logprobs", body.top_logprobs, "top_logprobs")
+    if body.reasoning_effort is not None:
+        sampling.set("reasoning_effort", body.reasoning_effort, "reasoning_effort")
+    _enable_thinking(body, sampling)
     guided = guided_decoding(body.response_format, where)
     if guided is not None:
         sampling.set("guided_decoding", guided, "response_format")
     _tools(body, sampling)
     return sampling
+
+
+def _enable_thinking(body: ChatCompletionBody, sampling: Sampling) -> None:
+    """`chat_template_kwargs: {enable_thinking: false}` as reasoning_effort none; true is the
+    templates' default. Other variables belong to the model, not to one request."""
+    kwargs = body.chat_template_kwargs or {}
+    other = sorted(set(kwargs) - {"enable_thinking"})
+    if other:
+        raise sampling.refuse(
+            f"chat_template_kwargs.{other[0]}",
+            "is not taken per request (only enable_thinking is); set it in the recipe's "
+            "model.chat_template_kwargs",
+        )
+    enabled = kwargs.get("enable_thinking")
+    if enabled is None:
+        return
+    if not isinstance(enabled, bool):
+        raise sampling.refuse("chat_template_kwargs.enable_thinking", "must be true or false")
+    if not enabled and body.reasoning_effort not in (None, "none"):
+        raise sampling.refuse(
+            "chat_template_kwargs.enable_thinking", "false contradicts 'reasoning_effort'"
+        )
+    if not enabled:
+        sampling.set("reasoning_effort", "none", "chat_template_kwargs.enable_thinking")
 
 
 def _tools(body: ChatCompletionBody, sampling: Sampling) -> None:

@@ -1,6 +1,12 @@
 """OpenAI response bodies, the way out: chat.completion and text_completion bodies and their
 stream chunks, built from the `openai` package's own types so that what serve answers and what
 batch writes in an OpenAI Batch output line is what the official client parses.
+
+A reasoning model's thinking goes beside the answer, as vLLM writes it: the message's (and a
+stream delta's) `reasoning_content`, DeepSeek's name, and `reasoning`, vLLM's current one; the
+openai types keep such fields as extras, so a client reads `message.reasoning_content`. The
+usage counts the thinking in `completion_tokens_details.reasoning_tokens`. A model that does not
+reason gets neither, so its bodies are what they were.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from openai.types.chat.chat_completion_token_logprob import (
     TopLogprob,
 )
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
+from openai.types.completion_usage import CompletionTokensDetails
 from pydantic import BaseModel
 
 from lmpress.vocabulary.types import FinishReason, Result, Sample, TokenLogprob, Usage
@@ -71,12 +78,32 @@ def _tool_calls(sample: Sample) -> list[ChatCompletionMessageFunctionToolCall] |
     ]
 
 
-def usage_model(usage: Usage) -> CompletionUsage:
+def reasoned(result: Result) -> bool:
+    """Whether the model thought before answering: a sample has thinking, or the usage counts
+    some (a provider may count thinking it does not show)."""
+    return bool(result.usage.reasoning_tokens) or any(
+        s.reasoning is not None for s in result.samples
+    )
+
+
+def usage_model(usage: Usage, reasoning: bool = False) -> CompletionUsage:
+    """The usage; with `reasoning` (or reasoning tokens counted), the thinking's share."""
+    details = {}
+    if reasoning or usage.reasoning_tokens:
+        details["completion_tokens_details"] = CompletionTokensDetails(
+            reasoning_tokens=usage.reasoning_tokens
+        )
     return CompletionUsage(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
+        **details,
     )
+
+
+def reasoning_fields(text: str | None) -> dict[str, str]:
+    """A message's or delta's thinking, under both names clients read (none without it)."""
+    return {} if text is None else {"reasoning_content": text, "reasoning": text}
 
 
 def _dump(model: BaseModel) -> dict[str, Any]:
@@ -107,6 +134,7 @@ def chat_completion(id: str, created: int, model: str, result: Result) -> dict[s
                 content=sample.text if sample.text or not sample.tool_calls else None,
                 refusal=None,
                 **({"tool_calls": _tool_calls(sample)} if sample.tool_calls else {}),
+                **reasoning_fields(sample.reasoning),
             ),
             finish_reason=_finish(sample),
             logprobs=None
@@ -121,7 +149,7 @@ def chat_completion(id: str, created: int, model: str, result: Result) -> dict[s
         created=created,
         model=model,
         choices=choices,
-        usage=usage_model(result.usage),
+        usage=usage_model(result.usage, reasoned(result)),
         system_fingerprint=None,
     )
     return _dump(completion)
@@ -145,6 +173,7 @@ def text_completion(
     total = Usage(
         sum(r.usage.prompt_tokens for r in results),
         sum(r.usage.completion_tokens for r in results),
+        sum(r.usage.reasoning_tokens for r in results),
     )
     completion = Completion(
         id=id,
@@ -193,17 +222,18 @@ def sse(data: dict[str, Any]) -> bytes:
 
 
 class _TextTemplate:
-    """The JSON of a chunk with one text field left open: dumped once from the openai type,
-    then filled per delta, since a stream sends one chunk per delta."""
+    """The JSON of a chunk with its text field (or fields: a reasoning delta's two names) left
+    open: dumped once from the openai type, then filled per delta, since a stream sends one
+    chunk per delta."""
 
     def __init__(self, chunk: BaseModel):
         text = chunk.model_dump_json(exclude_unset=True, warnings=False)
-        before, _, after = text.partition(json.dumps(_MARK))
-        self.before = b"data: " + before.encode()
-        self.after = after.encode() + b"\n\n"
+        self.parts = [part.encode() for part in text.split(json.dumps(_MARK))]
+        self.parts[0] = b"data: " + self.parts[0]
+        self.parts[-1] += b"\n\n"
 
     def fill(self, text: str) -> bytes:
-        return self.before + json.dumps(text, ensure_ascii=False).encode() + self.after
+        return json.dumps(text, ensure_ascii=False).encode().join(self.parts)
 
 
 class ChatChunks:
@@ -218,6 +248,7 @@ class ChatChunks:
         if include_usage:  # then every chunk carries "usage": null, and the last one the usage
             self.head["usage"] = None
         self._templates: dict[int, _TextTemplate] = {}
+        self._reasoning: dict[int, _TextTemplate] = {}
 
     def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(**{**self.head, **extra}, choices=choices)
@@ -234,6 +265,15 @@ class ChatChunks:
                 index=index, delta=ChoiceDelta(content=_MARK), logprobs=None, finish_reason=None
             )
             template = self._templates[index] = _TextTemplate(self._chunk([choice]))
+        return template.fill(text)
+
+    def reasoning(self, index: int, text: str) -> bytes:
+        """A piece of the thinking, as vLLM streams it: before the answer's content."""
+        template = self._reasoning.get(index)
+        if template is None:
+            delta = ChoiceDelta(**reasoning_fields(_MARK))  # type: ignore[arg-type]
+            choice = ChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=None)
+            template = self._reasoning[index] = _TextTemplate(self._chunk([choice]))
         return template.fill(text)
 
     def tool_calls(self, index: int, sample: Sample) -> list[bytes]:
@@ -265,8 +305,8 @@ class ChatChunks:
         )
         return sse(_dump(self._chunk([choice])))
 
-    def usage(self, usage: Usage) -> bytes:
-        return sse(_dump(self._chunk([], usage=usage_model(usage))))
+    def usage(self, usage: Usage, reasoning: bool = False) -> bytes:
+        return sse(_dump(self._chunk([], usage=usage_model(usage, reasoning))))
 
 
 class CompletionChunks:
@@ -302,5 +342,5 @@ class CompletionChunks:
         )
         return sse(_dump(self._chunk([choice])))
 
-    def usage(self, usage: Usage) -> bytes:
-        return sse(_dump(self._chunk([], usage=usage_model(usage))))
+    def usage(self, usage: Usage, reasoning: bool = False) -> bytes:
+        return sse(_dump(self._chunk([], usage=usage_model(usage, reasoning))))

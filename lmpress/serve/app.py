@@ -172,6 +172,7 @@ class Server:
         entry.usage = Usage(
             sum(r.usage.prompt_tokens for r in results),
             sum(r.usage.completion_tokens for r in results),
+            sum(r.usage.reasoning_tokens for r in results),
         )
         if entry.content is not None:
             entry.content["reply"] = [s.text for r in results for s in r.samples]
@@ -245,7 +246,10 @@ class Server:
                     index = prompt * n + value.index
                     for line in opening(index, prompt):
                         yield line
-                    yield chunks.text(index, value.text)
+                    if value.reasoning and isinstance(chunks, ChatChunks):
+                        yield chunks.reasoning(index, value.text)
+                    elif not value.reasoning:  # a text completion shows no thinking
+                        yield chunks.text(index, value.text)
                 else:
                     if value.error is not None:
                         self._finish_log(entry, [*results, value])
@@ -264,7 +268,7 @@ class Server:
         self._finish_log(entry, results)
         if chunks.include_usage:
             assert entry.usage is not None
-            yield chunks.usage(entry.usage)
+            yield chunks.usage(entry.usage, any(responses.reasoned(r) for r in results))
         yield responses.DONE
 
 

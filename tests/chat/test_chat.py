@@ -248,11 +248,11 @@ def test_unknown_command_lists_the_commands_and_help_explains_them(echo_chat):
     shown = chat.say("/frobnicate")
     assert shown.strip() == (
         "error: unknown command '/frobnicate'. "
-        "Commands: /help /reset /system /set /retry /undo /image /save /load /exit"
+        "Commands: /help /reset /system /set /retry /undo /image /save /load /think /exit"
     )
     help_text = chat.say("/help")
     for usage in ["/reset", "/system [TEXT]", "/set [KEY=VALUE]", "/retry", "/undo", "/save FILE",
-                  "/load FILE [LINE]", "/exit", '"""', "Ctrl-C stops a reply"]:  # fmt: skip
+                  "/load FILE [LINE]", "/think [on|off]", "/exit", '"""', "Ctrl-C stops a reply"]:  # fmt: skip
         assert usage in help_text
     assert transcript(chat.say("//etc is a directory")) == [user("/etc is a directory")]
     assert chat.leave("/quit") == 0
@@ -349,6 +349,21 @@ def test_multi_line_input_history_and_completion(echo_chat, tmp_path):
     # Typed lines are kept for the next session.
     history = (tmp_path / "state" / "lmpress" / "chat_history").read_text()
     assert "remember me" in history and "/exit" in history
+
+
+@pytest.mark.parametrize("markdown", [False, True])
+def test_a_reasoning_models_thinking_shows_dimmed_before_the_answer(echo_chat, markdown):
+    chat = echo_chat(*(["--markdown"] if markdown else []), env={"ECHO_THINK": "hmm, well"})
+    chat.child.sendline("hi")
+    chat.child.expect(PROMPT)
+    raw = chat.child.before.replace("\r\n", "\n")
+    assert "\x1b[2mhmm, well\x1b[0m\n" in raw  # dimmed, on its own line
+    assert raw.index("hmm, well") < raw.index("ECHO")  # before the answer
+    hidden = chat.say("/think off")
+    assert "thinking is hidden" in hidden
+    again = chat.say("again")
+    assert "hmm" not in again[: again.index("ECHO")]  # (the transcript shows the history's)
+    chat.leave()
 
 
 def test_markdown_is_rendered_only_when_asked(echo_chat):

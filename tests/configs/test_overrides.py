@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lmpress.configs.loading import _coerce_lists, _omegaconf_message
+from lmpress.configs.loading import _coerce_lists, _omegaconf_message, load_config
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import check_range
 from lmpress.vocabulary.errors import ConfigError
@@ -110,3 +110,32 @@ def test_values_omegaconf_did_not_refuse_cleanly(overrides, message):
     with pytest.raises(ConfigError) as caught:
         generation_with_overrides(BASE, overrides)
     assert str(caught.value).startswith(message)
+
+
+# GenerationParams refuses these with a bare ValueError when built; a row, a chat's /set and a
+# recipe each say it in one line naming the key.
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"reasoning_effort": "bogus"},
+            "generation.reasoning_effort: 'bogus' must be one of none, minimal, low, medium, high",
+        ),
+        ({"max_reasoning_tokens": -2}, "generation.max_reasoning_tokens: -2 must be 0 or more"),
+    ],
+)
+def test_a_bad_reasoning_setting_names_its_key(overrides, message):
+    with pytest.raises(ConfigError) as caught:
+        generation_with_overrides(BASE, overrides, source="row 3")
+    assert str(caught.value).startswith(f"row 3: {message}")
+    key, value = next(iter(overrides.items()))
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides={f"generation.{key}": value})
+    assert str(caught.value).startswith(message)
+
+
+def test_good_reasoning_settings_apply():
+    params = generation_with_overrides(
+        BASE, {"reasoning_effort": "none", "max_reasoning_tokens": "0"}
+    )
+    assert (params.reasoning_effort, params.max_reasoning_tokens) == ("none", 0)

@@ -158,3 +158,76 @@ def test_completion_logprobs_carry_text_offsets():
     line = render_row(parse_row(raw, 1), Result("c", samples, Usage(1, 2)))
     body = Completion.model_validate(line["response"]["body"])
     assert body.choices[0].logprobs.text_offset == [0, 1]
+
+
+# --- reasoning models -------------------------------------------------------------------------
+
+
+def test_a_reasoning_models_output_line_has_the_thinking_where_vllm_writes_it():
+    row = parse_row(VLLM_EXAMPLE[0], 1)
+    samples = [Sample(f"answer {i}", "stop", reasoning=f"thinking {i}") for i in range(2)]
+    line = render_row(row, Result("x", samples, Usage(7, 12, 5), model="m", engine="NATIVE"))
+    body = ChatCompletion.model_validate(line["response"]["body"])
+    # The SDK keeps the fields its types lack: a client reads message.reasoning_content.
+    assert [c.message.content for c in body.choices] == ["answer 0", "answer 1"]
+    assert [c.message.reasoning_content for c in body.choices] == ["thinking 0", "thinking 1"]
+    assert [c.message.reasoning for c in body.choices] == ["thinking 0", "thinking 1"]
+    assert body.usage.completion_tokens_details.reasoning_tokens == 5
+    assert body.usage.completion_tokens == 12
+
+
+def test_a_model_that_does_not_reason_has_no_thinking_fields():
+    line = render_row(parse_row(VLLM_EXAMPLE[0], 1), result())
+    body = line["response"]["body"]
+    assert "reasoning_content" not in body["choices"][0]["message"]
+    assert "completion_tokens_details" not in body["usage"]
+
+
+def test_a_lines_reasoning_settings_override_the_recipe():
+    body = {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "low",
+            "max_reasoning_tokens": 64}  # fmt: skip
+    row = parse_row({"custom_id": "r", "url": "/v1/chat/completions", "body": body}, 1)
+    assert row.overrides == {"reasoning_effort": "low", "max_reasoning_tokens": 64}
+    body = {"messages": [{"role": "user", "content": "hi"}], "thinking_token_budget": 32}
+    row = parse_row({"custom_id": "r", "url": "/v1/chat/completions", "body": body}, 1)
+    assert row.overrides == {"max_reasoning_tokens": 32}  # vLLM's name for the same budget
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        ({"reasoning_effort": "extreme"}, r"'body.reasoning_effort': 'extreme' must be one of"),
+        ({"max_reasoning_tokens": -1}, r"'body.max_reasoning_tokens': -1 must be 0 or more"),
+        (
+            {"max_reasoning_tokens": 8, "thinking_token_budget": 9},
+            "'body.thinking_token_budget' differs",
+        ),
+    ],
+)
+def test_a_bad_reasoning_setting_is_one_line_naming_it(extra, error):
+    body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    with pytest.raises(RowError, match=error):
+        parse_row({"custom_id": "r", "url": "/v1/chat/completions", "body": body}, 1)
+
+
+def test_vllms_enable_thinking_switch_is_reasoning_effort_none():
+    def overrides(**extra):
+        body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+        return parse_row(
+            {"custom_id": "r", "url": "/v1/chat/completions", "body": body}, 1
+        ).overrides
+
+    assert overrides(chat_template_kwargs={"enable_thinking": False}) == {
+        "reasoning_effort": "none"
+    }
+    assert overrides(chat_template_kwargs={"enable_thinking": True}) == {}
+    for extra, error in [
+        ({"chat_template_kwargs": {"foo": 1}}, "'body.chat_template_kwargs.foo' is not taken per"),
+        ({"chat_template_kwargs": {"enable_thinking": "no"}}, "must be true or false"),
+        (
+            {"chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "high"},
+            "contradicts 'reasoning_effort'",
+        ),
+    ]:
+        with pytest.raises(RowError, match=error):
+            overrides(**extra)

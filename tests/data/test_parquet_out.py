@@ -91,3 +91,21 @@ def test_the_parquet_replaces_the_old_one_only_when_whole(tmp_path):
         pass
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j.jsonl", "out.parquet"]
+
+
+def test_a_reasoning_models_thinking_has_columns_of_its_own(tmp_path):
+    thought = {**RESPONSE, "reasoning": "hmm", "usage": {**RESPONSE["usage"], "reasoning_tokens": 1},
+               "samples": [{"text": "hi there", "reasoning": "hmm"}, {"text": "yo", "reasoning": "eh"}]}  # fmt: skip
+    journal = tmp_path / "out.journal.jsonl"
+    write_journal(journal, [
+        journal_line("a", 1, {"id": "a"}, thought), journal_line("b", 2, {"id": "b"}, RESPONSE),
+    ])  # fmt: skip
+    write_parquet(journal, tmp_path / "out.parquet")
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.schema.field("reasoning").type == pa.string()
+    assert table.schema.field("reasoning_tokens").type == pa.int64()
+    rows = table.to_pylist()
+    assert [(r["response"], r["reasoning"], r["reasoning_tokens"]) for r in rows] == [
+        ("hi there", "hmm", 1), ("hi there", None, None),
+    ]  # fmt: skip
+    assert rows[0]["samples_reasoning"] == ["hmm", "eh"] and rows[1]["samples_reasoning"] is None

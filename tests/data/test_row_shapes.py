@@ -177,3 +177,114 @@ def test_an_image_binary_item_without_bytes_is_a_bad_row():
     raw = {"messages": [{"role": "user", "content": [{"type": "image_binary", "binary": "@@"}]}]}
     with pytest.raises(RowError, match="image_binary part without base64 'binary'"):
         parse_row(raw, 1)
+
+
+# --- reasoning models -------------------------------------------------------------------------
+
+
+def thought(n=1, reasoning_tokens=4):
+    samples = [Sample(f"answer {i}", "stop", reasoning=f"thinking {i}") for i in range(n)]
+    return Result("x", samples, Usage(5, 9, reasoning_tokens), model="m", engine="NATIVE")
+
+
+def test_a_reasoning_models_row_has_its_thinking_apart_from_the_answer():
+    row = parse_row({"id": "a", "messages": [{"role": "user", "content": "hi"}]}, 1)
+    out = render_row(row, thought())
+    assert out["messages"][-1] == {"role": "assistant", "content": "answer 0"}
+    response = out["response"]
+    assert (response["text"], response["reasoning"]) == ("answer 0", "thinking 0")
+    assert response["usage"] == {
+        "prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14, "reasoning_tokens": 4,
+    }  # fmt: skip
+    assert list(response)[:3] == ["text", "reasoning", "finish_reason"]
+
+
+def test_a_model_that_does_not_reason_writes_its_rows_as_before():
+    row = parse_row({"id": "a", "messages": [{"role": "user", "content": "hi"}]}, 1)
+    response = render_row(row, result())["response"]
+    assert "reasoning" not in response and "reasoning_tokens" not in response["usage"]
+    assert list(response)[:3] == ["text", "finish_reason", "usage"]
+
+
+def test_each_sample_keeps_its_own_thinking():
+    row = parse_row({"prompt": "hi"}, 1)
+    samples = render_row(row, thought(n=3))["response"]["samples"]
+    assert [(s["text"], s["reasoning"]) for s in samples] == [
+        (f"answer {i}", f"thinking {i}") for i in range(3)
+    ]
+
+
+def test_thinking_counted_but_not_shown_still_writes_reasoning_tokens():
+    # A provider (OpenAI's o-series) counts thinking it does not return.
+    counted = Result("x", [Sample("answer", "stop")], Usage(5, 9, 6), model="m", engine="E")
+    response = render_row(parse_row({"prompt": "hi"}, 1), counted)["response"]
+    assert response["usage"]["reasoning_tokens"] == 6 and "reasoning" not in response
+
+
+def test_an_oumi_rows_reply_carries_the_thinking_in_oumis_reasoning_content():
+    raw = {"conversation_id": "c", "messages": [{"role": "user", "content": "hi"}], "metadata": {}}
+    row = parse_row(raw, 1)
+    assert row.shape == "oumi"
+    out = render_row(row, thought())
+    # oumi.core.types.conversation.Message has `reasoning_content`, "only set on assistant
+    # messages", apart from `content`.
+    assert out["messages"][-1] == {
+        "role": "assistant", "content": "answer 0", "reasoning_content": "thinking 0",
+    }  # fmt: skip
+    assert out["response"]["reasoning"] == "thinking 0"
+
+
+@pytest.mark.parametrize("key", ["reasoning_content", "reasoning"])
+def test_an_earlier_assistant_turns_thinking_is_read_under_either_name(key):
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", key: "add them"},
+        {"role": "user", "content": "and 3+3?"},
+    ]
+    row = parse_row({"messages": messages}, 1)
+    assert [m.reasoning for m in row.messages] == [None, "add them", None]
+    # Sent on as the OpenAI-compatible servers write it.
+    assert row.messages[1].to_openai()["reasoning_content"] == "add them"
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        ({"role": "user", "content": "hi", "reasoning_content": "x"}, "only an assistant"),
+        ({"role": "assistant", "content": "a", "reasoning": 3}, "reasoning must be a string"),
+        (
+            {"role": "assistant", "content": "a", "reasoning": "x", "reasoning_content": "y"},
+            "differ",
+        ),
+    ],
+)
+def test_a_bad_thinking_field_is_a_row_error_naming_the_message(message, error):
+    messages = [{"role": "user", "content": "q"}, message, {"role": "user", "content": "q2"}]
+    if message["role"] == "user":
+        messages = [message]
+    with pytest.raises(RowError, match=error):
+        parse_row({"messages": messages}, 1)
+
+
+SIGNED = {"type": "thinking", "thinking": "add them", "signature": "sig-1"}
+REDACTED = {"type": "redacted_thinking", "data": "opaque"}
+
+
+def test_anthropics_signed_thinking_blocks_are_kept_whole_for_the_provider():
+    as_details = {"role": "assistant", "content": "4", "reasoning_details": [SIGNED, REDACTED]}
+    as_parts = {"role": "assistant", "content": [SIGNED, REDACTED, {"type": "text", "text": "4"}]}
+    for turn in (as_details, as_parts):
+        messages = [{"role": "user", "content": "2+2?"}, turn, {"role": "user", "content": "why?"}]
+        earlier = parse_row({"messages": messages}, 1).messages[1]
+        assert earlier.reasoning_details == [SIGNED, REDACTED]
+        assert earlier.reasoning == "add them"
+        assert earlier.text() == "4"
+
+
+def test_bad_reasoning_details_are_a_row_error():
+    for turn, error in [
+        ({"role": "assistant", "content": "4", "reasoning_details": "x"}, "list of objects"),
+        ({"role": "user", "content": "4", "reasoning_details": []}, "only an assistant"),
+    ]:
+        with pytest.raises(RowError, match=error):
+            parse_row({"messages": [{"role": "user", "content": "q"}, turn]}, 1, regenerate=False)

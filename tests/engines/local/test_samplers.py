@@ -22,6 +22,10 @@ PROMPTS = ["Why is the sky blue?", "one two three four", "Tell me about the sea.
 
 def make(engine: str, batch_size: int):
     overrides = {"engine": engine, "model.model_name": MODELS[engine](), "generation.batch_size": batch_size}  # fmt: skip
+    if engine == "NATIVE":
+        # float32 wherever the suite runs: on a CUDA GPU `auto` is bfloat16, where the tiny
+        # model's logits tie (min_p 1.0 then keeps several tokens) and repeat less.
+        overrides["model.torch_dtype_str"] = "float32"
     return create_engine(load_config(overrides=overrides))
 
 
