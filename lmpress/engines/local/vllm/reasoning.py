@@ -19,7 +19,10 @@ parsers, its length bounded by vLLM's thinking budget.
 - `max_reasoning_tokens` is vLLM's `thinking_token_budget`, which counts the prompt's tokens
   after the start mark as thinking too (the newline Qwen3-style templates write after
   `<think>`); those are added, so that the reply itself thinks for exactly N tokens before vLLM
-  forces the end mark (`budget`).
+  forces the end mark (`budget`). vLLM forces `</think>` alone, where NATIVE and LLAMACPP write
+  "\n</think>\n\n", so a bounded reply's answer goes on differently from theirs. vLLM's
+  `reasoning_config.reasoning_end_str` could force the same, but its grammar starts at
+  `</think>`, so the blank line forced after it breaks a compact-JSON row: left as vLLM has it.
 - gpt-oss: vLLM's `openai_gptoss` parser only finds where the thinking ends (vLLM's server reads
   the channels with openai-harmony); its replies are read by lmpress's own harmony reader
   (common/reasoning.py), from text with the channel tokens kept.
