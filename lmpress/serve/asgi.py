@@ -18,8 +18,8 @@ from starlette.responses import JSONResponse
 from starlette.responses import Response as StarletteResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lmpress.anthropic_wire import MESSAGES_PATH, anthropic_error
 from lmpress.openai_wire.errors import ApiError
+from lmpress.serve.anthropic_wire import MESSAGES_PATH, anthropic_error
 from lmpress.vocabulary.types import Usage
 
 log = logging.getLogger("lmpress.serve")

@@ -19,12 +19,12 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
 
-from lmpress import anthropic_wire as wire
 from lmpress.configs.schema import ServeParams
 from lmpress.engines.base import Engine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling, parse_body
+from lmpress.serve import anthropic_wire as wire
 from lmpress.serve import pooling
 from lmpress.serve.asgi import (
     EventStream,

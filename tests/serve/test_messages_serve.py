@@ -49,9 +49,7 @@ def smol(serve_process):
 
 
 def client(served, **kwargs):
-    return anthropic.Anthropic(
-        base_url=served.url, max_retries=0, **({"api_key": KEY} | kwargs)
-    )
+    return anthropic.Anthropic(base_url=served.url, max_retries=0, **({"api_key": KEY} | kwargs))
 
 
 # --- text, whole and streamed ----------------------------------------------------------------
@@ -128,7 +126,10 @@ def test_a_forced_tool_call_comes_back_as_a_tool_use_block(smol):
     jsonschema.validate(call.input, WEATHER_SCHEMA)
 
     with client(smol).messages.stream(
-        model=SMOLLM2, max_tokens=64, messages=ASK_WEATHER, tools=[WEATHER],
+        model=SMOLLM2,
+        max_tokens=64,
+        messages=ASK_WEATHER,
+        tools=[WEATHER],
         tool_choice=FORCE_WEATHER,
     ) as stream:
         kinds = [event.type for event in stream]
@@ -169,9 +170,7 @@ def test_a_forced_tool_call_comes_back_as_a_tool_use_block(smol):
 
 def test_count_tokens_is_the_replys_input_tokens(smol):
     for extra in ({}, {"system": SYSTEM}, {"tools": [WEATHER]}):
-        counted = client(smol).messages.count_tokens(
-            model=SMOLLM2, messages=CONVERSATION, **extra
-        )
+        counted = client(smol).messages.count_tokens(model=SMOLLM2, messages=CONVERSATION, **extra)
         message = client(smol).messages.create(
             model=SMOLLM2, max_tokens=1, messages=CONVERSATION, **extra
         )
@@ -311,4 +310,3 @@ def test_thinking_comes_as_a_thinking_block_before_the_text(think):
                   {"role": "user", "content": "more"}],
     )  # fmt: skip
     assert again.content
-
