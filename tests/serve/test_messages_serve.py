@@ -82,6 +82,13 @@ def test_the_reply_is_the_chat_completions_reply(smol):
     )
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 3
     assert block.text.startswith(short.content[0].text)
+    # A stop sequence from the reply's words ends it there, as `stop` does in chat.
+    word = block.text.split()[2]
+    stopped = client(smol).messages.create(
+        model=SMOLLM2, max_tokens=24, system=SYSTEM, messages=CONVERSATION, stop_sequences=[word]
+    )
+    assert stopped.content[0].text == block.text[: block.text.index(word)]
+    assert stopped.stop_reason == "end_turn"
 
 
 def test_the_stream_is_the_same_reply_in_anthropics_event_order(smol):
@@ -310,3 +317,40 @@ def test_thinking_comes_as_a_thinking_block_before_the_text(think):
                   {"role": "user", "content": "more"}],
     )  # fmt: skip
     assert again.content
+
+
+# --- what reaches the engine, the body limit, a client gone: ECHO ----------------------------
+
+
+def test_the_engine_gets_the_conversation_as_chat_completions_would(echo_server):
+    content = [{"type": "text", "text": "look"}, image_block(b"\x89PNG")]
+    message = client(echo_server, api_key="unused").messages.create(
+        model="echo-model", max_tokens=200, messages=[*CONVERSATION[:2], {"role": "user",
+        "content": content}], system=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+    )  # fmt: skip
+    transcript = json.loads(message.content[0].text[len("ECHO ") :])
+    assert transcript == [
+        {"role": "system", "content": "a\n\nb"},
+        *CONVERSATION[:2],
+        {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url",
+         "image_url": {"url": "data:image/png;base64," + image_block(b"\x89PNG")["source"]["data"]}}]},
+    ]  # fmt: skip
+    with pytest.raises(anthropic.APIStatusError) as too_large:
+        client(echo_server, api_key="unused").messages.create(
+            model="echo-model", max_tokens=8, messages=[{"role": "user", "content": "x" * 5000}]
+        )
+    assert too_large.value.status_code == 413
+    assert too_large.value.body["error"]["type"] == "request_too_large"
+
+
+def test_a_client_gone_mid_stream_is_a_499_and_frees_the_request(slow_echo_server):
+    stream = client(slow_echo_server, api_key="unused").messages.create(
+        model="echo-model", max_tokens=100000, messages=ASK_WEATHER, stream=True
+    )
+    events = iter(stream)
+    start = next(events)
+    next(events), next(events)
+    stream.close()
+    line = slow_echo_server.request_line(start.message.id)
+    assert " POST /v1/messages 499 " in line
+    slow_echo_server.wait_until_idle()
