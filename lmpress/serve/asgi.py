@@ -118,6 +118,8 @@ class GenerationResponse(StarletteResponse):
                 code="queue_full",
                 headers={"retry-after": "1"},
             )
+            if scope["path"].startswith(MESSAGES_PATH):
+                error = anthropic_error(error)
             await error_response(error)(scope, receive, send)
             return
         slots.in_use += 1

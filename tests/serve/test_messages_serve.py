@@ -343,13 +343,19 @@ def test_the_engine_gets_the_conversation_as_chat_completions_would(echo_server)
     assert too_large.value.body["error"]["type"] == "request_too_large"
 
 
-def test_a_client_gone_mid_stream_is_a_499_and_frees_the_request(slow_echo_server):
+def test_a_full_server_is_a_503_and_a_client_gone_mid_stream_a_499(slow_echo_server):
     stream = client(slow_echo_server, api_key="unused").messages.create(
         model="echo-model", max_tokens=100000, messages=ASK_WEATHER, stream=True
     )
     events = iter(stream)
     start = next(events)
     next(events), next(events)
+    with pytest.raises(anthropic.APIStatusError) as full:  # the server's one place is taken
+        client(slow_echo_server, api_key="unused").messages.create(
+            model="echo-model", max_tokens=8, messages=ASK_WEATHER
+        )
+    assert full.value.status_code == 503
+    assert full.value.body["error"]["type"] == "overloaded_error"
     stream.close()
     line = slow_echo_server.request_line(start.message.id)
     assert " POST /v1/messages 499 " in line
