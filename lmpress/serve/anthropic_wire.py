@@ -214,7 +214,7 @@ def _assistant(content: str | list[dict[str, Any]], where: str) -> Message:
     message = Message("assistant", "".join(texts), tool_calls=calls or None)
     if thinking:
         message.reasoning_details = thinking
-        message.reasoning = "".join(str(b.get("thinking", "")) for b in thinking)
+        message.reasoning = "\n\n".join(str(b.get("thinking", "")) for b in thinking)
     return message
 
 
@@ -323,7 +323,7 @@ def message_body(id: str, model: str, result: Result) -> dict[str, Any]:
     """A Messages API message for a Result: its thinking, its text, its tool calls."""
     sample = result.samples[0]
     content: list[dict[str, Any]] = []
-    if sample.reasoning is not None:
+    if sample.reasoning:  # as a stream has it: no thinking streamed, no block
         content.append(thinking_block(sample.reasoning))
     if sample.text or not sample.tool_calls:
         content.append({"type": "text", "text": sample.text})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
@@ -37,6 +37,8 @@ from lmpress.serve.asgi import (
 )
 from lmpress.vocabulary.errors import RequestError
 from lmpress.vocabulary.types import Delta, GenerationParams, Request, Result
+
+Body = TypeVar("Body", bound=wire.CountTokensBody)
 
 
 class Server(Protocol):
@@ -81,7 +83,6 @@ class MessagesRoutes:
     async def messages(self, request: HttpRequest) -> GenerationResponse:
         try:
             body = await self._body(request, wire.MessagesBody)
-            assert isinstance(body, wire.MessagesBody)
             engine_request, entry = self._request(request, body, new_id("msg"))
             if body.stream:
                 run = self._stream(engine_request, entry)
@@ -108,9 +109,7 @@ class MessagesRoutes:
 
     # --- the request ---------------------------------------------------------------------
 
-    async def _body(
-        self, request: HttpRequest, model: type[wire.CountTokensBody]
-    ) -> wire.CountTokensBody:
+    async def _body(self, request: HttpRequest, model: type[Body]) -> Body:
         pooling.require_task(self.server, wire.MESSAGES_PATH, ("generate",))
         return parse_body(model, await self.server.read_body(request))
 

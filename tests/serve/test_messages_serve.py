@@ -145,6 +145,7 @@ def test_a_forced_tool_call_comes_back_as_a_tool_use_block(smol):
     [streamed_call] = [b for b in streamed.content if b.type == "tool_use"]
     assert (streamed_call.name, streamed_call.input) == (call.name, call.input)
     assert streamed.stop_reason == "tool_use"
+    assert [b.type for b in streamed.content] == [b.type for b in message.content]
 
     # The call and its result sent back: the model answers in words.
     turns = [
