@@ -31,7 +31,7 @@ from lmpress.openai_wire import responses
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling
 from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
-from lmpress.serve import pooling
+from lmpress.serve import messages, pooling
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -361,6 +361,7 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
         (wire.RERANK_PATH, pooling.rerank),
     ):
         app.add_api_route(path, partial(route, server), methods=["POST"])
+    messages.register(app, server)  # Anthropic's /v1/messages and its count_tokens
 
     async def api_error(request: HttpRequest, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)

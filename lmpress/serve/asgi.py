@@ -19,6 +19,7 @@ from starlette.responses import Response as StarletteResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lmpress.openai_wire.errors import ApiError
+from lmpress.serve.anthropic_wire import MESSAGES_PATH, anthropic_error
 from lmpress.vocabulary.types import Usage
 
 log = logging.getLogger("lmpress.serve")
@@ -117,6 +118,8 @@ class GenerationResponse(StarletteResponse):
                 code="queue_full",
                 headers={"retry-after": "1"},
             )
+            if scope["path"].startswith(MESSAGES_PATH):
+                error = anthropic_error(error)
             await error_response(error)(scope, receive, send)
             return
         slots.in_use += 1
@@ -194,7 +197,9 @@ class LogRequests:
 
 
 class RequireKey:
-    """401 on every /v1 route unless the request carries the server's key as a bearer token."""
+    """401 on every /v1 route unless the request carries the server's key, as a bearer token
+    (OpenAI's clients) or as `x-api-key` (Anthropic's). The Messages routes answer in
+    Anthropic's error shape."""
 
     def __init__(self, app: ASGIApp, api_key: str | None):
         self.app = app
@@ -208,17 +213,23 @@ class RequireKey:
         ):
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization")
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization")
         scheme, _, token = (given or b"").partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected):
+        key = headers.get(b"x-api-key")
+        if (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)) or (
+            key is not None and hmac.compare_digest(key.strip(), self.expected)
+        ):
             await self.app(scope, receive, send)
             return
         message = (
             "Incorrect API key provided."
-            if given
-            else "Missing API key: send it as 'Authorization: Bearer KEY'."
+            if given or key
+            else "Missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'."
         )
         error = ApiError(
             401, message, code="invalid_api_key", headers={"www-authenticate": "Bearer"}
         )
+        if scope["path"].startswith(MESSAGES_PATH):
+            error = anthropic_error(error)
         await error_response(error)(scope, receive, send)
