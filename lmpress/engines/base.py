@@ -14,6 +14,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import ModelParams, RunConfig
@@ -37,6 +38,15 @@ from lmpress.vocabulary.types import (
     Sample,
     Usage,
 )
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """The requests an engine holds now, as `lmpress serve`'s /metrics shows them."""
+
+    running: int  # in the backend's batch, generating
+    waiting: int  # submitted, waiting for a place in the batch
+    kv_cache_usage: float | None = None  # the fraction of a bounded KV cache in use
 
 
 class Engine(ABC):
@@ -148,6 +158,12 @@ class Engine(ABC):
         """One relevance score per document against the query, on an engine whose `tasks`
         include `score`. A failure of this request comes back as a ScoreResult with `error`."""
         raise UnsupportedParamError(f"engine {self.name} cannot score")
+
+    def load(self) -> EngineLoad | None:
+        """The requests running and waiting in the backend now; None where the engine cannot
+        tell (a remote API queues on the provider's side). Called from the event loop while
+        the engine works, so it reads and never waits."""
+        return None
 
     async def aclose(self) -> None:
         """Release the backend. The engine is unusable afterwards."""
