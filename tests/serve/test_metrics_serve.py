@@ -4,6 +4,7 @@ reads counters moved by exactly those requests, under vLLM's names."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -182,3 +183,57 @@ def test_the_body_is_prometheus_text_not_json(metrics_server):
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def native_one_row(serve_process, tiny_llama):
+    """NATIVE with one row in its batch (a second request waits) and a KV-cache budget."""
+    return serve_process(
+        "--engine", "NATIVE", "--model.model_name", tiny_llama,
+        "--serve.served_model_name", "tiny-llama", "--generation.batch_size", "1",
+        "--model.model_kwargs", '{"kv_cache_gb": 0.001}',
+    )  # fmt: skip
+
+
+def test_a_local_engine_reports_running_waiting_and_its_kv_cache(native_one_row):
+    """Three requests at once on one row: one runs, the others wait their turn, each for a
+    whole reply of 100 tokens; every scrape agrees with that, and all is 0 when idle."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = native_one_row.client()
+    model = {"model_name": "tiny-llama"}
+
+    def ask(_: int):
+        return client.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=100,
+            extra_body={"min_tokens": 100},  # no early end
+        )
+
+    seen = []
+    with ThreadPoolExecutor(3) as pool:
+        replies = pool.map(ask, range(3))
+        while True:
+            samples = scrape(native_one_row)
+            running = value(samples, "vllm:num_requests_running", **model)
+            waiting = value(samples, "vllm:num_requests_waiting", **model)
+            kv = value(samples, "vllm:kv_cache_usage_perc", **model)
+            seen.append((running, waiting, kv))
+            if max(w for _, w, _ in seen) >= 2 and waiting == 0 and running == 0:
+                break
+            if len(seen) > 3000:
+                break
+            time.sleep(0.05)
+        replies = list(replies)
+    assert all(r.usage.completion_tokens == 100 for r in replies)
+    assert max(w for _, w, _ in seen) >= 2, seen
+    assert all(r <= 1 and r + w <= 3 for r, w, _ in seen), seen
+    # A row takes cache columns once its prompt is read (a scrape may fall before that).
+    assert all(kv <= 1 for _, _, kv in seen) and any(kv > 0 for _, _, kv in seen), seen
+    native_one_row.wait_until_idle()
+    samples = scrape(native_one_row)
+    assert value(samples, "vllm:num_requests_running", **model) == 0
+    assert value(samples, "vllm:num_requests_waiting", **model) == 0
+    assert value(samples, "vllm:kv_cache_usage_perc", **model) == 0
+    assert value(samples, "vllm:generation_tokens_total", **model) == 3 * 100
