@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -100,6 +100,13 @@ class ServeMetrics:
             "lmpress_batch_lines", "Batch lines done, by outcome.", [*model, "outcome"]
         )
         self.registry.register(_LoadCollector(model_name, engine, slots))
+        # Every series of the model from the start, at 0, so that rate() counts the first
+        # requests too.
+        for metric in (self.prompt_tokens, self.generation_tokens, self.reasoning_tokens,
+                       self.ttft, self.inter_token, self.e2e):  # fmt: skip
+            self.labels(metric)
+        for outcome in get_args(BatchLineOutcome):
+            self.batch_lines(outcome)
 
     def labels(self, metric: Counter | Histogram) -> Any:
         return metric.labels(model_name=self.model_name)

@@ -237,3 +237,40 @@ def test_a_local_engine_reports_running_waiting_and_its_kv_cache(native_one_row)
     assert value(samples, "vllm:num_requests_waiting", **model) == 0
     assert value(samples, "vllm:kv_cache_usage_perc", **model) == 0
     assert value(samples, "vllm:generation_tokens_total", **model) == 3 * 100
+
+
+def test_two_apps_in_one_process_keep_their_own_metrics():
+    """Each app has a registry of its own: a second one neither clashes with the first (as
+    two sets of metrics in prometheus_client's global registry would) nor shares its counts.
+    Every series is there from the start, at 0."""
+    from lmpress.serve.asgi import Slots
+    from lmpress.serve.metrics import ServeMetrics
+    from lmpress.vocabulary.types import Usage
+
+    class NoLoad:
+        def load(self):
+            return None
+
+    first = ServeMetrics("a", NoLoad(), Slots(4))  # type: ignore[arg-type]
+    second = ServeMetrics("b", NoLoad(), Slots(4))  # type: ignore[arg-type]
+    first.count_usage(Usage(5, 7, 2))
+    first.batch_lines("completed").inc()
+
+    def read(metrics: ServeMetrics) -> dict:
+        text = metrics.exposition().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    a, b = read(first), read(second)
+    assert value(a, "vllm:prompt_tokens_total", model_name="a") == 5
+    assert value(a, "vllm:generation_tokens_total", model_name="a") == 7
+    assert value(a, "lmpress_reasoning_tokens_total", model_name="a") == 2
+    assert value(a, "lmpress_batch_lines_total", model_name="a", outcome="completed") == 1
+    assert ("vllm:prompt_tokens_total", (("model_name", "b"),)) in b
+    assert value(b, "vllm:prompt_tokens_total", model_name="b") == 0
+    assert ("lmpress_batch_lines_total", (("model_name", "b"), ("outcome", "failed"))) in b
+    assert ("vllm:time_to_first_token_seconds_count", (("model_name", "b"),)) in b
+    assert not any(dict(labels).get("model_name") == "a" for _, labels in b)
