@@ -8,7 +8,7 @@ to make new series), so a route added later is counted without doing anything. T
 are the usage a route writes on its request log (`RequestLog.usage`, what the log line
 shows), and a streaming route marks each delta it sends (`RequestLog.streamed`) for the time
 to first token and the inter-token latency. Requests running and waiting, and the KV cache's
-use, are read from the engine (`Engine.load`) when scraped.
+use, are read from the engine (`Engine.occupancy`) when scraped.
 
 For the batch runner: `metrics.batch_lines("completed").inc()` per line done (or "failed"),
 and `metrics.count_usage(usage)` for the tokens of lines that no HTTP request carries.
@@ -141,20 +141,20 @@ class _LoadCollector(Collector):
             family.add_metric([self.model_name], value)
             return family
 
-        load = self.engine.load()
-        running = load.running if load is not None else self.slots.in_use
+        held = self.engine.occupancy()
+        running = held.running if held is not None else self.slots.in_use
         yield gauge("vllm:num_requests_running", "Requests generating now.", running)
-        if load is not None:
+        if held is not None:
             yield gauge(
                 "vllm:num_requests_waiting",
                 "Requests waiting for a place in the engine's batch.",
-                load.waiting,
+                held.waiting,
             )
-            if load.kv_cache_usage is not None:
+            if held.kv_cache_usage is not None:
                 yield gauge(
                     "vllm:kv_cache_usage_perc",
                     "KV-cache usage. 1 means 100 percent usage.",
-                    load.kv_cache_usage,
+                    held.kv_cache_usage,
                 )
         yield gauge(
             "lmpress_requests_in_flight",

@@ -247,12 +247,12 @@ def test_two_apps_in_one_process_keep_their_own_metrics():
     from lmpress.serve.metrics import ServeMetrics
     from lmpress.vocabulary.types import Usage
 
-    class NoLoad:
-        def load(self):
+    class Unknown:
+        def occupancy(self):
             return None
 
-    first = ServeMetrics("a", NoLoad(), Slots(4))  # type: ignore[arg-type]
-    second = ServeMetrics("b", NoLoad(), Slots(4))  # type: ignore[arg-type]
+    first = ServeMetrics("a", Unknown(), Slots(4))  # type: ignore[arg-type]
+    second = ServeMetrics("b", Unknown(), Slots(4))  # type: ignore[arg-type]
     first.count_usage(Usage(5, 7, 2))
     first.batch_lines("completed").inc()
 

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
-from lmpress.engines.base import EngineLoad, check_token_settings, failure_info
+from lmpress.engines.base import Occupancy, check_token_settings, failure_info
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.embeddings import cosine_scores, finish_embeddings
 from lmpress.engines.common.models import dtype_in_use
@@ -151,11 +151,11 @@ class NativeEngine(WorkerEngine):
         )  # fmt: skip
         self._start_worker(scheduler, "lmpress-native")
 
-    def load(self) -> EngineLoad:
-        load = super().load()
+    def occupancy(self) -> Occupancy:
+        held = super().occupancy()
         if isinstance(self.scheduler, NativeScheduler):
-            load = dataclasses.replace(load, kv_cache_usage=self.scheduler.kv_cache_usage())
-        return load
+            held = dataclasses.replace(held, kv_cache_usage=self.scheduler.kv_cache_usage())
+        return held
 
     def _grammar_engine(self) -> Grammars:
         """The grammar engine over this model's tokenizer, built on the first guided row."""
