@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, get_args
 
+from fastapi import FastAPI
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -220,7 +221,7 @@ class CountRequests:
         return UNMATCHED
 
 
-def install(app: Any, metrics: ServeMetrics) -> None:
+def install(app: FastAPI, metrics: ServeMetrics) -> None:
     """Add `GET /metrics` and the middleware that counts every request to `app` (a FastAPI
     app, between its `RequireKey` and `LogRequests` middleware)."""
 
