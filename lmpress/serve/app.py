@@ -31,7 +31,7 @@ from lmpress.openai_wire import responses
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling
 from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
-from lmpress.serve import messages, pooling
+from lmpress.serve import messages, metrics, pooling
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -60,6 +60,7 @@ class Server:
         self.model_name = settings.served_model_name or engine.model_name or engine.name.lower()
         self.created = int(time.time())
         self.slots = Slots(settings.queue_limit)
+        self.metrics = metrics.ServeMetrics(self.model_name, engine, self.slots)
 
     # --- checks shared by the generation routes ----------------------------------------------
 
@@ -243,6 +244,7 @@ class Server:
             while item is not None:
                 prompt, value = item
                 if isinstance(value, Delta):
+                    entry.streamed()
                     index = prompt * n + value.index
                     for line in opening(index, prompt):
                         yield line
@@ -388,5 +390,6 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
     app.add_exception_handler(ClientDisconnect, disconnected)
     app.add_exception_handler(Exception, internal_error)
     app.add_middleware(RequireKey, api_key=api_key)
+    metrics.install(app, server.metrics)  # GET /metrics, and the count of every request
     app.add_middleware(LogRequests)  # added last, so outermost: it sees every answer
     return app

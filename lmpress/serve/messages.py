@@ -176,6 +176,7 @@ class MessagesRoutes:
             item: Delta | Result | None = first
             while item is not None:
                 if isinstance(item, Delta):
+                    entry.streamed()  # for /metrics' time to first token
                     for line in events.delta(item):
                         yield line
                 else:
