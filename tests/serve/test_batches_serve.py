@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from openai import OpenAI
+from openai import ConflictError, NotFoundError, OpenAI
 from openai.types import Batch
 
 from tests.conftest import run_lmpress, with_plugin
@@ -79,6 +79,8 @@ def test_the_sdk_flow_answers_what_chat_completions_answers(llama_batches, tmp_p
     assert batch.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
     assert batch.error_file_id is None
+    with pytest.raises(ConflictError, match="Cannot cancel a batch with status 'completed'"):
+        client.batches.cancel(batch.id)
     out = {line["custom_id"]: line for line in jsonl(client, batch.output_file_id)}
     assert sorted(out) == [f"req-{i}" for i in range(6)]
     for i, body in enumerate(bodies):
@@ -116,19 +118,20 @@ def test_a_malformed_line_fails_alone_into_the_error_file(llama_batches, tmp_pat
     assert {e["line"] for e in errors} == {2, 4}  # the input lines, as the runner records them
 
 
-@pytest.fixture
-def slow_echo(serve_process, echo_plugin, tmp_path):
-    """ECHO at 100 words a second, one batch line at a time, state under tmp_path."""
-    state = tmp_path / "state"
+def echo_args(state: Path) -> list[str]:
+    """ECHO at 100 words a second, one batch line at a time, state under `state`."""
+    return ["--engine", "ECHO", "--model.model_name", "echo-model",
+            "--generation.max_new_tokens", "20", "--state-dir", str(state)]  # fmt: skip
 
-    def start() -> Served:
-        return serve_process(
-            "--engine", "ECHO", "--model.model_name", "echo-model",
-            "--generation.max_new_tokens", "20", "--state-dir", str(state),
-            env={**with_plugin(echo_plugin), "ECHO_DELAY_S": "0.01"},
-        )  # fmt: skip
 
-    return start
+def echo_env(echo_plugin: str) -> dict[str, str]:
+    return {**with_plugin(echo_plugin), "ECHO_DELAY_S": "0.01"}
+
+
+@pytest.fixture(scope="module")
+def echo_batches(serve_process, echo_plugin, tmp_path_factory) -> Served:
+    state = tmp_path_factory.mktemp("echo-state")
+    return serve_process(*echo_args(state), env=echo_env(echo_plugin))
 
 
 def echo_lines(path: Path, count: int) -> Path:
@@ -137,9 +140,8 @@ def echo_lines(path: Path, count: int) -> Path:
     return batch_file(path, bodies)
 
 
-def test_a_cancelled_batch_keeps_the_lines_done_so_far(slow_echo, tmp_path):
-    served = slow_echo()
-    client = served.client()
+def test_a_cancelled_batch_keeps_the_lines_done_so_far(echo_batches, tmp_path):
+    client = echo_batches.client()
     batch = start_batch(client, echo_lines(tmp_path / "in.jsonl", 40))
     wait_for(client, batch.id, lambda b: b.request_counts and b.request_counts.completed >= 3)
     cancelling = client.batches.cancel(batch.id)
@@ -149,11 +151,13 @@ def test_a_cancelled_batch_keeps_the_lines_done_so_far(slow_echo, tmp_path):
     done = [line["custom_id"] for line in jsonl(client, batch.output_file_id)]
     assert 3 <= len(done) < 40  # generation stopped early
     assert len(set(done)) == len(done) == batch.request_counts.completed
-    served.stop()
+    assert client.batches.cancel(batch.id).status == "cancelled"  # cancelling again: no change
 
 
-def test_a_killed_server_resumes_its_batch_and_writes_every_line_once(slow_echo, tmp_path):
-    served = slow_echo()
+def test_a_killed_server_resumes_its_batch_and_writes_every_line_once(
+    serve_process, echo_plugin, tmp_path
+):
+    served = serve_process(*echo_args(tmp_path / "state"), env=echo_env(echo_plugin))
     client = served.client()
     batch = start_batch(client, echo_lines(tmp_path / "in.jsonl", 30))
     wait_for(client, batch.id, lambda b: b.request_counts and b.request_counts.completed >= 5)
@@ -166,7 +170,7 @@ def test_a_killed_server_resumes_its_batch_and_writes_every_line_once(slow_echo,
     out = tmp_path / "state/batches" / batch.id / "out.jsonl"
     assert 0 < out.read_bytes().count(b"\n") < 30  # killed mid-batch
 
-    again = slow_echo()
+    again = serve_process(*echo_args(tmp_path / "state"), env=echo_env(echo_plugin))
     client = again.client()
     batch = wait_for(client, batch.id, ended)
     assert batch.status == "completed"
@@ -176,8 +180,8 @@ def test_a_killed_server_resumes_its_batch_and_writes_every_line_once(slow_echo,
     again.stop()
 
 
-def test_lmpress_provider_batch_through_lmpress_serve(slow_echo, tmp_path):
-    served = slow_echo()
+def test_lmpress_provider_batch_through_lmpress_serve(echo_batches, tmp_path):
+    served = echo_batches
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"id": f"row-{i}", "prompt": f"question {i}"}) + "\n"
                             for i in range(5)))  # fmt: skip
@@ -192,4 +196,8 @@ def test_lmpress_provider_batch_through_lmpress_serve(slow_echo, tmp_path):
     assert sorted(got) == [f"row-{i}" for i in range(5)]
     for i in range(5):
         assert f'"content": "question {i}"' in got[f"row-{i}"]["response"]["text"]
-    served.stop()
+
+
+def test_without_a_state_dir_the_batch_routes_say_how_to_turn_them_on(echo_server):
+    with pytest.raises(NotFoundError, match="--state-dir"):
+        echo_server.client().batches.list()
