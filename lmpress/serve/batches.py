@@ -40,7 +40,7 @@ from lmpress.engines.base import Engine
 from lmpress.openai_wire import requests as bodies
 from lmpress.openai_wire.errors import ApiError
 from lmpress.openai_wire.pooling import EMBEDDINGS_PATH
-from lmpress.serve.files import FileRoutes
+from lmpress.serve.files import FileRoutes, read_limited
 from lmpress.serve.state import StateStore, new_object_id
 from lmpress.vocabulary.errors import LmpressError
 
@@ -55,6 +55,7 @@ ENDPOINT_TASKS = {
 WINDOWS = ("24h",)  # OpenAI's only completion window
 RUNNING = ("validating", "in_progress", "finalizing")
 ENDED = ("completed", "failed", "expired", "cancelled")
+MAX_CREATE_BYTES = 64 * 1024  # a create body is an id, an endpoint and up to 16 metadata pairs
 SAVE_EVERY_S = 0.5  # a running batch's record is rewritten at most this often
 # What a batch reports as each line ends ("completed" or "failed"): /metrics counts them.
 LineListener = Callable[[Literal["completed", "failed"]], None]
@@ -107,7 +108,7 @@ class BatchRuns:
     # --- the routes ------------------------------------------------------------------------
 
     async def create(self, request: HttpRequest) -> dict[str, Any]:
-        body = bodies.parse_body(CreateBatchBody, await request.body())
+        body = bodies.parse_body(CreateBatchBody, await read_limited(request, MAX_CREATE_BYTES))
         task = ENDPOINT_TASKS.get(body.endpoint)
         if task is None:
             known = ", ".join(ENDPOINT_TASKS)

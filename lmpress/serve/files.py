@@ -28,7 +28,9 @@ class FileRoutes:
         self.store = store
 
     async def upload(self, request: HttpRequest) -> JSONResponse:
-        fields = parse_form(request.headers.get("content-type", ""), await _read(request))
+        fields = parse_form(
+            request.headers.get("content-type", ""), await read_limited(request, MAX_FILE_BYTES)
+        )
         purpose = fields.get("purpose", (None, b""))[1].decode()
         if purpose not in PURPOSES:
             raise ApiError(
@@ -73,12 +75,13 @@ def _no_file(file_id: str) -> ApiError:
     return ApiError(404, f"No such File object: {file_id}", param="id", code="not_found")
 
 
-async def _read(request: HttpRequest) -> bytes:
+async def read_limited(request: HttpRequest, limit: int) -> bytes:
+    """A request's body, or a 413 once it passes `limit` bytes."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_FILE_BYTES:
-            raise ApiError(413, f"the file is larger than {MAX_FILE_BYTES} bytes (OpenAI's limit)")
+        if size > limit:
+            raise ApiError(413, f"the request body is larger than this route's {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -154,14 +154,17 @@ def test_a_cancelled_batch_keeps_the_lines_done_so_far(echo_batches, tmp_path):
     assert client.batches.cancel(batch.id).status == "cancelled"  # cancelling again: no change
 
 
+@pytest.mark.parametrize("stop", ["kill", "terminate"])
 def test_a_killed_server_resumes_its_batch_and_writes_every_line_once(
-    serve_process, echo_plugin, tmp_path
+    serve_process, echo_plugin, tmp_path, stop
 ):
+    """SIGKILL leaves no chance to write anything more; SIGTERM stops the server, which must
+    not let the engine's closing fail the lines it had in flight."""
     served = serve_process(*echo_args(tmp_path / "state"), env=echo_env(echo_plugin))
     client = served.client()
     batch = start_batch(client, echo_lines(tmp_path / "in.jsonl", 30))
     wait_for(client, batch.id, lambda b: b.request_counts and b.request_counts.completed >= 5)
-    served.proc.kill()  # SIGKILL: no chance to write anything more
+    getattr(served.proc, stop)()
     served.proc.wait()
     before = Batch.model_validate_json(
         (tmp_path / "state/batches" / f"{batch.id}.json").read_text()
