@@ -204,6 +204,10 @@ class BatchJob:
                 seq += 1
                 continue
             row, request = read
+            if (refused := self._refused(row)) is not None:
+                self._fail(refused, reorder, seq)
+                seq += 1
+                continue
             assert self.engine is not None
             window = self.window()
             # Bounded memory: rows in flight, plus (when ordered) finished rows held for order.
@@ -222,6 +226,18 @@ class BatchJob:
             await asyncio.sleep(0)  # let the engine see the request at once
             seq += 1
         await self._drain(in_flight, reorder)
+
+    def refuse(self, row: ParsedRow) -> str | None:
+        """Why this job will not run a row it could read (None: it runs it). Every row runs
+        here; a server's batch refuses a line for another endpoint than the batch's."""
+        return None
+
+    def _refused(self, row: ParsedRow) -> RowFailure | None:
+        reason = self.refuse(row)
+        if reason is None:
+            return None
+        openai = output_shape_for(row, self.options.output_shape) is OutputShape.OPENAI
+        return RowFailure(row.line, row.id, ErrorKind.INVALID_ROW, reason, None, openai, row.raw)
 
     def window(self) -> int:
         """How many rows are kept in flight: as many as keep the engine busy."""

@@ -35,7 +35,7 @@ from lmpress.batch.options import BatchOptions
 from lmpress.batch.pooling import check_mode
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.resume import JobFiles
-from lmpress.data.row_shapes import OutputShape
+from lmpress.data.row_shapes import OutputShape, ParsedRow
 from lmpress.engines.base import Engine
 from lmpress.openai_wire import requests as bodies
 from lmpress.openai_wire.errors import ApiError
@@ -76,12 +76,20 @@ class ServedBatchJob(BatchJob):
 
     owns_signals = False
 
-    def __init__(self, config: Any, options: BatchOptions, engine: Engine, events: BatchEvents):
+    def __init__(
+        self, config: Any, options: BatchOptions, engine: Engine, events: BatchEvents, endpoint: str
+    ):
         super().__init__(config, options, engine, events)
         self.lines_in_flight = lines_in_flight(engine)
+        self.endpoint = endpoint
 
     def window(self) -> int:
         return self.lines_in_flight
+
+    def refuse(self, row: ParsedRow) -> str | None:
+        if row.url != self.endpoint:  # as at OpenAI: one endpoint a batch
+            return f"url {row.url} is not this batch's endpoint {self.endpoint}"
+        return None
 
     def cancel(self) -> None:
         """No new lines; those at the engine finish and are written."""
@@ -243,7 +251,7 @@ class BatchRuns:
         check_mode(config, options.mode, type(self.engine))
         done, failed = _lines(out), _lines(JobFiles.beside(out).errors)
         events = _Progress(self, batch.id, done, failed)
-        job = ServedBatchJob(config, options, self.engine, events)
+        job = ServedBatchJob(config, options, self.engine, events, batch.endpoint)
         self.jobs[batch.id] = job
         if self.live[batch.id].status == "cancelling":  # cancelled while it was being read
             job.cancel()

@@ -103,19 +103,23 @@ def test_a_malformed_line_fails_alone_into_the_error_file(llama_batches, tmp_pat
     text.insert(1, '{"custom_id": "broken", "method": "POST", "url": "/v1/chat/completions", '
                    '"body": {"model": "tiny-llama", "messages": "not a list"}}')  # fmt: skip
     text.insert(3, "this is not json")
+    text.append(json.dumps({"custom_id": "elsewhere", "method": "POST", "url": "/v1/completions",
+                            "body": {"model": "tiny-llama", "prompt": "Hi"}}))  # fmt: skip
     path.write_text("\n".join(text) + "\n")
     batch = wait_for(client, start_batch(client, path).id, ended)
     assert batch.status == "completed"
-    assert batch.request_counts.model_dump() == {"total": 5, "completed": 3, "failed": 2}
+    assert batch.request_counts.model_dump() == {"total": 6, "completed": 3, "failed": 3}
     done = [line["custom_id"] for line in jsonl(client, batch.output_file_id)]
     assert sorted(done) == ["req-0", "req-1", "req-2"]
     errors = jsonl(client, batch.error_file_id)
-    assert len(errors) == 2
+    assert len(errors) == 3
     broken = next(e for e in errors if e["custom_id"] == "broken")
     assert broken["response"]["status_code"] == 400 and broken["response"]["body"] is None
     assert "messages" in broken["error"]["message"]
     assert all(e["error"]["code"] and e["id"].startswith("batch_req_") for e in errors)
-    assert {e["line"] for e in errors} == {2, 4}  # the input lines, as the runner records them
+    assert {e["line"] for e in errors} == {2, 4, 6}  # the input lines, as the runner records them
+    elsewhere = next(e for e in errors if e["custom_id"] == "elsewhere")
+    assert "not this batch's endpoint /v1/chat/completions" in elsewhere["error"]["message"]
 
 
 def echo_args(state: Path) -> list[str]:
