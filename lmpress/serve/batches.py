@@ -255,7 +255,11 @@ class BatchRuns:
         self.jobs[batch.id] = job
         if self.live[batch.id].status == "cancelling":  # cancelled while it was being read
             job.cancel()
-        await job.run()
+        summary = await job.run()
+        if summary.stopped_because and self.live[batch.id].status != "cancelling":
+            # Lines were left undone for another reason than a cancel (a remote engine's
+            # endpoint that never answered): the batch did not complete.
+            raise LmpressError(summary.stopped_because)
 
     def _finalize(self, batch: Batch) -> None:
         cancelled = batch.status == "cancelling"
