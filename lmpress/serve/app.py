@@ -366,6 +366,8 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
         app.add_api_route(path, partial(route, server), methods=["POST"])
     messages.register(app, server)  # Anthropic's /v1/messages and its count_tokens
     app.state.batch_runs = add_batch_routes(app, engine, settings.state_dir)
+    if app.state.batch_runs is not None:  # each batch line and its tokens, in /metrics
+        app.state.batch_runs.line_listeners.append(server.metrics.count_batch_line)
 
     async def api_error(request: HttpRequest, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)

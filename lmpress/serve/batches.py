@@ -43,6 +43,7 @@ from lmpress.openai_wire.pooling import EMBEDDINGS_PATH
 from lmpress.serve.files import FileRoutes, read_limited
 from lmpress.serve.state import StateStore, new_object_id
 from lmpress.vocabulary.errors import LmpressError
+from lmpress.vocabulary.types import Usage
 
 log = logging.getLogger("lmpress.serve")
 
@@ -57,8 +58,9 @@ RUNNING = ("validating", "in_progress", "finalizing")
 ENDED = ("completed", "failed", "expired", "cancelled")
 MAX_CREATE_BYTES = 64 * 1024  # a create body is an id, an endpoint and up to 16 metadata pairs
 SAVE_EVERY_S = 0.5  # a running batch's record is rewritten at most this often
-# What a batch reports as each line ends ("completed" or "failed"): /metrics counts them.
-LineListener = Callable[[Literal["completed", "failed"]], None]
+# What a batch reports as each line ends: "completed" or "failed", and the tokens the line
+# used (/metrics counts both: no HTTP request carries a batch line's).
+LineListener = Callable[[Literal["completed", "failed"], Usage], None]
 
 
 class CreateBatchBody(BaseModel):
@@ -324,18 +326,22 @@ class _Progress(BatchEvents):
         self.runs, self.batch_id = runs, batch_id
         self.done, self.failed = done, failed  # lines an earlier server finished
         self.saved_at = 0.0
-        self.seen = (0, 0)
+        self.seen = (0, 0)  # lines done and failed in this run, when last reported
+        self.tokens = (0, 0, 0)  # prompt, completion and reasoning tokens, then
 
     def started(self, summary: BatchSummary) -> None:
         self._report(summary, save=True)
 
     def progressed(self, summary: BatchSummary) -> None:
-        for kind, new in (("completed", summary.rows_ok - self.seen[0]),
-                          ("failed", summary.rows_failed - self.seen[1])):  # fmt: skip
-            for _ in range(new):
-                for listener in self.runs.line_listeners:
-                    listener(kind)  # type: ignore[arg-type]
-        self.seen = (summary.rows_ok, summary.rows_failed)
+        """Called once for each line that ends, just after the runner counted it."""
+        outcome: Literal["completed", "failed"] = (
+            "completed" if summary.rows_ok > self.seen[0] else "failed"
+        )
+        tokens = (summary.prompt_tokens, summary.completion_tokens, summary.reasoning_tokens)
+        usage = Usage(*(now - before for now, before in zip(tokens, self.tokens, strict=True)))
+        self.seen, self.tokens = (summary.rows_ok, summary.rows_failed), tokens
+        for listener in self.runs.line_listeners:
+            listener(outcome, usage)
         now = time.monotonic()
         self._report(summary, save=now - self.saved_at >= SAVE_EVERY_S)
 

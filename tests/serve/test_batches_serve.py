@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from openai import ConflictError, NotFoundError, OpenAI
 from openai.types import Batch
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import run_lmpress, with_plugin
 from tests.serve.conftest import Served
@@ -63,8 +64,21 @@ def llama_batches(serve_process, tiny_llama, tmp_path_factory) -> Served:
     )  # fmt: skip
 
 
+def batch_lines_counted(served: Served) -> dict[str, float]:
+    """`lmpress_batch_lines_total` of /metrics, by outcome."""
+    text = served.http().get("/metrics").text
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "lmpress_batch_lines"
+        for sample in family.samples
+        if sample.name == "lmpress_batch_lines_total"
+    }
+
+
 def test_the_sdk_flow_answers_what_chat_completions_answers(llama_batches, tmp_path):
     client = llama_batches.client()
+    counted = batch_lines_counted(llama_batches)
     bodies = [chat_body("tiny-llama", i) for i in range(6)]
     upload = client.files.create(file=batch_file(tmp_path / "in.jsonl", bodies), purpose="batch")
     assert upload.purpose == "batch" and upload.bytes == (tmp_path / "in.jsonl").stat().st_size
@@ -79,6 +93,8 @@ def test_the_sdk_flow_answers_what_chat_completions_answers(llama_batches, tmp_p
     assert batch.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
     assert batch.error_file_id is None
+    now = batch_lines_counted(llama_batches)
+    assert (now["completed"] - counted["completed"], now["failed"] - counted["failed"]) == (6, 0)
     with pytest.raises(ConflictError, match="Cannot cancel a batch with status 'completed'"):
         client.batches.cancel(batch.id)
     out = {line["custom_id"]: line for line in jsonl(client, batch.output_file_id)}
