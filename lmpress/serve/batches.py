@@ -8,10 +8,10 @@ as it finishes, and a server killed mid-batch and started again on the same `--s
 resumes every unfinished batch from what its output holds, so each line appears there once. A
 line that cannot be read or fails fails alone, into the batch's error file.
 
-Interactive requests keep priority: a batch keeps at most `lines_in_flight` lines at the engine
-(a quarter of what the engine takes at once, so half a NATIVE engine's batch), and the engine
-serves requests in the order they come, so an interactive request waits for at most the batch
-lines already running, never for the rest of the batch.
+Interactive requests keep priority: batches run one at a time (in the order they were made), and
+a batch keeps at most `lines_in_flight` lines at the engine (a quarter of what the engine takes
+at once, so half a NATIVE engine's batch), so an interactive request finds room in the engine's
+running batch instead of queueing behind batch lines.
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ class BatchRuns:
         self.jobs: dict[str, ServedBatchJob] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self.line_listeners: list[LineListener] = []
+        self.turn = asyncio.Lock()  # held by the batch running; the others wait, validating
 
     # --- the routes ------------------------------------------------------------------------
 
@@ -191,6 +192,9 @@ class BatchRuns:
         job = self.jobs.get(batch.id)
         if job is not None:
             job.cancel()
+        elif (task := self.tasks.get(batch.id)) is not None:  # waiting for its turn: ends now
+            task.cancel()
+            batch = self._finalize(batch)
         return batch.model_dump()
 
     def _find(self, batch_id: str) -> Batch:
@@ -251,19 +255,20 @@ class BatchRuns:
         )
         config = self.engine.config
         check_mode(config, options.mode, type(self.engine))
-        done, failed = _lines(out), _lines(JobFiles.beside(out).errors)
-        events = _Progress(self, batch.id, done, failed)
-        job = ServedBatchJob(config, options, self.engine, events, batch.endpoint)
-        self.jobs[batch.id] = job
-        if self.live[batch.id].status == "cancelling":  # cancelled while it was being read
-            job.cancel()
-        summary = await job.run()
+        async with self.turn:  # one batch at a time, so the lines at the engine stay few
+            done, failed = _lines(out), _lines(JobFiles.beside(out).errors)
+            events = _Progress(self, batch.id, done, failed)
+            job = ServedBatchJob(config, options, self.engine, events, batch.endpoint)
+            self.jobs[batch.id] = job
+            if self.live[batch.id].status == "cancelling":  # cancelled while it waited
+                job.cancel()
+            summary = await job.run()
         if summary.stopped_because and self.live[batch.id].status != "cancelling":
             # Lines were left undone for another reason than a cancel (a remote engine's
             # endpoint that never answered): the batch did not complete.
             raise LmpressError(summary.stopped_because)
 
-    def _finalize(self, batch: Batch) -> None:
+    def _finalize(self, batch: Batch) -> Batch:
         cancelled = batch.status == "cancelling"
         if not cancelled:
             batch = self._update(batch, status="finalizing", finalizing_at=int(time.time()))
@@ -288,12 +293,13 @@ class BatchRuns:
         ended = {"status": "cancelled", "cancelled_at": now} if cancelled else {
             "status": "completed", "completed_at": now
         }  # fmt: skip
-        self._update(
+        batch = self._update(
             batch, request_counts=counts, output_file_id=output_id, error_file_id=error_id,
             **ended,
         )  # fmt: skip
         log.info("%s %s: %d lines done, %d failed", batch.id, ended["status"],
                  counts.completed, counts.failed)  # fmt: skip
+        return batch
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
         batch = self.live.get(batch_id) or self.store.batch(batch_id)

@@ -174,6 +174,20 @@ def test_a_cancelled_batch_keeps_the_lines_done_so_far(echo_batches, tmp_path):
     assert client.batches.cancel(batch.id).status == "cancelled"  # cancelling again: no change
 
 
+def test_batches_run_one_at_a_time_and_a_waiting_one_cancels_at_once(echo_batches, tmp_path):
+    client = echo_batches.client()
+    first = start_batch(client, echo_lines(tmp_path / "first.jsonl", 40))
+    second = start_batch(client, echo_lines(tmp_path / "second.jsonl", 5))
+    wait_for(client, first.id, lambda b: b.request_counts and b.request_counts.completed >= 2)
+    assert client.batches.retrieve(second.id).status == "validating"  # waiting for its turn
+    cancelled = client.batches.cancel(second.id)
+    assert cancelled.status == "cancelled" and cancelled.output_file_id is None
+    assert cancelled.request_counts.completed == 0
+    assert client.batches.retrieve(first.id).status == "in_progress"
+    client.batches.cancel(first.id)
+    assert wait_for(client, first.id, ended).status == "cancelled"
+
+
 @pytest.mark.parametrize("stop", ["kill", "terminate"])
 def test_a_killed_server_resumes_its_batch_and_writes_every_line_once(
     serve_process, echo_plugin, tmp_path, stop
