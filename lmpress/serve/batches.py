@@ -207,7 +207,7 @@ class BatchRuns:
 
     def resume(self) -> None:
         """Start again every batch an earlier server left unfinished (called in the loop)."""
-        for batch in self.store.batches():
+        for batch in reversed(self.store.batches()):  # oldest first: their turns, in order
             if batch.status in (*RUNNING, "cancelling"):
                 log.info("resuming %s (%s)", batch.id, batch.status)
                 self.start(batch)
