@@ -53,6 +53,9 @@ Ended = Literal["ok", "write failed", "raised"]
 
 class BatchJob:
     _grace_ends: float | None = None  # loop time when rows in flight are abandoned (a signal)
+    # Ctrl-C and SIGTERM stop the job; False where the process is another's (`lmpress serve`
+    # runs jobs in its event loop, and the server owns its signals).
+    owns_signals: bool = True
 
     def __init__(
         self,
@@ -123,7 +126,9 @@ class BatchJob:
             self.files.remove_all()
             write_fingerprint(self.files, self._fingerprint(), self.options.recipe)
         loop = asyncio.get_running_loop()
-        restore_signals = _install_stop_signals(loop, self._on_interrupt)
+        restore_signals = (
+            _install_stop_signals(loop, self._on_interrupt) if self.owns_signals else _nothing
+        )
         ended: Ended = "raised"
         try:
             self.events.started(self.summary)
@@ -199,8 +204,12 @@ class BatchJob:
                 seq += 1
                 continue
             row, request = read
+            if (refused := self._refused(row)) is not None:
+                self._fail(refused, reorder, seq)
+                seq += 1
+                continue
             assert self.engine is not None
-            window = self.engine.max_in_flight
+            window = self.window()
             # Bounded memory: rows in flight, plus (when ordered) finished rows held for order.
             while (
                 in_flight
@@ -217,6 +226,23 @@ class BatchJob:
             await asyncio.sleep(0)  # let the engine see the request at once
             seq += 1
         await self._drain(in_flight, reorder)
+
+    def refuse(self, row: ParsedRow) -> str | None:
+        """Why this job will not run a row it could read (None: it runs it). Every row runs
+        here; a server's batch refuses a line for another endpoint than the batch's."""
+        return None
+
+    def _refused(self, row: ParsedRow) -> RowFailure | None:
+        reason = self.refuse(row)
+        if reason is None:
+            return None
+        openai = output_shape_for(row, self.options.output_shape) is OutputShape.OPENAI
+        return RowFailure(row.line, row.id, ErrorKind.INVALID_ROW, reason, None, openai, row.raw)
+
+    def window(self) -> int:
+        """How many rows are kept in flight: as many as keep the engine busy."""
+        assert self.engine is not None
+        return self.engine.max_in_flight
 
     async def _settle(
         self, in_flight: set[asyncio.Task], reorder: Reorder | None
@@ -370,6 +396,10 @@ class BatchJob:
 
     def _say(self, message: str) -> None:
         self.events.notice(message)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _install_stop_signals(

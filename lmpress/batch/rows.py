@@ -59,7 +59,10 @@ class RowParser:
     def read(self, line: Line) -> tuple[str, Read]:
         if line.error:
             rid = line_id(line.number)
-            return rid, RowFailure(line.number, rid, ErrorKind.INVALID_JSON, line.error)
+            openai = self.output_shape == OutputShape.OPENAI  # OpenAI's error line, asked for
+            return rid, RowFailure(
+                line.number, rid, ErrorKind.INVALID_JSON, line.error, None, openai
+            )
         value = line.value
         columns = value if isinstance(value, dict) else None
         rid = line_row_id(line, self.mapping.id_column)

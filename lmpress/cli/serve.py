@@ -35,11 +35,20 @@ def serve(
         bool,
         typer.Option("--log-content", help="Log each request's messages and reply.", metavar=FLAG),
     ] = False,
+    state_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--state-dir",
+            help="Keep /v1/files and /v1/batches here; a restart on it resumes unfinished "
+            "batches. Without it the Files and Batch APIs are off.",
+        ),
+    ] = None,
     stop_grace: StopGraceOpt = STOP_GRACE_S,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API; concurrent requests are batched.
 
-    Routes: /v1/chat/completions, /v1/completions, /v1/models, /health.
+    Routes: /v1/chat/completions, /v1/completions, /v1/models, /health; /v1/files and
+    /v1/batches with --state-dir.
 
     Ctrl-C or SIGTERM stops it: no new requests, those in flight finish (--stop-grace).
 
@@ -50,7 +59,12 @@ def serve(
     overrides, words = parse_overrides(ctx.args)
     if words:
         raise ConfigError(f"unexpected argument '{words[0]}'")
-    flags = [("serve.host", host), ("serve.port", port), ("serve.log_content", log_content or None)]
+    flags = [
+        ("serve.host", host),
+        ("serve.port", port),
+        ("serve.log_content", log_content or None),
+        ("serve.state_dir", state_dir),
+    ]
     overrides += [(key, value) for key, value in flags if value is not None]
     config = load_config(recipe, overrides, engine=engine)
     key = api_key or os.environ.get("LMPRESS_API_KEY") or None

@@ -95,6 +95,8 @@ class ServeParams:
     max_body_bytes: int = 4 * 1024 * 1024
     queue_limit: int = 256  # requests held at once (generating or waiting); more get 503
     log_content: bool = False  # log each request's messages and reply
+    # Where /v1/files and /v1/batches keep files and batches across restarts; None: no Batch API.
+    state_dir: str | None = None
 
 
 @dataclass

@@ -44,6 +44,7 @@ from lmpress.serve.asgi import (
     new_id,
     request_log,
 )
+from lmpress.serve.batches import add_batch_routes
 from lmpress.vocabulary.errors import ErrorKind, InputError, UnsupportedParamError
 from lmpress.vocabulary.images import is_local_file, message_image_urls, short_name
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result, Usage
@@ -364,6 +365,9 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
     ):
         app.add_api_route(path, partial(route, server), methods=["POST"])
     messages.register(app, server)  # Anthropic's /v1/messages and its count_tokens
+    app.state.batch_runs = add_batch_routes(app, engine, settings.state_dir)
+    if app.state.batch_runs is not None:  # each batch line and its tokens, in /metrics
+        app.state.batch_runs.line_listeners.append(server.metrics.count_batch_line)
 
     async def api_error(request: HttpRequest, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)

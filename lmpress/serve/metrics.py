@@ -116,6 +116,11 @@ class ServeMetrics:
         """The counter of batch lines done with `outcome`: call `.inc()` on it."""
         return self._batch_lines.labels(model_name=self.model_name, outcome=outcome)
 
+    def count_batch_line(self, outcome: BatchLineOutcome, usage: Usage) -> None:
+        """Count a batch line that ended, and the tokens it used."""
+        self.batch_lines(outcome).inc()
+        self.count_usage(usage)
+
     def count_usage(self, usage: Usage) -> None:
         """Count the tokens of a request (or batch line) that the engine processed."""
         self.labels(self.prompt_tokens).inc(usage.prompt_tokens)

@@ -49,7 +49,7 @@ def run_server(config: RunConfig, api_key: str | None = None, stop_grace_s: floa
         f"listening on http://{shown}:{port}/v1 ({auth}; Ctrl-C stops)"
     )
     try:
-        asyncio.run(_serve(server, sock, engine, banner))
+        asyncio.run(_serve(server, sock, engine, banner, app.state.batch_runs))
     except (KeyboardInterrupt, Terminated):  # how a server is stopped: not an error
         pass
     print("lmpress serve: stopped", file=sys.stderr)
@@ -78,8 +78,10 @@ def _stopping_server():
     return Server
 
 
-async def _serve(server, sock: socket.socket, engine, banner: str) -> None:
+async def _serve(server, sock: socket.socket, engine, banner: str, batch_runs=None) -> None:
     task = asyncio.create_task(server.serve(sockets=[sock]))
+    if batch_runs is not None:
+        batch_runs.resume()  # the batches a server stopped or killed left unfinished
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
@@ -87,6 +89,8 @@ async def _serve(server, sock: socket.socket, engine, banner: str) -> None:
             print(banner, file=sys.stderr, flush=True)
         await task
     finally:
+        if batch_runs is not None:
+            await batch_runs.stop()  # before the engine closes, so no line fails for it
         await engine.aclose()
 
 
