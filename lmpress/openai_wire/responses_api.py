@@ -316,7 +316,8 @@ def _text_format(body: ResponsesBody, sampling: Sampling) -> None:
         guided = guided_decoding(response_format)
     except ApiError as exc:
         message = exc.message.replace("response_format.json_schema", "text.format")
-        raise sampling.refuse("text.format", message.replace("'response_format'", "")) from None
+        message = message.replace("response_format", "text.format")
+        raise ApiError(400, message, param="text.format") from None
     if guided is not None:
         sampling.set("guided_decoding", guided, "text.format")
 
@@ -330,7 +331,7 @@ def _tools(body: ResponsesBody, sampling: Sampling) -> None:
             raise sampling.refuse(
                 f"tools[{i}]",
                 f"is a {json.dumps(kind)} tool; lmpress runs no built-in tools, only "
-                f"function tools ({{'type': 'function', 'name', 'parameters'}})",
+                f"function tools (type 'function', with a name and parameters)",
                 code="unsupported",
             )
         function = {k: v for k, v in tool.items() if k != "type" and v is not None}
