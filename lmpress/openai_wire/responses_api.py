@@ -322,6 +322,9 @@ def _text_format(body: ResponsesBody, sampling: Sampling) -> None:
         sampling.set("guided_decoding", guided, "text.format")
 
 
+FUNCTION_ORDER = ("name", "description", "parameters", "strict")
+
+
 def _tools(body: ResponsesBody, sampling: Sampling) -> None:
     """Function tools in the Responses' flat shape, as chat's; built-in tools refused."""
     chat_tools = []
@@ -334,7 +337,9 @@ def _tools(body: ResponsesBody, sampling: Sampling) -> None:
                 f"function tools (type 'function', with a name and parameters)",
                 code="unsupported",
             )
-        function = {k: v for k, v in tool.items() if k != "type" and v is not None}
+        # In chat's order, whatever the client's: a template writes the tools into the prompt.
+        function = {k: tool[k] for k in FUNCTION_ORDER if tool.get(k) is not None}
+        function.update({k: v for k, v in tool.items() if k != "type" and v is not None})
         chat_tools.append({"type": "function", "function": function})
     try:
         sampling.tools = check_tools(chat_tools)
