@@ -262,3 +262,51 @@ def test_a_reasoning_model_gives_a_reasoning_item(think):
     assert kinds == sorted(kinds, key=lambda kind: kind == "response.output_text.delta")
     assert [item.type for item in events[-1].response.output] == ["reasoning", "message"]
     assert events[-1].response.usage.output_tokens_details.reasoning_tokens == 4
+
+
+# --- what reaches the engine, and the server's limits: ECHO -------------------------------------
+
+
+def test_input_items_reach_the_engine_as_chat_messages(echo_server):
+    items = [
+        {"role": "developer", "content": "Be kind."},
+        {"role": "user", "content": [{"type": "input_text", "text": "a"},
+                                     {"type": "input_text", "text": "b"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "hmm"}]},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "Rome.", "annotations": []}]},
+        {"role": "user", "content": "c"},
+    ]  # fmt: skip
+    response = echo_server.client().responses.create(
+        model="echo-model", instructions="Be brief.", input=items
+    )
+    assert json.loads(response.output_text[len("ECHO ") :]) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": "Be kind."},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "Rome.", "reasoning": "hmm"},
+        {"role": "user", "content": "c"},
+    ]
+
+
+def test_a_body_over_the_limit_is_a_413(echo_server):
+    with echo_server.http() as http:
+        reply = http.post("/v1/responses", json={"model": "echo-model", "input": "x" * 5000})
+    assert reply.status_code == 413
+    assert "serve.max_body_bytes" in reply.json()["error"]["message"]
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_response(slow_echo_server):
+    stream = slow_echo_server.client().responses.create(
+        model="echo-model", input="hi " * 50, stream=True
+    )
+    events = stream.__iter__()
+    created = next(events)
+    assert created.type == "response.created"
+    while next(events).type != "response.output_text.delta":
+        pass
+    stream.close()
+    line = slow_echo_server.request_line(created.response.id)
+    assert " POST /v1/responses 499 " in line
+    slow_echo_server.wait_until_idle()
