@@ -310,3 +310,12 @@ def test_a_client_that_leaves_mid_stream_cancels_its_response(slow_echo_server):
     line = slow_echo_server.request_line(created.response.id)
     assert " POST /v1/responses 499 " in line
     slow_echo_server.wait_until_idle()
+
+
+def test_reasoning_effort_reaches_the_engine_by_its_name(echo_server):
+    client = echo_server.client()
+    assert client.responses.create(model="echo-model", input="hi", reasoning={"effort": "none"})
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="echo-model", input="hi", reasoning={"effort": "max"})
+    assert caught.value.body["param"] == "reasoning.effort"
+    assert "'reasoning.effort': 'max' must be one of none, minimal" in caught.value.message
