@@ -31,7 +31,7 @@ from lmpress.openai_wire import responses
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling
 from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
-from lmpress.openai_wire.responses_api import RESPONSES_PATH
+from lmpress.openai_wire.responses_api.requests import RESPONSES_PATH
 from lmpress.serve import pooling, responses_api
 from lmpress.serve.asgi import (
     EventStream,

@@ -19,15 +19,13 @@ from fastapi.responses import JSONResponse
 from lmpress.data.messages import RowError, regenerate_last_turn
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling, parse_body
-from lmpress.openai_wire.responses_api import (
+from lmpress.openai_wire.responses_api.requests import (
     RESPONSES_PATH,
-    ResponseEvents,
-    ResponseHead,
     ResponsesBody,
-    dump,
     input_messages,
     responses_sampling,
 )
+from lmpress.openai_wire.responses_api.responses import ResponseEvents, ResponseHead, dump
 from lmpress.serve import pooling
 from lmpress.serve.asgi import (
     EventStream,
