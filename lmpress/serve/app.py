@@ -116,7 +116,7 @@ class Server:
         except InputError as exc:
             raise ApiError(400, str(exc), param="tool_choice") from None
 
-    def refuse_local_images(self, messages: list[Message]) -> None:
+    def refuse_local_images(self, messages: list[Message], param: str = "messages") -> None:
         """A client names images by http(s) or data: URL: the server reads no file of its own
         machine that a request names."""
         for message in messages:
@@ -126,7 +126,7 @@ class Server:
                         400,
                         f"image URL {short_name(url)!r}: the server reads no local files for a "
                         f"client; send the image as a data: URL (base64) or an http(s) URL",
-                        param="messages",
+                        param=param,
                     )
 
     # --- the routes ----------------------------------------------------------------------

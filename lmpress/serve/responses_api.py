@@ -45,7 +45,7 @@ class Server(pooling.Server, Protocol):
 
     def check_tools(self, request: Request) -> None: ...
 
-    def refuse_local_images(self, messages: list[Message]) -> None: ...
+    def refuse_local_images(self, messages: list[Message], param: str = "messages") -> None: ...
 
 
 async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
@@ -56,7 +56,7 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
         messages = regenerate_last_turn(input_messages(body))
     except RowError as exc:
         raise ApiError(400, str(exc), param="input") from exc
-    server.refuse_local_images(messages)
+    server.refuse_local_images(messages, "input")
     if body.model is None:
         raise ApiError(400, "Missing required parameter: 'model'", param="model")
     server.check_model(body.model)

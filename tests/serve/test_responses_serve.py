@@ -227,6 +227,15 @@ def test_an_input_image_reaches_the_model(llava):
             input=[{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}],
         )
     assert "lmpress keeps no files" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        llava.client().responses.create(
+            model="tiny-llava",
+            input=[
+                {"role": "user", "content": [{"type": "input_image", "image_url": "/etc/x.png"}]}
+            ],
+        )
+    assert "the server reads no local files for a client" in caught.value.message
+    assert caught.value.body["param"] == "input"
 
 
 # --- a reasoning model: tiny:think ------------------------------------------------------------
