@@ -1,7 +1,8 @@
 """`POST /v1/responses` through the official openai client's `responses.create` and
 `responses.stream`, against a real `lmpress serve` on NATIVE: SmolLM2 (greedy, so the same
 request through chat completions is the reference), the tiny LLaVA for images and tiny:think
-for a reasoning model."""
+for a reasoning model; ECHO for what reaches the engine and the server's limits, and REMOTE on
+the loopback OpenAI server for a remote engine behind serve."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from lmpress.builtin_models.packaged import SMOLLM2
 from tests.image_files import data_url, picture
+from tests.servers.llm_server import LLMServer, reply_text
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -328,3 +330,34 @@ def test_reasoning_effort_reaches_the_engine_by_its_name(echo_server):
         client.responses.create(model="echo-model", input="hi", reasoning={"effort": "max"})
     assert caught.value.body["param"] == "reasoning.effort"
     assert "'reasoning.effort': 'max' must be one of none, minimal" in caught.value.message
+
+
+# --- a remote engine behind serve: REMOTE on the loopback OpenAI server --------------------------
+
+
+@pytest.fixture(scope="module")
+def remote(serve_process):
+    with LLMServer() as upstream:
+        yield serve_process(
+            "--engine", "REMOTE", "--remote_params.api_url", upstream.openai_url,
+            "--model.model_name", "test-model", "--remote_params.max_retries", "0",
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_remote_engine_answers_and_calls_tools(remote, stream):
+    client = remote.client()
+    if stream:
+        with client.responses.stream(model="test-model", input="Weather in Paris?") as events:
+            text = events.get_final_response().output_text
+    else:
+        text = client.responses.create(model="test-model", input="Weather in Paris?").output_text
+    assert text == reply_text("Weather in Paris?")
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    if stream:
+        with client.responses.stream(model="test-model", input="Hi", tools=[tool]) as events:
+            output = events.get_final_response().output
+    else:
+        output = client.responses.create(model="test-model", input="Hi", tools=[tool]).output
+    [call] = output
+    assert (call.type, call.name) == ("function_call", "get_weather")
