@@ -109,7 +109,9 @@ class ResponseHead:
             id=self.message_id, type="message", role="assistant", status=status, content=content
         )
 
-    def call_item(self, index: int, call: ToolCall, arguments: str, status: str = "completed"):
+    def call_item(
+        self, index: int, call: ToolCall, arguments: str, status: str = "completed"
+    ) -> ResponseFunctionToolCall:
         return ResponseFunctionToolCall(
             id=self.call_id(index), type="function_call", call_id=call.id, name=call.name,
             arguments=arguments, status=status,
