@@ -3,9 +3,10 @@
 Everything the rest of lmpress asks of an engine is here, as a method or attribute of
 `Engine`, with a remote API's answer as the default: what it supports (`supported_params`,
 `takes_tools`), whether its model may be a hub id (`takes_hub_ids`), how it counts prompts for
-the dry run (`prompt_counter`), the dtype it loads a model in (`dtype_in_use`), and what a
-`--ray` replica of it needs (`key_variable`, `replica_config`). A new engine overrides what
-differs, in its own folder, and needs no other module to know its name.
+the dry run (`prompt_counter`), the dtype it loads a model in (`dtype_in_use`), what a
+`--ray` replica of it needs (`key_variable`, `replica_config`), and the requests it holds now
+(`occupancy`, for serve's /metrics). A new engine overrides what differs, in its own folder,
+and needs no other module to know its name.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import ModelParams, RunConfig
@@ -37,6 +39,15 @@ from lmpress.vocabulary.types import (
     Sample,
     Usage,
 )
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """The requests an engine holds now, as `lmpress serve`'s /metrics shows them."""
+
+    running: int  # in the backend's batch, generating
+    waiting: int  # submitted, waiting for a place in the batch
+    kv_cache_usage: float | None = None  # the fraction of a bounded KV cache in use
 
 
 class Engine(ABC):
@@ -148,6 +159,12 @@ class Engine(ABC):
         """One relevance score per document against the query, on an engine whose `tasks`
         include `score`. A failure of this request comes back as a ScoreResult with `error`."""
         raise UnsupportedParamError(f"engine {self.name} cannot score")
+
+    def occupancy(self) -> Occupancy | None:
+        """The requests running and waiting in the backend now; None where the engine cannot
+        tell (a remote API queues on the provider's side). Called from the event loop while
+        the engine works, so it reads and never waits."""
+        return None
 
     async def aclose(self) -> None:
         """Release the backend. The engine is unusable afterwards."""

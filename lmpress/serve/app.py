@@ -32,7 +32,7 @@ from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling
 from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
 from lmpress.openai_wire.responses_api.requests import RESPONSES_PATH
-from lmpress.serve import pooling, responses_api
+from lmpress.serve import messages, metrics, pooling, responses_api
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -61,6 +61,7 @@ class Server:
         self.model_name = settings.served_model_name or engine.model_name or engine.name.lower()
         self.created = int(time.time())
         self.slots = Slots(settings.queue_limit)
+        self.metrics = metrics.ServeMetrics(self.model_name, engine, self.slots)
 
     # --- checks shared by the generation routes ----------------------------------------------
 
@@ -257,6 +258,7 @@ class Server:
             while item is not None:
                 prompt, value = item
                 if isinstance(value, Delta):
+                    entry.streamed()
                     index = prompt * n + value.index
                     for line in opening(index, prompt):
                         yield line
@@ -362,6 +364,7 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
         (wire.RERANK_PATH, pooling.rerank),
     ):
         app.add_api_route(path, partial(route, server), methods=["POST"])
+    messages.register(app, server)  # Anthropic's /v1/messages and its count_tokens
 
     async def api_error(request: HttpRequest, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -388,5 +391,6 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
     app.add_exception_handler(ClientDisconnect, disconnected)
     app.add_exception_handler(Exception, internal_error)
     app.add_middleware(RequireKey, api_key=api_key)
+    metrics.install(app, server.metrics)  # GET /metrics, and the count of every request
     app.add_middleware(LogRequests)  # added last, so outermost: it sees every answer
     return app

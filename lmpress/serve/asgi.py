@@ -19,6 +19,7 @@ from starlette.responses import Response as StarletteResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lmpress.openai_wire.errors import ApiError
+from lmpress.serve.anthropic_wire import MESSAGES_PATH, anthropic_error
 from lmpress.vocabulary.types import Usage
 
 log = logging.getLogger("lmpress.serve")
@@ -38,6 +39,19 @@ class RequestLog:
     cancelled: bool = False
     content: dict[str, Any] | None = None
     started: float = field(default_factory=time.perf_counter)
+    # When the first delta of a stream went out, and the gaps between deltas (for /metrics).
+    first_token: float | None = None
+    last_token: float | None = None
+    token_gaps: list[float] = field(default_factory=list)
+
+    def streamed(self) -> None:
+        """A streamed delta is going out now."""
+        now = time.perf_counter()
+        if self.last_token is None:
+            self.first_token = now
+        else:
+            self.token_gaps.append(now - self.last_token)
+        self.last_token = now
 
     def line(self, method: str, path: str) -> str:
         status = CLIENT_CLOSED if self.cancelled else self.status
@@ -117,6 +131,8 @@ class GenerationResponse(StarletteResponse):
                 code="queue_full",
                 headers={"retry-after": "1"},
             )
+            if scope["path"].startswith(MESSAGES_PATH):
+                error = anthropic_error(error)
             await error_response(error)(scope, receive, send)
             return
         slots.in_use += 1
@@ -193,32 +209,41 @@ class LogRequests:
             log.info(entry.line(scope["method"], scope["path"]))
 
 
+def guarded(path: str) -> bool:
+    """Whether a request to `path` needs the API key (when the server has one)."""
+    return path == "/v1" or path.startswith("/v1/") or path == "/metrics"
+
+
 class RequireKey:
-    """401 on every /v1 route unless the request carries the server's key as a bearer token."""
+    """401 on every /v1 route and /metrics unless the request carries the server's key, as a
+    bearer token (OpenAI's clients) or as `x-api-key` (Anthropic's). The Messages routes answer
+    in Anthropic's error shape. /health stays open, for a load balancer's probe."""
 
     def __init__(self, app: ASGIApp, api_key: str | None):
         self.app = app
         self.expected = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            self.expected is None
-            or scope["type"] != "http"
-            or not (scope["path"] == "/v1" or scope["path"].startswith("/v1/"))
-        ):
+        if self.expected is None or scope["type"] != "http" or not guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization")
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization")
         scheme, _, token = (given or b"").partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected):
+        key = headers.get(b"x-api-key")
+        if (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)) or (
+            key is not None and hmac.compare_digest(key.strip(), self.expected)
+        ):
             await self.app(scope, receive, send)
             return
         message = (
             "Incorrect API key provided."
-            if given
-            else "Missing API key: send it as 'Authorization: Bearer KEY'."
+            if given or key
+            else "Missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'."
         )
         error = ApiError(
             401, message, code="invalid_api_key", headers={"www-authenticate": "Bearer"}
         )
+        if scope["path"].startswith(MESSAGES_PATH):
+            error = anthropic_error(error)
         await error_response(error)(scope, receive, send)

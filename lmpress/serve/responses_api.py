@@ -117,6 +117,7 @@ async def _events(
         item: Delta | Result | None = first
         while item is not None:
             if isinstance(item, Delta):
+                entry.streamed()  # for /metrics' time to first token
                 lines = events.delta(item.text, item.reasoning) if item.text else []
             else:
                 _log_result(entry, item)

@@ -361,3 +361,27 @@ def test_a_remote_engine_answers_and_calls_tools(remote, stream):
         output = client.responses.create(model="test-model", input="Hi", tools=[tool]).output
     [call] = output
     assert (call.type, call.name) == ("function_call", "get_weather")
+
+
+def test_metrics_count_a_streamed_response(echo_server):
+    from tests.serve.test_metrics_serve import requests_total, scrape, value
+
+    model = {"model_name": "echo-model"}
+    echo_server.wait_until_idle()
+    before = scrape(echo_server)
+    stream = echo_server.client().responses.create(model="echo-model", input="hi", stream=True)
+    usage = list(stream)[-1].response.usage
+    echo_server.wait_until_idle()
+    after = scrape(echo_server)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert (
+        requests_total(after, "/v1/responses", "POST", 200)
+        - requests_total(before, "/v1/responses", "POST", 200)
+        == 1
+    )
+    assert moved("vllm:time_to_first_token_seconds_count", **model) == 1
+    assert moved("vllm:prompt_tokens_total", **model) == usage.input_tokens
+    assert moved("vllm:generation_tokens_total", **model) == usage.output_tokens

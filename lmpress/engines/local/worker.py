@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Engine, check_text, error_result, failure_info
+from lmpress.engines.base import Engine, Occupancy, check_text, error_result, failure_info
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, Usage
 
@@ -226,6 +226,12 @@ class WorkerEngine(Engine):
 
     def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
         return self._submit(request, deltas=True)
+
+    def occupancy(self) -> Occupancy:
+        # len() of a deque or a set is atomic: no lock, so a scrape never waits on a step.
+        # A cancelled submission counts until the worker drops it, at its next step.
+        waiting = len(self._queue.pending)
+        return Occupancy(running=max(0, len(self._live) - waiting), waiting=waiting)
 
     async def complete(self, request: Request) -> Result:
         result = None

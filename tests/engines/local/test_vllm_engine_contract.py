@@ -24,6 +24,7 @@ from lmpress.engines.local.vllm.api import VllmApi
 from lmpress.engines.local.vllm.engine import VllmEngine
 from lmpress.engines.local.vllm.translate import OutputAssembler, engine_settings, sampling_params
 from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -125,10 +126,14 @@ CHANGED = {
     "stop_strings": ["x"], "stop_token_ids": [3], "min_tokens": 2, "seed": 5, "n": 2,
     "logprobs": True, "top_logprobs": 2, "logit_bias": {"5": 1.0},
     "guided_decoding": {"regex": "[a-z]+"}, "skip_special_tokens": False,
+    "max_reasoning_tokens": 5,
 }  # fmt: skip
+# Fields honoured in the prompt rather than in SamplingParams: reasoning_effort sets the chat
+# template's switches (local/thinking.py; vllm_real/test_reasoning.py runs it on VLLM).
+IN_THE_PROMPT = {"reasoning_effort"}
 
 
-@pytest.mark.parametrize("name", sorted(VllmEngine.supported_params))
+@pytest.mark.parametrize("name", sorted(VllmEngine.supported_params - IN_THE_PROMPT))
 def test_no_supported_field_is_silently_dropped(standin, name):
     api = VllmApi.load()
     base = (
@@ -609,3 +614,40 @@ def test_a_cross_encoder_with_a_score_template_of_its_own_is_refused(
         f"template of its own, which lmpress's VLLM engine does not apply; serve it with vllm "
         f"serve and score through engine REMOTE_VLLM"
     )
+
+
+def test_the_reasoning_parser_is_chosen_from_the_template_or_named(tmp_path):
+    """vLLM's parser is an engine argument, so it is chosen from the template's files before
+    vLLM starts (the real parsers read replies in vllm_real/test_reasoning.py)."""
+    from lmpress.builtin_models.tiny import THINK_TEMPLATE
+    from lmpress.configs.schema import ModelParams
+    from lmpress.engines.local.vllm.reasoning import own_chat_template, parser_name
+
+    def known() -> list[str]:
+        return ["deepseek_r1", "qwen3"]
+
+    def named(template: str | None, tokenizer_source: str | None = None, **model) -> str | None:
+        return parser_name(ModelParams(**model), template, known, tokenizer_source)
+
+    think = own_chat_template(write_model_dir(tmp_path / "think", chat_template=THINK_TEMPLATE))
+    assert think == THINK_TEMPLATE and named(think) == "deepseek_r1"
+    assert own_chat_template(write_model_dir(tmp_path / "plain")) == CHATML_TEMPLATE
+    assert named(CHATML_TEMPLATE) is None
+    assert named("<|channel|>analysis<|message|>") == "openai_gptoss"
+    assert named(think, reasoning_parser="none") is None
+    assert named(CHATML_TEMPLATE, reasoning_parser="qwen3") == "qwen3"
+    with pytest.raises(ConfigError, match=r"'r2' is not one of vLLM's .*\(deepseek_r1, qwen3\)"):
+        named(think, reasoning_parser="r2")
+    assert own_chat_template(str(tmp_path / "nothing-here")) is None
+    # A tokenizer without <think> and </think> as tokens: vLLM's parsers could not read it.
+    tokens = {"added_tokens": [{"content": "<think>"}], "model": {"vocab": {"</think>": 5}}}
+    with_marks = tmp_path / "think"
+    (with_marks / "tokenizer.json").write_text(json.dumps(tokens))
+    assert named(think, tokenizer_source=str(with_marks)) == "deepseek_r1"
+    (with_marks / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"<think>": 4}}}))
+    assert named(think, tokenizer_source=str(with_marks)) is None
+
+
+def test_a_thinking_budget_for_a_model_that_does_not_think_is_refused_at_start(standin, model_dir):
+    with pytest.raises(ConfigError, match=r"max_reasoning_tokens: model .* does not think \(its"):
+        make_engine(model_dir, **{"generation.max_reasoning_tokens": 5})

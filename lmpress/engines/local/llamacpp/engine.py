@@ -28,10 +28,11 @@ llama.cpp's multimodal library and decoded into their sequences by the same sche
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import check_token_settings
+from lmpress.engines.base import Occupancy, check_token_settings
 from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
@@ -214,6 +215,12 @@ class LlamaCppEngine(WorkerEngine):
             )
 
     # --- what the KV cache holds now -------------------------------------------------------
+
+    def occupancy(self) -> Occupancy:
+        held = super().occupancy()
+        if isinstance(self.scheduler, LlamaCppScheduler):
+            held = dataclasses.replace(held, kv_cache_usage=self.scheduler.kv_cache_usage())
+        return held
 
     def sequences_in_flight(self) -> int:
         """Sequences holding a slot in the KV cache right now (0 when idle)."""

@@ -66,6 +66,15 @@ class LlamaCppScheduler(Scheduler):
         self._generating: list[SequenceRow] = []
         self.most_in_flight = 0  # the most sequences decoded in one step so far
 
+    def kv_cache_usage(self) -> float:
+        """The fraction of the context's KV cells that the requests in flight hold; the cells
+        a free sequence keeps for a prompt that starts the same way count as free, as vLLM
+        counts its cached blocks. Read from the event loop without a lock (never llama.cpp,
+        which the worker is using): at most a step out of date."""
+        held = sum(submission.fed for submission in list(self._prefilling))
+        held += sum(row.pos for row in list(self._generating))
+        return held / self.n_ctx
+
     def close(self) -> None:
         """Free the context and the batches; the worker has stopped."""
         self.batches.free()

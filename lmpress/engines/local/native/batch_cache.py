@@ -162,6 +162,10 @@ class BatchCache:
         gone = set(indices)
         self.rows = [row for i, row in enumerate(self.rows) if i not in gone]
 
+    def columns(self) -> int:
+        """The cache columns the rows hold now, their spare columns included."""
+        return sum(row.layers[0][0].shape[1] for row in list(self.rows))
+
     def step_inputs(self) -> tuple[Any, Any]:
         """The positions of one new token in every row, [rows, 1], and the cache to pass the
         model; every row counts the new token from here."""

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from lmpress.configs.schema import ModelParams, RunConfig
-from lmpress.engines.base import check_token_settings, failure_info
+from lmpress.engines.base import Occupancy, check_token_settings, failure_info
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.embeddings import cosine_scores, finish_embeddings
 from lmpress.engines.common.models import dtype_in_use
@@ -150,6 +150,12 @@ class NativeEngine(WorkerEngine):
             checkpoint_processors=self.checkpoint_processors,
         )  # fmt: skip
         self._start_worker(scheduler, "lmpress-native")
+
+    def occupancy(self) -> Occupancy:
+        held = super().occupancy()
+        if isinstance(self.scheduler, NativeScheduler):
+            held = dataclasses.replace(held, kv_cache_usage=self.scheduler.kv_cache_usage())
+        return held
 
     def _grammar_engine(self) -> Grammars:
         """The grammar engine over this model's tokenizer, built on the first guided row."""

@@ -79,6 +79,15 @@ class NativeScheduler(Scheduler):
         self.kv_budget_tokens = kv_budget_tokens  # tokens the KV cache may hold, all rows
         self.prefix_reuse = prefix_reuse
         self.checkpoint_processors = checkpoint_processors  # the checkpoint's own ("use")
+        self._batch = BatchCache()
+
+    def kv_cache_usage(self) -> float | None:
+        """The fraction of the KV cache's budget (`model_kwargs.kv_cache_gb`) the rows take
+        now; None without a budget. Read from the event loop, without a lock, while the worker
+        steps: at most a step out of date."""
+        if not self.kv_budget_tokens:
+            return None
+        return self._batch.columns() / self.kv_budget_tokens
 
     def run(self) -> None:
         import torch

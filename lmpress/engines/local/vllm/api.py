@@ -143,6 +143,20 @@ class VllmApi:
             return choose(tasks)
         return next((task for task in ("embed", "classify") if task in tasks), None)
 
+    @staticmethod
+    def reasoning_parser_names() -> list[str]:
+        """The names vLLM's `--reasoning-parser` takes."""
+        from vllm.reasoning import ReasoningParserManager
+
+        return ReasoningParserManager.list_registered()
+
+    @staticmethod
+    def reasoning_parser_class(name: str) -> Any:
+        """vLLM's ReasoningParser class of that name, imported on first use."""
+        from vllm.reasoning import ReasoningParserManager
+
+        return ReasoningParserManager.get_reasoning_parser(name)
+
     def engine_arg_names(self) -> set[str]:
         return {f.name for f in dataclasses.fields(self.AsyncEngineArgs)}
 

@@ -19,10 +19,15 @@ pixels go as the prompt's `multi_modal_data`, which vLLM's processor expands int
 tokens. vLLM refuses images for a text model; `model.model_kwargs.limit_mm_per_prompt` is
 vLLM's own cap on images a prompt.
 
+A reasoning model's thinking is read apart from its answer by vLLM's own reasoning parser,
+chosen before vLLM starts: it is an engine argument, which also starts vLLM's thinking budget
+and holds structured outputs until the thinking ends (reasoning.py).
+
 The rest of the package: api.py (the vLLM classes lmpress calls, and every version
 difference), translate.py (recipe -> engine arguments, GenerationParams -> SamplingParams,
-RequestOutput -> Delta/Result) and logs.py (vLLM's log kept apart); NATIVE and LLAMACPP have no
-twin of these: their backends need no version shims, and no log to gather from child processes.
+RequestOutput -> Delta/Result), reasoning.py and logs.py (vLLM's log kept apart); NATIVE and
+LLAMACPP have no twin of these: their backends need no version shims, and no log to gather from
+child processes.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.prompts import resolve_chat_template
 from lmpress.engines.common.tool_parsers import check_parser
+from lmpress.engines.local.thinking import template_switches, template_text
 from lmpress.engines.local.vllm import prompt_count
 from lmpress.engines.local.vllm.api import (
     INSTALL_HINT,
@@ -43,6 +49,7 @@ from lmpress.engines.local.vllm.api import (
     visible_gpus,
     vllm_version,
 )
+from lmpress.engines.local.vllm.reasoning import budget_refusal, own_chat_template, parser_name
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
@@ -51,10 +58,11 @@ from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
     ErrorKind,
+    RequestError,
     UnsupportedParamError,
     first_line,
 )
-from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Usage
+from lmpress.vocabulary.types import Delta, ErrorInfo, Message, Request, Result, Usage
 
 
 class VllmEngine(Engine):
@@ -66,7 +74,7 @@ class VllmEngine(Engine):
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "guided_decoding",
-        "skip_special_tokens",
+        "skip_special_tokens", "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     takes_hub_ids = True
     # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
@@ -101,6 +109,8 @@ class VllmEngine(Engine):
         sampling_params(self.api, config.generation, stream=False)  # refuse bad settings now
         template = config.model.chat_template
         self.chat_template = resolve_chat_template(template) if template else None
+        if config.task == "generate":
+            self._choose_reasoning_parser()
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
         self.max_in_flight = 2 * self.settings.max_num_seqs * self.settings.data_parallel_size
         # One copy: vLLM checks tensor x pipeline against the GPUs itself, and says so plainly.
@@ -110,9 +120,38 @@ class VllmEngine(Engine):
         self.scheduler = VllmScheduler(self, self.api, self.settings)
         try:
             self.cross_encoder = self._check_pooling(config.task, self.scheduler.pooling_task)
+            self.scheduler.read_reasoning(self.settings.args.get("reasoning_parser"))
+            self._check_reasoning_effort()
         except BaseException:
             self.scheduler.close()
             raise
+
+    def _choose_reasoning_parser(self) -> None:
+        """vLLM's reasoning parser, an engine argument (reasoning.py); a run that bounds the
+        thinking of a model that does not think is refused before vLLM starts."""
+        model = self.config.model
+        args = self.settings.args
+        source = args.get("tokenizer", args["model"])
+        template = self.chat_template or own_chat_template(source, model.model_revision)
+        name = parser_name(model, template, self.api.reasoning_parser_names, source)
+        args.pop("reasoning_parser", None)
+        if name is not None:
+            args["reasoning_parser"] = name
+        refusal = budget_refusal(name, model)
+        if refusal and self.config.generation.max_reasoning_tokens is not None:
+            raise ConfigError(refusal)
+
+    def _check_reasoning_effort(self) -> None:
+        """`generation.reasoning_effort` in the recipe, refused at start where the chat template
+        cannot read it (a row's own is refused in that row)."""
+        params = self.config.generation
+        if params.reasoning_effort is None or self.config.task != "generate":
+            return
+        probe = Request("recipe", [Message("user", "")], params)
+        try:
+            template_switches(template_text(self.scheduler.chat_template()), probe, self.model_name)
+        except RequestError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def _check_pooling(self, task: str, pooling_task: str | None) -> bool:
         """Whether the model scores as a cross-encoder (vLLM's `classify` head on each pair);

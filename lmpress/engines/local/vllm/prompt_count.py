@@ -7,6 +7,7 @@ from __future__ import annotations
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.prompts import HfPrompts
+from lmpress.engines.local.thinking import SwitchedPrompts
 from lmpress.engines.prompt_count import PromptCounter, estimate_counter
 from lmpress.vocabulary.errors import ModelLoadError
 
@@ -28,7 +29,9 @@ def prompt_counter(config: RunConfig) -> PromptCounter:
     )
     exact = model.model_kwargs.get("tokenizer_mode", "auto") in ("auto", "hf")
     label = f"{model.tokenizer_name or model.model_name} (transformers, as VLLM)"
-    return PromptCounter(prompts, exact, _context(config), label)
+    # With each row's reasoning_effort switches, as the engine renders it.
+    counted = SwitchedPrompts(prompts, getattr(tokenizer, "chat_template", None), model.model_name)
+    return PromptCounter(counted, exact, _context(config), label)
 
 
 def _context(config: RunConfig) -> int | None:

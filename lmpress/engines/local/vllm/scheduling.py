@@ -23,8 +23,10 @@ from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.engines.common.embeddings import cosine_scores
 from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
+from lmpress.engines.local.thinking import template_switches, template_text
 from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_request_error
 from lmpress.engines.local.vllm.logs import children_print_to_log
+from lmpress.engines.local.vllm.reasoning import VllmReasoning, budget_refusal
 from lmpress.engines.local.vllm.translate import EngineSettings, OutputAssembler, sampling_params
 from lmpress.engines.local.worker import CallerQueue
 from lmpress.vocabulary.embeddings import (
@@ -74,6 +76,7 @@ class VllmScheduler:
                 lora_path=settings.adapter,
             )
         self._ids = itertools.count(1)
+        self.reasoning: VllmReasoning | None = None  # read_reasoning sets it once started
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="lmpress-vllm", daemon=True
@@ -86,6 +89,22 @@ class VllmScheduler:
         except BaseException:
             self._stop_loop()
             raise
+
+    def read_reasoning(self, name: str | None) -> None:
+        """Read replies with vLLM's reasoning parser `name` (reasoning.py), the one vLLM was
+        started with; None: a model that does not think."""
+        self.reasoning = None
+        if not name or self.pooling_task is not None:
+            return
+        try:
+            parser_class = self.api.reasoning_parser_class(name)
+            self.reasoning = VllmReasoning(name, parser_class, self.tokenizer)
+        except Exception as exc:  # a tokenizer without the parser's marks
+            raise ModelLoadError(
+                f"model.reasoning_parser '{name}': vLLM's parser cannot read model "
+                f"'{self.engine.model_name}' ({describe(exc)}); set model.reasoning_parser "
+                f"to the model's own, or none"
+            ) from exc
 
     async def _start(self, args: dict[str, Any]) -> tuple[Any, Any, str | None]:
         # Built on this loop: AsyncLLM binds its output handler to the loop it starts on.
@@ -113,7 +132,12 @@ class VllmScheduler:
             generation = request.params
             if plan is not None and plan.grammar:  # tool_choice required, or a named function
                 generation = replace(generation, guided_decoding={"grammar": plan.grammar})
-            params = sampling_params(self.api, generation, stream=deltas)
+            if self.reasoning is not None and self.reasoning.harmony:  # the channels' tokens
+                generation = replace(generation, skip_special_tokens=False)
+            if self.reasoning is not None and generation.guided_decoding is not None:
+                prompt["prompt"] = self.reasoning.opened_for_grammar(prompt["prompt"])
+            budget = self.thinking_budget(request, prompt["prompt"])
+            params = sampling_params(self.api, generation, stream=deltas, thinking_budget=budget)
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", ErrorKind.INVALID_REQUEST)
             yield error_result(request, engine, ErrorInfo(kind, str(exc)), started)
@@ -126,7 +150,7 @@ class VllmScheduler:
         pump = self._pump(vllm_id, prompt, params, tokenization, replies)
         future = asyncio.run_coroutine_threadsafe(pump, self._loop)
         top = request.params.top_logprobs if request.params.logprobs else None
-        assembler = OutputAssembler(request.id, top)
+        assembler = OutputAssembler(request.id, top, reasoning=self.reasoning, stream=deltas)
         try:
             while True:
                 item = await replies.get()
@@ -141,7 +165,7 @@ class VllmScheduler:
                     yield error_result(request, engine, _error_info(item.error), started)
                     return
                 for delta in assembler.feed(item):
-                    if deltas and plan is None:  # a reply that may be a call arrives whole
+                    if plan is None:  # a reply that may be a call arrives whole
                         yield delta
             latency = time.perf_counter() - started
             result = assembler.result(
@@ -157,13 +181,30 @@ class VllmScheduler:
 
     def tool_plan(self, request: Request) -> ToolPlan | None:
         """How the request's tools go into the prompt and its calls come out (None: none)."""
-        template = self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
-        return tool_plan(request, template, self.engine.tool_call_parser)
+        return tool_plan(request, self.chat_template(), self.engine.tool_call_parser)
+
+    def thinking_budget(self, request: Request, prompt: str) -> int | None:
+        """vLLM's thinking_token_budget for the row's `max_reasoning_tokens` (reasoning.py)."""
+        limit = request.params.max_reasoning_tokens
+        if limit is None:
+            return None
+        name = None if self.reasoning is None else self.reasoning.name
+        refusal = budget_refusal(name, self.engine.config.model)
+        if refusal is not None or self.reasoning is None:
+            raise RequestError(str(refusal), kind=ErrorKind.UNSUPPORTED_PARAM)
+        return self.reasoning.budget(limit, prompt)
+
+    def chat_template(self) -> Any:
+        return self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
 
     def render(
         self, request: Request, plan: ToolPlan | None = None
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The prompt as vLLM takes it, and the tokenization arguments to go with it."""
+        switches = template_switches(
+            template_text(self.chat_template()), request, self.engine.model_name
+        )  # reasoning_effort's, over the recipe's variables
+        variables = {**(self.engine.config.model.chat_template_kwargs or {}), **switches}
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
         images = load_images(request)
@@ -173,7 +214,7 @@ class VllmScheduler:
             "VLLM",
             self.engine.model_name,
             self.engine.chat_template,
-            self.engine.config.model.chat_template_kwargs,
+            variables,
             plan,
             reads_images=bool(images),
         )

@@ -37,6 +37,7 @@ from lmpress.vocabulary.types import (
 
 if TYPE_CHECKING:
     from lmpress.engines.local.vllm.api import VllmApi
+    from lmpress.engines.local.vllm.reasoning import ReplyReader, VllmReasoning
 
 # The LoRA ranks vLLM accepts (vllm.config.lora.MaxLoRARanks); an adapter's rank is rounded up.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -213,12 +214,16 @@ def lora_rank(adapter: str) -> int:
 # --- GenerationParams -> SamplingParams -------------------------------------------------------
 
 
-def sampling_params(api: VllmApi, params: GenerationParams, *, stream: bool) -> Any:
+def sampling_params(
+    api: VllmApi, params: GenerationParams, *, stream: bool, thinking_budget: int | None = None
+) -> Any:
     """The vLLM SamplingParams for lmpress generation settings.
 
     `stream` asks for each output's new text as it is generated (RequestOutputKind.DELTA);
-    otherwise vLLM sends one final output (FINAL_ONLY). Raises ConfigError naming the
-    `generation.*` key when vLLM cannot honour a setting.
+    otherwise vLLM sends one final output (FINAL_ONLY). `thinking_budget` is vLLM's
+    `thinking_token_budget` for `generation.max_reasoning_tokens` as the row's prompt makes it
+    (reasoning.py `VllmReasoning.budget`); not given, `max_reasoning_tokens` as it is.
+    Raises ConfigError naming the `generation.*` key when vLLM cannot honour a setting.
     """
     if params.n > 1 and params.temperature == 0:
         raise ConfigError(
@@ -226,6 +231,10 @@ def sampling_params(api: VllmApi, params: GenerationParams, *, stream: bool) -> 
             f"(vLLM refuses n > 1 with greedy decoding)"
         )
     kind = api.RequestOutputKind
+    if thinking_budget is None:
+        thinking_budget = params.max_reasoning_tokens
+    # Only where set: a vLLM without reasoning support takes no such field.
+    extra = {} if thinking_budget is None else {"thinking_token_budget": thinking_budget}
     try:
         return api.SamplingParams(
             n=params.n,
@@ -247,6 +256,7 @@ def sampling_params(api: VllmApi, params: GenerationParams, *, stream: bool) -> 
             logit_bias=_logit_bias(params.logit_bias),
             structured_outputs=_structured_outputs(api, params.guided_decoding),
             output_kind=kind.DELTA if stream else kind.FINAL_ONLY,
+            **extra,
         )
     except Exception as exc:
         if not (isinstance(exc, TypeError) or is_request_error(exc)):
@@ -288,9 +298,10 @@ FINISH_REASONS: dict[str, FinishReason] = {
 @dataclass
 class _SampleState:
     text: str = ""
-    tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    reader: ReplyReader | None = None  # a reasoning model's thinking, read apart
 
 
 @dataclass
@@ -299,28 +310,52 @@ class OutputAssembler:
 
     Requests are sent with RequestOutputKind.DELTA or FINAL_ONLY, so each CompletionOutput
     carries only text and tokens not seen before (FINAL_ONLY sends everything once).
-    `top_logprobs` is None when logprobs were not asked for.
+    `top_logprobs` is None when logprobs were not asked for. With `reasoning` (a reasoning
+    model's parser, reasoning.py) each sample's thinking streams as reasoning Deltas (`stream`)
+    and ends in Sample.reasoning, apart from the answer.
     """
 
     request_id: str
     top_logprobs: int | None = None
     prompt_tokens: int = 0
     samples: dict[int, _SampleState] = field(default_factory=dict)
+    reasoning: VllmReasoning | None = None
+    stream: bool = True  # False: the Deltas are not wanted (a FINAL_ONLY request)
+    prompt_token_ids: list[int] | None = None
 
     def feed(self, output: Any) -> list[Delta]:
         if output.prompt_token_ids is not None:
-            self.prompt_tokens = len(output.prompt_token_ids)
+            self.prompt_token_ids = list(output.prompt_token_ids)
+            self.prompt_tokens = len(self.prompt_token_ids)
         deltas = []
         for completion in output.outputs:
-            state = self.samples.setdefault(completion.index, _SampleState())
+            state = self.samples.get(completion.index)
+            if state is None:
+                state = self.samples[completion.index] = _SampleState()
+                if self.reasoning is not None:
+                    state.reader = self.reasoning.reader(self.prompt_token_ids)
+            token_ids = list(completion.token_ids)
             state.text += completion.text
-            state.tokens += len(completion.token_ids)
+            state.token_ids += token_ids
             if completion.finish_reason is not None:
                 state.finish_reason = FINISH_REASONS.get(completion.finish_reason, "stop")
             if self.top_logprobs is not None and completion.logprobs:
                 state.logprobs = (state.logprobs or []) + self._logprobs(completion)
-            if completion.text:
-                deltas.append(Delta(self.request_id, completion.text, completion.index))
+            if not self.stream:
+                continue
+            if state.reader is None:
+                if completion.text:
+                    deltas.append(Delta(self.request_id, completion.text, completion.index))
+                continue
+            pieces = [state.reader.feed(completion.text, token_ids)] if completion.text else []
+            if completion.finish_reason is not None:
+                pieces.append(state.reader.finish())
+            index = completion.index
+            for thinking, answer in pieces:
+                if thinking:
+                    deltas.append(Delta(self.request_id, thinking, index, reasoning=True))
+                if answer:
+                    deltas.append(Delta(self.request_id, answer, index))
         return deltas
 
     def _logprobs(self, completion: Any) -> list[TokenLogprob]:
@@ -340,13 +375,22 @@ class OutputAssembler:
             state = self.samples[index]
             if state.logprobs is None and self.top_logprobs is not None:
                 state.logprobs = []
-            samples.append(
-                Sample(state.text, state.finish_reason or "length", state.logprobs, state.tokens)
+            sample = Sample(
+                state.text, state.finish_reason or "length", state.logprobs, len(state.token_ids)
             )
+            if state.reader is not None:
+                thinking, answer, spent = state.reader.whole(state.text, state.token_ids)
+                sample.text, sample.reasoning, sample.reasoning_tokens = answer, thinking, spent
+            samples.append(sample)
+        usage = Usage(
+            self.prompt_tokens,
+            sum(s.completion_tokens for s in samples),
+            sum(s.reasoning_tokens for s in samples),
+        )
         return Result(
             request_id=self.request_id,
             samples=samples,
-            usage=Usage(self.prompt_tokens, sum(s.completion_tokens for s in samples)),
+            usage=usage,
             model=model,
             engine=engine,
             latency_s=latency_s,

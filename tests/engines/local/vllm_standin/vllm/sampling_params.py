@@ -73,6 +73,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     extra_args: dict[str, Any] | None = None
     bad_words: list[str] | None = None
+    thinking_token_budget: int | None = None  # vLLM 0.32: needs the engine's reasoning config
     _all_stop_token_ids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
