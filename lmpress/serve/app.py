@@ -31,7 +31,8 @@ from lmpress.openai_wire import responses
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling
 from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
-from lmpress.serve import messages, metrics, pooling
+from lmpress.openai_wire.responses_api.requests import RESPONSES_PATH
+from lmpress.serve import messages, metrics, pooling, responses_api
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -117,6 +118,19 @@ class Server:
         except InputError as exc:
             raise ApiError(400, str(exc), param="tool_choice") from None
 
+    def refuse_local_images(self, messages: list[Message], param: str = "messages") -> None:
+        """A client names images by http(s) or data: URL: the server reads no file of its own
+        machine that a request names."""
+        for message in messages:
+            for url in message_image_urls(message):
+                if is_local_file(url):
+                    raise ApiError(
+                        400,
+                        f"image URL {short_name(url)!r}: the server reads no local files for a "
+                        f"client; send the image as a data: URL (base64) or an http(s) URL",
+                        param=param,
+                    )
+
     # --- the routes ----------------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> GenerationResponse:
@@ -127,7 +141,7 @@ class Server:
             messages = regenerate_last_turn(parse_messages(body.messages))
         except RowError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
-        refuse_local_images(messages)
+        self.refuse_local_images(messages)
         self.check_model(bodies.require_model(body))
         params = self.params(sampling)
         entry = request_log(request.scope)
@@ -318,20 +332,6 @@ async def merged(
 # --- the app ---------------------------------------------------------------------------------
 
 
-def refuse_local_images(messages: list[Message]) -> None:
-    """A client names images by http(s) or data: URL: the server reads no file of its own
-    machine that a request names."""
-    for message in messages:
-        for url in message_image_urls(message):
-            if is_local_file(url):
-                raise ApiError(
-                    400,
-                    f"image URL {short_name(url)!r}: the server reads no local files for a "
-                    f"client; send the image as a data: URL (base64) or an http(s) URL",
-                    param="messages",
-                )
-
-
 def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None) -> FastAPI:
     """The OpenAI-compatible app over `engine`. The caller owns the engine (and closes it)."""
     server = Server(engine, settings)
@@ -358,6 +358,7 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
 
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
+    app.add_api_route(RESPONSES_PATH, partial(responses_api.responses, server), methods=["POST"])
     for path, route in (
         (wire.EMBEDDINGS_PATH, pooling.embeddings),
         (wire.SCORE_PATH, pooling.score),

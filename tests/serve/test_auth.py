@@ -14,6 +14,7 @@ V1_ROUTES = [
     ("GET", f"/v1/models/{MODEL}"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
     ("GET", "/v1/no-such-route"),
 ]
 
@@ -52,6 +53,7 @@ def test_the_right_key_is_let_in(keyed_server):
     reply = client.chat.completions.create(model=MODEL, messages=HI)
     assert reply.choices[0].message.content.startswith("ECHO ")
     assert client.completions.create(model=MODEL, prompt="hi").choices[0].text == 'ECHO "hi"'
+    assert client.responses.create(model=MODEL, input="hi").output_text.startswith("ECHO ")
     with pytest.raises(openai.AuthenticationError):
         keyed_server.client(api_key="not-it").chat.completions.create(model=MODEL, messages=HI)
     with keyed_server.http() as http:  # the scheme's case does not matter (RFC 7235)

@@ -1,0 +1,130 @@
+"""`POST /v1/responses` of `lmpress serve`: OpenAI's Responses API over the served engine,
+stateless (lmpress keeps no responses; see `openai_wire.responses_api`).
+
+A body becomes the same engine Request a chat completion makes (input items as messages,
+instructions as a system message first, function tools in chat's form), checked by the
+server's own checks, and runs the way a chat completion runs: in a `GenerationResponse`, which
+holds a place in the queue and cancels the generation when the client goes away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Protocol
+
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse
+
+from lmpress.data.messages import RowError, regenerate_last_turn
+from lmpress.openai_wire.errors import ApiError, error_from_info
+from lmpress.openai_wire.requests import Sampling, parse_body
+from lmpress.openai_wire.responses_api.requests import (
+    RESPONSES_PATH,
+    ResponsesBody,
+    input_messages,
+    responses_sampling,
+)
+from lmpress.openai_wire.responses_api.responses import ResponseEvents, ResponseHead, dump
+from lmpress.serve import pooling
+from lmpress.serve.asgi import (
+    EventStream,
+    GenerationResponse,
+    RequestLog,
+    Response,
+    new_id,
+    request_log,
+)
+from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
+
+
+class Server(pooling.Server, Protocol):
+    """What this route uses of `serve.app.Server`."""
+
+    def params(self, sampling: Sampling) -> GenerationParams: ...
+
+    def check_tools(self, request: Request) -> None: ...
+
+    def refuse_local_images(self, messages: list[Message], param: str = "messages") -> None: ...
+
+
+async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
+    pooling.require_task(server, RESPONSES_PATH, ("generate",))
+    body = parse_body(ResponsesBody, await server.read_body(request))
+    sampling = responses_sampling(body)
+    try:
+        messages = regenerate_last_turn(input_messages(body))
+    except RowError as exc:
+        raise ApiError(400, str(exc), param="input") from exc
+    server.refuse_local_images(messages, "input")
+    if body.model is None:
+        raise ApiError(400, "Missing required parameter: 'model'", param="model")
+    server.check_model(body.model)
+    params = server.params(sampling)
+    entry = request_log(request.scope)
+    entry.id = new_id("resp")
+    if server.settings.log_content:
+        entry.content = {"messages": [m.to_openai() for m in messages]}
+    engine_request = Request(entry.id, messages, params, tools=sampling.tools)
+    server.check_tools(engine_request)
+    head = ResponseHead(entry.id, server.model_name, body)
+    if body.stream:
+        run = _stream(server, engine_request, head, entry)
+    else:
+        run = _complete(server, engine_request, head, entry)
+    return GenerationResponse(server.slots, run, entry)
+
+
+def _log_result(entry: RequestLog, result: Result) -> None:
+    entry.usage = result.usage
+    if entry.content is not None:
+        entry.content["reply"] = [s.text for s in result.samples]
+
+
+async def _complete(
+    server: Server, request: Request, head: ResponseHead, entry: RequestLog
+) -> Response:
+    result = await server.engine.complete(request)
+    _log_result(entry, result)
+    if result.error is not None:
+        raise error_from_info(result.error)
+    return JSONResponse(dump(head.finished(result)), headers={"x-request-id": entry.id})
+
+
+async def _stream(
+    server: Server, request: Request, head: ResponseHead, entry: RequestLog
+) -> Response:
+    """The event stream, started once the engine has produced something, so that a request
+    the engine refuses at once still gets its HTTP error status."""
+    items = server.engine.stream(request)
+    first = await anext(items)
+    if isinstance(first, Result) and first.error is not None:
+        await items.aclose()
+        _log_result(entry, first)
+        raise error_from_info(first.error)
+    return EventStream(_events(first, items, ResponseEvents(head), entry), items, entry.id)
+
+
+async def _events(
+    first: Delta | Result,
+    items: AsyncIterator[Delta | Result],
+    events: ResponseEvents,
+    entry: RequestLog,
+) -> AsyncIterator[bytes]:
+    async with aclosing(items):
+        for line in events.start():
+            yield line
+        item: Delta | Result | None = first
+        while item is not None:
+            if isinstance(item, Delta):
+                entry.streamed()  # for /metrics' time to first token
+                lines = events.delta(item.text, item.reasoning) if item.text else []
+            else:
+                _log_result(entry, item)
+                if item.error is not None:
+                    lines = events.failed(error_from_info(item.error))
+                else:
+                    lines = events.finish(item)
+            for line in lines:
+                yield line
+            item = await anext(items, None)
