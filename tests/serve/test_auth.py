@@ -1,7 +1,9 @@
-"""The API key: required on every /v1 route when set (from LMPRESS_API_KEY or --api-key), never
+"""The API key: required on every /v1 route and /metrics when set (from LMPRESS_API_KEY or --api-key), never
 in the log; no key means no check."""
 
 from __future__ import annotations
+
+import json
 
 import openai
 import pytest
@@ -15,14 +17,22 @@ V1_ROUTES = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
     ("POST", "/v1/responses"),
+    ("POST", "/v1/files"),
+    ("GET", "/v1/files"),
+    ("GET", "/v1/files/file-1/content"),
+    ("POST", "/v1/batches"),
+    ("GET", "/v1/batches"),
+    ("POST", "/v1/batches/batch-1/cancel"),
+    ("GET", "/metrics"),
     ("GET", "/v1/no-such-route"),
 ]
 
 
 @pytest.fixture(scope="module")
-def keyed_server(serve_process, echo_plugin, with_echo):
+def keyed_server(serve_process, echo_plugin, with_echo, tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")  # so the Files and Batches routes are there
     return serve_process(
-        "--engine", "ECHO", "--model.model_name", MODEL,
+        "--engine", "ECHO", "--model.model_name", MODEL, "--state-dir", str(state),
         env={**with_echo, "LMPRESS_API_KEY": KEY},
     )  # fmt: skip
 
@@ -54,6 +64,11 @@ def test_the_right_key_is_let_in(keyed_server):
     assert reply.choices[0].message.content.startswith("ECHO ")
     assert client.completions.create(model=MODEL, prompt="hi").choices[0].text == 'ECHO "hi"'
     assert client.responses.create(model=MODEL, input="hi").output_text.startswith("ECHO ")
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": HI}}  # fmt: skip
+    uploaded = client.files.create(file=("in.jsonl", json.dumps(line).encode()), purpose="batch")
+    assert [f.id for f in client.files.list()] == [uploaded.id]
+    assert client.batches.list().data == []
     with pytest.raises(openai.AuthenticationError):
         keyed_server.client(api_key="not-it").chat.completions.create(model=MODEL, messages=HI)
     with keyed_server.http() as http:  # the scheme's case does not matter (RFC 7235)

@@ -361,3 +361,41 @@ def test_a_full_server_is_a_503_and_a_client_gone_mid_stream_a_499(slow_echo_ser
     line = slow_echo_server.request_line(start.message.id)
     assert " POST /v1/messages 499 " in line
     slow_echo_server.wait_until_idle()
+
+
+# --- a remote engine behind serve: REMOTE on the loopback OpenAI server --------------------------
+
+
+@pytest.fixture(scope="module")
+def remote(serve_process):
+    from tests.servers.llm_server import LLMServer
+
+    with LLMServer() as upstream:
+        yield serve_process(
+            "--engine", "REMOTE", "--remote_params.api_url", upstream.openai_url,
+            "--model.model_name", "test-model", "--remote_params.max_retries", "0",
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_remote_engine_answers_and_calls_tools(remote, stream):
+    from tests.servers.llm_server import reply_text
+
+    sdk = client(remote, api_key="unused")
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    tool = {"name": "get_weather", "input_schema": {"type": "object"}}
+    if stream:
+        with sdk.messages.stream(model="test-model", max_tokens=64, messages=ask) as events:
+            reply = events.get_final_message()
+        with sdk.messages.stream(
+            model="test-model", max_tokens=64, messages=ask, tools=[tool]
+        ) as events:
+            called = events.get_final_message()
+    else:
+        reply = sdk.messages.create(model="test-model", max_tokens=64, messages=ask)
+        called = sdk.messages.create(model="test-model", max_tokens=64, messages=ask, tools=[tool])
+    assert [block.type for block in reply.content] == ["text"]
+    assert reply.content[0].text == reply_text("Weather in Paris?")
+    assert reply.stop_reason == "end_turn"
+    uses = [block for block in called.content if block.type == "tool_use"]
+    assert [use.name for use in uses] == ["get_weather"] and called.stop_reason == "tool_use"
