@@ -136,3 +136,36 @@ def slow_echo_server(serve_process, echo_plugin) -> Served:
         "--generation.max_new_tokens", "100000",
         env={**with_plugin(echo_plugin), "ECHO_DELAY_S": "0.05"},
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def llava_server(serve_process) -> Served:
+    """The tiny LLaVA-style model on NATIVE, served as "tiny-llava": it reads images."""
+    return serve_process(
+        "--engine", "NATIVE", "--model.model_name", "tiny:llava",
+        "--serve.served_model_name", "tiny-llava", "--generation.max_new_tokens", "8",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def think_server(serve_process) -> Served:
+    """tiny:think on NATIVE, served as "think": a reasoning model's template and marks, its
+    thinking cut at 4 tokens unless a request says otherwise."""
+    return serve_process(
+        "--engine", "NATIVE", "--model.model_name", "tiny:think",
+        "--serve.served_model_name", "think", "--generation.max_new_tokens", "12",
+        "--generation.max_reasoning_tokens", "4",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def remote_server(serve_process) -> Iterator[Served]:
+    """REMOTE in front of the loopback OpenAI server (tests/servers/llm_server.py), served as
+    "test-model"."""
+    from tests.servers.llm_server import LLMServer
+
+    with LLMServer() as upstream:
+        yield serve_process(
+            "--engine", "REMOTE", "--remote_params.api_url", upstream.openai_url,
+            "--model.model_name", "test-model", "--remote_params.max_retries", "0",
+        )  # fmt: skip

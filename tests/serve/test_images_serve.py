@@ -15,14 +15,6 @@ MODEL = "tiny-llava"
 TOKENS_PER_IMAGE = 16
 
 
-@pytest.fixture(scope="module")
-def llava_server(serve_process):
-    return serve_process(
-        "--engine", "NATIVE", "--model.model_name", "tiny:llava",
-        "--serve.served_model_name", MODEL, "--generation.max_new_tokens", "8",
-    )  # fmt: skip
-
-
 def asking(*urls: str) -> list[dict]:
     parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
     return [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, *parts]}]

@@ -240,22 +240,14 @@ def test_a_bad_body_is_a_400_in_anthropics_shape_naming_the_field(smol):
 # --- images, thinking: the tiny models -------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def llava(serve_process):
-    return serve_process(
-        "--engine", "NATIVE", "--model.model_name", "tiny:llava",
-        "--serve.served_model_name", "tiny-llava", "--generation.max_new_tokens", "8",
-    )  # fmt: skip
-
-
 def image_block(raw: bytes) -> dict:
     source = {"type": "base64", "media_type": "image/png", "data": data_url(raw).split(",")[1]}
     return {"type": "image", "source": source}
 
 
-def test_image_blocks_reach_the_model(llava):
+def test_image_blocks_reach_the_model(llava_server):
     pytest.importorskip("PIL")
-    c = client(llava)
+    c = client(llava_server)
 
     def ask(*blocks):
         content = [{"type": "text", "text": "What is this?"}, *blocks]
@@ -266,7 +258,7 @@ def test_image_blocks_reach_the_model(llava):
     text, first, second = ask(), ask(image_block(picture(1))), ask(image_block(picture(2)))
     assert first.usage.input_tokens > text.usage.input_tokens
     assert first.content[0].text != second.content[0].text
-    chat = llava.client().chat.completions.create(
+    chat = llava_server.client().chat.completions.create(
         model="tiny-llava",
         messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is this?"},
@@ -279,23 +271,15 @@ def test_image_blocks_reach_the_model(llava):
     assert "http(s)" in local.value.body["error"]["message"]
 
 
-@pytest.fixture(scope="module")
-def think(serve_process):
-    return serve_process(
-        "--engine", "NATIVE", "--model.model_name", "tiny:think",
-        "--serve.served_model_name", "think", "--generation.max_new_tokens", "12",
-    )  # fmt: skip
-
-
-def test_thinking_comes_as_a_thinking_block_before_the_text(think):
-    c = client(think)
+def test_thinking_comes_as_a_thinking_block_before_the_text(think_server):
+    c = client(think_server)
     hi = [{"role": "user", "content": "hi"}]
     budget = {"type": "enabled", "budget_tokens": 3}
     message = c.messages.create(model="think", max_tokens=12, messages=hi, thinking=budget)
     thinking, text = message.content
     assert thinking.type == "thinking" and thinking.thinking and thinking.signature
     assert text.type == "text" and text.text
-    chat = think.client().chat.completions.create(
+    chat = think_server.client().chat.completions.create(
         model="think", max_tokens=12, messages=hi, extra_body={"max_reasoning_tokens": 3}
     )
     assert thinking.thinking == chat.choices[0].message.reasoning_content
@@ -366,22 +350,11 @@ def test_a_full_server_is_a_503_and_a_client_gone_mid_stream_a_499(slow_echo_ser
 # --- a remote engine behind serve: REMOTE on the loopback OpenAI server --------------------------
 
 
-@pytest.fixture(scope="module")
-def remote(serve_process):
-    from tests.servers.llm_server import LLMServer
-
-    with LLMServer() as upstream:
-        yield serve_process(
-            "--engine", "REMOTE", "--remote_params.api_url", upstream.openai_url,
-            "--model.model_name", "test-model", "--remote_params.max_retries", "0",
-        )  # fmt: skip
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_a_remote_engine_answers_and_calls_tools(remote, stream):
+def test_a_remote_engine_answers_and_calls_tools(remote_server, stream):
     from tests.servers.llm_server import reply_text
 
-    sdk = client(remote, api_key="unused")
+    sdk = client(remote_server, api_key="unused")
     ask = [{"role": "user", "content": "Weather in Paris?"}]
     tool = {"name": "get_weather", "input_schema": {"type": "object"}}
     if stream:

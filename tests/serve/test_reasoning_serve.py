@@ -110,15 +110,6 @@ def test_lmpress_reads_its_own_served_thinking_through_remote(thinking_server, t
 # --- a real reasoning model's shape: NATIVE on tiny:think -------------------------------------
 
 
-@pytest.fixture(scope="module")
-def think_server(serve_process):
-    return serve_process(
-        "--engine", "NATIVE", "--model.model_name", "tiny:think",
-        "--serve.served_model_name", "think", "--generation.max_new_tokens", "12",
-        "--generation.max_reasoning_tokens", "4",
-    )  # fmt: skip
-
-
 def test_tiny_think_streams_its_thinking_then_its_answer(think_server):
     client = think_server.client()
     whole = client.chat.completions.create(model="think", messages=HI)

@@ -14,7 +14,7 @@ import pytest
 
 from lmpress.builtin_models.packaged import SMOLLM2
 from tests.image_files import data_url, picture
-from tests.servers.llm_server import LLMServer, reply_text
+from tests.servers.llm_server import reply_text
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -199,23 +199,15 @@ def test_what_lmpress_cannot_do_is_refused_in_one_line(smol):
 # --- images: the tiny LLaVA ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def llava(serve_process):
-    return serve_process(
-        "--engine", "NATIVE", "--model.model_name", "tiny:llava",
-        "--serve.served_model_name", "tiny-llava", "--generation.max_new_tokens", "8",
-    )  # fmt: skip
-
-
-def test_an_input_image_reaches_the_model(llava):
+def test_an_input_image_reaches_the_model(llava_server):
     url = data_url(picture(1))
-    response = llava.client().responses.create(
+    response = llava_server.client().responses.create(
         model="tiny-llava",
         input=[{"role": "user", "content": [
             {"type": "input_text", "text": "What is this?"},
             {"type": "input_image", "image_url": url, "detail": "auto"}]}],
     )  # fmt: skip
-    chat = llava.client().chat.completions.create(
+    chat = llava_server.client().chat.completions.create(
         model="tiny-llava",
         messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is this?"},
@@ -224,13 +216,13 @@ def test_an_input_image_reaches_the_model(llava):
     assert response.output_text == chat.choices[0].message.content
     assert response.usage.input_tokens == chat.usage.prompt_tokens
     with pytest.raises(openai.BadRequestError) as caught:
-        llava.client().responses.create(
+        llava_server.client().responses.create(
             model="tiny-llava",
             input=[{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}],
         )
     assert "lmpress keeps no files" in caught.value.message
     with pytest.raises(openai.BadRequestError) as caught:
-        llava.client().responses.create(
+        llava_server.client().responses.create(
             model="tiny-llava",
             input=[
                 {"role": "user", "content": [{"type": "input_image", "image_url": "/etc/x.png"}]}
@@ -243,17 +235,8 @@ def test_an_input_image_reaches_the_model(llava):
 # --- a reasoning model: tiny:think ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def think(serve_process):
-    return serve_process(
-        "--engine", "NATIVE", "--model.model_name", "tiny:think",
-        "--serve.served_model_name", "think", "--generation.max_new_tokens", "12",
-        "--generation.max_reasoning_tokens", "4",
-    )  # fmt: skip
-
-
-def test_a_reasoning_model_gives_a_reasoning_item(think):
-    client = think.client()
+def test_a_reasoning_model_gives_a_reasoning_item(think_server):
+    client = think_server.client()
     response = client.responses.create(model="think", input="hi")
     chat = client.chat.completions.create(
         model="think", messages=[{"role": "user", "content": "hi"}]
@@ -335,18 +318,9 @@ def test_reasoning_effort_reaches_the_engine_by_its_name(echo_server):
 # --- a remote engine behind serve: REMOTE on the loopback OpenAI server --------------------------
 
 
-@pytest.fixture(scope="module")
-def remote(serve_process):
-    with LLMServer() as upstream:
-        yield serve_process(
-            "--engine", "REMOTE", "--remote_params.api_url", upstream.openai_url,
-            "--model.model_name", "test-model", "--remote_params.max_retries", "0",
-        )  # fmt: skip
-
-
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_remote_engine_answers_and_calls_tools(remote, stream):
-    client = remote.client()
+def test_a_remote_engine_answers_and_calls_tools(remote_server, stream):
+    client = remote_server.client()
     if stream:
         with client.responses.stream(model="test-model", input="Weather in Paris?") as events:
             text = events.get_final_response().output_text
