@@ -109,6 +109,21 @@ class Server:
             )
         return params
 
+    def engine_request(
+        self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
+    ) -> tuple[Request, RequestLog]:
+        """A generation route's request for the engine, its settings and tools checked against
+        the engine's; and the route's request log, named `id` and, with --log-content, given
+        the conversation."""
+        params = self.params(sampling)
+        entry = request_log(http.scope)
+        entry.id = id
+        if self.settings.log_content:
+            entry.content = {"messages": [m.to_openai() for m in messages]}
+        request = Request(id, messages, params, tools=sampling.tools)
+        self.check_tools(request)
+        return request, entry
+
     def check_tools(self, request: Request) -> None:
         try:
             check_tools(self.engine, request)
@@ -143,13 +158,7 @@ class Server:
             raise ApiError(400, str(exc), param="messages") from exc
         self.refuse_local_images(messages)
         self.check_model(bodies.require_model(body))
-        params = self.params(sampling)
-        entry = request_log(request.scope)
-        entry.id = new_id("chatcmpl")
-        if self.settings.log_content:
-            entry.content = {"messages": [m.to_openai() for m in messages]}
-        engine_request = Request(entry.id, messages, params, tools=sampling.tools)
-        self.check_tools(engine_request)
+        engine_request, entry = self.engine_request(request, new_id("chatcmpl"), messages, sampling)
         if body.stream:
             chunks = ChatChunks(entry.id, int(time.time()), self.model_name, body.include_usage)
             run = self._stream([engine_request], chunks, entry, [""])

@@ -19,7 +19,6 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
 
-from lmpress.configs.schema import ServeParams
 from lmpress.engines.base import Engine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.openai_wire.errors import ApiError, error_from_info
@@ -31,31 +30,20 @@ from lmpress.serve.asgi import (
     GenerationResponse,
     RequestLog,
     Response,
-    Slots,
     new_id,
-    request_log,
 )
 from lmpress.vocabulary.errors import RequestError
-from lmpress.vocabulary.types import Delta, GenerationParams, Request, Result
+from lmpress.vocabulary.types import Delta, Message, Request, Result
 
 Body = TypeVar("Body", bound=wire.CountTokensBody)
 
 
-class Server(Protocol):
+class Server(pooling.Server, Protocol):
     """What these routes use of `serve.app.Server`."""
 
-    engine: Engine
-    settings: ServeParams
-    model_name: str
-    slots: Slots
-
-    async def read_body(self, request: HttpRequest) -> bytes: ...
-
-    def check_model(self, model: str) -> None: ...
-
-    def params(self, sampling: Sampling) -> GenerationParams: ...
-
-    def check_tools(self, request: Request) -> None: ...
+    def engine_request(
+        self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
+    ) -> tuple[Request, RequestLog]: ...
 
 
 def register(app: FastAPI, server: Server) -> None:
@@ -120,14 +108,7 @@ class MessagesRoutes:
         messages = wire.request_messages(body)
         server.check_model(body.model)
         sampling = wire.request_sampling(body, thinks(server.engine))
-        params = server.params(sampling)
-        entry = request_log(http.scope)
-        entry.id = id
-        if server.settings.log_content:
-            entry.content = {"messages": [m.to_openai() for m in messages]}
-        engine_request = Request(id, messages, params, tools=sampling.tools)
-        server.check_tools(engine_request)
-        return engine_request, entry
+        return server.engine_request(http, id, messages, sampling)
 
     async def _prompt_counter(self) -> PromptCounter:
         """The engine's prompt counter, loaded (a tokenizer, never weights) on first use."""

@@ -33,17 +33,16 @@ from lmpress.serve.asgi import (
     RequestLog,
     Response,
     new_id,
-    request_log,
 )
-from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
+from lmpress.vocabulary.types import Delta, Message, Request, Result
 
 
 class Server(pooling.Server, Protocol):
     """What this route uses of `serve.app.Server`."""
 
-    def params(self, sampling: Sampling) -> GenerationParams: ...
-
-    def check_tools(self, request: Request) -> None: ...
+    def engine_request(
+        self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
+    ) -> tuple[Request, RequestLog]: ...
 
     def refuse_local_images(self, messages: list[Message], param: str = "messages") -> None: ...
 
@@ -60,13 +59,7 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
     if body.model is None:
         raise ApiError(400, "Missing required parameter: 'model'", param="model")
     server.check_model(body.model)
-    params = server.params(sampling)
-    entry = request_log(request.scope)
-    entry.id = new_id("resp")
-    if server.settings.log_content:
-        entry.content = {"messages": [m.to_openai() for m in messages]}
-    engine_request = Request(entry.id, messages, params, tools=sampling.tools)
-    server.check_tools(engine_request)
+    engine_request, entry = server.engine_request(request, new_id("resp"), messages, sampling)
     head = ResponseHead(entry.id, server.model_name, body)
     if body.stream:
         run = _stream(server, engine_request, head, entry)
