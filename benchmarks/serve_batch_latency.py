@@ -23,41 +23,21 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+import serve_throughput
+
 REPO = Path(__file__).resolve().parent.parent
-LISTENING = re.compile(r"listening on (http://\S+)/v1")
 MODEL = "served"
 
 
 def start_server(settings: list[str]) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lmpress", "serve", *settings, "--port", "0"],
-        env=env, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    log: list[str] = []
-    found = threading.Event()
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.append(line)
-            if LISTENING.search(line):
-                found.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    while not found.wait(0.5):
-        if proc.poll() is not None:
-            sys.exit("lmpress serve exited:\n" + "".join(log))
-    url = next(LISTENING.search(line).group(1) for line in log if LISTENING.search(line))
+    proc, url, _ = serve_throughput.start_server(settings)
     return proc, url
 
 

@@ -20,6 +20,7 @@ from lmpress.engines.remote.presets import BY_NAME
 from lmpress.vocabulary.errors import UnsupportedParamError
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 from tests.conftest import run_lmpress
+from tests.engines.remote.test_anthropic import run
 from tests.servers.llm_server import BatchFaults, Faults, LLMServer, reply_text
 from tests.servers.reasoning_replies import redacted_data, signature, thinking_text
 
@@ -58,20 +59,6 @@ def make_engine(server: LLMServer, engine: str, **overrides):
 def ask(*messages: Message, **params) -> Request:
     messages = messages or (Message("user", QUESTION),)
     return Request("r", list(messages), GenerationParams(**params))
-
-
-def run(engine, request: Request, stream: bool) -> tuple[list[Delta], Result]:
-    async def go():
-        try:
-            if stream:
-                return [item async for item in engine.stream(request)]
-            return [await engine.complete(request)]
-        finally:
-            await engine.aclose()
-
-    items = asyncio.run(go())
-    assert isinstance(items[-1], Result)
-    return [i for i in items if isinstance(i, Delta)], items[-1]
 
 
 def last_body(server: LLMServer) -> dict:
