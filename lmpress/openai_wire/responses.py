@@ -106,6 +106,11 @@ def reasoning_fields(text: str | None) -> dict[str, str]:
     return {} if text is None else {"reasoning_content": text, "reasoning": text}
 
 
+def _stop_reason(sample: Sample) -> dict[str, str]:
+    """vLLM's `stop_reason` extension of a choice, where a stop string ended it."""
+    return {"stop_reason": sample.stop_sequence} if sample.stop_sequence is not None else {}
+
+
 def _dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_unset=True, warnings=False)
 
@@ -137,6 +142,7 @@ def chat_completion(id: str, created: int, model: str, result: Result) -> dict[s
                 **reasoning_fields(sample.reasoning),
             ),
             finish_reason=_finish(sample),
+            **_stop_reason(sample),
             logprobs=None
             if sample.logprobs is None
             else ChoiceLogprobs(content=_token_logprobs(sample.logprobs), refusal=None),
@@ -301,8 +307,9 @@ class ChatChunks:
         if sample.logprobs is not None:
             logprobs = ChunkLogprobs(content=_token_logprobs(sample.logprobs), refusal=None)
         choice = ChunkChoice(
-            index=index, delta=ChoiceDelta(), logprobs=logprobs, finish_reason=_finish(sample)
-        )
+            index=index, delta=ChoiceDelta(), logprobs=logprobs, finish_reason=_finish(sample),
+            **_stop_reason(sample),
+        )  # fmt: skip
         return sse(_dump(self._chunk([choice])))
 
     def usage(self, usage: Usage, reasoning: bool = False) -> bytes:

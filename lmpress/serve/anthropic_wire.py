@@ -282,9 +282,9 @@ def request_sampling(body: CountTokensBody, thinks: bool) -> Sampling:
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "refusal"]
 
-# lmpress's finish reasons as Anthropic's stop reasons. A reply cut by a stop string is
-# `end_turn` too: the engines do not say which stop string (if any) ended a sample. A request
-# cancelled or failed midway is never answered with a body, so those two only need a value.
+# lmpress's finish reasons as Anthropic's stop reasons; a "stop" that a stop string caused
+# (Sample.stop_sequence) is `stop_sequence` instead (see `stop_reason`). A request cancelled
+# or failed midway is never answered with a body, so those two only need a value.
 STOP_REASONS: dict[FinishReason, StopReason] = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -296,8 +296,17 @@ STOP_REASONS: dict[FinishReason, StopReason] = {
 
 
 def stop_reason(result: Result) -> StopReason:
+    if stop_sequence(result) is not None:
+        return "stop_sequence"
     finish = result.finish_reason
     return STOP_REASONS.get(finish, "end_turn") if finish else "end_turn"
+
+
+def stop_sequence(result: Result) -> str | None:
+    """The stop string that ended the reply, as the Messages API's `stop_sequence`."""
+    if result.finish_reason != "stop" or not result.samples:
+        return None
+    return result.samples[0].stop_sequence
 
 
 def usage(result: Result) -> dict[str, int]:
@@ -330,7 +339,8 @@ def message_body(id: str, model: str, result: Result) -> dict[str, Any]:
     content.extend(tool_use_block(call) for call in sample.tool_calls or ())
     return {
         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-        "stop_reason": stop_reason(result), "stop_sequence": None, "usage": usage(result),
+        "stop_reason": stop_reason(result), "stop_sequence": stop_sequence(result),
+        "usage": usage(result),
     }  # fmt: skip
 
 

@@ -245,7 +245,10 @@ class MessageEvents:
             out += self._block(block)
             out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
         out += self._close()
-        delta = {"stop_reason": wire.stop_reason(result), "stop_sequence": None}
+        delta = {
+            "stop_reason": wire.stop_reason(result),
+            "stop_sequence": wire.stop_sequence(result),
+        }
         out.append(wire.event({"type": "message_delta", "delta": delta,
                                "usage": wire.usage(result)}))  # fmt: skip
         out.append(wire.event({"type": "message_stop"}))

@@ -254,6 +254,9 @@ class Sample:
     reasoning_tokens: int = 0
     # The provider's own thinking blocks (see Message.reasoning_details).
     reasoning_details: list[dict[str, Any]] | None = None
+    # The stop string (one of GenerationParams.stop_strings) that ended it; None where an
+    # end-of-sequence or stop token, the length limit or anything else ended it.
+    stop_sequence: str | None = None
 
 
 def round_usd(amount: float) -> float:

@@ -117,12 +117,16 @@ def test_stop_ends_the_reply_before_the_stop_string(llama_server):
     stopped = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16, stop=stop)
     assert stopped.choices[0].message.content == text[: text.index(stop)]
     assert stopped.choices[0].finish_reason == "stop"
+    # As vLLM's server does, `stop_reason` names the stop string (an extension field).
+    assert stopped.choices[0].model_extra == {"stop_reason": stop}
+    assert "stop_reason" not in (full.choices[0].model_extra or {})
     streamed = client.chat.completions.create(
         model=MODEL, messages=HELLO, max_tokens=16, stop=[stop, "\x00never"], stream=True
     )
     chunks = list(streamed)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text[: text.index(stop)]
     assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].model_extra == {"stop_reason": stop}
 
 
 @pytest.mark.parametrize("argument", ["max_tokens", "max_completion_tokens"])

@@ -69,6 +69,7 @@ def test_the_reply_is_the_chat_completions_reply(smol):
     assert block.text
     finish = chat.choices[0].finish_reason
     assert message.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[finish]
+    assert message.stop_sequence is None
     assert message.usage.input_tokens == chat.usage.prompt_tokens
     assert message.usage.output_tokens == chat.usage.completion_tokens
     assert message.id.startswith("msg") and message.model == SMOLLM2
@@ -88,7 +89,24 @@ def test_the_reply_is_the_chat_completions_reply(smol):
         model=SMOLLM2, max_tokens=24, system=SYSTEM, messages=CONVERSATION, stop_sequences=[word]
     )
     assert stopped.content[0].text == block.text[: block.text.index(word)]
-    assert stopped.stop_reason == "end_turn"
+    # As Anthropic answers: the stop reason says a stop sequence, and which one (a stop
+    # sequence that never appears is not named).
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == word
+    # Streamed, the message_delta names it too.
+    events = list(
+        client(smol).messages.create(
+            model=SMOLLM2,
+            max_tokens=24,
+            system=SYSTEM,
+            messages=CONVERSATION,
+            stop_sequences=["never in this reply", word],
+            stream=True,
+        )
+    )
+    assert events[-2].type == "message_delta"
+    assert events[-2].delta.stop_reason == "stop_sequence"
+    assert events[-2].delta.stop_sequence == word
+    assert "".join(e.delta.text for e in events[2:-3]) == stopped.content[0].text
 
 
 def test_the_stream_is_the_same_reply_in_anthropics_event_order(smol):

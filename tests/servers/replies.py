@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tests.servers import reasoning_replies, tool_replies
@@ -27,6 +27,9 @@ class Reply:
     model: str
     logprobs: int | None = None  # top_logprobs asked for, when logprobs were
     calls: list[dict[str, Any]] | None = None  # tool calls, in the wire's own form
+    # Per sample, the stop string that cut it (None: none did), as vLLM's `stop_reason` and
+    # Anthropic's `stop_sequence` name it.
+    stopped_by: list[str | None] = field(default_factory=list)
     thinking: str | None = None  # what the model thought first (`reasoning_replies`)
     style: str | None = None  # how chat completions writes it (`Faults.reasoning`)
     shown: bool = False  # whether its text goes out on chat completions
@@ -49,23 +52,25 @@ class Reply:
         limit = body.get("max_tokens") or body.get("max_completion_tokens") or 1000
         stops = body.get("stop_sequences" if anthropic else "stop") or []
         stops = [stops] if isinstance(stops, str) else stops
-        samples = []
+        samples, stopped_by = [], []
         for i in range(int(body.get("n") or 1)):
             text = reply_text(last_user) + (f" #{i}" if i else "")
-            finish = "stop"
-            for stop in stops:
+            finish, stopped = "stop", None
+            for stop in stops:  # the last to cut is the one that appears first
                 if stop in text:
-                    text = text[: text.index(stop)]
+                    text, stopped = text[: text.index(stop)], stop
             words = text.split(" ")
             if len(words) > limit:
-                text, finish = " ".join(words[:limit]), "length"
+                text, finish, stopped = " ".join(words[:limit]), "length", None
             samples.append((text, finish))
+            stopped_by.append(stopped)
         lp = body.get("logprobs")
         logprobs = (body.get("top_logprobs") or 0) if lp is True else None
         calls = (tool_replies.anthropic_calls if anthropic else tool_replies.openai_calls)(body)
         if calls:
-            samples = [("", "tool_calls")] * len(samples)
+            samples, stopped_by = [("", "tool_calls")] * len(samples), [None] * len(samples)
         reply = cls(samples, prompt_words + 1, body.get("model") or model, logprobs, calls)
+        reply.stopped_by = stopped_by
         if anthropic:
             reply.thinking = reasoning_replies.anthropic_thinking(body, last_user)
             if reply.thinking is not None:
@@ -125,6 +130,9 @@ class Reply:
                 for i, (text, finish) in enumerate(self.samples)
             ]  # fmt: skip
             kind = "chat.completion"
+        for choice, stopped in zip(choices, self.stopped_by, strict=True):
+            if stopped is not None:  # vLLM's extension field, beside finish_reason
+                choice["stop_reason"] = stopped
         return {"id": "cmpl-test", "object": kind, "created": int(time.time()),
                 "model": self.model, "choices": choices, "usage": self._usage()}  # fmt: skip
 
@@ -163,6 +171,8 @@ class Reply:
                 else:
                     chunk([{"index": i, "text": piece, "finish_reason": None}])
             end = {"index": i, "finish_reason": finish}
+            if self.stopped_by[i] is not None:
+                end["stop_reason"] = self.stopped_by[i]
             chunk([{**end, "delta": {}} if chat else {**end, "text": ""}])
         if (body.get("stream_options") or {}).get("include_usage"):
             chunk([], self._usage())
@@ -186,12 +196,17 @@ class Reply:
             usage["output_tokens_details"] = {"thinking_tokens": self.thinking_words}
         return usage
 
+    def _anthropic_stop(self) -> str:
+        if self.stopped_by[0] is not None:
+            return "stop_sequence"
+        return _ANTHROPIC_STOP[self.samples[0][1]]
+
     def anthropic(self) -> dict[str, Any]:
         text, finish = self.samples[0]
         content = (self.thinking_blocks or []) + (self.calls or [{"type": "text", "text": text}])
         return {"id": "msg_test", "type": "message", "role": "assistant", "model": self.model,
                 "content": content,
-                "stop_reason": _ANTHROPIC_STOP[finish], "stop_sequence": None,
+                "stop_reason": self._anthropic_stop(), "stop_sequence": self.stopped_by[0],
                 "usage": {"input_tokens": self.prompt_tokens,
                           **self._anthropic_usage(text)}}  # fmt: skip
 
@@ -217,8 +232,8 @@ class Reply:
         events += [
             ("content_block_stop", {"type": "content_block_stop", "index": at}),
             ("message_delta", {"type": "message_delta",
-                               "delta": {"stop_reason": _ANTHROPIC_STOP[finish],
-                                         "stop_sequence": None},
+                               "delta": {"stop_reason": self._anthropic_stop(),
+                                         "stop_sequence": self.stopped_by[0]},
                                "usage": self._anthropic_usage(text)}),
             ("message_stop", {"type": "message_stop"}),
         ]  # fmt: skip

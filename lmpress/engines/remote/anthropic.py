@@ -117,7 +117,7 @@ class AnthropicEngine(RemoteEngine):
         parts: list[str] = []
         calls: dict[int, list[str]] = {}  # block index -> [id, name, JSON input pieces...]
         thinking: dict[int, dict[str, Any]] = {}  # block index -> the thinking block so far
-        stop_reason = None
+        stop_reason = stop_sequence = None
         usage = Usage()
         model = ""
         async with stream:
@@ -146,6 +146,7 @@ class AnthropicEngine(RemoteEngine):
                         thinking[event.index]["signature"] = delta.signature
                     elif kind == "message_delta":
                         stop_reason = delta.stop_reason or stop_reason
+                        stop_sequence = getattr(delta, "stop_sequence", None) or stop_sequence
                         if event.usage is not None:
                             usage = _usage(event.usage.model_dump(), usage)
                 except (AttributeError, TypeError, KeyError, ValueError) as exc:
@@ -159,6 +160,7 @@ class AnthropicEngine(RemoteEngine):
                     yield Delta(request.id, text)
         finish = FINISH_REASONS.get(stop_reason or "end_turn", "stop")
         sample = Sample("".join(parts), finish, None, usage.completion_tokens)
+        sample.stop_sequence = _stop_sequence(stop_reason, stop_sequence)
         sample.tool_calls = [
             ToolCall(id, name, "".join(pieces) or "{}")
             for id, name, *pieces in (calls[i] for i in sorted(calls))
@@ -392,7 +394,15 @@ def parse_message(data: Any, model: str = "") -> Reply:
     sample = Sample("".join(texts), FINISH_REASONS.get(stop_reason, "stop"))
     sample.completion_tokens = usage.completion_tokens
     sample.tool_calls = calls or None
+    sample.stop_sequence = _stop_sequence(stop_reason, data.get("stop_sequence"))
     return Reply([with_thinking(sample, thinking, usage)], usage, data.get("model") or model)
+
+
+def _stop_sequence(stop_reason: str | None, stop_sequence: Any) -> str | None:
+    """The stop string the reply says ended it, kept only where it did end it."""
+    if stop_reason == "stop_sequence" and isinstance(stop_sequence, str):
+        return stop_sequence
+    return None
 
 
 def with_thinking(sample: Sample, blocks: list[dict[str, Any]], usage: Usage) -> Sample:

@@ -153,7 +153,8 @@ class OpenAICompatEngine(RemoteEngine):
             data = json.loads(content)
         except ValueError as exc:
             raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
-        return parse_chat_completion(data, self.model_name, self.reasoning.thought_tags)
+        reply = parse_chat_completion(data, self.model_name, self.reasoning.thought_tags)
+        return keep_requested_stops(reply, request.params.stop_strings)
 
     def _embed_body(self, request: EmbedRequest, model: str) -> dict[str, Any]:
         """The /embeddings body for a request, live or as an OpenAI Batch line. It asks for
@@ -240,7 +241,7 @@ class OpenAICompatEngine(RemoteEngine):
         if len(samples) == 1:
             samples[0].completion_tokens = usage.completion_tokens
             samples[0].reasoning_tokens = usage.reasoning_tokens
-        yield Reply(samples, usage, model)
+        yield keep_requested_stops(Reply(samples, usage, model), request.params.stop_strings)
 
 
 class BedrockEngine(OpenAICompatEngine):
@@ -339,6 +340,7 @@ class StreamedChoice:
         self.calls: ToolCallDeltas | None = None
         self.logprobs: list[TokenLogprob] = []
         self.finish: FinishReason = "stop"
+        self.stop_reason: Any = None  # vLLM's and SGLang's: the stop string or token matched
         self.splitter = reasoning.splitter()
 
     def add(self, choice: Any, request: Request, index: int) -> list[Delta]:
@@ -360,6 +362,7 @@ class StreamedChoice:
             thought += more
         if choice.finish_reason:
             self.finish = finish_reason(choice.finish_reason)
+            self.stop_reason = getattr(choice, "stop_reason", None)
         return self._deltas(request, index, thought, text)
 
     def flush(self, request: Request, index: int) -> list[Delta]:
@@ -382,6 +385,7 @@ class StreamedChoice:
         sample = Sample("".join(self.texts), self.finish, self.logprobs if logprobs else None)
         if self.thoughts is not None:
             sample.reasoning = "".join(self.thoughts)
+        sample.stop_sequence = _stop_sequence(self.finish, self.stop_reason)
         return with_calls(sample, self.calls.assembled() if self.calls else None)
 
 
@@ -435,7 +439,23 @@ def _choice_sample(choice: dict[str, Any], thought_tags: bool) -> Sample:
             reasoning = thoughts if reasoning is None else reasoning + thoughts
     sample = Sample(text or "", finish_reason(choice.get("finish_reason") or "stop"), logprobs)
     sample.reasoning = reasoning
+    sample.stop_sequence = _stop_sequence(sample.finish_reason, choice.get("stop_reason"))
     return with_calls(sample, calls)
+
+
+def _stop_sequence(finish: str, stop_reason: Any) -> str | None:
+    """vLLM's and SGLang's `stop_reason` (beside finish_reason: the stop string matched, or a
+    stop token's id) where it names a string that ended the choice."""
+    return stop_reason if finish == "stop" and isinstance(stop_reason, str) else None
+
+
+def keep_requested_stops(reply: Reply, stops: list[str]) -> Reply:
+    """The reply with each sample's stop_sequence kept only where it is one of the request's
+    stop strings (a server may name a stop of its own, from the model's generation config)."""
+    for sample in reply.samples:
+        if sample.stop_sequence not in stops:
+            sample.stop_sequence = None
+    return reply
 
 
 def _usage(usage: dict[str, Any]) -> Usage:

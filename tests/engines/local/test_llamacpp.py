@@ -288,6 +288,13 @@ def test_stop_strings_cut_the_reply(engine):
     cut = engine.generate(["Tell a story."], params.replace(stop_strings=[stop]))[0]
     assert cut.finish_reason == "stop"
     assert cut.text == full[: full.index(stop)]
+    assert cut.samples[0].stop_sequence == stop  # the sample names the string that ended it
+    later = full[full.index(stop) + 2 :][:2]  # a stop further on loses to the earlier one
+    both = engine.generate(["Tell a story."], params.replace(stop_strings=[later, stop]))[0]
+    assert both.text == cut.text and both.samples[0].stop_sequence == stop
+    # Ended by the length limit, a stop string that never appears is not named.
+    long = engine.generate(["Tell a story."], params.replace(stop_strings=["\x00never"]))[0]
+    assert long.finish_reason == "length" and long.samples[0].stop_sequence is None
 
 
 def test_streamed_deltas_add_up_to_the_reply(engine):
@@ -368,6 +375,9 @@ def test_min_tokens_holds_off_the_end_and_stop_token_ids_end_it(llama):
     forced_end = GenerationParams(max_new_tokens=20, logit_bias={str(eos): 100.0})
     ended = llama.generate(["hi"], forced_end)[0]
     assert ended.finish_reason == "stop" and ended.text == "" and ended.usage.completion_tokens == 1
+    # The end of sequence, not a stop string, ended it: none is named.
+    ended = llama.generate(["hi"], forced_end.replace(stop_strings=["zz"]))[0]
+    assert ended.finish_reason == "stop" and ended.samples[0].stop_sequence is None
     held = llama.generate(["hi"], forced_end.replace(min_tokens=6))[0]
     assert held.finish_reason == "stop" and held.usage.completion_tokens == 7
     other = eos + 5

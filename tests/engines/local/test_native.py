@@ -95,6 +95,27 @@ def test_stop_strings_cut_the_reply(llama):
     )[0]
     assert stopped.finish_reason == "stop"
     assert stopped.text == free[: free.index(stop)]
+    # The sample names the stop string that ended it (the earliest, among several).
+    assert stopped.samples[0].stop_sequence == stop
+    both = llama.generate(
+        ["Why is the sky blue?"],
+        GenerationParams(max_new_tokens=24, stop_strings=[free[6:8], stop, "never"]),
+    )[0]
+    assert both.text == stopped.text and both.samples[0].stop_sequence == stop
+
+
+def test_no_stop_string_names_none(llama, tiny_llama):
+    from transformers import AutoTokenizer
+
+    # Ended by the length limit, with a stop string that never appears.
+    params = GenerationParams(max_new_tokens=4, stop_strings=["\x00never"])
+    result = llama.generate(["Why is the sky blue?"], params)[0]
+    assert result.finish_reason == "length" and result.samples[0].stop_sequence is None
+    # Ended by a stop token (every token is one here): "stop", but no string named.
+    every = list(range(len(AutoTokenizer.from_pretrained(tiny_llama))))
+    result = llama.generate(["Why is the sky blue?"], params.replace(stop_token_ids=every))[0]
+    assert result.finish_reason == "stop" and result.text == ""
+    assert result.samples[0].stop_sequence is None
 
 
 def test_streamed_deltas_add_up_to_the_reply(engine):

@@ -412,6 +412,7 @@ def test_streaming_with_stop_strings_never_shows_the_stop(standin, model_dir):
     assert result.text == "<|im_start|>user alpha beta "
     assert "".join(d.text for d in deltas) == result.text
     assert result.finish_reason == "stop"
+    assert result.samples[0].stop_sequence == "gamma"  # vLLM's stop_reason, kept
 
 
 def test_samples_logprobs_and_limits_come_back(standin, model_dir):

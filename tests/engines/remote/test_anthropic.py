@@ -208,6 +208,11 @@ def test_max_tokens_and_stop_sequences_reach_the_server(server):
     assert short.finish_reason == "length" and len(short.text.split()) == 2
     _, stopped = run(make_engine(server), conversation(("user", "tell me"), stop_strings=["me"]))
     assert stopped.text == reply_text("tell me").split("me")[0]
+    assert stopped.samples[0].stop_sequence == "me"  # the reply's stop_sequence, kept
+    request = conversation(("user", "tell me"), stop_strings=["me"])
+    _, streamed = run(make_engine(server), request, stream=True)
+    assert streamed.text == stopped.text and streamed.samples[0].stop_sequence == "me"
+    assert short.samples[0].stop_sequence is None
 
 
 def test_sampling_parameters_the_api_lacks_are_refused_up_front(server):

@@ -259,8 +259,13 @@ def test_n_samples_logprobs_and_stop_strings(server):
     assert [s.text for s in streamed.samples] == [s.text for s in result.samples]
     stopped = complete(make_engine(server), ask("tell me more", stop_strings=["more"]))
     assert stopped.text == reply_text("tell me more").split("more")[0]
+    # vLLM's and SGLang's stop_reason names the stop string, whole and streamed.
+    assert stopped.samples[0].stop_sequence == "more"
+    _, streamed = stream_all(make_engine(server), ask("tell me more", stop_strings=["more"]))
+    assert streamed.samples[0].stop_sequence == "more"
     short = complete(make_engine(server), ask("tell me more", max_new_tokens=2))
     assert short.finish_reason == "length" and len(short.text.split()) == 2
+    assert short.samples[0].stop_sequence is None
 
 
 def test_raw_prompt_goes_to_the_completions_endpoint(server):

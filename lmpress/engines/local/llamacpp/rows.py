@@ -12,6 +12,7 @@ from typing import Any
 
 from lmpress.engines.common.reasoning import ThinkingBudget
 from lmpress.engines.local.guided import Matcher
+from lmpress.engines.local.stop_strings import first_stop
 from lmpress.engines.local.worker import Submission
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
 
@@ -53,6 +54,7 @@ class SequenceRow:
     text: str = ""
     emitted: int = 0  # characters already sent as deltas
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended it
     # An incremental decoder keeps a character split across tokens until it is whole.
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     logprobs: list[TokenLogprob] | None = None
@@ -77,10 +79,10 @@ class SequenceRow:
         return self.submission.request.params
 
     def cut_at_stop_string(self) -> None:
-        hits = [i for i in (self.text.find(s) for s in self.params.stop_strings) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.finish_reason = "stop"
+        hit = first_stop(self.text, self.params.stop_strings)
+        if hit is not None:
+            self.text = self.text[: hit[0]]
+            self.finish_reason, self.stop_sequence = "stop", hit[1]
             self.decoder.reset()  # bytes after the stop string are not part of the reply
 
     def stream_text(self) -> None:

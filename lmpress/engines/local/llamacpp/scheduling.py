@@ -321,6 +321,7 @@ class LlamaCppScheduler(Scheduler):
                 logprobs=row.logprobs,
                 completion_tokens=row.generated,
                 reasoning_tokens=row.budget.spent if row.budget is not None else 0,
+                stop_sequence=row.stop_sequence,
             )
             for row in submission.rows
         ]

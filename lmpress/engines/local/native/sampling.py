@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmpress.engines.common.reasoning import ThinkingBudget
+from lmpress.engines.local.stop_strings import first_stop
 from lmpress.engines.local.worker import Submission
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
 
@@ -29,6 +30,7 @@ class BatchRow:
     generated: int = 0  # tokens generated, EOS included
     limit: int = 0  # max_new_tokens, or less where the model's context ends first
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended it
     text: str = ""
     emitted: int = 0  # characters already sent as deltas
     logprobs: list[TokenLogprob] | None = None
@@ -244,10 +246,10 @@ class BatchControl:
         text = self.tokenizer.decode(row.tokens, skip_special_tokens=row.skips_special_tokens)
         holdback = 0
         if params.stop_strings:
-            hits = [i for i in (text.find(s) for s in params.stop_strings) if i >= 0]
-            if hits:
-                text = text[: min(hits)]
-                row.finish_reason = "stop"
+            hit = first_stop(text, params.stop_strings)
+            if hit is not None:
+                text = text[: hit[0]]
+                row.finish_reason, row.stop_sequence = "stop", hit[1]
             else:
                 holdback = max(len(s) for s in params.stop_strings) - 1
         row.text = text

@@ -262,6 +262,7 @@ class NativeScheduler(Scheduler):
                     logprobs=row.logprobs,
                     completion_tokens=row.generated,
                     reasoning_tokens=row.budget.spent if row.budget is not None else 0,
+                    stop_sequence=row.stop_sequence,
                 )
             )
         return self.result(submission, samples)

@@ -300,6 +300,7 @@ class _SampleState:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string vLLM matched (its `stop_reason`)
     logprobs: list[TokenLogprob] | None = None
     reader: ReplyReader | None = None  # a reasoning model's thinking, read apart
 
@@ -339,6 +340,9 @@ class OutputAssembler:
             state.token_ids += token_ids
             if completion.finish_reason is not None:
                 state.finish_reason = FINISH_REASONS.get(completion.finish_reason, "stop")
+                # vLLM's stop_reason: the stop string matched, a stop token's id, or None.
+                stop = getattr(completion, "stop_reason", None)
+                state.stop_sequence = stop if isinstance(stop, str) else None
             if self.top_logprobs is not None and completion.logprobs:
                 state.logprobs = (state.logprobs or []) + self._logprobs(completion)
             if not self.stream:
@@ -378,6 +382,7 @@ class OutputAssembler:
             sample = Sample(
                 state.text, state.finish_reason or "length", state.logprobs, len(state.token_ids)
             )
+            sample.stop_sequence = state.stop_sequence
             if state.reader is not None:
                 thinking, answer, spent = state.reader.whole(state.text, state.token_ids)
                 sample.text, sample.reasoning, sample.reasoning_tokens = answer, thinking, spent

@@ -213,6 +213,9 @@ def test_chat_replies_equal_vllm_chat(engine, reference):
     assert first[6][0]["text"] == "The capital of France is "  # stop string, not shown
     assert "Paris" not in first[10][0]["text"]  # logit_bias -100 on " Paris"
     assert first[4][0]["text"] != first[4][1]["text"]  # n=2 samples differ
+    # vLLM's stop_reason names the stop string that ended a sample, and only a string.
+    stopped_by = [r.samples[0].stop_sequence for r in results]
+    assert stopped_by[6] == "Paris" and stopped_by[0] is None and stopped_by[7] is None
 
 
 def test_raw_prompts_equal_vllm_generate(engine, reference):
