@@ -43,6 +43,7 @@ from lmpress.openai_wire.pooling import EMBEDDINGS_PATH
 from lmpress.serve.files import FileRoutes, read_limited
 from lmpress.serve.state import StateStore, new_object_id
 from lmpress.vocabulary.errors import LmpressError
+from lmpress.vocabulary.images import is_local_file, message_image_urls, short_name
 from lmpress.vocabulary.types import Usage
 
 log = logging.getLogger("lmpress.serve")
@@ -91,6 +92,13 @@ class ServedBatchJob(BatchJob):
     def refuse(self, row: ParsedRow) -> str | None:
         if row.url != self.endpoint:  # as at OpenAI: one endpoint a batch
             return f"url {row.url} is not this batch's endpoint {self.endpoint}"
+        for message in row.messages:  # as the interactive routes: no file of this machine
+            for url in message_image_urls(message):
+                if is_local_file(url):
+                    return (
+                        f"image URL {short_name(url)!r}: the server reads no local files for a "
+                        f"client; send the image as a data: URL (base64) or an http(s) URL"
+                    )
         return None
 
     def cancel(self) -> None:

@@ -121,19 +121,33 @@ def test_a_malformed_line_fails_alone_into_the_error_file(llama_batches, tmp_pat
     text.insert(3, "this is not json")
     text.append(json.dumps({"custom_id": "elsewhere", "method": "POST", "url": "/v1/completions",
                             "body": {"model": "tiny-llama", "prompt": "Hi"}}))  # fmt: skip
+    # A file of the server's own machine, named as an image: refused, as the chat route does.
+    local = [{"type": "text", "text": "What is this?"},
+             {"type": "image_url", "image_url": {"url": "/etc/hostname"}}]  # fmt: skip
+    text.append(json.dumps({"custom_id": "local-file", "method": "POST", "url": "/v1/chat/completions",
+                            "body": {"model": "tiny-llama",
+                                     "messages": [{"role": "user", "content": local}]}}))  # fmt: skip
     path.write_text("\n".join(text) + "\n")
     batch = wait_for(client, start_batch(client, path).id, ended)
     assert batch.status == "completed"
-    assert batch.request_counts.model_dump() == {"total": 6, "completed": 3, "failed": 3}
+    assert batch.request_counts.model_dump() == {"total": 7, "completed": 3, "failed": 4}
     done = [line["custom_id"] for line in jsonl(client, batch.output_file_id)]
     assert sorted(done) == ["req-0", "req-1", "req-2"]
     errors = jsonl(client, batch.error_file_id)
-    assert len(errors) == 3
+    assert len(errors) == 4
+    refused = next(e for e in errors if e["custom_id"] == "local-file")
+    assert "reads no local files" in refused["error"]["message"]
+    assert "hostname" not in json.dumps(jsonl(client, batch.output_file_id))
     broken = next(e for e in errors if e["custom_id"] == "broken")
     assert broken["response"]["status_code"] == 400 and broken["response"]["body"] is None
     assert "messages" in broken["error"]["message"]
     assert all(e["error"]["code"] and e["id"].startswith("batch_req_") for e in errors)
-    assert {e["line"] for e in errors} == {2, 4, 6}  # the input lines, as the runner records them
+    assert {e["line"] for e in errors} == {
+        2,
+        4,
+        6,
+        7,
+    }  # the input lines, as the runner records them
     elsewhere = next(e for e in errors if e["custom_id"] == "elsewhere")
     assert "not this batch's endpoint /v1/chat/completions" in elsewhere["error"]["message"]
 
