@@ -53,6 +53,10 @@ INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
+# The methods counted by name. The HTTP parser takes any token as a method, so a client could
+# otherwise add a series to the registry with every request; the rest count as "other".
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 
 class ServeMetrics:
     """The metrics of one `lmpress serve` app, in a registry of its own."""
@@ -202,7 +206,8 @@ class CountRequests:
             status = CLIENT_CLOSED
         metrics = self.metrics
         route = self._route(scope)
-        metrics.requests.labels(route=route, method=scope["method"], status=str(status)).inc()
+        method = scope["method"] if scope["method"] in METHODS else "other"
+        metrics.requests.labels(route=route, method=method, status=str(status)).inc()
         if entry.usage is None:  # not a generation, or one that never reached the engine
             return
         metrics.count_usage(entry.usage)

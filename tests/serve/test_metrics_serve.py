@@ -290,3 +290,13 @@ def test_two_apps_in_one_process_keep_their_own_metrics():
     assert ("lmpress_batch_lines_total", (("model_name", "b"), ("outcome", "failed"))) in b
     assert ("vllm:time_to_first_token_seconds_count", (("model_name", "b"),)) in b
     assert not any(dict(labels).get("model_name") == "a" for _, labels in b)
+
+
+def test_a_made_up_method_counts_as_other_not_as_a_series_of_its_own(metrics_server):
+    """The HTTP parser takes any token as a method: each would otherwise add a series."""
+    with metrics_server.http() as http:
+        for made_up in ("QWERTY1", "QWERTY2"):
+            assert http.request(made_up, "/health").status_code == 405
+    samples = scrape(metrics_server)
+    methods = {dict(labels).get("method") for name, labels in samples if name == "lmpress_http_requests_total"}  # fmt: skip
+    assert "other" in methods and not any(m.startswith("QWERTY") for m in methods if m)
