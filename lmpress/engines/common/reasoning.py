@@ -76,11 +76,9 @@ def format_for(chat_template: str | None, explicit: str | None = None) -> Reason
 
 def opened_in(prompt: str, fmt: ReasoningFormat) -> bool:
     """Whether the prompt ends inside a thinking block the template opened itself: the reply
-    then starts with the thinking, without the start mark."""
-    if fmt is HARMONY:
-        return prompt.rstrip().endswith(fmt.start)
-    start = prompt.rfind(fmt.start)
-    return start >= 0 and start > prompt.rfind(fmt.end)
+    then starts with the thinking, without the start mark. Only the start mark at the very end
+    counts (whitespace aside): a user's own text that mentions `<think>` opens nothing."""
+    return prompt.rstrip().endswith(fmt.start)
 
 
 def closed_in(prompt: str, fmt: ReasoningFormat) -> bool:

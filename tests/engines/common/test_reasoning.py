@@ -253,3 +253,15 @@ def test_a_reply_that_may_open_the_block_counts_only_once_it_has():
         assert straight.forced() is None
         straight.accept(token)
     assert straight.spent == 0 and not straight.waits
+
+
+def test_a_users_own_think_mark_opens_no_block():
+    """Qwen3's prompt does not open the block; a question about the mark must not look as if it
+    did, or the whole answer would be filed as thinking."""
+    prompt = "<|im_start|>user\nWhat does <think> do?<|im_end|>\n<|im_start|>assistant\n"
+    assert not opened_in(prompt, THINK)
+    assert split("It marks a model's thinking.", THINK, opened_in(prompt, THINK)) == (
+        None,
+        "It marks a model's thinking.",
+    )
+    assert opened_in(prompt + "<think>\n", THINK)
