@@ -280,23 +280,7 @@ class BatchRuns:
         cancelled = batch.status == "cancelling"
         if not cancelled:
             batch = self._update(batch, status="finalizing", finalizing_at=int(time.time()))
-        out = self.store.batch_output(batch.id)
-        errors = JobFiles.beside(out).errors
-        counts = BatchRequestCounts(
-            total=max(batch.request_counts.total if batch.request_counts else 0,
-                      _lines(out) + _lines(errors)),
-            completed=_lines(out),
-            failed=_lines(errors),
-        )  # fmt: skip
-        # Ids made from the batch's, so a restart in the middle registers the same files.
-        suffix = batch.id.removeprefix("batch-")
-        output_id = error_id = None
-        if counts.completed:
-            output_id = f"file-{suffix}-output"
-            self.store.register_file(out, f"{batch.id}_output.jsonl", "batch_output", output_id)
-        if counts.failed:
-            error_id = f"file-{suffix}-errors"
-            self.store.register_file(errors, f"{batch.id}_error.jsonl", "batch_output", error_id)
+        counts, output_id, error_id = self._result_files(batch)
         now = int(time.time())
         ended = {"status": "cancelled", "cancelled_at": now} if cancelled else {
             "status": "completed", "completed_at": now
@@ -309,11 +293,40 @@ class BatchRuns:
                  counts.completed, counts.failed)  # fmt: skip
         return batch
 
+    def _result_files(self, batch: Batch) -> tuple[BatchRequestCounts, str | None, str | None]:
+        """The batch's counts from its output and error files, and the ids those files are
+        registered under (None for an empty one)."""
+        out = self.store.batch_output(batch.id)
+        errors = JobFiles.beside(out).errors
+        completed, failed = _lines(out), _lines(errors)
+        counts = BatchRequestCounts(
+            total=max(batch.request_counts.total if batch.request_counts else 0,
+                      completed + failed),
+            completed=completed,
+            failed=failed,
+        )  # fmt: skip
+        # Ids made from the batch's, so a restart in the middle registers the same files.
+        suffix = batch.id.removeprefix("batch-")
+        output_id = error_id = None
+        if completed:
+            output_id = f"file-{suffix}-output"
+            self.store.register_file(out, f"{batch.id}_output.jsonl", "batch_output", output_id)
+        if failed:
+            error_id = f"file-{suffix}-errors"
+            self.store.register_file(errors, f"{batch.id}_error.jsonl", "batch_output", error_id)
+        return counts, output_id, error_id
+
     def _fail(self, batch_id: str, code: str, message: str) -> None:
+        """The batch ends failed; the lines it did finish stay readable, in its output and
+        error files, as a completed batch's."""
         batch = self.live.get(batch_id) or self.store.batch(batch_id)
         assert batch is not None
+        counts, output_id, error_id = self._result_files(batch)
         errors = Errors(object="list", data=[BatchError(code=code, message=message)])
-        self._update(batch, status="failed", failed_at=int(time.time()), errors=errors)
+        self._update(
+            batch, status="failed", failed_at=int(time.time()), errors=errors,
+            request_counts=counts, output_file_id=output_id, error_file_id=error_id,
+        )  # fmt: skip
         log.warning("%s failed: %s", batch_id, message)
 
     def _update(self, batch: Batch, save: bool = True, **changes: Any) -> Batch:
@@ -371,9 +384,11 @@ class _Progress(BatchEvents):
 
 
 def _lines(path: Path) -> int:
-    """Whole lines in a file (a torn last line, which the runner repairs, is not one)."""
+    """Whole lines in a file (a torn last line, which the runner repairs, is not one), read a
+    MiB at a time: an output file may be larger than memory."""
     try:
-        return path.read_bytes().count(b"\n")
+        with path.open("rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
     except FileNotFoundError:
         return 0
 

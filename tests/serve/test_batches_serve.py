@@ -231,6 +231,30 @@ def test_a_killed_server_resumes_its_batch_and_writes_every_line_once(
     again.stop()
 
 
+def test_a_batch_that_fails_keeps_the_lines_it_finished_readable(
+    serve_process, echo_plugin, tmp_path
+):
+    """Restarted with other generation settings, the server cannot resume the batch (its
+    output would mix two): the batch fails, and what it did finish stays fetchable."""
+    served = serve_process(*echo_args(tmp_path / "state"), env=echo_env(echo_plugin))
+    client = served.client()
+    batch = start_batch(client, echo_lines(tmp_path / "in.jsonl", 30))
+    wait_for(client, batch.id, lambda b: b.request_counts and b.request_counts.completed >= 5)
+    served.proc.kill()
+    served.proc.wait()
+    out = tmp_path / "state/batches" / batch.id / "out.jsonl"
+    finished = out.read_bytes().count(b"\n")
+
+    changed = [*echo_args(tmp_path / "state"), "--generation.temperature", "0.5"]
+    again = serve_process(*changed, env=echo_env(echo_plugin))
+    client = again.client()
+    batch = wait_for(client, batch.id, ended)
+    assert batch.status == "failed" and batch.errors.data[0].message
+    assert batch.request_counts.completed == finished > 0
+    assert len(jsonl(client, batch.output_file_id)) == finished
+    again.stop()
+
+
 def test_lmpress_provider_batch_through_lmpress_serve(echo_batches, tmp_path):
     served = echo_batches
     rows = tmp_path / "rows.jsonl"
