@@ -213,8 +213,11 @@ def _assistant(content: str | list[dict[str, Any]], where: str) -> Message:
             raise _refuse(f"{at}.type", f"{json.dumps(kind)} is not an assistant block here")
     message = Message("assistant", "".join(texts), tool_calls=calls or None)
     if thinking:
-        message.reasoning_details = thinking
         message.reasoning = "\n\n".join(str(b.get("thinking", "")) for b in thinking)
+        # Blocks lmpress signed itself carry nothing a provider could check: only a provider's
+        # own blocks (its signatures, its redacted thinking) go back to it whole.
+        signed = [b for b in thinking if b.get("signature") != SIGNATURE]
+        message.reasoning_details = signed or None
     return message
 
 
@@ -332,7 +335,9 @@ def message_body(id: str, model: str, result: Result) -> dict[str, Any]:
     """A Messages API message for a Result: its thinking, its text, its tool calls."""
     sample = result.samples[0]
     content: list[dict[str, Any]] = []
-    if sample.reasoning:  # as a stream has it: no thinking streamed, no block
+    if sample.reasoning_details:  # a provider's own blocks (ANTHROPIC behind serve), whole
+        content.extend(sample.reasoning_details)
+    elif sample.reasoning:  # as a stream has it: no thinking streamed, no block
         content.append(thinking_block(sample.reasoning))
     if sample.text or not sample.tool_calls:
         content.append({"type": "text", "text": sample.text})

@@ -10,10 +10,18 @@ from lmpress.serve.anthropic_wire import (
     STOP_REASONS,
     MessagesBody,
     anthropic_error,
+    message_body,
     request_messages,
     request_sampling,
 )
-from lmpress.vocabulary.types import FINISH_REASONS, ContentPart, Message, ToolCall
+from lmpress.vocabulary.types import (
+    FINISH_REASONS,
+    ContentPart,
+    Message,
+    Result,
+    Sample,
+    ToolCall,
+)
 
 TOOL = {"name": "lookup", "input_schema": {"type": "object"}}
 
@@ -105,3 +113,29 @@ def test_every_finish_reason_has_a_stop_reason_and_errors_take_anthropics_shape(
     assert error.body() == {
         "type": "error", "error": {"type": "not_found_error", "message": "no such model"}}  # fmt: skip
     assert anthropic_error(ApiError(502, "upstream")).body()["error"]["type"] == "api_error"
+
+
+def test_a_providers_signed_blocks_go_out_and_come_back_whole_and_lmpress_own_do_not():
+    """Behind serve, the ANTHROPIC engine's reply carries Anthropic's own blocks: the client gets
+    them with their signatures (and redacted thinking), and sends them back unchanged. A block
+    lmpress signed itself carries nothing a provider could check, so it goes back as text."""
+    signed = [{"type": "thinking", "thinking": "hmm", "signature": "sig-real"},
+              {"type": "redacted_thinking", "data": "opaque"}]  # fmt: skip
+    sample = Sample("Paris.", "stop", reasoning="hmm", reasoning_details=signed)
+    body_out = message_body("msg-1", "m", Result("msg-1", [sample]))
+    assert body_out["content"][:2] == signed
+    ours = message_body("msg-2", "m", Result("msg-2", [Sample("Paris.", "stop", reasoning="hmm")]))
+    [back_signed, back_ours] = [
+        request_messages(
+            body(
+                messages=[
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": reply["content"]},
+                    {"role": "user", "content": "and?"},
+                ]
+            )
+        )[1]  # fmt: skip
+        for reply in (body_out, ours)
+    ]
+    assert back_signed.reasoning_details == signed
+    assert back_ours.reasoning == "hmm" and back_ours.reasoning_details is None
