@@ -8,12 +8,13 @@ when a batch runs it, and a malformed line fails alone into the batch's error fi
 
 from __future__ import annotations
 
-from email.parser import BytesParser
-from email.policy import HTTP
+import asyncio
 from typing import Any
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import FileResponse, JSONResponse
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 
 from lmpress.openai_wire.errors import ApiError
 from lmpress.serve.state import StateStore, StoredFile
@@ -21,6 +22,10 @@ from lmpress.serve.state import StateStore, StoredFile
 # OpenAI's own limit on a batch input file.
 MAX_FILE_BYTES = 200 * 1024 * 1024
 PURPOSES = ("batch",)
+# Room for the form's own headers and boundaries beside the file, in a Content-Length.
+FORM_OVERHEAD = 64 * 1024
+# A file no larger than this that is all whitespace is refused as empty.
+EMPTY_CHECK_BYTES = 64 * 1024
 
 
 class FileRoutes:
@@ -28,23 +33,41 @@ class FileRoutes:
         self.store = store
 
     async def upload(self, request: HttpRequest) -> JSONResponse:
-        fields = parse_form(
-            request.headers.get("content-type", ""), await read_limited(request, MAX_FILE_BYTES)
-        )
-        purpose = fields.get("purpose", (None, b""))[1].decode()
-        if purpose not in PURPOSES:
+        """Keep a multipart upload. python-multipart parses it as it streams in, spooling the
+        file to disk past 1 MiB, and the copy into the state directory runs off the event
+        loop: an upload of OpenAI's 200 MiB holds neither memory nor the other requests."""
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise ApiError(
-                400,
-                f"purpose {purpose!r}: this server keeps files for its Batch API only "
-                f"(purpose 'batch')",
-                param="purpose",
+                400, "upload a file as multipart/form-data (fields 'file' and 'purpose')"
             )
-        if "file" not in fields or fields["file"][0] is None:
-            raise ApiError(400, "no 'file' part in the multipart form", param="file")
-        filename, data = fields["file"]
-        if not data.strip():
-            raise ApiError(400, f"file {filename!r} is empty", param="file")
-        file = self.store.add_file(data, filename or "upload.jsonl", purpose)
+        if int(request.headers.get("content-length") or 0) > MAX_FILE_BYTES + FORM_OVERHEAD:
+            raise _too_large()
+        try:
+            form = await request.form(max_files=1, max_fields=8)
+        except HTTPException as exc:  # a form python-multipart cannot read
+            raise ApiError(400, f"the multipart form: {exc.detail}", param="file") from None
+        try:
+            purpose = form.get("purpose")
+            if purpose not in PURPOSES:
+                raise ApiError(
+                    400,
+                    f"purpose {purpose!r}: this server keeps files for its Batch API only "
+                    f"(purpose 'batch')",
+                    param="purpose",
+                )
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise ApiError(400, "no 'file' part in the multipart form", param="file")
+            size = upload.size or 0
+            if size > MAX_FILE_BYTES:
+                raise _too_large()
+            if not (await upload.read(EMPTY_CHECK_BYTES)).strip() and size <= EMPTY_CHECK_BYTES:
+                raise ApiError(400, f"file {upload.filename!r} is empty", param="file")
+            await upload.seek(0)
+            name = upload.filename or "upload.jsonl"
+            file = await asyncio.to_thread(self.store.add_file, upload.file, name, purpose)
+        finally:
+            await form.close()  # the spooled file goes
         return JSONResponse(file.model_dump())
 
     async def list(self, purpose: str | None = None, limit: int = 10000) -> dict[str, Any]:
@@ -86,17 +109,5 @@ async def read_limited(request: HttpRequest, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_form(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
-    """A multipart/form-data body's fields by name: (file name or None, bytes). Read with the
-    standard library's MIME parser, so the server needs no multipart package."""
-    if not content_type.startswith("multipart/form-data"):
-        raise ApiError(400, "upload a file as multipart/form-data (fields 'file' and 'purpose')")
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
-    message = BytesParser(policy=HTTP).parsebytes(head + body)
-    fields: dict[str, tuple[str | None, bytes]] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if isinstance(name, str):
-            payload = part.get_payload(decode=True)
-            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
-    return fields
+def _too_large() -> ApiError:
+    return ApiError(413, f"a batch input file is at most {MAX_FILE_BYTES} bytes", param="file")

@@ -15,10 +15,12 @@ the runner's, with the runner's guarantees: a restarted server resumes it from w
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from openai.types import Batch, FileObject
 
@@ -49,11 +51,13 @@ class StateStore:
 
     # --- files -----------------------------------------------------------------------------
 
-    def add_file(self, data: bytes, filename: str, purpose: str) -> FileObject:
-        """Keep an upload: its bytes first, then the record that makes it visible."""
+    def add_file(self, data: BinaryIO, filename: str, purpose: str) -> FileObject:
+        """Keep an upload, copied from `data` a chunk at a time: its bytes first, then the
+        record that makes it visible."""
         file_id = new_object_id("file")
         path = self.files_dir / f"{file_id}.jsonl"
-        path.write_bytes(data)
+        with path.open("wb") as out:
+            shutil.copyfileobj(data, out, 1 << 20)
         return self.register_file(path, filename, purpose, file_id)
 
     def register_file(

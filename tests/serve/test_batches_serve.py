@@ -276,3 +276,32 @@ def test_lmpress_provider_batch_through_lmpress_serve(echo_batches, tmp_path):
 def test_without_a_state_dir_the_batch_routes_say_how_to_turn_them_on(echo_server):
     with pytest.raises(NotFoundError, match="--state-dir"):
         echo_server.client().batches.list()
+
+
+def test_an_upload_is_kept_byte_for_byte_and_a_bad_one_is_a_400_naming_the_field(echo_batches):
+    client = echo_batches.client()
+    line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "echo-model", "messages": [{"role": "user",
+                                                                      "content": "é" * 40}]}})  # fmt: skip
+    data = ((line + "\n") * 40_000).encode()  # about 5 MB: past the form parser's memory spool
+    kept = client.files.create(file=("big.jsonl", data), purpose="batch")
+    assert kept.bytes == len(data)
+    assert client.files.content(kept.id).content == data
+    with echo_batches.http() as http:
+        refusals = {
+            "purpose": http.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")},
+                                 data={"purpose": "fine-tune"}),
+            "empty": http.post("/v1/files", files={"file": ("a.jsonl", b"  \n")},
+                               data={"purpose": "batch"}),
+            "no file": http.post("/v1/files", data={"purpose": "batch"},
+                                 files={"other": ("a.jsonl", b"{}\n")}),
+            "not a form": http.post("/v1/files", json={"purpose": "batch"}),
+            "not utf-8": http.post("/v1/files", files={"file": ("a.jsonl", b"{}\n"),
+                                                       "purpose": (None, b"\xff\xfe")}),
+        }  # fmt: skip
+    for what, response in refusals.items():
+        assert response.status_code == 400, (what, response.text)
+        assert response.json()["error"]["message"], what
+    assert refusals["purpose"].json()["error"]["param"] == "purpose"
+    assert "empty" in refusals["empty"].json()["error"]["message"]
+    assert refusals["no file"].json()["error"]["param"] == "file"
