@@ -9,6 +9,7 @@ import json
 import sys
 from typing import TextIO
 
+from lmpress.cache.responses import ResponseCache
 from lmpress.chat.terminal import ThinkingView
 from lmpress.configs.schema import RunConfig
 from lmpress.data import pooling_rows
@@ -28,13 +29,17 @@ async def run_prompt(
     raw: bool = False,
     image: str | None = None,
     err: TextIO | None = None,
+    cache: str = "on",
+    cache_dir: str | None = None,
 ) -> int:
     """Stream the reply to `prompt` to `out` and its thinking to `err`; with n > 1 each sample
     is printed after the first. `raw` sends the text as it is for the model to continue (no
-    chat template), as a base model wants. Returns the exit code: 0, or 1 when the request
-    failed."""
+    chat template), as a base model wants. A reply the response cache keeps (`cache`, as
+    `lmpress batch --cache` takes it) is printed without loading the model. Returns the exit
+    code: 0, or 1 when the request failed."""
     out = out or sys.stdout
-    thinking = ThinkingView(err or sys.stderr)
+    err = err or sys.stderr
+    thinking = ThinkingView(err)
     messages = [
         Message("user", [image_part(image, "--image"), ContentPart("text", prompt)])
         if image
@@ -42,8 +47,29 @@ async def run_prompt(
     ]
     if system:
         messages.insert(0, Message("system", system))
-    engine = create_engine(config)
     request = Request("prompt", messages, config.generation, prompt=prompt if raw else None)
+    say = lambda message: print(f"lmpress: {message}", file=err)  # noqa: E731
+    responses = ResponseCache.open(config, cache, cache_dir, say)
+    try:
+        key = responses.key(request) if responses else None
+        hit = responses.hit(key, request.id) if responses and key else None
+        if hit is not None:
+            assert isinstance(hit, Result)
+            say("from the response cache (--cache refresh generates it again)")
+            thinking.show(hit.reasoning)
+            out.write(hit.text)
+            return _finish(hit, out, thinking)
+        result = await _stream(config, request, out, thinking)
+        if responses is not None and key is not None:
+            responses.keep(key, result)
+    finally:
+        if responses is not None:
+            responses.close()
+    return _finish(result, out, thinking)
+
+
+async def _stream(config: RunConfig, request: Request, out: TextIO, thinking: ThinkingView):
+    engine = create_engine(config)
     check_params(engine, request.params)
     try:
         result: Result | None = None
@@ -60,6 +86,12 @@ async def run_prompt(
         thinking.end()
         await engine.aclose()
     assert result is not None
+    return result
+
+
+def _finish(result: Result, out: TextIO, thinking: ThinkingView) -> int:
+    """The rest of a reply whose first sample's answer is printed: its thinking where the
+    engine gave it only with the result, the other samples; the exit code."""
     if result.error:
         out.write("\n")
         print(f"lmpress: error: {result.error.message}", file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -15,6 +16,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = str(REPO / "lmpress") + os.sep
+
+# The response cache (lmpress/cache/) is on by default: the suite's runs keep their replies in a
+# directory of this session's (each test gets its own, below), never in the user's cache, so no
+# test is answered by a reply an earlier test or an earlier run of the suite kept.
+os.environ["LMPRESS_RESPONSE_CACHE"] = tempfile.mkdtemp(prefix="lmpress-responses-")
+
+
+@pytest.fixture(autouse=True)
+def _own_response_cache(tmp_path_factory, monkeypatch) -> None:
+    monkeypatch.setenv(
+        "LMPRESS_RESPONSE_CACHE", str(tmp_path_factory.mktemp("response-cache", numbered=True))
+    )
 
 
 # --- a deprecated call in lmpress's own code fails the test that makes it ----------------------

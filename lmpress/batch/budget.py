@@ -52,6 +52,12 @@ class Budget:
             self.spent += result.cost_usd
             self.live_spent += self.price.cost(usage.prompt_tokens, usage.completion_tokens)
 
+    def price_of(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """What these tokens cost this run (at the batch rate where it runs batches)."""
+        assert self.price is not None
+        batch = self.batch and self.price.has_batch
+        return self.price.cost(prompt_tokens, completion_tokens, batch=batch)
+
     def exceeded(self) -> str | None:
         """Why the run must stop taking rows, or None."""
         if self.max_cost is not None and self.spent >= self.max_cost:

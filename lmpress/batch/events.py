@@ -31,6 +31,11 @@ class BatchSummary:
     reasoning_tokens: int = 0  # of completion_tokens, a reasoning model's thinking
     cost_usd: float | None = None  # what this run's rows cost, where a price is known
     cost_live_usd: float | None = None  # what they would have cost live (provider batches)
+    # The response cache: rows answered from it (counted in rows_ok, not in the tokens or the
+    # cost above), cacheable rows generated, and what the hits would have cost.
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cost_saved_usd: float | None = None
     wall_s: float = 0.0
     interrupted: bool = False  # a signal stopped the run (`signal` says which)
     signal: str | None = None  # "SIGINT" (Ctrl-C) or "SIGTERM"
@@ -73,6 +78,8 @@ class BatchSummary:
             **({"reasoning_tokens": self.reasoning_tokens} if self.reasoning_tokens else {}),
             "cost_usd": None if self.cost_usd is None else round_usd(self.cost_usd),
             "cost_live_usd": None if self.cost_live_usd is None else round_usd(self.cost_live_usd),
+            # Only where the response cache answered or kept a row.
+            **({"cache": self.cache_record()} if self.cache_hits or self.cache_misses else {}),
             "wall_s": round(self.wall_s, 3),
             "rows_per_s": round(self.rows_per_s, 3),
             "tokens_per_s": round(self.tokens_per_s, 3),
@@ -81,6 +88,10 @@ class BatchSummary:
             "signal": self.signal,
             "stopped_because": self.stopped_because,
         }
+
+    def cache_record(self) -> dict[str, Any]:
+        saved = None if self.cost_saved_usd is None else round_usd(self.cost_saved_usd)
+        return {"hits": self.cache_hits, "misses": self.cache_misses, "saved_usd": saved}
 
 
 @dataclass

@@ -11,13 +11,13 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lmpress.batch.budget import Budget
 from lmpress.batch.events import STOP_SIGNALS, BatchEvents, BatchSummary, RowFailure
 from lmpress.batch.options import BatchMode, BatchOptions
 from lmpress.batch.outputs import Reorder, output_for
-from lmpress.batch.pooling import AnyRequest, AnyResult, run_request
+from lmpress.batch.pooling import AnyRequest, AnyResult, finished, run_request
 from lmpress.batch.rows import RowReader
 from lmpress.configs.schema import RunConfig
 from lmpress.data.file_formats import FileFormat
@@ -45,6 +45,9 @@ from lmpress.dryrun.pricing import price_for
 from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine, load_engine_class
 from lmpress.vocabulary.errors import ErrorKind, InputError, OutputWriteError
+
+if TYPE_CHECKING:
+    from lmpress.cache.responses import ResponseCache
 
 STOP_CHECK_S = 0.2  # how often a job waiting on its rows in flight looks for a stop signal
 # How a run ended, for what a summary that cannot be written says.
@@ -95,6 +98,7 @@ class BatchJob:
         self.unreachable = False  # stopped because the endpoint never answered
         self.stopping = False  # no new rows: Ctrl-C, --on-error fail, --max-errors, a budget
         self._interrupts = 0
+        self.cache: ResponseCache | None = None
 
     # --- the whole job ---------------------------------------------------------------------
 
@@ -120,6 +124,8 @@ class BatchJob:
         done, set_aside = earlier.done, earlier.set_aside
         self.summary.rows_total = total
         left = total > len(keys) or any(k not in done and k not in set_aside for k in keys)
+        if left:
+            self.cache = await asyncio.to_thread(self._open_cache)
         if self.engine is None and left:
             await self._start_engine()  # before anything is written; a finished job loads none
         if earlier.fresh:
@@ -143,6 +149,7 @@ class BatchJob:
             raise
         finally:
             restore_signals()
+            self._close_cache()
             self.summary.wall_s = time.perf_counter() - started
             self.events.finished(self.summary)
             self._write_summary(ended)
@@ -152,6 +159,24 @@ class BatchJob:
         model = self.config.model.model_name
         self._say(f"loading {model} on {self.config.engine}…" if model else "starting…")
         self.engine = await asyncio.to_thread(create_engine, self.config)
+
+    def _open_cache(self) -> ResponseCache | None:
+        """The response cache this job reads and adds to (None: off, or unusable, said)."""
+        from lmpress.cache.responses import ResponseCache
+
+        options = self.options
+        return ResponseCache.open(self.config, options.cache, options.cache_dir, self._say)
+
+    def _close_cache(self) -> None:
+        if self.cache is None:
+            return
+        self.cache.close()
+        self.summary.cache_misses = self.cache.counts.misses
+        if self.cache.damaged_reads:
+            self._say(
+                f"response cache: {self.cache.damaged_reads} damaged entries were read as "
+                f"misses and generated again"
+            )
 
     def _errors_path(self):
         return None if self.target.stream else self.files.errors
@@ -208,6 +233,11 @@ class BatchJob:
                 self._fail(refused, reorder, seq)
                 seq += 1
                 continue
+            key = self.cache.key(request) if self.cache is not None else None
+            if key is not None and (hit := self.cache.hit(key, request.id)) is not None:
+                self._finish(seq, row, finished(request, hit), reorder)
+                seq += 1
+                continue
             assert self.engine is not None
             window = self.window()
             # Bounded memory: rows in flight, plus (when ordered) finished rows held for order.
@@ -222,7 +252,7 @@ class BatchJob:
                 in_flight = await self._settle(in_flight, reorder)
             if self.stopping:
                 break
-            in_flight.add(asyncio.create_task(self._run_row(seq, row, request)))
+            in_flight.add(asyncio.create_task(self._run_row(seq, row, request, key)))
             await asyncio.sleep(0)  # let the engine see the request at once
             seq += 1
         await self._drain(in_flight, reorder)
@@ -274,16 +304,19 @@ class BatchJob:
                     task.exception()
             self._say(f"left {len(in_flight)} unfinished rows for the next run")
 
-    async def _run_row(self, seq: int, row: ParsedRow, request: AnyRequest):
+    async def _run_row(self, seq: int, row: ParsedRow, request: AnyRequest, key: bytes | None):
         assert self.engine is not None
-        return seq, row, await run_request(self.engine, request)
+        return seq, row, await run_request(self.engine, request, self.cache, key)
 
     def _finish(self, seq: int, row: ParsedRow, result: AnyResult, reorder: Reorder | None) -> None:
         summary = self.summary
-        summary.prompt_tokens += result.usage.prompt_tokens
-        summary.completion_tokens += result.usage.completion_tokens
-        summary.reasoning_tokens += result.usage.reasoning_tokens
-        self.budget.charge(result)
+        if result.cached:  # nothing spent: the budget and the run's tokens count none of it
+            self._from_cache(result)
+        else:
+            summary.prompt_tokens += result.usage.prompt_tokens
+            summary.completion_tokens += result.usage.completion_tokens
+            summary.reasoning_tokens += result.usage.reasoning_tokens
+            self.budget.charge(result)
         if result.cost_usd is not None:
             summary.cost_usd = (summary.cost_usd or 0.0) + result.cost_usd
             summary.cost_live_usd = self.budget.live_spent
@@ -306,6 +339,18 @@ class BatchJob:
             self._out.write(line)
         summary.rows_ok += 1
         self.events.progressed(summary)
+
+    def _from_cache(self, result: AnyResult) -> None:
+        """A hit costs nothing; what its tokens would have cost is the money saved."""
+        summary = self.summary
+        summary.cache_hits += 1
+        price = self.budget.price
+        if price is None:
+            return
+        usage = result.usage
+        saved = self.budget.price_of(usage.prompt_tokens, usage.completion_tokens)
+        summary.cost_saved_usd = (summary.cost_saved_usd or 0.0) + saved
+        result.cost_usd = 0.0
 
     def _fail(self, failure: RowFailure, reorder: Reorder | None, seq: int) -> None:
         summary = self.summary

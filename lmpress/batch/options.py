@@ -95,6 +95,11 @@ class BatchOptions:
     max_cost: float | None = None  # USD this run may spend
     max_tokens: int | None = None  # tokens this run may use
     on_expired: OnExpired = "resubmit"  # provider batches: rows a batch did not run
+    # The response cache (lmpress/cache/): on, all, refresh or off, and where it lives (None:
+    # $LMPRESS_RESPONSE_CACHE or lmpress's cache directory). A hit is the reply a live request
+    # would give, so neither changes what the output holds.
+    cache: str = "on"
+    cache_dir: str | None = None
 
     def selection(self) -> RowSelection:
         return RowSelection(self.shard, self.limit, self.sample, self.seed)

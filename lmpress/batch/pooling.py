@@ -9,6 +9,8 @@ scores)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lmpress.batch.guided_check import check_structure
 from lmpress.batch.options import BatchMode
 from lmpress.configs.schema import RunConfig
@@ -17,19 +19,41 @@ from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreReques
 from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import Request, Result
 
+if TYPE_CHECKING:
+    from lmpress.cache.responses import ResponseCache
+
 AnyRequest = Request | EmbedRequest | ScoreRequest
 AnyResult = Result | EmbedResult | ScoreResult
 
 _LIVE = "remote_params.batch_completion_window where the recipe sets it"
 
 
-async def run_request(engine: Engine, request: AnyRequest) -> AnyResult:
-    """What the engine answers a row's request, by the run's task."""
+async def run_request(
+    engine: Engine,
+    request: AnyRequest,
+    cache: ResponseCache | None = None,
+    key: bytes | None = None,
+) -> AnyResult:
+    """What the engine answers a row's request, by the run's task; kept in `cache` under
+    `key` where one is given (a miss)."""
     if isinstance(request, EmbedRequest):
-        return await engine.embed(request)
-    if isinstance(request, ScoreRequest):
-        return await engine.score(request)
-    return check_structure(request, await engine.complete(request))
+        result: AnyResult = await engine.embed(request)
+    elif isinstance(request, ScoreRequest):
+        result = await engine.score(request)
+    else:
+        result = await engine.complete(request)
+    if cache is not None and key is not None:
+        cache.keep(key, result)
+    return finished(request, result)
+
+
+def finished(request: AnyRequest, result: AnyResult) -> AnyResult:
+    """A reply as a row gets it, generated or from the cache: text checked against the
+    structure the request asked for."""
+    if isinstance(request, Request):
+        assert isinstance(result, Result)
+        return check_structure(request, result)
+    return result
 
 
 def check_mode(

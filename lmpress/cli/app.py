@@ -24,6 +24,7 @@ import click
 import typer
 
 from lmpress.cli import batch, chat, infer, listings, serve
+from lmpress.cli.cache import cache_app
 from lmpress.cli.options import OVERRIDES, OVERRIDES_HELP
 from lmpress.version import __version__
 from lmpress.vocabulary.errors import (
@@ -44,6 +45,7 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+app.add_typer(cache_app, name="cache")
 
 
 def _version(value: bool) -> None:

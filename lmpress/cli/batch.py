@@ -12,9 +12,12 @@ import typer
 from lmpress.cli.options import (
     FLAG,
     STOP_GRACE_S,
+    CacheDirOpt,
+    CacheOpt,
     EngineOpt,
     RecipeOpt,
     StopGraceOpt,
+    check_cache_mode,
     load_run_config,
     unexpected,
 )
@@ -151,6 +154,8 @@ def batch(
         ),
     ] = "resubmit",
     stop_grace: StopGraceOpt = STOP_GRACE_S,
+    cache: CacheOpt = "on",
+    cache_dir: CacheDirOpt = None,
     status: Annotated[
         str | None,
         typer.Option(
@@ -213,6 +218,8 @@ def batch(
         max_tokens=max_tokens,
         on_expired=on_expired,
         grace_s=stop_grace,
+        cache=check_cache_mode(cache),
+        cache_dir=cache_dir,
     )
     if ray and provider_batch:
         raise ConfigError(RAY_WITH_PROVIDER)

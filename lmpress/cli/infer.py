@@ -12,8 +12,11 @@ import typer
 from lmpress.cli.listings import recipes
 from lmpress.cli.options import (
     FLAG,
+    CacheDirOpt,
+    CacheOpt,
     EngineOpt,
     RecipeOpt,
+    check_cache_mode,
     debug_wanted,
     declared_flags,
     load_run_config,
@@ -21,6 +24,7 @@ from lmpress.cli.options import (
 from lmpress.vocabulary.errors import ConfigError
 
 if TYPE_CHECKING:
+    from lmpress.batch import BatchOptions
     from lmpress.configs.schema import RunConfig
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -75,6 +79,8 @@ def infer(
             metavar=FLAG,
         ),
     ] = False,
+    cache: CacheOpt = "on",
+    cache_dir: CacheDirOpt = None,
     log_level: Annotated[
         str | None,
         typer.Option("-log", "--log-level", help=f"Logging level: {', '.join(LOG_LEVELS)}."),
@@ -104,6 +110,7 @@ def infer(
     """
     _logging(log_level)
     _refuse_batch_flags(ctx.args)
+    check_cache_mode(cache)
     config, words = load_run_config(ctx, recipe, engine)
     if verbose:
         from lmpress.configs.loading import config_to_yaml
@@ -115,7 +122,12 @@ def infer(
 
         raise typer.Exit(run_chat(config, system=system, debug=debug_wanted(ctx)))
     if input or (config.input_path and not words):
-        raise typer.Exit(_run_file(config, input, output, words, system, image, raw))
+        from lmpress.batch import BatchOptions
+        from lmpress.data.columns import RowMapping
+
+        mapping = RowMapping(system=system)
+        options = BatchOptions("", "", mapping=mapping, cache=cache, cache_dir=cache_dir)
+        raise typer.Exit(_run_file(config, input, output, words, options, image, raw))
     if output:
         raise ConfigError("--output_path is where a file's rows go: give --input_path FILE too")
     if raw and (system or image):
@@ -136,7 +148,10 @@ def infer(
         raise ConfigError(f"{flag} is for --task embed, score or rerank (task is generate)")
     from lmpress.infer import run_prompt
 
-    raise typer.Exit(asyncio.run(run_prompt(config, prompt, system, raw=raw, image=image)))
+    reply = run_prompt(
+        config, prompt, system, raw=raw, image=image, cache=cache, cache_dir=cache_dir
+    )
+    raise typer.Exit(asyncio.run(reply))
 
 
 def _run_pooled(
@@ -166,22 +181,19 @@ def _run_file(
     input: str | None,
     output: str | None,
     words: list[str],
-    system: str | None,
+    options: BatchOptions,
     image: str | None,
     raw: bool,
 ) -> int:
     """--input_path: the file run as `lmpress batch` runs it, with the flags both take (--system:
     a system turn for every row without one); one that means nothing there is refused."""
-    from lmpress.batch import BatchOptions
     from lmpress.cli.batch import run_file
-    from lmpress.data.columns import RowMapping
 
     if words:
         hint = "--input_path runs the file's rows; give a prompt without it"
         raise ConfigError(f"unexpected argument '{words[0]}' ({hint})")
     if image or raw:
         raise ConfigError(f"{'--image' if image else '--raw'} is for one prompt, not --input_path")
-    options = BatchOptions("", "", mapping=RowMapping(system=system))
     return run_file(config, input, output, options)
 
 

@@ -31,6 +31,34 @@ EngineOpt = Annotated[
     str | None, typer.Option("--engine", help="Engine name (sets the top-level 'engine' key).")
 ]
 
+CacheOpt = Annotated[
+    str,
+    typer.Option(
+        "--cache",
+        help="The response cache: on (reproducible requests: greedy or seeded), all (sampled "
+        "too), refresh (generate again and replace), off.",
+        metavar="MODE",
+    ),
+]
+CacheDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cache-dir",
+        help="The response cache's directory (default: $LMPRESS_RESPONSE_CACHE, else "
+        "~/.cache/lmpress/responses).",
+    ),
+]
+
+
+def check_cache_mode(mode: str) -> str:
+    from lmpress.cache.responses import CACHE_MODES
+    from lmpress.vocabulary.errors import ConfigError
+
+    if mode not in CACHE_MODES:
+        raise ConfigError(f"--cache {mode}: use {', '.join(CACHE_MODES)}")
+    return mode
+
+
 StopGraceOpt = Annotated[
     float,
     typer.Option(

@@ -57,6 +57,13 @@ class BatchReport(BatchEvents):
         table.add_row("rows ok", str(summary.rows_ok))
         table.add_row("rows failed", str(summary.rows_failed))
         table.add_row("rows skipped (done before)", str(summary.rows_skipped))
+        if summary.cache_hits or summary.cache_misses:
+            saved = summary.cost_saved_usd
+            money = f", saved {_usd(saved)}" if saved else ""
+            table.add_row(
+                "response cache",
+                f"{summary.cache_hits} hits / {summary.cache_misses} misses{money}",
+            )
         table.add_row("tokens in / out", f"{summary.prompt_tokens} / {summary.completion_tokens}")
         if summary.reasoning_tokens:  # inside "out", priced as output
             table.add_row("  of out, thinking", str(summary.reasoning_tokens))

@@ -18,7 +18,7 @@ The file's schema is the same whatever happened to each row:
   `structured`, `samples` and `samples_reasoning`, `logprobs`), what it cost
   (`prompt_tokens`, `completion_tokens`, of those `reasoning_tokens`, `cost_usd`), who made
   it (`model`, `engine`,
-  `latency_s`) and, for a row that failed, why (`error_kind`, `error_message`). An input column
+  `latency_s`, and `cached`: true for a reply from the response cache) and, for a row that failed, why (`error_kind`, `error_message`). An input column
   of the same name is kept as `input_<name>`;
 - then, in an embed, score or rerank run, the columns its rows have: `embedding` (a fixed-size
   list of float32 when every vector has one size), `embeddings`, `scores`, `results` (JSON).
@@ -58,7 +58,7 @@ RESULT_TYPES = {
     "structured": "text", "samples": "texts", "samples_reasoning": "texts", "logprobs": "text",
     "prompt_tokens": "int64", "completion_tokens": "int64", "reasoning_tokens": "int64",
     "cost_usd": "float64", "model": "text", "engine": "text",
-    "latency_s": "float64", "error_kind": "text", "error_message": "text",
+    "latency_s": "float64", "cached": "bool", "error_kind": "text", "error_message": "text",
 }  # fmt: skip
 RESULT_COLUMNS = tuple(RESULT_TYPES)
 
@@ -67,7 +67,7 @@ def _result_fields() -> list[Any]:
     import pyarrow as pa
 
     types = {"text": pa.string(), "texts": pa.list_(pa.string()), "int64": pa.int64(),
-             "float64": pa.float64()}  # fmt: skip
+             "float64": pa.float64(), "bool": pa.bool_()}  # fmt: skip
     return [pa.field(name, types[kind]) for name, kind in RESULT_TYPES.items()]
 
 
@@ -279,6 +279,7 @@ def _result_values(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
             "model": response.get("model"),
             "engine": response.get("engine"),
             "latency_s": response.get("latency_s"),
+            "cached": bool(response.get("cached")) if row.get("response") else None,
             "error_kind": error.get("kind"),
             "error_message": error.get("message"),
         }

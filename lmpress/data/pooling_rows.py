@@ -208,6 +208,8 @@ def meta(result: EmbedResult | ScoreResult) -> dict[str, Any]:
     record.update(model=result.model, engine=result.engine, latency_s=round(result.latency_s, 4))
     if result.cost_usd is not None:
         record["cost_usd"] = round_usd(result.cost_usd)
+    if result.cached:
+        record["cached"] = True
     return record
 
 

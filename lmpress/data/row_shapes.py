@@ -305,9 +305,10 @@ def render_row(
         # The model that generated, as vLLM's run-batch reports it, not the name requested.
         body = row.raw.get("body") if row.shape is RowShape.OPENAI_BATCH else None
         echo = row.prompt or "" if isinstance(body, dict) and body.get("echo") else ""
-        return openai_batch.render_output(
+        line = openai_batch.render_output(
             row.id, row.url, result, result.model or row.model or "unknown", echo
         )
+        return _mark_cached(line, result)
     return _render_lmpress(row, result)
 
 
@@ -323,7 +324,7 @@ def _render_pooled(
     if output_shape_for(row, output_shape) is OutputShape.OPENAI:
         url = row.url if row.url in pooling_rows.URLS else pooling_rows.task_url(pooled.task)
         body = pooling_rows.openai_body(url, pooled, result, model, row.id)
-        return openai_batch.render_body(row.id, body)
+        return _mark_cached(openai_batch.render_body(row.id, body), result)
     out: dict[str, Any] = {} if any(k in row.raw for k in ID_KEYS) else {"id": row.id}
     if row.shape is RowShape.OPENAI_BATCH:
         out["custom_id"] = row.id
@@ -332,6 +333,14 @@ def _render_pooled(
     out.update(pooling_rows.values(pooled, result))
     out["response"] = pooling_rows.meta(result)
     return out
+
+
+def _mark_cached(line: dict[str, Any], result: Result | EmbedResult | ScoreResult) -> dict:
+    """An OpenAI Batch output line answered from the response cache says so beside its
+    response, where a reader of the API's own lines finds nothing unexpected in the body."""
+    if result.cached:
+        line["cached"] = True
+    return line
 
 
 def render_failure(
@@ -448,6 +457,8 @@ def response_record(result: Result) -> dict[str, Any]:
         record["structured"] = result.structured
     if result.cost_usd is not None:
         record["cost_usd"] = round_usd(result.cost_usd)
+    if result.cached:  # only on a reply from the response cache, so live rows stay as they were
+        record["cached"] = True
     if result.error is not None:
         record["error"] = dataclasses.asdict(result.error)
     return record

@@ -54,6 +54,7 @@ class EmbedResult:
     latency_s: float = 0.0
     error: ErrorInfo | None = None
     cost_usd: float | None = None  # what the tokens cost, where the config knows a price
+    cached: bool = False  # answered from the response cache (lmpress/cache/), not generated
 
 
 @dataclass
@@ -90,3 +91,4 @@ class ScoreResult:
     latency_s: float = 0.0
     error: ErrorInfo | None = None
     cost_usd: float | None = None
+    cached: bool = False  # answered from the response cache (lmpress/cache/), not generated

@@ -302,6 +302,7 @@ class Result:
     # (`structured.check_structure`): {"valid": true, "parsed": ...}.
     structured: dict[str, Any] | None = None
     cost_usd: float | None = None  # what the tokens cost, where the config knows a price
+    cached: bool = False  # answered from the response cache (lmpress/cache/), not generated
 
     @property
     def ok(self) -> bool:

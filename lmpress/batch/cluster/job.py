@@ -18,6 +18,7 @@ from lmpress.batch.cluster.replica import Outcome
 from lmpress.batch.job import BatchJob
 from lmpress.batch.outputs import Reorder
 from lmpress.batch.rows import RowParser
+from lmpress.cache.responses import cache_dir
 from lmpress.configs.schema import RunConfig
 from lmpress.data.idkeys import IdKeys
 from lmpress.engines.base import check_task
@@ -75,6 +76,9 @@ class RayBatchJob(BatchJob):
             if self.cluster is not None:
                 await asyncio.to_thread(self.cluster.close)
 
+    def _open_cache(self) -> None:
+        return None  # the replicas use it, each in its own process (`Replica`)
+
     async def _start_engine(self) -> None:
         # Each replica's engine would refuse the task too, but only once Ray had started.
         check_task(self.engine_class, self.config.task)
@@ -106,6 +110,7 @@ class RayBatchJob(BatchJob):
             if written[byte] >> bit & 1:
                 continue
             written[byte] |= 1 << bit
+            self.summary.cache_misses += outcome.kept
             if outcome.failure is not None:
                 self._fail(outcome.failure, reorder, seq)
             else:
@@ -161,7 +166,12 @@ class RayBatchJob(BatchJob):
             Replica,
             batch_size=params.batch_size,
             batch_format="pyarrow",
-            fn_constructor_kwargs={"config": self._replica_config(), "parser": parser},
+            fn_constructor_kwargs={
+                "config": self._replica_config(),
+                "parser": parser,
+                "cache": options.cache,
+                "cache_dir": str(cache_dir(options.cache_dir)),
+            },
             compute=ActorPoolStrategy(
                 size=params.replicas,
                 max_tasks_in_flight_per_actor=calls,

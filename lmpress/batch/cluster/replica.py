@@ -10,6 +10,7 @@ row and result, or why it could not run. An exception from the engine fails that
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import threading
 import time
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from lmpress.batch.events import RowFailure
-from lmpress.batch.pooling import AnyResult, run_request
+from lmpress.batch.pooling import AnyResult, finished, run_request
 from lmpress.batch.rows import RowParser
+from lmpress.cache.responses import ResponseCache
 from lmpress.configs.schema import RunConfig
 from lmpress.data.jsonl import Line
 from lmpress.data.row_shapes import ParsedRow
@@ -37,13 +39,23 @@ class Outcome:
     row: ParsedRow | None = None
     result: AnyResult | None = None
     failure: RowFailure | None = None  # the row could not run
+    kept: bool = False  # generated, and kept in the response cache
 
 
 class Replica:
-    def __init__(self, config: RunConfig, parser: RowParser):
+    def __init__(
+        self,
+        config: RunConfig,
+        parser: RowParser,
+        cache: str = "off",
+        cache_dir: str | None = None,
+    ):
         self.parser = parser
         self.broken: LmpressError | None = None
         try:
+            # Each replica reads and adds to the cache in `cache_dir` on its own machine: one
+            # cache for all where that is a shared filesystem, else one each.
+            self.cache = ResponseCache.open(config, cache, cache_dir, _warn)
             self.engine = create_engine(config)
         except LmpressError as exc:
             # Raised from the first call instead: an actor that dies in its constructor is
@@ -64,6 +76,8 @@ class Replica:
             for seq, skipped, line in zip(seqs, skips, lines, strict=True)
         ]
         outcomes = await asyncio.gather(*(asyncio.wrap_future(call) for call in calls))
+        if self.cache is not None:  # an actor is never closed: what it kept is written now
+            self.cache.flush()
         return {"outcome": [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in outcomes]}
 
     async def _outcome(self, seq: int, skipped: int, pickled: bytes | None) -> Outcome:
@@ -74,9 +88,17 @@ class Replica:
         if isinstance(read, RowFailure):
             return Outcome(seq, skipped, failure=read)
         row, request = read
+        cache = self.cache
+        key = cache.key(request) if cache is not None else None
+        if key is not None and (hit := cache.hit(key, request.id)) is not None:
+            return Outcome(seq, skipped, row, finished(request, hit))
         started = time.perf_counter()
         try:
-            result = await run_request(self.engine, request)
+            result = await run_request(self.engine, request, cache, key)
         except Exception as exc:  # one row's failure must not fail the call's other rows
             result = error_result(request, self.engine, failure_info(exc), started)
-        return Outcome(seq, skipped, row, result)
+        return Outcome(seq, skipped, row, result, kept=key is not None)
+
+
+def _warn(message: str) -> None:
+    logging.getLogger("lmpress").warning(message)

@@ -1,0 +1,155 @@
+"""The response cache's key: everything that decides a reply, and nothing else.
+
+A key is the sha256 of two parts:
+- the run's part, made once per run (`RunKey`): the engine, the task, the model by the content of
+  its files (or a remote model by its endpoint and name), and every model setting but those that
+  only train (`TRAINING_ONLY`);
+- the request's part: the conversation or prompt (images by the hash of their bytes), the tools,
+  and every generation setting but those that only schedule work (`SCHEDULING_FIELDS`:
+  batch_size, use_cache, exclude_prompt_from_response), the seed included.
+
+So num_workers, timeouts, retries, the output path and the batch size change no key, and a
+changed prompt, temperature, seed, max_new_tokens, chat template or model file changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from lmpress.cache.identity import FileDigests, content_identity
+from lmpress.configs.schema import TRAINING_ONLY, RunConfig
+from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
+from lmpress.vocabulary.types import (
+    SCHEDULING_FIELDS,
+    ContentPart,
+    GenerationParams,
+    Message,
+    Request,
+)
+
+KEY_FORMAT = 1
+AnyRequest = Request | EmbedRequest | ScoreRequest
+_TRAINING_FIELDS = {name.split(".", 1)[1] for name in TRAINING_ONLY}
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def model_identity(config: RunConfig, digests: FileDigests) -> dict[str, Any]:
+    """The run's model and its settings, with every file named by its content."""
+    model = {k: v for k, v in dataclasses.asdict(config.model).items() if k not in _TRAINING_FIELDS}
+    revision = config.model.model_revision
+    model["model_name"] = content_identity(config.model.model_name, digests, revision)
+    for key in ("adapter_model", "tokenizer_name"):
+        if model.get(key):
+            model[key] = content_identity(model[key], digests)
+    template = model.get("chat_template")
+    if template and "\n" not in template and Path(template).expanduser().is_file():
+        model["chat_template"] = "sha256:" + digests.of_file(Path(template).expanduser())
+    return model
+
+
+def endpoint_of(config: RunConfig) -> str | None:
+    """Where a remote engine sends its requests: the URL set, or its provider's."""
+    if config.remote_params.api_url:
+        return config.remote_params.api_url.rstrip("/")
+    from lmpress.engines.remote.presets import BY_NAME
+
+    preset = BY_NAME.get(config.engine)
+    return preset.url.rstrip("/") if preset and preset.url else None
+
+
+class RunKey:
+    """Keys for one run's requests."""
+
+    def __init__(self, config: RunConfig, digests: FileDigests | None = None):
+        own = digests is None
+        digests = digests or FileDigests()
+        try:
+            self.model = model_identity(config, digests)
+        finally:
+            if own:
+                digests.close()
+        self.engine = config.engine
+        self.label = config.model.model_name or ""
+        run = {
+            "format": KEY_FORMAT,
+            "engine": config.engine,
+            "task": config.task,
+            "model": self.model,
+            "endpoint": endpoint_of(config),
+        }
+        self._run = _json(run)
+        self._params: dict[int, tuple[GenerationParams, bytes]] = {}
+        self._images: dict[str, str] = {}
+
+    def of(self, request: AnyRequest) -> bytes:
+        """The key of `request` in this run."""
+        whole = hashlib.sha256(self._run)
+        whole.update(b"\0")
+        whole.update(self._request(request))
+        return whole.digest()
+
+    def _request(self, request: AnyRequest) -> bytes:
+        if isinstance(request, EmbedRequest):
+            return _json(["embed", request.inputs, request.dimensions, request.normalize])
+        if isinstance(request, ScoreRequest):
+            return _json(["score", request.query, request.documents, request.top_n])
+        messages = [self._message(m) for m in request.messages]
+        body = _json(["generate", messages, request.prompt, request.tools])
+        return body + b"\0" + self._params_of(request.params)
+
+    def _params_of(self, params: GenerationParams) -> bytes:
+        """Most rows share the run's params object: its part is made once."""
+        known = self._params.get(id(params))
+        if known is not None and known[0] is params:
+            return known[1]
+        fields = {k: v for k, v in dataclasses.asdict(params).items() if k not in SCHEDULING_FIELDS}
+        made = _json(fields)
+        if len(self._params) > 1024:  # rows with their own settings: each is new
+            self._params.clear()
+        self._params[id(params)] = (params, made)
+        return made
+
+    def _message(self, message: Message) -> list[Any]:
+        content: Any = message.content
+        if not isinstance(content, str):
+            content = [self._part(part) for part in content]
+        calls = [[c.id, c.name, c.arguments] for c in message.tool_calls or []]
+        return [
+            message.role, content, calls, message.tool_call_id, message.reasoning,
+            message.reasoning_details,
+        ]  # fmt: skip
+
+    def _part(self, part: ContentPart) -> list[Any]:
+        if part.type != "image_url" or not part.image_url:
+            return [part.type, part.text]
+        return [part.type, self._image(part.image_url)]
+
+    def _image(self, url: str) -> str:
+        """An image by the hash of its bytes (a data: URL's, or a local file's); a web URL as
+        written, since lmpress does not fetch it to key it."""
+        known = self._images.get(url)
+        if known is not None:
+            return known
+        if url.startswith("data:"):
+            made = "sha256:" + _digest(url.encode())
+        else:
+            path = Path(url.removeprefix("file://")).expanduser()
+            if not url.startswith(("http://", "https://")) and path.is_file():
+                made = "sha256:" + _digest(path.read_bytes())
+            else:
+                made = url
+        if len(self._images) > 4096:
+            self._images.clear()
+        self._images[url] = made
+        return made

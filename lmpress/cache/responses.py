@@ -1,0 +1,163 @@
+"""The response cache as a run uses it: which requests it answers, a hit rebuilt as the engine's
+own reply, and a miss's reply kept for the next run.
+
+By default (`on`) only requests whose reply is reproducible are cached: greedy ones, and sampled
+ones with a seed. `all` caches unseeded sampling too (one sample per prompt, kept), `refresh`
+generates every request again and replaces what was kept, and `off` leaves the cache alone.
+
+The cache never fails a run: a file that cannot be opened, or a write that fails midway, is
+said once, and the run goes on generating without it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from lmpress.cache import records
+from lmpress.cache.keys import AnyRequest, RunKey
+from lmpress.cache.store import CacheDamaged, Entry, ResponseStore
+from lmpress.configs.schema import RunConfig
+from lmpress.vocabulary.types import Request
+
+ENV_DIR = "LMPRESS_RESPONSE_CACHE"  # where the cache lives, when --cache-dir is not given
+
+
+class CacheMode(str, Enum):
+    ON = "on"  # reproducible requests: greedy, or sampled with a seed
+    ALL = "all"  # unseeded sampling too
+    REFRESH = "refresh"  # generate again, and replace what is kept
+    OFF = "off"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CACHE_MODES = tuple(m.value for m in CacheMode)
+
+
+def cache_dir(explicit: str | None = None) -> Path:
+    """The response cache's directory: --cache-dir, else $LMPRESS_RESPONSE_CACHE, else
+    `responses` under lmpress's cache directory ($LMPRESS_CACHE, ~/.cache/lmpress)."""
+    if explicit:
+        return Path(explicit).expanduser()
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR]).expanduser()
+    from lmpress.builtin_models.tiny import cache_root
+
+    return cache_root() / "responses"
+
+
+def reproducible(request: AnyRequest) -> bool:
+    """Whether the engine gives the same reply to the same request: pooling always; text when
+    greedy or seeded."""
+    if not isinstance(request, Request):
+        return True
+    params = request.params
+    return params.sampling_temperature() == 0 or params.seed is not None
+
+
+@dataclass
+class CacheCounts:
+    hits: int = 0
+    misses: int = 0  # cacheable requests generated (and kept)
+    uncached: int = 0  # requests the mode does not cache (unseeded sampling under `on`)
+
+
+class ResponseCache:
+    def __init__(self, store: ResponseStore, keys: RunKey, mode: CacheMode, say: Callable):
+        self.store = store
+        self.keys = keys
+        self.mode = mode
+        self.counts = CacheCounts()
+        self._say = say
+        self._broken = False
+
+    @classmethod
+    def open(
+        cls,
+        config: RunConfig,
+        mode: CacheMode | str = CacheMode.ON,
+        directory: str | None = None,
+        say: Callable[[str], None] = lambda message: None,
+        readonly: bool = False,
+    ) -> ResponseCache | None:
+        """The cache for a run of `config`; None when it is off or cannot be used (said)."""
+        mode = CacheMode(mode)
+        if mode is CacheMode.OFF:
+            return None
+        where = cache_dir(directory)
+        try:
+            store = ResponseStore(where, readonly=readonly)
+        except (CacheDamaged, OSError) as exc:
+            say(
+                f"response cache: {exc}; running without it (`lmpress cache clear` starts a "
+                f"new one, or pass --cache off)"
+            )
+            return None
+        return cls(store, RunKey(config), mode, say)
+
+    def key(self, request: AnyRequest) -> bytes | None:
+        """The request's key, or None where this mode does not cache it."""
+        if self._broken:
+            return None
+        if self.mode is not CacheMode.ALL and not reproducible(request):
+            self.counts.uncached += 1
+            return None
+        return self.keys.of(request)
+
+    def hit(self, key: bytes, request_id: str) -> records.AnyResult | None:
+        """The kept reply for `key`, as this request's; None: none kept (or `refresh`)."""
+        if self.mode is CacheMode.REFRESH or self._broken:
+            return None
+        started = time.perf_counter()
+        try:
+            value = self.store.get(key)
+            result = None if value is None else records.load(value, request_id)
+        except (sqlite3.Error, ValueError, OSError) as exc:
+            self._give_up(exc)
+            return None
+        if result is None:
+            return None
+        result.cached = True
+        result.latency_s = time.perf_counter() - started
+        self.counts.hits += 1
+        return result
+
+    def keep(self, key: bytes, result: records.AnyResult) -> None:
+        """Keep a generated reply (failed ones are not kept: the next run tries again)."""
+        self.counts.misses += 1
+        if result.error is not None or self._broken:
+            return
+        try:
+            entry = Entry(key, records.dump(result), self.keys.engine, self.keys.label)
+            self.store.put(entry)
+        except (sqlite3.Error, OSError) as exc:
+            self._give_up(exc)
+
+    def _give_up(self, exc: BaseException) -> None:
+        if not self._broken:
+            self._say(f"response cache: {self.store.path}: {exc}; going on without it for this run")
+        self._broken = True
+
+    def flush(self) -> None:
+        """Write the replies kept so far (a long-lived process between requests)."""
+        try:
+            self.store.flush()
+        except (sqlite3.Error, OSError) as exc:
+            self._give_up(exc)
+
+    @property
+    def damaged_reads(self) -> int:
+        return self.store.damaged_reads
+
+    def close(self) -> None:
+        try:
+            self.store.close()
+        except (sqlite3.Error, OSError) as exc:
+            self._give_up(exc)
