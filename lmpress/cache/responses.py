@@ -129,6 +129,16 @@ class ResponseCache:
         self.counts.hits += 1
         return result
 
+    def would_hit(self, request: AnyRequest) -> bool:
+        """Whether a run would answer `request` from the cache (the dry run's question)."""
+        key = self.key(request)
+        if key is None or self.mode is CacheMode.REFRESH:
+            return False
+        try:
+            return self.store.contains(key)
+        except sqlite3.Error:
+            return False
+
     def keep(self, key: bytes, result: records.AnyResult) -> None:
         """Keep a generated reply (failed ones are not kept: the next run tries again)."""
         self.counts.misses += 1

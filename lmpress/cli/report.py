@@ -102,6 +102,8 @@ def dry_run_table(summary: DryRunSummary, stream: TextIO | None = None) -> None:
     kinds = ", ".join(f"{kind} {n:,}" for kind, n in sorted(summary.bad_kinds.items()))
     table.add_row("bad rows", f"{summary.bad_rows:,}" + (f" ({kinds})" if kinds else ""))
     table.add_row("duplicate ids", f"{summary.duplicates:,}")
+    if summary.cache_hits:  # left out of the tokens and the cost below
+        table.add_row("answered by the response cache", f"{summary.cache_hits:,}")
     context = f" (context {summary.context:,} tokens)" if summary.context else ""
     table.add_row("over the context", f"{summary.over_context:,}{context}")
     table.add_row("prompt tokens", f"{approx}{summary.prompt_tokens:,}")

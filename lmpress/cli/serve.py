@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from lmpress.cli.options import FLAG, STOP_GRACE_S, EngineOpt, RecipeOpt, StopGraceOpt
+from lmpress.cli.options import (
+    FLAG,
+    STOP_GRACE_S,
+    CacheDirOpt,
+    EngineOpt,
+    RecipeOpt,
+    StopGraceOpt,
+)
 from lmpress.vocabulary.errors import ConfigError
 
 
@@ -43,6 +50,16 @@ def serve(
             "batches. Without it the Files and Batch APIs are off.",
         ),
     ] = None,
+    cache: Annotated[
+        str | None,
+        typer.Option(
+            "--cache",
+            help="The response cache (default off): on (greedy or seeded requests), all, "
+            "refresh; replies kept are shared with lmpress batch and infer.",
+            metavar="MODE",
+        ),
+    ] = None,
+    cache_dir: CacheDirOpt = None,
     stop_grace: StopGraceOpt = STOP_GRACE_S,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API; concurrent requests are batched.
@@ -64,6 +81,8 @@ def serve(
         ("serve.port", port),
         ("serve.log_content", log_content or None),
         ("serve.state_dir", state_dir),
+        ("serve.cache", cache),
+        ("serve.cache_dir", cache_dir),
     ]
     overrides += [(key, value) for key, value in flags if value is not None]
     config = load_config(recipe, overrides, engine=engine)

@@ -97,6 +97,10 @@ class ServeParams:
     log_content: bool = False  # log each request's messages and reply
     # Where /v1/files and /v1/batches keep files and batches across restarts; None: no Batch API.
     state_dir: str | None = None
+    # The response cache (lmpress/cache/): off by default for a server, whose clients may ask
+    # for fresh replies; on, all or refresh as `lmpress batch --cache` takes them.
+    cache: str = "off"
+    cache_dir: str | None = None  # None: $LMPRESS_RESPONSE_CACHE or lmpress's cache directory
 
 
 @dataclass
@@ -212,6 +216,10 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "serve.port": (lambda v: 0 <= v <= 65535, "must be in [0, 65535] (0 picks a free port)"),
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),
+    "serve.cache": (
+        lambda v: v in ("on", "all", "refresh", "off"),
+        "must be on, all, refresh or off",
+    ),
     "ray.replicas": (lambda v: v >= 1, "must be at least 1"),
     "ray.cpus_per_replica": (lambda v: v >= 0, "must be 0 or more"),
     "ray.gpus_per_replica": (lambda v: v >= 0, "must be 0 or more"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from lmpress.batch.options import BatchOptions
 from lmpress.batch.rows import RowReader
+from lmpress.cache.responses import ResponseCache
 from lmpress.configs.schema import RunConfig
 from lmpress.data.sources import open_source
 from lmpress.dryrun.tally import DryRun, DryRunSummary
@@ -26,9 +27,14 @@ def dry_run(config: RunConfig, options: BatchOptions) -> DryRunSummary:
     selection.scanned()
     engine_class = load_engine_class(config.engine)
     reader = RowReader.for_job(config, options, engine_class, source=source, selection=selection)
-    tally = DryRun(config)
-    for rid, read in reader.rows():
-        tally.add(rid, read)
+    cache = ResponseCache.open(config, options.cache, options.cache_dir, readonly=True)
+    tally = DryRun(config, cache=cache)
+    try:
+        for rid, read in reader.rows():
+            tally.add(rid, read)
+    finally:
+        if cache is not None:
+            cache.close()
     summary = tally.summary()
     if summary.rows == 0:
         raise InputError(f"{source.path}: the input has no rows")

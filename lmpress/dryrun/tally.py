@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lmpress.configs.schema import RunConfig
 from lmpress.data.idkeys import IdKeys
@@ -33,6 +33,9 @@ from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import GenerationParams, Request
+
+if TYPE_CHECKING:
+    from lmpress.cache.responses import ResponseCache
 
 
 class RowFailed(Protocol):
@@ -59,10 +62,12 @@ class DryRunSummary:
     cost_batch: float | None = None  # None as well where the provider has no batch API
     bad_kinds: dict[str, int] = field(default_factory=dict)
     longest_prompt: int = 0
+    # Rows the response cache would answer: neither counted in the tokens nor priced above.
+    cache_hits: int = 0
 
     @property
     def rows_to_run(self) -> int:
-        return self.rows - self.bad_rows - self.over_context
+        return self.rows - self.bad_rows - self.over_context - self.cache_hits
 
     def as_dict(self) -> dict[str, Any]:
         price = self.price
@@ -73,6 +78,7 @@ class DryRunSummary:
             "duplicates": self.duplicates,
             "over_context": self.over_context,
             "rows_to_run": self.rows_to_run,
+            "cache_hits": self.cache_hits,
             "prompt_tokens": self.prompt_tokens,
             "prompt_tokens_exact": self.prompt_tokens_exact,
             "longest_prompt": self.longest_prompt,
@@ -96,8 +102,14 @@ class DryRun:
     """Tallies rows as they are read. `counter` defaults to the config's engine's own
     (loading its tokenizer, not its weights)."""
 
-    def __init__(self, config: RunConfig, counter: PromptCounter | None = None):
+    def __init__(
+        self,
+        config: RunConfig,
+        counter: PromptCounter | None = None,
+        cache: ResponseCache | None = None,
+    ):
         self.counter = counter or prompt_counter(config)
+        self.cache = cache  # rows it would answer cost nothing
         self.price = price_for(config)
         self._ids = IdKeys()
         self._summary = DryRunSummary(
@@ -118,6 +130,9 @@ class DryRun:
             self._bad(read.kind)
             return
         _, request = read
+        if self.cache is not None and self.cache.would_hit(request):
+            tally.cache_hits += 1
+            return
         if not isinstance(request, Request):
             self._add_pooled(request)
             return

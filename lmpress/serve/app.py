@@ -22,6 +22,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from lmpress.cache.answers import CachedAnswers
+from lmpress.cache.responses import ResponseCache
 from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, check_tools, unsupported_params
@@ -63,6 +65,12 @@ class Server:
         self.created = int(time.time())
         self.slots = Slots(settings.queue_limit)
         self.metrics = metrics.ServeMetrics(self.model_name, engine, self.slots)
+        # Generation goes through `answers`: the response cache where --cache asks for it.
+        cache = None
+        if settings.cache != "off":
+            say = logging.getLogger("lmpress.serve").warning
+            cache = ResponseCache.open(engine.config, settings.cache, settings.cache_dir, say)
+        self.answers = CachedAnswers(engine, cache)
 
     # --- checks shared by the generation routes ----------------------------------------------
 
@@ -203,7 +211,7 @@ class Server:
             entry.content["reply"] = [s.text for r in results for s in r.samples]
 
     async def _complete_chat(self, request: Request, entry: RequestLog) -> Response:
-        result = await self.engine.complete(request)
+        result = await self.answers.complete(request)
         self._finish_log(entry, [result])
         if result.error is not None:
             raise error_from_info(result.error)
@@ -213,7 +221,7 @@ class Server:
     async def _complete_text(
         self, requests: list[Request], entry: RequestLog, echoes: list[str]
     ) -> Response:
-        results = list(await asyncio.gather(*(self.engine.complete(r) for r in requests)))
+        results = list(await asyncio.gather(*(self.answers.complete(r) for r in requests)))
         self._finish_log(entry, results)
         for result in results:
             if result.error is not None:
@@ -233,7 +241,7 @@ class Server:
         """The response is an event stream, started once the engine has produced something,
         so that a request the engine refuses at once still gets its HTTP error status."""
         n = requests[0].params.n
-        items = merged([self.engine.stream(r) for r in requests])
+        items = merged([self.answers.stream(r) for r in requests])
         first = await anext(items)
         if isinstance(first[1], Result) and first[1].error is not None:
             await items.aclose()

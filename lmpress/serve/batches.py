@@ -262,6 +262,8 @@ class BatchRuns:
             retry_failed=False,  # as at OpenAI, a failed line stays failed
         )
         config = self.engine.config
+        # The server's response cache, where it has one: off unless `serve --cache` asked.
+        options.cache, options.cache_dir = config.serve.cache, config.serve.cache_dir
         check_mode(config, options.mode, type(self.engine))
         async with self.turn:  # one batch at a time, so the lines at the engine stay few
             done, failed = _lines(out), _lines(JobFiles.beside(out).errors)

@@ -126,7 +126,7 @@ class MessagesRoutes:
             entry.content["reply"] = [s.text for s in result.samples]
 
     async def _complete(self, request: Request, entry: RequestLog) -> Response:
-        result = await self.server.engine.complete(request)
+        result = await self.server.answers.complete(request)
         self._finish_log(entry, result)
         if result.error is not None:
             raise error_from_info(result.error)
@@ -136,7 +136,7 @@ class MessagesRoutes:
     async def _stream(self, request: Request, entry: RequestLog) -> Response:
         """An event stream, started once the engine has produced something, so that a request
         the engine refuses at once still gets its HTTP error status."""
-        items = self.server.engine.stream(request)
+        items = self.server.answers.stream(request)
         first = await anext(items)
         if isinstance(first, Result) and first.error is not None:
             await items.aclose()

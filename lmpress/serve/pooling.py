@@ -80,7 +80,7 @@ async def embeddings(server: Server, request: HttpRequest) -> GenerationResponse
     embed = EmbedRequest(entry.id, got.inputs, got.dimensions, got.normalize)
 
     async def run() -> Response:
-        result = await server.engine.embed(embed)
+        result = await server.answers.embed(embed)
         entry.usage = Usage(result.usage.prompt_tokens, 0)
         if result.error is not None:
             raise error_from_info(result.error)
@@ -123,7 +123,7 @@ async def rerank(server: Server, request: HttpRequest) -> GenerationResponse:
 
 
 async def _scored(server: Server, entry: RequestLog, request: ScoreRequest):
-    result = await server.engine.score(request)
+    result = await server.answers.score(request)
     entry.usage = Usage(result.usage.prompt_tokens, 0)
     if result.error is not None:
         raise error_from_info(result.error)

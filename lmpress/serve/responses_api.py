@@ -77,7 +77,7 @@ def _log_result(entry: RequestLog, result: Result) -> None:
 async def _complete(
     server: Server, request: Request, head: ResponseHead, entry: RequestLog
 ) -> Response:
-    result = await server.engine.complete(request)
+    result = await server.answers.complete(request)
     _log_result(entry, result)
     if result.error is not None:
         raise error_from_info(result.error)
@@ -89,7 +89,7 @@ async def _stream(
 ) -> Response:
     """The event stream, started once the engine has produced something, so that a request
     the engine refuses at once still gets its HTTP error status."""
-    items = server.engine.stream(request)
+    items = server.answers.stream(request)
     first = await anext(items)
     if isinstance(first, Result) and first.error is not None:
         await items.aclose()

@@ -52,6 +52,8 @@ def run_server(config: RunConfig, api_key: str | None = None, stop_grace_s: floa
         asyncio.run(_serve(server, sock, engine, banner, app.state.batch_runs))
     except (KeyboardInterrupt, Terminated):  # how a server is stopped: not an error
         pass
+    finally:
+        app.state.server.answers.close()  # the replies kept last are written
     print("lmpress serve: stopped", file=sys.stderr)
     return 0
 

@@ -113,9 +113,10 @@ def test_native_on_ray_writes_the_rows_a_local_run_writes(tmp_path):
     run = run_lmpress("batch", "-i", str(src), "-o", str(local), *TINY)
     assert run.returncode == 1, run.stderr[-2000:]  # the two bad lines
     # No --ray.address: lmpress starts a local Ray of its own, and stops it.
+    # --cache off: the replicas generate every row, rather than read the local run's replies.
     run = run_lmpress(
         "batch", "-i", str(src), "-o", str(on_ray), *TINY, "--ray", "--ray.replicas", "2",
-        "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "16",
+        "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "16", "--cache", "off",
     )  # fmt: skip
     assert run.returncode == 1, run.stderr[-2000:]
     assert "started Ray" in run.stderr
@@ -139,12 +140,24 @@ def test_remote_on_ray_writes_the_rows_a_local_run_writes(tmp_path, cluster):
         run = run_lmpress("batch", "-i", str(src), "-o", str(local), *args)
         assert run.returncode == 1, run.stderr[-2000:]
         server.reset()
-        run = run_lmpress(
-            "batch", "-i", str(src), "-o", str(on_ray), *args,
+        on_cluster = [
             "--ray", "--ray.address", cluster, "--ray.replicas", "2",
             "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "16",
-        )  # fmt: skip
+        ]  # fmt: skip
+        run = run_lmpress(
+            "batch", "-i", str(src), "-o", str(on_ray), *args, *on_cluster, "--cache", "off"
+        )
         stats = server.stats
+        # Again, with the response cache the local run filled: the replicas read it, and only
+        # the refused row (whose failure was not kept) reaches the server.
+        server.reset()
+        cached = tmp_path / "cached.jsonl"
+        again = run_lmpress("batch", "-i", str(src), "-o", str(cached), *args, *on_cluster)
+        assert server.stats.requests == 1, again.stderr[-2000:]
+    assert again.returncode == 1, again.stderr[-2000:]
+    assert summary(cached)["cache"] == {"hits": 499, "misses": 1, "saved_usd": None}
+    assert replies(cached) == replies(local)
+    assert all(row["response"]["cached"] for row in written(cached))
     assert run.returncode == 1, run.stderr[-2000:]
     assert f"joined the Ray cluster at {cluster}" in run.stderr
     assert f"{src}:124: " in run.stderr  # the refused row is reported, and the job went on
