@@ -39,6 +39,15 @@ class CacheMode(str, Enum):
 
 
 CACHE_MODES = tuple(m.value for m in CacheMode)
+# YAML reads `cache: on` and `off` as booleans, which a string field then holds as their names.
+_YAML_BOOLEANS = {"True": CacheMode.ON, "False": CacheMode.OFF}
+
+
+def cache_mode(value: object) -> CacheMode:
+    """A mode as a flag, a recipe (YAML's on/off included) or a caller gives it."""
+    if isinstance(value, bool):
+        return CacheMode.ON if value else CacheMode.OFF
+    return _YAML_BOOLEANS.get(str(value)) or CacheMode(value)
 
 
 def cache_dir(explicit: str | None = None) -> Path:
@@ -88,7 +97,7 @@ class ResponseCache:
         readonly: bool = False,
     ) -> ResponseCache | None:
         """The cache for a run of `config`; None when it is off or cannot be used (said)."""
-        mode = CacheMode(mode)
+        mode = cache_mode(mode)
         if mode is CacheMode.OFF:
             return None
         where = cache_dir(directory)

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from lmpress.cache.answers import CachedAnswers
-from lmpress.cache.responses import ResponseCache
+from lmpress.cache.responses import CacheMode, ResponseCache, cache_mode
 from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, check_tools, unsupported_params
@@ -67,7 +67,7 @@ class Server:
         self.metrics = metrics.ServeMetrics(self.model_name, engine, self.slots)
         # Generation goes through `answers`: the response cache where --cache asks for it.
         cache = None
-        if settings.cache != "off":
+        if cache_mode(settings.cache) is not CacheMode.OFF:
             say = logging.getLogger("lmpress.serve").warning
             cache = ResponseCache.open(engine.config, settings.cache, settings.cache_dir, say)
         self.answers = CachedAnswers(engine, cache)

@@ -33,6 +33,7 @@ from lmpress.batch.events import BatchEvents, BatchSummary
 from lmpress.batch.job import BatchJob
 from lmpress.batch.options import BatchOptions
 from lmpress.batch.pooling import check_mode
+from lmpress.cache.responses import cache_mode
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.resume import JobFiles
 from lmpress.data.row_shapes import OutputShape, ParsedRow
@@ -263,7 +264,8 @@ class BatchRuns:
         )
         config = self.engine.config
         # The server's response cache, where it has one: off unless `serve --cache` asked.
-        options.cache, options.cache_dir = config.serve.cache, config.serve.cache_dir
+        options.cache = cache_mode(config.serve.cache).value
+        options.cache_dir = config.serve.cache_dir
         check_mode(config, options.mode, type(self.engine))
         async with self.turn:  # one batch at a time, so the lines at the engine stay few
             done, failed = _lines(out), _lines(JobFiles.beside(out).errors)
