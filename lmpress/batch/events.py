@@ -36,6 +36,7 @@ class BatchSummary:
     cache_hits: int = 0
     cache_misses: int = 0
     cost_saved_usd: float | None = None
+    cache_write_wait_s: float = 0.0  # the longest this run waited for another's cache write
     wall_s: float = 0.0
     interrupted: bool = False  # a signal stopped the run (`signal` says which)
     signal: str | None = None  # "SIGINT" (Ctrl-C) or "SIGTERM"
@@ -91,7 +92,12 @@ class BatchSummary:
 
     def cache_record(self) -> dict[str, Any]:
         saved = None if self.cost_saved_usd is None else round_usd(self.cost_saved_usd)
-        return {"hits": self.cache_hits, "misses": self.cache_misses, "saved_usd": saved}
+        return {
+            "hits": self.cache_hits,
+            "misses": self.cache_misses,
+            "saved_usd": saved,
+            "longest_write_wait_s": round(self.cache_write_wait_s, 3),
+        }
 
 
 @dataclass

@@ -172,6 +172,7 @@ class BatchJob:
             return
         self.cache.close()
         self.summary.cache_misses = self.cache.counts.misses
+        self.summary.cache_write_wait_s = self.cache.store.longest_lock_wait_s
         if self.cache.damaged_reads:
             self._say(
                 f"response cache: {self.cache.damaged_reads} damaged entries were read as "

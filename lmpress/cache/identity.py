@@ -98,10 +98,10 @@ def _files_under(directory: Path) -> list[tuple[str, Path]]:
     return found
 
 
-def local_path(name: str, revision: str | None = None) -> Path | None:
+def local_path(name: str, revision: str | None = None, hub: bool = True) -> Path | None:
     """The files behind a model name where they are on this machine: a path, one of lmpress's
-    built-in names, or a Hugging Face id already in the hub's cache; None otherwise (a remote
-    model's name)."""
+    built-in names, or (`hub`: for an engine that takes hub ids) a Hugging Face id already in
+    the hub's cache; None otherwise (a remote model's name)."""
     if not name:
         return None
     from lmpress.engines.common.models import local_or_hub
@@ -114,7 +114,7 @@ def local_path(name: str, revision: str | None = None) -> Path | None:
     path = Path(resolved)
     if path.exists():
         return path
-    if resolved.count("/") != 1:
+    if not hub or resolved.count("/") != 1:
         return None
     try:
         from huggingface_hub import snapshot_download
@@ -124,12 +124,14 @@ def local_path(name: str, revision: str | None = None) -> Path | None:
         return None
 
 
-def content_identity(name: str | None, digests: FileDigests, revision: str | None = None) -> str:
+def content_identity(
+    name: str | None, digests: FileDigests, revision: str | None = None, hub: bool = True
+) -> str:
     """`name` as the cache knows it: the digest of its files where they are here, else as
     given."""
     if not name:
         return ""
-    path = local_path(name, revision)
+    path = local_path(name, revision, hub)
     if path is None:
         return name
     return f"sha256:{digests.of_path(path)}"

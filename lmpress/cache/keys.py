@@ -48,14 +48,27 @@ def model_identity(config: RunConfig, digests: FileDigests) -> dict[str, Any]:
     """The run's model and its settings, with every file named by its content."""
     model = {k: v for k, v in dataclasses.asdict(config.model).items() if k not in _TRAINING_FIELDS}
     revision = config.model.model_revision
-    model["model_name"] = content_identity(config.model.model_name, digests, revision)
+    hub = _takes_hub_ids(config.engine)
+    model["model_name"] = content_identity(config.model.model_name, digests, revision, hub)
     for key in ("adapter_model", "tokenizer_name"):
         if model.get(key):
-            model[key] = content_identity(model[key], digests)
+            model[key] = content_identity(model[key], digests, hub=hub)
     template = model.get("chat_template")
     if template and "\n" not in template and Path(template).expanduser().is_file():
         model["chat_template"] = "sha256:" + digests.of_file(Path(template).expanduser())
     return model
+
+
+def _takes_hub_ids(engine: str) -> bool:
+    """Whether the engine's model may be a Hugging Face id (whose files the hub's cache holds);
+    a remote model's `org/name` is not looked for there."""
+    from lmpress.engines.registry import load_engine_class
+    from lmpress.vocabulary.errors import LmpressError
+
+    try:
+        return load_engine_class(engine).takes_hub_ids
+    except LmpressError:  # an engine that cannot load here: its run fails on its own
+        return False
 
 
 def endpoint_of(config: RunConfig) -> str | None:
