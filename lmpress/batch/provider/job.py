@@ -63,9 +63,13 @@ class ProviderBatchJob(BatchJob):
         waiting = self._rows_waiting()
         if waiting:
             self._say(f"resuming {len(self.state.waiting())} batches ({len(waiting)} rows)")
-        await self._submit_sealed()
-        await self._read_input(done, set_aside, waiting)
-        await self._wait()
+        try:
+            await self._submit_sealed()
+            await self._read_input(done, set_aside, waiting)
+            await self._wait()
+        finally:
+            if self.engine is not None:
+                await self.api.aclose()
 
     # --- rows into chunks ------------------------------------------------------------------
 
