@@ -83,14 +83,20 @@ def upload(store: BatchStore, request: Request) -> Answer:
             raise Refused(400, f"File is too large: {size} bytes; at most {limit}.")
         session = token(20)
         store.uploads[session] = {"meta": meta, "data": b"", "size": size}
-        url = f"{request.base_url}/upload/v1beta/files?upload_id={session}&upload_protocol=resumable"
-        return Answer(200, b"", headers={"x-goog-upload-url": url, "x-goog-upload-status": "active"})
+        url = (
+            f"{request.base_url}/upload/v1beta/files?upload_id={session}&upload_protocol=resumable"
+        )
+        return Answer(
+            200, b"", headers={"x-goog-upload-url": url, "x-goog-upload-status": "active"}
+        )
     session = store.uploads.get(request.query.get("upload_id", ""))
     if session is None:
         raise Refused(404, "no such upload session")
     offset = int(request.headers.get("x-goog-upload-offset") or -1)
     if offset != len(session["data"]):
-        raise Refused(400, f"X-Goog-Upload-Offset {offset}: the session holds {len(session['data'])}")
+        raise Refused(
+            400, f"X-Goog-Upload-Offset {offset}: the session holds {len(session['data'])}"
+        )
     session["data"] += request.raw
     if "finalize" not in command:
         return Answer(200, b"", headers={"x-goog-upload-status": "active"})
@@ -189,7 +195,7 @@ def _read_input(store: BatchStore, data: bytes, model: str) -> tuple[list[Row], 
         key = item.get("key") if isinstance(item, dict) else None
         body = item.get("request") if isinstance(item, dict) else None
         if not isinstance(key, str) or not isinstance(body, dict):
-            message = f"line {number}: a line is {{\"key\": string, \"request\": object}}"
+            message = f'line {number}: a line is {{"key": string, "request": object}}'
             rows.append(Row(str(key or f"line-{number}"), 400, error_body(400, message), "", ""))
             continue
         try:
