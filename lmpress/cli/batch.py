@@ -270,13 +270,17 @@ def run_file(
 
 
 def dry_run_file(config: RunConfig, input: str | None, options: BatchOptions) -> int:
-    """Read and count every picked row without generating: the dry run's table."""
+    """Read and count every picked row without generating: the dry run's table. A provider
+    batch the real run would refuse (no batch API for the engine or the task) is refused here
+    too, before any row is read, rather than priced."""
+    from lmpress.batch.pooling import check_mode
     from lmpress.cli.report import dry_run_table
     from lmpress.dryrun.run import dry_run
 
     input_path = input or config.input_path
     if not input_path:
         raise ConfigError("no input: give -i FILE or set input_path")
+    check_mode(config, options.mode)
     options.input_path = input_path
     dry_run_table(dry_run(config, options))
     return 0

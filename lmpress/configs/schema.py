@@ -70,8 +70,9 @@ class RemoteParams:
     input_price_per_million: float | None = None
     output_price_per_million: float | None = None
     # The provider's batch API (`lmpress batch` only): set (Oumi's field name, "24h") or
-    # --provider-batch, and the job's rows go through OpenAI's Batch API or Anthropic's
-    # Message Batches at the batch price instead of live requests (lmpress/batch/provider/).
+    # --provider-batch, and the job's rows go through OpenAI's Batch API, Anthropic's Message
+    # Batches or Gemini's batch mode (24h or 48h there) at the batch price instead of live
+    # requests (lmpress/batch/provider/).
     batch_completion_window: str | None = None
     # A batch's size limits; None: the provider's (engines/remote/presets.py).
     batch_max_requests: int | None = None

@@ -333,8 +333,8 @@ CANNOT = "pick an engine that can ('lmpress engines' lists what each answers)"
          f"task: engine OPENAI cannot score (it answers embed, generate); {CANNOT}"),
         # vLLM's server scores and reranks, but has no batch API.
         ("REMOTE_VLLM", "rerank",
-         "engine REMOTE_VLLM has no batch API lmpress can drive (OPENAI, ANTHROPIC and "
-         "OpenAI-compatible servers with /v1/batches do); drop --provider-batch to run live"),
+         "engine REMOTE_VLLM has no batch API lmpress can drive (OPENAI, ANTHROPIC, GEMINI "
+         "and OpenAI-compatible servers with /v1/batches do); drop --provider-batch to run live"),
         # Anthropic has no embeddings, in Message Batches or out.
         ("ANTHROPIC", "embed",
          f"task: engine ANTHROPIC cannot embed (it answers generate); {CANNOT}"),

@@ -28,7 +28,7 @@ def test_each_class_implements_the_whole_lifecycle(kind):
 
 
 def test_the_values_are_the_ones_a_provider_row_spelled():
-    assert {kind.value for kind in BatchApi} == {"openai", "anthropic"}
+    assert {kind.value for kind in BatchApi} == {"openai", "anthropic", "gemini"}
 
 
 @pytest.mark.parametrize(

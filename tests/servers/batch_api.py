@@ -1,8 +1,9 @@
 """The providers' batch APIs on the loopback server, as their API references describe them:
-OpenAI's Files and Batches endpoints (`openai_batches`) and Anthropic's Message Batches endpoints
-(`anthropic_batches`), over one store of files and batches (`batch_store`) in compressed time
-(`batch_life`). `LLMServer`'s handler hands every request under /v1/files, /v1/batches and
-/v1/messages/batches to `BatchAPI.handle`.
+OpenAI's Files and Batches endpoints (`openai_batches`), Anthropic's Message Batches endpoints
+(`anthropic_batches`) and Gemini's batch mode (`gemini_batches`), over one store of files and
+batches (`batch_store`) in compressed time (`batch_life`). `LLMServer`'s handler hands every
+request under /v1/files, /v1/batches, /v1/messages/batches, /v1beta and /upload/v1beta to
+`BatchAPI.handle`.
 
 A row's outcome is decided when its batch is created, by the rules of a live request: a body the
 live endpoint refuses fails with that 400, a conversation holding a `Faults.permanent` marker
@@ -15,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from tests.servers import anthropic_batches, openai_batches, refusals
+from tests.servers import anthropic_batches, gemini_batches, openai_batches, refusals
 from tests.servers.batch_life import BatchFaults
 from tests.servers.batch_store import Answer, BatchStore, Refused, Request, json_answer
 
@@ -37,6 +38,13 @@ _ROUTES: list[tuple[str, str, Callable[..., Answer]]] = [
     ("POST", "/v1/messages/batches/{id}/cancel", anthropic_batches.cancel),
     ("GET", "/v1/messages/batches/{id}/results", anthropic_batches.results),
     ("DELETE", "/v1/messages/batches/{id}", anthropic_batches.delete),
+    ("POST", "/upload/v1beta/files", gemini_batches.upload),
+    ("GET", "/v1beta/files/{id}:download", gemini_batches.download),
+    ("GET", "/v1beta/files/{id}", gemini_batches.get_file),
+    ("POST", "/v1beta/models/{id}:batchGenerateContent", gemini_batches.create),
+    ("GET", "/v1beta/batches", gemini_batches.list_batches),
+    ("GET", "/v1beta/batches/{id}", gemini_batches.get_batch),
+    ("POST", "/v1beta/batches/{id}:cancel", gemini_batches.cancel),
 ]
 
 
@@ -47,14 +55,16 @@ class BatchAPI(BatchStore):
     def handle(self, request: Request) -> Answer | None:
         """The answer to a batch-API request, or None when no route has its method and path."""
         anthropic = request.path.startswith("/v1/messages/")
+        gemini = "v1beta/" in request.path
         for method, template, route in _ROUTES:
-            match = re.fullmatch(template.replace("{id}", "([^/]+)"), request.path)
+            match = re.fullmatch(template.replace("{id}", "([^/:]+)"), request.path)
             if match and method == request.method:
                 with self.server.lock:
                     self.server.stats.batch_calls[(method, template)] += 1
                     try:
                         return route(self, request, *match.groups())
                     except Refused as e:
-                        body = refusals.error_body(e.status, e.message, anthropic, e.param)
+                        body = (gemini_batches.error_body(e.status, e.message) if gemini else
+                                refusals.error_body(e.status, e.message, anthropic, e.param))  # fmt: skip
                         return json_answer(e.status, body)
         return None

@@ -65,10 +65,11 @@ class Run:
     expire: bool = False
     cancel_at: float | None = None
     files: tuple[str | None, str | None] | None = None  # OpenAI's output and error file, once ended
+    gemini: bool = False  # a Gemini batch (its wire says `anthropic` False too)
 
     @property
     def started(self) -> float:
-        """When in_progress begins: OpenAI validates for a step first."""
+        """When in_progress begins: OpenAI validates (Gemini is pending) for a step first."""
         return self.created + (0.0 if self.anthropic else self.step_s)
 
     def schedule(self) -> dict[Status, float]:

@@ -1,6 +1,7 @@
 """What the loopback server's batch endpoints share: the files and batches they hold, how a row's
 outcome is decided, and the request, answer and refusal every route deals in. The routes
-themselves are in `openai_batches` and `anthropic_batches`; `batch_api` dispatches to them."""
+themselves are in `openai_batches`, `anthropic_batches` and `gemini_batches`; `batch_api`
+dispatches to them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import secrets
 import string
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tests.servers import embeddings, refusals
@@ -31,6 +32,7 @@ class Request:
     content_type: str
     raw: bytes
     base_url: str  # how the client reached this server, for Anthropic's results_url
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Answer:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Refused(Exception):
@@ -65,8 +68,9 @@ class BatchStore:
         self.server = server
         self.files: dict[str, File] = {}
         self.runs: dict[str, Run] = {}  # in creation order
-        self._created = 0  # batches created, both wires: a batch's ordinal
+        self._created = 0  # batches created, every wire: a batch's ordinal
         self._uploads = 0
+        self.uploads: dict[str, dict[str, Any]] = {}  # Gemini's resumable upload sessions
 
     @property
     def faults(self) -> BatchFaults:
@@ -113,12 +117,14 @@ class BatchStore:
         return Row(custom_id, status, out, f"batch_req_{secrets.token_hex(16)}",
                    f"req_{secrets.token_hex(12)}")  # fmt: skip
 
-    def new_run(self, anthropic: bool, rows: list[Row], request: dict[str, Any]) -> Run:
+    def new_run(
+        self, anthropic: bool, rows: list[Row], request: dict[str, Any], gemini: bool = False
+    ) -> Run:
         self._created += 1
         n, f = self._created, self.faults
-        prefix = "msgbatch_01" if anthropic else "batch_"
+        prefix = "msgbatch_01" if anthropic else "batches/" if gemini else "batch_"
         run = Run(f"{prefix}{token(24)}", n, anthropic, time.time(), f.step_s, rows, request,
-                  stuck=n in f.stuck_finalizing, expire=n in f.expire)  # fmt: skip
+                  stuck=n in f.stuck_finalizing, expire=n in f.expire, gemini=gemini)  # fmt: skip
         self.runs[run.id] = run
         self.server.stats.batches_created += 1
         return run
@@ -132,7 +138,7 @@ class BatchStore:
 
     def run(self, batch_id: str, anthropic: bool) -> Run:
         run = self.runs.get(batch_id)
-        if run is None or run.anthropic != anthropic:
+        if run is None or run.anthropic != anthropic or run.gemini:
             raise Refused(404, f"No batch found with id '{batch_id}'.")
         return run
 

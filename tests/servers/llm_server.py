@@ -17,7 +17,7 @@ type does not allow (an unknown field, a wrong type) gets the 400 the provider g
 (`request_types`); `Faults.extensions` names the fields beyond it that a vLLM-like server takes.
 
 The same port serves the providers' batch APIs (OpenAI's Files and Batches, Anthropic's Message
-Batches) in compressed time, with their own faults in `Faults.batch` (`batch_api`), so a test can
+Batches, Gemini's batch mode) in compressed time, with their own faults in `Faults.batch` (`batch_api`), so a test can
 run one job live and as a batch against one server and compare.
 
 Used by the engine tests, the CLI tests and benchmarks/remote_throughput.py:
@@ -38,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl
 
-from tests.servers import embeddings, refusals, request_types
+from tests.servers import embeddings, gemini_batches, refusals, request_types
 from tests.servers.batch_api import BatchAPI, BatchFaults, Request
 from tests.servers.replies import Reply, reply_text
 
@@ -288,24 +288,35 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve a request to the Files, Batches or Message Batches API; False if it is none."""
         path, _, query = self.path.partition("?")
         path = path.rstrip("/")
-        if not path.startswith(("/v1/files", "/v1/batches", "/v1/messages/batches")):
+        if not path.startswith(("/v1/files", "/v1/batches", "/v1/messages/batches", "/v1beta/",
+                                "/upload/v1beta/")):  # fmt: skip
             return False
         app = self.server.app
         anthropic = path.startswith("/v1/messages/")
-        credential = self._credential(anthropic)
+        gemini = "v1beta/" in path
+        credential = self.headers.get("x-goog-api-key", "") if gemini else (
+            self._credential(anthropic))  # fmt: skip
         with app.lock:
             app.stats.credentials.add(credential)
-        if app.faults.required_key is not None and credential != app.faults.required_key:
-            self._error(401, "invalid API key", anthropic)
+        # A resumable upload's later posts are authorized by the session in their URL.
+        session = gemini and "upload_id=" in query
+        if app.faults.required_key not in (None, credential) and not session:
+            if gemini:
+                self._json(401, gemini_batches.error_body(401, "API key not valid."))
+            else:
+                self._error(401, "invalid API key", anthropic)
             return True
         host = self.headers.get("Host") or f"127.0.0.1:{app.port}"
-        request = Request(method, path, dict(parse_qsl(query)),
-                          self.headers.get("Content-Type") or "", raw, f"http://{host}")  # fmt: skip
+        headers = {key.lower(): value for key, value in self.headers.items()}
+        request = Request(method, path, dict(parse_qsl(query)), self.headers.get("Content-Type")
+                          or "", raw, f"http://{host}", headers)  # fmt: skip
         answer = app.batches.handle(request)
-        if answer is None:
+        if answer is None and gemini:
+            self._json(404, gemini_batches.error_body(404, f"no route {method} {path}"))
+        elif answer is None:
             self._error(404, f"no route {method} {path}", anthropic)
         else:
-            self._raw(answer.status, answer.body, content_type=answer.content_type)
+            self._raw(answer.status, answer.body, answer.headers, answer.content_type)
         return True
 
     def _answer(

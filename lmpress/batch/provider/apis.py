@@ -1,123 +1,44 @@
-"""The two batch APIs lmpress drives, through the official SDKs: OpenAI's Files + Batches (and any
-OpenAI-compatible server that has them) and Anthropic's Message Batches.
+"""The batch APIs lmpress drives, through the official SDKs: OpenAI's Files + Batches (and any
+OpenAI-compatible server that has them), Anthropic's Message Batches, and Gemini's batch mode
+(`gemini`).
 
 Each one turns a request into a request line with the same body the live engine sends (a
-chat or completion body, or for an embed run an /embeddings body, which OpenAI's takes), submits a
-sealed chunk (finding the batch it already made, when a crash came between the provider's answer
-and lmpress recording it), reports a batch's progress, and yields its results as
-(custom_id, Outcome) pairs parsed by the live engine's own response parsers, so a batch row's
-output is the output a live run writes. Which tasks each one takes is its `BatchApi.tasks`,
-checked before a job starts (`batch.pooling.check_mode`).
+chat or completion body, or for an embed run an /embeddings body, which OpenAI's takes; Gemini's
+is its own generateContent request, translated field by field), submits a sealed chunk (finding
+the batch it already made, when a crash came between the provider's answer and lmpress
+recording it), reports a batch's progress, and yields its results as (custom_id, Outcome) pairs
+parsed as the live engine reads a reply, so a batch row's output is the output a live run
+writes. Which tasks each one takes is its `BatchApi.tasks`, checked before a job starts
+(`batch.pooling.check_mode`). What they share is in `base`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
-import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
+from lmpress.batch.provider.base import (
+    EXPIRED,
+    SAFE_ID,
+    WINDOW,
+    AnyRequest,
+    BatchAPI,
+    Outcome,
+    Progress,
+    custom_id,
+)
+from lmpress.batch.provider.gemini import GeminiBatches
 from lmpress.batch.provider.state import BatchState, Chunk
-from lmpress.engines.remote.base import EmbedReply, RemoteEngine, Reply
+from lmpress.engines.remote.base import Reply
 from lmpress.engines.remote.presets import BatchApi
-from lmpress.engines.remote.retry import classify
 from lmpress.openai_wire.pooling import EMBEDDINGS_PATH
 from lmpress.vocabulary.embeddings import EmbedRequest
 from lmpress.vocabulary.errors import InputError
-from lmpress.vocabulary.types import Request
 
-AnyRequest = Request | EmbedRequest  # what a batch line can carry (`BatchApi.tasks`)
-
-# Anthropic's custom_id rule; OpenAI takes any string, but one rule keeps ids portable.
-SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-EXPIRED = "expired"  # a row the batch did not run: expired or cancelled
-WINDOW = "24h"  # the completion window when the recipe sets none (--provider-batch)
-
-
-@dataclass
-class Progress:
-    status: str  # the provider's own word: validating, in_progress, finalizing, ended, ...
-    ended: bool
-    done: int
-    failed: int
-    total: int
-    expires_at: float | None = None
-    refused: str | None = None  # why the provider refused the whole batch (validation)
-
-
-@dataclass
-class Outcome:
-    reply: Reply | EmbedReply | None = None  # a generated (or embedded) row
-    status: int | None = None  # a failed row's HTTP status
-    message: str = ""  # a failed row's error, or why it did not run
-    expired: bool = False  # not run: expired or cancelled with its batch
-
-
-def custom_id(row_id: str) -> str:
-    """The row's id where it fits every provider's custom_id rule, else a stable hash of it."""
-    if SAFE_ID.match(row_id):
-        return row_id
-    import hashlib
-
-    return "h-" + hashlib.blake2b(row_id.encode(), digest_size=16).hexdigest()
-
-
-class BatchAPI:
-    def __init__(self, engine: RemoteEngine, window: str):
-        self.engine = engine
-        self.window = window
-        self.client = engine._client_for_loop()
-
-    async def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """One lifecycle call, retried as the live engine retries a request: 429, 5xx and
-        dropped connections back off and try again; anything else ends the job's run here."""
-        return await self._retrying(what, lambda: fn(*args, **kwargs))
-
-    async def create_once(self, what: str, create: Any, find: Any) -> str:
-        """Create a batch, retrying as `call` does, but never blindly: a create whose answer
-        was lost (a 5xx, a dropped connection) may have made the batch, so before each retry
-        the provider's list is searched for it (`find`), and a batch found is taken."""
-        return await self._retrying(what, lambda: _batch_id(create()), find)
-
-    async def _retrying(self, what: str, attempt: Any, find: Any = None) -> Any:
-        remote = self.engine.remote
-        for tries in range(remote.max_retries + 1):
-            try:
-                return await attempt()
-            except Exception as exc:
-                failure = classify(exc, self.engine.status_kind, remote.connection_timeout)
-                if not failure.retryable or tries == remote.max_retries:
-                    detail = self.engine.redactor(failure.message)
-                    raise InputError(f"{self.engine.name} batch API, {what}: {detail}") from exc
-                if find is not None and (made := await find()):
-                    return made
-                wait = failure.retry_after or min(
-                    remote.retry_backoff_max, remote.retry_backoff_base * 2**tries
-                )
-                await asyncio.sleep(wait * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")
-
-    async def endpoint(self, request: AnyRequest) -> str:
-        raise NotImplementedError
-
-    async def line(self, cid: str, request: AnyRequest) -> str:
-        raise NotImplementedError
-
-    async def submit(self, state: BatchState, chunk: Chunk) -> str:
-        raise NotImplementedError
-
-    async def progress(self, batch_id: str) -> Progress:
-        raise NotImplementedError
-
-    def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:
-        raise NotImplementedError
-
-    async def cancel(self, batch_id: str) -> None:
-        raise NotImplementedError
+__all__ = ["BATCH_APIS", "EXPIRED", "SAFE_ID", "WINDOW", "BatchAPI", "Outcome", "Progress",
+           "batch_api", "batch_api_of", "custom_id"]  # fmt: skip
 
 
 class OpenAIBatches(BatchAPI):
@@ -301,15 +222,12 @@ class AnthropicBatches(BatchAPI):
         await self.call(f"cancelling {batch_id}", batches.cancel, batch_id)
 
 
-async def _batch_id(created: Any) -> str:
-    return (await created).id
-
-
 # Every batch API a provider row may name, driven: a BatchApi without its class here fails the
 # test that checks this table is whole, not a user's job.
 BATCH_APIS: dict[BatchApi, type[BatchAPI]] = {
     BatchApi.OPENAI: OpenAIBatches,
     BatchApi.ANTHROPIC: AnthropicBatches,
+    BatchApi.GEMINI: GeminiBatches,
 }
 
 
@@ -324,7 +242,9 @@ def batch_api_of(engine_class: Any) -> BatchApi:
     kind = provider.batch_api if provider is not None else None
     if kind is not None:
         return kind
+    if provider is not None and provider.batch_refusal:
+        raise InputError(f"--provider-batch on {engine_class.name}: {provider.batch_refusal}")
     raise InputError(
-        f"engine {engine_class.name} has no batch API lmpress can drive (OPENAI, ANTHROPIC and "
-        f"OpenAI-compatible servers with /v1/batches do); drop --provider-batch to run live"
+        f"engine {engine_class.name} has no batch API lmpress can drive (OPENAI, ANTHROPIC, GEMINI "
+        f"and OpenAI-compatible servers with /v1/batches do); drop --provider-batch to run live"
     )

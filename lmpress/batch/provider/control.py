@@ -33,6 +33,7 @@ def show_or_cancel(config: RunConfig, output: str, cancel: bool = False) -> int:
 
 async def _run(config: RunConfig, state: BatchState, cancel: bool) -> int:
     engine = create_engine(config)
+    api = None
     try:
         api = batch_api(engine, config.remote_params.batch_completion_window or WINDOW)
         for chunk in state.chunks.values():
@@ -52,5 +53,7 @@ async def _run(config: RunConfig, state: BatchState, cancel: bool) -> int:
             print("cancelled; re-run the job to write what the batches finished, and to send "
                   "the rest as --on-expired says", file=sys.stderr)  # fmt: skip
     finally:
+        if api is not None:
+            await api.aclose()
         await engine.aclose()
     return 0

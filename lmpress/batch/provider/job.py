@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from lmpress.batch.events import RowFailure
+from lmpress.batch.guided_check import check_structure
 from lmpress.batch.job import BatchJob
 from lmpress.batch.pooling import run_request
 from lmpress.batch.provider.apis import WINDOW, Outcome, Progress, batch_api, custom_id
@@ -63,9 +64,13 @@ class ProviderBatchJob(BatchJob):
         waiting = self._rows_waiting()
         if waiting:
             self._say(f"resuming {len(self.state.waiting())} batches ({len(waiting)} rows)")
-        await self._submit_sealed()
-        await self._read_input(done, set_aside, waiting)
-        await self._wait()
+        try:
+            await self._submit_sealed()
+            await self._read_input(done, set_aside, waiting)
+            await self._wait()
+        finally:
+            if self.engine is not None:
+                await self.api.aclose()
 
     # --- rows into chunks ------------------------------------------------------------------
 
@@ -240,7 +245,9 @@ class ProviderBatchJob(BatchJob):
         if isinstance(request, EmbedRequest):
             result = engine._embed_result(request, error or reply, started)
         elif error is None:
-            result = engine._result(request, reply, started)
+            # Checked against the row's JSON schema, regex or choice as a live row is
+            # (`pooling.run_request`): a batch row that breaks it fails the same way.
+            result = check_structure(request, engine._result(request, reply, started))
         else:
             result = error_result(request, engine, error, started)
         result.latency_s = 0.0

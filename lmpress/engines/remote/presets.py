@@ -42,20 +42,23 @@ class BatchApi(str, Enum):
 
     OPENAI = "openai"  # Files + Batches (OpenAI, and OpenAI-compatible servers that have them)
     ANTHROPIC = "anthropic"  # Message Batches
+    GEMINI = "gemini"  # Gemini's batch mode, through the google-genai SDK
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def title(self) -> str:
-        return "OpenAI's Batch API" if self is BatchApi.OPENAI else "Anthropic's Message Batches"
+        return {BatchApi.OPENAI: "OpenAI's Batch API", BatchApi.ANTHROPIC: "Anthropic's Message "
+                "Batches", BatchApi.GEMINI: "Gemini's batch mode"}[self]  # fmt: skip
 
     @property
     def tasks(self) -> frozenset[str]:
         """The tasks its batches take: OpenAI's takes /v1/embeddings lines beside chat and
         completion lines; neither has a /v1/score or /v1/rerank endpoint to batch, and
         Anthropic has no embeddings at all. A provider batches the tasks in both this and its
-        own `Provider.tasks`."""
+        own `Provider.tasks`. Gemini's batch mode has embeddings of its own
+        (asyncBatchEmbedContent), which lmpress does not drive yet."""
         return EMBED if self is BatchApi.OPENAI else GENERATE
 
 
@@ -85,6 +88,8 @@ class Provider:
     batch_api: BatchApi | None = None
     batch_max_requests: int = 50_000
     batch_max_bytes: int = 200 * 1024 * 1024
+    # Where it has no batch API lmpress drives: why, and what to do, for the refusal's line.
+    batch_refusal: str | None = None
     # A Hugging Face tokenizer (a local path or a cached hub id) that counts its prompts
     # exactly; None where the provider publishes none (the dry run then estimates).
     tokenizer: str | None = None
@@ -117,10 +122,15 @@ PROVIDERS: tuple[Provider, ...] = (
              reasoning=OPENAI_EFFORT, key_required=False, model_required=False, tasks=POOLING),
     Provider("GEMINI", "Google Gemini (OpenAI-compatible)",
              "https://generativelanguage.googleapis.com/v1beta/openai/", "GEMINI_API_KEY",
-             GOOGLE_PARAMS, reasoning=GOOGLE, batch_discount=0.5, tasks=EMBED),
+             GOOGLE_PARAMS, reasoning=GOOGLE, batch_discount=0.5, batch_api=BatchApi.GEMINI,
+             batch_max_bytes=2 * 1024**3, tasks=EMBED),  # its batch input files: up to 2 GB
     Provider("GOOGLE_VERTEX", "Google Vertex AI", params=GOOGLE_PARAMS, reasoning=GOOGLE,
              key_required=False, engine="lmpress.engines.remote.vertex:GoogleVertexEngine", extra="vertex",
-             requires=("openai", "google.auth"), batch_discount=0.5),
+             requires=("openai", "google.auth"), batch_discount=0.5,
+             batch_refusal="Vertex AI's batch prediction reads its requests from and writes its "
+             "results to a Cloud Storage bucket or a BigQuery table, which lmpress does not "
+             "manage; drop --provider-batch to run live, or run the job on --engine GEMINI "
+             "(a Gemini API key) for Gemini's batch mode at the same half price"),
     Provider("TOGETHER", "Together AI", "https://api.together.xyz/v1", "TOGETHER_API_KEY",
              OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST, tasks=EMBED),
     Provider("PARASAIL", "Parasail", "https://api.parasail.io/v1", "PARASAIL_API_KEY",
