@@ -27,7 +27,9 @@ pytest.importorskip("google.genai")
 
 KEYS = {"GEMINI_API_KEY": "gemini-test-key"}
 MODEL = "gemini-2.5-flash"
-FAST = ["--remote_params.batch_poll_max_s", "0.1", "--remote_params.max_retries", "3",
+# --cache off: these runs compare a batch with a live run of the same rows, each generated
+# (tests/cache/ has the response cache's own provider-batch test).
+FAST = ["--cache", "off", "--remote_params.batch_poll_max_s", "0.1", "--remote_params.max_retries", "3",
         "--remote_params.retry_backoff_base", "0.05", "--generation.max_new_tokens", "16"]  # fmt: skip
 # Gemini's compatibility layer plays a thinking model, and takes its extra_body.
 GEMINI = {"reasoning": "gemini", "extensions": frozenset({"extra_body"})}

@@ -22,7 +22,9 @@ from tests.servers.embeddings import vector
 from tests.servers.llm_server import BatchFaults, Faults, LLMServer
 
 KEYS = {"OPENAI_API_KEY": "sk-test-openai", "ANTHROPIC_API_KEY": "sk-ant-test"}
-FAST = ["--remote_params.batch_poll_max_s", "0.1", "--remote_params.max_retries", "3",
+# --cache off: these runs compare a batch with a live run of the same rows, each generated
+# (tests/cache/ has the response cache's own provider-batch test).
+FAST = ["--cache", "off", "--remote_params.batch_poll_max_s", "0.1", "--remote_params.max_retries", "3",
         "--remote_params.retry_backoff_base", "0.05", "--generation.max_new_tokens", "16"]  # fmt: skip
 
 

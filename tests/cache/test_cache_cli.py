@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import run_lmpress
-from tests.servers.llm_server import LLMServer
+from tests.servers.llm_server import BatchFaults, Faults, LLMServer
 
 VOLATILE = {"latency_s", "cached"}
 
@@ -284,3 +284,31 @@ def test_native_smollm2_hits_are_the_rows_it_generates(tmp_path):
     assert all(row["response"]["cached"] for row in again.values())
     assert {k: steady(v) for k, v in again.items()} == {k: steady(v) for k, v in live.items()}
     assert "3 hits / 0 misses" in run.stderr
+
+
+def test_a_provider_batch_submits_only_what_the_cache_lacks(tmp_path):
+    keys = {"OPENAI_API_KEY": "sk-test-openai"}
+    with LLMServer(Faults(batch=BatchFaults(step_s=0.05))) as srv:
+        args = ["--engine", "OPENAI", "--remote_params.api_url", srv.openai_url,
+                "--model.model_name", "gpt-4o-mini", "--remote_params.batch_poll_max_s", "0.1"]  # fmt: skip
+
+        def job(src: Path, out: Path, *more: str):
+            run = run_lmpress("batch", "-i", str(src), "-o", str(out), *args, *more, env=keys)
+            assert run.returncode == 0, run.stderr[-3000:]
+            return run
+
+        job(write(tmp_path / "in.jsonl", rows(10)), tmp_path / "a.jsonl", "--provider-batch")
+        srv.reset()
+        changed = write(tmp_path / "in2.jsonl", rows(10, {2: "Other?", 5: "Another?"}))
+        job(changed, tmp_path / "b.jsonl", "--provider-batch")
+        assert sorted(srv.stats.batch_submissions) == ["row-2", "row-5"]
+        done = summary(tmp_path / "b.jsonl")
+        assert (done["cache"]["hits"], done["cache"]["misses"]) == (8, 2)
+        # The batch's replies answer a live run of the same rows: nothing reaches the server.
+        srv.reset()
+        job(changed, tmp_path / "live.jsonl")
+        assert srv.stats.requests == 0
+        live, batch_rows = read(tmp_path / "live.jsonl"), read(tmp_path / "b.jsonl")
+        assert {k: v["response"]["text"] for k, v in live.items()} == {
+            k: v["response"]["text"] for k, v in batch_rows.items()
+        }

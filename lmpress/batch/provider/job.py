@@ -25,7 +25,7 @@ from typing import Any
 from lmpress.batch.events import RowFailure
 from lmpress.batch.guided_check import check_structure
 from lmpress.batch.job import BatchJob
-from lmpress.batch.pooling import run_request
+from lmpress.batch.pooling import finished, run_request
 from lmpress.batch.provider.apis import WINDOW, Outcome, Progress, batch_api, custom_id
 from lmpress.batch.provider.state import BatchState, Chunk, ChunkWriter
 from lmpress.batch.rows import RowReader
@@ -95,6 +95,11 @@ class ProviderBatchJob(BatchJob):
                 self._fail(read, None, 0)
                 continue
             row, request = read
+            cache = self.cache
+            key = cache.key(request) if cache is not None else None
+            if key is not None and (hit := cache.hit(key, request.id)) is not None:
+                self._finish(0, row, finished(request, hit), None)  # nothing to submit
+                continue
             await self._add(writers, rid, row.line, row.raw, request, attempt=1)
         for writer in writers.values():
             if self._interrupts:  # stopped: sealed and logged, submitted by the next run
@@ -244,14 +249,23 @@ class ProviderBatchJob(BatchJob):
         # The live engine's own result building, for each task's reply.
         if isinstance(request, EmbedRequest):
             result = engine._embed_result(request, error or reply, started)
+            self._keep(request, result)
         elif error is None:
+            result = engine._result(request, reply, started)
+            self._keep(request, result)
             # Checked against the row's JSON schema, regex or choice as a live row is
             # (`pooling.run_request`): a batch row that breaks it fails the same way.
-            result = check_structure(request, engine._result(request, reply, started))
+            result = check_structure(request, result)
         else:
             result = error_result(request, engine, error, started)
         result.latency_s = 0.0
         self._finish(0, parsed, result, None)
+
+    def _keep(self, request: Any, result: Any) -> None:
+        """A reply a batch brought back, kept in the response cache as a live one is."""
+        key = self.cache.key(request) if self.cache is not None else None
+        if key is not None:
+            self.cache.keep(key, result)
 
     def _settled(self, rid: str) -> bool:
         """Whether an earlier run, killed while collecting this row's batch, already wrote the
@@ -299,7 +313,8 @@ class ProviderBatchJob(BatchJob):
             return
         parsed, request = read
         self.budget.batch = False
-        result = await run_request(self.engine, request)
+        key = self.cache.key(request) if self.cache is not None else None
+        result = await run_request(self.engine, request, self.cache, key)
         self._finish(0, parsed, result, None)
         self.budget.batch = True
 
