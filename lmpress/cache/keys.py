@@ -37,7 +37,9 @@ _TRAINING_FIELDS = {name.split(".", 1)[1] for name in TRAINING_ONLY}
 
 
 def _json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    # ASCII, escapes and all: text with a lone surrogate (a row's bad bytes) keys like any
+    # other, and the engine refuses that row as it would without a cache.
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _digest(data: bytes) -> str:

@@ -36,7 +36,7 @@ def dump(result: AnyResult) -> bytes:
         model=result.model,
         engine=result.engine,
     )
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return json.dumps(body, separators=(",", ":")).encode()  # ASCII: any str can be kept
 
 
 def load(value: bytes, request_id: str) -> AnyResult:

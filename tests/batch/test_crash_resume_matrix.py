@@ -76,7 +76,9 @@ class Job:
         self.errors = tmp / f"out{suffix}.errors.jsonl"
         self.env = env
         self.args = ["batch", "--engine", "ECHO", "-i", str(src), "-o", str(self.out)]
-        self.args += ["--generation.batch_size", "3"]
+        # --cache off: each run generates what it writes, so a resumed run is as slow as the
+        # first and the kills land mid-job (rows kept in the response cache would finish it).
+        self.args += ["--generation.batch_size", "3", "--cache", "off"]
         if fmt in ("lmpress", "openai"):
             self.args += ["--output-format", fmt]
         if ordered:

@@ -65,7 +65,7 @@ def test_library_warnings_reach_the_debug_log_not_the_terminal(echo_plugin):
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout == 'ECHO [{"role": "user", "content": "hello"}]\n'
     assert "Warning" not in quiet.stderr and "deprecated" not in quiet.stderr
-    debug = run_lmpress("infer", "--debug", "--engine", "ECHO", "hello", env=env)
+    debug = run_lmpress("infer", "--debug", "--cache", "off", "--engine", "ECHO", "hello", env=env)
     assert debug.stdout == quiet.stdout
     assert "FutureWarning: ECHO's `transcript` is deprecated" in debug.stderr
 
