@@ -238,6 +238,8 @@ class BatchJob:
             if key is not None and (hit := self.cache.hit(key, request.id)) is not None:
                 self._finish(seq, row, finished(request, hit), reorder)
                 seq += 1
+                if seq % 256 == 0:  # a run of hits still hears Ctrl-C, and serves its rows
+                    await asyncio.sleep(0)
                 continue
             assert self.engine is not None
             window = self.window()

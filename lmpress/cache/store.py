@@ -121,12 +121,12 @@ class ResponseStore:
 
     def get(self, key: bytes) -> bytes | None:
         """The value stored for `key`, or None: absent, or damaged (counted)."""
-        pending = self._pending.get(key)
-        if pending is not None:
-            return pending.value
         if self._db is None:
             return None
         with self._lock:
+            pending = self._pending.get(key)
+            if pending is not None:
+                return pending.value
             row = self._db.execute(
                 "SELECT value, checksum, used FROM responses WHERE key = ?", (key,)
             ).fetchone()
@@ -138,7 +138,8 @@ class ResponseStore:
             return None
         now = time.time()
         if not self.readonly and now - used > TOUCH_S:
-            self._touched[key] = now
+            with self._lock:
+                self._touched[key] = now
         try:
             return zlib.decompress(stored) if stored[:1] == b"\x78" else stored
         except zlib.error:
@@ -149,42 +150,50 @@ class ResponseStore:
         return self.get(key) is not None
 
     def put(self, entry: Entry) -> None:
-        """Keep `entry`; written with the next flush."""
-        self._pending[entry.key] = entry
-        if len(self._pending) >= FLUSH_ENTRIES or time.monotonic() - self._last_flush >= FLUSH_S:
+        """Keep `entry`; written with the next flush. Any thread may put, get and flush."""
+        with self._lock:
+            self._pending[entry.key] = entry
+            due = len(self._pending) >= FLUSH_ENTRIES
+        if due or time.monotonic() - self._last_flush >= FLUSH_S:
             self.flush()
 
     def flush(self) -> None:
-        """Write what is pending in one transaction, then evict past the size cap."""
+        """Write what is pending in one transaction, then evict past the size cap. Entries a
+        failed write loses cost a regeneration, no more."""
         self._last_flush = time.monotonic()
-        if self._db is None or (not self._pending and not self._touched):
+        if self._db is None:
             return
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            touched, self._touched = self._touched, {}
+            if pending or touched:
+                self._write(pending, touched)
+
+    def _write(self, pending: dict[bytes, Entry], touched: dict[bytes, float]) -> None:
+        assert self._db is not None
         now = time.time()
         rows = []
-        for entry in self._pending.values():
+        for entry in pending.values():
             stored = entry.value
             if len(stored) >= COMPRESS_FROM:
                 stored = zlib.compress(stored, 1)
             checksum = _checksum(entry.key, stored)
             rows.append((entry.key, stored, checksum, len(stored), entry.engine, entry.model,
                          now, now))  # fmt: skip
-        touched = [(used, key) for key, used in self._touched.items()]
-        with self._lock:
-            waited = time.monotonic()
-            self._db.execute("BEGIN IMMEDIATE")
-            self.longest_lock_wait_s = max(self.longest_lock_wait_s, time.monotonic() - waited)
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
-                )
-                self._db.executemany("UPDATE responses SET used = ? WHERE key = ?", touched)
-                self._evict_past_cap()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        self._pending.clear()
-        self._touched.clear()
+        uses = [(used, key) for key, used in touched.items()]
+        waited = time.monotonic()
+        self._db.execute("BEGIN IMMEDIATE")
+        self.longest_lock_wait_s = max(self.longest_lock_wait_s, time.monotonic() - waited)
+        try:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
+            self._db.executemany("UPDATE responses SET used = ? WHERE key = ?", uses)
+            self._evict_past_cap()
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def _evict_past_cap(self) -> None:
         cap = self.max_bytes()
@@ -244,8 +253,8 @@ class ResponseStore:
     def clear(self, *, model: str | None = None) -> int:
         """Drop every entry (or those of one model); how many went."""
         assert self._db is not None
-        self._pending.clear()
         with self._lock:
+            self._pending.clear()
             if model is None:
                 gone = self._db.execute("DELETE FROM responses").rowcount
             else:
