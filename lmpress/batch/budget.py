@@ -2,7 +2,8 @@
 spent that much, and the job stays resumable like any other stop.
 
 Each finished row is priced where the config knows a price (`lmpress.dryrun.pricing`), and the price
-recorded in its response (`cost_usd`). The budget counts what this run spends: a resumed run
+recorded in its response (`cost_usd`), input read from or written to the provider's prompt cache
+at its own price. The budget counts what this run spends: a resumed run
 starts from zero, so the same command spends at most the cap each time it runs. Rows already
 in flight when the cap is reached still finish (their tokens are being paid for), so a run can
 pass the cap by those rows' cost.
@@ -46,11 +47,15 @@ class Budget:
         self.tokens += usage.prompt_tokens + usage.completion_tokens
         if self.price is not None:
             batch = self.batch and self.price.has_batch
+            cache = {"cached_tokens": usage.cached_tokens,
+                     "cache_creation_tokens": usage.cache_creation_tokens}  # fmt: skip
             result.cost_usd = self.price.cost(
-                usage.prompt_tokens, usage.completion_tokens, batch=batch
+                usage.prompt_tokens, usage.completion_tokens, batch=batch, **cache
             )
             self.spent += result.cost_usd
-            self.live_spent += self.price.cost(usage.prompt_tokens, usage.completion_tokens)
+            self.live_spent += self.price.cost(
+                usage.prompt_tokens, usage.completion_tokens, **cache
+            )
 
     def price_of(self, prompt_tokens: int, completion_tokens: int) -> float:
         """What these tokens cost this run (at the batch rate where it runs batches)."""

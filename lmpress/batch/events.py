@@ -29,6 +29,9 @@ class BatchSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # of completion_tokens, a reasoning model's thinking
+    # Of prompt_tokens, those read from and written to the provider's prompt cache.
+    cached_tokens: int = 0
+    cache_creation_tokens: int = 0
     cost_usd: float | None = None  # what this run's rows cost, where a price is known
     cost_live_usd: float | None = None  # what they would have cost live (provider batches)
     # The response cache: rows answered from it (counted in rows_ok, not in the tokens or the
@@ -77,6 +80,12 @@ class BatchSummary:
             "completion_tokens": self.completion_tokens,
             # Only where a model reasoned, so other runs' summaries stay as they were.
             **({"reasoning_tokens": self.reasoning_tokens} if self.reasoning_tokens else {}),
+            **({"cached_tokens": self.cached_tokens} if self.cached_tokens else {}),
+            **(
+                {"cache_creation_tokens": self.cache_creation_tokens}
+                if self.cache_creation_tokens
+                else {}
+            ),
             "cost_usd": None if self.cost_usd is None else round_usd(self.cost_usd),
             "cost_live_usd": None if self.cost_live_usd is None else round_usd(self.cost_live_usd),
             # Only where the response cache answered or kept a row.

@@ -319,6 +319,8 @@ class BatchJob:
             summary.prompt_tokens += result.usage.prompt_tokens
             summary.completion_tokens += result.usage.completion_tokens
             summary.reasoning_tokens += result.usage.reasoning_tokens
+            summary.cached_tokens += result.usage.cached_tokens
+            summary.cache_creation_tokens += result.usage.cache_creation_tokens
             self.budget.charge(result)
         if result.cost_usd is not None:
             summary.cost_usd = (summary.cost_usd or 0.0) + result.cost_usd

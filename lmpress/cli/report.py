@@ -65,6 +65,12 @@ class BatchReport(BatchEvents):
                 f"{summary.cache_hits} hits / {summary.cache_misses} misses{money}",
             )
         table.add_row("tokens in / out", f"{summary.prompt_tokens} / {summary.completion_tokens}")
+        if summary.cached_tokens:  # inside "in", priced as cached input
+            table.add_row("  of in, read from the prompt cache", str(summary.cached_tokens))
+        if summary.cache_creation_tokens:
+            table.add_row(
+                "  of in, written to the prompt cache", str(summary.cache_creation_tokens)
+            )
         if summary.reasoning_tokens:  # inside "out", priced as output
             table.add_row("  of out, thinking", str(summary.reasoning_tokens))
         table.add_row("wall time", f"{summary.wall_s:.2f} s")
@@ -107,6 +113,12 @@ def dry_run_table(summary: DryRunSummary, stream: TextIO | None = None) -> None:
     context = f" (context {summary.context:,} tokens)" if summary.context else ""
     table.add_row("over the context", f"{summary.over_context:,}{context}")
     table.add_row("prompt tokens", f"{approx}{summary.prompt_tokens:,}")
+    if summary.cached_tokens:  # an estimate whatever counted the prompts
+        table.add_row("  of those, read from the prompt cache", f"~{summary.cached_tokens:,}")
+    if summary.cache_creation_tokens:
+        table.add_row(
+            "  of those, written to the prompt cache", f"~{summary.cache_creation_tokens:,}"
+        )
     table.add_row("longest prompt", f"{approx}{summary.longest_prompt:,}")
     bound = summary.output_token_bound
     table.add_row("output tokens, at most", "unbounded" if bound is None else f"{bound:,}")
@@ -114,6 +126,8 @@ def dry_run_table(summary: DryRunSummary, stream: TextIO | None = None) -> None:
     if not summary.prompt_tokens_exact and not label.startswith("estimate"):
         label = f"estimate: {label}"
     table.add_row("tokenizer", escape(label))
+    if summary.cached_tokens or summary.cache_creation_tokens:
+        approx = "~"  # the prompt cache's share is a guess
     _add_cost_rows(table, summary, approx)
     Console(file=stream or sys.stderr).print(table)
 
@@ -130,6 +144,10 @@ def _add_cost_rows(table: Any, summary: DryRunSummary, approx: str) -> None:
         )
         return
     per_million = f"{_usd(price.input_per_million)} in, {_usd(price.output_per_million)} out"
+    if summary.cached_tokens and price.cached_input_per_million is not None:
+        per_million += f", {_usd(price.cached_input_per_million)} cached in"
+    if summary.cache_creation_tokens and price.cache_write_per_million is not None:
+        per_million += f", {_usd(price.cache_write_per_million)} cache write"
     table.add_row("price per million tokens", f"{per_million} ({escape(price.source)})")
     if summary.cost_live is None:
         table.add_row("cost", "unbounded (no max_new_tokens)")

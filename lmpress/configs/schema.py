@@ -15,6 +15,10 @@ from lmpress.vocabulary.types import REASONING_EFFORTS, GenerationParams
 GenerationDefaults = Literal["ignore", "use"]
 GENERATION_DEFAULTS: tuple[GenerationDefaults, ...] = get_args(GenerationDefaults)
 
+# `remote_params.prompt_cache`, a `str` for the same reason, held to these by RANGE_CHECKS.
+PromptCacheMode = Literal["auto", "off"]
+PROMPT_CACHE_MODES: tuple[PromptCacheMode, ...] = get_args(PromptCacheMode)
+
 
 @dataclass
 class ModelParams:
@@ -69,6 +73,13 @@ class RemoteParams:
     # one has none otherwise), e.g. GPU hours spread over the tokens they make.
     input_price_per_million: float | None = None
     output_price_per_million: float | None = None
+    # Input read from the provider's prompt cache, where it bills that apart (OpenAI, Anthropic,
+    # Gemini); None: the price list's, else the input price.
+    cached_input_price_per_million: float | None = None
+    # Provider prompt caching (engines/remote/prompt_cache.py): "auto" marks a shared prefix
+    # (tools, system prompt) for Anthropic to cache once it repeats and is long enough to be
+    # cached; "off" never marks. OpenAI and Gemini cache by themselves either way.
+    prompt_cache: str = "auto"
     # The provider's batch API (`lmpress batch` only): set (Oumi's field name, "24h") or
     # --provider-batch, and the job's rows go through OpenAI's Batch API, Anthropic's Message
     # Batches or Gemini's batch mode (24h or 48h there) at the batch price instead of live
@@ -213,6 +224,14 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "remote_params.output_price_per_million": (
         lambda v: v is None or (v >= 0 and _finite(v)),
         "must be 0 or more (USD per million tokens), or null for the price list's",
+    ),
+    "remote_params.cached_input_price_per_million": (
+        lambda v: v is None or (v >= 0 and _finite(v)),
+        "must be 0 or more (USD per million tokens), or null for the price list's",
+    ),
+    "remote_params.prompt_cache": (
+        lambda v: v in PROMPT_CACHE_MODES,
+        f"must be {' or '.join(PROMPT_CACHE_MODES)}",
     ),
     "serve.port": (lambda v: 0 <= v <= 65535, "must be in [0, 65535] (0 picks a free port)"),
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),

@@ -420,7 +420,9 @@ def _sample_record(sample: Sample) -> dict[str, Any]:
 
 def usage_record(result: Result) -> dict[str, Any]:
     """A row's `usage`; `reasoning_tokens` (of the completion tokens) only where the model
-    reasoned, so a non-reasoning model's rows stay as they were."""
+    reasoned, and `cached_tokens` and `cache_creation_tokens` (of the prompt tokens: read from
+    and written to the provider's prompt cache) only where there were some, so other rows stay
+    as they were."""
     usage = result.usage
     record = {
         "prompt_tokens": usage.prompt_tokens,
@@ -429,6 +431,10 @@ def usage_record(result: Result) -> dict[str, Any]:
     }
     if reasoned(result):
         record["reasoning_tokens"] = usage.reasoning_tokens
+    if usage.cached_tokens:
+        record["cached_tokens"] = usage.cached_tokens
+    if usage.cache_creation_tokens:
+        record["cache_creation_tokens"] = usage.cache_creation_tokens
     return record
 
 

@@ -13,7 +13,12 @@ What the summary says, and why it is shaped so:
   together, as the providers' limits do, and `max_reasoning_tokens` only divides it), and
   is priced as output, as the providers bill it;
 - the cost at the model's price (`dryrun/pricing.py`), live and through the provider's batch API: the
-  prompt tokens plus the output bound, so an upper bound.
+  prompt tokens plus the output bound, so an upper bound on output;
+- the prompt tokens the provider is expected to read from its prompt cache, and to write to it
+  (`prompt_cache.CacheEstimate`: rows after the first that share a system prompt and tools long
+  enough to cache, with Anthropic only under `remote_params.prompt_cache: auto`), priced at
+  their own prices: an estimate, since a provider's cache is best-effort and, for a job run
+  concurrently, rows sent together may each pay the full price.
 Memory stays flat: a row costs its 8-byte id key (`IdKeys`), whatever the input's size.
 """
 
@@ -30,6 +35,7 @@ from lmpress.data.row_shapes import ParsedRow
 from lmpress.dryrun.pricing import Price, price_for
 from lmpress.dryrun.prompt_tokens import prompt_counter
 from lmpress.engines.prompt_count import PromptCounter
+from lmpress.engines.remote.prompt_cache import CacheEstimate
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import GenerationParams, Request
@@ -54,6 +60,9 @@ class DryRunSummary:
     over_context: int = 0
     prompt_tokens: int = 0  # of the rows that would run
     prompt_tokens_exact: bool = True
+    # Of prompt_tokens, those expected to be read from and written to the provider's cache.
+    cached_tokens: int = 0
+    cache_creation_tokens: int = 0
     output_token_bound: int | None = 0  # None: some row has no bound (no max_new_tokens)
     context: int | None = None  # the tokens a prompt must stay under, where known
     tokenizer: str = ""
@@ -81,6 +90,8 @@ class DryRunSummary:
             "cache_hits": self.cache_hits,
             "prompt_tokens": self.prompt_tokens,
             "prompt_tokens_exact": self.prompt_tokens_exact,
+            "cached_tokens": self.cached_tokens,
+            "cache_creation_tokens": self.cache_creation_tokens,
             "longest_prompt": self.longest_prompt,
             "output_token_bound": self.output_token_bound,
             "context": self.context,
@@ -91,6 +102,8 @@ class DryRunSummary:
                 "input_per_million": price.input_per_million,
                 "output_per_million": price.output_per_million,
                 "batch_discount": price.batch_discount,
+                "cached_input_per_million": price.cached_input_per_million,
+                "cache_write_per_million": price.cache_write_per_million,
                 "source": price.source,
             },
             "cost_live": self.cost_live,
@@ -111,6 +124,9 @@ class DryRun:
         self.counter = counter or prompt_counter(config)
         self.cache = cache  # rows it would answer cost nothing
         self.price = price_for(config)
+        self.cache = CacheEstimate(
+            config.engine, config.model.model_name, config.remote_params.prompt_cache
+        )
         self._ids = IdKeys()
         self._summary = DryRunSummary(
             prompt_tokens_exact=self.counter.exact,
@@ -147,6 +163,7 @@ class DryRun:
             return
         tally.prompt_tokens += tokens
         tally.longest_prompt = max(tally.longest_prompt, tokens)
+        self.cache.add(request, tokens)
         bound = output_bound(request, tokens, context)
         if bound is None or tally.output_token_bound is None:
             tally.output_token_bound = None
@@ -184,13 +201,19 @@ class DryRun:
     def summary(self) -> DryRunSummary:
         """The tally so far, priced; more rows may be added after."""
         tally = dataclasses.replace(
-            self._summary, bad_kinds=dict(self._summary.bad_kinds), duplicates=self._ids.repeats()
+            self._summary,
+            bad_kinds=dict(self._summary.bad_kinds),
+            duplicates=self._ids.repeats(),
+            cached_tokens=self.cache.cached_tokens,
+            cache_creation_tokens=self.cache.cache_creation_tokens,
         )
         price, bound = self.price, tally.output_token_bound
         if price is not None and bound is not None:
-            tally.cost_live = price.cost(tally.prompt_tokens, bound)
+            cache = {"cached_tokens": tally.cached_tokens,
+                     "cache_creation_tokens": tally.cache_creation_tokens}  # fmt: skip
+            tally.cost_live = price.cost(tally.prompt_tokens, bound, **cache)
             if price.has_batch:
-                tally.cost_batch = price.cost(tally.prompt_tokens, bound, batch=True)
+                tally.cost_batch = price.cost(tally.prompt_tokens, bound, batch=True, **cache)
         return tally
 
 

@@ -35,7 +35,7 @@ from openai.types.chat.chat_completion_token_logprob import (
     TopLogprob,
 )
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
-from openai.types.completion_usage import CompletionTokensDetails
+from openai.types.completion_usage import CompletionTokensDetails, PromptTokensDetails
 from pydantic import BaseModel
 
 from lmpress.vocabulary.types import FinishReason, Result, Sample, TokenLogprob, Usage
@@ -87,12 +87,15 @@ def reasoned(result: Result) -> bool:
 
 
 def usage_model(usage: Usage, reasoning: bool = False) -> CompletionUsage:
-    """The usage; with `reasoning` (or reasoning tokens counted), the thinking's share."""
-    details = {}
+    """The usage; with `reasoning` (or reasoning tokens counted), the thinking's share; where
+    the provider read some of the prompt from its cache, how much, as OpenAI reports it."""
+    details: dict[str, Any] = {}
     if reasoning or usage.reasoning_tokens:
         details["completion_tokens_details"] = CompletionTokensDetails(
             reasoning_tokens=usage.reasoning_tokens
         )
+    if usage.cached_tokens:
+        details["prompt_tokens_details"] = PromptTokensDetails(cached_tokens=usage.cached_tokens)
     return CompletionUsage(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
@@ -176,11 +179,7 @@ def text_completion(
                     logprobs=_completion_logprobs(sample.logprobs),
                 )
             )
-    total = Usage(
-        sum(r.usage.prompt_tokens for r in results),
-        sum(r.usage.completion_tokens for r in results),
-        sum(r.usage.reasoning_tokens for r in results),
-    )
+    total = Usage.summed(r.usage for r in results)
     completion = Completion(
         id=id,
         object="text_completion",

@@ -202,11 +202,7 @@ class Server:
     # --- running generations -------------------------------------------------------------
 
     def _finish_log(self, entry: RequestLog, results: list[Result]) -> None:
-        entry.usage = Usage(
-            sum(r.usage.prompt_tokens for r in results),
-            sum(r.usage.completion_tokens for r in results),
-            sum(r.usage.reasoning_tokens for r in results),
-        )
+        entry.usage = Usage.summed(r.usage for r in results)
         if entry.content is not None:
             entry.content["reply"] = [s.text for r in results for s in r.samples]
 

@@ -271,10 +271,24 @@ class Usage:
     completion_tokens: int = 0
     # Of completion_tokens, those spent thinking (OpenAI's completion_tokens_details).
     reasoning_tokens: int = 0
+    # Of prompt_tokens, those the provider read from its prompt cache (OpenAI's and Gemini's
+    # prompt_tokens_details.cached_tokens, Anthropic's cache_read_input_tokens), and those it
+    # wrote to it (Anthropic's cache_creation_input_tokens): each priced apart.
+    cached_tokens: int = 0
+    cache_creation_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def summed(cls, usages: Iterable[Usage]) -> Usage:
+        """The usages added up, field by field (one request's n results, a batch's rows)."""
+        total = cls()
+        for usage in usages:
+            for f in dataclasses.fields(cls):
+                setattr(total, f.name, getattr(total, f.name) + getattr(usage, f.name))
+        return total
 
 
 @dataclass

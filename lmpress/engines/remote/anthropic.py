@@ -7,7 +7,13 @@ content blocks with a base64 or URL source. Tools are tool definitions with an `
 an assistant turn's tool calls are `tool_use` blocks and a tool turn's reply a `tool_result`
 block in a user turn. `parse_message` maps the reply back: text blocks joined, `tool_use`
 blocks as tool calls, `stop_reason` to lmpress's finish reasons, usage (cached input counted as
-input).
+input, and also apart as `cached_tokens` and `cache_creation_tokens`).
+
+Prompt caching (`remote_params.prompt_cache`, prompt_cache.py): with `auto`, a prefix that
+repeats and is long enough to cache gets `cache_control` on its last block (`mark_prefix`): the
+last tool, the last system block; the request that writes it goes first, and the others
+carrying it wait for it. Message Batches lines are built by `_body` too, so they carry the
+same marks.
 
 Thinking (`thinking_config`): `max_reasoning_tokens` N is extended thinking with
 `budget_tokens` N, which the API takes from 1024 up to below `max_tokens` (a row outside that
@@ -25,6 +31,7 @@ signature and is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,6 +39,7 @@ from typing import Any
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote.base import RemoteEngine, Reply, client_options
 from lmpress.engines.remote.inline_images import base64_image
+from lmpress.engines.remote.prompt_cache import Marks, PrefixMarks, anthropic_min_tokens
 from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.guided import GuidedDecoding, GuidedForm
@@ -78,6 +86,11 @@ class AnthropicEngine(RemoteEngine):
         import anthropic  # ~2 s of imports: paid here, not by the first request
 
         self._anthropic = anthropic
+        self.prefix_marks = (
+            PrefixMarks(anthropic_min_tokens(self.model_name))
+            if self.remote.prompt_cache == "auto"
+            else None
+        )
 
     def check_request_params(self, params: GenerationParams) -> None:
         if params.guided_decoding is not None:
@@ -97,22 +110,44 @@ class AnthropicEngine(RemoteEngine):
         )
 
     def _body(self, request: Request) -> dict[str, Any]:
+        """The request's Messages body, live or as a Message Batches line."""
+        return self._marked_body(request)[0]
+
+    def _marked_body(self, request: Request) -> tuple[dict[str, Any], str | None]:
+        """The body with its prompt-cache marks, and the key of the prefix marked (or None)."""
         body = request_body(request, self.model_name)
         if self.remote.user_id:  # as Oumi sends it: the Messages API's metadata.user_id
             body["metadata"] = {"user_id": self.remote.user_id}
-        return body
+        if self.prefix_marks is None:
+            return body, None
+        marks = self.prefix_marks.sight(request)
+        return mark_prefix(body, marks), marks.key
 
     async def _send(self, client: Any, request: Request) -> Reply:
-        body = self._body(request)
-        raw = await client.messages.with_raw_response.create(**body)
-        try:
-            data = json.loads(await raw.read())
-        except ValueError as exc:
-            raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
+        body, key = self._marked_body(request)
+        async with self._writing(key):
+            raw = await client.messages.with_raw_response.create(**body)
+            try:
+                data = json.loads(await raw.read())
+            except ValueError as exc:
+                raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
         return parse_message(data, self.model_name)
 
+    def _writing(self, key: str | None) -> Any:
+        """The gate a request whose marked prefix is being written waits at (prompt_cache.py)."""
+        if self.prefix_marks is None:
+            return contextlib.nullcontext()
+        return self.prefix_marks.writing(key)
+
     async def _send_stream(self, client: Any, request: Request) -> AsyncIterator[Delta | Reply]:
-        body = self._body(request)
+        body, key = self._marked_body(request)
+        async with self._writing(key):
+            async for item in self._stream_body(client, request, body):
+                yield item
+
+    async def _stream_body(
+        self, client: Any, request: Request, body: dict[str, Any]
+    ) -> AsyncIterator[Delta | Reply]:
         stream = await client.messages.create(**body, stream=True)
         parts: list[str] = []
         calls: dict[int, list[str]] = {}  # block index -> [id, name, JSON input pieces...]
@@ -239,6 +274,22 @@ def thinking_config(p: GenerationParams) -> dict[str, Any] | None:
     if budget is not None:
         return {"type": "enabled", "budget_tokens": budget}
     return {"type": "adaptive"}
+
+
+EPHEMERAL = {"type": "ephemeral"}  # the 5-minute cache, priced at 1.25x input to write
+
+
+def mark_prefix(body: dict[str, Any], marks: Marks) -> dict[str, Any]:
+    """The body with `cache_control` on the last tool and the last system block, as `marks`
+    says; a system prompt given as text becomes one text block to carry it."""
+    if marks.tools and body.get("tools"):
+        body["tools"][-1] = {**body["tools"][-1], "cache_control": EPHEMERAL}
+    if marks.system and body.get("system"):
+        system = body["system"]
+        blocks = [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
+        blocks[-1] = {**blocks[-1], "cache_control": EPHEMERAL}
+        body["system"] = blocks
+    return body
 
 
 def tool_definition(function: dict[str, Any]) -> dict[str, Any]:
@@ -417,14 +468,16 @@ def with_thinking(sample: Sample, blocks: list[dict[str, Any]], usage: Usage) ->
 
 
 def _usage(data: dict[str, Any], previous: Usage) -> Usage:
-    """Input counts cached reads and writes too; later stream events update what they carry."""
+    """Input counts cached reads and writes too (and each apart); later stream events update
+    what they carry."""
     keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     given = [data.get(k) for k in keys]
-    prompt = (
-        sum(int(v) for v in given if v)
-        if any(v is not None for v in given)
-        else previous.prompt_tokens
-    )
+    if any(v is not None for v in given):
+        prompt = sum(int(v) for v in given if v)
+        written, read = (int(v or 0) for v in given[1:])
+    else:
+        prompt = previous.prompt_tokens
+        written, read = previous.cache_creation_tokens, previous.cached_tokens
     output = data.get("output_tokens")
     details = data.get("output_tokens_details")
     thinking = details.get("thinking_tokens") if isinstance(details, dict) else None
@@ -432,4 +485,6 @@ def _usage(data: dict[str, Any], previous: Usage) -> Usage:
         prompt,
         int(output) if output is not None else previous.completion_tokens,
         int(thinking) if thinking is not None else previous.reasoning_tokens,
+        cached_tokens=read,
+        cache_creation_tokens=written,
     )

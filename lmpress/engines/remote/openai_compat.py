@@ -459,10 +459,16 @@ def keep_requested_stops(reply: Reply, stops: list[str]) -> Reply:
 
 
 def _usage(usage: dict[str, Any]) -> Usage:
+    """A chat-completions usage: prompt tokens, of them those read from the provider's prompt
+    cache (`prompt_tokens_details.cached_tokens`: OpenAI's, and Gemini's where it gives it),
+    completion tokens, of them those spent thinking."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(
         int(usage.get("prompt_tokens") or 0),
         int(usage.get("completion_tokens") or 0),
         reasoning_tokens(usage),
+        cached_tokens=int(cached or 0),
     )
 
 

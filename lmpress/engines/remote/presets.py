@@ -83,6 +83,9 @@ class Provider:
     requires: tuple[str, ...] = ("openai",)  # importable modules it needs
     # Its batch API's price as a share of the live price (0.5: half); None: it has none.
     batch_discount: float | None = None
+    # What writing a prompt-cache entry costs as a share of the input price (Anthropic's
+    # 5-minute cache: 1.25); None: writing costs what input costs (OpenAI, Gemini).
+    cache_write_share: float | None = None
     # The batch API lmpress drives for it (None: none), and one batch's limits as the provider
     # documents them.
     batch_api: BatchApi | None = None
@@ -113,7 +116,7 @@ PROVIDERS: tuple[Provider, ...] = (
                                              "reasoning_effort", "max_reasoning_tokens"}),
              engine="lmpress.engines.remote.anthropic:AnthropicEngine", requires=("anthropic",),
              batch_discount=0.5, batch_api=BatchApi.ANTHROPIC, batch_max_requests=100_000,
-             batch_max_bytes=256 * 1024 * 1024),
+             batch_max_bytes=256 * 1024 * 1024, cache_write_share=1.25),
     # A server of one's own may implement OpenAI's Files and Batches endpoints.
     Provider("REMOTE", "any OpenAI-compatible server", key_required=False, model_required=False,
              reasoning=OPENAI_EFFORT, batch_api=BatchApi.OPENAI, tasks=EMBED),
@@ -165,49 +168,56 @@ PROVIDERS: tuple[Provider, ...] = (
 
 BY_NAME = {provider.name: provider for provider in PROVIDERS}
 
-# Live prices in USD per million tokens, (input, output), for a few well-known models of the
-# providers that publish one price list. Prices change: these were written down on 2026-11-23
+# Live prices in USD per million tokens, (input, output, cached input), for a few well-known
+# models of the providers that publish one price list; cached input is input read from the
+# provider's prompt cache (engines/remote/prompt_cache.py), and a row without it has no cache
+# price (embeddings). Prices change: these were written down on 2026-11-23
 # from the prices we knew, checked against third-party copies of the providers' pricing pages
 # (dated 2026-03 to 2026-06; the providers' own pages could not be read from where this was
 # written). The standard tier for prompts up to 200K tokens; longer prompts cost more on some
-# models (Gemini 2.5 Pro, Claude Sonnet). remote_params.input_price_per_million and
-# output_price_per_million override a row, or price a model that has none (dryrun/pricing.py).
+# models (Gemini 2.5 Pro, Claude Sonnet). remote_params.input_price_per_million,
+# output_price_per_million and cached_input_price_per_million override a row, or price a model
+# that has none (dryrun/pricing.py). Cached input, written down on 2026-11-24 from the same
+# kind of copies: OpenAI's varies by generation (gpt-4o and o-series before o3 half the input
+# price, gpt-4.1, o3 and o4-mini a quarter, the gpt-5 family a tenth); Anthropic's cache
+# reads are a tenth of input (its writes, 1.25x input, are the provider row's
+# cache_write_share); Gemini's 2.5 models a tenth, 2.0 Flash a quarter.
 # A dated snapshot takes its model's row: gpt-4o-mini-2024-07-18 is gpt-4o-mini.
-OPENAI_PRICES = {
-    "gpt-4o": (2.50, 10.00),
-    "gpt-4o-mini": (0.15, 0.60),
-    "gpt-4.1": (2.00, 8.00),
-    "gpt-4.1-mini": (0.40, 1.60),
-    "gpt-4.1-nano": (0.10, 0.40),
-    "gpt-5": (1.25, 10.00),
-    "gpt-5-mini": (0.25, 2.00),
-    "gpt-5-nano": (0.05, 0.40),
-    "o3": (2.00, 8.00),
-    "o4-mini": (1.10, 4.40),
+OPENAI_PRICES: dict[str, tuple[float, ...]] = {
+    "gpt-4o": (2.50, 10.00, 1.25),
+    "gpt-4o-mini": (0.15, 0.60, 0.075),
+    "gpt-4.1": (2.00, 8.00, 0.50),
+    "gpt-4.1-mini": (0.40, 1.60, 0.10),
+    "gpt-4.1-nano": (0.10, 0.40, 0.025),
+    "gpt-5": (1.25, 10.00, 0.125),
+    "gpt-5-mini": (0.25, 2.00, 0.025),
+    "gpt-5-nano": (0.05, 0.40, 0.005),
+    "o3": (2.00, 8.00, 0.50),
+    "o4-mini": (1.10, 4.40, 0.275),
     # Embeddings are priced on their input alone.
     "text-embedding-3-small": (0.02, 0.0),
     "text-embedding-3-large": (0.13, 0.0),
     "text-embedding-ada-002": (0.10, 0.0),
 }
-ANTHROPIC_PRICES = {
-    "claude-opus-4-1": (15.00, 75.00),
-    "claude-opus-4-5": (5.00, 25.00),
-    "claude-opus-4-6": (5.00, 25.00),
-    "claude-sonnet-4": (3.00, 15.00),
-    "claude-sonnet-4-5": (3.00, 15.00),
-    "claude-sonnet-4-6": (3.00, 15.00),
-    "claude-haiku-4-5": (1.00, 5.00),
-    "claude-3-5-haiku": (0.80, 4.00),
+ANTHROPIC_PRICES: dict[str, tuple[float, ...]] = {
+    "claude-opus-4-1": (15.00, 75.00, 1.50),
+    "claude-opus-4-5": (5.00, 25.00, 0.50),
+    "claude-opus-4-6": (5.00, 25.00, 0.50),
+    "claude-sonnet-4": (3.00, 15.00, 0.30),
+    "claude-sonnet-4-5": (3.00, 15.00, 0.30),
+    "claude-sonnet-4-6": (3.00, 15.00, 0.30),
+    "claude-haiku-4-5": (1.00, 5.00, 0.10),
+    "claude-3-5-haiku": (0.80, 4.00, 0.08),
 }
 # Vertex AI lists Gemini at the Gemini API's prices; its model names carry a publisher
 # ("google/gemini-2.5-flash"), which the lookup drops.
-GEMINI_PRICES = {
-    "gemini-2.5-pro": (1.25, 10.00),
-    "gemini-2.5-flash": (0.30, 2.50),
-    "gemini-2.5-flash-lite": (0.10, 0.40),
-    "gemini-2.0-flash": (0.10, 0.40),
+GEMINI_PRICES: dict[str, tuple[float, ...]] = {
+    "gemini-2.5-pro": (1.25, 10.00, 0.125),
+    "gemini-2.5-flash": (0.30, 2.50, 0.03),
+    "gemini-2.5-flash-lite": (0.10, 0.40, 0.01),
+    "gemini-2.0-flash": (0.10, 0.40, 0.025),
 }
-PRICES: dict[str, dict[str, tuple[float, float]]] = {
+PRICES: dict[str, dict[str, tuple[float, ...]]] = {
     "OPENAI": OPENAI_PRICES,
     "ANTHROPIC": ANTHROPIC_PRICES,
     "GEMINI": GEMINI_PRICES,
