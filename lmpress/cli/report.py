@@ -66,11 +66,9 @@ class BatchReport(BatchEvents):
             )
         table.add_row("tokens in / out", f"{summary.prompt_tokens} / {summary.completion_tokens}")
         if summary.cached_tokens:  # inside "in", priced as cached input
-            table.add_row("  of in, read from the prompt cache", str(summary.cached_tokens))
+            table.add_row("  of in, read from cache", str(summary.cached_tokens))
         if summary.cache_creation_tokens:
-            table.add_row(
-                "  of in, written to the prompt cache", str(summary.cache_creation_tokens)
-            )
+            table.add_row("  of in, written to cache", str(summary.cache_creation_tokens))
         if summary.reasoning_tokens:  # inside "out", priced as output
             table.add_row("  of out, thinking", str(summary.reasoning_tokens))
         table.add_row("wall time", f"{summary.wall_s:.2f} s")
@@ -114,11 +112,9 @@ def dry_run_table(summary: DryRunSummary, stream: TextIO | None = None) -> None:
     table.add_row("over the context", f"{summary.over_context:,}{context}")
     table.add_row("prompt tokens", f"{approx}{summary.prompt_tokens:,}")
     if summary.cached_tokens:  # an estimate whatever counted the prompts
-        table.add_row("  of those, read from the prompt cache", f"~{summary.cached_tokens:,}")
+        table.add_row("  of those, read from cache", f"~{summary.cached_tokens:,}")
     if summary.cache_creation_tokens:
-        table.add_row(
-            "  of those, written to the prompt cache", f"~{summary.cache_creation_tokens:,}"
-        )
+        table.add_row("  of those, written to cache", f"~{summary.cache_creation_tokens:,}")
     table.add_row("longest prompt", f"{approx}{summary.longest_prompt:,}")
     bound = summary.output_token_bound
     table.add_row("output tokens, at most", "unbounded" if bound is None else f"{bound:,}")

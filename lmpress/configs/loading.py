@@ -138,6 +138,12 @@ def load_config(
     config.engine = config.engine.upper()
     config.engine = ENGINE_ALIASES.get(config.engine, config.engine)
     config.generation.mark_explicit(explicit)
+    # YAML reads an unquoted `off` as false (and `on` as true), which a str field holds as
+    # "False": `prompt_cache: off` means what it says.
+    remote = config.remote_params
+    remote.prompt_cache = {"False": "off", "True": "auto"}.get(
+        remote.prompt_cache, remote.prompt_cache
+    )
     validate(config)
     ignored = training_only_fields(config)
     if ignored:

@@ -179,3 +179,53 @@ def test_the_table_says_how_to_give_a_price_when_none_is_known(tiny_llama):
     text = table_text(dry.summary())
     assert "remote_params.input_price_per_million" in text
     assert "~" not in text and "estimate" not in text
+
+
+LONG_SYSTEM = " ".join(f"rule{i}" for i in range(1200))  # ~2400 tokens by the estimate
+
+
+def shared_prefix_job(config, rows: int = 5) -> tuple:
+    dry = DryRun(config)
+    for i in range(rows):
+        messages = [{"role": "system", "content": LONG_SYSTEM},
+                    {"role": "user", "content": f"question {i}"}]  # fmt: skip
+        dry.add(*read(config, i + 1, json.dumps({"id": f"r{i}", "messages": messages})))
+    # A short system prompt is never cached, however often it comes.
+    for i in range(3):
+        dry.add(*read(config, 10 + i, chat(f"s{i}", "hi", system="Be brief.")))
+    return dry.summary()
+
+
+def test_anthropic_rows_sharing_a_long_prefix_are_priced_as_cache_writes_then_reads():
+    config = load_config("anthropic", {"model.model_name": "claude-sonnet-4-5"})
+    summary = shared_prefix_job(config)
+    prefix = Request("p", [Message("system", LONG_SYSTEM)], GenerationParams())
+    tokens = estimate_request_tokens(prefix)
+    # Row 1 sends it unmarked, row 2 writes it, rows 3 to 5 read it.
+    assert summary.cache_creation_tokens == tokens and summary.cached_tokens == 3 * tokens
+    bound = summary.output_token_bound
+    plain = summary.prompt_tokens - 4 * tokens
+    # claude-sonnet-4-5: $3 in, $15 out, $0.30 cache read, $3.75 cache write.
+    live = (plain * 3.00 + 3 * tokens * 0.30 + tokens * 3.75 + bound * 15.00) / 1e6
+    assert summary.cost_live == pytest.approx(live)
+    assert summary.cost_batch == pytest.approx(live / 2)
+    shown = io.StringIO()
+    dry_run_table(summary, shown)
+    assert f"~{3 * tokens:,}" in shown.getvalue() and "$0.30 cached in" in shown.getvalue()
+    off = shared_prefix_job(load_config("anthropic", {
+        "model.model_name": "claude-sonnet-4-5", "remote_params.prompt_cache": "off"}))  # fmt: skip
+    assert off.cached_tokens == off.cache_creation_tokens == 0
+    assert off.cost_live == pytest.approx(
+        (off.prompt_tokens * 3.00 + off.output_token_bound * 15.00) / 1e6
+    )
+
+
+def test_openai_rows_sharing_a_long_prefix_read_it_from_the_second_on():
+    config = load_config("openai", {"model.model_name": "gpt-4.1"})
+    summary = shared_prefix_job(config)
+    tokens = estimate_request_tokens(Request("p", [Message("system", LONG_SYSTEM)],
+                                             GenerationParams()))  # fmt: skip
+    assert summary.cached_tokens == 4 * tokens and summary.cache_creation_tokens == 0
+    plain = summary.prompt_tokens - 4 * tokens
+    live = (plain * 2.00 + 4 * tokens * 0.50 + summary.output_token_bound * 8.00) / 1e6
+    assert summary.cost_live == pytest.approx(live)

@@ -107,7 +107,9 @@ class BatchStore:
         if status is None and url.endswith("/embeddings"):
             out, status = embeddings.reply(body, faults.model), 200
         elif status is None:
-            reply = Reply.of(body, anthropic, faults.model, faults.reasoning)
+            reply = Reply.of(
+                body, anthropic, faults.model, faults.reasoning, self.server.prompt_cache
+            )
             out = reply.anthropic() if anthropic else reply.openai(url)
             out["id"] = f"msg_01{token(24)}" if anthropic else f"chatcmpl-{token(29)}"
             status = 200

@@ -40,6 +40,7 @@ from urllib.parse import parse_qsl
 
 from tests.servers import embeddings, gemini_batches, refusals, request_types
 from tests.servers.batch_api import BatchAPI, BatchFaults, Request
+from tests.servers.prompt_cache import PromptCache
 from tests.servers.replies import Reply, reply_text
 
 __all__ = ["BatchFaults", "Faults", "LLMServer", "Reply", "Stats", "reply_text"]
@@ -76,6 +77,9 @@ class Faults:
     # model thinks when a request's `thinking` asks, as Claude does.
     reasoning: str | None = None
     batch: BatchFaults = field(default_factory=BatchFaults)  # the batch APIs' clock and faults
+    # The shortest prefix its prompt caches keep, in words (`prompt_cache`): Anthropic's
+    # minimum for most models, and OpenAI's.
+    prompt_cache_min: int = 1024
 
 
 @dataclass
@@ -117,6 +121,7 @@ class LLMServer:
         self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.app = self
         self.batches = BatchAPI(self)
+        self.prompt_cache = PromptCache(self.faults.prompt_cache_min)
         self._thread: threading.Thread | None = None
 
     @property
@@ -361,7 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, embeddings.reply(body, f.model))
         if path.endswith("/score"):
             return self._json(200, embeddings.score_reply(body, f.model))
-        reply = Reply.of(body, anthropic, f.model, f.reasoning)
+        reply = Reply.of(body, anthropic, f.model, f.reasoning, app.prompt_cache)
         if body.get("stream"):
             broken = fault if fault in ("drop", "malformed") else None
             return self._stream(reply, body, anthropic, broken)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.servers import reasoning_replies, tool_replies
+from tests.servers.prompt_cache import CacheUse, PromptCache
 
 
 def reply_text(last_user: str) -> str:
@@ -34,11 +35,13 @@ class Reply:
     style: str | None = None  # how chat completions writes it (`Faults.reasoning`)
     shown: bool = False  # whether its text goes out on chat completions
     thinking_blocks: list[dict[str, Any]] | None = None  # on the Messages API
+    cache: CacheUse = field(default_factory=CacheUse)  # the prompt cache's part (`prompt_cache`)
 
     @classmethod
     def of(
-        cls, body: dict[str, Any], anthropic: bool, model: str, reasoning: str | None = None
-    ) -> Reply:
+        cls, body: dict[str, Any], anthropic: bool, model: str, reasoning: str | None = None,
+        prompt_cache: PromptCache | None = None,
+    ) -> Reply:  # fmt: skip
         messages = body.get("messages")
         if messages is None:
             last_user = str(body.get("prompt", ""))
@@ -71,6 +74,10 @@ class Reply:
             samples, stopped_by = [("", "tool_calls")] * len(samples), [None] * len(samples)
         reply = cls(samples, prompt_words + 1, body.get("model") or model, logprobs, calls)
         reply.stopped_by = stopped_by
+        if prompt_cache is not None and (anthropic or messages is not None):
+            use = prompt_cache.anthropic(body) if anthropic else prompt_cache.openai(body)
+            reply.cache = use
+            reply.prompt_tokens = max(reply.prompt_tokens, use.read + use.written + 1)
         if anthropic:
             reply.thinking = reasoning_replies.anthropic_thinking(body, last_user)
             if reply.thinking is not None:
@@ -93,6 +100,8 @@ class Reply:
                                  "total_tokens": self.prompt_tokens + out}  # fmt: skip
         if self.thinking is not None:
             usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+        if self.cache.read:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cache.read}
         return usage
 
     def _message(self, text: str) -> dict[str, Any]:
@@ -207,14 +216,22 @@ class Reply:
         return {"id": "msg_test", "type": "message", "role": "assistant", "model": self.model,
                 "content": content,
                 "stop_reason": self._anthropic_stop(), "stop_sequence": self.stopped_by[0],
-                "usage": {"input_tokens": self.prompt_tokens,
+                "usage": {**self._anthropic_input(),
                           **self._anthropic_usage(text)}}  # fmt: skip
+
+    def _anthropic_input(self) -> dict[str, int]:
+        """The input's usage: apart from what was read from or written to the prompt cache."""
+        read, written = self.cache.read, self.cache.written
+        usage = {"input_tokens": self.prompt_tokens - read - written}
+        if read or written:
+            usage.update(cache_creation_input_tokens=written, cache_read_input_tokens=read)
+        return usage
 
     def anthropic_events(self) -> list[bytes]:
         text, finish = self.samples[0]
         start = self.anthropic()
         start.update(content=[], stop_reason=None)
-        start["usage"] = {"input_tokens": self.prompt_tokens, "output_tokens": 1}
+        start["usage"] = {**self._anthropic_input(), "output_tokens": 1}
         events = [("message_start", {"type": "message_start", "message": start})]
         blocks = self.thinking_blocks or []
         events += reasoning_replies.anthropic_thinking_events(blocks)  # the thinking first

@@ -148,6 +148,10 @@ def tool_result_text(messages: list[Any]) -> str | None:
 # --- Anthropic Messages ------------------------------------------------------------------------
 
 
+# A custom tool's fields lmpress may send (ToolParam declares more: strict, defer_loading...).
+CUSTOM_TOOL_FIELDS = frozenset({"name", "description", "input_schema", "cache_control"})
+
+
 def anthropic_problem(body: dict[str, Any]) -> str | None:
     """What the Messages API would answer 400 to in a body's tools, tool_choice and blocks."""
     tools = body.get("tools")
@@ -155,7 +159,7 @@ def anthropic_problem(body: dict[str, Any]) -> str | None:
         if not isinstance(tools, list):
             return "tools: Input should be a valid list"
         for i, tool in enumerate(tools):
-            if not isinstance(tool, dict) or set(tool) - {"name", "description", "input_schema"}:
+            if not isinstance(tool, dict) or set(tool) - CUSTOM_TOOL_FIELDS:
                 return f"tools.{i}: Extra inputs are not permitted"
             if not NAME.fullmatch(str(tool.get("name", ""))):
                 return f"tools.{i}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
