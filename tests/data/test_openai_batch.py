@@ -231,3 +231,13 @@ def test_vllms_enable_thinking_switch_is_reasoning_effort_none():
     ]:
         with pytest.raises(RowError, match=error):
             overrides(**extra)
+
+
+def test_cached_prompt_tokens_are_in_the_output_lines_usage_as_openai_writes_them():
+    row = parse_row(VLLM_EXAMPLE[1], 2)
+    cached = Result("x", [Sample("ok", "stop")], Usage(2000, 3, cached_tokens=1536), model="m")
+    usage = render_row(row, cached)["response"]["body"]["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 1536}
+    assert ChatCompletion.model_validate(render_row(row, cached)["response"]["body"])
+    plain = Result("x", [Sample("ok", "stop")], Usage(2000, 3), model="m")
+    assert render_row(row, plain)["response"]["body"]["usage"].get("prompt_tokens_details") is None

@@ -288,3 +288,20 @@ def test_bad_reasoning_details_are_a_row_error():
     ]:
         with pytest.raises(RowError, match=error):
             parse_row({"messages": [{"role": "user", "content": "q"}, turn]}, 1, regenerate=False)
+
+
+def test_prompt_cache_counts_are_written_only_where_the_provider_reported_some():
+    row = parse_row({"id": "a", "messages": [{"role": "user", "content": "hi"}]}, 1)
+    cached = Result("x", [Sample("ok", "stop")], Usage(2000, 3, cached_tokens=1500,
+                                                      cache_creation_tokens=400))  # fmt: skip
+    assert render_row(row, cached)["response"]["usage"] == {
+        "prompt_tokens": 2000, "completion_tokens": 3, "total_tokens": 2003,
+        "cached_tokens": 1500, "cache_creation_tokens": 400,
+    }  # fmt: skip
+    read_only = Result("x", [Sample("ok", "stop")], Usage(2000, 3, cached_tokens=1500))
+    assert "cache_creation_tokens" not in render_row(row, read_only)["response"]["usage"]
+    assert set(render_row(row, result())["response"]["usage"]) == {
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+    }

@@ -15,7 +15,7 @@ from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import GenerationParams, Message, Request, Result
 from tests.conftest import run_lmpress
-from tests.servers.llm_server import LLMServer
+from tests.servers.llm_server import BatchFaults, Faults, LLMServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -174,6 +174,8 @@ def write(path: Path, rows: list[dict]) -> Path:
 
 
 def job(tmp_path: Path, server: LLMServer, engine: str, model: str, *extra: str):
+    """Five rows sharing a long system prompt and one with none, run by `lmpress batch` one
+    at a time: (rows by id, OUT.summary.json, stderr)."""
     rows = [{"id": f"r{i}", "messages": [{"role": "system", "content": LONG},
                                          {"role": "user", "content": f"question {i}"}]}
             for i in range(5)] + [{"id": "plain", "prompt": "no system prompt here"}]  # fmt: skip
@@ -238,3 +240,31 @@ def test_an_openai_job_records_cached_tokens_and_prices_them(tmp_path):
     )  # fmt: skip
     assert summary["cached_tokens"] == 4800 and "cache_creation_tokens" not in summary
     assert summary["cost_usd"] == pytest.approx(expected, abs=1e-8)
+
+
+@pytest.mark.parametrize(
+    "engine, model", [("ANTHROPIC", "claude-sonnet-4-5"), ("OPENAI", "gpt-4.1")]
+)
+def test_a_provider_batch_carries_the_marks_and_its_rows_the_cache_usage(tmp_path, engine, model):
+    fast = ["--provider-batch", "--remote_params.batch_poll_max_s", "0.1"]
+    with LLMServer(Faults(batch=BatchFaults(step_s=0.1))) as server:
+        rows, summary, _ = job(tmp_path, server, engine, model, *fast)
+        live_server_requests = server.stats.requests
+    assert live_server_requests == 0  # every row went through the batch API
+    usage = {rid: row["usage"] for rid, row in rows.items()}
+    reads = [usage[f"r{i}"].get("cached_tokens", 0) for i in range(5)]
+    writes = [usage[f"r{i}"].get("cache_creation_tokens", 0) for i in range(5)]
+    if engine == "ANTHROPIC":  # the batch's lines carry the marks the live requests would
+        assert (writes, reads) == ([0, 1200, 0, 0, 0], [0, 0, 1200, 1200, 1200])
+        prices = (3.00, 0.30, 3.75, 15.00)
+    else:
+        assert (writes, reads) == ([0] * 5, [0] + [1200] * 4)
+        prices = (2.00, 0.50, 2.00, 8.00)
+    live = sum(
+        ((u["prompt_tokens"] - u.get("cached_tokens", 0) - u.get("cache_creation_tokens", 0))
+         * prices[0] + u.get("cached_tokens", 0) * prices[1]
+         + u.get("cache_creation_tokens", 0) * prices[2] + u["completion_tokens"] * prices[3])
+        / 1e6 for u in usage.values()
+    )  # fmt: skip
+    assert summary["cost_live_usd"] == pytest.approx(live, abs=1e-8)
+    assert summary["cost_usd"] == pytest.approx(live / 2, abs=1e-8)  # the batch price
