@@ -10,10 +10,15 @@ The engine's backend need not be installed here (VLLM's count needs only transfo
 from __future__ import annotations
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.prompt_count import PromptCounter
+from lmpress.engines.prompt_count import PromptCacheTally, PromptCounter
 from lmpress.engines.registry import engine_class
 
 
 def prompt_counter(config: RunConfig) -> PromptCounter:
     """The counter for the config's engine and model. Loads a tokenizer, never weights."""
     return engine_class(config.engine).prompt_counter(config)
+
+
+def prompt_cache_tally(config: RunConfig) -> PromptCacheTally:
+    """What the config's engine's provider is expected to bill as cached prompt tokens."""
+    return engine_class(config.engine).prompt_cache_tally(config)

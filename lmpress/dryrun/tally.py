@@ -15,7 +15,7 @@ What the summary says, and why it is shaped so:
 - the cost at the model's price (`dryrun/pricing.py`), live and through the provider's batch API: the
   prompt tokens plus the output bound, so an upper bound on output;
 - the prompt tokens the provider is expected to read from its prompt cache, and to write to it
-  (`prompt_cache.CacheEstimate`: rows after the first that share a system prompt and tools long
+  (`Engine.prompt_cache_tally`: rows after the first that share a system prompt and tools long
   enough to cache, with Anthropic only under `remote_params.prompt_cache: auto`), priced at
   their own prices: an estimate, since a provider's cache is best-effort and, for a job run
   concurrently, rows sent together may each pay the full price.
@@ -33,9 +33,8 @@ from lmpress.data.idkeys import IdKeys
 from lmpress.data.resume import id_key
 from lmpress.data.row_shapes import ParsedRow
 from lmpress.dryrun.pricing import Price, price_for
-from lmpress.dryrun.prompt_tokens import prompt_counter
+from lmpress.dryrun.prompt_tokens import prompt_cache_tally, prompt_counter
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.engines.remote.prompt_cache import CacheEstimate
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import GenerationParams, Request
@@ -124,9 +123,7 @@ class DryRun:
         self.counter = counter or prompt_counter(config)
         self.cache = cache  # rows it would answer cost nothing
         self.price = price_for(config)
-        self.cache = CacheEstimate(
-            config.engine, config.model.model_name, config.remote_params.prompt_cache
-        )
+        self.cache = prompt_cache_tally(config)
         self._ids = IdKeys()
         self._summary = DryRunSummary(
             prompt_tokens_exact=self.counter.exact,

@@ -3,7 +3,8 @@
 Everything the rest of lmpress asks of an engine is here, as a method or attribute of
 `Engine`, with a remote API's answer as the default: what it supports (`supported_params`,
 `takes_tools`), whether its model may be a hub id (`takes_hub_ids`), how it counts prompts for
-the dry run (`prompt_counter`), the dtype it loads a model in (`dtype_in_use`), what a
+the dry run (`prompt_counter`) and what its provider's prompt cache bills apart
+(`prompt_cache_tally`), the dtype it loads a model in (`dtype_in_use`), what a
 `--ray` replica of it needs (`key_variable`, `replica_config`), and the requests it holds now
 (`occupancy`, for serve's /metrics). A new engine overrides what differs, in its own folder,
 and needs no other module to know its name.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import ModelParams, RunConfig
-from lmpress.engines.prompt_count import PromptCounter
+from lmpress.engines.prompt_count import NoPromptCache, PromptCacheTally, PromptCounter
 from lmpress.progress import ProgressBar
 from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
 from lmpress.vocabulary.errors import (
@@ -106,6 +107,12 @@ class Engine(ABC):
         from lmpress.engines.remote.prompt_count import prompt_counter
 
         return prompt_counter(config)
+
+    @classmethod
+    def prompt_cache_tally(cls, config: RunConfig) -> PromptCacheTally:
+        """The dry run's estimate of the prompt tokens the provider bills as cached: none by
+        default (a local engine's own prefix cache costs nothing apart)."""
+        return NoPromptCache()
 
     @classmethod
     def dtype_in_use(cls, model: ModelParams) -> str | None:

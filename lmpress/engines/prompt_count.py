@@ -1,5 +1,6 @@
 """What the dry run and the budget guardrails ask of an engine: a request's prompt tokens,
-counted without generating, as the engine will report them in `usage.prompt_tokens`.
+counted without generating, as the engine will report them in `usage.prompt_tokens`; and which
+of them the provider's prompt cache is expected to bill apart (`PromptCacheTally`).
 
 Every engine answers through its `prompt_counter` classmethod (engines/base.py), which loads a
 tokenizer and never weights. The default is a remote API's (engines/remote/prompt_count.py);
@@ -45,6 +46,26 @@ class Estimate:
 
     def count(self, request: Request) -> int:
         return estimate_request_tokens(request)
+
+
+class PromptCacheTally(Protocol):
+    """A job's prompt tokens a provider is expected to read from its prompt cache and write to
+    it, tallied row by row as the dry run reads them (`Engine.prompt_cache_tally`)."""
+
+    cached_tokens: int
+    cache_creation_tokens: int
+
+    def add(self, request: Request, prompt_tokens: int) -> None: ...
+
+
+class NoPromptCache:
+    """An engine whose provider bills no prompt cache apart (every local engine)."""
+
+    cached_tokens = 0
+    cache_creation_tokens = 0
+
+    def add(self, request: Request, prompt_tokens: int) -> None:
+        pass
 
 
 def estimate_counter(why: str) -> PromptCounter:

@@ -16,6 +16,10 @@ written as that provider writes it (`reasoning_replies`). A body the SDK's own r
 type does not allow (an unknown field, a wrong type) gets the 400 the provider gives
 (`request_types`); `Faults.extensions` names the fields beyond it that a vLLM-like server takes.
 
+Both wires play the providers' prompt caches (`prompt_cache`): Anthropic's reads and writes
+what a request's `cache_control` marks, OpenAI's reports a repeated long prefix as
+`cached_tokens`, live and in batches alike.
+
 The same port serves the providers' batch APIs (OpenAI's Files and Batches, Anthropic's Message
 Batches, Gemini's batch mode) in compressed time, with their own faults in `Faults.batch` (`batch_api`), so a test can
 run one job live and as a batch against one server and compare.

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, TypeVar
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, check_tools, error_result
+from lmpress.engines.prompt_count import NoPromptCache, PromptCacheTally
 from lmpress.engines.remote.credentials import Redactor, resolve_api_key
 from lmpress.engines.remote.pacing import (
     Pacer,
@@ -33,6 +34,7 @@ from lmpress.engines.remote.pacing import (
     estimate_request_tokens,
     estimate_tokens,
 )
+from lmpress.engines.remote.prompt_cache import CacheEstimate
 from lmpress.engines.remote.retry import (
     Attempts,
     Failure,
@@ -108,6 +110,14 @@ class RemoteEngine(Engine):
     endpoint_paths: ClassVar[tuple[str, ...]] = ()
     takes_tools = True  # each provider module sends tools in its API's own form
     provider: ClassVar[Any] = None  # its row in presets.PROVIDERS, bound by presets.engine_class
+
+    @classmethod
+    def prompt_cache_tally(cls, config: RunConfig) -> PromptCacheTally:
+        """The provider's prompt cache as its row says it works (prompt_cache.py)."""
+        caching = cls.provider.prompt_caching if cls.provider is not None else None
+        if caching is None:
+            return NoPromptCache()
+        return CacheEstimate(caching, config.model.model_name, config.remote_params.prompt_cache)
 
     @classmethod
     def replica_config(cls, config: RunConfig, replicas: int) -> RunConfig:

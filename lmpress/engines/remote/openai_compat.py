@@ -27,13 +27,7 @@ from typing import Any, ClassVar
 
 import lmpress.vocabulary.tools as tools
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.remote.base import (
-    EmbedReply,
-    RemoteEngine,
-    Reply,
-    ScoreReply,
-    client_options,
-)
+from lmpress.engines.remote.base import EmbedReply, RemoteEngine, Reply, ScoreReply, client_options
 from lmpress.engines.remote.inline_images import inline_image_url
 from lmpress.engines.remote.reasoning import (
     ReasoningFields,
@@ -459,9 +453,8 @@ def keep_requested_stops(reply: Reply, stops: list[str]) -> Reply:
 
 
 def _usage(usage: dict[str, Any]) -> Usage:
-    """A chat-completions usage: prompt tokens, of them those read from the provider's prompt
-    cache (`prompt_tokens_details.cached_tokens`: OpenAI's, and Gemini's where it gives it),
-    completion tokens, of them those spent thinking."""
+    """A chat-completions usage; the prompt's cached share in `prompt_tokens_details`
+    (OpenAI's, and Gemini's where it gives it)."""
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(

@@ -16,7 +16,7 @@ import importlib
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from lmpress.engines.remote.reasoning import GOOGLE, OPENAI_EFFORT, ReasoningFields
 from lmpress.openai_wire.client import OPEN_MODEL_PARAMS, OPENAI_PARAMS, VLLM_PARAMS, Dialect
@@ -34,6 +34,9 @@ GOOGLE_PARAMS = frozenset({
 # Hosts of open models take their extra sampling fields, and no logit_bias (token ids differ).
 OPEN_MODEL_HOST_PARAMS = (OPENAI_PARAMS - {"logit_bias"}) | OPEN_MODEL_PARAMS
 OPEN_MODEL_HOST = Dialect(extra_fields=OPEN_MODEL_PARAMS)
+
+
+PromptCaching = Literal["marked", "automatic"]
 
 
 class BatchApi(str, Enum):
@@ -83,6 +86,9 @@ class Provider:
     requires: tuple[str, ...] = ("openai",)  # importable modules it needs
     # Its batch API's price as a share of the live price (0.5: half); None: it has none.
     batch_discount: float | None = None
+    # How its prompt cache works (prompt_cache.py): "marked", only what a request marks
+    # (Anthropic's cache_control); "automatic", any long enough prompt; None: none billed apart.
+    prompt_caching: PromptCaching | None = None
     # What writing a prompt-cache entry costs as a share of the input price (Anthropic's
     # 5-minute cache: 1.25); None: writing costs what input costs (OpenAI, Gemini).
     cache_write_share: float | None = None
@@ -110,13 +116,13 @@ PROVIDERS: tuple[Provider, ...] = (
     Provider("OPENAI", "OpenAI chat completions API", "https://api.openai.com/v1",
              "OPENAI_API_KEY", dialect=Dialect(max_tokens_field="max_completion_tokens"),
              reasoning=OPENAI_EFFORT, user_field=True, batch_discount=0.5,
-             batch_api=BatchApi.OPENAI, tasks=EMBED),
+             batch_api=BatchApi.OPENAI, tasks=EMBED, prompt_caching="automatic"),
     Provider("ANTHROPIC", "Anthropic Messages API", "https://api.anthropic.com",
              "ANTHROPIC_API_KEY", frozenset({"max_new_tokens", "stop_strings", "guided_decoding",
                                              "reasoning_effort", "max_reasoning_tokens"}),
              engine="lmpress.engines.remote.anthropic:AnthropicEngine", requires=("anthropic",),
              batch_discount=0.5, batch_api=BatchApi.ANTHROPIC, batch_max_requests=100_000,
-             batch_max_bytes=256 * 1024 * 1024, cache_write_share=1.25),
+             batch_max_bytes=256 * 1024 * 1024, prompt_caching="marked", cache_write_share=1.25),
     # A server of one's own may implement OpenAI's Files and Batches endpoints.
     Provider("REMOTE", "any OpenAI-compatible server", key_required=False, model_required=False,
              reasoning=OPENAI_EFFORT, batch_api=BatchApi.OPENAI, tasks=EMBED),
@@ -126,10 +132,11 @@ PROVIDERS: tuple[Provider, ...] = (
     Provider("GEMINI", "Google Gemini (OpenAI-compatible)",
              "https://generativelanguage.googleapis.com/v1beta/openai/", "GEMINI_API_KEY",
              GOOGLE_PARAMS, reasoning=GOOGLE, batch_discount=0.5, batch_api=BatchApi.GEMINI,
-             batch_max_bytes=2 * 1024**3, tasks=EMBED),  # its batch input files: up to 2 GB
+             batch_max_bytes=2 * 1024**3, tasks=EMBED,  # its batch input files: up to 2 GB
+             prompt_caching="automatic"),
     Provider("GOOGLE_VERTEX", "Google Vertex AI", params=GOOGLE_PARAMS, reasoning=GOOGLE,
              key_required=False, engine="lmpress.engines.remote.vertex:GoogleVertexEngine", extra="vertex",
-             requires=("openai", "google.auth"), batch_discount=0.5,
+             requires=("openai", "google.auth"), batch_discount=0.5, prompt_caching="automatic",
              batch_refusal="Vertex AI's batch prediction reads its requests from and writes its "
              "results to a Cloud Storage bucket or a BigQuery table, which lmpress does not "
              "manage; drop --provider-batch to run live, or run the job on --engine GEMINI "

@@ -162,14 +162,14 @@ def _remember(seen: OrderedDict[str, None], key: str) -> bool:
 
 class CacheEstimate:
     """The dry run's guess at the prompt tokens a job reads from (and writes to) the provider's
-    cache, row by row as the engine would send them one at a time: Anthropic with
-    `prompt_cache: auto` as `PrefixMarks` marks (the second row with a prefix writes it, later
-    ones read it), OpenAI and Gemini reading a shared prefix of 1024 tokens or more from the
-    second row on."""
+    cache (`Engine.prompt_cache_tally`), row by row as the engine would send them one at a
+    time: a "marked" cache (Anthropic) with `prompt_cache: auto` as `PrefixMarks` marks (the
+    second row with a prefix writes it, later ones read it), an "automatic" one (OpenAI,
+    Gemini) reading a shared prefix of 1024 tokens or more from the second row on."""
 
-    def __init__(self, engine: str, model: str, mode: str):
-        self.marked = engine == "ANTHROPIC"
-        self.active = mode == "auto" if self.marked else engine in AUTOMATIC
+    def __init__(self, caching: str, model: str, mode: str):
+        self.marked = caching == "marked"
+        self.active = mode == "auto" or not self.marked
         self.marks = PrefixMarks(anthropic_min_tokens(model) if self.marked else OPENAI_MIN_TOKENS)
         self._written: OrderedDict[str, None] = OrderedDict()
         self.cached_tokens = 0
@@ -189,7 +189,3 @@ class CacheEstimate:
             self.cached_tokens += tokens
         else:
             self.cache_creation_tokens += tokens
-
-
-# The engines whose provider caches long prompts by itself and bills the reads apart.
-AUTOMATIC = frozenset({"OPENAI", "GEMINI", "GOOGLE_VERTEX"})
