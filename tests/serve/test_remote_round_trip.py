@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.conftest import run_lmpress
+from tests.servers.llm_server import LLMServer
 
 ROWS = [
     {"id": "a", "messages": [{"role": "user", "content": "first question"}]},
@@ -92,3 +93,29 @@ def test_batch_through_remote_with_the_servers_key(serve_process, echo_plugin, t
     assert run.returncode == 1  # the row failed...
     assert "REMOTE: HTTP 401: Incorrect API key provided." in run.stderr  # ...refused by serve
     assert key not in served.log
+
+
+def test_serve_reports_the_providers_cached_prompt_tokens_as_openai_does(serve_process):
+    """`lmpress serve` over ANTHROPIC: a long system prompt sent again is read from Anthropic's
+    cache, and the chat completion's usage says so where OpenAI's would."""
+    system = " ".join(f"rule{i}" for i in range(1200))
+    with LLMServer() as upstream:
+        served = serve_process("--engine", "ANTHROPIC", "--model.model_name", "claude-test",
+                               "--remote_params.api_url", upstream.anthropic_url,
+                               env={"ANTHROPIC_API_KEY": "sk-ant-test"})  # fmt: skip
+        client = served.client()
+        usages = [
+            client.chat.completions.create(
+                model="claude-test",
+                messages=[
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"question {i}"},
+                ],
+            ).usage  # fmt: skip
+            for i in range(3)
+        ]
+        served.stop()
+    assert usages[0].prompt_tokens_details is None  # nothing cached: the field as before
+    assert usages[1].prompt_tokens_details is None  # written to the cache, not read
+    assert usages[2].prompt_tokens_details.cached_tokens == 1200
+    assert usages[2].prompt_tokens == usages[0].prompt_tokens  # all input, however billed
