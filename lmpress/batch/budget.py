@@ -16,7 +16,7 @@ from typing import Any
 
 from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult
 from lmpress.vocabulary.errors import ConfigError
-from lmpress.vocabulary.types import Result
+from lmpress.vocabulary.types import Result, Usage
 
 
 @dataclass
@@ -46,22 +46,19 @@ class Budget:
         usage = result.usage
         self.tokens += usage.prompt_tokens + usage.completion_tokens
         if self.price is not None:
-            batch = self.batch and self.price.has_batch
-            cache = {"cached_tokens": usage.cached_tokens,
-                     "cache_creation_tokens": usage.cache_creation_tokens}  # fmt: skip
-            result.cost_usd = self.price.cost(
-                usage.prompt_tokens, usage.completion_tokens, batch=batch, **cache
-            )
+            result.cost_usd = self.price_of(usage)
             self.spent += result.cost_usd
-            self.live_spent += self.price.cost(
-                usage.prompt_tokens, usage.completion_tokens, **cache
-            )
+            self.live_spent += self.price_of(usage, live=True)
 
-    def price_of(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """What these tokens cost this run (at the batch rate where it runs batches)."""
+    def price_of(self, usage: Usage, live: bool = False) -> float:
+        """What these tokens cost this run (at the batch rate where it runs batches, unless
+        `live`), input read from or written to the provider's prompt cache at its own price."""
         assert self.price is not None
-        batch = self.batch and self.price.has_batch
-        return self.price.cost(prompt_tokens, completion_tokens, batch=batch)
+        batch = self.batch and self.price.has_batch and not live
+        return self.price.cost(
+            usage.prompt_tokens, usage.completion_tokens, batch, usage.cached_tokens,
+            usage.cache_creation_tokens,
+        )  # fmt: skip
 
     def exceeded(self) -> str | None:
         """Why the run must stop taking rows, or None."""

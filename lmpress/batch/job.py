@@ -352,8 +352,7 @@ class BatchJob:
         price = self.budget.price
         if price is None:
             return
-        usage = result.usage
-        saved = self.budget.price_of(usage.prompt_tokens, usage.completion_tokens)
+        saved = self.budget.price_of(result.usage)
         summary.cost_saved_usd = (summary.cost_saved_usd or 0.0) + saved
         result.cost_usd = 0.0
 

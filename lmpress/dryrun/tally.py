@@ -123,7 +123,7 @@ class DryRun:
         self.counter = counter or prompt_counter(config)
         self.cache = cache  # rows it would answer cost nothing
         self.price = price_for(config)
-        self.cache = prompt_cache_tally(config)
+        self.prompt_cache = prompt_cache_tally(config)  # the provider's, not the response cache
         self._ids = IdKeys()
         self._summary = DryRunSummary(
             prompt_tokens_exact=self.counter.exact,
@@ -160,7 +160,7 @@ class DryRun:
             return
         tally.prompt_tokens += tokens
         tally.longest_prompt = max(tally.longest_prompt, tokens)
-        self.cache.add(request, tokens)
+        self.prompt_cache.add(request, tokens)
         bound = output_bound(request, tokens, context)
         if bound is None or tally.output_token_bound is None:
             tally.output_token_bound = None
@@ -201,8 +201,8 @@ class DryRun:
             self._summary,
             bad_kinds=dict(self._summary.bad_kinds),
             duplicates=self._ids.repeats(),
-            cached_tokens=self.cache.cached_tokens,
-            cache_creation_tokens=self.cache.cache_creation_tokens,
+            cached_tokens=self.prompt_cache.cached_tokens,
+            cache_creation_tokens=self.prompt_cache.cache_creation_tokens,
         )
         price, bound = self.price, tally.output_token_bound
         if price is not None and bound is not None:

@@ -242,9 +242,12 @@ def _call(call: Any, index: int) -> ToolCall:
 
 
 def _usage(usage: dict[str, Any]) -> Usage:
+    """A usageMetadata: the prompt's cached share (`cachedContentTokenCount`) is inside it."""
     thoughts = int(usage.get("thoughtsTokenCount") or 0)
     answer = int(usage.get("candidatesTokenCount") or 0)
-    return Usage(int(usage.get("promptTokenCount") or 0), answer + thoughts, thoughts)
+    cached = int(usage.get("cachedContentTokenCount") or 0)
+    prompt = int(usage.get("promptTokenCount") or 0)
+    return Usage(prompt, answer + thoughts, thoughts, cached_tokens=cached)
 
 
 def row_error(error: Any) -> tuple[int, str]:

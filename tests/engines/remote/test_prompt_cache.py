@@ -268,3 +268,14 @@ def test_a_provider_batch_carries_the_marks_and_its_rows_the_cache_usage(tmp_pat
     )  # fmt: skip
     assert summary["cost_live_usd"] == pytest.approx(live, abs=1e-8)
     assert summary["cost_usd"] == pytest.approx(live / 2, abs=1e-8)  # the batch price
+
+
+def test_gemini_batch_results_read_the_cached_share_of_the_prompt():
+    from lmpress.engines.remote.gemini_wire import parse_generate_content
+
+    data = {"candidates": [{"index": 0, "finishReason": "STOP",
+                            "content": {"role": "model", "parts": [{"text": "ok"}]}}],
+            "usageMetadata": {"promptTokenCount": 2100, "cachedContentTokenCount": 2048,
+                              "candidatesTokenCount": 1}}  # fmt: skip
+    usage = parse_generate_content(data).usage
+    assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (2100, 2048, 1)
