@@ -105,6 +105,16 @@ ENGINE_CONTRACT_EXCEPTIONS = {
         "lmpress.engines.remote.openai_compat",
         "lmpress.engines.remote.anthropic",
     },
+    "lmpress.batch.provider.base": {"lmpress.engines.remote.base", "lmpress.engines.remote.retry"},
+    # Gemini's batch API speaks Gemini's own request and reply shapes, translated as the
+    # engine's wire module translates them.
+    "lmpress.batch.provider.gemini": {
+        "lmpress.engines.remote.gemini_wire",
+        "lmpress.engines.remote.retry",
+    },
+    # The response cache names a local model by its files' content, found where the local
+    # engines find them (a path, a packaged or tiny name, the hub's cache).
+    "lmpress.cache.identity": {"lmpress.engines.common.models"},
 }
 
 

@@ -86,8 +86,10 @@ def test_batch_through_remote_with_the_servers_key(serve_process, echo_plugin, t
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert read_rows(tmp_path / "ok.jsonl")["a"]["response"]["text"].startswith("ECHO ")
+    # --cache off: the request goes to serve again (the response cache would answer it; the
+    # key is not part of what decides a reply).
     run = run_lmpress(
-        *common, "-o", str(tmp_path / "refused.jsonl"),
+        *common, "-o", str(tmp_path / "refused.jsonl"), "--cache", "off",
         "--remote_params.api_key_env_varname", "SERVE_KEY", env={"SERVE_KEY": "wrong"},
     )  # fmt: skip
     assert run.returncode == 1  # the row failed...
