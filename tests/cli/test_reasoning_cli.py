@@ -86,7 +86,8 @@ def test_batch_writes_the_thinking_apart_in_every_output_shape(thinking_echo, tm
         "--output-format", "openai", env=thinking_echo,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    body = json.loads(openai.read_text().splitlines()[0])["response"]["body"]
+    by_id = {line["custom_id"]: line for line in map(json.loads, openai.read_text().splitlines())}
+    body = by_id["a"]["response"]["body"]  # rows are written as they finish: found by id
     message = body["choices"][0]["message"]
     assert message["reasoning_content"] == message["reasoning"] == THINKING
     assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
