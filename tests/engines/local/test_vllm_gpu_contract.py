@@ -51,7 +51,9 @@ def test_vllm_check_refuses_to_run_without_a_gpu(model_dir):
 
 def test_recipe_runs_on_two_gpus(tmp_path):
     model = write_model_dir(tmp_path / "m")
-    args = ("infer", "-c", RECIPE, "--model.model_name", model, "--generation.seed", "3", "hello")
+    # --cache off: each run starts the engine (a kept reply would be printed without one).
+    args = ("infer", "-c", RECIPE, "--model.model_name", model, "--generation.seed", "3",
+            "--cache", "off", "hello")  # fmt: skip
     two = run_lmpress(*args, env=standin_env(CUDA_VISIBLE_DEVICES="0,1"))
     assert two.returncode == 0, two.stderr
     assert two.stdout.startswith("<|im_start|>user hello")
