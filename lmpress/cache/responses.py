@@ -127,11 +127,15 @@ class ResponseCache:
         started = time.perf_counter()
         try:
             value = self.store.get(key)
-            result = None if value is None else records.load(value, request_id)
-        except (sqlite3.Error, ValueError, OSError) as exc:
+        except Exception as exc:  # a cache that fails is left, never the run
             self._give_up(exc)
             return None
-        if result is None:
+        if value is None:
+            return None
+        try:
+            result = records.load(value, request_id)
+        except ValueError:  # a record no reply can be made of: generated again
+            self.store.damaged_reads += 1
             return None
         result.cached = True
         result.latency_s = time.perf_counter() - started
@@ -156,7 +160,7 @@ class ResponseCache:
         try:
             entry = Entry(key, records.dump(result), self.keys.engine, self.keys.label)
             self.store.put(entry)
-        except (sqlite3.Error, OSError) as exc:
+        except Exception as exc:  # a cache that fails is left, never the run
             self._give_up(exc)
 
     def _give_up(self, exc: BaseException) -> None:
@@ -168,7 +172,7 @@ class ResponseCache:
         """Write the replies kept so far (a long-lived process between requests)."""
         try:
             self.store.flush()
-        except (sqlite3.Error, OSError) as exc:
+        except Exception as exc:  # a cache that fails is left, never the run
             self._give_up(exc)
 
     @property
@@ -178,5 +182,5 @@ class ResponseCache:
     def close(self) -> None:
         try:
             self.store.close()
-        except (sqlite3.Error, OSError) as exc:
+        except Exception as exc:  # a cache that fails is left, never the run
             self._give_up(exc)
