@@ -49,6 +49,8 @@ def _digest(data: bytes) -> str:
 def model_identity(config: RunConfig, digests: FileDigests) -> dict[str, Any]:
     """The run's model and its settings, with every file named by its content."""
     model = {k: v for k, v in dataclasses.asdict(config.model).items() if k not in _TRAINING_FIELDS}
+    if _remote(config):  # a remote model: its name at its endpoint
+        return model
     revision = config.model.model_revision
     hub = _takes_hub_ids(config.engine)
     model["model_name"] = content_identity(config.model.model_name, digests, revision, hub)
@@ -59,6 +61,13 @@ def model_identity(config: RunConfig, digests: FileDigests) -> dict[str, Any]:
     if template and "\n" not in template and Path(template).expanduser().is_file():
         model["chat_template"] = "sha256:" + digests.of_file(Path(template).expanduser())
     return model
+
+
+def _remote(config: RunConfig) -> bool:
+    """Whether the run's model is served elsewhere (an endpoint, and not a local engine)."""
+    from lmpress.engines.registry import LOCAL
+
+    return endpoint_of(config) is not None and config.engine not in {s.name for s in LOCAL}
 
 
 def _takes_hub_ids(engine: str) -> bool:
@@ -87,12 +96,15 @@ class RunKey:
     """Keys for one run's requests."""
 
     def __init__(self, config: RunConfig, digests: FileDigests | None = None):
-        own = digests is None
-        digests = digests or FileDigests()
-        try:
+        if digests is not None:
             self.model = model_identity(config, digests)
-        finally:
-            if own:
+        elif _remote(config):  # no files to hash: no table of digests opened
+            self.model = model_identity(config, None)  # type: ignore[arg-type]
+        else:
+            digests = FileDigests()
+            try:
+                self.model = model_identity(config, digests)
+            finally:
                 digests.close()
         self.engine = config.engine
         self.label = config.model.model_name or ""
