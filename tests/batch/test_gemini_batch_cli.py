@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.batch.test_provider_batch_cli import by_id, lines
+from tests.batch.test_provider_batch_cli import by_id, kill_at_random_moments
 from tests.conftest import REPO, run_lmpress
 from tests.servers.llm_server import BatchFaults, Faults, LLMServer
 
@@ -166,25 +166,8 @@ def test_sigkill_at_random_moments_writes_every_row_once_and_submits_none_twice(
     with server(step_s=0.3, permanent={"REJECT-400": 400}) as srv:
         args = args_for(srv, rows, out, "--provider-batch", "--remote_params.batch_max_requests",
                         "10", "--no-retry-failed")  # fmt: skip
-        env = {**os.environ, **KEYS, "PYTHONPATH": str(REPO)}
         log = tmp_path / "out.batches" / "state.jsonl"
-        kills, seen = 0, set()
-        for attempt in range(8):
-            proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            # Kill on a random step: a few more steps of the state log (sealing, uploading,
-            # creating, collecting a batch) or a few more rows written.
-            watched = log if attempt % 2 == 0 else out
-            target = lines(watched) + rng.randint(1, 5)
-            deadline = time.time() + 30
-            while proc.poll() is None and lines(watched) < target and time.time() < deadline:
-                time.sleep(0.002)
-            if proc.poll() is not None:
-                break
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            seen.add((watched.name, lines(out) > 0))
+        kills, seen = kill_at_random_moments(args, KEYS, log, out, rng)
         assert kills >= 5, seen
         assert ("state.jsonl", False) in seen and ("out.jsonl", True) in seen  # early and late
         finish = run_lmpress(*args, env=KEYS)

@@ -100,25 +100,8 @@ def test_sigkill_at_random_moments_writes_every_row_once_and_submits_none_twice(
     with server(step_s=0.3, permanent={"REJECT-400": 400}) as srv:
         args = args_for("OPENAI", srv, rows, out, "--provider-batch",
                         "--remote_params.batch_max_requests", "10", "--no-retry-failed")  # fmt: skip
-        env = {**os.environ, **KEYS, "PYTHONPATH": str(REPO)}
         log = tmp_path / "out.batches" / "state.jsonl"
-        kills, seen = 0, set()
-        for attempt in range(8):
-            proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            # Kill on a random step of the lifecycle: after a few more steps of the state log
-            # (sealing, uploading, creating, collecting a batch) or a few more rows written.
-            watched = log if attempt % 2 == 0 else out
-            target = lines(watched) + rng.randint(1, 5)
-            deadline = time.time() + 30
-            while proc.poll() is None and lines(watched) < target and time.time() < deadline:
-                time.sleep(0.002)
-            if proc.poll() is not None:
-                break
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            seen.add((watched.name, lines(out) > 0))
+        kills, seen = kill_at_random_moments(args, KEYS, log, out, rng)
         assert kills >= 6, seen
         assert ("state.jsonl", False) in seen and ("out.jsonl", True) in seen  # early and late
         finish = run_lmpress(*args, env=KEYS)
@@ -134,6 +117,32 @@ def test_sigkill_at_random_moments_writes_every_row_once_and_submits_none_twice(
     ]
     assert sorted(failed) == ["row-50", "row-7"]
     assert len(submissions) == 120 and max(submissions.values()) == 1
+
+
+def kill_at_random_moments(
+    args: list[str], keys: dict[str, str], log: Path, out: Path, rng: random.Random, tries: int = 8
+) -> tuple[int, set[tuple[str, bool]]]:
+    """Start `lmpress ARGS` up to `tries` times, each killed (SIGKILL) on a random step of the
+    lifecycle: after a few more steps of the state log (sealing, uploading, creating,
+    collecting a batch) or a few more rows written. How many kills, and (the file watched,
+    whether rows were written yet) for each."""
+    env = {**os.environ, **keys, "PYTHONPATH": str(REPO)}
+    kills, seen = 0, set()
+    for attempt in range(tries):
+        proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        watched = log if attempt % 2 == 0 else out
+        target = lines(watched) + rng.randint(1, 5)
+        deadline = time.time() + 30
+        while proc.poll() is None and lines(watched) < target and time.time() < deadline:
+            time.sleep(0.002)
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        seen.add((watched.name, lines(out) > 0))
+    return kills, seen
 
 
 def started_until_submitted(args: list[str], log) -> subprocess.Popen:

@@ -21,13 +21,19 @@ PNG = bytes.fromhex(
 )
 
 
-def remote(**changes) -> RunConfig:
+def remote() -> RunConfig:
     config = RunConfig(engine="REMOTE")
     config.model.model_name = "test-model"
     config.remote_params.api_url = "http://127.0.0.1:9/v1"
+    return config
+
+
+def changed(changes: dict) -> RunConfig:
+    """remote() with `changes`: `section__field` for a section's field, else a top-level one."""
+    config = remote()
     for dotted, value in changes.items():
-        section, _, name = dotted.partition("__")
-        setattr(getattr(config, section), name, value)
+        section, _, name = dotted.rpartition("__")
+        setattr(getattr(config, section) if section else config, name, value)
     return config
 
 
@@ -61,15 +67,7 @@ def digests(tmp_path: Path) -> FileDigests:
     ids=lambda c: next(iter(c)),
 )
 def test_what_only_schedules_work_keeps_the_key(changes, digests):
-    base = key(remote(), ask(), digests)
-    config = remote()
-    for dotted, value in changes.items():
-        if "__" in dotted:
-            section, _, name = dotted.partition("__")
-            setattr(getattr(config, section), name, value)
-        else:
-            setattr(config, dotted, value)
-    assert key(config, ask(), digests) == base
+    assert key(changed(changes), ask(), digests) == key(remote(), ask(), digests)
 
 
 @pytest.mark.parametrize(
@@ -84,15 +82,7 @@ def test_what_only_schedules_work_keeps_the_key(changes, digests):
     ids=lambda c: next(iter(c)),
 )
 def test_what_decides_the_reply_changes_the_key(changes, digests):
-    base = key(remote(), ask(), digests)
-    config = remote()
-    for dotted, value in changes.items():
-        if "__" in dotted:
-            section, _, name = dotted.partition("__")
-            setattr(getattr(config, section), name, value)
-        else:
-            setattr(config, dotted, value)
-    assert key(config, ask(), digests) != base
+    assert key(changed(changes), ask(), digests) != key(remote(), ask(), digests)
 
 
 @pytest.mark.parametrize(
