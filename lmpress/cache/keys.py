@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from lmpress.cache.identity import FileDigests, content_identity
 from lmpress.configs.schema import TRAINING_ONLY, RunConfig
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
@@ -37,9 +39,14 @@ _TRAINING_FIELDS = {name.split(".", 1)[1] for name in TRAINING_ONLY}
 
 
 def _json(value: Any) -> bytes:
-    # ASCII, escapes and all: text with a lone surrogate (a row's bad bytes) keys like any
-    # other, and the engine refuses that row as it would without a cache.
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    """`value` as JSON, keys sorted: by orjson (a key is made for every row), else by json for
+    what orjson refuses (text with a lone surrogate, a row's bad bytes: it keys like any other,
+    and the engine refuses that row as it would without a cache). A value always takes the
+    same one of the two, so its key never changes."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _digest(data: bytes) -> str:

@@ -13,6 +13,8 @@ import dataclasses
 import json
 from typing import Any
 
+import orjson
+
 from lmpress.vocabulary.embeddings import Embedding, EmbedResult, ScoreResult
 from lmpress.vocabulary.types import Result, Sample, TokenLogprob, ToolCall, Usage
 
@@ -36,13 +38,26 @@ def dump(result: AnyResult) -> bytes:
         model=result.model,
         engine=result.engine,
     )
-    return json.dumps(body, separators=(",", ":")).encode()  # ASCII: any str can be kept
+    return _encode(body)
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    """orjson where it writes what json would read back the same: not for a lone surrogate
+    (refused) nor NaN or infinity (written as null; a body has no null otherwise, fields that
+    are None being left out). json, ASCII-escaped, for those."""
+    try:
+        data = orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, separators=(",", ":")).encode()
+    if b"null" in data:
+        return json.dumps(body, separators=(",", ":")).encode()
+    return data
 
 
 def load(value: bytes, request_id: str) -> AnyResult:
     """The reply `dump` kept, for the request `request_id`; ValueError when it is not one."""
     try:
-        body = json.loads(value)
+        body = _decode(value)
         if body.get("v") != FORMAT:
             raise ValueError(f"record format {body.get('v')}")
         usage = _known(Usage, body["usage"])
@@ -61,10 +76,18 @@ def load(value: bytes, request_id: str) -> AnyResult:
         raise ValueError(f"damaged record ({exc!r})") from exc
 
 
+def _decode(value: bytes) -> Any:
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:  # NaN, infinity or a lone surrogate escape: json reads them
+        return json.loads(value)
+
+
 def _sample_fields(sample: Sample) -> dict[str, Any]:
-    """A sample's fields as JSON values (by hand: `dataclasses.asdict` deep-copies every value,
-    and a run at full speed keeps thousands of replies a second)."""
-    fields = dict(vars(sample))
+    """A sample's fields as JSON values, those that are None left out (a load fills them in).
+    By hand: `dataclasses.asdict` deep-copies every value, and a run at full speed keeps
+    thousands of replies a second."""
+    fields = {k: v for k, v in vars(sample).items() if v is not None}
     if sample.tool_calls is not None:
         fields["tool_calls"] = [vars(call) for call in sample.tool_calls]
     if sample.logprobs is not None:
