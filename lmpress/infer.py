@@ -51,8 +51,7 @@ async def run_prompt(
     say = lambda message: print(f"lmpress: {message}", file=err)  # noqa: E731
     responses = ResponseCache.open(config, cache, cache_dir, say)
     try:
-        key = responses.key(request) if responses else None
-        hit = responses.hit(key, request.id) if responses and key else None
+        key, hit = responses.lookup(request) if responses else (None, None)
         if hit is not None:
             assert isinstance(hit, Result)
             say("from the response cache (--cache refresh generates it again)")

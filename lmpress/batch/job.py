@@ -171,7 +171,7 @@ class BatchJob:
         if self.cache is None:
             return
         self.cache.close()
-        self.summary.cache_misses = self.cache.counts.misses
+        self.summary.cache_misses = self.cache.misses
         self.summary.cache_write_wait_s = self.cache.store.longest_lock_wait_s
         if self.cache.damaged_reads:
             self._say(
@@ -234,8 +234,8 @@ class BatchJob:
                 self._fail(refused, reorder, seq)
                 seq += 1
                 continue
-            key = self.cache.key(request) if self.cache is not None else None
-            if key is not None and (hit := self.cache.hit(key, request.id)) is not None:
+            key, hit = self.cache.lookup(request) if self.cache is not None else (None, None)
+            if hit is not None:
                 self._finish(seq, row, finished(request, hit), reorder)
                 seq += 1
                 if seq % 256 == 0:  # a run of hits still hears Ctrl-C, and serves its rows
@@ -349,8 +349,7 @@ class BatchJob:
         """A hit costs nothing; what its tokens would have cost is the money saved."""
         summary = self.summary
         summary.cache_hits += 1
-        price = self.budget.price
-        if price is None:
+        if self.budget.price is None:
             return
         saved = self.budget.price_of(result.usage)
         summary.cost_saved_usd = (summary.cost_saved_usd or 0.0) + saved

@@ -28,22 +28,15 @@ class CachedAnswers:
         return await self._answer(request, self.engine.score)
 
     async def _answer(self, request: Any, generate: Any) -> Any:
-        cache = self.cache
-        key = cache.key(request) if cache is not None else None
-        if key is None:
-            return await generate(request)
-        assert cache is not None
-        hit = cache.hit(key, request.id)
+        key, hit = self._lookup(request)
         if hit is not None:
             return hit
         result = await generate(request)
-        cache.keep(key, result)
+        self._keep(key, result)
         return result
 
     async def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
-        cache = self.cache
-        key = cache.key(request) if cache is not None else None
-        hit = cache.hit(key, request.id) if cache is not None and key is not None else None
+        key, hit = self._lookup(request)
         if isinstance(hit, Result):
             for index, sample in enumerate(hit.samples):
                 if sample.reasoning:
@@ -53,9 +46,16 @@ class CachedAnswers:
             yield hit
             return
         async for item in self.engine.stream(request):
-            if isinstance(item, Result) and cache is not None and key is not None:
-                cache.keep(key, item)
+            if isinstance(item, Result):
+                self._keep(key, item)
             yield item
+
+    def _lookup(self, request: Any) -> tuple[bytes | None, Any]:
+        return self.cache.lookup(request) if self.cache is not None else (None, None)
+
+    def _keep(self, key: bytes | None, result: Any) -> None:
+        if self.cache is not None and key is not None:
+            self.cache.keep(key, result)
 
     def close(self) -> None:
         if self.cache is not None:

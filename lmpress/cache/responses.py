@@ -15,7 +15,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -39,15 +38,13 @@ class CacheMode(str, Enum):
 
 
 CACHE_MODES = tuple(m.value for m in CacheMode)
-# YAML reads `cache: on` and `off` as booleans, which a string field then holds as their names.
-_YAML_BOOLEANS = {"True": CacheMode.ON, "False": CacheMode.OFF}
 
 
 def cache_mode(value: object) -> CacheMode:
-    """A mode as a flag, a recipe (YAML's on/off included) or a caller gives it."""
+    """A mode as a flag, a recipe or a Python caller (True or False too) gives it."""
     if isinstance(value, bool):
         return CacheMode.ON if value else CacheMode.OFF
-    return _YAML_BOOLEANS.get(str(value)) or CacheMode(value)
+    return CacheMode(value)
 
 
 def cache_dir(explicit: str | None = None) -> Path:
@@ -71,19 +68,12 @@ def reproducible(request: AnyRequest) -> bool:
     return params.sampling_temperature() == 0 or params.seed is not None
 
 
-@dataclass
-class CacheCounts:
-    hits: int = 0
-    misses: int = 0  # cacheable requests generated (and kept)
-    uncached: int = 0  # requests the mode does not cache (unseeded sampling under `on`)
-
-
 class ResponseCache:
     def __init__(self, store: ResponseStore, keys: RunKey, mode: CacheMode, say: Callable):
         self.store = store
         self.keys = keys
         self.mode = mode
-        self.counts = CacheCounts()
+        self.misses = 0  # cacheable requests generated (and kept, unless they failed)
         self._say = say
         self._broken = False
 
@@ -116,7 +106,6 @@ class ResponseCache:
         if self._broken:
             return None
         if self.mode is not CacheMode.ALL and not reproducible(request):
-            self.counts.uncached += 1
             return None
         return self.keys.of(request)
 
@@ -139,8 +128,13 @@ class ResponseCache:
             return None
         result.cached = True
         result.latency_s = time.perf_counter() - started
-        self.counts.hits += 1
         return result
+
+    def lookup(self, request: AnyRequest) -> tuple[bytes | None, records.AnyResult | None]:
+        """The request's key (None: this mode does not cache it) and its kept reply (None:
+        a miss, to generate and `keep` under that key)."""
+        key = self.key(request)
+        return key, None if key is None else self.hit(key, request.id)
 
     def would_hit(self, request: AnyRequest) -> bool:
         """Whether a run would answer `request` from the cache (the dry run's question)."""
@@ -154,7 +148,7 @@ class ResponseCache:
 
     def keep(self, key: bytes, result: records.AnyResult) -> None:
         """Keep a generated reply (failed ones are not kept: the next run tries again)."""
-        self.counts.misses += 1
+        self.misses += 1
         if result.error is not None or self._broken:
             return
         try:

@@ -139,11 +139,11 @@ def load_config(
     config.engine = ENGINE_ALIASES.get(config.engine, config.engine)
     config.generation.mark_explicit(explicit)
     # YAML reads an unquoted `off` as false (and `on` as true), which a str field holds as
-    # "False": `prompt_cache: off` means what it says.
-    remote = config.remote_params
-    remote.prompt_cache = {"False": "off", "True": "auto"}.get(
-        remote.prompt_cache, remote.prompt_cache
-    )
+    # "False": `prompt_cache: off` and `cache: on` mean what they say.
+    for (section, name), (on, off) in SWITCHES.items():
+        part = getattr(config, section)
+        value = getattr(part, name)
+        setattr(part, name, {"True": on, "False": off}.get(value, value))
     validate(config)
     ignored = training_only_fields(config)
     if ignored:
@@ -153,6 +153,10 @@ def load_config(
             file=sys.stderr,
         )
     return config
+
+
+# String fields whose values include on or off: what YAML's true and false stand for in each.
+SWITCHES = {("remote_params", "prompt_cache"): ("auto", "off"), ("serve", "cache"): ("on", "off")}
 
 
 def training_only_fields(config: RunConfig) -> list[str]:

@@ -237,7 +237,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),
     "serve.cache": (
-        lambda v: v in ("on", "all", "refresh", "off", "True", "False"),
+        lambda v: v in ("on", "all", "refresh", "off"),
         "must be on, all, refresh or off",
     ),
     "ray.replicas": (lambda v: v >= 1, "must be at least 1"),

@@ -88,13 +88,12 @@ class Replica:
         if isinstance(read, RowFailure):
             return Outcome(seq, skipped, failure=read)
         row, request = read
-        cache = self.cache
-        key = cache.key(request) if cache is not None else None
-        if key is not None and (hit := cache.hit(key, request.id)) is not None:
+        key, hit = self.cache.lookup(request) if self.cache is not None else (None, None)
+        if hit is not None:
             return Outcome(seq, skipped, row, finished(request, hit))
         started = time.perf_counter()
         try:
-            result = await run_request(self.engine, request, cache, key)
+            result = await run_request(self.engine, request, self.cache, key)
         except Exception as exc:  # one row's failure must not fail the call's other rows
             result = error_result(request, self.engine, failure_info(exc), started)
         return Outcome(seq, skipped, row, result, kept=key is not None)

@@ -95,9 +95,8 @@ class ProviderBatchJob(BatchJob):
                 self._fail(read, None, 0)
                 continue
             row, request = read
-            cache = self.cache
-            key = cache.key(request) if cache is not None else None
-            if key is not None and (hit := cache.hit(key, request.id)) is not None:
+            _, hit = self.cache.lookup(request) if self.cache is not None else (None, None)
+            if hit is not None:
                 self._finish(0, row, finished(request, hit), None)  # nothing to submit
                 continue
             await self._add(writers, rid, row.line, row.raw, request, attempt=1)
