@@ -166,10 +166,12 @@ def reference(raw_answers) -> dict:
 
 @pytest.fixture(scope="module")
 def infer_run(model_dir) -> Iterator[Future[CliRun]]:
-    """`lmpress infer` on VLLM, started with the module so that its vLLM starts beside the
-    others rather than after them; test_infer_prints_what_vllm_chat_answers reads it."""
+    """`lmpress infer` on VLLM, decoding speculatively by prompt lookup, started with the module
+    so that its vLLM starts beside the others rather than after them;
+    test_infer_with_ngram_speculation_prints_what_vllm_chat_answers reads it."""
     with ThreadPoolExecutor(1) as pool:
-        yield pool.submit(run_lmpress, "infer", *CLI_MODEL, FRANCE, timeout=600)
+        speculative = ["--model.speculative_method", "ngram"]
+        yield pool.submit(run_lmpress, "infer", *CLI_MODEL, *speculative, FRANCE, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +358,8 @@ CLI_MODEL = [
 ]  # fmt: skip
 
 
-def test_infer_prints_what_vllm_chat_answers(reference, infer_run):
+def test_infer_with_ngram_speculation_prints_what_vllm_chat_answers(reference, infer_run):
+    """Greedy text is the same with vLLM's own speculation as without it (the reference)."""
     run = infer_run.result()
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout == reference["chat"][0][0]["text"] + "\n"
