@@ -4,8 +4,8 @@
 by, and owns everything that changes while the worker runs (the batch's rows and caches); the
 engine only hands it submissions through the shared queue (worker.py).
 
-Every step decodes one token for each row in the batch (batch_cache.py keeps each row's KV
-cache, row_attention.py attends over it), and sampling.py's `BatchControl` picks each row's
+Every step decodes one token for each row in the batch (batch_cache.py keeps the rows' KV cache
+in slots, row_attention.py attends over it in one call a layer), and sampling.py's `BatchControl` picks each row's
 token by its own settings. A row that ends leaves the batch at once and its request is answered
 when its last sample ends; between steps, waiting requests join while there are free rows
 (`generation.batch_size`, a request with n samples counting n) and room in the KV cache's memory
@@ -23,7 +23,6 @@ from typing import Any
 
 from lmpress.engines.base import Engine
 from lmpress.engines.local.native.batch_cache import (
-    SPARE_COLUMNS,
     BatchCache,
     PrefixStore,
     PromptCache,
@@ -131,13 +130,14 @@ class NativeScheduler(Scheduler):
             joining += [(row, prompt) for row in rows if row.finish_reason is None]
             self._answer_finished(rows)
         self._active += [row for row, _ in joining]
-        self._batch.join([prompt for _, prompt in joining])
+        needs = [self._need(row.submission) for row, _ in joining]
+        self._batch.join([prompt for _, prompt in joining], needs)
 
     def _take_fitting(self) -> list[Submission]:
         """The waiting requests, in order, while their rows fit the batch and the budget."""
         taken: list[Submission] = []
         rows = len(self._active)
-        held = sum(self._need(row.submission) for row in self._active)  # the cache they may come to
+        needs: list[int] = []  # the columns the rows taken may come to hold
         pending = self.queue.pending
         with self.queue.wakeup:
             while pending:
@@ -148,16 +148,17 @@ class NativeScheduler(Scheduler):
                 n, need = submission.request.params.n, self._need(submission)
                 fits = rows + n <= self.batch_size or not rows
                 budget = self.kv_budget_tokens
-                if not fits or (budget and rows and held + n * need > budget):
+                if not fits or (
+                    budget and rows and self._batch.columns_with(needs + n * [need]) > budget
+                ):
                     break
                 taken.append(pending.popleft())
-                rows, held = rows + n, held + n * need
+                rows, needs = rows + n, needs + n * [need]
         return taken
 
     def _need(self, submission: Submission) -> int:
-        """The cache columns a request's row may come to hold: its prompt, its reply and the
-        spare columns after them."""
-        return len(submission.prompt_ids) + self._limit(submission) + SPARE_COLUMNS
+        """The cache columns a request's row may come to hold: its prompt and its reply."""
+        return len(submission.prompt_ids) + self._limit(submission)
 
     def _limit(self, submission: Submission) -> int:
         return reply_limit(
@@ -204,20 +205,21 @@ class NativeScheduler(Scheduler):
         """One token for every row in the batch; the rows that end leave it."""
         import torch
 
-        positions, cache = self._batch.step_inputs()
+        positions, cache, mask = self._batch.step_inputs()
         out = self.model(
             input_ids=torch.tensor([[row.last] for row in self._active], device=self.device),
+            attention_mask=mask,
             position_ids=positions,
             use_cache=True,
             logits_to_keep=1,
             **{self._cache_arg: cache},
         )
+        self._batch.keep([1] * len(self._active))
         self._pick(self._active, out.logits[:, -1])
         ended = [b for b, row in enumerate(self._active) if row.finish_reason is not None]
         if ended:
             self._answer_finished(self._active)
-            self._batch.leave(ended)
-            self._active = [row for row in self._active if row.finish_reason is None]
+            self._active = [self._active[b] for b in self._batch.leave(ended)]
 
     def _pick(self, rows: list[BatchRow], logits: Any) -> None:
         control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)
