@@ -12,7 +12,14 @@ The sides:
 - LLAMACPP F16 and Q4_1: `run_batch` on LLAMACPP over the F16 GGUF (`smollm2:135m-instruct`)
   and the shipped Q4_1 file (`smollm2:135m-instruct-q4_1`), lmpress's defaults otherwise.
 
-Both vLLM sides get the same engine arguments: float32 (lmpress's `auto` on a CPU), eager,
+A side named with `+ngram` (`vllm+ngram`, `VLLM+ngram`, `NATIVE+ngram`, `LLAMACPP-F16+ngram`)
+decodes speculatively by prompt lookup: `model.speculative_method: ngram` on lmpress's sides,
+the same settings as vLLM's `speculative_config` on raw vLLM. `--workload copy` swaps the chat
+rows for rows whose replies copy their prompts (rounds.copy_prompts: fix the typos in a
+paragraph, or pull fields out of it).
+
+Both vLLM sides get the same engine arguments: `--dtype` (float32 by default, lmpress's `auto`
+on a CPU; NATIVE gets it too), eager unless `--vllm-mode compiled` (vLLM's own default),
 `max_num_seqs`; `VLLM_CPU_KVCACHE_SPACE` defaults to 2 (GiB). Only generation is timed, not
 loading. A side counts the tokens each row generated, EOS included. Each round runs the sides
 in turn, the next round in reverse order, so drift in the machine's load spreads over them;
@@ -22,6 +29,8 @@ sampled every 0.2 s over the whole run, loading included.
 
     python benchmarks/cpu_engines.py [--rows 64] [--max-new-tokens 256] [--in-flight 16]
         [--rounds 2] [--vllm-python .venv-vllm/bin/python] [--sides vllm,VLLM,NATIVE,...]
+        [--workload chat|copy] [--dtype float32|bfloat16] [--vllm-mode eager|compiled]
+        [--native-compile]
 
 Run it with the main venv's Python; the vLLM sides run with `--vllm-python`.
 """
@@ -52,34 +61,68 @@ SIDES = {  # side: (engine, model, runs in the vLLM venv)
 }
 
 
-def vllm_args(in_flight: int) -> dict:
-    return {"enforce_eager": True, "dtype": "float32", "max_num_seqs": in_flight}
+SPECULATION = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+               "prompt_lookup_max": 4}  # fmt: skip
+WORKLOADS = ("chat", "copy")
 
 
-def run_lmpress(engine_name: str, model: str, rows: int, new_tokens: int, in_flight: int):
+def side_parts(side: str) -> tuple[str, bool]:
+    """A side's base name, and whether it decodes speculatively (`+ngram`)."""
+    base, _, spec = side.partition("+")
+    return base, spec == "ngram"
+
+
+def vllm_args(args: argparse.Namespace, speculative: bool = False) -> dict:
+    engine_args = {"dtype": args.dtype, "max_num_seqs": args.in_flight}
+    if args.vllm_mode == "eager":
+        engine_args["enforce_eager"] = True
+    if speculative:
+        engine_args["speculative_config"] = dict(SPECULATION)
+    return engine_args
+
+
+def rows_of(workload: str, rows: int) -> list[list[dict]]:
+    """The conversations a workload sends: vllm_check's chat rows, or rows whose replies copy
+    their prompts."""
+    if workload == "chat":
+        return conversations(rows)
+    from rounds import copy_prompts
+
+    return [[{"role": "user", "content": text}] for text in copy_prompts(rows, seed=0)]
+
+
+def run_lmpress(side: str, args: argparse.Namespace) -> dict:
     """`lmpress batch` in process: run_batch over a JSONL of the conversations."""
     from lmpress.batch import BatchOptions, run_batch
     from lmpress.cli.report import BatchReport
     from lmpress.configs import load_config
     from lmpress.engines.registry import create_engine
 
+    base, speculative = side_parts(side)
+    engine_name, model, _ = SIDES[base]
     overrides = {
         "model.model_name": model,
-        "generation.max_new_tokens": new_tokens,
+        "generation.max_new_tokens": args.max_new_tokens,
         "generation.temperature": 0.0,
-        "generation.batch_size": in_flight,
+        "generation.batch_size": args.in_flight,
     }
+    if speculative:
+        overrides["model.speculative_method"] = "ngram"
     if engine_name == "VLLM":
         from lmpress.engines.local.vllm.translate import model_directory
 
         overrides["model.model_name"] = model_directory(model, "model")
-        overrides["model.model_kwargs"] = vllm_args(in_flight)
+        overrides["model.model_kwargs"] = vllm_args(args)
+        overrides["model.torch_dtype_str"] = args.dtype
+    if engine_name == "NATIVE":
+        overrides["model.torch_dtype_str"] = args.dtype
+        overrides["model.compile"] = args.native_compile
     config = load_config(None, overrides, engine=engine_name)
     engine = create_engine(config)
     with tempfile.TemporaryDirectory() as tmp:
         source, target = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
         with source.open("w") as f:
-            for i, messages in enumerate(conversations(rows)):
+            for i, messages in enumerate(rows_of(args.workload, args.rows)):
                 f.write(json.dumps({"id": str(i), "messages": messages}) + "\n")
 
         async def go():
@@ -97,14 +140,15 @@ def run_lmpress(engine_name: str, model: str, rows: int, new_tokens: int, in_fli
 
 
 def run_here(side: str, args: argparse.Namespace) -> dict:
-    engine_name, model, _ = SIDES[side]
-    if side == "vllm":
+    base, speculative = side_parts(side)
+    if base == "vllm":
         from lmpress.engines.local.vllm.translate import model_directory
 
-        out = run_raw(model_directory(model, "model"), args.rows, args.max_new_tokens,
-                      vllm_args(args.in_flight), False)  # fmt: skip
+        out = run_raw(model_directory(SIDES[base][1], "model"), args.rows, args.max_new_tokens,
+                      vllm_args(args, speculative), False,
+                      rows_of(args.workload, args.rows))  # fmt: skip
         return {"tokens": out["completion_tokens"], "wall_s": out["wall_s"], "failed": 0}
-    return run_lmpress(engine_name, model, args.rows, args.max_new_tokens, args.in_flight)
+    return run_lmpress(side, args)
 
 
 def peak_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
@@ -129,9 +173,12 @@ def peak_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
 
 
 def run_side(side: str, args: argparse.Namespace) -> dict:
-    python = args.vllm_python if SIDES[side][2] else sys.executable
+    python = args.vllm_python if SIDES[side_parts(side)[0]][2] else sys.executable
     command = [python, __file__, "--only", side, "--rows", str(args.rows),
-               "--max-new-tokens", str(args.max_new_tokens), "--in-flight", str(args.in_flight)]  # fmt: skip
+               "--max-new-tokens", str(args.max_new_tokens), "--in-flight", str(args.in_flight),
+               "--workload", args.workload, "--dtype", args.dtype, "--vllm-mode", args.vllm_mode]  # fmt: skip
+    if args.native_compile:
+        command.append("--native-compile")
     env = {**os.environ, "VLLM_LOGGING_STREAM": "ext://sys.stderr",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -160,16 +207,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
-    parser.add_argument("--only", choices=sorted(SIDES), help=argparse.SUPPRESS)
+    parser.add_argument("--workload", choices=WORKLOADS, default="chat")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--vllm-mode", choices=("eager", "compiled"), default="eager")
+    parser.add_argument("--native-compile", action="store_true")
+    parser.add_argument("--only", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.only:
         print(json.dumps(run_here(args.only, args)))
         return 0
     sides = args.sides.split(",")
-    if unknown := [s for s in sides if s not in SIDES]:
-        parser.error(f"--sides: unknown {unknown}; choose from {', '.join(SIDES)}")
-    print(f"{args.rows} chat rows, at most {args.max_new_tokens} new tokens, greedy, EOS "
-          f"honoured, {args.in_flight} in flight; vLLM sides float32 eager, "
+    if unknown := [s for s in sides if side_parts(s)[0] not in SIDES]:
+        parser.error(f"--sides: unknown {unknown}; choose from {', '.join(SIDES)}, each "
+                     f"with +ngram or without")  # fmt: skip
+    print(f"{args.rows} {args.workload} rows, at most {args.max_new_tokens} new tokens, greedy, "
+          f"EOS honoured, {args.in_flight} in flight; {args.dtype}, vLLM sides {args.vllm_mode}, "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '2')}", flush=True)  # fmt: skip
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for round_ in range(1, args.rounds + 1):

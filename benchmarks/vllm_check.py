@@ -110,15 +110,21 @@ def why_not_here(model_dir: str) -> str | None:
 
 
 def run_raw(
-    model_dir: str, rows: int, max_new_tokens: int, engine_args: dict, images: bool
+    model_dir: str,
+    rows: int,
+    max_new_tokens: int,
+    engine_args: dict,
+    images: bool,
+    prompts: list[list[dict]] | None = None,
 ) -> dict:
+    """Raw vLLM's `LLM.chat` over `prompts`, else over `conversations(rows, images)`."""
     from vllm import LLM, SamplingParams
 
     # vLLM's LLM class does not run data parallel in one process.
     engine_args = {k: v for k, v in engine_args.items() if k != "data_parallel_size"}
     llm = LLM(model=model_dir, **engine_args)
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
-    prompts = conversations(rows, images)
+    prompts = prompts if prompts is not None else conversations(rows, images)
     started = time.perf_counter()
     outputs = llm.chat(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - started

@@ -19,6 +19,11 @@ GENERATION_DEFAULTS: tuple[GenerationDefaults, ...] = get_args(GenerationDefault
 PromptCacheMode = Literal["auto", "off"]
 PROMPT_CACHE_MODES: tuple[PromptCacheMode, ...] = get_args(PromptCacheMode)
 
+# `model.speculative_method`, a `str` for the same reason: "off", or "ngram" (prompt lookup,
+# engines/local/speculation.py).
+SpeculativeMethod = Literal["off", "ngram"]
+SPECULATIVE_METHODS: tuple[SpeculativeMethod, ...] = get_args(SpeculativeMethod)
+
 
 @dataclass
 class ModelParams:
@@ -51,6 +56,14 @@ class ModelParams:
     # recipe means the same on every engine and model, or "use" them for the fields the user
     # did not set, as vLLM's --generation-config auto does.
     generation_defaults: str = "ignore"
+    # Speculative decoding (engines/local/speculation.py), named as vLLM's speculative_config:
+    # "ngram" drafts up to num_speculative_tokens a step from the row's own prompt and reply,
+    # looking up its last prompt_lookup_max..prompt_lookup_min tokens. Greedy text is the same
+    # as with "off"; it pays where replies copy their prompts.
+    speculative_method: str = "off"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
 
 
 @dataclass
@@ -165,6 +178,13 @@ def _finite(v: float) -> bool:
 # refuses it; an open-ended one says `_finite` too, or inf would pass.
 RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "model.generation_defaults": (lambda v: v in GENERATION_DEFAULTS, "must be ignore or use"),
+    "model.speculative_method": (
+        lambda v: v in SPECULATIVE_METHODS,
+        f"must be {' or '.join(SPECULATIVE_METHODS)}",
+    ),
+    "model.num_speculative_tokens": (lambda v: 1 <= v <= 32, "must be in [1, 32]"),
+    "model.prompt_lookup_min": (lambda v: v >= 1, "must be at least 1"),
+    "model.prompt_lookup_max": (lambda v: 1 <= v <= 16, "must be in [1, 16]"),
     "generation.max_new_tokens": (lambda v: v >= 1, "must be at least 1"),
     "generation.temperature": (
         lambda v: v >= 0 and _finite(v),

@@ -68,6 +68,9 @@ class Engine(ABC):
     # Whether `model.generation_defaults: use` means something here: the engine can read the
     # sampling defaults a checkpoint ships. Every engine ignores them by default.
     uses_generation_defaults: ClassVar[bool] = False
+    # Whether `model.speculative_method` other than off means something here
+    # (engines/local/speculation.py); an engine that cannot draft refuses it before any work.
+    speculates: ClassVar[bool] = False
     # Whether requests may offer tools (and hold earlier tool calls): the engine sends them
     # to its API, or renders them and parses the calls out of the reply. `check_tools` refuses
     # them, before any work, on an engine that cannot.
@@ -90,6 +93,11 @@ class Engine(ABC):
             raise UnsupportedParamError(
                 f"model.generation_defaults: engine {self.name} cannot read a checkpoint's "
                 f"generation defaults; set the values under generation instead, or use ignore"
+            )
+        if config.model.speculative_method != "off" and not self.speculates:
+            raise UnsupportedParamError(
+                f"model.speculative_method: engine {self.name} does not decode speculatively; "
+                f"use off, or a local engine (NATIVE, LLAMACPP, VLLM)"
             )
         # How many requests callers should keep submitted to keep this engine busy.
         self.max_in_flight: int = max(1, config.generation.batch_size)

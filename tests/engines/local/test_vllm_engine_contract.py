@@ -272,6 +272,17 @@ def test_model_section_and_model_kwargs_become_engine_arguments(model_dir):
     assert (settings.data_parallel_size, settings.gpus) == (1, 2)
 
 
+def test_ngram_speculation_becomes_vllms_speculative_config(model_dir):
+    config = config_with(
+        model_dir, speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_max=5
+    )
+    assert engine_settings(config).args["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+    }  # fmt: skip
+    assert "speculative_config" not in engine_settings(config_with(model_dir)).args
+
+
 def test_data_parallel_size_is_an_engine_argument_like_the_others(model_dir):
     kwargs = {"data_parallel_size": 4, "tensor_parallel_size": 2}
     settings = engine_settings(config_with(model_dir, model_kwargs=kwargs))

@@ -152,6 +152,13 @@ def engine_settings(
         args["mm_processor_kwargs"] = dict(model.processor_kwargs)
     if not model.load_pretrained_weights:
         args["load_format"] = "dummy"  # vLLM's random weights, shaped by the model's config
+    if model.speculative_method == "ngram":  # vLLM's own prompt lookup, by the same names
+        args["speculative_config"] = {
+            "method": "ngram",
+            "num_speculative_tokens": model.num_speculative_tokens,
+            "prompt_lookup_min": model.prompt_lookup_min,
+            "prompt_lookup_max": model.prompt_lookup_max,
+        }
     adapter = None
     if model.adapter_model:
         adapter = local_or_hub(model.adapter_model, "model.adapter_model")

@@ -1,0 +1,184 @@
+"""Speculative decoding by prompt lookup, shared by the local engines that batch (NATIVE, LLAMACPP).
+
+A row whose reply copies its prompt (fixing typos, extracting fields, rewriting) can be decoded
+several tokens a step: `RowDrafts` proposes the tokens that followed the longest recent n-gram
+matching the row's last tokens (prompt lookup: no second model), the engine verifies the row's
+last token and its drafts in one forward pass of the batch, and the row keeps its drafts up to
+the first one the model would not have chosen, plus the model's own token at that position.
+
+The rule an engine applies at each drafted position j, for a row's draft d_j:
+- the row's own sampler picks y_j from the target's distribution at j, exactly as it would
+  without speculation (greedy: the argmax; sampled: one draw from the row's generator);
+- y_j is emitted; if y_j == d_j the row goes on to j + 1, else it stops there.
+
+With a one-hot draft this is the standard speculative-sampling rule (accept d with probability
+p(d), else sample from p with d removed), so sampled rows keep their distribution; and since
+each emitted token takes exactly one draw, a seeded row gives the same tokens with speculation
+on and off. Everything per row that follows the reply (penalties, grammars, stop strings,
+budgets, logprobs) advances on emitted tokens only, one at a time, so nothing is rolled back but
+the KV cache past the last emitted token.
+
+A row whose drafts keep failing (free text) stops drafting, so it costs nothing: decisions use
+acceptance counts only, never timings, so a job's choices do not depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lmpress.vocabulary.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lmpress.configs.schema import ModelParams
+
+# A row's acceptance is judged once it has drafted this many tokens...
+JUDGE_AFTER = 16
+# ...and it stops drafting while fewer than this share of them were kept.
+MIN_ACCEPTANCE = 0.3
+# A row that stopped drafting tries again after emitting this many tokens, once; a second
+# failure ends its drafting for good (its reply has turned out not to copy its prompt).
+RETRY_AFTER = 64
+# How much a row's recent rounds weigh against its earlier ones in its acceptance.
+RECENT_WEIGHT = 0.3
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """A model's speculative decoding settings (`model.speculative_method` and the fields
+    after it), checked; `of` gives None when it is off."""
+
+    method: str
+    tokens: int  # drafted tokens a row may carry a step, at most
+    lookup_min: int  # the shortest n-gram looked up
+    lookup_max: int  # the longest n-gram looked up, tried first
+
+    @classmethod
+    def of(cls, model: ModelParams) -> Speculation | None:
+        if model.speculative_method == "off":
+            return None
+        if model.prompt_lookup_min > model.prompt_lookup_max:
+            raise ConfigError(
+                f"model.prompt_lookup_min: {model.prompt_lookup_min} is more than "
+                f"model.prompt_lookup_max ({model.prompt_lookup_max}); lower it or raise the max"
+            )
+        return cls(
+            method=model.speculative_method,
+            tokens=model.num_speculative_tokens,
+            lookup_min=model.prompt_lookup_min,
+            lookup_max=model.prompt_lookup_max,
+        )
+
+    def row(self, prompt_ids: Iterable[int]) -> RowDrafts:
+        """The drafting state of a row that starts from these prompt tokens."""
+        return RowDrafts(self, prompt_ids)
+
+
+class NgramIndex:
+    """Where each n-gram of a growing token list last occurred, for n in [shortest, longest]:
+    adding a token and looking up the list's own last n-gram both cost O(longest)."""
+
+    def __init__(self, shortest: int, longest: int):
+        self.shortest, self.longest = shortest, longest
+        self.ids: list[int] = []
+        # n-gram -> the position just after its latest occurrence whose next token is known
+        self._after: dict[tuple[int, ...], int] = {}
+
+    def extend(self, ids: Iterable[int]) -> None:
+        ids_ = self.ids
+        after = self._after
+        for token in ids:
+            end = len(ids_)  # the n-grams ending just before this token now have a successor
+            for n in range(self.shortest, min(self.longest, end) + 1):
+                after[tuple(ids_[end - n : end])] = end
+            ids_.append(token)
+
+    def continuation(self, count: int) -> list[int]:
+        """Up to `count` tokens that followed the latest earlier occurrence of the longest
+        n-gram the list ends with; [] when none occurred before."""
+        ids_ = self.ids
+        end = len(ids_)
+        for n in range(min(self.longest, end), self.shortest - 1, -1):
+            start = self._after.get(tuple(ids_[end - n :]))
+            if start is not None:
+                return ids_[start : start + count]
+        return []
+
+
+class RowDrafts:
+    """One row's drafting: proposes tokens from its prompt and reply so far, and keeps its own
+    acceptance to decide how many to draft, or whether to draft at all."""
+
+    def __init__(self, speculation: Speculation, prompt_ids: Iterable[int]):
+        self.speculation = speculation
+        self.index = NgramIndex(speculation.lookup_min, speculation.lookup_max)
+        self.index.extend(prompt_ids)
+        self.drafted = 0  # tokens drafted, all rounds
+        self.accepted = 0  # of them, kept
+        self._rate: float | None = None  # recent acceptance, None until judged
+        self._judged_drafts = 0  # drafts since the row was last (re)started
+        self._paused_until: int | None = None  # emitted count at which a paused row retries
+        self._retried = False
+        self.emitted = 0  # tokens the row emitted since it started drafting
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the row has stopped drafting for good."""
+        return self._paused_until == -1
+
+    def propose(self, room: int) -> list[int]:
+        """The tokens to verify after the row's last one, at most `room` (what the row's
+        budget and the context leave); [] while the row is not drafting."""
+        if room <= 0 or self._paused_until is not None:
+            return []
+        wanted = self.speculation.tokens
+        if self._rate is not None:
+            wanted = min(wanted, math.ceil(self._rate * wanted) + 1)
+        return self.index.continuation(min(wanted, room))
+
+    def settle(self, drafts: int, kept: int, emitted: Sequence[int]) -> None:
+        """Record a step: `drafts` tokens were drafted and the first `kept` of them were kept;
+        `emitted` are the tokens the row emitted this step (the kept drafts and the model's own
+        token after them, or just its token when it drafted nothing)."""
+        self.index.extend(emitted)
+        self.emitted += len(emitted)
+        if self._paused_until is not None:
+            if 0 <= self._paused_until <= self.emitted:
+                self._paused_until, self._rate, self._judged_drafts = None, None, 0
+            return
+        if not drafts:
+            return
+        self.drafted += drafts
+        self.accepted += kept
+        self._judged_drafts += drafts
+        share = kept / drafts
+        if self._rate is None:
+            self._rate = share
+        else:
+            self._rate += RECENT_WEIGHT * (share - self._rate)
+        if self._judged_drafts >= JUDGE_AFTER and self._rate < MIN_ACCEPTANCE:
+            if self._retried:
+                self._paused_until = -1  # for good
+            else:
+                self._retried = True
+                self._paused_until = self.emitted + RETRY_AFTER
+
+
+@dataclass
+class SpeculationCounts:
+    """A scheduler's running totals over all rows: tokens drafted and kept (read by tests and
+    benchmarks)."""
+
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0  # verify steps that carried at least one draft
+
+    def add(self, drafts: int, kept: int) -> None:
+        self.drafted += drafts
+        self.accepted += kept
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
