@@ -137,8 +137,8 @@ def test_the_rows_decoding_hold_no_more_kv_cache_than_the_budget(tiny_llama, mon
     held: list[tuple[int, int]] = []  # (rows, columns allocated) at each step
     step_inputs = batch_cache.BatchCache.step_inputs
 
-    def watched(self):
-        out = step_inputs(self)
+    def watched(self, width=1):
+        out = step_inputs(self, width)
         held.append((len(self.lengths), self.columns()))
         return out
 
