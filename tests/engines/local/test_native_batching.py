@@ -130,16 +130,16 @@ def test_a_row_too_long_for_the_kv_budget_fails_alone(tiny_llama):
 
 
 def test_the_rows_decoding_hold_no_more_kv_cache_than_the_budget(tiny_llama, monkeypatch):
-    """Batch size 8, and a budget for about three rows: at every step the rows' buffers,
-    spare columns included, fit the budget, and rows still decode side by side."""
+    """Batch size 8, and a budget for about three rows: at every step the slot cache, every
+    slot's columns included, fits the budget, and rows still decode side by side."""
     from lmpress.engines.local.native import batch_cache
 
     held: list[tuple[int, int]] = []  # (rows, columns allocated) at each step
     step_inputs = batch_cache.BatchCache.step_inputs
 
-    def watched(self):
-        out = step_inputs(self)
-        held.append((len(self.rows), sum(row.layers[0][0].shape[1] for row in self.rows)))
+    def watched(self, width=1):
+        out = step_inputs(self, width)
+        held.append((len(self.lengths), self.columns()))
         return out
 
     monkeypatch.setattr(batch_cache.BatchCache, "step_inputs", watched)

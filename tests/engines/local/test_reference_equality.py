@@ -153,6 +153,41 @@ def test_native_greedy_text_and_logprobs_equal_transformers_generate(tiny):
     assert len(texts) == len(QUESTIONS)  # the replies depend on the prompt
 
 
+def test_rows_leaving_joining_and_growing_the_slot_cache_equal_transformers_generate(
+    tiny, monkeypatch
+):
+    """The slot cache grown 8 columns at a time, so that it grows again and again while rows of
+    different lengths and reply limits join, leave (the last live row moving into the freed
+    slot) and decode across each growth: every row still equals transformers decoding it
+    alone, text and logprobs."""
+    from lmpress.engines.local.native import batch_cache
+
+    monkeypatch.setattr(batch_cache, "GROW_COLUMNS", 8)
+    monkeypatch.setattr(batch_cache, "MASK_COLUMNS", 8)
+    seen: list[tuple[int, int]] = []  # (rows, capacity) at each step
+    step_inputs = batch_cache.BatchCache.step_inputs
+
+    def watched(self, width=1):
+        out = step_inputs(self, width)
+        seen.append((len(self.lengths), self.capacity))
+        return out
+
+    monkeypatch.setattr(batch_cache.BatchCache, "step_inputs", watched)
+    engine, model, tokenizer = tiny
+    limits = [3, 25, 7, 1, 18, 30, 2, 12]
+    questions = [QUESTIONS[i % len(QUESTIONS)] + " go" * (3 * i) for i in range(len(limits))]
+    requests = [
+        chat(q, GenerationParams(max_new_tokens=m, logprobs=True, top_logprobs=3), str(i))
+        for i, (q, m) in enumerate(zip(questions, limits, strict=True))
+    ]
+    results = engine.generate(requests)
+    for question, limit, request, result in zip(questions, limits, requests, results, strict=True):
+        reference = transformers_greedy(model, tokenizer, question, limit)
+        assert_equals_reference(engine, tokenizer, result, request, reference)
+    assert len({capacity for _, capacity in seen}) > 3
+    assert len({rows for rows, _ in seen}) > 2
+
+
 SHIPPED = {"repetition_penalty": 1.5, "no_repeat_ngram_size": 2}
 NEUTRAL = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}  # what they are unset
 

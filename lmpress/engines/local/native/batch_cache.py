@@ -1,12 +1,17 @@
 """The KV cache behind NATIVE's continuous batching, which lmpress keeps itself.
 
-Every row decoding now has a cache of its own (`RowCache`): for every layer, keys and values as
-long as its own tokens, with a few spare columns after them, all in one allocation. Nothing is
-padded to the longest row, so the batch's cache holds only the tokens its rows hold. A step
-writes each row's new column in place (`RowsLayer.update`) and attention runs over each row's
-own columns (row_attention.py). A row that ends drops its cache (`BatchCache.leave`); a row that
-joins (`join`) copies in the cache of its own prompt, prefilled on its own. Neither copies the
-other rows; a row's buffer is only copied when it runs out of spare columns.
+The rows decoding now share one slot cache (`BatchCache`): for every layer, one keys and one
+values tensor of [slots, heads, capacity, dim], zero-initialised, a row to a slot. The live rows
+always hold slots [0, n): a row that ends (`leave`) hands its slot to the last live row, one copy
+a layer, and a row that joins (`join`) copies in the cache of its own prompt, prefilled on its
+own. The capacity grows for all slots at once, `GROW_COLUMNS` at a time, so the cache holds
+rows x longest row rather than each row's own length: what static `generate` holds too.
+
+A step writes every row's new tokens with one `index_put_` a layer and attention reads the
+rows' columns up to the longest, in one call a layer (row_attention.py), under a mask built
+once a step from each row's length. A row may carry several new tokens in a step (the drafts a
+speculative step verifies); the step keeps as many of them as the row emitted (`keep`), and the
+columns past that are written over later.
 
 `PrefixStore` keeps the prompt caches of the last few prompts prefilled: a new prompt that
 begins with the same tokens (a system prompt, a few-shot block) starts from the longest such
@@ -24,9 +29,12 @@ from typing import Any
 # copying the prefix costs about what computing it would.
 MIN_SHARED_PREFIX = 16
 PREFIX_SLOTS = 4  # prompts whose caches are kept for the prompts after them
-# Columns a row's buffer keeps spare past its tokens: every this many steps it is copied into a
-# larger one. More costs memory in every row; fewer, copies.
-SPARE_COLUMNS = 16
+# The slot cache grows by this many columns at once: every growth copies the whole cache, and
+# more columns cost memory in every slot.
+GROW_COLUMNS = 256
+# Attention reads the columns up to the longest row's, rounded up to this: fewer distinct shapes
+# for the kernels, and a little padding.
+MASK_COLUMNS = 64
 
 
 # Allocations at least this large get pages of their own from the kernel (glibc's mmap
@@ -75,115 +83,187 @@ def dynamic_cache(layers: list[tuple[Any, Any]]) -> Any:
     return DynamicCache(layers)
 
 
-class RowCache:
-    """One row's keys and values: per layer, [heads, columns, dim] each, views of a single
-    buffer; the first `length` columns hold the row's tokens."""
-
-    def __init__(self, prompt: PromptCache):
-        self.length = prompt.layers[0][0].shape[-2]
-        self.layers = self._buffers(
-            [(k[0], v[0]) for k, v in prompt.layers], self.length + SPARE_COLUMNS
-        )
-
-    def make_room(self) -> None:
-        """At least one spare column, for the next token."""
-        if self.length == self.layers[0][0].shape[1]:
-            self.layers = self._buffers(self.layers, self.length + SPARE_COLUMNS)
-
-    def _buffers(self, layers: list[tuple[Any, Any]], columns: int) -> list[tuple[Any, Any]]:
-        """New buffers of `columns` columns, holding the first `length` columns of `layers`."""
-        tensors = [t for layer in layers for t in layer]
-        sizes = [t.shape[0] * columns * t.shape[2] for t in tensors]
-        flat = tensors[0].new_empty(sum(sizes))
-        views, at = [], 0
-        for t, size in zip(tensors, sizes, strict=True):
-            view = flat[at : at + size].view(t.shape[0], columns, t.shape[2])
-            view[:, : self.length] = t[:, : self.length]
-            views.append(view)
-            at += size
-        return list(zip(views[::2], views[1::2], strict=True))
+def round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
 
 
-class RowViews(list):
-    """Each row's keys (or values) for one layer, [heads, its own length, dim]: what a
-    `RowsLayer` gives attention in place of one padded tensor (see row_attention.py)."""
+class StepMask:
+    """One step's attention masks, [rows, 1, new tokens, columns], additive: a row's new token
+    j attends to the row's columns up to its own position, and on a layer with a sliding
+    window only to the last `window` of them. Built for each window when a layer first asks."""
+
+    def __init__(self, positions: Any, columns: int, dtype: Any):
+        import torch
+
+        self.positions = positions[:, None, :, None]  # each new token's column
+        self.columns = torch.arange(columns, device=positions.device)
+        self.dtype = dtype
+        self.masks: dict[int | None, Any] = {}
+
+    def mask(self, window: int | None) -> Any:
+        if window not in self.masks:
+            import torch
+
+            allowed = self.columns <= self.positions
+            if window:
+                allowed &= self.columns > self.positions - window
+            blocked = torch.finfo(self.dtype).min  # as transformers' own masks: never -inf
+            shape = allowed.shape
+            mask = torch.zeros(shape, dtype=self.dtype, device=allowed.device)
+            self.masks[window] = mask.masked_fill_(~allowed, blocked)
+        return self.masks[window]
 
 
 @functools.cache
-def rows_layer_class() -> type:
+def slots_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
-    class RowsLayer(DynamicLayer):
-        """One layer of a `BatchCache` as the model sees it: `update` writes each row's new
-        token in place and returns the rows' own columns. Mask sizes are those of the new
-        token alone: attention needs no mask, since every row attends to all of its own
-        tokens."""
+    class SlotsLayer(DynamicLayer):
+        """One layer of a `BatchCache` as the model sees it: `update` writes the rows' new
+        tokens in place and returns every live slot's columns up to the step's width. The
+        step passes its own mask (`StepMask`), so the model asks no mask sizes of it."""
 
         def __init__(self, batch: BatchCache, index: int):
             super().__init__()
             self.batch, self.index, self.is_initialized = batch, index, True
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
-            keys, values = RowViews(), RowViews()
-            new_keys, new_values = key_states[:, :, -1].unbind(0), value_states[:, :, -1].unbind(0)
-            for row, new_k, new_v in zip(self.batch.rows, new_keys, new_values, strict=True):
-                k, v = row.layers[self.index]
-                n = row.length  # counts the token being written
-                k.select(1, n - 1).copy_(new_k)
-                v.select(1, n - 1).copy_(new_v)
-                keys.append(k.narrow(1, 0, n))
-                values.append(v.narrow(1, 0, n))
-            return keys, values
+            keys, values = self.batch.layers[self.index]
+            where, n, columns = self.batch.where, len(self.batch.lengths), self.batch.read_columns
+            keys.transpose(1, 2).index_put_(where, key_states.transpose(1, 2))
+            values.transpose(1, 2).index_put_(where, value_states.transpose(1, 2))
+            return keys[:n, :, :columns], values[:n, :, :columns]
 
         def get_seq_length(self) -> int:
-            # Rows differ in length; the step passes each row's position itself, and masks
-            # come out empty (get_mask_sizes), so no single length is asked for anything.
+            # Rows differ in length; the step passes each token's position and its own mask,
+            # so no single length is asked for anything.
             return 0
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
             return query_length, 0
 
-    return RowsLayer
+    return SlotsLayer
 
 
 class BatchCache:
-    """The rows decoding now, in order: their caches, and the cache the model's forward pass
-    takes for one step of all of them."""
+    """The rows decoding now, in slot order: the slot cache, each row's length, and the cache
+    the model's forward pass takes for one step of all of them."""
 
     def __init__(self) -> None:
-        self.rows: list[RowCache] = []
+        self.lengths: list[int] = []  # the tokens each live slot holds
+        self.needs: list[int] = []  # the columns each live slot may come to hold
+        self.layers: list[
+            tuple[Any, Any]
+        ] = []  # per layer: keys, values [slots, heads, capacity, dim]
+        self.where: tuple[Any, Any] = ()  # the step's (slot, column) of each new token
+        self.read_columns = 0  # the columns attention reads this step
         self._cache: Any = None
 
-    def join(self, prompts: list[PromptCache]) -> None:
-        """Add a row after the last for each prompt, starting from its cache."""
-        self.rows += [RowCache(prompt) for prompt in prompts]
+    @property
+    def slots(self) -> int:
+        return self.layers[0][0].shape[0] if self.layers else 0
 
-    def leave(self, indices: list[int]) -> None:
-        gone = set(indices)
-        self.rows = [row for i, row in enumerate(self.rows) if i not in gone]
+    @property
+    def capacity(self) -> int:
+        return self.layers[0][0].shape[2] if self.layers else 0
 
     def columns(self) -> int:
-        """The cache columns the rows hold now, their spare columns included."""
-        return sum(row.layers[0][0].shape[1] for row in list(self.rows))
+        """The cache columns allocated now, all slots and all their columns."""
+        return self.slots * self.capacity
 
-    def step_inputs(self) -> tuple[Any, Any]:
-        """The positions of one new token in every row, [rows, 1], and the cache to pass the
-        model; every row counts the new token from here."""
+    def columns_with(self, needs: list[int]) -> int:
+        """The columns the cache may come to allocate with rows of these needs added."""
+        rows = max(self.slots, len(self.lengths) + len(needs))
+        return rows * max([self.capacity, *self.needs, *needs])
+
+    def join(self, prompts: list[PromptCache], needs: list[int]) -> None:
+        """Add a row after the last for each prompt, starting from its cache; `needs`: the
+        columns each may come to hold."""
+        if not prompts:
+            return
+        n = len(self.lengths)
+        lengths = [prompt.layers[0][0].shape[-2] for prompt in prompts]
+        self.needs += needs
+        self._reserve(n + len(prompts), max(self.lengths + lengths), prompts[0].layers)
+        for slot, prompt in enumerate(prompts, start=n):
+            for (keys, values), (k, v) in zip(self.layers, prompt.layers, strict=True):
+                keys[slot, :, : k.shape[-2]].copy_(k[0])
+                values[slot, :, : v.shape[-2]].copy_(v[0])
+        self.lengths += lengths
+
+    def leave(self, indices: list[int]) -> list[int]:
+        """Drop these rows: the last live rows move into the slots they leave. Returns the
+        rows' old indices in their new slot order."""
+        n, gone = len(self.lengths), set(indices)
+        kept = n - len(gone)
+        holes = [i for i in sorted(gone) if i < kept]
+        movers = [i for i in range(kept, n) if i not in gone]
+        order = list(range(n))
+        if holes:
+            import torch
+
+            device = self.layers[0][0].device
+            to, source = torch.tensor(holes, device=device), torch.tensor(movers, device=device)
+            width = max(self.lengths[i] for i in movers)
+            for keys, values in self.layers:
+                keys[to, :, :width] = keys[source, :, :width]
+                values[to, :, :width] = values[source, :, :width]
+            for hole, mover in zip(holes, movers, strict=True):
+                order[hole] = mover
+        order = order[:kept]
+        self.lengths = [self.lengths[i] for i in order]
+        self.needs = [self.needs[i] for i in order]
+        if not order:
+            self.layers, self._cache = [], None  # an empty batch gives its memory back
+        return order
+
+    def keep(self, counts: list[int]) -> None:
+        """Each row keeps this many of the step's new tokens."""
+        self.lengths = [length + count for length, count in zip(self.lengths, counts, strict=True)]
+
+    def step_inputs(self, width: int = 1) -> tuple[Any, Any, Any]:
+        """For `width` new tokens in every row: their positions, [rows, width], the cache to
+        pass the model, and the step's attention mask (a `StepMask`'s, which it carries for
+        row_attention.py). Rows count none of them until `keep`."""
         import torch
 
-        positions = []
-        for row in self.rows:
-            row.make_room()
-            positions.append([row.length])
-            row.length += 1
+        longest = max(self.lengths) + width
+        self._reserve(len(self.lengths), longest, self.layers)
+        device = self.layers[0][0].device
+        lengths = torch.tensor(self.lengths, device=device)
+        positions = lengths[:, None] + torch.arange(width, device=device)
+        slots = torch.arange(len(self.lengths), device=device)[:, None].expand_as(positions)
+        self.where = (slots, positions)
+        self.read_columns = min(round_up(longest, MASK_COLUMNS), self.capacity)
+        step = StepMask(positions, self.read_columns, self.layers[0][0].dtype)
+        mask = step.mask(None)
+        mask.lmpress_step = step
         if self._cache is None:
             from transformers import DynamicCache
 
             self._cache = DynamicCache()
-            layer = rows_layer_class()
-            self._cache.layers = [layer(self, i) for i in range(len(self.rows[0].layers))]
-        device = self.rows[0].layers[0][0].device
-        return torch.tensor(positions, device=device), self._cache
+            layer = slots_layer_class()
+            self._cache.layers = [layer(self, i) for i in range(len(self.layers))]
+        return positions, self._cache, mask
+
+    def _reserve(self, rows: int, columns: int, like: list[tuple[Any, Any]]) -> None:
+        """Room for `rows` slots of `columns` columns, in tensors shaped as `like`'s."""
+        if rows <= self.slots and columns <= self.capacity:
+            return
+        capacity = max(
+            self.capacity, columns, min(round_up(columns, GROW_COLUMNS), max(self.needs))
+        )
+        slots = max(self.slots, rows)
+        n, width = len(self.lengths), max(self.lengths, default=0)
+        layers = []
+        for i, (k, v) in enumerate(like):
+            keys = k.new_zeros(slots, k.shape[-3], capacity, k.shape[-1])
+            values = v.new_zeros(slots, v.shape[-3], capacity, v.shape[-1])
+            if self.layers and n:
+                keys[:n, :, :width] = self.layers[i][0][:n, :, :width]
+                values[:n, :, :width] = self.layers[i][1][:n, :, :width]
+            layers.append((keys, values))
+        self.layers = layers
 
 
 class PrefixStore:

@@ -55,6 +55,7 @@ from lmpress.engines.local.native.loading import (
 )
 from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
+from lmpress.engines.local.speculation import Speculation
 from lmpress.engines.local.thinking import ModelThinking
 from lmpress.engines.local.worker import Submission, WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
@@ -78,6 +79,7 @@ class NativeEngine(WorkerEngine):
         "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     uses_generation_defaults = True
+    speculates = True  # prompt lookup, verified in the batch (scheduling.py)
     takes_tools = True
     takes_hub_ids = True
     tasks = frozenset({"generate", "embed", "score", "rerank"})
@@ -148,6 +150,7 @@ class NativeEngine(WorkerEngine):
             eos_ids=self.eos_ids, context_length=self.context_length, batch_size=self.batch_size,
             kv_budget_tokens=self.kv_budget_tokens, prefix_reuse=self.prefix_reuse,
             checkpoint_processors=self.checkpoint_processors,
+            speculation=Speculation.of(config.model),
         )  # fmt: skip
         self._start_worker(scheduler, "lmpress-native")
 

@@ -1,11 +1,10 @@
-"""Attention over rows of different lengths, for NATIVE's per-row KV cache (batch_cache.py).
+"""Attention over the slot cache of NATIVE's decoding rows (batch_cache.py), one call a layer.
 
-A decoding step's cache layer hands attention each row's own keys and values (`RowViews`)
-rather than one tensor padded to the longest row. `use_row_attention` registers an attention
-function with transformers (its AttentionInterface) that runs the model's own attention once a
-row over those, and hands everything else (a prompt's prefill, a vision tower) to the model's
-own attention unchanged. Masks are the model's own too: a decoding row attends to all of its
-tokens, or to the last `sliding_window` of them on a layer that has one.
+A decoding step passes the model its own attention mask, which carries the step's `StepMask`;
+`use_row_attention` registers an attention function with transformers (its AttentionInterface)
+that runs the model's own attention once over all rows' slots with that mask (the one for the
+layer's sliding window, if it has one), and hands everything else (a prompt's prefill, a vision
+tower) to the model's own attention unchanged.
 """
 
 from __future__ import annotations
@@ -14,12 +13,11 @@ import functools
 import sys
 from typing import Any
 
-from lmpress.engines.local.native.batch_cache import RowViews
 from lmpress.vocabulary.errors import ModelLoadError
 
 PREFIX = "lmpress_rows_"
 # Arguments sdpa_attention_forward acts on beyond the scale; a model passing any of them goes
-# through it row by row.
+# through it.
 SDPA_EXTRAS = {"softcap", "position_bias", "s_aux", "sinks", "is_causal"}
 
 
@@ -49,30 +47,21 @@ def row_attention(
     module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
 ) -> tuple[Any, None]:
     own = own_attention(module)
-    if not isinstance(key, RowViews):
+    step = getattr(attention_mask, "lmpress_step", None)
+    if step is None:
         return own(module, query, key, value, attention_mask, **kwargs)
-    import torch
-
-    window = kwargs.get("sliding_window")
-    if window:
-        key = [k[:, -window:] for k in key]
-        value = [v[:, -window:] for v in value]
-    queries = query.unbind(0)
+    mask = step.mask(kwargs.get("sliding_window"))
     if own is sdpa_attention_forward() and not set(kwargs) & SDPA_EXTRAS:
-        # What sdpa_attention_forward does for one query token, without its checks, which
-        # cost about as much as the attention of a short row.
-        sdpa, scale = torch.nn.functional.scaled_dot_product_attention, kwargs.get("scaling")
-        gqa = query.shape[1] != key[0].shape[0]
-        outputs = [
-            sdpa(q[None], k[None], v[None], scale=scale, enable_gqa=gqa)
-            for q, k, v in zip(queries, key, value, strict=True)
-        ]
-        return torch.cat(outputs).transpose(1, 2).contiguous(), None
-    outputs = [
-        own(module, q[None], k[None], v[None], None, **kwargs)[0]
-        for q, k, v in zip(queries, key, value, strict=True)
-    ]
-    return torch.cat(outputs), None
+        # What sdpa_attention_forward does, without its checks and without copying the keys
+        # for every query head (its repeat_kv, which it takes whenever there is a mask).
+        import torch
+
+        gqa = query.shape[1] != key.shape[1]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=kwargs.get("scaling"), enable_gqa=gqa
+        )
+        return out.transpose(1, 2).contiguous(), None
+    return own(module, query, key, value, mask, **kwargs)
 
 
 def own_attention(module: Any) -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmpress.engines.common.reasoning import ThinkingBudget
+from lmpress.engines.local.speculation import RowDrafts
 from lmpress.engines.local.stop_strings import first_stop
 from lmpress.engines.local.worker import Submission
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
@@ -37,6 +38,7 @@ class BatchRow:
     matcher: Any = None  # its place in the grammar it follows (guided decoding)
     budget: ThinkingBudget | None = None  # a reasoning model's: its thinking so far
     last: int = 0  # the token it picked last, which the next step feeds the model
+    drafts: RowDrafts | None = None  # its prompt-lookup drafting, when it speculates
 
     @property
     def params(self) -> GenerationParams:

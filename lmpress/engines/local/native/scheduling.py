@@ -4,8 +4,8 @@
 by, and owns everything that changes while the worker runs (the batch's rows and caches); the
 engine only hands it submissions through the shared queue (worker.py).
 
-Every step decodes one token for each row in the batch (batch_cache.py keeps each row's KV
-cache, row_attention.py attends over it), and sampling.py's `BatchControl` picks each row's
+Every step decodes one token for each row in the batch (batch_cache.py keeps the rows' KV cache
+in slots, row_attention.py attends over it in one call a layer), and sampling.py's `BatchControl` picks each row's
 token by its own settings. A row that ends leaves the batch at once and its request is answered
 when its last sample ends; between steps, waiting requests join while there are free rows
 (`generation.batch_size`, a request with n samples counting n) and room in the KV cache's memory
@@ -23,7 +23,6 @@ from typing import Any
 
 from lmpress.engines.base import Engine
 from lmpress.engines.local.native.batch_cache import (
-    SPARE_COLUMNS,
     BatchCache,
     PrefixStore,
     PromptCache,
@@ -31,6 +30,7 @@ from lmpress.engines.local.native.batch_cache import (
     layer_tensors,
 )
 from lmpress.engines.local.native.sampling import BatchControl, BatchRow, row_generator
+from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, Submission, WorkQueue, failure_info
 from lmpress.vocabulary.types import Result, Sample
 
@@ -68,6 +68,7 @@ class NativeScheduler(Scheduler):
         kv_budget_tokens: int | None,
         prefix_reuse: bool,
         checkpoint_processors: Any,
+        speculation: Speculation | None = None,
     ):
         super().__init__(queue, engine)
         self.model = model
@@ -79,6 +80,8 @@ class NativeScheduler(Scheduler):
         self.kv_budget_tokens = kv_budget_tokens  # tokens the KV cache may hold, all rows
         self.prefix_reuse = prefix_reuse
         self.checkpoint_processors = checkpoint_processors  # the checkpoint's own ("use")
+        self.speculation = speculation
+        self.speculation_counts = SpeculationCounts()
         self._batch = BatchCache()
 
     def kv_cache_usage(self) -> float | None:
@@ -128,16 +131,18 @@ class NativeScheduler(Scheduler):
                 continue
             self._rows_of[submission] = rows
             self._pick(rows, logits.repeat(len(rows), 1))
+            self._settle(rows, [[] for _ in rows], [[row.last] for row in rows])
             joining += [(row, prompt) for row in rows if row.finish_reason is None]
             self._answer_finished(rows)
         self._active += [row for row, _ in joining]
-        self._batch.join([prompt for _, prompt in joining])
+        needs = [self._need(row.submission) for row, _ in joining]
+        self._batch.join([prompt for _, prompt in joining], needs)
 
     def _take_fitting(self) -> list[Submission]:
         """The waiting requests, in order, while their rows fit the batch and the budget."""
         taken: list[Submission] = []
         rows = len(self._active)
-        held = sum(self._need(row.submission) for row in self._active)  # the cache they may come to
+        needs: list[int] = []  # the columns the rows taken may come to hold
         pending = self.queue.pending
         with self.queue.wakeup:
             while pending:
@@ -148,16 +153,17 @@ class NativeScheduler(Scheduler):
                 n, need = submission.request.params.n, self._need(submission)
                 fits = rows + n <= self.batch_size or not rows
                 budget = self.kv_budget_tokens
-                if not fits or (budget and rows and held + n * need > budget):
+                if not fits or (
+                    budget and rows and self._batch.columns_with(needs + n * [need]) > budget
+                ):
                     break
                 taken.append(pending.popleft())
-                rows, held = rows + n, held + n * need
+                rows, needs = rows + n, needs + n * [need]
         return taken
 
     def _need(self, submission: Submission) -> int:
-        """The cache columns a request's row may come to hold: its prompt, its reply and the
-        spare columns after them."""
-        return len(submission.prompt_ids) + self._limit(submission) + SPARE_COLUMNS
+        """The cache columns a request's row may come to hold: its prompt and its reply."""
+        return len(submission.prompt_ids) + self._limit(submission)
 
     def _limit(self, submission: Submission) -> int:
         return reply_limit(
@@ -201,23 +207,76 @@ class NativeScheduler(Scheduler):
         }
 
     def _step(self) -> None:
-        """One token for every row in the batch; the rows that end leave it."""
+        """One token for every row in the batch, or more for a row whose drafts the model
+        verifies; the rows that end leave it."""
         import torch
 
-        positions, cache = self._batch.step_inputs()
+        rows = self._active
+        drafts = [
+            row.drafts.propose(row.limit - row.generated - 1) if row.drafts else [] for row in rows
+        ]
+        width = 1 + max(len(d) for d in drafts)
+        # A row with fewer drafts than the widest is padded with its own last token: the
+        # model's outputs there are read by no one, and their cache columns are written over.
+        ids = [
+            [row.last, *d] + [row.last] * (width - 1 - len(d))
+            for row, d in zip(rows, drafts, strict=True)
+        ]
+        positions, cache, mask = self._batch.step_inputs(width)
         out = self.model(
-            input_ids=torch.tensor([[row.last] for row in self._active], device=self.device),
+            input_ids=torch.tensor(ids, device=self.device),
+            attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=width,
             **{self._cache_arg: cache},
         )
-        self._pick(self._active, out.logits[:, -1])
+        if width == 1:
+            self._pick(rows, out.logits[:, -1])
+            emitted = [[row.last] for row in rows]
+        else:
+            emitted = self._verify(rows, drafts, out.logits)
+        self._batch.keep([len(e) for e in emitted])
+        self._settle(rows, drafts, emitted)
         ended = [b for b, row in enumerate(self._active) if row.finish_reason is not None]
         if ended:
             self._answer_finished(self._active)
-            self._batch.leave(ended)
-            self._active = [row for row in self._active if row.finish_reason is None]
+            self._active = [self._active[b] for b in self._batch.leave(ended)]
+
+    def _verify(
+        self, rows: list[BatchRow], drafts: list[list[int]], logits: Any
+    ) -> list[list[int]]:
+        """Each row's tokens from a step that verified drafts: at each position, every row still
+        going picks its token as a plain step would, and goes on only while that token is the
+        one it drafted there (speculation.py gives the rule)."""
+        emitted: list[list[int]] = [[] for _ in rows]
+        going = list(range(len(rows)))
+        for j in range(logits.shape[1]):
+            going = [b for b in going if rows[b].finish_reason is None]
+            if not going:
+                break
+            picked = [rows[b] for b in going]
+            self._pick(picked, logits[going, j] if len(going) < len(rows) else logits[:, j])
+            for b, row in zip(going, picked, strict=True):
+                emitted[b].append(row.last)
+            going = [b for b in going if j < len(drafts[b]) and rows[b].last == drafts[b][j]]
+        return emitted
+
+    def _settle(
+        self, rows: list[BatchRow], drafts: list[list[int]], emitted: list[list[int]]
+    ) -> None:
+        """Tell each drafting row what it drafted and kept, and count it."""
+        counts = self.speculation_counts
+        if any(drafts):
+            counts.steps += 1
+        for row, d, e in zip(rows, drafts, emitted, strict=True):
+            if row.drafts is None:
+                continue
+            kept = 0
+            while kept < min(len(d), len(e)) and d[kept] == e[kept]:
+                kept += 1
+            row.drafts.settle(len(d), kept, e)
+            counts.add(len(d), kept)
 
     def _pick(self, rows: list[BatchRow], logits: Any) -> None:
         control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)
@@ -246,6 +305,10 @@ class NativeScheduler(Scheduler):
                     row.matcher = submission.matcher.copy()
                 if submission.thinking is not None:
                     row.budget = submission.thinking.budget()
+            # Sibling samples and the checkpoint's own processors (which read the whole
+            # history at every pick) decode a token a step.
+            if self.speculation and params.n == 1 and not self.checkpoint_processors:
+                rows[0].drafts = self.speculation.row(submission.prompt_ids)
             return rows
         except Exception as exc:  # this request's settings, not the batch, are at fault
             self.fail([submission], failure_info(exc))

@@ -1,0 +1,170 @@
+"""NATIVE's prompt-lookup speculation on SmolLM2's real weights, against the same engine with
+speculation off and against transformers' own `generate`: the rows that copy their prompt keep
+most of their drafts, and no row's tokens, logprobs or ending change.
+
+One engine is loaded for the module; each run turns its scheduler's speculation on or off for
+the rows it submits (rows take their drafting when they join)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import contextmanager
+
+import pytest
+
+from lmpress.builtin_models.packaged import SMOLLM2
+from lmpress.configs import load_config
+from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.types import GenerationParams, Message, Request
+from tests.engines.local.test_real_weights import QUESTIONS
+from tests.engines.local.test_reference_equality import MIXED, transformers_greedy
+
+TYPOS = (
+    "Fix the typos in this paragraph and return it in full: The rivr flows thruogh the old "
+    "town, past the mill and the bakrey, untill it reaches the harbour where the fishing boats "
+    "wait for the mornign tide. Every sumer the children swim near the bridge, and in winter "
+    "the watter freezes so hard that people walk acros it to the island, carrying bread and "
+    "candels for the familes who live there."
+)
+REPEAT = (
+    "Repeat exactly: The quick brown fox jumps over the lazy dog while the farmer counts his "
+    "sheep, one by one, under a pale and patient moon."
+)
+LIST = (
+    "Copy this list, one item per line: apples, pears, plums, cherries, grapes, lemons, "
+    "oranges, peaches, melons, figs."
+)
+COPY = [TYPOS, REPEAT, LIST]
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    config = load_config(
+        overrides={
+            "engine": "NATIVE",
+            "model.model_name": SMOLLM2,
+            "generation.batch_size": 16,
+            "model.speculative_method": "ngram",
+        }
+    )
+    engine = create_engine(config)
+    yield engine
+    asyncio.run(engine.aclose())
+
+
+@contextmanager
+def speculating(engine, on: bool):
+    """The engine's rows drafting (or not) within; yields the scheduler's counts."""
+    scheduler = engine.scheduler
+    kept = scheduler.speculation
+    scheduler.speculation = kept if on else None
+    try:
+        yield scheduler.speculation_counts
+    finally:
+        scheduler.speculation = kept
+
+
+def run(engine, requests: list[Request], on: bool):
+    with speculating(engine, on) as counts:
+        before = (counts.drafted, counts.accepted)
+        results = engine.generate(requests)
+        drafted, accepted = counts.drafted - before[0], counts.accepted - before[1]
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    return results, drafted, accepted
+
+
+def chat(text: str, params: GenerationParams, rid: str) -> Request:
+    return Request(rid, [Message("user", text)], params)
+
+
+def samples(results):
+    return [
+        [(s.text, s.finish_reason, s.completion_tokens, s.stop_sequence) for s in r.samples]
+        for r in results
+    ]
+
+
+def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generate(smollm2):
+    """Batch 16: copy prompts (twice over) and free-text questions side by side."""
+    prompts = COPY * 2 + [q for q, _ in QUESTIONS]
+    params = GenerationParams(max_new_tokens=NEW_TOKENS)
+    requests = [chat(p, params, str(i)) for i, p in enumerate(prompts)]
+    on, drafted, accepted = run(smollm2, requests, on=True)
+    off, none, _ = run(smollm2, requests, on=False)
+    assert none == 0
+    assert [r.text for r in on] == [r.text for r in off]
+    assert samples(on) == samples(off)
+    for prompt, result in zip(prompts[: len(COPY)], on, strict=False):
+        tokenizer = smollm2.tokenizer
+        _, reply, _, ends = transformers_greedy(smollm2.model, tokenizer, prompt, NEW_TOKENS)
+        text = tokenizer.decode([t for t in reply if t not in ends], skip_special_tokens=True)
+        assert result.text == text
+    assert drafted > 100
+    assert accepted / drafted > 0.3
+
+
+def test_copy_rows_keep_most_drafts_and_end_exactly_at_max_new_tokens(smollm2):
+    """Limits that fall inside an accepted draft: each row emits exactly its max_new_tokens,
+    with the text it gets without speculation."""
+    limits = [5, 6, 7, 9, 11, 13, 15, 16]  # the shortest reply (REPEAT's) is 18 tokens
+    requests = [
+        chat(COPY[i % len(COPY)], GenerationParams(max_new_tokens=m), str(i))
+        for i, m in enumerate(limits)
+    ]
+    on, drafted, accepted = run(smollm2, requests, on=True)
+    off, _, _ = run(smollm2, requests, on=False)
+    assert [r.usage.completion_tokens for r in on] == limits
+    assert samples(on) == samples(off)
+    assert accepted / drafted > 0.3
+
+
+def test_stop_strings_logprobs_and_min_tokens_are_unchanged_by_speculation(smollm2):
+    """A stop string met in the middle of a copied stretch, logprobs with their top
+    alternatives, and min_tokens, each on a copying row."""
+    cases = [
+        GenerationParams(max_new_tokens=NEW_TOKENS, stop_strings=["harbour"]),
+        GenerationParams(max_new_tokens=NEW_TOKENS, stop_strings=["lazy", "moon"]),
+        GenerationParams(max_new_tokens=24, logprobs=True, top_logprobs=3),
+        GenerationParams(max_new_tokens=24, logprobs=True),
+        GenerationParams(max_new_tokens=NEW_TOKENS, min_tokens=30),
+    ]
+    prompts = [TYPOS, REPEAT, TYPOS, LIST, LIST]
+    requests = [chat(p, c, str(i)) for i, (p, c) in enumerate(zip(prompts, cases, strict=True))]
+    on, drafted, _ = run(smollm2, requests, on=True)
+    off, _, _ = run(smollm2, requests, on=False)
+    assert drafted > 0
+    assert samples(on) == samples(off)
+    assert on[0].samples[0].stop_sequence == "harbour"
+    for a, b in zip(on[2:4], off[2:4], strict=True):
+        got, want = a.samples[0].logprobs, b.samples[0].logprobs
+        assert [e.token for e in got] == [e.token for e in want]
+        assert [e.logprob for e in got] == pytest.approx([e.logprob for e in want], abs=1e-4)
+        for x, y in zip(got, want, strict=True):
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]
+            assert [v for _, v in x.top] == pytest.approx([v for _, v in y.top], abs=1e-4)
+
+
+def test_seeded_sampled_rows_give_the_same_tokens_with_and_without_speculation(smollm2):
+    """One draw per emitted token from the row's own generator: sampling settings of all kinds
+    (penalties too), on copying rows where drafts are both kept and refused.
+
+    Equal draws pick equal tokens only from equal logits, and a verify pass's logits differ
+    from a one-token step's in fp32 rounding (the matmuls run at other shapes: measured up to
+    about 5e-5). Where a row samples from the whole vocabulary, a draw can land that close to
+    a boundary of the distribution's far tail: measured once here, a draw 3.3e-7 wide of the
+    boundary between two tokens of rank about 10,000. So rows whose sampler cuts the tail
+    (top_k, top_p, min_p) must be equal, and full-vocabulary rows nearly all."""
+    requests = [
+        chat(COPY[i % len(COPY)], GenerationParams(max_new_tokens=32, seed=70 + i, **s), str(i))
+        for i, s in enumerate(MIXED * 2)
+    ]
+    on, drafted, accepted = run(smollm2, requests, on=True)
+    off, _, _ = run(smollm2, requests, on=False)
+    cut = [set(MIXED[i % len(MIXED)]) & {"top_k", "top_p", "min_p"} for i in range(len(requests))]
+    greedy = [MIXED[i % len(MIXED)]["temperature"] == 0 for i in range(len(requests))]
+    same = [a == b for a, b in zip(samples(on), samples(off), strict=True)]
+    assert all(s for s, c, g in zip(same, cut, greedy, strict=True) if c or g)
+    full = [s for s, c, g in zip(same, cut, greedy, strict=True) if not (c or g)]
+    assert sum(full) >= len(full) - 1
+    assert 0 < accepted < drafted
