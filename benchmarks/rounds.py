@@ -66,6 +66,54 @@ def chat_prompts(count: int, seed: int = 0) -> list[str]:
     return prompts
 
 
+# Copy-heavy prompts (speculative decoding's workload): a paragraph of templated sentences
+# about a payment, with typos in it, to return fixed in full or to pull fields out of.
+NAMES = ["Hannah Lee", "Marcus Brown", "Priya Patel", "Tomas Novak", "Grace Okafor", "Liam Walsh"]
+CITIES = ["Boston", "Lisbon", "Nairobi", "Osaka", "Toronto", "Krakow", "Denver", "Seville"]
+MONTHS = ["January", "March", "April", "June", "August", "October", "November", "December"]
+SENTENCES = [
+    "On {date} the committee met in {city} to discuss the annual budget.",
+    "{name} presented the figures, which showed a payment of {amount} dollars.",
+    "Everyone agreed that the payment should be reviewed before the end of the month.",
+    "The meeting lasted longer than planned because several members asked questions.",
+    "After a short break the group looked at the travel costs of the last quarter.",
+    "{name} said the office in {city} would send a full report within two weeks.",
+    "Some members thought the amount was too high for a project of this size.",
+    "Others pointed out that prices in {city} had risen sharply during the year.",
+    "In the end the committee approved the payment of {amount} dollars to the contractor.",
+    "The next meeting will take place in the same building at the usual time.",
+    "Minutes of the meeting were written by {name} and shared with every member.",
+    "Questions about the budget should be sent to the finance office by email.",
+]
+COPY_TASKS = [
+    "Fix the typos in this paragraph and return it in full:\n\n{text}",
+    "Extract the name, date, city and amount from this text as JSON:\n\n{text}",
+]
+
+
+def copy_prompts(count: int, seed: int = 0) -> list[str]:
+    """`count` copy-heavy prompts: a paragraph of about 150 words from templated sentences, with
+    a letter swapped in about one word in eight; half ask for it back with the typos fixed, half
+    for its name, date, city and amount as JSON. The same ones for the same seed."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        fields = {
+            "name": rng.choice(NAMES),
+            "city": rng.choice(CITIES),
+            "date": f"{rng.choice(MONTHS)} {rng.randint(1, 28)}",
+            "amount": f"{rng.randint(1, 99)},{rng.randint(0, 999):03d}",
+        }
+        sentences = rng.sample(SENTENCES, 10)
+        words = " ".join(s.format(**fields) for s in sentences).split()
+        for j, word in enumerate(words):
+            if len(word) > 3 and word.isalpha() and rng.random() < 1 / 8:
+                k = rng.randrange(len(word) - 1)
+                words[j] = word[:k] + word[k + 1] + word[k] + word[k + 2 :]
+        prompts.append(COPY_TASKS[i % 2].format(text=" ".join(words)))
+    return prompts
+
+
 def lmpress_generate(
     engine, prompts: list[str], new_tokens: int, eos: bool = False, system: str | None = None
 ) -> int:

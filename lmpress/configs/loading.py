@@ -139,11 +139,11 @@ def load_config(
     config.engine = ENGINE_ALIASES.get(config.engine, config.engine)
     config.generation.mark_explicit(explicit)
     # YAML reads an unquoted `off` as false (and `on` as true), which a str field holds as
-    # "False": `prompt_cache: off` and `cache: on` mean what they say.
+    # "False": `prompt_cache: off`, `speculative_method: off` and `cache: on` mean what they say.
     for (section, name), (on, off) in SWITCHES.items():
         part = getattr(config, section)
         value = getattr(part, name)
-        setattr(part, name, {"True": on, "False": off}.get(value, value))
+        setattr(part, name, {"True": on or value, "False": off}.get(value, value))
     validate(config)
     ignored = training_only_fields(config)
     if ignored:
@@ -156,7 +156,12 @@ def load_config(
 
 
 # String fields whose values include on or off: what YAML's true and false stand for in each.
-SWITCHES = {("remote_params", "prompt_cache"): ("auto", "off"), ("serve", "cache"): ("on", "off")}
+# None: `on` means nothing there (and is refused as it is).
+SWITCHES = {
+    ("remote_params", "prompt_cache"): ("auto", "off"),
+    ("serve", "cache"): ("on", "off"),
+    ("model", "speculative_method"): (None, "off"),
+}
 
 
 def training_only_fields(config: RunConfig) -> list[str]:

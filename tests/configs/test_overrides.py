@@ -139,3 +139,14 @@ def test_good_reasoning_settings_apply():
         BASE, {"reasoning_effort": "none", "max_reasoning_tokens": "0"}
     )
     assert (params.reasoning_effort, params.max_reasoning_tokens) == ("none", 0)
+
+
+def test_speculative_method_off_reads_as_off_from_yaml(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("engine: LLAMACPP\nmodel:\n  speculative_method: off\n")
+    assert load_config(str(recipe)).model.speculative_method == "off"
+    assert (
+        load_config(overrides={"model.speculative_method": "off"}).model.speculative_method == "off"
+    )
+    with pytest.raises(ConfigError, match="speculative_method: 'True' must be off or ngram"):
+        load_config(overrides={"model.speculative_method": "on"})

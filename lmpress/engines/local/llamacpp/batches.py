@@ -20,6 +20,7 @@ class Batches:
         self._ctx = ctx  # the llama_context pointer
         self._projector = projector
         self.size = lc.llama_n_batch(ctx)  # the most tokens decoded at once
+        self.micro_size = lc.llama_n_ubatch(ctx)  # the most in one pass over the weights
         self._tokens = lc.llama_batch_init(self.size, 0, 1)
         self._embeddings: Any = None  # for image embeddings, made on the first image
         # What an image embedding row holds: the width of the model's input embeddings.

@@ -6,7 +6,8 @@ tokenizer and the GGUF metadata (loading.py). Generation does not go through `Ll
 decodes one sequence at a time: `LlamaCppEngine` makes a llama.cpp context whose KV cache holds
 up to `generation.batch_size` sequences and hands it to its `LlamaCppScheduler`
 (scheduling.py), which runs continuous batching on it on the worker thread, each sequence
-sampling from its own sampler chain, seeded per row (sampling.py). This module checks each
+sampling from its own sampler chain, seeded per row (sampling.py), and drafting by prompt lookup
+when `model.speculative_method` asks for it. This module checks each
 request before it is queued; prompts.py renders and tokenizes it. The three local engines share
 this shape (worker.py).
 
@@ -58,6 +59,7 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projecto
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
+from lmpress.engines.local.speculation import Speculation
 from lmpress.engines.local.thinking import ModelThinking
 from lmpress.engines.local.worker import WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
@@ -87,6 +89,7 @@ class LlamaCppEngine(WorkerEngine):
         "guided_decoding", "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     takes_tools = True
+    speculates = True  # prompt lookup, row by row in the batch (scheduling.py)
     # One per run: the engine loads the model for the task the run does (pooling.py).
     tasks = frozenset({"generate", "embed", "score", "rerank"})
 
@@ -103,6 +106,7 @@ class LlamaCppEngine(WorkerEngine):
                 "model.load_pretrained_weights: false: LLAMACPP reads its weights from the GGUF "
                 "file; random weights need the NATIVE or VLLM engine"
             )
+        speculation = Speculation.of(config.model)  # checked before anything is loaded
         self.path = gguf_path(oumi_gguf_file(config.model) or config.model.model_name)
         own = ("filename", "mmproj")  # lmpress's keys, not Llama()'s
         model_kwargs = {k: v for k, v in config.model.model_kwargs.items() if k not in own}
@@ -157,6 +161,7 @@ class LlamaCppEngine(WorkerEngine):
             batch_size=batch_size,
             # The penalty window: the whole sequence unless the recipe says otherwise.
             penalty_window=kwargs.get("last_n_tokens_size"),
+            speculation=speculation,
         )  # fmt: skip
         self.batch_size = batch_size
         self.n_ctx, self.n_ctx_seq = scheduler.n_ctx, scheduler.n_ctx_seq

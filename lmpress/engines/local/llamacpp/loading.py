@@ -29,7 +29,8 @@ REFUSED_KWARGS = {
     "chat_format": "set model.chat_template instead (a Jinja template, a file, or 'chatml')",
     "chat_handler": "set model.chat_template instead",
     "tokenizer": "lmpress uses the GGUF file's own tokenizer",
-    "draft_model": "speculative decoding is not supported by the LLAMACPP engine",
+    "draft_model": "draft models are not supported yet; set model.speculative_method: ngram "
+    "for speculative decoding by prompt lookup",
     "embedding": "the LLAMACPP engine generates text; it does not compute embeddings",
     "vocab_only": "the LLAMACPP engine needs the model's weights",
     "logits_all": "not needed: generation.logprobs works without it",

@@ -12,6 +12,7 @@ from typing import Any
 
 from lmpress.engines.common.reasoning import ThinkingBudget
 from lmpress.engines.local.guided import Matcher
+from lmpress.engines.local.speculation import RowDrafts
 from lmpress.engines.local.stop_strings import first_stop
 from lmpress.engines.local.worker import Submission
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
@@ -59,6 +60,14 @@ class SequenceRow:
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     logprobs: list[TokenLogprob] | None = None
     budget: ThinkingBudget | None = None  # a reasoning model's: its thinking so far
+    # Speculation (speculating.py): the row's drafting, None when off; the tokens it carries
+    # after `next_token` this step, the first `drafted` of them its drafts and the rest
+    # fillers; and the draft positions it has verified and kept, all steps.
+    drafts: RowDrafts | None = None
+    carried: list[int] = field(default_factory=list)
+    drafted: int = 0
+    draft_tried: int = 0
+    draft_kept: int = 0
 
     def __post_init__(self) -> None:
         if self.params.logprobs:

@@ -9,6 +9,12 @@ prompt being read in one more, as llama-server packs its slots' prompts (an imag
 embeddings, encoded by the projector when the prompt reaches it, in a batch of its own:
 batches.py writes and decodes them); each row then samples from its own sampler chain
 (sampling.py).
+
+With `model.speculative_method: ngram` a row being generated may carry drafted tokens after its
+next one (engines/local/speculation.py; speculating.py decides how many, for the batch's
+cost): it samples at each of their positions in turn, exactly as it would one step at a time,
+keeps going while its token equals the draft there, and the KV cells of the drafts it did not
+keep are dropped.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from lmpress.engines.local.llamacpp.projector import Projector, text_ids
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission, PromptChunk, SequenceRow
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.llamacpp.sequences import Sequences
+from lmpress.engines.local.llamacpp.speculating import Candidate, plan
+from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, WorkQueue, failure_info
 from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import ErrorInfo, Result, Sample
@@ -47,9 +55,11 @@ class LlamaCppScheduler(Scheduler):
         projector: Projector | None,
         batch_size: int,
         penalty_window: int | None,
+        speculation: Speculation | None = None,
     ):
         """Take over `ctx` (a context holding `batch_size` sequences). `penalty_window`: the
-        tokens penalties look back over; None for the whole sequence."""
+        tokens penalties look back over; None for the whole sequence. `speculation`: the
+        model's drafting settings, None when off."""
         super().__init__(queue, engine)
         import llama_cpp
 
@@ -62,6 +72,8 @@ class LlamaCppScheduler(Scheduler):
         self.batches = Batches(llama_cpp, ctx.ctx, projector)
         self._sampling = Sampling(ctx.ctx, vocab, penalty_window or self.n_ctx_seq)
         self.prompt_tokens_reused = 0  # prompt tokens not decoded again, thanks to the cache
+        self.speculation = speculation
+        self.speculation_counts = SpeculationCounts()  # drafts verified and kept, all rows
         self._prefilling: list[LlamaCppSubmission] = []
         self._generating: list[SequenceRow] = []
         self.most_in_flight = 0  # the most sequences decoded in one step so far
@@ -131,6 +143,9 @@ class LlamaCppScheduler(Scheduler):
             submission.fed = self.sequences.keep_prefix(submission.prompt_ids, seqs)
             self.prompt_tokens_reused += submission.fed
             submission.rows = [SequenceRow(submission, i, seq, limit) for i, seq in enumerate(seqs)]
+            if self.speculation is not None:
+                for row in submission.rows:
+                    row.drafts = self.speculation.row(text_ids(submission.prompt_ids))
             if submission.matcher is not None:
                 for row in submission.rows:
                     row.matcher = submission.matcher.copy()
@@ -168,20 +183,26 @@ class LlamaCppScheduler(Scheduler):
                 self._start_generating(submission, count - 1)
         rows = list(self._generating)
         self.most_in_flight = max(self.most_in_flight, len(rows))
-        chunks = self._prompt_chunks(reading, self.batches.size - len(rows))
+        proposals = self._proposals(rows)
+        room = self.batches.size - len(rows) - sum(map(len, proposals))
+        chunks = self._prompt_chunks(reading, room)
+        if self.speculation is not None:
+            self._shape(rows, proposals, chunks)
         parts = sorted(rows + chunks, key=lambda part: part.seq_id)
         n, put = 0, self.batches.put
         for part in parts:
             if isinstance(part, SequenceRow):
-                put(n, part.next_token, part.pos, part.seq_id, True)
+                part.batch_index = n  # its next token's logits, then its drafts'
+                for j, token in enumerate([part.next_token, *part.carried]):
+                    put(n, token, part.pos + j, part.seq_id, True)
+                    n += 1
                 part.pos += 1
-                n += 1
             else:
                 ids, last = part.submission.prompt_ids, part.end == len(part.submission.prompt_ids)
                 for pos in range(part.submission.fed, part.end):
                     put(n, ids[pos], pos, part.seq_id, last and pos == part.end - 1)
                     n += 1
-            part.batch_index = n - 1  # where its logits are
+                part.batch_index = n - 1  # where its logits are
         if n == 0:
             return
         self.batches.decode(n)
@@ -192,6 +213,33 @@ class LlamaCppScheduler(Scheduler):
                 part.submission.fed = part.end
                 if part.end == len(part.submission.prompt_ids):
                     self._start_generating(part.submission, part.batch_index)
+
+    def _proposals(self, rows: list[SequenceRow]) -> list[list[int]]:
+        """Each row's drafts this step ([] for none), as many as its budget, its part of the
+        context and its share of the batch leave room for."""
+        if self.speculation is None:
+            return [[] for _ in rows]
+        share = min(PROMPT_CHUNK, self.batches.size // max(1, len(rows))) - 1
+        return [row.drafts.propose(min(self._room(row), share)) for row in rows]
+
+    def _room(self, row: SequenceRow) -> int:
+        """The most tokens a row may carry after its next one: what its budget leaves after
+        that token, and its part of the KV cache."""
+        return min(row.limit - row.generated - 1, self.n_ctx_seq - row.pos - 1)
+
+    def _shape(
+        self, rows: list[SequenceRow], proposals: list[list[int]], chunks: list[PromptChunk]
+    ) -> None:
+        """Set what each row carries after its next token this step (speculating.plan)."""
+        candidates = [
+            Candidate(row.seq_id, len(drafts), self._room(row), row.draft_kept, row.draft_tried)
+            for row, drafts in zip(rows, proposals, strict=True)
+        ]
+        reading = [(chunk.seq_id, chunk.end - chunk.submission.fed) for chunk in chunks]
+        shape = plan(candidates, reading, self.batches.micro_size)
+        for row, drafts, (count, fillers) in zip(rows, proposals, shape, strict=True):
+            row.carried = drafts[:count] + [row.next_token] * fillers
+            row.drafted = count
 
     def _prompt_chunks(self, submissions: list[LlamaCppSubmission], room: int) -> list[PromptChunk]:
         """The next chunk of each prompt's text tokens (up to its next image, if any) that
@@ -224,6 +272,38 @@ class LlamaCppScheduler(Scheduler):
             self._sample(row, index)
 
     def _sample(self, row: SequenceRow, index: int) -> None:
+        """Sample the row's next token from the logits at batch row `index`, and on at each
+        position of the tokens it carried after it while its token equals the one carried
+        there; then drop the KV cells of those it did not keep, and end the row or queue its
+        last token for the next step."""
+        carried, kept, emitted = row.carried, 0, []
+        for j in range(len(carried) + 1):
+            emitted.append(self._pick(row, index + j))
+            if row.finish_reason is not None or j == len(carried) or emitted[-1] != carried[j]:
+                break
+            kept += 1
+        if carried:
+            row.pos += kept
+            if kept < len(carried):
+                self.sequences.trim(row.seq_id, row.pos)
+            drafted, kept_drafts = row.drafted, min(kept, row.drafted)
+            row.draft_kept += kept_drafts
+            row.draft_tried += min(kept + 1, drafted)
+            if drafted:
+                self.speculation_counts.add(drafted, kept_drafts)
+                self.speculation_counts.steps += 1
+        if row.drafts is not None:
+            row.drafts.settle(row.drafted, min(kept, row.drafted), emitted)
+        row.carried, row.drafted = [], 0
+        if row.finish_reason is None:
+            row.next_token = emitted[-1]
+            row.stream_text()
+        else:
+            self._finish_row(row)
+
+    def _pick(self, row: SequenceRow, index: int) -> int:
+        """The row's token from the logits at batch row `index`, added to its reply (its
+        `finish_reason` set if it ends the row)."""
         params = row.params
         wants_logprobs = row.logprobs is not None
         budget = row.budget
@@ -259,11 +339,7 @@ class LlamaCppScheduler(Scheduler):
                 row.cut_at_stop_string()
             if row.finish_reason is None and row.generated >= row.limit:
                 row.finish_reason = "length"
-        if row.finish_reason is None:
-            row.next_token = token
-            row.stream_text()
-        else:
-            self._finish_row(row)
+        return token
 
     def _finish_row(self, row: SequenceRow) -> None:
         submission = row.submission

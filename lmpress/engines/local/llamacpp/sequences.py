@@ -113,6 +113,10 @@ class Sequences:
         self._cached[seq] = kept
         self.free.append(seq)
 
+    def trim(self, seq: int, pos: int) -> None:
+        """Drop the sequence's KV cells from position `pos` on (drafts it did not keep)."""
+        self._lc.llama_memory_seq_rm(self._memory, seq, pos, -1)
+
     def clear(self, seq: int) -> None:
         """Drop the sequence's KV cells."""
         self._lc.llama_memory_seq_rm(self._memory, seq, -1, -1)

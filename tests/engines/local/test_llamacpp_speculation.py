@@ -1,0 +1,192 @@
+"""LLAMACPP with `model.speculative_method: ngram` against the same engine with it off, on
+SmolLM2-135M-Instruct: the same text, greedy and seeded, at batch 16, with drafts kept (read
+from the scheduler's counts, so these fail if speculation never ran); and how a step is shaped
+over llama.cpp's split of a batch (speculating.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lmpress.builtin_models.packaged import SMOLLM2, SMOLLM2_Q4_1, resolve_packaged_name
+from lmpress.configs import load_config
+from lmpress.engines.local.llamacpp.speculating import Candidate, micro_batches, plan
+from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.types import GenerationParams, Message, Request
+
+from .test_real_weights import QUESTIONS
+
+PARAGRAPHS = [
+    "Teh comittee met on Tusday in Bostn to discus the anual budgte. Mrs Hannah Lee presentd "
+    "the figures, wich showed a payment of 4,200 dolars to the contracter. Evryone agreed to "
+    "revew the plan next wek, and the ofice in Boston will send a full reprot.",
+    "On March 11 the group travelled to Lisbon to visit the new factroy. Marcus Brown gave a "
+    "short talk about the costs, which had risen to 12,500 dollars since the spring. The "
+    "visit ended with a lunch by the river and a walk back to the hotle.",
+    "Our neighbours keep bees and sometimes give us honey. Last sumer they sold 40 jars at the "
+    "market in Denver for 300 dollars, and Grace Okafor wrote down every sale in a small "
+    "notebok that she keeps in the kitchen drawer.",
+    "The library near my house has a good collection of old maps. Tomas Novak, who works "
+    "there, told me that the oldest one was bought in Krakow in 1932 for 75 dollars, and that "
+    "nobody has been alowed to touch it since then.",
+]
+COPY = [f"Fix the typos in this paragraph and return it in full: {p}" for p in PARAGRAPHS] + [
+    f"Repeat exactly: {p}" for p in PARAGRAPHS
+]
+MIXED = [
+    {"temperature": 0.8},
+    {"temperature": 1.0, "top_k": 20},
+    {"temperature": 0.7, "top_p": 0.9},
+    {"temperature": 1.2, "min_p": 0.05, "repetition_penalty": 1.2},
+    {"temperature": 0.0},
+    {"temperature": 0.9, "presence_penalty": 0.5, "frequency_penalty": 0.3},
+]
+
+
+def make(model: str, method: str, batch_size: int = 16):
+    overrides = {
+        "engine": "LLAMACPP",
+        "model.model_name": model,
+        "generation.batch_size": batch_size,
+        "model.speculative_method": method,
+    }
+    return create_engine(load_config(overrides=overrides))
+
+
+@pytest.fixture(scope="module")
+def engines():
+    pair = {method: make(SMOLLM2, method) for method in ("off", "ngram")}
+    yield pair
+    for engine in pair.values():
+        asyncio.run(engine.aclose())
+
+
+def chat(text: str, params: GenerationParams, rid: str) -> Request:
+    return Request(rid, [Message("user", text)], params)
+
+
+def both(engines, requests: list[Request]):
+    """Each engine's results for the requests, and the drafts the speculating one verified
+    and kept while answering them."""
+    counts = engines["ngram"].scheduler.speculation_counts
+    before = counts.drafted, counts.accepted
+    results = {method: engine.generate(requests) for method, engine in engines.items()}
+    assert all(r.ok for rs in results.values() for r in rs)
+    return results, (counts.drafted - before[0], counts.accepted - before[1])
+
+
+def test_greedy_text_is_the_same_with_drafts_and_copy_rows_keep_them(engines):
+    params = GenerationParams(max_new_tokens=64)
+    prompts = COPY + [q for q, _ in QUESTIONS]
+    results, (drafted, kept) = both(
+        engines, [chat(p, params, str(i)) for i, p in enumerate(prompts)]
+    )
+    assert [r.text for r in results["ngram"]] == [r.text for r in results["off"]]
+    assert [r.usage.completion_tokens for r in results["ngram"]] == [
+        r.usage.completion_tokens for r in results["off"]
+    ]
+    assert drafted > 100 and kept / drafted > 0.3, (drafted, kept)
+    # The copy rows alone keep most of what they draft.
+    copy_only, (drafted, kept) = both(
+        engines, [chat(p, params, str(i)) for i, p in enumerate(COPY)]
+    )
+    assert [r.text for r in copy_only["ngram"]] == [r.text for r in copy_only["off"]]
+    assert kept / drafted > 0.5, (drafted, kept)
+
+
+def test_seeded_sampled_rows_with_drafts_reproduce_alone(engines):
+    """Each emitted token takes one draw from the row's generator, so a seeded row with drafts
+    gives the same text every time it runs alone. It need not give the text it gives with
+    drafts off: llama.cpp computes a pass of several tokens of a sequence with other kernels
+    than a pass of one (its logits differed by up to 0.02 on SmolLM2 F16), and a draw near the
+    boundary between two tokens then takes the other one, as README's Seeds paragraph says of
+    batch sizes above 1 (3 of 12 such rows differed within 48 tokens at batch size 1)."""
+    prompts = [COPY[1], COPY[5]]
+    requests = [
+        chat(p, GenerationParams(max_new_tokens=32, seed=700 + i, **MIXED[i % len(MIXED)]), str(i))
+        for i, p in enumerate(prompts)
+    ]
+    counts = engines["ngram"].scheduler.speculation_counts
+    kept = counts.accepted
+    runs = [[engines["ngram"].generate([r])[0].text for r in requests] for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert counts.accepted > kept
+
+
+def test_max_new_tokens_is_kept_when_it_falls_inside_a_kept_draft(engines):
+    """Rows copying a paragraph, four at a time, each stopped a token later: some limits fall
+    inside drafts that are kept, and every row still ends at exactly its limit."""
+    limits = list(range(8, 20))
+    requests = [chat(COPY[5], GenerationParams(max_new_tokens=n), str(n)) for n in limits]
+    results, kept = {"off": [], "ngram": []}, 0
+    for k in range(0, len(requests), 4):
+        some, (_, some_kept) = both(engines, requests[k : k + 4])
+        kept += some_kept
+        for method in results:
+            results[method] += some[method]
+    assert [r.text for r in results["ngram"]] == [r.text for r in results["off"]]
+    for limit, result in zip(limits, results["ngram"], strict=True):
+        assert result.usage.completion_tokens == limit
+        assert result.finish_reason == "length"
+    assert kept > 0
+
+
+def test_stop_strings_cut_the_reply_where_they_fall_inside_drafts(engines):
+    stops = ["figures", "12,500", "notebok", "Novak"]
+    requests = [
+        chat(p, GenerationParams(max_new_tokens=96, stop_strings=[stop]), str(i))
+        for i, (p, stop) in enumerate(zip(COPY[4:], stops, strict=True))
+    ]
+    results, (_, kept) = both(engines, requests)
+    ngram, off = results["ngram"], results["off"]
+    assert [r.text for r in ngram] == [r.text for r in off]
+    assert [r.finish_reason for r in ngram] == [r.finish_reason for r in off]
+    assert [r.usage.completion_tokens for r in ngram] == [r.usage.completion_tokens for r in off]
+    assert sum(r.samples[0].stop_sequence is not None for r in ngram) >= 2
+    assert kept > 0
+
+
+def test_quantized_weights_verify_drafts_in_multi_token_batches():
+    """Q4_1 weights: every verify step is a multi-token batch through the quantized kernels
+    (see test_real_weights.test_quantized_weights_decode_multi_token_batches)."""
+    path = resolve_packaged_name(SMOLLM2_Q4_1.name)
+    params = GenerationParams(max_new_tokens=48)
+    requests = [chat(p, params, str(i)) for i, p in enumerate(COPY[:4] + [QUESTIONS[0][0]])]
+    texts = {}
+    for method in ("off", "ngram"):
+        engine = make(path, method, batch_size=4)
+        try:
+            texts[method] = [r.text for r in engine.generate(requests)]
+            counts = engine.scheduler.speculation_counts
+        finally:
+            asyncio.run(engine.aclose())
+    assert texts["ngram"] == texts["off"]
+    assert counts.accepted / counts.drafted > 0.3, counts
+
+
+def test_a_batch_is_cut_into_a_pass_per_run_of_equal_counts():
+    def passes(counts):
+        return micro_batches(list(enumerate(counts)), 512)
+
+    assert passes([1] * 16) == 1
+    assert passes([5] * 16) == 1
+    assert passes([5] * 8 + [1] * 8) == 2
+    assert passes([1, 5] * 8) == 9  # the first token of each, then each drafting row alone
+    assert micro_batches([(0, 1), (2, 1)], 512) == 2  # a gap in the ids
+    assert micro_batches([(0, 40), (1, 40)], 32) == 3  # at most 16 of each a pass
+
+
+def test_a_step_drafts_where_it_pays_and_carries_one_count_a_row():
+    # Four rows that keep most drafts: drafting pays, in one pass.
+    keeping = [Candidate(seq, d, room=8, kept=18, tried=20) for seq, d in enumerate([4, 3, 4, 2])]
+    shape = plan(keeping, [], 512)
+    assert len({d + f for d, f in shape}) == 1 and sum(d for d, _ in shape) > 0
+    # Sixteen rows not tried yet: a drafted token costs about what it saves (speculating.py),
+    # so each carries one.
+    assert plan([Candidate(seq, 4, room=8) for seq in range(16)], [], 512) == [(1, 0)] * 16
+    # Rows whose drafts are seldom kept draft nothing.
+    failing = [Candidate(seq, 4, room=8, kept=1, tried=40) for seq in range(4)]
+    assert plan(failing, [], 512) == [(0, 0)] * 4
+    # A row out of room carries nothing after its next token.
+    assert plan([Candidate(0, 0, room=0)], [], 512) == [(0, 0)]
