@@ -43,6 +43,9 @@ MIN_ACCEPTANCE = 0.3
 RETRY_AFTER = 64
 # How much a row's recent rounds weigh against its earlier ones in its acceptance.
 RECENT_WEIGHT = 0.3
+# A row's chance that a drafted token is kept, before it has drafted any, counted as PRIOR_KEPT
+# kept of PRIOR_TRIED: hopeful enough that a new row's drafts are tried at all.
+PRIOR_KEPT, PRIOR_TRIED = 4, 5
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,11 @@ class RowDrafts:
         self.emitted = 0  # tokens the row emitted since it started drafting
 
     @property
+    def chance(self) -> float:
+        """The row's chance that a drafted token is kept, from its counts so far."""
+        return (self.accepted + PRIOR_KEPT) / (self.drafted + PRIOR_TRIED)
+
+    @property
     def stopped(self) -> bool:
         """Whether the row has stopped drafting for good."""
         return self._paused_until == -1
@@ -164,6 +172,26 @@ class RowDrafts:
             else:
                 self._retried = True
                 self._paused_until = self.emitted + RETRY_AFTER
+
+
+def padded_width(chances: Sequence[float], drafts: Sequence[int], step_cost: float) -> int:
+    """How many tokens every row carries in a step where each row is padded to the widest (its
+    next token, then up to width - 1 of its drafts): the width that emits the most tokens for
+    its cost, counting a step as `step_cost` tokens' worth of fixed work (reading the weights,
+    the step's own overheads) plus one per token carried. With few rows drafting, or drafts
+    seldom kept, that is 1: padding every row for one row's drafts costs more than it brings.
+    Decided from acceptance counts and row counts only, never from timings."""
+    rows = len(drafts)
+    best, best_rate = 1, rows / (step_cost + rows)
+    for width in range(2, max(drafts, default=0) + 2):
+        emitted = rows + sum(
+            sum(chance**j for j in range(1, min(d, width - 1) + 1))
+            for chance, d in zip(chances, drafts, strict=True)
+        )
+        rate = emitted / (step_cost + rows * width)
+        if rate > best_rate:
+            best, best_rate = width, rate
+    return best
 
 
 @dataclass

@@ -100,7 +100,9 @@ def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generat
         _, reply, _, ends = transformers_greedy(smollm2.model, tokenizer, prompt, NEW_TOKENS)
         text = tokenizer.decode([t for t in reply if t not in ends], skip_special_tokens=True)
         assert result.text == text
-    assert drafted > 100
+    # Drafts went through (padded_width leaves out those that would not pay for padding the
+    # ten question rows), and most of them were kept.
+    assert drafted > 50
     assert accepted / drafted > 0.3
 
 

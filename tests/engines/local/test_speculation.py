@@ -12,6 +12,7 @@ from lmpress.engines.local.speculation import (
     RETRY_AFTER,
     NgramIndex,
     Speculation,
+    padded_width,
 )
 from lmpress.vocabulary.errors import ConfigError, UnsupportedParamError
 
@@ -121,3 +122,21 @@ def test_an_engine_that_cannot_speculate_refuses_it_before_any_work(tmp_path):
     )
     with pytest.raises(UnsupportedParamError, match="model.speculative_method: engine OPENAI"):
         create_engine(load_config(str(recipe)))
+
+
+def test_rows_are_padded_for_drafts_only_where_the_kept_ones_pay_for_the_padding():
+    sixteen = [0.8] * 16
+    assert padded_width(sixteen, [4] * 16, step_cost=32) == 4  # copying rows: 3 drafts each
+    assert padded_width(sixteen, [4] * 16, step_cost=200) == 5  # a costly step: all 4
+    assert padded_width(sixteen, [4] * 16, step_cost=16) == 3  # a cheap one: 2
+    assert padded_width(sixteen, [4] + [0] * 15, step_cost=32) == 1  # one row's drafts
+    assert padded_width([0.1] * 16, [4] * 16, step_cost=32) == 1  # drafts seldom kept
+    assert padded_width([0.9], [3], step_cost=32) == 4  # one row alone: the step is the cost
+    assert padded_width([0.9] * 4, [0] * 4, step_cost=32) == 1
+
+
+def test_a_rows_chance_starts_hopeful_and_follows_its_counts():
+    row = NGRAM.row([1, 2, 3])
+    assert row.chance == pytest.approx(0.8)
+    row.settle(10, 1, [4])
+    assert row.chance == pytest.approx(5 / 15)

@@ -30,9 +30,16 @@ from lmpress.engines.local.native.batch_cache import (
     layer_tensors,
 )
 from lmpress.engines.local.native.sampling import BatchControl, BatchRow, row_generator
-from lmpress.engines.local.speculation import Speculation, SpeculationCounts
+from lmpress.engines.local.speculation import Speculation, SpeculationCounts, padded_width
 from lmpress.engines.local.worker import Scheduler, Submission, WorkQueue, failure_info
 from lmpress.vocabulary.types import Result, Sample
+
+# What a decode step's fixed work (reading the weights, the per-layer and per-step overheads)
+# is worth in tokens carried, for speculation.padded_width. SmolLM2 at float32 on a 2-core
+# CPU, 16 rows after 300-token prompts: a step carrying 5 tokens a row took 1.95 times one
+# carrying 1 (1.30 for 2, 1.36 for 3), about 50 tokens' worth, measured under load; taken
+# lower, since a loaded machine inflates the fixed part.
+STEP_COST = 32
 
 
 def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> int:
@@ -215,6 +222,10 @@ class NativeScheduler(Scheduler):
         drafts = [
             row.drafts.propose(row.limit - row.generated - 1) if row.drafts else [] for row in rows
         ]
+        if any(drafts):
+            chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
+            width = padded_width(chances, [len(d) for d in drafts], STEP_COST)
+            drafts = [d[: width - 1] for d in drafts]
         width = 1 + max(len(d) for d in drafts)
         # A row with fewer drafts than the widest is padded with its own last token: the
         # model's outputs there are read by no one, and their cache columns are written over.
