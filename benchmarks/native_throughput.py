@@ -13,7 +13,8 @@ machine load hits all alike. The sides:
 
 `--shared-prefix N` runs the prefix-reuse workload instead: every prompt after the same system
 prompt of about N tokens, lmpress against lmpress with `model.model_kwargs.prefix_reuse` off.
-`--chat` sends chat prompts (chat_prompts: tasks with replies of very different lengths) for a
+`--compile` runs NATIVE with `model.compile` against NATIVE without it, each loaded once (the
+compile counts as load, printed per side). `--chat` sends chat prompts (chat_prompts: tasks with replies of very different lengths) for a
 real model, rather than strings of random words. Ratios by wall time and by each side's
 process CPU time (all its threads) are printed (see benchmarks/rounds.py), and each side's
 peak resident memory: over its whole process, where loading the model may set it, and while
@@ -21,12 +22,13 @@ generating (after loading and warm-up), which is where the sides differ.
 
     .venv/bin/python benchmarks/native_throughput.py [--prompts 64] [--batch-size 16]
         [--new-tokens 32] [--rounds 3] [--eos] [--chat] [--shared-prefix 300]
-        [--model smollm2:135m-instruct]
+        [--model smollm2:135m-instruct] [--compile] [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 from rounds import Rounds, SideProcess, chat_prompts, lmpress_generate, mixed_prompts
 
@@ -119,8 +121,9 @@ def build_generate_batch(config, prompts: list[str], batch_size: int, new_tokens
 def build_lmpress(
     config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool, system: str = ""
 ):
+    started = time.perf_counter()
     engine = create_engine(config)
-    print(f"device {engine.device}", flush=True)
+    print(f"device {engine.device}, loaded in {time.perf_counter() - started:.1f} s", flush=True)
     if system:
         print(f"system prompt: {len(engine.tokenizer(system)['input_ids'])} tokens", flush=True)
     lmpress_generate(engine, prompts[:batch_size], 2, system=system)  # warm up
@@ -169,9 +172,18 @@ def main() -> None:
         "--shared-prefix", type=int, default=0, metavar="TOKENS",
         help="the prefix-reuse workload: a system prompt of about TOKENS tokens before each prompt",
     )  # fmt: skip
+    parser.add_argument(
+        "--compile", action="store_true",
+        help="NATIVE with model.compile (its decoding step compiled) against NATIVE without",
+    )  # fmt: skip
+    parser.add_argument("--dtype", default="auto", help="model.torch_dtype_str")
     args = parser.parse_args()
 
-    overrides = {"model.model_name": args.model, "generation.batch_size": args.batch_size}
+    overrides = {
+        "model.model_name": args.model,
+        "generation.batch_size": args.batch_size,
+        "model.torch_dtype_str": args.dtype,
+    }
     config = load_config(overrides=overrides)
     # Mixed lengths: 4 to 120 words, so left padding matters.
     prompts = chat_prompts(args.prompts) if args.chat else mixed_prompts(args.prompts, 120)
@@ -184,6 +196,13 @@ def main() -> None:
             "no reuse": SideProcess("no reuse", build_lmpress, no_reuse, *work, system),
         }
         pairs = [("prefix reuse", "no reuse")]
+    elif args.compile:
+        compiled = load_config(overrides={**overrides, "model.compile": True})
+        sides = {
+            "compiled": SideProcess("compiled", build_lmpress, compiled, *work),
+            "eager": SideProcess("eager", build_lmpress, config, *work),
+        }
+        pairs = [("compiled", "eager")]
     else:
         # Each side in a process of its own, as users run them (see rounds.SideProcess).
         sides = {"raw": SideProcess("raw", build_raw, config, *work)}
@@ -203,7 +222,7 @@ def main() -> None:
         f"\nmodel {args.model}, {args.prompts} {'chat ' if args.chat else ''}prompts"
         f"{f' after a {args.shared_prefix}-token system prompt' if args.shared_prefix else ''}, "
         f"batch {args.batch_size}, {'at most ' if args.eos else ''}{args.new_tokens} new tokens, "
-        f"EOS {'honoured' if args.eos else 'held off'}"
+        f"EOS {'honoured' if args.eos else 'held off'}, dtype {args.dtype}"
     )
     for name in sides:
         whole, running = peaks[name]

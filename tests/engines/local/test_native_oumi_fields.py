@@ -1,4 +1,5 @@
-"""Oumi's model fields on NATIVE: random weights, compile, the sequence-length cap."""
+"""Oumi's model fields on NATIVE: random weights, the sequence-length cap (compile:
+test_native_compile.py)."""
 
 from __future__ import annotations
 
@@ -56,15 +57,6 @@ def test_model_max_length_caps_the_prompt(tiny_llama):
         assert long.error is not None and long.error.kind == "context_length_exceeded"
         assert "context is 64" in long.error.message
         assert short.ok
-    finally:
-        asyncio.run(engine.aclose())
-
-
-def test_compile_wraps_the_forward_in_torch_compile(tiny_llama):
-    engine = make(tiny_llama, **{"model.compile": True})
-    try:
-        # torch.compile's wrapper keeps the function it compiles; it compiles on first use.
-        assert hasattr(engine.model.forward, "_torchdynamo_orig_callable")
     finally:
         asyncio.run(engine.aclose())
 

@@ -129,7 +129,13 @@ def slots_layer_class() -> type:
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
             keys, values = self.batch.layers[self.index]
-            where, n, columns = self.batch.where, len(self.batch.lengths), self.batch.read_columns
+            # The rows and columns as tensor sizes, not Python ints, so that a compiled step
+            # (loading.compiled_decode) takes them as symbols rather than recompiling for each.
+            where, n, columns = (
+                self.batch.where,
+                key_states.shape[0],
+                self.batch.step.columns.shape[0],
+            )
             keys.transpose(1, 2).index_put_(where, key_states.transpose(1, 2))
             values.transpose(1, 2).index_put_(where, value_states.transpose(1, 2))
             return keys[:n, :, :columns], values[:n, :, :columns]
@@ -156,7 +162,7 @@ class BatchCache:
             tuple[Any, Any]
         ] = []  # per layer: keys, values [slots, heads, capacity, dim]
         self.where: tuple[Any, Any] = ()  # the step's (slot, column) of each new token
-        self.read_columns = 0  # the columns attention reads this step
+        self.step: StepMask | None = None  # the step's mask, and the columns attention reads
         self._cache: Any = None
 
     @property
@@ -228,14 +234,16 @@ class BatchCache:
         import torch
 
         longest = max(self.lengths) + width
-        self._reserve(len(self.lengths), longest, self.layers)
+        # A column to spare: the columns read are always a view narrower than the cache, one
+        # layout for a compiled step (loading.compiled_decode) rather than two.
+        self._reserve(len(self.lengths), longest + 1, self.layers)
         device = self.layers[0][0].device
         lengths = torch.tensor(self.lengths, device=device)
         positions = lengths[:, None] + torch.arange(width, device=device)
         slots = torch.arange(len(self.lengths), device=device)[:, None].expand_as(positions)
         self.where = (slots, positions)
-        self.read_columns = min(round_up(longest, MASK_COLUMNS), self.capacity)
-        step = StepMask(positions, self.read_columns, self.layers[0][0].dtype)
+        columns = min(round_up(longest, MASK_COLUMNS), self.capacity - 1)
+        step = self.step = StepMask(positions, columns, self.layers[0][0].dtype)
         mask = step.mask(None)
         mask.lmpress_step = step
         if self._cache is None:

@@ -47,6 +47,7 @@ from lmpress.engines.local.native.loading import (
     batching_settings,
     checkpoint_defaults,
     checkpoint_processors,
+    compiled_decode,
     eos_ids,
     load_model,
     load_processor,
@@ -151,7 +152,10 @@ class NativeEngine(WorkerEngine):
             kv_budget_tokens=self.kv_budget_tokens, prefix_reuse=self.prefix_reuse,
             checkpoint_processors=self.checkpoint_processors,
             speculation=Speculation.of(config.model),
+            decode=compiled_decode(self.model) if config.model.compile else None,
         )  # fmt: skip
+        if config.model.compile:
+            scheduler.warm()
         self._start_worker(scheduler, "lmpress-native")
 
     def occupancy(self) -> Occupancy:

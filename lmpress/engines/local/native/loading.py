@@ -152,13 +152,28 @@ def load_model(
         except ImportError as exc:
             raise ModelLoadError("model.adapter_model needs peft: pip install peft") from exc
         loaded = PeftModel.from_pretrained(loaded, model.adapter_model)
-    loaded = loaded.to(device).eval()
-    if model.compile:
-        import torch
+    return loaded.to(device).eval()
 
-        # Compiles on the first batch; dynamic shapes, since every batch's length differs.
-        loaded.forward = torch.compile(loaded.forward, dynamic=True)
-    return loaded
+
+def compiled_decode(model: Any) -> Any:
+    """`model.compile`: the model's forward under `torch.compile`, for the decoding steps only
+    (a prompt's prefill stays eager: its shapes differ every time, and its matmuls are large
+    enough to gain little). Every size is symbolic (the rows, the tokens a row carries, the
+    cache's slots and columns) and two sizes that happen to be equal stay two symbols, so one
+    graph serves every step of several rows rather than one a shape (torch compiles a size of
+    1 apart: the scheduler steps a lone row eagerly). Freezing lets inductor treat the weights
+    as constants and prepack them for its CPU matmul kernels."""
+    import torch
+    from torch.fx.experimental import _config as shapes
+
+    compiled = torch.compile(model.forward, dynamic=True, options={"freezing": True})
+
+    def decode(**kwargs: Any) -> Any:
+        # Read when a step compiles, which may be any step whose guards fail.
+        with shapes.patch(use_duck_shape=False):
+            return compiled(**kwargs)
+
+    return decode
 
 
 def _random_model(

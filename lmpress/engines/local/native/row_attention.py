@@ -56,7 +56,10 @@ def row_attention(
         # for every query head (its repeat_kv, which it takes whenever there is a mask).
         import torch
 
-        gqa = query.shape[1] != key.shape[1]
+        # From the module rather than the shapes: under torch.compile with symbolic sizes,
+        # comparing the shapes gives a symbolic bool, which the kernel does not take.
+        groups = getattr(module, "num_key_value_groups", None)
+        gqa = groups > 1 if groups is not None else query.shape[1] != key.shape[1]
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=kwargs.get("scaling"), enable_gqa=gqa
         )

@@ -40,6 +40,8 @@ from lmpress.vocabulary.types import Result, Sample
 # carrying 1 (1.30 for 2, 1.36 for 3), about 50 tokens' worth, measured under load; taken
 # lower, since a loaded machine inflates the fixed part.
 STEP_COST = 32
+# The dummy prompt `NativeScheduler.warm` compiles the decoding step on.
+WARM_PROMPT_TOKENS = 8
 
 
 def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> int:
@@ -76,6 +78,7 @@ class NativeScheduler(Scheduler):
         prefix_reuse: bool,
         checkpoint_processors: Any,
         speculation: Speculation | None = None,
+        decode: Any = None,
     ):
         super().__init__(queue, engine)
         self.model = model
@@ -90,6 +93,9 @@ class NativeScheduler(Scheduler):
         self.speculation = speculation
         self.speculation_counts = SpeculationCounts()
         self._batch = BatchCache()
+        # The forward the decoding steps call: the model's own, or its compiled one
+        # (loading.compiled_decode); a prompt's prefill always calls the model's own.
+        self._decode = decode or model
 
     def kv_cache_usage(self) -> float | None:
         """The fraction of the KV cache's budget (`model_kwargs.kv_cache_gb`) the rows take
@@ -216,8 +222,6 @@ class NativeScheduler(Scheduler):
     def _step(self) -> None:
         """One token for every row in the batch, or more for a row whose drafts the model
         verifies; the rows that end leave it."""
-        import torch
-
         rows = self._active
         drafts = [
             row.drafts.propose(row.limit - row.generated - 1) if row.drafts else [] for row in rows
@@ -233,8 +237,28 @@ class NativeScheduler(Scheduler):
             [row.last, *d] + [row.last] * (width - 1 - len(d))
             for row, d in zip(rows, drafts, strict=True)
         ]
+        logits = self._forward(ids)
+        if width == 1:
+            self._pick(rows, logits[:, -1])
+            emitted = [[row.last] for row in rows]
+        else:
+            emitted = self._verify(rows, drafts, logits)
+        self._batch.keep([len(e) for e in emitted])
+        self._settle(rows, drafts, emitted)
+        ended = [b for b, row in enumerate(self._active) if row.finish_reason is not None]
+        if ended:
+            self._answer_finished(self._active)
+            self._active = [self._active[b] for b in self._batch.leave(ended)]
+
+    def _forward(self, ids: list[list[int]]) -> Any:
+        """The logits of a step's new tokens, every row carrying as many (`ids`). A lone row
+        steps on the model's own forward: a compiled step would compile a graph apart for it."""
+        import torch
+
+        width = len(ids[0])
         positions, cache, mask = self._batch.step_inputs(width)
-        out = self.model(
+        forward = self._decode if len(ids) > 1 else self.model
+        out = forward(
             input_ids=torch.tensor(ids, device=self.device),
             attention_mask=mask,
             position_ids=positions,
@@ -242,17 +266,25 @@ class NativeScheduler(Scheduler):
             logits_to_keep=width,
             **{self._cache_arg: cache},
         )
-        if width == 1:
-            self._pick(rows, out.logits[:, -1])
-            emitted = [[row.last] for row in rows]
-        else:
-            emitted = self._verify(rows, drafts, out.logits)
-        self._batch.keep([len(e) for e in emitted])
-        self._settle(rows, drafts, emitted)
-        ended = [b for b, row in enumerate(self._active) if row.finish_reason is not None]
-        if ended:
-            self._answer_finished(self._active)
-            self._active = [self._active[b] for b in self._batch.leave(ended)]
+        return out.logits
+
+    def warm(self) -> None:
+        """Compile the decoding step now (`model.compile`), so that its cost counts as the
+        engine's load rather than its first requests': a step on a short dummy prompt, at two
+        rows in more slots, a token a row and, with speculation, two."""
+        import torch
+
+        self._cache_arg = cache_argument(self.model)
+        self._prefixes = None
+        widths = (1, 2) if self.speculation else (1,)
+        with torch.inference_mode():
+            prompt, _ = self._prefill([0] * WARM_PROMPT_TOKENS)
+            self._batch = BatchCache()
+            self._batch.join([prompt] * 3, [2 * WARM_PROMPT_TOKENS] * 3)
+            self._batch.leave([2])
+            for width in widths:
+                self._forward([[0] * width] * 2)
+        self._batch = BatchCache()
 
     def _verify(
         self, rows: list[BatchRow], drafts: list[list[int]], logits: Any
