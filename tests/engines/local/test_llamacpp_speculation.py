@@ -16,6 +16,7 @@ from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 from .test_real_weights import QUESTIONS
+from .test_reference_equality import MIXED
 
 PARAGRAPHS = [
     "Teh comittee met on Tusday in Bostn to discus the anual budgte. Mrs Hannah Lee presentd "
@@ -33,14 +34,6 @@ PARAGRAPHS = [
 ]
 COPY = [f"Fix the typos in this paragraph and return it in full: {p}" for p in PARAGRAPHS] + [
     f"Repeat exactly: {p}" for p in PARAGRAPHS
-]
-MIXED = [
-    {"temperature": 0.8},
-    {"temperature": 1.0, "top_k": 20},
-    {"temperature": 0.7, "top_p": 0.9},
-    {"temperature": 1.2, "min_p": 0.05, "repetition_penalty": 1.2},
-    {"temperature": 0.0},
-    {"temperature": 0.9, "presence_penalty": 0.5, "frequency_penalty": 0.3},
 ]
 
 
