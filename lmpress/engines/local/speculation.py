@@ -201,12 +201,7 @@ class SpeculationCounts:
 
     drafted: int = 0
     accepted: int = 0
-    steps: int = 0  # verify steps that carried at least one draft
 
     def add(self, drafts: int, kept: int) -> None:
         self.drafted += drafts
         self.accepted += kept
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0

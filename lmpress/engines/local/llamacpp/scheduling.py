@@ -291,7 +291,6 @@ class LlamaCppScheduler(Scheduler):
             row.draft_tried += min(kept + 1, drafted)
             if drafted:
                 self.speculation_counts.add(drafted, kept_drafts)
-                self.speculation_counts.steps += 1
         if row.drafts is not None:
             row.drafts.settle(row.drafted, min(kept, row.drafted), emitted)
         row.carried, row.drafted = [], 0

@@ -310,8 +310,6 @@ class NativeScheduler(Scheduler):
     ) -> None:
         """Tell each drafting row what it drafted and kept, and count it."""
         counts = self.speculation_counts
-        if any(drafts):
-            counts.steps += 1
         for row, d, e in zip(rows, drafts, emitted, strict=True):
             if row.drafts is None:
                 continue
