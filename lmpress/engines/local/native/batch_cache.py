@@ -98,20 +98,29 @@ class StepMask:
         self.positions = positions[:, None, :, None]  # each new token's column
         self.columns = torch.arange(columns, device=positions.device)
         self.dtype = dtype
-        self.masks: dict[int | None, Any] = {}
+        self.masks: dict[tuple[int | None, int], Any] = {}
 
-    def mask(self, window: int | None) -> Any:
-        if window not in self.masks:
-            import torch
+    def mask(self, window: int | None, group: int = 1) -> Any:
+        """The mask for a layer with this sliding window (None: none); with `group` > 1, for
+        queries stacked `group` heads to a key head (row_attention.grouped_attention):
+        [rows, 1, group * new tokens, columns]."""
+        if (window, group) in self.masks:
+            return self.masks[window, group]
+        if group > 1:
+            mask = self.mask(window)
+            rows, _, new, columns = mask.shape
+            stacked = mask.expand(rows, group, new, columns).reshape(rows, 1, group * new, columns)
+            self.masks[window, group] = stacked
+            return stacked
+        import torch
 
-            allowed = self.columns <= self.positions
-            if window:
-                allowed &= self.columns > self.positions - window
-            blocked = torch.finfo(self.dtype).min  # as transformers' own masks: never -inf
-            shape = allowed.shape
-            mask = torch.zeros(shape, dtype=self.dtype, device=allowed.device)
-            self.masks[window] = mask.masked_fill_(~allowed, blocked)
-        return self.masks[window]
+        allowed = self.columns <= self.positions
+        if window:
+            allowed &= self.columns > self.positions - window
+        blocked = torch.finfo(self.dtype).min  # as transformers' own masks: never -inf
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
+        self.masks[window, 1] = mask.masked_fill_(~allowed, blocked)
+        return self.masks[window, 1]
 
 
 @functools.cache
