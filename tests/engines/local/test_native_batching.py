@@ -159,7 +159,8 @@ def test_the_rows_decoding_hold_no_more_kv_cache_than_the_budget(tiny_llama, mon
     assert max(rows for rows, _ in held) in (2, 3)
 
 
-@pytest.mark.parametrize("kwargs", [{"kv_cache_gb": 0}, {"kv_cache_gb": "lots"}, {"prefix_reuse": "yes"}])  # fmt: skip
+@pytest.mark.parametrize("kwargs", [{"kv_cache_gb": 0}, {"kv_cache_gb": "lots"}, {"prefix_reuse": "yes"},
+                                    {"pack_weights": "yes"}])  # fmt: skip
 def test_bad_batching_settings_are_refused(tiny_llama, kwargs):
     with pytest.raises(ConfigError, match=f"model.model_kwargs.{next(iter(kwargs))}"):
         make(tiny_llama, **kwargs)

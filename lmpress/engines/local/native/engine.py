@@ -21,6 +21,9 @@ A reasoning model's thinking (thinking.py) is counted, bounded and kept apart fr
 row by row inside the batch: sampling.py writes the close of a row's thinking once its
 `max_reasoning_tokens` are spent, and holds its grammar until the answer starts.
 
+On a CPU the linear layers multiply by weights packed once for oneDNN (packing.py;
+`model.model_kwargs.pack_weights: false` keeps the plain layers).
+
 `model.model_kwargs.kv_cache_gb` caps the KV cache (rows join only while it has room, and a
 row that could outgrow it alone fails); `model.model_kwargs.prefix_reuse: false` turns off
 reusing a shared prompt prefix's cache.
@@ -54,6 +57,7 @@ from lmpress.engines.local.native.loading import (
     native_prompts,
     pick_device_and_dtype,
 )
+from lmpress.engines.local.native.packing import pack_linears, pack_weights_wanted
 from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
 from lmpress.engines.local.speculation import Speculation
@@ -120,6 +124,9 @@ class NativeEngine(WorkerEngine):
         model_config = load_model_config(config.model)
         self.model = load_model(config.model, self.device, self.dtype, model_config)
         use_row_attention(self.model)
+        # model.compile packs the weights its own way (inductor's freezing).
+        if pack_weights_wanted(config.model.model_kwargs) and not config.model.compile:
+            pack_linears(self.model)
         self.processor = load_processor(config.model, model_config, self.tokenizer)
         policy = config.model.generation_defaults
         self.model_defaults = checkpoint_defaults(self.model, policy)

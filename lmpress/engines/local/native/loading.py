@@ -17,9 +17,10 @@ from lmpress.engines.common.prompts import HfPrompts
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 
 # The model_kwargs NATIVE reads itself rather than passing to from_pretrained: the GGUF file's
-# name, the KV cache's memory budget in GiB, whether prompts reuse a shared prefix's cache, and
-# the widths an embedding model was trained to be cut to (Matryoshka: true for any).
-NATIVE_KWARGS = ("filename", "kv_cache_gb", "prefix_reuse", "matryoshka_dims")
+# name, the KV cache's memory budget in GiB, whether prompts reuse a shared prefix's cache, the
+# widths an embedding model was trained to be cut to (Matryoshka: true for any), and whether the
+# linear layers' weights are packed on a CPU (packing.py).
+NATIVE_KWARGS = ("filename", "kv_cache_gb", "prefix_reuse", "matryoshka_dims", "pack_weights")
 
 
 def batching_settings(model: ModelParams, model_config: Any, dtype: Any) -> tuple[int | None, bool]:

@@ -1,0 +1,77 @@
+"""NATIVE's linear layers on a CPU, with their weights packed once for oneDNN.
+
+`torch.nn.Linear` on a CPU multiplies by the weight as stored, row-major, at every call; a
+decoding step of a few dozen tokens spends most of its time there, reading the weights. oneDNN
+(bundled with PyTorch as mkldnn) can reorder a weight once into the blocked layout its kernels
+read fastest and multiply by that from then on: what vLLM's CPU build and inductor's freezing
+(`model.compile`) do. Measured on SmolLM2-135M's 211 matmuls at 16 tokens on a 2-core AMD EPYC
+with AVX512-BF16, the packed weights took the matmuls from 89 to 41 ms at float32 and from 34
+to 23 ms at bfloat16 (benchmarks/README.md has the whole step).
+
+`pack_linears` packs every `torch.nn.Linear` of a model loaded on the CPU at float32 or
+bfloat16 (bfloat16 only where oneDNN has bfloat16 kernels for this CPU) and points the layer's
+forward at the packed weight; GPT-2's Conv1D layers, which store their weights transposed, stay
+plain. The original weight stays: the model's parameters, tied embeddings and anything reading
+`weight` see it unchanged, so the packed copy costs the linear weights' memory once more.
+`model.model_kwargs.pack_weights: false` keeps the plain layers.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from lmpress.vocabulary.errors import ConfigError
+
+# The tokens a call is expected to carry, a hint oneDNN picks its layout by: a decoding step's
+# rows. Any other count is still multiplied correctly.
+LAYOUT_TOKENS = 16
+
+
+def pack_weights_wanted(model_kwargs: dict[str, Any]) -> bool:
+    """`model.model_kwargs.pack_weights`, default true."""
+    wanted = model_kwargs.get("pack_weights", True)
+    if not isinstance(wanted, bool):
+        raise ConfigError(f"model.model_kwargs.pack_weights: '{wanted}' is not true or false")
+    return wanted
+
+
+def pack_linears(model: Any) -> int:
+    """Pack the weights of the model's linear layers (see the module docstring); returns how
+    many were packed: none off the CPU, at other dtypes, or without oneDNN."""
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return 0
+    dtypes = {torch.float32}
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        dtypes.add(torch.bfloat16)
+    packed = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if (
+            not isinstance(module, torch.nn.Linear)
+            or weight is None
+            or weight.device.type != "cpu"
+            or weight.dtype not in dtypes
+            or (module.bias is not None and module.bias.dtype != weight.dtype)
+        ):
+            continue
+        with torch.no_grad():
+            module.lmpress_packed = torch.ops.mkldnn._reorder_linear_weight(
+                weight.detach(), LAYOUT_TOKENS
+            )
+        module.forward = types.MethodType(packed_forward, module)
+        packed += 1
+    return packed
+
+
+def packed_forward(self: Any, x: Any) -> Any:
+    """A packed layer's forward: the same product as `torch.nn.Linear.forward`, on the packed
+    weight. An input of another dtype (autocast, a caller's float32 on a bfloat16 model) goes
+    through the plain layer, which raises or converts as it would."""
+    import torch
+
+    if x.dtype != self.weight.dtype or x.device.type != "cpu" or torch.is_grad_enabled():
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    return torch.ops.mkldnn._linear_pointwise(x, self.lmpress_packed, self.bias, "none", [], "")
