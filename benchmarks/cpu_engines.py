@@ -127,7 +127,9 @@ def run_lmpress(side: str, args: argparse.Namespace) -> dict:
 
         async def go():
             try:
-                options = BatchOptions(str(source), str(target))
+                # Every run generates: the response cache (on by default in a batch) would answer a
+                # rerun of the same rows without the engine.
+                options = BatchOptions(str(source), str(target), cache="off")
                 return await run_batch(
                     config, options, engine=engine, events=BatchReport(bar=False)
                 )

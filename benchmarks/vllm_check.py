@@ -164,7 +164,9 @@ def run_lmpress(
 
         async def go():
             try:
-                options = BatchOptions(str(source), str(target))
+                # Every run generates: the response cache (on by default in a batch) would answer a
+                # rerun of the same rows without the engine.
+                options = BatchOptions(str(source), str(target), cache="off")
                 report = BatchReport(bar=False)  # notices and failed rows, no bar
                 return await run_batch(config, options, engine=engine, events=report)
             finally:
