@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from remote_throughput import REPO, write_rows
+from remote_throughput import REPO, uncached, write_rows
 
 sys.path.insert(0, str(REPO))
 
@@ -69,7 +69,7 @@ def run_side(server: LLMServer, rows: Path, out: Path, workers: int, extra: list
         started = time.perf_counter()
         proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env=uncached({**os.environ, "PYTHONPATH": str(REPO)}),
         )  # fmt: skip
         first = None
         while proc.poll() is None:

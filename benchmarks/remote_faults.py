@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from remote_throughput import uncached  # noqa: E402
+
 from tests.servers.llm_server import Faults, LLMServer  # noqa: E402
 
 # The mix: of the distinct conversations, 35% fail their first attempt, chosen among
@@ -69,7 +71,7 @@ def run_batch(server: LLMServer, rows: Path, out: Path, count: int, workers: int
         "--model.model_name", "bench", "--generation.max_new_tokens", "16",
         "-i", str(rows), "-o", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = uncached({**os.environ, "PYTHONPATH": str(REPO)})
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     wall = time.perf_counter() - started

@@ -53,6 +53,17 @@ WORKERS = 32
 REQUESTS = 1600
 
 
+def uncached(env: dict[str, str]) -> dict[str, str]:
+    """`env` for an `lmpress batch` child whose run must send every row: a response cache of its
+    own, empty, removed at exit (lmpress's own cache, on by default in a batch, would answer a
+    rerun of the same rows without a request; a checkout from before the cache ignores it)."""
+    import atexit
+
+    where = tempfile.mkdtemp(prefix="lmpress-bench-cache-")
+    atexit.register(shutil.rmtree, where, True)
+    return {**env, "LMPRESS_RESPONSE_CACHE": where}
+
+
 def write_rows(path: Path, count: int, openai_batch: bool = False) -> None:
     with path.open("w") as out:
         for i in range(count):
@@ -89,7 +100,7 @@ def run_batch(
         "--model.model_name", "bench", "--generation.max_new_tokens", "16",
         "-i", str(rows), "-o", str(out), *(extra or []),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    env = uncached({**os.environ, "PYTHONPATH": str(repo)})
     with tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=repo)

@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from remote_throughput import uncached
+
 REPO = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"listening on (http://\S+)/v1")
 TOPICS = (
@@ -47,7 +49,9 @@ def prompts(count: int) -> list[str]:
 
 
 def lmpress(*args: str, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = uncached(
+        {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    )
     return subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env, **kwargs)
 
 
