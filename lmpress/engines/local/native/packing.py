@@ -1,19 +1,19 @@
-"""NATIVE's linear layers on a CPU, with their weights packed once for oneDNN.
+"""NATIVE's linear layers on a CPU at float32, with their weights packed once for oneDNN.
 
 `torch.nn.Linear` on a CPU multiplies by the weight as stored, row-major, at every call; a
 decoding step of a few dozen tokens spends most of its time there, reading the weights. oneDNN
 (bundled with PyTorch as mkldnn) can reorder a weight once into the blocked layout its kernels
 read fastest and multiply by that from then on: what vLLM's CPU build and inductor's freezing
-(`model.compile`) do. Measured on SmolLM2-135M's 211 matmuls at 16 tokens on a 2-core AMD EPYC
-with AVX512-BF16, the packed weights took the matmuls from 89 to 41 ms at float32 and from 34
-to 23 ms at bfloat16 (benchmarks/README.md has the whole step).
+(`model.compile`) do. On SmolLM2-135M (2-core AMD EPYC, 48 chat prompts, 16 in flight, the same
+greedy tokens both ways) the packed layers ran 1.28 to 1.30 times as fast at float32. At
+bfloat16 they ran 0.81 to 0.93 times as fast end to end, though each matmul alone was faster,
+so bfloat16 layers stay plain.
 
-`pack_linears` packs every `torch.nn.Linear` of a model loaded on the CPU at float32 or
-bfloat16 (bfloat16 only where oneDNN has bfloat16 kernels for this CPU) and points the layer's
-forward at the packed weight; GPT-2's Conv1D layers, which store their weights transposed, stay
-plain. The original weight stays: the model's parameters, tied embeddings and anything reading
-`weight` see it unchanged, so the packed copy costs the linear weights' memory once more.
-`model.model_kwargs.pack_weights: false` keeps the plain layers.
+`pack_linears` packs every float32 `torch.nn.Linear` of a model on the CPU and points the
+layer's forward at the packed weight; GPT-2's Conv1D layers, which store their weights
+transposed, stay plain. The original weight stays: the model's parameters, tied embeddings and
+anything reading `weight` see it unchanged, so the packed copy costs the linear weights' memory
+once more. `model.model_kwargs.pack_weights: false` keeps the plain layers.
 """
 
 from __future__ import annotations
@@ -37,15 +37,12 @@ def pack_weights_wanted(model_kwargs: dict[str, Any]) -> bool:
 
 
 def pack_linears(model: Any) -> int:
-    """Pack the weights of the model's linear layers (see the module docstring); returns how
-    many were packed: none off the CPU, at other dtypes, or without oneDNN."""
+    """Pack the weights of the model's float32 linear layers on the CPU (see the module
+    docstring); returns how many were packed: none without oneDNN."""
     import torch
 
     if not torch.backends.mkldnn.is_available():
         return 0
-    dtypes = {torch.float32}
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        dtypes.add(torch.bfloat16)
     packed = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
@@ -53,7 +50,7 @@ def pack_linears(model: Any) -> int:
             not isinstance(module, torch.nn.Linear)
             or weight is None
             or weight.device.type != "cpu"
-            or weight.dtype not in dtypes
+            or weight.dtype != torch.float32
             or (module.bias is not None and module.bias.dtype != weight.dtype)
         ):
             continue
@@ -68,8 +65,8 @@ def pack_linears(model: Any) -> int:
 
 def packed_forward(self: Any, x: Any) -> Any:
     """A packed layer's forward: the same product as `torch.nn.Linear.forward`, on the packed
-    weight. An input of another dtype (autocast, a caller's float32 on a bfloat16 model) goes
-    through the plain layer, which raises or converts as it would."""
+    weight. An input of another dtype or device, or one that needs gradients, goes through the
+    plain layer, which handles it as it would."""
     import torch
 
     if x.dtype != self.weight.dtype or x.device.type != "cpu" or torch.is_grad_enabled():
