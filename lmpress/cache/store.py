@@ -108,7 +108,7 @@ class ResponseStore:
         )  # fmt: skip
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if not self.readonly:
-            db.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(db)
             db.execute("PRAGMA synchronous = NORMAL")
             db.executescript(_SCHEMA)
             found = db.execute("SELECT value FROM settings WHERE name = 'schema'").fetchone()
@@ -329,3 +329,19 @@ def _evict_past_cap(db: sqlite3.Connection) -> None:
         if freed >= excess:
             break
     db.executemany("DELETE FROM responses WHERE key = ?", doomed)
+
+
+def _switch_to_wal(db: sqlite3.Connection) -> None:
+    """Put the store in WAL mode (it stays so). The switch takes the file's exclusive lock, and
+    SQLite answers "database is locked" at once, without its busy handler, while another
+    process is opening or creating the same store: two jobs starting together on a new cache
+    hit this. It is retried until BUSY_TIMEOUT_MS, as any other wait for a lock."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)

@@ -10,6 +10,7 @@ import random
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,6 +67,33 @@ def test_two_processes_writing_at_once_lose_and_garble_nothing(tmp_path: Path):
     assert store.damaged_reads == 0
     store.close()
     assert [waits.get(timeout=5) for _ in writers]  # each writer finished and said so
+
+
+def _opener(directories: list[str], barrier: Any, failures: Any) -> None:
+    for directory in directories:
+        barrier.wait()  # every process opens the same new store at the same moment
+        try:
+            ResponseStore(Path(directory)).close()
+        except CacheDamaged as exc:
+            failures.put(str(exc))
+
+
+def test_jobs_opening_a_new_store_at_the_same_moment_all_open_it(tmp_path: Path):
+    """Four jobs starting together on a cache no one has made yet: each opens it, none is told
+    it is locked (SQLite's switch to WAL answered "database is locked" at once, and the job
+    would have run without its cache; about 1 open in 13 here before it was retried)."""
+    context = multiprocessing.get_context("spawn")
+    directories = [str(tmp_path / str(i)) for i in range(40)]
+    barrier, failures = context.Barrier(4), context.Queue()
+    openers = [
+        context.Process(target=_opener, args=(directories, barrier, failures)) for _ in range(4)
+    ]
+    for process in openers:
+        process.start()
+    for process in openers:
+        process.join(120)
+        assert process.exitcode == 0
+    assert failures.empty(), failures.get()
 
 
 def test_a_damaged_entry_reads_as_a_miss_not_as_another_reply(tmp_path: Path):
