@@ -56,8 +56,9 @@ from lmpress.engines.local.native.loading import (
     load_processor,
     native_prompts,
     pick_device_and_dtype,
+    switch,
 )
-from lmpress.engines.local.native.packing import pack_linears, pack_weights_wanted
+from lmpress.engines.local.native.packing import pack_linears
 from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
 from lmpress.engines.local.speculation import Speculation
@@ -125,7 +126,7 @@ class NativeEngine(WorkerEngine):
         self.model = load_model(config.model, self.device, self.dtype, model_config)
         use_row_attention(self.model)
         # model.compile packs the weights its own way (inductor's freezing).
-        if pack_weights_wanted(config.model.model_kwargs) and not config.model.compile:
+        if switch(config.model, "pack_weights") and not config.model.compile:
             pack_linears(self.model)
         self.processor = load_processor(config.model, model_config, self.tokenizer)
         policy = config.model.generation_defaults

@@ -23,13 +23,19 @@ from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 NATIVE_KWARGS = ("filename", "kv_cache_gb", "prefix_reuse", "matryoshka_dims", "pack_weights")
 
 
+def switch(model: ModelParams, name: str, default: bool = True) -> bool:
+    """The on/off `model.model_kwargs` setting `name` that NATIVE reads itself, checked."""
+    value = model.model_kwargs.get(name, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"model.model_kwargs.{name}: '{value}' is not true or false")
+    return value
+
+
 def batching_settings(model: ModelParams, model_config: Any, dtype: Any) -> tuple[int | None, bool]:
     """`model_kwargs.kv_cache_gb` as the tokens the KV cache may hold (None: no budget, only
     generation.batch_size bounds it), and `model_kwargs.prefix_reuse` (default true)."""
     budget = model.model_kwargs.get("kv_cache_gb")
-    reuse = model.model_kwargs.get("prefix_reuse", True)
-    if not isinstance(reuse, bool):
-        raise ConfigError(f"model.model_kwargs.prefix_reuse: '{reuse}' is not true or false")
+    reuse = switch(model, "prefix_reuse")
     if budget is None:
         return None, reuse
     if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0:

@@ -21,46 +21,29 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from lmpress.vocabulary.errors import ConfigError
-
 # The tokens a call is expected to carry, a hint oneDNN picks its layout by: a decoding step's
 # rows. Any other count is still multiplied correctly.
 LAYOUT_TOKENS = 16
 
 
-def pack_weights_wanted(model_kwargs: dict[str, Any]) -> bool:
-    """`model.model_kwargs.pack_weights`, default true."""
-    wanted = model_kwargs.get("pack_weights", True)
-    if not isinstance(wanted, bool):
-        raise ConfigError(f"model.model_kwargs.pack_weights: '{wanted}' is not true or false")
-    return wanted
-
-
-def pack_linears(model: Any) -> int:
+def pack_linears(model: Any) -> None:
     """Pack the weights of the model's float32 linear layers on the CPU (see the module
-    docstring); returns how many were packed: none without oneDNN."""
+    docstring); none without oneDNN."""
     import torch
 
     if not torch.backends.mkldnn.is_available():
-        return 0
-    packed = 0
+        return
     for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if (
-            not isinstance(module, torch.nn.Linear)
-            or weight is None
-            or weight.device.type != "cpu"
-            or weight.dtype != torch.float32
-            or (module.bias is not None and module.bias.dtype != weight.dtype)
-        ):
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        weight = module.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
             continue
         with torch.no_grad():
             module.lmpress_packed = torch.ops.mkldnn._reorder_linear_weight(
                 weight.detach(), LAYOUT_TOKENS
             )
         module.forward = types.MethodType(packed_forward, module)
-        packed += 1
-    return packed
 
 
 def packed_forward(self: Any, x: Any) -> Any:
