@@ -19,9 +19,9 @@ GENERATION_DEFAULTS: tuple[GenerationDefaults, ...] = get_args(GenerationDefault
 PromptCacheMode = Literal["auto", "off"]
 PROMPT_CACHE_MODES: tuple[PromptCacheMode, ...] = get_args(PromptCacheMode)
 
-# `model.speculative_method`, a `str` for the same reason: "off", or "ngram" (prompt lookup,
-# engines/local/speculation.py).
-SpeculativeMethod = Literal["off", "ngram"]
+# `model.speculative_method`, a `str` for the same reason: "off", "ngram" (prompt lookup), or
+# "draft_model" (a smaller model's drafts): engines/local/speculation.py.
+SpeculativeMethod = Literal["off", "ngram", "draft_model"]
 SPECULATIVE_METHODS: tuple[SpeculativeMethod, ...] = get_args(SpeculativeMethod)
 
 
@@ -59,11 +59,14 @@ class ModelParams:
     # Speculative decoding (engines/local/speculation.py), named as vLLM's speculative_config:
     # "ngram" drafts up to num_speculative_tokens a step from the row's own prompt and reply,
     # looking up its last prompt_lookup_max..prompt_lookup_min tokens. Greedy text is the same
-    # as with "off"; it pays where replies copy their prompts.
+    # as with "off"; it pays where replies copy their prompts. "draft_model" drafts with
+    # draft_model, a smaller model sharing the model's tokenizer (setting draft_model alone
+    # chooses it).
     speculative_method: str = "off"
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    draft_model: str | None = None
 
 
 @dataclass
@@ -167,6 +170,25 @@ ENGINE_ALIASES = {"GOOGLE_GEMINI": "GEMINI"}
 # The largest seed every engine takes: torch's generators and vLLM read a seed as a signed
 # 64-bit integer (a row's n samples use seed + index, which still fits in torch's unsigned 64).
 MAX_SEED = 2**63 - 1
+
+
+def speculative_method(model: ModelParams) -> str:
+    """The speculative decoding a model asks for: its `speculative_method`, or draft_model
+    where only `draft_model` is set (as vLLM infers it from a draft model's name)."""
+    method = model.speculative_method
+    if model.draft_model and method == "off":
+        return "draft_model"
+    if model.draft_model and method != "draft_model":
+        raise ConfigError(
+            f"model.draft_model: set, but model.speculative_method is {method}; "
+            "set speculative_method: draft_model, or remove draft_model"
+        )
+    if method == "draft_model" and not model.draft_model:
+        raise ConfigError(
+            "model.speculative_method: draft_model needs model.draft_model, a smaller model "
+            "sharing the model's tokenizer"
+        )
+    return method
 
 
 def _finite(v: float) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lmpress.configs.schema import ModelParams, RunConfig
+from lmpress.configs.schema import ModelParams, RunConfig, speculative_method
 from lmpress.engines.prompt_count import NoPromptCache, PromptCacheTally, PromptCounter
 from lmpress.progress import ProgressBar
 from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
@@ -68,9 +68,9 @@ class Engine(ABC):
     # Whether `model.generation_defaults: use` means something here: the engine can read the
     # sampling defaults a checkpoint ships. Every engine ignores them by default.
     uses_generation_defaults: ClassVar[bool] = False
-    # Whether `model.speculative_method` other than off means something here
-    # (engines/local/speculation.py); an engine that cannot draft refuses it before any work.
-    speculates: ClassVar[bool] = False
+    # The `model.speculative_method`s other than off it decodes by
+    # (engines/local/speculation.py); it refuses any other before any work.
+    speculative_methods: ClassVar[frozenset[str]] = frozenset()
     # Whether requests may offer tools (and hold earlier tool calls): the engine sends them
     # to its API, or renders them and parses the calls out of the reply. `check_tools` refuses
     # them, before any work, on an engine that cannot.
@@ -94,10 +94,14 @@ class Engine(ABC):
                 f"model.generation_defaults: engine {self.name} cannot read a checkpoint's "
                 f"generation defaults; set the values under generation instead, or use ignore"
             )
-        if config.model.speculative_method != "off" and not self.speculates:
+        method = speculative_method(config.model)
+        if method != "off" and method not in self.speculative_methods:
+            known = sorted(self.speculative_methods)
             raise UnsupportedParamError(
-                f"model.speculative_method: engine {self.name} does not decode speculatively; "
-                f"use off, or a local engine (NATIVE, LLAMACPP, VLLM)"
+                f"model.speculative_method: engine {self.name} does not decode speculatively"
+                + (f" by {method}; use {' or '.join(known)}" if known else "")
+                + "; or use off"
+                + ("" if known else ", or a local engine (NATIVE, LLAMACPP, VLLM)")
             )
         # How many requests callers should keep submitted to keep this engine busy.
         self.max_in_flight: int = max(1, config.generation.batch_size)

@@ -148,5 +148,7 @@ def test_speculative_method_off_reads_as_off_from_yaml(tmp_path):
     assert (
         load_config(overrides={"model.speculative_method": "off"}).model.speculative_method == "off"
     )
-    with pytest.raises(ConfigError, match="speculative_method: 'True' must be off or ngram"):
+    with pytest.raises(
+        ConfigError, match="speculative_method: 'True' must be off or ngram or draft_model"
+    ):
         load_config(overrides={"model.speculative_method": "on"})

@@ -1,10 +1,12 @@
-"""Speculative decoding by prompt lookup, shared by the local engines that batch (NATIVE, LLAMACPP).
+"""Speculative decoding, shared by the local engines that batch (NATIVE, LLAMACPP).
 
 A row whose reply copies its prompt (fixing typos, extracting fields, rewriting) can be decoded
 several tokens a step: `RowDrafts` proposes the tokens that followed the longest recent n-gram
 matching the row's last tokens (prompt lookup: no second model), the engine verifies the row's
 last token and its drafts in one forward pass of the batch, and the row keeps its drafts up to
 the first one the model would not have chosen, plus the model's own token at that position.
+With `model.draft_model` the drafts are a smaller model's greedy tokens instead
+(native/drafting.py), and `RowDrafts` only decides how many a row asks for.
 
 The rule an engine applies at each drafted position j, for a row's draft d_j:
 - the row's own sampler picks y_j from the target's distribution at j, exactly as it would
@@ -29,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lmpress.configs.schema import speculative_method
 from lmpress.vocabulary.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -53,14 +56,16 @@ class Speculation:
     """A model's speculative decoding settings (`model.speculative_method` and the fields
     after it), checked; `of` gives None when it is off."""
 
-    method: str
+    method: str  # "ngram" or "draft_model"
     tokens: int  # drafted tokens a row may carry a step, at most
     lookup_min: int  # the shortest n-gram looked up
     lookup_max: int  # the longest n-gram looked up, tried first
+    draft_model: str | None = None  # the model drafting, for "draft_model"
 
     @classmethod
     def of(cls, model: ModelParams) -> Speculation | None:
-        if model.speculative_method == "off":
+        method = speculative_method(model)
+        if method == "off":
             return None
         if model.prompt_lookup_min > model.prompt_lookup_max:
             raise ConfigError(
@@ -68,10 +73,11 @@ class Speculation:
                 f"model.prompt_lookup_max ({model.prompt_lookup_max}); lower it or raise the max"
             )
         return cls(
-            method=model.speculative_method,
+            method=method,
             tokens=model.num_speculative_tokens,
             lookup_min=model.prompt_lookup_min,
             lookup_max=model.prompt_lookup_max,
+            draft_model=model.draft_model,
         )
 
     def row(self, prompt_ids: Iterable[int]) -> RowDrafts:
@@ -116,8 +122,11 @@ class RowDrafts:
 
     def __init__(self, speculation: Speculation, prompt_ids: Iterable[int]):
         self.speculation = speculation
-        self.index = NgramIndex(speculation.lookup_min, speculation.lookup_max)
-        self.index.extend(prompt_ids)
+        # Prompt lookup's n-grams; a draft model's row needs none.
+        self.index: NgramIndex | None = None
+        if speculation.method == "ngram":
+            self.index = NgramIndex(speculation.lookup_min, speculation.lookup_max)
+            self.index.extend(prompt_ids)
         self.drafted = 0  # tokens drafted, all rounds
         self.accepted = 0  # of them, kept
         self._rate: float | None = None  # recent acceptance, None until judged
@@ -136,21 +145,30 @@ class RowDrafts:
         """Whether the row has stopped drafting for good."""
         return self._paused_until == -1
 
-    def propose(self, room: int) -> list[int]:
-        """The tokens to verify after the row's last one, at most `room` (what the row's
-        budget and the context leave); [] while the row is not drafting."""
+    def wanted(self, room: int) -> int:
+        """How many tokens the row drafts this step, at most `room` (what the row's budget and
+        the context leave): fewer as its drafts are kept less, none while it is not drafting."""
         if room <= 0 or self._paused_until is not None:
-            return []
+            return 0
         wanted = self.speculation.tokens
         if self._rate is not None:
             wanted = min(wanted, math.ceil(self._rate * wanted) + 1)
-        return self.index.continuation(min(wanted, room))
+        return min(wanted, room)
+
+    def propose(self, room: int) -> list[int]:
+        """The tokens to verify after the row's last one by prompt lookup, at most `room`;
+        [] while the row is not drafting."""
+        wanted = self.wanted(room)
+        if not wanted or self.index is None:
+            return []
+        return self.index.continuation(wanted)
 
     def settle(self, drafts: int, kept: int, emitted: Sequence[int]) -> None:
         """Record a step: `drafts` tokens were drafted and the first `kept` of them were kept;
         `emitted` are the tokens the row emitted this step (the kept drafts and the model's own
         token after them, or just its token when it drafted nothing)."""
-        self.index.extend(emitted)
+        if self.index is not None:
+            self.index.extend(emitted)
         self.emitted += len(emitted)
         if self._paused_until is not None:
             if 0 <= self._paused_until <= self.emitted:

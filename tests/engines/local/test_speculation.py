@@ -94,12 +94,34 @@ def test_speculation_settings_are_checked_and_off_is_none():
         Speculation.of(ModelParams(speculative_method="ngram", prompt_lookup_min=6))
 
 
+def test_a_draft_model_alone_chooses_draft_model_speculation_and_a_clash_is_named():
+    model = ModelParams(draft_model="small", num_speculative_tokens=3)
+    assert Speculation.of(model) == Speculation("draft_model", 3, 2, 4, "small")
+    with pytest.raises(ConfigError, match=r"^model.draft_model: set, but .* is ngram; set"):
+        Speculation.of(ModelParams(draft_model="small", speculative_method="ngram"))
+    with pytest.raises(ConfigError, match=r"^model.speculative_method: draft_model needs model"):
+        Speculation.of(ModelParams(speculative_method="draft_model"))
+
+
+def test_an_engine_without_draft_models_refuses_one_and_names_what_it_has(tmp_path):
+    from lmpress.engines.registry import create_engine
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  model_name: m.gguf\n  draft_model: d.gguf\nengine: LLAMACPP\n")
+    with pytest.raises(UnsupportedParamError) as err:
+        create_engine(load_config(str(recipe)))
+    assert str(err.value) == (
+        "model.speculative_method: engine LLAMACPP does not decode speculatively by "
+        "draft_model; use ngram; or use off"
+    )
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         (
             "model.speculative_method=eagle",
-            "model.speculative_method: 'eagle' must be off or ngram",
+            "model.speculative_method: 'eagle' must be off or ngram or draft_model",
         ),
         ("model.num_speculative_tokens=0", "model.num_speculative_tokens: 0 must be in [1, 32]"),
     ],

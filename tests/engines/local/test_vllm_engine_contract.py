@@ -283,6 +283,13 @@ def test_ngram_speculation_becomes_vllms_speculative_config(model_dir):
     assert "speculative_config" not in engine_settings(config_with(model_dir)).args
 
 
+def test_a_draft_model_becomes_vllms_draft_model_speculative_config(model_dir, tmp_path):
+    config = config_with(model_dir, draft_model=str(tmp_path), num_speculative_tokens=5)
+    assert engine_settings(config).args["speculative_config"] == {
+        "method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 5,
+    }  # fmt: skip
+
+
 def test_data_parallel_size_is_an_engine_argument_like_the_others(model_dir):
     kwargs = {"data_parallel_size": 4, "tensor_parallel_size": 2}
     settings = engine_settings(config_with(model_dir, model_kwargs=kwargs))

@@ -89,7 +89,7 @@ class LlamaCppEngine(WorkerEngine):
         "guided_decoding", "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     takes_tools = True
-    speculates = True  # prompt lookup, row by row in the batch (scheduling.py)
+    speculative_methods = frozenset({"ngram"})  # prompt lookup, row by row in the batch
     # One per run: the engine loads the model for the task the run does (pooling.py).
     tasks = frozenset({"generate", "embed", "score", "rerank"})
 

@@ -236,6 +236,10 @@ class BatchCache:
         """Each row keeps this many of the step's new tokens."""
         self.lengths = [length + count for length, count in zip(self.lengths, counts, strict=True)]
 
+    def drop(self, counts: list[int]) -> None:
+        """Each row forgets its last this many columns (a draft model's refused drafts)."""
+        self.lengths = [length - count for length, count in zip(self.lengths, counts, strict=True)]
+
     def step_inputs(self, width: int = 1) -> tuple[Any, Any, Any]:
         """For `width` new tokens in every row: their positions, [rows, width], the cache to
         pass the model, and the step's attention mask (a `StepMask`'s, which it carries for

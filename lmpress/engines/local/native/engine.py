@@ -24,6 +24,9 @@ row by row inside the batch: sampling.py writes the close of a row's thinking on
 On a CPU the linear layers multiply by weights packed once for oneDNN (packing.py;
 `model.model_kwargs.pack_weights: false` keeps the plain layers).
 
+With `model.draft_model` a second, smaller model drafts each row's next tokens (drafting.py),
+loaded on the same device and dtype; its KV cache is not counted in `kv_cache_gb`.
+
 `model.model_kwargs.kv_cache_gb` caps the KV cache (rows join only while it has room, and a
 row that could outgrow it alone fails); `model.model_kwargs.prefix_reuse: false` turns off
 reusing a shared prompt prefix's cache.
@@ -52,6 +55,7 @@ from lmpress.engines.local.native.loading import (
     checkpoint_processors,
     compiled_decode,
     eos_ids,
+    load_draft_model,
     load_model,
     load_processor,
     native_prompts,
@@ -85,7 +89,9 @@ class NativeEngine(WorkerEngine):
         "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     uses_generation_defaults = True
-    speculates = True  # prompt lookup, verified in the batch (scheduling.py)
+    # Drafts by prompt lookup or a draft model (drafting.py), verified in the batch
+    # (scheduling.py).
+    speculative_methods = frozenset({"ngram", "draft_model"})
     takes_tools = True
     takes_hub_ids = True
     tasks = frozenset({"generate", "embed", "score", "rerank"})
@@ -154,12 +160,16 @@ class NativeEngine(WorkerEngine):
         )
         self.model_thinking.check_recipe(config.generation)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
+        speculation = Speculation.of(config.model)
+        self.draft_model = None
+        if speculation is not None and speculation.draft_model:
+            self.draft_model = load_draft_model(config.model, self.model, self.device, self.dtype)
         scheduler = NativeScheduler(
             self._queue, self, model=self.model, tokenizer=self.tokenizer, device=self.device,
             eos_ids=self.eos_ids, context_length=self.context_length, batch_size=self.batch_size,
             kv_budget_tokens=self.kv_budget_tokens, prefix_reuse=self.prefix_reuse,
             checkpoint_processors=self.checkpoint_processors,
-            speculation=Speculation.of(config.model),
+            speculation=speculation, draft_model=self.draft_model,
             decode=compiled_decode(self.model) if config.model.compile else None,
         )  # fmt: skip
         if config.model.compile:

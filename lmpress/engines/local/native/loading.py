@@ -7,6 +7,7 @@ checkpoint's generation defaults, its end-of-sequence ids, and the KV cache's ba
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from typing import Any
 
@@ -160,6 +161,40 @@ def load_model(
             raise ModelLoadError("model.adapter_model needs peft: pip install peft") from exc
         loaded = PeftModel.from_pretrained(loaded, model.adapter_model)
     return loaded.to(device).eval()
+
+
+def load_draft_model(model: ModelParams, target: Any, device: str, dtype: Any) -> Any:
+    """`model.draft_model`, loaded as the model is (its weights packed the same way), after
+    checking that it shares the model's vocabulary: a draft is a list of token ids, which
+    mean the same to both only if their tokenizers do."""
+    from lmpress.engines.local.native.packing import pack_linears
+    from lmpress.engines.local.native.row_attention import use_row_attention
+
+    params = dataclasses.replace(
+        model,
+        model_name=model.draft_model,
+        tokenizer_name=None,
+        adapter_model=None,
+        model_revision=None,
+        draft_model=None,
+        speculative_method="off",
+    )
+    try:
+        draft = load_model(params, device, dtype)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"model.draft_model: {exc}") from exc
+    ours = target.config.get_text_config().vocab_size
+    theirs = draft.config.get_text_config().vocab_size
+    if theirs != ours:
+        raise ConfigError(
+            f"model.draft_model: '{model.draft_model}' has a vocabulary of {theirs} tokens and "
+            f"'{model.model_name}' one of {ours}; a draft model must share the model's "
+            "tokenizer (a smaller model of the same family)"
+        )
+    use_row_attention(draft)
+    if switch(model, "pack_weights"):
+        pack_linears(draft)
+    return draft
 
 
 def compiled_decode(model: Any) -> Any:

@@ -29,6 +29,7 @@ from lmpress.engines.local.native.batch_cache import (
     dynamic_cache,
     layer_tensors,
 )
+from lmpress.engines.local.native.drafting import Drafter
 from lmpress.engines.local.native.sampling import BatchControl, BatchRow, row_generator
 from lmpress.engines.local.speculation import Speculation, SpeculationCounts, padded_width
 from lmpress.engines.local.worker import Scheduler, Submission, WorkQueue, failure_info
@@ -79,6 +80,7 @@ class NativeScheduler(Scheduler):
         checkpoint_processors: Any,
         speculation: Speculation | None = None,
         decode: Any = None,
+        draft_model: Any = None,
     ):
         super().__init__(queue, engine)
         self.model = model
@@ -96,6 +98,8 @@ class NativeScheduler(Scheduler):
         # The forward the decoding steps call: the model's own, or its compiled one
         # (loading.compiled_decode); a prompt's prefill always calls the model's own.
         self._decode = decode or model
+        self.draft_model = draft_model  # speculation's draft model (drafting.py), or None
+        self._drafter: Drafter | None = None
 
     def kv_cache_usage(self) -> float | None:
         """The fraction of the KV cache's budget (`model_kwargs.kv_cache_gb`) the rows take
@@ -110,6 +114,9 @@ class NativeScheduler(Scheduler):
 
         self._batch = BatchCache()
         self._cache_arg = cache_argument(self.model)
+        if self.draft_model is not None:
+            n_vocab = self.model.config.get_text_config().vocab_size
+            self._drafter = Drafter(self.draft_model, self.device, self._cache_arg, n_vocab)
         self._prefixes = PrefixStore() if self.prefix_reuse else None
         self._active: list[BatchRow] = []  # the rows in the batch, in the order of their caches
         self._rows_of: dict[Submission, list[BatchRow]] = {}  # requests in the batch, by request
@@ -129,27 +136,37 @@ class NativeScheduler(Scheduler):
                 self.fail(list(self._rows_of), failure_info(exc))
                 self._active, self._rows_of = [], {}
                 self._batch = BatchCache()
+                if self._drafter is not None:
+                    self._drafter.reset()
 
     def _admit(self) -> None:
         """Prefill the waiting requests that fit and add their rows to the batch."""
         joining: list[tuple[BatchRow, PromptCache]] = []
+        drafts: list[tuple[PromptCache, list[int]]] = []  # the joining rows' draft caches
+        drafter = self._drafter
         for submission in self._take_fitting():
             rows = self._rows(submission)
             if not rows:
                 continue
             try:
                 prompt, logits = self._prefill(submission.prompt_ids, submission.media)
+                draft = drafter.prefill(submission.prompt_ids) if drafter else None
             except Exception as exc:  # this prompt, not the batch, is at fault
                 self.fail([submission], failure_info(exc))
                 continue
             self._rows_of[submission] = rows
             self._pick(rows, logits.repeat(len(rows), 1))
             self._settle(rows, [[] for _ in rows], [[row.last] for row in rows])
-            joining += [(row, prompt) for row in rows if row.finish_reason is None]
+            going = [row for row in rows if row.finish_reason is None]
+            joining += [(row, prompt) for row in going]
+            if draft is not None:
+                drafts += [(draft, [row.last]) for row in going]
             self._answer_finished(rows)
         self._active += [row for row, _ in joining]
         needs = [self._need(row.submission) for row, _ in joining]
         self._batch.join([prompt for _, prompt in joining], needs)
+        if drafter is not None:
+            drafter.join(drafts, needs)
 
     def _take_fitting(self) -> list[Submission]:
         """The waiting requests, in order, while their rows fit the batch and the budget."""
@@ -223,13 +240,7 @@ class NativeScheduler(Scheduler):
         """One token for every row in the batch, or more for a row whose drafts the model
         verifies; the rows that end leave it."""
         rows = self._active
-        drafts = [
-            row.drafts.propose(row.limit - row.generated - 1) if row.drafts else [] for row in rows
-        ]
-        if any(drafts):
-            chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
-            width = padded_width(chances, [len(d) for d in drafts], STEP_COST)
-            drafts = [d[: width - 1] for d in drafts]
+        drafts = self._drafts(rows)
         width = 1 + max(len(d) for d in drafts)
         # A row with fewer drafts than the widest is padded with its own last token: the
         # model's outputs there are read by no one, and their cache columns are written over.
@@ -244,11 +255,41 @@ class NativeScheduler(Scheduler):
         else:
             emitted = self._verify(rows, drafts, logits)
         self._batch.keep([len(e) for e in emitted])
-        self._settle(rows, drafts, emitted)
+        kept = self._settle(rows, drafts, emitted)
+        if self._drafter is not None:
+            self._drafter.settle(drafts, kept, emitted)
         ended = [b for b, row in enumerate(self._active) if row.finish_reason is not None]
         if ended:
             self._answer_finished(self._active)
             self._active = [self._active[b] for b in self._batch.leave(ended)]
+            if self._drafter is not None:
+                self._drafter.leave(ended)
+
+    def _drafts(self, rows: list[BatchRow]) -> list[list[int]]:
+        """Each row's drafts this step ([] for none): as many as its acceptance asks for and
+        its budget leaves, cut to the width that pays for padding the other rows
+        (speculation.padded_width)."""
+        rooms = [row.limit - row.generated - 1 for row in rows]
+        if self._drafter is not None:
+            # A draft model's drafts cost passes of their own: decide their number first.
+            counts = [
+                row.drafts.wanted(room) if row.drafts else 0
+                for row, room in zip(rows, rooms, strict=True)
+            ]
+            if not any(counts):
+                return [[] for _ in rows]
+            chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
+            width = padded_width(chances, counts, STEP_COST)
+            return self._drafter.propose([min(c, width - 1) for c in counts])
+        drafts = [
+            row.drafts.propose(room) if row.drafts else []
+            for row, room in zip(rows, rooms, strict=True)
+        ]
+        if any(drafts):
+            chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
+            width = padded_width(chances, [len(d) for d in drafts], STEP_COST)
+            drafts = [d[: width - 1] for d in drafts]
+        return drafts
 
     def _forward(self, ids: list[list[int]]) -> Any:
         """The logits of a step's new tokens, every row carrying as many (`ids`). A lone row
@@ -307,17 +348,21 @@ class NativeScheduler(Scheduler):
 
     def _settle(
         self, rows: list[BatchRow], drafts: list[list[int]], emitted: list[list[int]]
-    ) -> None:
-        """Tell each drafting row what it drafted and kept, and count it."""
+    ) -> list[int]:
+        """Tell each drafting row what it drafted and kept, and count it; returns how many
+        drafts each row kept."""
         counts = self.speculation_counts
+        kept_all = []
         for row, d, e in zip(rows, drafts, emitted, strict=True):
-            if row.drafts is None:
-                continue
             kept = 0
             while kept < min(len(d), len(e)) and d[kept] == e[kept]:
                 kept += 1
+            kept_all.append(kept)
+            if row.drafts is None:
+                continue
             row.drafts.settle(len(d), kept, e)
             counts.add(len(d), kept)
+        return kept_all
 
     def _pick(self, rows: list[BatchRow], logits: Any) -> None:
         control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)

@@ -77,7 +77,8 @@ class VllmEngine(Engine):
         "skip_special_tokens", "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     takes_hub_ids = True
-    speculates = True  # vLLM's own n-gram speculation (translate.py)
+    # vLLM's own n-gram and draft-model speculation (translate.py).
+    speculative_methods = frozenset({"ngram", "draft_model"})
     # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
     # embedding model or a cross-encoder), started for it with `task: embed`, `score` or
     # `rerank`.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmpress.builtin_models.packaged import NAMES as PACKAGED_NAMES
-from lmpress.configs.schema import RunConfig
+from lmpress.configs.schema import RunConfig, speculative_method
 from lmpress.engines.common.dequantized import dequantized_copy
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
 from lmpress.engines.local.vllm.api import is_request_error
@@ -152,12 +152,19 @@ def engine_settings(
         args["mm_processor_kwargs"] = dict(model.processor_kwargs)
     if not model.load_pretrained_weights:
         args["load_format"] = "dummy"  # vLLM's random weights, shaped by the model's config
-    if model.speculative_method == "ngram":  # vLLM's own prompt lookup, by the same names
+    method = speculative_method(model)
+    if method == "ngram":  # vLLM's own prompt lookup, by the same names
         args["speculative_config"] = {
             "method": "ngram",
             "num_speculative_tokens": model.num_speculative_tokens,
             "prompt_lookup_min": model.prompt_lookup_min,
             "prompt_lookup_max": model.prompt_lookup_max,
+        }
+    elif method == "draft_model":
+        args["speculative_config"] = {
+            "method": "draft_model",
+            "model": model_directory(model.draft_model, "model.draft_model"),
+            "num_speculative_tokens": model.num_speculative_tokens,
         }
     adapter = None
     if model.adapter_model:
