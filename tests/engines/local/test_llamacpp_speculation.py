@@ -1,7 +1,7 @@
-"""LLAMACPP with `model.speculative_method: ngram` against the same engine with it off, on
-SmolLM2-135M-Instruct: the same text, greedy and seeded, at batch 16, with drafts kept (read
-from the scheduler's counts, so these fail if speculation never ran); and how a step is shaped
-over llama.cpp's split of a batch (speculating.py)."""
+"""LLAMACPP with `model.speculative_method: ngram`, and with a draft model, against the same
+engine with speculation off, on SmolLM2-135M-Instruct: the same text, greedy and seeded, at
+batch 16, with drafts kept (read from the scheduler's counts, so these fail if speculation
+never ran); and how a step is shaped over llama.cpp's split of a batch (speculating.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import asyncio
 import pytest
 
 from lmpress.builtin_models.packaged import SMOLLM2, SMOLLM2_Q4_1, resolve_packaged_name
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
 from lmpress.engines.local.llamacpp.speculating import Candidate, micro_batches, plan
 from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 from .test_real_weights import QUESTIONS
@@ -156,6 +158,65 @@ def test_quantized_weights_verify_drafts_in_multi_token_batches():
             asyncio.run(engine.aclose())
     assert texts["ngram"] == texts["off"]
     assert counts.accepted / counts.drafted > 0.3, counts
+
+
+@pytest.fixture(scope="module")
+def drafting():
+    """SmolLM2 F16 drafted for by its own Q4_1 quantization: the one smaller GGUF with its
+    tokenizer to be had offline; it agrees with F16 on most tokens, not all."""
+    overrides = {
+        "engine": "LLAMACPP",
+        "model.model_name": SMOLLM2,
+        "generation.batch_size": 16,
+        "model.draft_model": resolve_packaged_name(SMOLLM2_Q4_1.name),
+    }
+    engine = create_engine(load_config(overrides=overrides))
+    yield engine
+    asyncio.run(engine.aclose())
+
+
+def test_a_draft_model_leaves_greedy_text_and_limits_as_they_are(engines, drafting):
+    """Copy rows and free-text rows at batch 16, and rows whose max_new_tokens falls inside a
+    kept draft: the text and token counts of decoding without speculation; the draft
+    model's tokens were verified, kept mostly but not always."""
+    params = GenerationParams(max_new_tokens=64)
+    requests = [chat(p, params, str(i)) for i, p in enumerate(COPY + [q for q, _ in QUESTIONS])]
+    requests += [chat(COPY[5], GenerationParams(max_new_tokens=n), f"n{n}") for n in (9, 13, 17)]
+    counts = drafting.scheduler.speculation_counts
+    before = counts.drafted, counts.accepted
+    drafted_results = drafting.generate(requests)
+    off = engines["off"].generate(requests)
+    drafted, kept = counts.drafted - before[0], counts.accepted - before[1]
+    assert all(r.ok for r in drafted_results)
+    assert [r.text for r in drafted_results] == [r.text for r in off]
+    assert [r.usage.completion_tokens for r in drafted_results] == [
+        r.usage.completion_tokens for r in off
+    ]
+    assert [r.usage.completion_tokens for r in drafted_results[-3:]] == [9, 13, 17]
+    assert drafted > 100 and 0.5 < kept / drafted < 1, (drafted, kept)
+
+
+def test_seeded_rows_with_a_draft_model_reproduce_and_stop_strings_cut(drafting):
+    """A seeded sampled row gives the same text every time (one draw per emitted token; see
+    test_seeded_sampled_rows_with_drafts_reproduce_alone for why not that of drafts off), and
+    a stop string inside a kept draft ends the row there."""
+    requests = [
+        chat(COPY[1], GenerationParams(max_new_tokens=32, seed=7, **MIXED[1]), "s"),
+        chat(COPY[5], GenerationParams(max_new_tokens=96, stop_strings=["Lisbon"]), "t"),
+    ]
+    runs = [drafting.generate(requests) for _ in range(2)]
+    assert [r.text for r in runs[0]] == [r.text for r in runs[1]]
+    assert runs[0][1].samples[0].stop_sequence == "Lisbon"
+    assert runs[0][1].text == "On March 11, the group visited "
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_by_name():
+    draft = str(tiny_gguf("llama"))
+    overrides = {"engine": "LLAMACPP", "model.model_name": SMOLLM2, "model.draft_model": draft}
+    with pytest.raises(ConfigError) as err:
+        create_engine(load_config(overrides=overrides))
+    assert str(err.value).startswith(f"model.draft_model: '{draft}' has a vocabulary of ")
+    assert "must share the model's tokenizer" in str(err.value)
 
 
 def test_a_batch_is_cut_into_a_pass_per_run_of_equal_counts():

@@ -103,19 +103,6 @@ def test_a_draft_model_alone_chooses_draft_model_speculation_and_a_clash_is_name
         Speculation.of(ModelParams(speculative_method="draft_model"))
 
 
-def test_an_engine_without_draft_models_refuses_one_and_names_what_it_has(tmp_path):
-    from lmpress.engines.registry import create_engine
-
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("model:\n  model_name: m.gguf\n  draft_model: d.gguf\nengine: LLAMACPP\n")
-    with pytest.raises(UnsupportedParamError) as err:
-        create_engine(load_config(str(recipe)))
-    assert str(err.value) == (
-        "model.speculative_method: engine LLAMACPP does not decode speculatively by "
-        "draft_model; use ngram; or use off"
-    )
-
-
 @pytest.mark.parametrize(
     ("override", "message"),
     [

@@ -7,7 +7,8 @@ decodes one sequence at a time: `LlamaCppEngine` makes a llama.cpp context whose
 up to `generation.batch_size` sequences and hands it to its `LlamaCppScheduler`
 (scheduling.py), which runs continuous batching on it on the worker thread, each sequence
 sampling from its own sampler chain, seeded per row (sampling.py), and drafting by prompt lookup
-when `model.speculative_method` asks for it. This module checks each
+or with `model.draft_model` (drafting.py: its own context beside the model's) when
+`model.speculative_method` asks for it. This module checks each
 request before it is queued; prompts.py renders and tokenizes it. The three local engines share
 this shape (worker.py).
 
@@ -44,6 +45,7 @@ from lmpress.engines.local.llamacpp.loading import (
     chat_template,
     check_model_kwargs,
     gguf_path,
+    load_drafter,
     load_llama,
     oumi_gguf_file,
     parallel_sequences,
@@ -89,7 +91,8 @@ class LlamaCppEngine(WorkerEngine):
         "guided_decoding", "reasoning_effort", "max_reasoning_tokens",
     })  # fmt: skip
     takes_tools = True
-    speculative_methods = frozenset({"ngram"})  # prompt lookup, row by row in the batch
+    # Drafts by prompt lookup or a draft model (drafting.py), row by row in the batch.
+    speculative_methods = frozenset({"ngram", "draft_model"})
     # One per run: the engine loads the model for the task the run does (pooling.py).
     tasks = frozenset({"generate", "embed", "score", "rerank"})
 
@@ -156,12 +159,20 @@ class LlamaCppEngine(WorkerEngine):
         )  # fmt: skip
         batch_size = parallel_sequences(config.generation.batch_size)
         ctx = batched_context(self.llama, self.path, kwargs, batch_size)
+        drafter = None
+        if speculation is not None and speculation.draft_model:
+            try:
+                drafter = load_drafter(config.model, kwargs, self.llama, ctx, batch_size)
+            except Exception:
+                ctx.close()
+                self.llama.close()
+                raise
         scheduler = LlamaCppScheduler(
             self._queue, self, ctx=ctx, vocab=self.vocab, projector=self.projector,
             batch_size=batch_size,
             # The penalty window: the whole sequence unless the recipe says otherwise.
             penalty_window=kwargs.get("last_n_tokens_size"),
-            speculation=speculation,
+            speculation=speculation, drafter=drafter,
         )  # fmt: skip
         self.batch_size = batch_size
         self.n_ctx, self.n_ctx_seq = scheduler.n_ctx, scheduler.n_ctx_seq

@@ -29,8 +29,7 @@ REFUSED_KWARGS = {
     "chat_format": "set model.chat_template instead (a Jinja template, a file, or 'chatml')",
     "chat_handler": "set model.chat_template instead",
     "tokenizer": "lmpress uses the GGUF file's own tokenizer",
-    "draft_model": "draft models are not supported yet; set model.speculative_method: ngram "
-    "for speculative decoding by prompt lookup",
+    "draft_model": "set model.draft_model instead (a GGUF file sharing the model's tokenizer)",
     "embedding": "the LLAMACPP engine generates text; it does not compute embeddings",
     "vocab_only": "the LLAMACPP engine needs the model's weights",
     "logits_all": "not needed: generation.logprobs works without it",
@@ -219,6 +218,34 @@ def batched_context(llama: Any, path: str, kwargs: dict[str, Any], batch_size: i
         )
     except Exception as exc:
         raise ModelLoadError(f"cannot create a llama.cpp context for '{path}': {exc}") from exc
+
+
+def load_drafter(
+    model: ModelParams, kwargs: dict[str, Any], target: Any, ctx: Any, batch_size: int
+) -> Any:
+    """`model.draft_model`'s weights and a context of its own, split as the model's batched
+    context `ctx` is, after checking that it shares the model's vocabulary (a draft is a list
+    of token ids)."""
+    import llama_cpp
+
+    from lmpress.engines.local.llamacpp.drafting import Drafter
+
+    path = gguf_path(model.draft_model, "model.draft_model")
+    n_ctx = llama_cpp.llama_n_ctx(ctx.ctx)
+    try:
+        llama = load_llama(path, {**kwargs, "n_ctx": n_ctx, "verbose": False})
+    except Exception as exc:
+        raise ModelLoadError(f"model.draft_model: cannot load GGUF model '{path}': {exc}") from exc
+    if llama.n_vocab() != target.n_vocab():
+        theirs = llama.n_vocab()
+        llama.close()
+        raise ConfigError(
+            f"model.draft_model: '{model.draft_model}' has a vocabulary of {theirs} tokens and "
+            f"'{model.model_name}' one of {target.n_vocab()}; a draft model must share the "
+            "model's tokenizer (a smaller model of the same family)"
+        )
+    draft_ctx = batched_context(llama, path, {**kwargs, "verbose": False}, batch_size)
+    return Drafter(llama, draft_ctx, batch_size)
 
 
 def load_vocab(path: str) -> Any:

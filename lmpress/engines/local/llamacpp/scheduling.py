@@ -10,9 +10,9 @@ embeddings, encoded by the projector when the prompt reaches it, in a batch of i
 batches.py writes and decodes them); each row then samples from its own sampler chain
 (sampling.py).
 
-With `model.speculative_method: ngram` a row being generated may carry drafted tokens after its
-next one (engines/local/speculation.py; speculating.py decides how many, for the batch's
-cost): it samples at each of their positions in turn, exactly as it would one step at a time,
+With `model.speculative_method: ngram` (or a draft model, drafting.py) a row being generated may
+carry drafted tokens after its next one (engines/local/speculation.py; speculating.py decides
+how many, for the batch's cost): it samples at each of their positions in turn, exactly as it would one step at a time,
 keeps going while its token equals the draft there, and the KV cells of the drafts it did not
 keep are dropped.
 """
@@ -23,6 +23,7 @@ from typing import Any
 
 from lmpress.engines.base import Engine
 from lmpress.engines.local.llamacpp.batches import Batches
+from lmpress.engines.local.llamacpp.drafting import Drafter
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.llamacpp.projector import Projector, text_ids
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission, PromptChunk, SequenceRow
@@ -56,10 +57,12 @@ class LlamaCppScheduler(Scheduler):
         batch_size: int,
         penalty_window: int | None,
         speculation: Speculation | None = None,
+        drafter: Drafter | None = None,
     ):
         """Take over `ctx` (a context holding `batch_size` sequences). `penalty_window`: the
         tokens penalties look back over; None for the whole sequence. `speculation`: the
-        model's drafting settings, None when off."""
+        model's drafting settings, None when off; `drafter`: its draft model's (drafting.py),
+        None for prompt lookup."""
         super().__init__(queue, engine)
         import llama_cpp
 
@@ -74,6 +77,7 @@ class LlamaCppScheduler(Scheduler):
         self.prompt_tokens_reused = 0  # prompt tokens not decoded again, thanks to the cache
         self.speculation = speculation
         self.speculation_counts = SpeculationCounts()  # drafts verified and kept, all rows
+        self.drafter = drafter
         self._prefilling: list[LlamaCppSubmission] = []
         self._generating: list[SequenceRow] = []
         self.most_in_flight = 0  # the most sequences decoded in one step so far
@@ -91,6 +95,8 @@ class LlamaCppScheduler(Scheduler):
         """Free the context and the batches; the worker has stopped."""
         self.batches.free()
         self._ctx.close()
+        if self.drafter is not None:
+            self.drafter.close()
 
     def run(self) -> None:
         queue = self.queue
@@ -143,7 +149,9 @@ class LlamaCppScheduler(Scheduler):
             submission.fed = self.sequences.keep_prefix(submission.prompt_ids, seqs)
             self.prompt_tokens_reused += submission.fed
             submission.rows = [SequenceRow(submission, i, seq, limit) for i, seq in enumerate(seqs)]
-            if self.speculation is not None:
+            # A draft model reads a row's tokens, which an image's placeholders are not.
+            drafts = self.drafter is None or not submission.media
+            if self.speculation is not None and drafts:
                 for row in submission.rows:
                     row.drafts = self.speculation.row(text_ids(submission.prompt_ids))
             if submission.matcher is not None:
@@ -220,7 +228,14 @@ class LlamaCppScheduler(Scheduler):
         if self.speculation is None:
             return [[] for _ in rows]
         share = min(PROMPT_CHUNK, self.batches.size // max(1, len(rows))) - 1
-        return [row.drafts.propose(min(self._room(row), share)) for row in rows]
+        if self.drafter is not None:
+            counts = [
+                row.drafts.wanted(min(self._room(row), share)) if row.drafts else 0 for row in rows
+            ]
+            return self.drafter.propose(rows, counts)
+        return [
+            row.drafts.propose(min(self._room(row), share)) if row.drafts else [] for row in rows
+        ]
 
     def _room(self, row: SequenceRow) -> int:
         """The most tokens a row may carry after its next one: what its budget leaves after

@@ -1,0 +1,107 @@
+"""LLAMACPP's draft model (`model.draft_model`): a smaller GGUF model sharing the model's
+vocabulary drafts each row's next tokens, which the model then verifies in its own step
+(engines/local/speculation.py gives the rule; scheduling.py applies it as for prompt lookup).
+
+The draft model has a context of its own, split into as many sequences as the model's, and a
+row drafts in the sequence of the same id. `Drafter` keeps, for each sequence, the tokens its
+KV cells hold. Before a row drafts, its sequence is cut back to the longest prefix those share
+with the row's tokens now (its prompt and its reply so far, ending with the token the model
+decodes next), and the rest is read: at a row's first draft that is its prompt, unless the
+sequence still holds a prompt that starts the same way (as the model's own sequences keep
+theirs); after a step, the token the model picked and whatever drafts it did not keep. A
+step's drafting is one batch of those tokens for every drafting row, then one batch a token
+for the drafts after the first: k drafts cost k passes of the draft model. Each draft is the
+draft model's greedy token, a one-hot draft, for which the rule leaves a sampled row's
+distribution unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmpress.engines.local.llamacpp.batches import Batches
+from lmpress.engines.local.llamacpp.rows import SequenceRow
+from lmpress.engines.local.llamacpp.sequences import common_prefix
+
+
+class Drafter:
+    """A draft model's context and what each of its sequences holds (see the module
+    docstring)."""
+
+    def __init__(self, llama: Any, ctx: Any, sequences: int):
+        import llama_cpp
+
+        self._lc = llama_cpp
+        self._llama = llama  # the draft model's `Llama`, whose weights the context reads
+        self._ctx = ctx
+        self._memory = llama_cpp.llama_get_memory(ctx.ctx)
+        self.batches = Batches(llama_cpp, ctx.ctx, None)
+        self.n_vocab = llama.n_vocab()
+        self.held: list[list[int]] = [[] for _ in range(sequences)]
+
+    def propose(self, rows: list[SequenceRow], counts: list[int]) -> list[list[int]]:
+        """Each row's drafts, `counts[i]` of them (0: none this step)."""
+        drafts: list[list[int]] = [[] for _ in rows]
+        drafting = sorted((i for i, c in enumerate(counts) if c), key=lambda i: rows[i].seq_id)
+        if not drafting:
+            return drafts
+        try:
+            self._read_pending([rows[i] for i in drafting], [drafts[i] for i in drafting])
+            for _ in range(1, max(counts)):
+                going = [i for i in drafting if len(drafts[i]) < counts[i]]
+                for n, i in enumerate(going):
+                    row, token = rows[i], drafts[i][-1]
+                    held = self.held[row.seq_id]
+                    self.batches.put(n, token, len(held), row.seq_id, True)
+                    held.append(token)
+                self.batches.decode(len(going))
+                for n, i in enumerate(going):
+                    drafts[i].append(self._greedy(n))
+        except Exception:
+            self.clear()  # what the cells hold is not known now
+            raise
+        return drafts
+
+    def _read_pending(self, rows: list[SequenceRow], firsts: list[list[int]]) -> None:
+        """Read each row's tokens its sequence lacks, in batches of the context's size, and
+        put the draft model's token after the last of them in the row's `firsts`."""
+        parts = []  # (row's place, token, position, sequence, whether it is the row's last)
+        for place, row in enumerate(rows):
+            tokens = row.submission.prompt_ids + row.tokens
+            held = self.held[row.seq_id]
+            # At least the last token is read again: its logits give the first draft.
+            keep = min(common_prefix(held, tokens), len(tokens) - 1)
+            if keep < len(held):
+                self._lc.llama_memory_seq_rm(self._memory, row.seq_id, keep, -1)
+                del held[keep:]
+            last = len(tokens) - 1
+            parts += [
+                (place, tokens[p], p, row.seq_id, p == last) for p in range(keep, len(tokens))
+            ]
+            held += tokens[keep:]
+        size = self.batches.size
+        for start in range(0, len(parts), size):
+            chunk = parts[start : start + size]
+            for n, (_, token, pos, seq, last) in enumerate(chunk):
+                self.batches.put(n, token, pos, seq, last)
+            self.batches.decode(len(chunk))
+            for n, (place, _, _, _, last) in enumerate(chunk):
+                if last:
+                    firsts[place].append(self._greedy(n))
+
+    def _greedy(self, index: int) -> int:
+        import numpy as np
+
+        pointer = self._lc.llama_get_logits_ith(self._ctx.ctx, index)
+        return int(np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).argmax())
+
+    def clear(self) -> None:
+        """Drop every sequence's cells."""
+        for seq, held in enumerate(self.held):
+            self._lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            held.clear()
+
+    def close(self) -> None:
+        self.batches.free()
+        self._ctx.close()
+        self._llama.close()
