@@ -14,7 +14,8 @@ The sides:
 
 A side named with `+ngram` (`vllm+ngram`, `VLLM+ngram`, `NATIVE+ngram`, `LLAMACPP-F16+ngram`)
 decodes speculatively by prompt lookup: `model.speculative_method: ngram` on lmpress's sides,
-the same settings as vLLM's `speculative_config` on raw vLLM. `--workload copy` swaps the chat
+the same settings as vLLM's `speculative_config` on raw vLLM. One with `+draft`
+(`NATIVE+draft`, `LLAMACPP-F16+draft`) drafts with `--draft-model` (`model.draft_model`). `--workload copy` swaps the chat
 rows for rows whose replies copy their prompts (rounds.copy_prompts: fix the typos in a
 paragraph, or pull fields out of it).
 
@@ -30,7 +31,7 @@ sampled every 0.2 s over the whole run, loading included.
     python benchmarks/cpu_engines.py [--rows 64] [--max-new-tokens 256] [--in-flight 16]
         [--rounds 2] [--vllm-python .venv-vllm/bin/python] [--sides vllm,VLLM,NATIVE,...]
         [--workload chat|copy] [--dtype float32|bfloat16] [--vllm-mode eager|compiled]
-        [--native-compile]
+        [--native-compile] [--draft-model PATH]
 
 Run it with the main venv's Python; the vLLM sides run with `--vllm-python`.
 """
@@ -67,9 +68,15 @@ WORKLOADS = ("chat", "copy")
 
 
 def side_parts(side: str) -> tuple[str, bool]:
-    """A side's base name, and whether it decodes speculatively (`+ngram`)."""
+    """A side's base name, and whether it decodes speculatively by prompt lookup (`+ngram`);
+    `+draft` is its draft model's (`draft_side`)."""
     base, _, spec = side.partition("+")
     return base, spec == "ngram"
+
+
+def draft_side(side: str) -> bool:
+    """Whether a side drafts with `--draft-model` (`+draft`, lmpress's sides only)."""
+    return side.partition("+")[2] == "draft"
 
 
 def vllm_args(args: argparse.Namespace, speculative: bool = False) -> dict:
@@ -108,6 +115,10 @@ def run_lmpress(side: str, args: argparse.Namespace) -> dict:
     }
     if speculative:
         overrides["model.speculative_method"] = "ngram"
+    if draft_side(side):
+        if not args.draft_model:
+            raise SystemExit(f"--sides {side}: give --draft-model")
+        overrides["model.draft_model"] = args.draft_model
     if engine_name == "VLLM":
         from lmpress.engines.local.vllm.translate import model_directory
 
@@ -181,6 +192,8 @@ def run_side(side: str, args: argparse.Namespace) -> dict:
                "--workload", args.workload, "--dtype", args.dtype, "--vllm-mode", args.vllm_mode]  # fmt: skip
     if args.native_compile:
         command.append("--native-compile")
+    if args.draft_model:
+        command += ["--draft-model", args.draft_model]
     env = {**os.environ, "VLLM_LOGGING_STREAM": "ext://sys.stderr",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -213,6 +226,7 @@ def main() -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--vllm-mode", choices=("eager", "compiled"), default="eager")
     parser.add_argument("--native-compile", action="store_true")
+    parser.add_argument("--draft-model", help="the draft model of the +draft sides")
     parser.add_argument("--only", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.only:
@@ -221,7 +235,7 @@ def main() -> int:
     sides = args.sides.split(",")
     if unknown := [s for s in sides if side_parts(s)[0] not in SIDES]:
         parser.error(f"--sides: unknown {unknown}; choose from {', '.join(SIDES)}, each "
-                     f"with +ngram or without")  # fmt: skip
+                     f"with +ngram, +draft or neither")  # fmt: skip
     print(f"{args.rows} {args.workload} rows, at most {args.max_new_tokens} new tokens, greedy, "
           f"EOS honoured, {args.in_flight} in flight; {args.dtype}, vLLM sides {args.vllm_mode}, "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '2')}", flush=True)  # fmt: skip

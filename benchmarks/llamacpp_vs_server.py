@@ -24,7 +24,8 @@ which does the same.
 
     .venv/bin/python benchmarks/llamacpp_vs_server.py [--model tiny-gguf:bench-100m]
         [--prompts 32] [--new-tokens 64] [--batch-size 32] [--rounds 2] [--threads N]
-        [--n-ctx 4096] [--eos]
+        [--n-ctx 4096] [--eos] [--copy] [--draft-model GGUF] [--draft-tokens 4] [--ngram]
+        [--server-arg ARG ...]
     # real weights, EOS honoured:
     .venv/bin/python benchmarks/llamacpp_vs_server.py --model smollm2:135m-instruct-q4_1 \\
         --prompts 64 --new-tokens 128 --eos
@@ -47,7 +48,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from llamacpp_throughput import describe, lmpress_config
-from rounds import Rounds, SideProcess, chat_prompts, lmpress_generate, mixed_prompts
+from rounds import (
+    Rounds,
+    SideProcess,
+    chat_prompts,
+    copy_prompts,
+    lmpress_generate,
+    mixed_prompts,
+)
 
 from lmpress.builtin_models.tiny import cache_root
 from lmpress.engines.local.llamacpp.loading import (
@@ -122,8 +130,10 @@ class ServerSide:
             str(binary), "-m", path, "--host", "127.0.0.1", "--port", str(self.port),
             "-np", str(args.batch_size), "-c", str(n_ctx_seq * args.batch_size),
             "-t", str(args.threads), "-tb", str(args.threads), "-fa", args.flash_attn,
-            "--no-webui",
+            "--no-webui", *args.server_arg,
         ]  # fmt: skip
+        if args.draft_model:
+            command += ["-md", args.draft_model, "--draft-max", str(args.draft_tokens)]
         if not extra_bufts_are_safe(system_info()):
             command.append("--no-repack")  # lmpress's AMX crash avoidance, on the server too
         self.log = Path(tempfile.gettempdir()) / f"llama-server-{self.port}.log"
@@ -247,7 +257,25 @@ def main() -> None:
     parser.add_argument(
         "--eos", action="store_true", help="honour EOS, with chat prompts for a real model"
     )
+    parser.add_argument(
+        "--copy", action="store_true", help="copy-heavy prompts (rounds.copy_prompts), EOS honoured"
+    )
+    parser.add_argument(
+        "--draft-model", help="both sides draft with this GGUF: llama-server's -md, lmpress's "
+        "model.draft_model"
+    )  # fmt: skip
+    parser.add_argument(
+        "--draft-tokens", type=int, default=4, help="drafted tokens a step, at most"
+    )
+    parser.add_argument(
+        "--ngram", action="store_true", help="lmpress drafts by prompt lookup (speculative_method)"
+    )
+    parser.add_argument(
+        "--server-arg", action="append", default=[],
+        help="one more llama-server argument (repeat it), e.g. a speculation mode of its own",
+    )  # fmt: skip
     args = parser.parse_args()
+    args.eos = args.eos or args.copy
 
     try:
         binary = server_binary()
@@ -261,8 +289,16 @@ def main() -> None:
         "flash_attn": args.flash_attn == "on",
     }
     config = lmpress_config(path, kwargs, args.batch_size)
+    if args.draft_model:
+        config.model.draft_model = args.draft_model
+    if args.draft_model or args.ngram:
+        config.model.num_speculative_tokens = args.draft_tokens
+    if args.ngram:
+        config.model.speculative_method = "ngram"
     n_ctx_seq = planned_sequence_context(args.n_ctx, None, args.batch_size)
     make_prompts = chat_prompts if args.eos else lambda n, seed: mixed_prompts(n, 40, seed)
+    if args.copy:
+        make_prompts = copy_prompts
     prompt_sets = [make_prompts(args.prompts, seed=r) for r in range(args.rounds)]
     warm_up = make_prompts(args.batch_size, seed=1000)
     server = ServerSide(binary, path, args, n_ctx_seq, prompt_sets, warm_up)
@@ -290,6 +326,9 @@ def main() -> None:
     )
     print(f"llama-server -np {args.batch_size}: {rounds.best('llama-server'):.1f} tok/s")
     print(f"lmpress LLAMACPP:        {rounds.best('lmpress'):.1f} tok/s")
+    if args.draft_model or args.ngram or args.server_arg:
+        print(f"llama-server arguments beyond the defaults: {args.server_arg}; "
+              f"draft model {args.draft_model}; lmpress prompt lookup {args.ngram}")  # fmt: skip
     rounds.report("lmpress", "llama-server")
 
 

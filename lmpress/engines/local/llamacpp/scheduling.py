@@ -229,10 +229,12 @@ class LlamaCppScheduler(Scheduler):
             return [[] for _ in rows]
         share = min(PROMPT_CHUNK, self.batches.size // max(1, len(rows))) - 1
         if self.drafter is not None:
-            counts = [
-                row.drafts.wanted(min(self._room(row), share)) if row.drafts else 0 for row in rows
+            # Places for the draft model's tokens, drafted once the step's shape is planned
+            # (`_shape`): a draft model's drafts cost passes of their own.
+            return [
+                [-1] * row.drafts.wanted(min(self._room(row), share)) if row.drafts else []
+                for row in rows
             ]
-            return self.drafter.propose(rows, counts)
         return [
             row.drafts.propose(min(self._room(row), share)) if row.drafts else [] for row in rows
         ]
@@ -252,6 +254,8 @@ class LlamaCppScheduler(Scheduler):
         ]
         reading = [(chunk.seq_id, chunk.end - chunk.submission.fed) for chunk in chunks]
         shape = plan(candidates, reading, self.batches.micro_size)
+        if self.drafter is not None:
+            proposals = self.drafter.propose(rows, [count for count, _ in shape])
         for row, drafts, (count, fillers) in zip(rows, proposals, shape, strict=True):
             row.carried = drafts[:count] + [row.next_token] * fillers
             row.drafted = count
