@@ -23,6 +23,10 @@ from lmpress.engines.local.llamacpp.batches import Batches
 from lmpress.engines.local.llamacpp.rows import SequenceRow
 from lmpress.engines.local.llamacpp.sequences import common_prefix
 
+# The most tokens every drafting row reads in the draft's first pass of a step, each row the same
+# count: a row lacking more (a prompt) reads the rest before it.
+READ_AT_ONCE = 8
+
 
 class Drafter:
     """A draft model's context and what each of its sequences holds (see the module
@@ -47,47 +51,70 @@ class Drafter:
             return drafts
         try:
             self._read_pending([rows[i] for i in drafting], [drafts[i] for i in drafting])
+            # Every drafting row drafts as many as the most any asks for: rows carrying one
+            # token each take one pass, where rows dropping out would split it into several.
             for _ in range(1, max(counts)):
-                going = [i for i in drafting if len(drafts[i]) < counts[i]]
-                for n, i in enumerate(going):
+                for n, i in enumerate(drafting):
                     row, token = rows[i], drafts[i][-1]
                     held = self.held[row.seq_id]
                     self.batches.put(n, token, len(held), row.seq_id, True)
                     held.append(token)
-                self.batches.decode(len(going))
-                for n, i in enumerate(going):
+                self.batches.decode(len(drafting))
+                for n, i in enumerate(drafting):
                     drafts[i].append(self._greedy(n))
         except Exception:
             self.clear()  # what the cells hold is not known now
             raise
-        return drafts
+        return [d[:count] for d, count in zip(drafts, counts, strict=True)]
 
     def _read_pending(self, rows: list[SequenceRow], firsts: list[list[int]]) -> None:
-        """Read each row's tokens its sequence lacks, in batches of the context's size, and
-        put the draft model's token after the last of them in the row's `firsts`."""
-        parts = []  # (row's place, token, position, sequence, whether it is the row's last)
+        """Read each row's tokens its sequence lacks and put the draft model's token after the
+        last of them in the row's `firsts`.
+
+        Over a split KV cache llama.cpp gives rows carrying different token counts passes of
+        their own (speculating.py), so every row ends with the same count, `width`: the most
+        any row lacks, up to READ_AT_ONCE; a row lacking fewer reads some it holds again (as
+        cheap as padding, and its cells stay right), and a row lacking more (a new prompt)
+        reads the rest first, in batches of the context's size, with no logits."""
+        tokens = [row.submission.prompt_ids + row.tokens for row in rows]
+        keeps = [
+            min(common_prefix(self.held[row.seq_id], t), len(t) - 1)
+            for row, t in zip(rows, tokens, strict=True)
+        ]
+        lacking = [len(t) - keep for t, keep in zip(tokens, keeps, strict=True)]
+        width = max([n for n in lacking if n <= READ_AT_ONCE], default=1)
+        ahead = []  # (token, position, sequence) read before the step's last `width` a row
         for place, row in enumerate(rows):
-            tokens = row.submission.prompt_ids + row.tokens
+            t = tokens[place]
+            keep = min(keeps[place], max(0, len(t) - width))
             held = self.held[row.seq_id]
-            # At least the last token is read again: its logits give the first draft.
-            keep = min(common_prefix(held, tokens), len(tokens) - 1)
             if keep < len(held):
                 self._lc.llama_memory_seq_rm(self._memory, row.seq_id, keep, -1)
                 del held[keep:]
-            last = len(tokens) - 1
-            parts += [
-                (place, tokens[p], p, row.seq_id, p == last) for p in range(keep, len(tokens))
-            ]
-            held += tokens[keep:]
+            tail = max(keep, len(t) - width)
+            ahead += [(t[p], p, row.seq_id) for p in range(keep, tail)]
+            held += t[keep:]
         size = self.batches.size
-        for start in range(0, len(parts), size):
-            chunk = parts[start : start + size]
-            for n, (_, token, pos, seq, last) in enumerate(chunk):
-                self.batches.put(n, token, pos, seq, last)
+        for start in range(0, len(ahead), size):
+            chunk = ahead[start : start + size]
+            for n, (token, pos, seq) in enumerate(chunk):
+                self.batches.put(n, token, pos, seq, False)
             self.batches.decode(len(chunk))
-            for n, (place, _, _, _, last) in enumerate(chunk):
+        final = []  # each row's last `width` tokens: (its place, token, position, sequence)
+        for place, row in enumerate(rows):
+            t = tokens[place]
+            final += [(place, t[p], p, row.seq_id) for p in range(max(0, len(t) - width), len(t))]
+        for start in range(0, len(final), size):
+            chunk = final[start : start + size]
+            lasts = []
+            for n, (place, token, pos, seq) in enumerate(chunk):
+                last = pos == len(tokens[place]) - 1
+                self.batches.put(n, token, pos, seq, last)
                 if last:
-                    firsts[place].append(self._greedy(n))
+                    lasts.append((place, n))
+            self.batches.decode(len(chunk))
+            for place, n in lasts:
+                firsts[place].append(self._greedy(n))
 
     def _greedy(self, index: int) -> int:
         import numpy as np
