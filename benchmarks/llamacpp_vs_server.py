@@ -133,7 +133,9 @@ class ServerSide:
             "--no-webui", *args.server_arg,
         ]  # fmt: skip
         if args.draft_model:
-            command += ["-md", args.draft_model, "--spec-draft-n-max", str(args.draft_tokens)]
+            # -md alone loads the draft model but drafts nothing: the type must be named.
+            command += ["-md", args.draft_model, "--spec-type", "draft-simple",
+                        "--spec-draft-n-max", str(args.draft_tokens)]  # fmt: skip
         if not extra_bufts_are_safe(system_info()):
             command.append("--no-repack")  # lmpress's AMX crash avoidance, on the server too
         self.log = Path(tempfile.gettempdir()) / f"llama-server-{self.port}.log"

@@ -20,9 +20,15 @@ from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import GenerationParams
-from tests.engines.local.test_native_speculation import COPY, NEW_TOKENS, chat, run, samples
-from tests.engines.local.test_real_weights import QUESTIONS
-from tests.engines.local.test_reference_equality import MIXED, transformers_greedy
+from tests.engines.local.test_native_speculation import (
+    COPY,
+    NEW_TOKENS,
+    chat,
+    greedy_rows_on_and_off,
+    run,
+    samples,
+)
+from tests.engines.local.test_reference_equality import MIXED
 
 DRAFT_LAYERS = 24
 
@@ -62,18 +68,7 @@ def smollm2(tmp_path_factory):
 def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generate(smollm2):
     """Batch 16: copy prompts (twice over) and free-text questions side by side."""
     assert smollm2.draft_model.config.num_hidden_layers == DRAFT_LAYERS
-    prompts = COPY * 2 + [q for q, _ in QUESTIONS]
-    params = GenerationParams(max_new_tokens=NEW_TOKENS)
-    requests = [chat(p, params, str(i)) for i, p in enumerate(prompts)]
-    on, drafted, accepted = run(smollm2, requests, on=True)
-    off, none, _ = run(smollm2, requests, on=False)
-    assert none == 0
-    assert samples(on) == samples(off)
-    for prompt, result in zip(prompts[: len(COPY)], on, strict=False):
-        tokenizer = smollm2.tokenizer
-        _, reply, _, ends = transformers_greedy(smollm2.model, tokenizer, prompt, NEW_TOKENS)
-        text = tokenizer.decode([t for t in reply if t not in ends], skip_special_tokens=True)
-        assert result.text == text
+    drafted, accepted = greedy_rows_on_and_off(smollm2)
     # The draft's tokens were verified, and kept at some positions but not all.
     assert drafted > 50
     assert 0 < accepted < drafted

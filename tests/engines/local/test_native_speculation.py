@@ -85,21 +85,28 @@ def samples(results):
     ]
 
 
-def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generate(smollm2):
-    """Batch 16: copy prompts (twice over) and free-text questions side by side."""
+def greedy_rows_on_and_off(engine) -> tuple[int, int]:
+    """Batch 16, copy prompts (twice over) and free-text questions side by side: every row's
+    reply with speculation on equals it with speculation off, and the copy rows' equal
+    transformers' own `generate`. Returns the drafts verified and kept."""
     prompts = COPY * 2 + [q for q, _ in QUESTIONS]
     params = GenerationParams(max_new_tokens=NEW_TOKENS)
     requests = [chat(p, params, str(i)) for i, p in enumerate(prompts)]
-    on, drafted, accepted = run(smollm2, requests, on=True)
-    off, none, _ = run(smollm2, requests, on=False)
+    on, drafted, accepted = run(engine, requests, on=True)
+    off, none, _ = run(engine, requests, on=False)
     assert none == 0
     assert [r.text for r in on] == [r.text for r in off]
     assert samples(on) == samples(off)
+    tokenizer = engine.tokenizer
     for prompt, result in zip(prompts[: len(COPY)], on, strict=False):
-        tokenizer = smollm2.tokenizer
-        _, reply, _, ends = transformers_greedy(smollm2.model, tokenizer, prompt, NEW_TOKENS)
+        _, reply, _, ends = transformers_greedy(engine.model, tokenizer, prompt, NEW_TOKENS)
         text = tokenizer.decode([t for t in reply if t not in ends], skip_special_tokens=True)
         assert result.text == text
+    return drafted, accepted
+
+
+def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generate(smollm2):
+    drafted, accepted = greedy_rows_on_and_off(smollm2)
     # Drafts went through (padded_width leaves out those that would not pay for padding the
     # ten question rows), and most of them were kept.
     assert drafted > 50
