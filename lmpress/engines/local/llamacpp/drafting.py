@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmpress.configs.schema import ModelParams
 from lmpress.engines.local.llamacpp.batches import Batches
+from lmpress.engines.local.llamacpp.loading import batched_context, gguf_path, load_llama
 from lmpress.engines.local.llamacpp.rows import SequenceRow
 from lmpress.engines.local.llamacpp.sequences import common_prefix
+from lmpress.vocabulary.errors import ConfigError, ModelLoadError
 
 # The most tokens every drafting row reads in the draft's first pass of a step, each row the same
 # count: a row lacking more (a prompt) reads the rest before it.
@@ -132,3 +135,29 @@ class Drafter:
         self.batches.free()
         self._ctx.close()
         self._llama.close()
+
+
+def load_drafter(
+    model: ModelParams, kwargs: dict[str, Any], target: Any, ctx: Any, batch_size: int
+) -> Any:
+    """`model.draft_model`'s weights and a context of its own, split as the model's batched
+    context `ctx` is, after checking that it shares the model's vocabulary (a draft is a list
+    of token ids)."""
+    import llama_cpp
+
+    path = gguf_path(model.draft_model, "model.draft_model")
+    n_ctx = llama_cpp.llama_n_ctx(ctx.ctx)
+    try:
+        llama = load_llama(path, {**kwargs, "n_ctx": n_ctx, "verbose": False})
+    except Exception as exc:
+        raise ModelLoadError(f"model.draft_model: cannot load GGUF model '{path}': {exc}") from exc
+    if llama.n_vocab() != target.n_vocab():
+        theirs = llama.n_vocab()
+        llama.close()
+        raise ConfigError(
+            f"model.draft_model: '{model.draft_model}' has a vocabulary of {theirs} tokens and "
+            f"'{model.model_name}' one of {target.n_vocab()}; a draft model must share the "
+            "model's tokenizer (a smaller model of the same family)"
+        )
+    draft_ctx = batched_context(llama, path, {**kwargs, "verbose": False}, batch_size)
+    return Drafter(llama, draft_ctx, batch_size)

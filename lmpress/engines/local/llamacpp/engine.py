@@ -39,13 +39,13 @@ from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.llamacpp import prompt_count
+from lmpress.engines.local.llamacpp.drafting import load_drafter
 from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     batched_context,
     chat_template,
     check_model_kwargs,
     gguf_path,
-    load_drafter,
     load_llama,
     oumi_gguf_file,
     parallel_sequences,

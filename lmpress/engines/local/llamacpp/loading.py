@@ -220,34 +220,6 @@ def batched_context(llama: Any, path: str, kwargs: dict[str, Any], batch_size: i
         raise ModelLoadError(f"cannot create a llama.cpp context for '{path}': {exc}") from exc
 
 
-def load_drafter(
-    model: ModelParams, kwargs: dict[str, Any], target: Any, ctx: Any, batch_size: int
-) -> Any:
-    """`model.draft_model`'s weights and a context of its own, split as the model's batched
-    context `ctx` is, after checking that it shares the model's vocabulary (a draft is a list
-    of token ids)."""
-    import llama_cpp
-
-    from lmpress.engines.local.llamacpp.drafting import Drafter
-
-    path = gguf_path(model.draft_model, "model.draft_model")
-    n_ctx = llama_cpp.llama_n_ctx(ctx.ctx)
-    try:
-        llama = load_llama(path, {**kwargs, "n_ctx": n_ctx, "verbose": False})
-    except Exception as exc:
-        raise ModelLoadError(f"model.draft_model: cannot load GGUF model '{path}': {exc}") from exc
-    if llama.n_vocab() != target.n_vocab():
-        theirs = llama.n_vocab()
-        llama.close()
-        raise ConfigError(
-            f"model.draft_model: '{model.draft_model}' has a vocabulary of {theirs} tokens and "
-            f"'{model.model_name}' one of {target.n_vocab()}; a draft model must share the "
-            "model's tokenizer (a smaller model of the same family)"
-        )
-    draft_ctx = batched_context(llama, path, {**kwargs, "verbose": False}, batch_size)
-    return Drafter(llama, draft_ctx, batch_size)
-
-
 def load_vocab(path: str) -> Any:
     """The GGUF file's tokenizer and metadata without its weights (llama.cpp's `vocab_only`):
     llama-cpp-python's `LlamaModel`, as `Llama._model` is, in a fraction of a second."""
