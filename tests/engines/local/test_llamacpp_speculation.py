@@ -12,6 +12,7 @@ import pytest
 from lmpress.builtin_models.packaged import SMOLLM2, SMOLLM2_Q4_1, resolve_packaged_name
 from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
+from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission, SequenceRow
 from lmpress.engines.local.llamacpp.speculating import Candidate, micro_batches, plan
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import ConfigError
@@ -194,6 +195,27 @@ def test_a_draft_model_leaves_greedy_text_and_limits_as_they_are(engines, drafti
     ]
     assert [r.usage.completion_tokens for r in drafted_results[-3:]] == [9, 13, 17]
     assert drafted > 100 and 0.5 < kept / drafted < 1, (drafted, kept)
+
+
+def test_a_row_at_the_end_of_its_sequence_drafts_no_further_beside_longer_drafts(drafting):
+    """A row with one position left in its part of the KV cache drafts its one token in the
+    same passes as a row drafting four: the draft model reads nothing past the row's end (a
+    failed decode would fail every row in flight). The drafter is called as the scheduler
+    calls it, between steps, with the engine idle."""
+    drafter = drafting.scheduler.drafter
+    end = drafting.n_ctx_seq  # the draft context is split as the model's
+
+    def row(seq_id: int, length: int) -> SequenceRow:
+        ids = [100 + i % 5000 for i in range(length)]
+        submission = LlamaCppSubmission(Request("r", [], GenerationParams()), ids[:-1], 0.0)
+        return SequenceRow(submission, 0, seq_id, limit=end, tokens=ids[-1:])
+
+    try:
+        drafts = drafter.propose([row(14, end - 1), row(15, 40)], [1, 4])
+        assert [len(d) for d in drafts] == [1, 4]
+        assert len(drafter.held[14]) == end
+    finally:
+        drafter.clear()
 
 
 def test_seeded_rows_with_a_draft_model_reproduce_and_stop_strings_cut(drafting):

@@ -44,6 +44,7 @@ class Drafter:
         self._memory = llama_cpp.llama_get_memory(ctx.ctx)
         self.batches = Batches(llama_cpp, ctx.ctx, None)
         self.n_vocab = llama.n_vocab()
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx.ctx)  # the positions a sequence holds
         self.held: list[list[int]] = [[] for _ in range(sequences)]
 
     def propose(self, rows: list[SequenceRow], counts: list[int]) -> list[list[int]]:
@@ -54,16 +55,22 @@ class Drafter:
             return drafts
         try:
             self._read_pending([rows[i] for i in drafting], [drafts[i] for i in drafting])
-            # Every drafting row drafts as many as the most any asks for: rows carrying one
-            # token each take one pass, where rows dropping out would split it into several.
+            # Every drafting row drafts as many as the most any asks for, while its part of
+            # the KV cache has room: rows carrying one token each take one pass, where rows
+            # dropping out would split it into several.
             for _ in range(1, max(counts)):
-                for n, i in enumerate(drafting):
+                going = [
+                    i
+                    for i in drafting
+                    if len(drafts[i]) < counts[i] or len(self.held[rows[i].seq_id]) < self.n_ctx_seq
+                ]
+                for n, i in enumerate(going):
                     row, token = rows[i], drafts[i][-1]
                     held = self.held[row.seq_id]
                     self.batches.put(n, token, len(held), row.seq_id, True)
                     held.append(token)
-                self.batches.decode(len(drafting))
-                for n, i in enumerate(drafting):
+                self.batches.decode(len(going))
+                for n, i in enumerate(going):
                     drafts[i].append(self._greedy(n))
         except Exception:
             self.clear()  # what the cells hold is not known now
