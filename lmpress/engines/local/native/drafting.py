@@ -38,10 +38,9 @@ class Drafter:
         self.cache_arg = cache_arg
         self.batch = BatchCache()
         self.pending: list[list[int]] = []  # each row's tokens its draft cache lacks
-        self.fed: list[int] = []  # each row's drafts its draft cache holds, this step
 
     def reset(self) -> None:
-        self.batch, self.pending, self.fed = BatchCache(), [], []
+        self.batch, self.pending = BatchCache(), []
 
     def prefill(self, ids: list[int]) -> PromptCache:
         """A prompt's draft cache."""
@@ -60,12 +59,10 @@ class Drafter:
         row's first)."""
         self.batch.join([prompt for prompt, _ in prompts], needs)
         self.pending += [list(pending) for _, pending in prompts]
-        self.fed += [0] * len(prompts)
 
     def leave(self, indices: list[int]) -> None:
         order = self.batch.leave(indices)
         self.pending = [self.pending[i] for i in order]
-        self.fed = [self.fed[i] for i in order]
 
     def propose(self, counts: list[int]) -> list[list[int]]:
         """Each row's drafts, `counts[b]` of them (0: the row drafts nothing this step)."""
@@ -74,7 +71,6 @@ class Drafter:
         rows = range(len(counts))
         drafting = [b for b in rows if counts[b]]
         drafts: list[list[int]] = [[] for _ in rows]
-        self.fed = [0] * len(counts)
         if not drafting:
             return drafts
         # The first pass: every drafting row's pending tokens; the other rows carry fillers
@@ -95,7 +91,6 @@ class Drafter:
             keep = [0] * len(counts)
             for b in going:
                 keep[b] = 1
-                self.fed[b] += 1
                 drafts[b].append(tokens[b])
             self.batch.keep(keep)
         return drafts
@@ -109,10 +104,10 @@ class Drafter:
                 self.pending[b] += e
                 continue
             # The cache holds the row's drafts but its last; those past the kept ones go.
-            drop[b] = self.fed[b] - min(k, self.fed[b])
-            self.pending[b] = e[-(k - min(k, self.fed[b]) + 1) :]
+            fed = len(d) - 1
+            drop[b] = fed - min(k, fed)
+            self.pending[b] = e[-(k - min(k, fed) + 1) :]
         self.batch.drop(drop)
-        self.fed = [0] * len(drafts)
 
     def _forward(self, ids: list[list[int]]) -> Any:
         import torch
