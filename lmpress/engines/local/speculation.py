@@ -192,24 +192,31 @@ class RowDrafts:
                 self._paused_until = self.emitted + RETRY_AFTER
 
 
-def padded_width(chances: Sequence[float], drafts: Sequence[int], step_cost: float) -> int:
-    """How many tokens every row carries in a step where each row is padded to the widest (its
-    next token, then up to width - 1 of its drafts): the width that emits the most tokens for
-    its cost, counting a step as `step_cost` tokens' worth of fixed work (reading the weights,
-    the step's own overheads) plus one per token carried. With few rows drafting, or drafts
-    seldom kept, that is 1: padding every row for one row's drafts costs more than it brings.
-    Decided from acceptance counts and row counts only, never from timings."""
+def draft_counts(chances: Sequence[float], drafts: Sequence[int], step_cost: float) -> list[int]:
+    """How many of its drafts each row carries in a step where every row carries its own count
+    (its next token, then its drafts): the counts that emit the most tokens for the step's
+    cost, counting a step as `step_cost` tokens' worth of fixed work (reading the weights, the
+    step's own overheads) plus one per token carried. A row's j-th draft is emitted with
+    chance**j, so it is worth carrying while that beats the step's tokens per cost so far:
+    with many rows, or drafts seldom kept, fewer drafts pay. Decided from acceptance counts and
+    row counts only, never from timings."""
     rows = len(drafts)
-    best, best_rate = 1, rows / (step_cost + rows)
-    for width in range(2, max(drafts, default=0) + 2):
-        emitted = rows + sum(
-            sum(chance**j for j in range(1, min(d, width - 1) + 1))
-            for chance, d in zip(chances, drafts, strict=True)
-        )
-        rate = emitted / (step_cost + rows * width)
-        if rate > best_rate:
-            best, best_rate = width, rate
-    return best
+    emitted, cost = float(rows), step_cost + rows
+    worth = sorted(
+        (
+            (chance**j, b)
+            for b, (chance, d) in enumerate(zip(chances, drafts, strict=True))
+            for j in range(1, d + 1)
+        ),
+        reverse=True,
+    )
+    counts = [0] * rows
+    for value, b in worth:
+        if value * cost <= emitted:  # value <= emitted / cost: it would lower the rate
+            break
+        counts[b] += 1
+        emitted, cost = emitted + value, cost + 1
+    return counts
 
 
 @dataclass

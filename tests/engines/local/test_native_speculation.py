@@ -105,12 +105,27 @@ def greedy_rows_on_and_off(engine) -> tuple[int, int]:
     return drafted, accepted
 
 
-def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generate(smollm2):
+def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generate(
+    smollm2, monkeypatch
+):
+    from lmpress.engines.local.native import batch_cache
+
+    steps: list[list[int]] = []  # the tokens each row carried, step by step
+    step_inputs = batch_cache.BatchCache.step_inputs
+
+    def watched(self, widths=1):
+        steps.append([widths] * len(self.lengths) if isinstance(widths, int) else list(widths))
+        return step_inputs(self, widths)
+
+    monkeypatch.setattr(batch_cache.BatchCache, "step_inputs", watched)
     drafted, accepted = greedy_rows_on_and_off(smollm2)
-    # Drafts went through (padded_width leaves out those that would not pay for padding the
-    # ten question rows), and most of them were kept.
+    # Drafts went through (draft_counts leaves out those whose chance does not pay for their
+    # place in the step), and most of them were kept.
     assert drafted > 50
     assert accepted / drafted > 0.3
+    # Rows carried their own counts in one step (a ragged step: the copy rows' drafts beside
+    # the question rows' single tokens), so the equality above holds for those steps too.
+    assert sum(1 for widths in steps if len(set(widths)) > 1) > 5
 
 
 def test_copy_rows_keep_most_drafts_and_end_exactly_at_max_new_tokens(smollm2):

@@ -12,7 +12,7 @@ from lmpress.engines.local.speculation import (
     RETRY_AFTER,
     NgramIndex,
     Speculation,
-    padded_width,
+    draft_counts,
 )
 from lmpress.vocabulary.errors import ConfigError, UnsupportedParamError
 
@@ -133,15 +133,19 @@ def test_an_engine_that_cannot_speculate_refuses_it_before_any_work(tmp_path):
         create_engine(load_config(str(recipe)))
 
 
-def test_rows_are_padded_for_drafts_only_where_the_kept_ones_pay_for_the_padding():
+def test_each_row_carries_the_drafts_whose_chance_pays_for_their_place_in_the_step():
     sixteen = [0.8] * 16
-    assert padded_width(sixteen, [4] * 16, step_cost=32) == 4  # copying rows: 3 drafts each
-    assert padded_width(sixteen, [4] * 16, step_cost=200) == 5  # a costly step: all 4
-    assert padded_width(sixteen, [4] * 16, step_cost=16) == 3  # a cheap one: 2
-    assert padded_width(sixteen, [4] + [0] * 15, step_cost=32) == 1  # one row's drafts
-    assert padded_width([0.1] * 16, [4] * 16, step_cost=32) == 1  # drafts seldom kept
-    assert padded_width([0.9], [3], step_cost=32) == 4  # one row alone: the step is the cost
-    assert padded_width([0.9] * 4, [0] * 4, step_cost=32) == 1
+    assert draft_counts(sixteen, [4] * 16, step_cost=32) == [3] * 16  # copying rows
+    assert draft_counts(sixteen, [4] * 16, step_cost=200) == [4] * 16  # a costly step: all
+    assert draft_counts(sixteen, [4] * 16, step_cost=16) == [2] * 16  # a cheap one: fewer
+    # A row drafting beside rows that do not carries its drafts alone: no other row pays.
+    assert draft_counts(sixteen, [4] + [0] * 15, step_cost=32) == [4] + [0] * 15
+    # Rows whose drafts are kept carry them; rows whose drafts seldom are carry none.
+    mixed = [0.9] * 8 + [0.3] * 8
+    assert draft_counts(mixed, [4] * 16, step_cost=32) == [4] * 8 + [0] * 8
+    assert draft_counts([0.1] * 16, [4] * 16, step_cost=32) == [0] * 16
+    assert draft_counts([0.9], [3], step_cost=32) == [3]  # one row alone: the step is the cost
+    assert draft_counts([0.9] * 4, [0] * 4, step_cost=32) == [0] * 4
 
 
 def test_a_rows_chance_starts_hopeful_and_follows_its_counts():

@@ -87,14 +87,46 @@ def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
+@dataclass
+class Ragged:
+    """How a ragged step's tokens, one sequence in row order, map to [rows, widest] and back:
+    `spread` [rows, widest] gives each place's token in the sequence (a row's places past its
+    own tokens repeat its last), and `real` the places of the sequence's tokens in [rows,
+    widest], flattened."""
+
+    spread: Any
+    real: Any
+
+    @classmethod
+    def of(cls, counts: Any, ahead: Any) -> Ragged:
+        """For rows carrying `counts` tokens, [rows]; `ahead`: each place's token within its
+        row, [rows, widest]."""
+        import torch
+
+        starts = torch.cumsum(counts, 0) - counts
+        width = ahead.shape[1]
+        real = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
+        return cls(spread=starts[:, None] + ahead, real=real.flatten().nonzero().squeeze(1))
+
+    def to_rows(self, query: Any) -> Any:
+        """A query [1, heads, total, dim] -> [rows, heads, widest, dim]."""
+        return query[0][:, self.spread].transpose(0, 1)
+
+    def to_sequence(self, out: Any) -> Any:
+        """An attention output [rows, widest, heads, dim] -> [1, total, heads, dim]."""
+        rows, width = out.shape[:2]
+        return out.reshape(rows * width, *out.shape[2:])[self.real][None]
+
+
 class StepMask:
     """One step's attention masks, [rows, 1, new tokens, columns], additive: a row's new token
     j attends to the row's columns up to its own position, and on a layer with a sliding
     window only to the last `window` of them. Built for each window when a layer first asks."""
 
-    def __init__(self, positions: Any, columns: int, dtype: Any):
+    def __init__(self, positions: Any, columns: int, dtype: Any, ragged: Ragged | None = None):
         import torch
 
+        self.ragged = ragged  # a ragged step's layout, None for one of equal rows
         self.positions = positions[:, None, :, None]  # each new token's column
         self.columns = torch.arange(columns, device=positions.device)
         self.dtype = dtype
@@ -142,7 +174,7 @@ def slots_layer_class() -> type:
             # (loading.compiled_decode) takes them as symbols rather than recompiling for each.
             where, n, columns = (
                 self.batch.where,
-                key_states.shape[0],
+                self.batch.step.positions.shape[0],
                 self.batch.step.columns.shape[0],
             )
             keys.transpose(1, 2).index_put_(where, key_states.transpose(1, 2))
@@ -240,23 +272,45 @@ class BatchCache:
         """Each row forgets its last this many columns (a draft model's refused drafts)."""
         self.lengths = [length - count for length, count in zip(self.lengths, counts, strict=True)]
 
-    def step_inputs(self, width: int = 1) -> tuple[Any, Any, Any]:
-        """For `width` new tokens in every row: their positions, [rows, width], the cache to
-        pass the model, and the step's attention mask (a `StepMask`'s, which it carries for
-        row_attention.py). Rows count none of them until `keep`."""
+    def step_inputs(self, widths: int | list[int] = 1) -> tuple[Any, Any, Any]:
+        """For each row's new tokens this step (`widths`: how many each row carries, or one
+        count for all): their positions, the cache to pass the model, and the step's attention
+        mask (a `StepMask`'s, which it carries for row_attention.py). Rows count none of them
+        until `keep`.
+
+        Rows carrying as many tokens each step as one tensor [rows, width]. Rows carrying
+        unequal counts (a speculative step whose rows verify different numbers of drafts) step
+        ragged: their tokens are one sequence, [1, total], so no row's matmuls carry padding,
+        and the step's `Ragged` lays them out [rows, widest] for attention alone."""
         import torch
 
-        longest = max(self.lengths) + width
+        rows = len(self.lengths)
+        if isinstance(widths, int):
+            widths = [widths] * rows
+        width = max(widths)
+        longest = max(length + w for length, w in zip(self.lengths, widths, strict=True))
         # A column to spare: the columns read are always a view narrower than the cache, one
         # layout for a compiled step (loading.compiled_decode) rather than two.
-        self._reserve(len(self.lengths), longest + 1, self.layers)
+        self._reserve(rows, longest + 1, self.layers)
         device = self.layers[0][0].device
         lengths = torch.tensor(self.lengths, device=device)
-        positions = lengths[:, None] + torch.arange(width, device=device)
-        slots = torch.arange(len(self.lengths), device=device)[:, None].expand_as(positions)
-        self.where = (slots, positions)
+        ahead = torch.arange(width, device=device)
+        ragged = None
+        if min(widths) < width:
+            counts = torch.tensor(widths, device=device)
+            # A row's places past its own tokens repeat its last: attention computes them
+            # like it, and nothing reads them.
+            ahead = torch.minimum(ahead[None, :], counts[:, None] - 1)
+            ragged = Ragged.of(counts, ahead)
+        positions = lengths[:, None] + ahead  # each row's, [rows, width]
+        slots = torch.arange(rows, device=device)[:, None].expand_as(positions)
+        if ragged is None:
+            self.where = (slots, positions)
+        else:
+            real = ragged.real
+            self.where = (slots.flatten()[real][None], positions.flatten()[real][None])
         columns = min(round_up(longest, MASK_COLUMNS), self.capacity - 1)
-        step = self.step = StepMask(positions, columns, self.layers[0][0].dtype)
+        step = self.step = StepMask(positions, columns, self.layers[0][0].dtype, ragged)
         mask = step.mask(None)
         mask.lmpress_step = step
         if self._cache is None:
@@ -265,7 +319,7 @@ class BatchCache:
             self._cache = DynamicCache()
             layer = slots_layer_class()
             self._cache.layers = [layer(self, i) for i in range(len(self.layers))]
-        return positions, self._cache, mask
+        return (positions if ragged is None else self.where[1]), self._cache, mask
 
     def _reserve(self, rows: int, columns: int, like: list[tuple[Any, Any]]) -> None:
         """Room for `rows` slots of `columns` columns, in tensors shaped as `like`'s."""

@@ -50,14 +50,19 @@ def row_attention(
     step = getattr(attention_mask, "lmpress_step", None)
     if step is None:
         return own(module, query, key, value, attention_mask, **kwargs)
+    ragged = step.ragged
+    if ragged is not None:
+        query = ragged.to_rows(query)
     window = kwargs.get("sliding_window")
     if own is sdpa_attention_forward() and not set(kwargs) & SDPA_EXTRAS:
         # From the module rather than the shapes where it can: under torch.compile with symbolic
         # sizes, dividing the shapes gives a symbolic size, which the mask's cache cannot key on.
         group = getattr(module, "num_key_value_groups", None) or query.shape[1] // key.shape[1]
         mask = step.mask(window, group)
-        return grouped_attention(query, key, value, mask, group, kwargs.get("scaling")), None
-    return own(module, query, key, value, step.mask(window), **kwargs)
+        out = grouped_attention(query, key, value, mask, group, kwargs.get("scaling"))
+    else:
+        out, _ = own(module, query, key, value, step.mask(window), **kwargs)
+    return (out if ragged is None else ragged.to_sequence(out)), None
 
 
 def grouped_attention(query: Any, key: Any, value: Any, mask: Any, group: int, scale: Any) -> Any:

@@ -31,12 +31,12 @@ from lmpress.engines.local.native.batch_cache import (
 )
 from lmpress.engines.local.native.drafting import Drafter
 from lmpress.engines.local.native.sampling import BatchControl, BatchRow, row_generator
-from lmpress.engines.local.speculation import Speculation, SpeculationCounts, padded_width
+from lmpress.engines.local.speculation import Speculation, SpeculationCounts, draft_counts
 from lmpress.engines.local.worker import Scheduler, Submission, WorkQueue, failure_info
 from lmpress.vocabulary.types import Result, Sample
 
 # What a decode step's fixed work (reading the weights, the per-layer and per-step overheads)
-# is worth in tokens carried, for speculation.padded_width. SmolLM2 at float32 on a 2-core
+# is worth in tokens carried, for speculation.draft_counts. SmolLM2 at float32 on a 2-core
 # CPU, 16 rows after 300-token prompts: a step carrying 5 tokens a row took 1.95 times one
 # carrying 1 (1.30 for 2, 1.36 for 3), about 50 tokens' worth, measured under load; taken
 # lower, since a loaded machine inflates the fixed part.
@@ -241,15 +241,8 @@ class NativeScheduler(Scheduler):
         verifies; the rows that end leave it."""
         rows = self._active
         drafts = self._drafts(rows)
-        width = 1 + max(len(d) for d in drafts)
-        # A row with fewer drafts than the widest is padded with its own last token: the
-        # model's outputs there are read by no one, and their cache columns are written over.
-        ids = [
-            [row.last, *d] + [row.last] * (width - 1 - len(d))
-            for row, d in zip(rows, drafts, strict=True)
-        ]
-        logits = self._forward(ids)
-        if width == 1:
+        logits = self._forward([[row.last, *d] for row, d in zip(rows, drafts, strict=True)])
+        if logits.shape[1] == 1:
             self._pick(rows, logits[:, -1])
             emitted = [[row.last] for row in rows]
         else:
@@ -267,47 +260,54 @@ class NativeScheduler(Scheduler):
 
     def _drafts(self, rows: list[BatchRow]) -> list[list[int]]:
         """Each row's drafts this step ([] for none): as many as its acceptance asks for and
-        its budget leaves, cut to the width that pays for padding the other rows
-        (speculation.padded_width)."""
+        its budget leaves, cut to the counts that pay for their place in the step
+        (speculation.draft_counts)."""
         rooms = [row.limit - row.generated - 1 for row in rows]
+        chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
         if self._drafter is not None:
             # A draft model's drafts cost passes of their own: decide their number first.
-            counts = [
+            wanted = [
                 row.drafts.wanted(room) if row.drafts else 0
                 for row, room in zip(rows, rooms, strict=True)
             ]
-            if not any(counts):
+            if not any(wanted):
                 return [[] for _ in rows]
-            chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
-            width = padded_width(chances, counts, STEP_COST)
-            return self._drafter.propose([min(c, width - 1) for c in counts])
+            return self._drafter.propose(draft_counts(chances, wanted, STEP_COST))
         drafts = [
             row.drafts.propose(room) if row.drafts else []
             for row, room in zip(rows, rooms, strict=True)
         ]
         if any(drafts):
-            chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
-            width = padded_width(chances, [len(d) for d in drafts], STEP_COST)
-            drafts = [d[: width - 1] for d in drafts]
+            counts = draft_counts(chances, [len(d) for d in drafts], STEP_COST)
+            drafts = [d[:n] for d, n in zip(drafts, counts, strict=True)]
         return drafts
 
     def _forward(self, ids: list[list[int]]) -> Any:
-        """The logits of a step's new tokens, every row carrying as many (`ids`). A lone row
-        steps on the model's own forward: a compiled step would compile a graph apart for it."""
+        """The logits of a step's new tokens (`ids`: each row's), [rows, widest, vocabulary]; a
+        row carrying fewer than the widest has logits past its own that no one reads. A lone row
+        steps on the model's own forward: a compiled step would compile a graph apart for it;
+        so does a ragged step (batch_cache.BatchCache.step_inputs), whose layout the compiled
+        step does not take."""
         import torch
 
-        width = len(ids[0])
-        positions, cache, mask = self._batch.step_inputs(width)
-        forward = self._decode if len(ids) > 1 else self.model
+        width = max(len(row) for row in ids)
+        positions, cache, mask = self._batch.step_inputs([len(row) for row in ids])
+        ragged = mask.lmpress_step.ragged
+        if ragged is None:
+            tokens, keep = torch.tensor(ids, device=self.device), width
+        else:
+            tokens = torch.tensor([[t for row in ids for t in row]], device=self.device)
+            keep = 0  # every token's
+        forward = self._decode if len(ids) > 1 and ragged is None else self.model
         out = forward(
-            input_ids=torch.tensor(ids, device=self.device),
+            input_ids=tokens,
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=width,
+            logits_to_keep=keep,
             **{self._cache_arg: cache},
         )
-        return out.logits
+        return out.logits if ragged is None else out.logits[0][ragged.spread]
 
     def warm(self) -> None:
         """Compile the decoding step now (`model.compile`), so that its cost counts as the
