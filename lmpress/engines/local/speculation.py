@@ -20,13 +20,13 @@ on and off. Everything per row that follows the reply (penalties, grammars, stop
 budgets, logprobs) advances on emitted tokens only, one at a time, so nothing is rolled back but
 the KV cache past the last emitted token.
 
-A row whose drafts keep failing (free text) stops drafting, so it costs nothing: decisions use
-acceptance counts only, never timings, so a job's choices do not depend on the machine's load.
+A row whose drafts keep failing (free text) stops drafting, and tries a draft again a dozen or
+so steps later, so it costs next to nothing: decisions use acceptance counts only, never
+timings, so a job's choices do not depend on the machine's load.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,18 +37,18 @@ from lmpress.vocabulary.errors import ConfigError
 if TYPE_CHECKING:
     from lmpress.configs.schema import ModelParams
 
-# A row's acceptance is judged once it has drafted this many tokens...
-JUDGE_AFTER = 16
-# ...and it stops drafting while fewer than this share of them were kept.
-MIN_ACCEPTANCE = 0.3
-# A row that stopped drafting tries again after emitting this many tokens, once; a second
-# failure ends its drafting for good (its reply has turned out not to copy its prompt).
-RETRY_AFTER = 64
-# How much a row's recent rounds weigh against its earlier ones in its acceptance.
+# A new row's chance that a drafted token is kept: hopeful enough that its drafts are tried.
+PRIOR_CHANCE = 0.8
+# How far a step's kept share of its drafts moves the row's chance: recent steps count most,
+# since a reply turns from copying its prompt to free text and back.
 RECENT_WEIGHT = 0.3
-# A row's chance that a drafted token is kept, before it has drafted any, counted as PRIOR_KEPT
-# kept of PRIOR_TRIED: hopeful enough that a new row's drafts are tried at all.
-PRIOR_KEPT, PRIOR_TRIED = 4, 5
+# A row's j-th draft is drafted only while chance**j is at least this: a row whose drafts keep
+# failing drafts none...
+MIN_WORTH = 0.3
+# ...and each step it drafts nothing, its chance moves this share of the way back to the
+# prior, so that it tries again; a draft refused then drops it back at once, so a row whose
+# reply does not copy drafts a token about every eight steps where it finds a match at all.
+RECOVERY = 0.02
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class NgramIndex:
 
 class RowDrafts:
     """One row's drafting: proposes tokens from its prompt and reply so far, and keeps its own
-    acceptance to decide how many to draft, or whether to draft at all."""
+    chance that a draft is kept, to decide how many to draft, or whether to draft at all."""
 
     def __init__(self, speculation: Speculation, prompt_ids: Iterable[int]):
         self.speculation = speculation
@@ -127,33 +127,20 @@ class RowDrafts:
         if speculation.method == "ngram":
             self.index = NgramIndex(speculation.lookup_min, speculation.lookup_max)
             self.index.extend(prompt_ids)
-        self.drafted = 0  # tokens drafted, all rounds
+        self.drafted = 0  # tokens drafted, all steps
         self.accepted = 0  # of them, kept
-        self._rate: float | None = None  # recent acceptance, None until judged
-        self._judged_drafts = 0  # drafts since the row was last (re)started
-        self._paused_until: int | None = None  # emitted count at which a paused row retries
-        self._retried = False
-        self.emitted = 0  # tokens the row emitted since it started drafting
-
-    @property
-    def chance(self) -> float:
-        """The row's chance that a drafted token is kept, from its counts so far."""
-        return (self.accepted + PRIOR_KEPT) / (self.drafted + PRIOR_TRIED)
-
-    @property
-    def stopped(self) -> bool:
-        """Whether the row has stopped drafting for good."""
-        return self._paused_until == -1
+        self.chance = PRIOR_CHANCE  # that its next draft is kept, from its recent steps
 
     def wanted(self, room: int) -> int:
         """How many tokens the row drafts this step, at most `room` (what the row's budget and
-        the context leave): fewer as its drafts are kept less, none while it is not drafting."""
-        if room <= 0 or self._paused_until is not None:
-            return 0
-        wanted = self.speculation.tokens
-        if self._rate is not None:
-            wanted = min(wanted, math.ceil(self._rate * wanted) + 1)
-        return min(wanted, room)
+        the context leave): those whose chance of being kept is worth drafting, none while
+        its drafts keep failing."""
+        wanted = 0
+        while wanted < min(self.speculation.tokens, room) and (
+            self.chance ** (wanted + 1) >= MIN_WORTH
+        ):
+            wanted += 1
+        return wanted
 
     def propose(self, room: int) -> list[int]:
         """The tokens to verify after the row's last one by prompt lookup, at most `room`;
@@ -169,27 +156,12 @@ class RowDrafts:
         token after them, or just its token when it drafted nothing)."""
         if self.index is not None:
             self.index.extend(emitted)
-        self.emitted += len(emitted)
-        if self._paused_until is not None:
-            if 0 <= self._paused_until <= self.emitted:
-                self._paused_until, self._rate, self._judged_drafts = None, None, 0
-            return
         if not drafts:
+            self.chance += RECOVERY * max(0.0, PRIOR_CHANCE - self.chance)
             return
         self.drafted += drafts
         self.accepted += kept
-        self._judged_drafts += drafts
-        share = kept / drafts
-        if self._rate is None:
-            self._rate = share
-        else:
-            self._rate += RECENT_WEIGHT * (share - self._rate)
-        if self._judged_drafts >= JUDGE_AFTER and self._rate < MIN_ACCEPTANCE:
-            if self._retried:
-                self._paused_until = -1  # for good
-            else:
-                self._retried = True
-                self._paused_until = self.emitted + RETRY_AFTER
+        self.chance += RECENT_WEIGHT * (kept / drafts - self.chance)
 
 
 def draft_counts(chances: Sequence[float], drafts: Sequence[int], step_cost: float) -> list[int]:

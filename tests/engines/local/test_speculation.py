@@ -8,8 +8,6 @@ import pytest
 from lmpress.configs import load_config
 from lmpress.configs.schema import ModelParams
 from lmpress.engines.local.speculation import (
-    JUDGE_AFTER,
-    RETRY_AFTER,
     NgramIndex,
     Speculation,
     draft_counts,
@@ -58,32 +56,33 @@ def test_drafts_follow_the_reply_as_it_grows():
     assert row.propose(0) == []
 
 
-def test_a_row_whose_drafts_fail_stops_drafting_retries_once_then_stops_for_good():
+def test_a_row_whose_drafts_fail_stops_drafting_and_tries_again_steps_later():
     row = NGRAM.row([1, 2, 3, 4, 5, 6, 1, 2])
-    for _ in range(JUDGE_AFTER // 4):
-        assert row.propose(4)
-        row.settle(4, 0, [9])
+
+    def step(kept: int = 0) -> int:
+        drafts = row.propose(4)
+        row.settle(len(drafts), min(kept, len(drafts)), drafts[:kept] + [9])
         row.index.extend([1, 2])  # keep a match in reach
-    assert row.propose(4) == []  # paused
-    for _ in range(RETRY_AFTER):
-        row.settle(0, 0, [1])
-    row.index.extend([1, 2])
-    assert row.propose(4)  # tried again
-    for _ in range(JUDGE_AFTER // 4):
-        row.settle(4, 0, [9])
-        row.index.extend([1, 2])
-    assert row.stopped
-    for _ in range(2 * RETRY_AFTER):
-        row.settle(0, 0, [1])
-    assert row.propose(4) == []
-    assert (row.drafted, row.accepted) == (2 * JUDGE_AFTER, 0)
+        return len(drafts)
+
+    assert [step() for _ in range(4)] == [4, 2, 1, 0]  # refused, fewer, then none
+    quiet = 0
+    while not step():  # tries again, with one draft, some steps later...
+        quiet += 1
+    assert 1 <= quiet <= 10
+    assert [step() for _ in range(6)] == [0] * 6  # ...refused, it waits longer
+    tries = [step() for _ in range(40)]
+    assert 0 < sum(tries) <= 4  # one draft every few steps, no more
+    copying = [step(kept=4) for _ in range(4)]  # its reply copies again: drafts kept...
+    assert copying[0] == 1 and copying[-1] > 2  # ...it drafts more and more
 
 
 def test_a_row_drafts_fewer_tokens_while_few_are_kept():
     row = NGRAM.row([1, 2, 3, 4, 5, 6, 7, 8, 1, 2])
-    row.settle(4, 1, [3, 4])  # a quarter kept
+    assert len(row.propose(4)) == 4  # a new row: 0.8 ** 4 is worth drafting
+    row.settle(4, 1, [3, 4])  # a quarter kept: its chance falls to 0.635
     row.index.extend([1, 2])
-    assert len(row.propose(4)) == 2  # ceil(0.25 * 4) + 1
+    assert len(row.propose(4)) == 2  # 0.635 ** 2 is, 0.635 ** 3 is not
 
 
 def test_speculation_settings_are_checked_and_off_is_none():
@@ -148,8 +147,12 @@ def test_each_row_carries_the_drafts_whose_chance_pays_for_their_place_in_the_st
     assert draft_counts([0.9] * 4, [0] * 4, step_cost=32) == [0] * 4
 
 
-def test_a_rows_chance_starts_hopeful_and_follows_its_counts():
+def test_a_rows_chance_starts_hopeful_and_follows_its_recent_steps():
     row = NGRAM.row([1, 2, 3])
     assert row.chance == pytest.approx(0.8)
     row.settle(10, 1, [4])
-    assert row.chance == pytest.approx(5 / 15)
+    assert row.chance == pytest.approx(0.8 + 0.3 * (0.1 - 0.8))
+    row.settle(2, 2, [1, 2, 3])  # every draft kept: recent steps weigh most
+    assert row.chance == pytest.approx(0.59 + 0.3 * (1 - 0.59))
+    row.settle(0, 0, [4])  # drafting nothing, it drifts back toward the prior
+    assert 0.713 < row.chance < 0.8
