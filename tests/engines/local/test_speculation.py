@@ -145,6 +145,13 @@ def test_each_row_carries_the_drafts_whose_chance_pays_for_their_place_in_the_st
     assert draft_counts([0.1] * 16, [4] * 16, step_cost=32) == [0] * 16
     assert draft_counts([0.9], [3], step_cost=32) == [3]  # one row alone: the step is the cost
     assert draft_counts([0.9] * 4, [0] * 4, step_cost=32) == [0] * 4
+    # Widening every row's attention for the widest row costs too: with 16 rows a lone row's
+    # drafts no longer pay for it, rows that all copy carry fewer, and a row alone still
+    # carries all of its.
+    assert draft_counts(sixteen, [4] + [0] * 15, step_cost=32, widen=0.15) == [0] * 16
+    assert draft_counts(sixteen, [4] * 16, step_cost=32, widen=0.15) == [2] * 16
+    assert draft_counts(mixed, [4] * 16, step_cost=32, widen=0.15) == [4] * 8 + [0] * 8
+    assert draft_counts([0.9], [3], step_cost=32, widen=0.15) == [3]
 
 
 def test_a_rows_chance_starts_hopeful_and_follows_its_recent_steps():
