@@ -192,3 +192,45 @@ def test_seeded_sampled_rows_give_the_same_tokens_with_and_without_speculation(s
     full = [s for s, c, g in zip(same, cut, greedy, strict=True) if not (c or g)]
     assert sum(full) >= len(full) - 1
     assert 0 < accepted < drafted
+
+
+def test_ragged_steps_through_the_models_own_eager_attention_change_no_reply(
+    tiny_llama, monkeypatch
+):
+    """A model whose attention is its own eager function (not the grouped SDPA call) gets a
+    ragged step's queries laid out per row too: a tiny Llama on eager attention, whose own
+    replies repeat enough for lookup to draft, replies alike with speculation on and off."""
+    from lmpress.engines.local.native import batch_cache
+
+    steps: list[list[int]] = []
+    step_inputs = batch_cache.BatchCache.step_inputs
+
+    def watched(self, widths=1):
+        if not isinstance(widths, int):
+            steps.append(list(widths))
+        return step_inputs(self, widths)
+
+    monkeypatch.setattr(batch_cache.BatchCache, "step_inputs", watched)
+    prompts = [
+        "copy this: " + " ".join(f"w{i} w{i + 1}" for i in range(k, k + 12)) for k in range(12)
+    ]
+    params = GenerationParams(max_new_tokens=40)
+    texts = {}
+    for method in ("off", "ngram"):
+        config = load_config(
+            overrides={
+                "model.model_name": tiny_llama,
+                "generation.batch_size": 8,
+                "model.attn_implementation": "eager",
+                "model.speculative_method": method,
+            }
+        )
+        engine = create_engine(config)
+        try:
+            results = engine.generate([chat(p, params, str(i)) for i, p in enumerate(prompts)])
+        finally:
+            asyncio.run(engine.aclose())
+        assert all(r.ok for r in results)
+        texts[method] = [r.text for r in results]
+    assert texts["ngram"] == texts["off"]
+    assert sum(1 for widths in steps if len(set(widths)) > 1) > 5
