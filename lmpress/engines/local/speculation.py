@@ -127,8 +127,6 @@ class RowDrafts:
         if speculation.method == "ngram":
             self.index = NgramIndex(speculation.lookup_min, speculation.lookup_max)
             self.index.extend(prompt_ids)
-        self.drafted = 0  # tokens drafted, all steps
-        self.accepted = 0  # of them, kept
         self.chance = PRIOR_CHANCE  # that its next draft is kept, from its recent steps
 
     def wanted(self, room: int) -> int:
@@ -159,8 +157,6 @@ class RowDrafts:
         if not drafts:
             self.chance += RECOVERY * max(0.0, PRIOR_CHANCE - self.chance)
             return
-        self.drafted += drafts
-        self.accepted += kept
         self.chance += RECENT_WEIGHT * (kept / drafts - self.chance)
 
 

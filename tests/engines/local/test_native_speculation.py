@@ -105,12 +105,11 @@ def greedy_rows_on_and_off(engine) -> tuple[int, int]:
     return drafted, accepted
 
 
-def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generate(
-    smollm2, monkeypatch
-):
+def watch_steps(monkeypatch) -> list[list[int]]:
+    """The tokens each row carries, step by step, as NATIVE's steps go (filled as they run)."""
     from lmpress.engines.local.native import batch_cache
 
-    steps: list[list[int]] = []  # the tokens each row carried, step by step
+    steps: list[list[int]] = []
     step_inputs = batch_cache.BatchCache.step_inputs
 
     def watched(self, widths=1):
@@ -118,6 +117,13 @@ def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generat
         return step_inputs(self, widths)
 
     monkeypatch.setattr(batch_cache.BatchCache, "step_inputs", watched)
+    return steps
+
+
+def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generate(
+    smollm2, monkeypatch
+):
+    steps = watch_steps(monkeypatch)
     drafted, accepted = greedy_rows_on_and_off(smollm2)
     # Drafts went through (draft_counts leaves out those whose chance does not pay for their
     # place in the step), and most of them were kept.
@@ -200,17 +206,7 @@ def test_ragged_steps_through_the_models_own_eager_attention_change_no_reply(
     """A model whose attention is its own eager function (not the grouped SDPA call) gets a
     ragged step's queries laid out per row too: a tiny Llama on eager attention, whose own
     replies repeat enough for lookup to draft, replies alike with speculation on and off."""
-    from lmpress.engines.local.native import batch_cache
-
-    steps: list[list[int]] = []
-    step_inputs = batch_cache.BatchCache.step_inputs
-
-    def watched(self, widths=1):
-        if not isinstance(widths, int):
-            steps.append(list(widths))
-        return step_inputs(self, widths)
-
-    monkeypatch.setattr(batch_cache.BatchCache, "step_inputs", watched)
+    steps = watch_steps(monkeypatch)
     prompts = [
         "copy this: " + " ".join(f"w{i} w{i + 1}" for i in range(k, k + 12)) for k in range(12)
     ]
