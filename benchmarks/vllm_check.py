@@ -126,8 +126,13 @@ def run_raw(
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
     prompts = prompts if prompts is not None else conversations(rows, images)
     started = time.perf_counter()
-    outputs = llm.chat(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - started
+    try:
+        outputs = llm.chat(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - started
+    finally:
+        # Stopped here: left to the interpreter's exit, vLLM's teardown can take its own
+        # engine core's exit for a crash and abort the process (see raw_vllm.py in the tests).
+        llm.llm_engine.engine_core.shutdown()
     return {
         "rows": len(outputs),
         "failed": 0,

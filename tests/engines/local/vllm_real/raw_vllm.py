@@ -63,6 +63,19 @@ def main(cases_file: str, out_file: str) -> None:
     with open(cases_file, encoding="utf-8") as f:
         cases = json.load(f)
     llm = vllm.LLM(model=cases["model"], **cases["engine_args"])
+    try:
+        out = answers(vllm, llm, cases)
+    finally:
+        # Stopped here, not left to the interpreter's exit: there, vLLM's monitor of its
+        # engine-core process can see the process it is stopping exit, take it for a crash
+        # and clean up while Python is finalizing, which aborts the process (SIGABRT, after
+        # the answers were written) about one run in ten.
+        llm.llm_engine.engine_core.shutdown()
+    with open(out_file, "w", encoding="utf-8") as f:
+        json.dump(out, f)
+
+
+def answers(vllm, llm, cases: dict) -> dict:
     out: dict[str, list] = {}
     adapters = [("", None)]
     if cases.get("lora"):
@@ -105,8 +118,7 @@ def main(cases_file: str, out_file: str) -> None:
                 case["query"], case["documents"], use_tqdm=False, pooling_params=pooling
             )
             out[key] = [o.outputs.score for o in outputs]
-    with open(out_file, "w", encoding="utf-8") as f:
-        json.dump(out, f)
+    return out
 
 
 if __name__ == "__main__":

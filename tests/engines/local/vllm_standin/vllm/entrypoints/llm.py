@@ -2,6 +2,7 @@
 benchmarks/vllm_check.py uses it (LLM(model, **engine_args).chat(conversations, params))."""
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 from vllm.engine.arg_utils import EngineArgs
@@ -16,6 +17,9 @@ class LLM:
         engine_args.enable_log_requests = False
         _check_engine_args(engine_args)
         self._engine = AsyncLLM(engine_args)
+        # vLLM's LLM holds an LLMEngine whose engine_core client is stopped by shutdown();
+        # the one AsyncLLM stands for both here.
+        self.llm_engine = SimpleNamespace(engine_core=self._engine)
         self._counter = 0
 
     def get_tokenizer(self):
