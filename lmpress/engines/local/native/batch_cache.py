@@ -340,6 +340,36 @@ class BatchCache:
             layers.append((keys, values))
         self.layers = layers
 
+    def forward(
+        self, model: Any, ids: list[list[int]], cache_arg: str, device: Any, compiled: Any = None
+    ) -> Any:
+        """One step of `model` over these rows, `ids` being each row's new tokens: their
+        logits, [rows, widest, vocabulary]; a row carrying fewer than the widest has logits past
+        its own that no one reads. `compiled`, a compiled form of the model's forward, takes
+        the step when every row carries as many tokens and there are several rows: a lone row
+        would compile a graph apart, and a ragged step (step_inputs) has a layout it does not
+        take, so both run on the model's own forward."""
+        import torch
+
+        width = max(len(row) for row in ids)
+        positions, cache, mask = self.step_inputs([len(row) for row in ids])
+        ragged = mask.lmpress_step.ragged
+        if ragged is None:
+            tokens, keep = torch.tensor(ids, device=device), width
+        else:
+            tokens = torch.tensor([[t for row in ids for t in row]], device=device)
+            keep = 0  # every token's
+        forward = compiled if compiled is not None and len(ids) > 1 and ragged is None else model
+        out = forward(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=keep,
+            **{cache_arg: cache},
+        )
+        return out.logits if ragged is None else out.logits[0][ragged.spread]
+
 
 class PrefixStore:
     """The caches of the last few prompts, for the prompts after them that share a prefix."""

@@ -110,16 +110,5 @@ class Drafter:
         self.batch.drop(drop)
 
     def _forward(self, ids: list[list[int]]) -> Any:
-        import torch
-
-        width = len(ids[0])
-        positions, cache, mask = self.batch.step_inputs(width)
-        out = self.model(
-            input_ids=torch.tensor(ids, device=self.device),
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=width,
-            **{self.cache_arg: cache},
-        )
-        return out.logits[..., : self.n_vocab]
+        logits = self.batch.forward(self.model, ids, self.cache_arg, self.device)
+        return logits[..., : self.n_vocab]

@@ -288,31 +288,9 @@ class NativeScheduler(Scheduler):
         return drafts
 
     def _forward(self, ids: list[list[int]]) -> Any:
-        """The logits of a step's new tokens (`ids`: each row's), [rows, widest, vocabulary]; a
-        row carrying fewer than the widest has logits past its own that no one reads. A lone row
-        steps on the model's own forward: a compiled step would compile a graph apart for it;
-        so does a ragged step (batch_cache.BatchCache.step_inputs), whose layout the compiled
-        step does not take."""
-        import torch
-
-        width = max(len(row) for row in ids)
-        positions, cache, mask = self._batch.step_inputs([len(row) for row in ids])
-        ragged = mask.lmpress_step.ragged
-        if ragged is None:
-            tokens, keep = torch.tensor(ids, device=self.device), width
-        else:
-            tokens = torch.tensor([[t for row in ids for t in row]], device=self.device)
-            keep = 0  # every token's
-        forward = self._decode if len(ids) > 1 and ragged is None else self.model
-        out = forward(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=keep,
-            **{self._cache_arg: cache},
-        )
-        return out.logits if ragged is None else out.logits[0][ragged.spread]
+        """The logits of a step's new tokens (`ids`: each row's): BatchCache.forward, on the
+        compiled step where there is one."""
+        return self._batch.forward(self.model, ids, self._cache_arg, self.device, self._decode)
 
     def warm(self) -> None:
         """Compile the decoding step now (`model.compile`), so that its cost counts as the
