@@ -82,7 +82,12 @@ def ident(row: dict) -> str:
 
 
 def written(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The rows whose lines are whole: a job still running (or killed) may be mid-way through
+    writing its last one."""
+    if not path.exists():
+        return []
+    *whole, _partial = path.read_text().split("\n")
+    return [json.loads(line) for line in whole]
 
 
 def replies(path: Path) -> dict[str, str]:
