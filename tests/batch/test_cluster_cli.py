@@ -190,8 +190,9 @@ VOLATILE = {"latency_s", "request_id", "created", "cached"}
 
 
 def assert_same_rows(got: object, want: object, where: str = "") -> None:
-    """Equal rows, floats to float32's rounding: a replica batches rows with other neighbours
-    than a local run does, so the padding around a text, and the last bit of its vector, vary."""
+    """Equal rows, floats within 1e-4 of each other: a replica batches rows with other
+    neighbours than a local run does, so the padding around a text, and with it the order in
+    which the matmuls add up, vary (a cross-encoder's score once moved 1.5e-5 of itself)."""
     if isinstance(want, dict):
         assert isinstance(got, dict) and set(got) - VOLATILE == set(want) - VOLATILE, where
         for key in set(want) - VOLATILE:
@@ -201,7 +202,7 @@ def assert_same_rows(got: object, want: object, where: str = "") -> None:
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert_same_rows(g, w, f"{where}[{i}]")
     elif isinstance(want, float):
-        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), where
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-5), where
     else:
         assert got == want, where
 
