@@ -121,7 +121,14 @@ class ServeParams:
     port: int = 8000
     served_model_name: str | None = None  # the model id clients send; default model.model_name
     max_body_bytes: int = 4 * 1024 * 1024
-    queue_limit: int = 256  # requests held at once (generating or waiting); more get 503
+    queue_limit: int = 256  # sequences held at once (generating or waiting); more get 503
+    # What one request may ask for (serve/limits.py); over a cap is a 400 naming it. n as
+    # OpenAI caps it; n x max_tokens (x prompts) in tokens; a prompt's UTF-8 bytes, checked
+    # before tokenizing (1 MiB is ~250k tokens of English, past most models' context).
+    max_n: int = 128
+    max_new_tokens_per_request: int = 1024 * 1024
+    max_prompts_per_request: int = 256  # /v1/completions prompts, pooling inputs
+    max_prompt_bytes: int = 1024 * 1024
     log_content: bool = False  # log each request's messages and reply
     # Where /v1/files and /v1/batches keep files and batches across restarts; None: no Batch API.
     state_dir: str | None = None
@@ -278,6 +285,10 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "serve.port": (lambda v: 0 <= v <= 65535, "must be in [0, 65535] (0 picks a free port)"),
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_n": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_new_tokens_per_request": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_prompts_per_request": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_prompt_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.cache": (
         lambda v: v in ("on", "all", "refresh", "off"),
         "must be on, all, refresh or off",

@@ -34,7 +34,7 @@ from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling
 from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
 from lmpress.openai_wire.responses_api.requests import RESPONSES_PATH
-from lmpress.serve import messages, metrics, pooling, responses_api
+from lmpress.serve import limits, messages, metrics, pooling, responses_api
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -81,6 +81,7 @@ class Server:
             f"the request body is larger than this server's limit of {limit} bytes "
             f"(serve.max_body_bytes)",
             code=str(ErrorKind.REQUEST_TOO_LARGE),
+            headers={"connection": "close"},  # not read on, to be thrown away
         )
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
@@ -102,10 +103,11 @@ class Server:
                 code="model_not_found",
             )
 
-    def params(self, sampling: Sampling) -> GenerationParams:
+    def params(self, sampling: Sampling, prompts: int = 1) -> GenerationParams:
         """The server's generation settings with the request's, refusing what the engine
-        does not honour."""
+        does not honour and what is over the server's caps."""
         params = self.engine.config.generation.replace(**sampling.overrides)
+        limits.check_samples(self.settings, params, sampling.source, prompts)
         unsupported = unsupported_params(self.engine, params)
         if unsupported:
             names = [sampling.source.get(name, name) for name in unsupported]
@@ -123,6 +125,7 @@ class Server:
         """A generation route's request for the engine, its settings and tools checked against
         the engine's; and the route's request log, named `id` and, with --log-content, given
         the conversation."""
+        limits.check_prompt_bytes(self.settings, ["".join(m.text() for m in messages)], "messages")
         params = self.params(sampling)
         entry = request_log(http.scope)
         entry.id = id
@@ -172,15 +175,17 @@ class Server:
             run = self._stream([engine_request], chunks, entry, [""])
         else:
             run = self._complete_chat(engine_request, entry)
-        return GenerationResponse(self.slots, run, entry)
+        return GenerationResponse(self.slots, run, entry, engine_request.params.n)
 
     async def completions(self, request: HttpRequest) -> GenerationResponse:
         pooling.require_task(self, bodies.COMPLETIONS_PATH, ("generate",))
         body = bodies.parse_body(bodies.CompletionBody, await self.read_body(request))
         sampling = bodies.completion_sampling(body)
         prompts = bodies.completion_prompts(body)
+        limits.check_prompt_count(self.settings, len(prompts), "prompt")
+        limits.check_prompt_bytes(self.settings, prompts, "prompt")
         self.check_model(bodies.require_model(body))
-        params = self.params(sampling)
+        params = self.params(sampling, len(prompts))
         entry = request_log(request.scope)
         entry.id = new_id("cmpl")
         if self.settings.log_content:
@@ -197,7 +202,7 @@ class Server:
             run = self._stream(requests, chunks, entry, echoes)
         else:
             run = self._complete_text(requests, entry, echoes)
-        return GenerationResponse(self.slots, run, entry)
+        return GenerationResponse(self.slots, run, entry, len(prompts) * params.n)
 
     # --- running generations -------------------------------------------------------------
 

@@ -74,7 +74,8 @@ def new_id(prefix: str) -> str:
 
 
 class Slots:
-    """How many requests the server holds at once (generating or waiting for the engine)."""
+    """The places in the server's queue: how many sequences it holds at once (generating or
+    waiting for the engine). A request holds one per sequence it asks for (`serve.limits`)."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -113,19 +114,26 @@ class GenerationResponse(StarletteResponse):
     """The HTTP response of a generation route, which runs the generation: takes a place in the server's queue (or answers 503),
     runs, and cancels the run when the client disconnects."""
 
-    def __init__(self, slots: Slots, run: Coroutine[Any, Any, Response], entry: RequestLog):
+    def __init__(
+        self,
+        slots: Slots,
+        run: Coroutine[Any, Any, Response],
+        entry: RequestLog,
+        places: int = 1,
+    ):
         self.slots = slots
         self.run = run
         self.entry = entry
+        self.places = places  # its sequences (prompts x n) or texts: what it costs the queue
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         slots = self.slots
-        if slots.in_use >= slots.limit:
+        if slots.in_use + self.places > slots.limit:
             self.run.close()  # never started
             error = ApiError(
                 503,
-                f"the server is at its limit of {slots.limit} requests in "
+                f"the server is at its limit of {slots.limit} sequences in "
                 f"flight (serve.queue_limit); retry later",
                 type="server_error",
                 code="queue_full",
@@ -135,11 +143,11 @@ class GenerationResponse(StarletteResponse):
                 error = anthropic_error(error)
             await error_response(error)(scope, receive, send)
             return
-        slots.in_use += 1
+        slots.in_use += self.places
         try:
             await self._run_watching(scope, receive, send)
         finally:
-            slots.in_use -= 1
+            slots.in_use -= self.places
 
     async def _run_watching(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def respond() -> None:

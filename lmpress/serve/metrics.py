@@ -168,7 +168,7 @@ class _LoadCollector(Collector):
                 )
         yield gauge(
             "lmpress_requests_in_flight",
-            "Requests holding a place in the server's queue (serve.queue_limit).",
+            "Places held in the server's queue (serve.queue_limit): one a sequence or text.",
             self.slots.in_use,
         )
 

@@ -20,6 +20,7 @@ from lmpress.engines.base import Engine
 from lmpress.openai_wire import pooling as wire
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import parse_body
+from lmpress.serve import limits
 from lmpress.serve.asgi import (
     GenerationResponse,
     RequestLog,
@@ -63,6 +64,18 @@ def _model(server: Server, model: str | None) -> None:
     server.check_model(model)
 
 
+def _bounded(server: Server, items: list, param: str, query: str | list[str] = ()) -> int:
+    """Refuse more items (inputs, documents), or a longer text, than the caps allow
+    (`serve.limits`); returns the places the request holds in the queue, one an item."""
+    settings = server.settings
+    limits.check_prompt_count(settings, len(items), param)
+    texts = [query] if isinstance(query, str) else list(query)
+    texts += [item for item in items if isinstance(item, str)]  # not token ids
+    limits.check_prompt_bytes(settings, texts, param)
+    limits.check_places(settings, len(items), f"items in '{param}'")
+    return len(items)
+
+
 def _logged(server: Server, request: HttpRequest, prefix: str, content: object) -> RequestLog:
     entry = request_log(request.scope)
     entry.id = new_id(prefix)
@@ -76,6 +89,7 @@ async def embeddings(server: Server, request: HttpRequest) -> GenerationResponse
     body = parse_body(wire.EmbeddingsBody, await server.read_body(request))
     _model(server, body.model)
     got = wire.embeddings_input(body)
+    places = _bounded(server, got.inputs, "input")
     entry = _logged(server, request, "embd", got.inputs)
     embed = EmbedRequest(entry.id, got.inputs, got.dimensions, got.normalize)
 
@@ -87,7 +101,7 @@ async def embeddings(server: Server, request: HttpRequest) -> GenerationResponse
         out = wire.embeddings_response(result, server.model_name, got.encoding_format)
         return JSONResponse(out, headers={"x-request-id": entry.id})
 
-    return GenerationResponse(server.slots, run(), entry)
+    return GenerationResponse(server.slots, run(), entry, places)
 
 
 async def score(server: Server, request: HttpRequest) -> GenerationResponse:
@@ -95,6 +109,7 @@ async def score(server: Server, request: HttpRequest) -> GenerationResponse:
     body = parse_body(wire.ScoreBody, await server.read_body(request))
     _model(server, body.model)
     scoring = ScoreRequest("", *wire.score_pair(body))
+    places = _bounded(server, scoring.documents, "text_2", scoring.query)
     entry = _logged(server, request, "score", scoring.texts())
     scoring.id = entry.id
 
@@ -103,7 +118,7 @@ async def score(server: Server, request: HttpRequest) -> GenerationResponse:
         out = wire.score_response(entry.id, int(time.time()), result, server.model_name)
         return JSONResponse(out, headers={"x-request-id": entry.id})
 
-    return GenerationResponse(server.slots, run(), entry)
+    return GenerationResponse(server.slots, run(), entry, places)
 
 
 async def rerank(server: Server, request: HttpRequest) -> GenerationResponse:
@@ -111,6 +126,7 @@ async def rerank(server: Server, request: HttpRequest) -> GenerationResponse:
     body = parse_body(wire.RerankBody, await server.read_body(request))
     _model(server, body.model)
     wire.check_top_n(body.top_n)
+    places = _bounded(server, body.documents, "documents", body.query)
     entry = _logged(server, request, "rerank", [body.query, *body.documents])
     scored = ScoreRequest(entry.id, body.query, body.documents, body.top_n)
 
@@ -119,7 +135,7 @@ async def rerank(server: Server, request: HttpRequest) -> GenerationResponse:
         out = wire.rerank_response(entry.id, result, body.documents, body.top_n, server.model_name)
         return JSONResponse(out, headers={"x-request-id": entry.id})
 
-    return GenerationResponse(server.slots, run(), entry)
+    return GenerationResponse(server.slots, run(), entry, places)
 
 
 async def _scored(server: Server, entry: RequestLog, request: ScoreRequest):
