@@ -44,6 +44,18 @@ if TYPE_CHECKING:
     from lmpress.engines.common.reasoning import StreamSplitter
     from lmpress.engines.local.thinking import Thinking
 
+# A prompt longer than this (in characters) is prepared on a thread of its own: tokenizing
+# 64k characters takes some tens of milliseconds, and a 4 MB prompt seconds, for which the
+# caller's event loop (a server's other requests, its /health) would otherwise wait.
+PREPARE_OFF_LOOP_CHARS = 64 * 1024
+
+
+def prompt_chars(request: Request) -> int:
+    """The characters of a request's prompt: its raw prompt or its messages' text."""
+    if request.prompt is not None:
+        return len(request.prompt)
+    return sum(len(m.text()) for m in request.messages)
+
 
 class CallerQueue:
     """A queue on the caller's event loop that any thread may put into: how a worker thread
@@ -270,7 +282,10 @@ class WorkerEngine(Engine):
             raise RuntimeError(f"the {self.name} engine is closed")
         try:
             check_text(request)
-            submission = self._prepare(request, started)
+            if prompt_chars(request) > PREPARE_OFF_LOOP_CHARS:
+                submission = await asyncio.to_thread(self._prepare, request, started)
+            else:
+                submission = self._prepare(request, started)
         except RequestError as exc:
             yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
             return

@@ -34,6 +34,7 @@ reusing a shared prompt prefix's cache.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -48,7 +49,7 @@ from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_
 from lmpress.engines.local.native import prompt_count
 from lmpress.engines.local.native.batch_cache import give_freed_caches_back
 from lmpress.engines.local.native.embedding import PoolingScheduler, PoolingSubmission
-from lmpress.engines.local.native.encoders import Encoder
+from lmpress.engines.local.native.encoders import Encoder, EncoderRow
 from lmpress.engines.local.native.loading import (
     batching_settings,
     checkpoint_defaults,
@@ -67,7 +68,7 @@ from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
 from lmpress.engines.local.speculation import Speculation
 from lmpress.engines.local.thinking import ModelThinking
-from lmpress.engines.local.worker import Submission, WorkerEngine
+from lmpress.engines.local.worker import PREPARE_OFF_LOOP_CHARS, Submission, WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
     Embedding,
@@ -206,7 +207,10 @@ class NativeEngine(WorkerEngine):
                 )
             width = encoder.cut_width(request.dimensions)
             texts = all(isinstance(item, str) for item in request.inputs)
-            rows = encoder.text_rows(request.inputs) if texts else encoder.id_rows(request.inputs)
+            if texts:
+                rows = await _text_rows(encoder, request.inputs)  # type: ignore[arg-type]
+            else:
+                rows = encoder.id_rows(request.inputs)
             answer = await self._answer(PoolingSubmission(rows, started))
         except RequestError as exc:
             answer = ErrorInfo(exc.kind, str(exc), exc.status)
@@ -235,9 +239,9 @@ class NativeEngine(WorkerEngine):
                 raise RequestError("documents is empty; give at least one",
                                    kind=ErrorKind.INVALID_REQUEST)  # fmt: skip
             if encoder.cross_encoder:  # each pair read together; its logit is the score
-                rows = encoder.text_rows(request.queries(), request.documents)
+                rows = await _text_rows(encoder, request.queries(), request.documents)
             else:  # the cosine of the query's and each document's embeddings
-                rows = encoder.text_rows(request.texts())
+                rows = await _text_rows(encoder, request.texts())
             answer = await self._answer(PoolingSubmission(rows, started))
         except RequestError as exc:
             answer = ErrorInfo(exc.kind, str(exc), exc.status)
@@ -320,3 +324,13 @@ def cut_vector(vector: Any, width: int | None) -> Any:
     if width is not None:
         vector = vector[:width]
     return vector.astype(np.float32, copy=False)
+
+
+async def _text_rows(
+    encoder: Encoder, first: list[str], second: list[str] | None = None
+) -> list[EncoderRow]:
+    """The encoder's rows of these texts, tokenized on a thread where they are long (as a
+    generation's prompt is, in `WorkerEngine`), so the caller's event loop does not wait."""
+    if sum(map(len, first)) + sum(map(len, second or ())) > PREPARE_OFF_LOOP_CHARS:
+        return await asyncio.to_thread(encoder.text_rows, first, second)
+    return encoder.text_rows(first, second)
