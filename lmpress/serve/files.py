@@ -15,6 +15,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
+from starlette.types import Message, Receive
 
 from lmpress.openai_wire.errors import ApiError
 from lmpress.serve.state import StateStore, StoredFile
@@ -35,18 +36,24 @@ class FileRoutes:
     async def upload(self, request: HttpRequest) -> JSONResponse:
         """Keep a multipart upload. python-multipart parses it as it streams in, spooling the
         file to disk past 1 MiB, and the copy into the state directory runs off the event
-        loop: an upload of OpenAI's 200 MiB holds neither memory nor the other requests."""
+        loop: an upload of OpenAI's 200 MiB holds neither memory nor the other requests. The
+        body ends where it passes the limit, Content-Length or not, so no more is spooled."""
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise ApiError(
                 400, "upload a file as multipart/form-data (fields 'file' and 'purpose')"
             )
-        if int(request.headers.get("content-length") or 0) > MAX_FILE_BYTES + FORM_OVERHEAD:
+        capped = CappedBody(request.receive, MAX_FILE_BYTES + FORM_OVERHEAD)
+        if int(request.headers.get("content-length") or 0) > capped.limit:
             raise _too_large()
         try:
-            form = await request.form(max_files=1, max_fields=8)
+            form = await HttpRequest(request.scope, capped).form(max_files=1, max_fields=8)
         except HTTPException as exc:  # a form python-multipart cannot read
+            if capped.over:  # cut short by the cap, the form is incomplete
+                raise _too_large() from None
             raise ApiError(400, f"the multipart form: {exc.detail}", param="file") from None
         try:
+            if capped.over:
+                raise _too_large()
             purpose = form.get("purpose")
             if purpose not in PURPOSES:
                 raise ApiError(
@@ -94,6 +101,29 @@ class FileRoutes:
         return stored
 
 
+class CappedBody:
+    """A request's `receive` that ends the body once more than `limit` bytes have come (and
+    says so in `over`), so that a parser reading it stops there, with whatever it spooled
+    cleaned up the way it cleans up a form that ends early."""
+
+    def __init__(self, receive: Receive, limit: int):
+        self.receive = receive
+        self.limit = limit
+        self.size = 0
+        self.over = False
+
+    async def __call__(self) -> Message:
+        if self.over:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        message = await self.receive()
+        if message["type"] == "http.request":
+            self.size += len(message.get("body", b""))
+            if self.size > self.limit:
+                self.over = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+        return message
+
+
 def _no_file(file_id: str) -> ApiError:
     return ApiError(404, f"No such File object: {file_id}", param="id", code="not_found")
 
@@ -110,4 +140,11 @@ async def read_limited(request: HttpRequest, limit: int) -> bytes:
 
 
 def _too_large() -> ApiError:
-    return ApiError(413, f"a batch input file is at most {MAX_FILE_BYTES} bytes", param="file")
+    # The connection closes with the answer: else the server would read, to throw away,
+    # whatever the client still sends.
+    return ApiError(
+        413,
+        f"a batch input file is at most {MAX_FILE_BYTES} bytes",
+        param="file",
+        headers={"connection": "close"},
+    )
