@@ -51,6 +51,27 @@ def test_the_openai_client_gets_float_and_base64_vectors(embed_server):
     assert isinstance(raw.json()["data"][0]["embedding"], str)
 
 
+def test_too_many_inputs_or_too_long_an_input_is_a_400_naming_the_cap(embed_server):
+    """The default caps (issue 49): 256 inputs a request, 1 MiB an input."""
+
+    def post(input: object) -> dict:
+        response = embed_server.http().post(
+            "/v1/embeddings", json={"model": "text-embedding-3-small", "input": input},
+            headers={"Authorization": "Bearer serve-key"},
+        )  # fmt: skip
+        assert response.status_code == 400, response.text
+        return response.json()["error"]
+
+    many = post([f"text {i}" for i in range(257)])
+    assert "257 items in 'input' is over serve.max_prompts_per_request=256" in many["message"]
+    assert many["param"] == "input"
+    long = post(["short", "x" * (1024 * 1024 + 1)])
+    assert "a prompt of 1048577 bytes is over serve.max_prompt_bytes=1048576" in long["message"]
+    client = embed_server.client(api_key="serve-key")
+    at_caps = client.embeddings.create(model="text-embedding-3-small", input=["a b"] * 256)
+    assert len(at_caps.data) == 256
+
+
 def test_concurrent_requests_each_get_their_own_vector(embed_server):
     client = embed_server.async_client(api_key="serve-key")
 
