@@ -129,6 +129,18 @@ class ServeParams:
     # for fresh replies; on, all or refresh as `lmpress batch --cache` takes them.
     cache: str = "off"
     cache_dir: str | None = None  # None: $LMPRESS_RESPONSE_CACHE or lmpress's cache directory
+    # Images a client names (serve/media.py): the server fetches an http(s) URL itself, only
+    # from these hosts (exact names; empty: any public address), never from a loopback,
+    # private, link-local or otherwise non-public address unless allow_private_media is set
+    # (a trusted network) or the host is named here.
+    allowed_media_domains: list[str] = field(default_factory=list)
+    allow_private_media: bool = False
+    media_fetch_timeout_s: float = 10.0  # connecting, every redirect and the whole body
+    max_media_fetches: int = 16  # fetches in flight at once, all requests together
+    max_image_bytes: int = 20 * 2**20  # OpenAI's limit per image too
+    # Checked from the image's header, before it is decoded: 4096 x 4096, a 16 MP photo.
+    max_image_pixels: int = 4096 * 4096
+    max_images_per_request: int = 8
 
 
 @dataclass
@@ -278,6 +290,11 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "serve.port": (lambda v: 0 <= v <= 65535, "must be in [0, 65535] (0 picks a free port)"),
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),
+    "serve.media_fetch_timeout_s": (lambda v: v > 0, "must be greater than 0"),
+    "serve.max_media_fetches": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_image_bytes": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_image_pixels": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_images_per_request": (lambda v: v >= 0, "must be 0 or more (0: no images)"),
     "serve.cache": (
         lambda v: v in ("on", "all", "refresh", "off"),
         "must be on, all, refresh or off",

@@ -45,6 +45,8 @@ class Server(pooling.Server, Protocol):
         self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
     ) -> tuple[Request, RequestLog]: ...
 
+    async def take_images(self, request: Request, param: str = "messages") -> None: ...
+
 
 def register(app: FastAPI, server: Server) -> None:
     """Add the two routes to `app`."""
@@ -72,6 +74,7 @@ class MessagesRoutes:
         try:
             body = await self._body(request, wire.MessagesBody)
             engine_request, entry = self._request(request, body, new_id("msg"))
+            await self.server.take_images(engine_request)
             if body.stream:
                 run = self._stream(engine_request, entry)
             else:
@@ -86,6 +89,7 @@ class MessagesRoutes:
         try:
             body = await self._body(request, wire.CountTokensBody)
             engine_request, _ = self._request(request, body, new_id("count"))
+            await self.server.take_images(engine_request)
             counter = await self._prompt_counter()
             try:
                 tokens = await asyncio.to_thread(counter.count, engine_request)

@@ -44,7 +44,7 @@ class Server(pooling.Server, Protocol):
         self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
     ) -> tuple[Request, RequestLog]: ...
 
-    def refuse_local_images(self, messages: list[Message], param: str = "messages") -> None: ...
+    async def take_images(self, request: Request, param: str = "messages") -> None: ...
 
 
 async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
@@ -55,11 +55,11 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
         messages = regenerate_last_turn(input_messages(body))
     except RowError as exc:
         raise ApiError(400, str(exc), param="input") from exc
-    server.refuse_local_images(messages, "input")
     if body.model is None:
         raise ApiError(400, "Missing required parameter: 'model'", param="model")
     server.check_model(body.model)
     engine_request, entry = server.engine_request(request, new_id("resp"), messages, sampling)
+    await server.take_images(engine_request, "input")
     head = ResponseHead(entry.id, server.model_name, body)
     if body.stream:
         run = _stream(server, engine_request, head, entry)
