@@ -26,6 +26,7 @@ import base64
 import logging
 from typing import Any
 
+from lmpress.configs.schema import ServeParams
 from lmpress.openai_wire.errors import ApiError
 from lmpress.serve.media_fetch import FetchFailed, MediaPolicy, TooLarge, fetch
 from lmpress.vocabulary.images import (
@@ -51,12 +52,14 @@ class ClientImages:
     """The images clients send to one server: its caps, its media policy and its count of
     fetches in flight."""
 
-    def __init__(self, settings: Any):
-        self.settings = settings  # ServeParams
+    def __init__(self, settings: ServeParams):
+        self.settings = settings
         self.policy = MediaPolicy.of(settings)
         self._fetches = asyncio.Semaphore(settings.max_media_fetches)
 
-    async def take(self, messages: list[Message], param: str = "messages", who: str = "") -> None:
+    async def take(
+        self, messages: list[Message], param: str = "messages", who: str = "a request"
+    ) -> None:
         """Check every image of `messages` and put each one's bytes in its place as a data:
         URL; an ApiError (400) for the first that fails. `who` names the request in the log."""
         parts = [
@@ -91,10 +94,7 @@ class ClientImages:
         try:
             return await asyncio.to_thread(self._checked, url, fetched, n)
         except FetchFailed as exc:
-            log.warning("%s image %d not taken: %s", who or "a request's", n, exc)
-            raise ApiError(
-                400, NOT_FETCHED.format(n=n), param=param, code="invalid_image_url"
-            ) from None
+            raise _not_fetched(n, param, who, exc) from None
         except ImageError as exc:
             raise ApiError(400, str(exc), param=param) from None
 
@@ -103,7 +103,7 @@ class ClientImages:
             try:
                 return await fetch(url, self.policy)
             except TooLarge as exc:
-                log.warning("%s image %d not taken: %s", who or "a request's", n, exc)
+                log.warning("%s, image %d: %s", who, n, exc)
                 raise ApiError(
                     400,
                     f"image {n} ({short_name(url)}): is over the {self.policy.max_bytes} bytes "
@@ -111,10 +111,7 @@ class ClientImages:
                     param=param,
                 ) from None
             except FetchFailed as exc:
-                log.warning("%s image %d not fetched: %s", who or "a request's", n, exc)
-                raise ApiError(
-                    400, NOT_FETCHED.format(n=n), param=param, code="invalid_image_url"
-                ) from None
+                raise _not_fetched(n, param, who, exc) from None
 
     def _checked(self, url: str, fetched: bytes | None, n: int) -> str:
         """In a thread: the image's bytes (a data: URL's, or those fetched) checked against
@@ -135,6 +132,13 @@ class ClientImages:
             )
         _check_pixels(raw, where, settings.max_image_pixels, fetched is not None)
         return f"data:{raw.media_type};base64,{base64.b64encode(raw.data).decode('ascii')}"
+
+
+def _not_fetched(n: int, param: str, who: str, why: FetchFailed) -> ApiError:
+    """What the client hears of a failed fetch: the same line whatever `why` is, which goes to
+    the server's log."""
+    log.warning("%s, image %d not fetched: %s", who, n, why)
+    return ApiError(400, NOT_FETCHED.format(n=n), param=param, code="invalid_image_url")
 
 
 def _check_pixels(raw: ImageBytes, where: str, max_pixels: int, fetched: bool) -> None:

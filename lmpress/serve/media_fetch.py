@@ -34,6 +34,8 @@ from urllib.parse import urljoin, urlsplit
 
 import httpcore
 
+from lmpress.configs.schema import ServeParams
+
 MAX_REDIRECTS = 3
 REDIRECTS = (301, 302, 303, 307, 308)
 # NAT64's well-known prefix: such an address is the IPv4 address in its last 32 bits.
@@ -60,8 +62,8 @@ class MediaPolicy:
     max_redirects: int = MAX_REDIRECTS
 
     @classmethod
-    def of(cls, settings: Any) -> MediaPolicy:
-        """The policy `lmpress serve`'s settings (`ServeParams`) set."""
+    def of(cls, settings: ServeParams) -> MediaPolicy:
+        """The policy `lmpress serve`'s settings set."""
         return cls(
             allowed_domains=frozenset(host_name(d) for d in settings.allowed_media_domains),
             allow_private=settings.allow_private_media,

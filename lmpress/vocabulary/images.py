@@ -10,6 +10,11 @@ fails alone, with one line naming the image and what is wrong.
 
 Remote engines send http(s) and data: URLs on as they are (the provider fetches and checks
 them) and read local files here to send them inline (engines/remote/inline_images.py).
+
+This is lmpress reading images for its user (a batch over their own file, their chat): any URL,
+any local path. `lmpress serve` reads images for clients it does not trust, so it fetches and
+checks them itself before a request reaches the engine (serve/media.py), and the engine finds
+only data: URLs; `open_image`, which reads a header and holds it to a pixel limit, is shared.
 """
 
 from __future__ import annotations
