@@ -3,6 +3,7 @@ inference YAML loads unchanged."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -203,6 +204,19 @@ def speculative_method(model: ModelParams) -> str:
     return method
 
 
+def _bare_host(host: str) -> bool:
+    """A host name or an IP address (an IPv6 one may be in brackets), nothing more."""
+    host = host.strip().strip("[]")
+    if not host or set("/@ ") & set(host):
+        return False
+    if ":" in host:  # an IPv6 address, or a port
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return False
+    return True
+
+
 def _finite(v: float) -> bool:
     return not (math.isinf(v) or math.isnan(v))
 
@@ -290,6 +304,10 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "serve.port": (lambda v: 0 <= v <= 65535, "must be in [0, 65535] (0 picks a free port)"),
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),
+    "serve.allowed_media_domains": (
+        lambda v: all(_bare_host(h) for h in v),
+        "must be host names (cdn.example.com), without a scheme, port or path",
+    ),
     "serve.media_fetch_timeout_s": (lambda v: v > 0, "must be greater than 0"),
     "serve.max_media_fetches": (lambda v: v >= 1, "must be at least 1"),
     "serve.max_image_bytes": (lambda v: v >= 1, "must be at least 1"),

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
+from lmpress.configs import load_config
 from lmpress.serve.media_fetch import FetchFailed, MediaPolicy, TooLarge, fetch, is_public
+from lmpress.vocabulary.errors import ConfigError
 from tests.image_files import picture
 from tests.servers.media import MediaServer
 
@@ -127,3 +129,11 @@ def test_a_closed_port_fails_as_a_fetch(web):
         port = probe.getsockname()[1]
     with pytest.raises(FetchFailed):
         get(f"http://localhost:{port}/picture.png", TRUSTING_LOCALHOST)
+
+
+def test_allowed_media_domains_are_host_names_and_nothing_more():
+    config = load_config(None, [("serve.allowed_media_domains", "[CDN.example.com., '[::1]']")])
+    assert MediaPolicy.of(config.serve).allowed_domains == {"cdn.example.com", "::1"}
+    for wrong in ("https://cdn.example.com", "cdn.example.com:8080", "cdn.example.com/img"):
+        with pytest.raises(ConfigError, match="must be host names"):
+            load_config(None, [("serve.allowed_media_domains", f"[{wrong!r}]")])
