@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
 from functools import partial
 from typing import Any
@@ -48,7 +48,7 @@ from lmpress.serve.asgi import (
     request_log,
 )
 from lmpress.serve.batches import add_batch_routes
-from lmpress.serve.media import ClientImages
+from lmpress.serve.media import AfterImages, ClientImages
 from lmpress.vocabulary.errors import ErrorKind, InputError, UnsupportedParamError
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result, Usage
 
@@ -147,6 +147,13 @@ class Server:
         the server's media policy, held to its caps (serve/media.py)."""
         await self.images.take(request.messages, param, request.id)
 
+    def with_images(
+        self, request: Request, run: Coroutine[Any, Any, Response], param: str = "messages"
+    ) -> Any:
+        """`run`, once the request's images are in hand; in the request's place in the queue,
+        so a fetch counts under serve.queue_limit and stops when the client goes away."""
+        return AfterImages(self.images, request, run, param)
+
     # --- the routes ----------------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> GenerationResponse:
@@ -159,13 +166,12 @@ class Server:
             raise ApiError(400, str(exc), param="messages") from exc
         self.check_model(bodies.require_model(body))
         engine_request, entry = self.engine_request(request, new_id("chatcmpl"), messages, sampling)
-        await self.take_images(engine_request)
         if body.stream:
             chunks = ChatChunks(entry.id, int(time.time()), self.model_name, body.include_usage)
             run = self._stream([engine_request], chunks, entry, [""])
         else:
             run = self._complete_chat(engine_request, entry)
-        return GenerationResponse(self.slots, run, entry)
+        return GenerationResponse(self.slots, self.with_images(engine_request, run), entry)
 
     async def completions(self, request: HttpRequest) -> GenerationResponse:
         pooling.require_task(self, bodies.COMPLETIONS_PATH, ("generate",))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections.abc import Coroutine, Generator
 from typing import Any
 
 from lmpress.configs.schema import ServeParams
@@ -40,7 +41,7 @@ from lmpress.vocabulary.images import (
     short_name,
     sniff_media_type,
 )
-from lmpress.vocabulary.types import ContentPart, Message
+from lmpress.vocabulary.types import ContentPart, Message, Request
 
 log = logging.getLogger("lmpress.serve")
 
@@ -132,6 +133,30 @@ class ClientImages:
             )
         _check_pixels(raw, where, settings.max_image_pixels, fetched is not None)
         return f"data:{raw.media_type};base64,{base64.b64encode(raw.data).decode('ascii')}"
+
+
+class AfterImages:
+    """A generation's run that takes its request's images first: awaited as the run is, or
+    closed unstarted (a full queue), which closes the run with it."""
+
+    def __init__(
+        self, images: ClientImages, request: Request, run: Coroutine[Any, Any, Any], param: str
+    ):
+        self.images, self.request, self.run, self.param = images, request, run, param
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._run().__await__()
+
+    def close(self) -> None:
+        self.run.close()
+
+    async def _run(self) -> Any:
+        try:
+            await self.images.take(self.request.messages, self.param, self.request.id)
+        except BaseException:
+            self.run.close()
+            raise
+        return await self.run
 
 
 def _not_fetched(n: int, param: str, who: str, why: FetchFailed) -> ApiError:

@@ -47,6 +47,10 @@ class Server(pooling.Server, Protocol):
 
     async def take_images(self, request: Request, param: str = "messages") -> None: ...
 
+    def with_images(
+        self, request: Request, run: Coroutine[Any, Any, Response], param: str = "messages"
+    ) -> Any: ...
+
 
 def register(app: FastAPI, server: Server) -> None:
     """Add the two routes to `app`."""
@@ -74,13 +78,13 @@ class MessagesRoutes:
         try:
             body = await self._body(request, wire.MessagesBody)
             engine_request, entry = self._request(request, body, new_id("msg"))
-            await self.server.take_images(engine_request)
             if body.stream:
                 run = self._stream(engine_request, entry)
             else:
                 run = self._complete(engine_request, entry)
         except ApiError as exc:
             raise wire.anthropic_error(exc) from None
+        run = self.server.with_images(engine_request, run)
         return GenerationResponse(self.server.slots, _in_anthropic_shape(run), entry)
 
     async def count_tokens(self, request: HttpRequest) -> JSONResponse:

@@ -9,9 +9,9 @@ holds a place in the queue and cancels the generation when the client goes away.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
@@ -44,7 +44,9 @@ class Server(pooling.Server, Protocol):
         self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
     ) -> tuple[Request, RequestLog]: ...
 
-    async def take_images(self, request: Request, param: str = "messages") -> None: ...
+    def with_images(
+        self, request: Request, run: Coroutine[Any, Any, Response], param: str = "messages"
+    ) -> Any: ...
 
 
 async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
@@ -59,13 +61,12 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
         raise ApiError(400, "Missing required parameter: 'model'", param="model")
     server.check_model(body.model)
     engine_request, entry = server.engine_request(request, new_id("resp"), messages, sampling)
-    await server.take_images(engine_request, "input")
     head = ResponseHead(entry.id, server.model_name, body)
     if body.stream:
         run = _stream(server, engine_request, head, entry)
     else:
         run = _complete(server, engine_request, head, entry)
-    return GenerationResponse(server.slots, run, entry)
+    return GenerationResponse(server.slots, server.with_images(engine_request, run, "input"), entry)
 
 
 def _log_result(entry: RequestLog, result: Result) -> None:
