@@ -4,6 +4,7 @@ file, a file URL and a data: URL."""
 from __future__ import annotations
 
 import base64
+import functools
 import io
 from pathlib import Path
 
@@ -34,3 +35,23 @@ def picture_file(folder: Path, seed: int, name: str | None = None) -> Path:
 
 # Bytes that promise a PNG and are not one: the row naming them fails alone.
 CORRUPT_PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
+
+
+@functools.cache
+def png_bomb(width: int = 7000, height: int = 7000) -> bytes:
+    """A PNG of a blank width x height RGB image, compressed a row at a time: 143 KB at
+    7000x7000, which decodes to 147 MB (a decompression bomb)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    packer = zlib.compressobj(9)
+    row = b"\0" * (1 + 3 * width)  # filter byte, then the row's pixels
+    pixels = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    )

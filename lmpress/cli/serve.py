@@ -61,6 +61,24 @@ def serve(
     ] = None,
     cache_dir: CacheDirOpt = None,
     stop_grace: StopGraceOpt = STOP_GRACE_S,
+    allowed_media_domains: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-media-domains",
+            help="Fetch image URLs only from these hosts (exact names, comma-separated or "
+            "repeated). Default: any host at a public address.",
+            metavar="HOSTS",
+        ),
+    ] = None,
+    allow_private_media: Annotated[
+        bool,
+        typer.Option(
+            "--allow-private-media",
+            help="Also fetch images from loopback, private and link-local addresses "
+            "(a trusted network only).",
+            metavar=FLAG,
+        ),
+    ] = False,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API; concurrent requests are batched.
 
@@ -83,7 +101,11 @@ def serve(
         ("serve.state_dir", state_dir),
         ("serve.cache", cache),
         ("serve.cache_dir", cache_dir),
+        ("serve.allow_private_media", allow_private_media or None),
     ]
+    if allowed_media_domains:
+        hosts = [h.strip() for value in allowed_media_domains for h in value.split(",")]
+        flags.append(("serve.allowed_media_domains", [h for h in hosts if h]))
     overrides += [(key, value) for key, value in flags if value is not None]
     config = load_config(recipe, overrides, engine=engine)
     key = api_key or os.environ.get("LMPRESS_API_KEY") or None

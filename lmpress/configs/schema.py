@@ -3,6 +3,7 @@ inference YAML loads unchanged."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -136,6 +137,18 @@ class ServeParams:
     # for fresh replies; on, all or refresh as `lmpress batch --cache` takes them.
     cache: str = "off"
     cache_dir: str | None = None  # None: $LMPRESS_RESPONSE_CACHE or lmpress's cache directory
+    # Images a client names (serve/media.py): the server fetches an http(s) URL itself, only
+    # from these hosts (exact names; empty: any public address), never from a loopback,
+    # private, link-local or otherwise non-public address unless allow_private_media is set
+    # (a trusted network) or the host is named here.
+    allowed_media_domains: list[str] = field(default_factory=list)
+    allow_private_media: bool = False
+    media_fetch_timeout_s: float = 10.0  # connecting, every redirect and the whole body
+    max_media_fetches: int = 16  # fetches in flight at once, all requests together
+    max_image_bytes: int = 20 * 2**20  # OpenAI's limit per image too
+    # Checked from the image's header, before it is decoded: 4096 x 4096, a 16 MP photo.
+    max_image_pixels: int = 4096 * 4096
+    max_images_per_request: int = 8
 
 
 @dataclass
@@ -196,6 +209,19 @@ def speculative_method(model: ModelParams) -> str:
             "sharing the model's tokenizer"
         )
     return method
+
+
+def _bare_host(host: str) -> bool:
+    """A host name or an IP address (an IPv6 one may be in brackets), nothing more."""
+    host = host.strip().strip("[]")
+    if not host or set("/@ ") & set(host):
+        return False
+    if ":" in host:  # an IPv6 address, or a port
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return False
+    return True
 
 
 def _finite(v: float) -> bool:
@@ -289,6 +315,15 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "serve.max_new_tokens_per_request": (lambda v: v >= 1, "must be at least 1"),
     "serve.max_prompts_per_request": (lambda v: v >= 1, "must be at least 1"),
     "serve.max_prompt_bytes": (lambda v: v >= 1, "must be at least 1"),
+    "serve.allowed_media_domains": (
+        lambda v: all(_bare_host(h) for h in v),
+        "must be host names (cdn.example.com), without a scheme, port or path",
+    ),
+    "serve.media_fetch_timeout_s": (lambda v: v > 0, "must be greater than 0"),
+    "serve.max_media_fetches": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_image_bytes": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_image_pixels": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_images_per_request": (lambda v: v >= 0, "must be 0 or more (0: no images)"),
     "serve.cache": (
         lambda v: v in ("on", "all", "refresh", "off"),
         "must be on, all, refresh or off",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
 from functools import partial
 from typing import Any
@@ -48,8 +48,8 @@ from lmpress.serve.asgi import (
     request_log,
 )
 from lmpress.serve.batches import add_batch_routes
+from lmpress.serve.media import AfterImages, ClientImages
 from lmpress.vocabulary.errors import ErrorKind, InputError, UnsupportedParamError
-from lmpress.vocabulary.images import is_local_file, message_image_urls, short_name
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result, Usage
 
 log = logging.getLogger("lmpress.serve")
@@ -71,6 +71,7 @@ class Server:
             say = logging.getLogger("lmpress.serve").warning
             cache = ResponseCache.open(engine.config, settings.cache, settings.cache_dir, say)
         self.answers = CachedAnswers(engine, cache)
+        self.images = ClientImages(settings)
 
     # --- checks shared by the generation routes ----------------------------------------------
 
@@ -144,18 +145,17 @@ class Server:
         except InputError as exc:
             raise ApiError(400, str(exc), param="tool_choice") from None
 
-    def refuse_local_images(self, messages: list[Message], param: str = "messages") -> None:
-        """A client names images by http(s) or data: URL: the server reads no file of its own
-        machine that a request names."""
-        for message in messages:
-            for url in message_image_urls(message):
-                if is_local_file(url):
-                    raise ApiError(
-                        400,
-                        f"image URL {short_name(url)!r}: the server reads no local files for a "
-                        f"client; send the image as a data: URL (base64) or an http(s) URL",
-                        param=param,
-                    )
+    async def take_images(self, request: Request, param: str = "messages") -> None:
+        """The request's images checked and in hand before the engine sees it: fetched under
+        the server's media policy, held to its caps (serve/media.py)."""
+        await self.images.take(request.messages, param, request.id)
+
+    def with_images(
+        self, request: Request, run: Coroutine[Any, Any, Response], param: str = "messages"
+    ) -> Any:
+        """`run`, once the request's images are in hand; in the request's place in the queue,
+        so a fetch counts under serve.queue_limit and stops when the client goes away."""
+        return AfterImages(self.images, request, run, param)
 
     # --- the routes ----------------------------------------------------------------------
 
@@ -167,7 +167,6 @@ class Server:
             messages = regenerate_last_turn(parse_messages(body.messages))
         except RowError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
-        self.refuse_local_images(messages)
         self.check_model(bodies.require_model(body))
         engine_request, entry = self.engine_request(request, new_id("chatcmpl"), messages, sampling)
         if body.stream:
@@ -175,6 +174,7 @@ class Server:
             run = self._stream([engine_request], chunks, entry, [""])
         else:
             run = self._complete_chat(engine_request, entry)
+        run = self.with_images(engine_request, run)
         return GenerationResponse(self.slots, run, entry, engine_request.params.n)
 
     async def completions(self, request: HttpRequest) -> GenerationResponse:
@@ -384,7 +384,7 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
     ):
         app.add_api_route(path, partial(route, server), methods=["POST"])
     messages.register(app, server)  # Anthropic's /v1/messages and its count_tokens
-    app.state.batch_runs = add_batch_routes(app, engine, settings.state_dir)
+    app.state.batch_runs = add_batch_routes(app, engine, settings.state_dir, server.images)
     if app.state.batch_runs is not None:  # each batch line and its tokens, in /metrics
         app.state.batch_runs.line_listeners.append(server.metrics.count_batch_line)
 

@@ -37,15 +37,16 @@ from lmpress.cache.responses import cache_mode
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.resume import JobFiles
 from lmpress.data.row_shapes import OutputShape, ParsedRow
-from lmpress.engines.base import Engine
+from lmpress.engines.base import Engine, error_result
 from lmpress.openai_wire import requests as bodies
 from lmpress.openai_wire.errors import ApiError
 from lmpress.openai_wire.pooling import EMBEDDINGS_PATH
 from lmpress.serve.files import FileRoutes, read_limited
+from lmpress.serve.media import ClientImages, local_file_refused
 from lmpress.serve.state import StateStore, new_object_id
-from lmpress.vocabulary.errors import LmpressError
-from lmpress.vocabulary.images import is_local_file, message_image_urls, short_name
-from lmpress.vocabulary.types import Usage
+from lmpress.vocabulary.errors import ErrorKind, LmpressError
+from lmpress.vocabulary.images import is_local_file, message_image_urls
+from lmpress.vocabulary.types import ErrorInfo, Request, Usage
 
 log = logging.getLogger("lmpress.serve")
 
@@ -75,17 +76,25 @@ class CreateBatchBody(BaseModel):
 
 
 class ServedBatchJob(BatchJob):
-    """The batch runner as a server runs it: the server owns the signals, and the batch keeps
-    only a few lines at the engine at once."""
+    """The batch runner as a server runs it: the server owns the signals, the batch keeps only
+    a few lines at the engine at once, and a line's images are taken as the interactive routes
+    take them (the server's media policy and caps)."""
 
     owns_signals = False
 
     def __init__(
-        self, config: Any, options: BatchOptions, engine: Engine, events: BatchEvents, endpoint: str
+        self,
+        config: Any,
+        options: BatchOptions,
+        engine: Engine,
+        events: BatchEvents,
+        endpoint: str,
+        images: ClientImages | None = None,
     ):
         super().__init__(config, options, engine, events)
         self.lines_in_flight = lines_in_flight(engine)
         self.endpoint = endpoint
+        self.images = images
 
     def window(self) -> int:
         return self.lines_in_flight
@@ -96,11 +105,19 @@ class ServedBatchJob(BatchJob):
         for message in row.messages:  # as the interactive routes: no file of this machine
             for url in message_image_urls(message):
                 if is_local_file(url):
-                    return (
-                        f"image URL {short_name(url)!r}: the server reads no local files for a "
-                        f"client; send the image as a data: URL (base64) or an http(s) URL"
-                    )
+                    return local_file_refused(url)
         return None
+
+    async def _run_row(self, seq: int, row: ParsedRow, request: Any, key: bytes | None):
+        if self.images is not None and isinstance(request, Request):
+            started = time.perf_counter()
+            try:
+                await self.images.take(request.messages, "messages", f"{row.id} (line {row.line})")
+            except ApiError as exc:
+                assert self.engine is not None
+                info = ErrorInfo(ErrorKind.INVALID_REQUEST, exc.message, 400)
+                return seq, row, error_result(request, self.engine, info, started)
+        return await super()._run_row(seq, row, request, key)
 
     def cancel(self) -> None:
         """No new lines; those at the engine finish and are written."""
@@ -116,9 +133,10 @@ def lines_in_flight(engine: Engine) -> int:
 class BatchRuns:
     """The batches of one server: the routes, and a task running each unfinished batch."""
 
-    def __init__(self, engine: Engine, store: StateStore):
+    def __init__(self, engine: Engine, store: StateStore, images: ClientImages | None = None):
         self.engine = engine
         self.store = store
+        self.images = images
         self.live: dict[str, Batch] = {}  # running batches, newer than their records
         self.jobs: dict[str, ServedBatchJob] = {}
         self.tasks: dict[str, asyncio.Task] = {}
@@ -270,7 +288,7 @@ class BatchRuns:
         async with self.turn:  # one batch at a time, so the lines at the engine stay few
             done, failed = _lines(out), _lines(JobFiles.beside(out).errors)
             events = _Progress(self, batch.id, done, failed)
-            job = ServedBatchJob(config, options, self.engine, events, batch.endpoint)
+            job = ServedBatchJob(config, options, self.engine, events, batch.endpoint, self.images)
             self.jobs[batch.id] = job
             if self.live[batch.id].status == "cancelling":  # cancelled while it waited
                 job.cancel()
@@ -397,9 +415,12 @@ def _lines(path: Path) -> int:
         return 0
 
 
-def add_batch_routes(app: FastAPI, engine: Engine, state_dir: str | None) -> BatchRuns | None:
+def add_batch_routes(
+    app: FastAPI, engine: Engine, state_dir: str | None, images: ClientImages | None = None
+) -> BatchRuns | None:
     """/v1/files and /v1/batches on `app`, kept under `state_dir`; without one, each answers
-    how to turn them on. The runs returned are resumed and stopped by `serve.server`."""
+    how to turn them on. The runs returned are resumed and stopped by `serve.server`; their
+    lines' images are taken by `images`, the server's."""
     if state_dir is None:
 
         async def off() -> None:
@@ -419,7 +440,7 @@ def add_batch_routes(app: FastAPI, engine: Engine, state_dir: str | None) -> Bat
             app.add_api_route(path, off, methods=["GET", "POST", "DELETE"])
         return None
     store = StateStore(state_dir)
-    files, runs = FileRoutes(store), BatchRuns(engine, store)
+    files, runs = FileRoutes(store), BatchRuns(engine, store, images)
     for path, route, method in (
         ("/v1/files", files.upload, "POST"),
         ("/v1/files", files.list, "GET"),

@@ -45,6 +45,12 @@ class Server(pooling.Server, Protocol):
         self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
     ) -> tuple[Request, RequestLog]: ...
 
+    async def take_images(self, request: Request, param: str = "messages") -> None: ...
+
+    def with_images(
+        self, request: Request, run: Coroutine[Any, Any, Response], param: str = "messages"
+    ) -> Any: ...
+
 
 def register(app: FastAPI, server: Server) -> None:
     """Add the two routes to `app`."""
@@ -78,6 +84,7 @@ class MessagesRoutes:
                 run = self._complete(engine_request, entry)
         except ApiError as exc:
             raise wire.anthropic_error(exc) from None
+        run = self.server.with_images(engine_request, run)
         return GenerationResponse(self.server.slots, _in_anthropic_shape(run), entry)
 
     async def count_tokens(self, request: HttpRequest) -> JSONResponse:
@@ -86,6 +93,7 @@ class MessagesRoutes:
         try:
             body = await self._body(request, wire.CountTokensBody)
             engine_request, _ = self._request(request, body, new_id("count"))
+            await self.server.take_images(engine_request)
             counter = await self._prompt_counter()
             try:
                 tokens = await asyncio.to_thread(counter.count, engine_request)

@@ -9,9 +9,9 @@ holds a place in the queue and cancels the generation when the client goes away.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
@@ -44,7 +44,9 @@ class Server(pooling.Server, Protocol):
         self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
     ) -> tuple[Request, RequestLog]: ...
 
-    def refuse_local_images(self, messages: list[Message], param: str = "messages") -> None: ...
+    def with_images(
+        self, request: Request, run: Coroutine[Any, Any, Response], param: str = "messages"
+    ) -> Any: ...
 
 
 async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
@@ -55,7 +57,6 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
         messages = regenerate_last_turn(input_messages(body))
     except RowError as exc:
         raise ApiError(400, str(exc), param="input") from exc
-    server.refuse_local_images(messages, "input")
     if body.model is None:
         raise ApiError(400, "Missing required parameter: 'model'", param="model")
     server.check_model(body.model)
@@ -65,7 +66,7 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
         run = _stream(server, engine_request, head, entry)
     else:
         run = _complete(server, engine_request, head, entry)
-    return GenerationResponse(server.slots, run, entry)
+    return GenerationResponse(server.slots, server.with_images(engine_request, run, "input"), entry)
 
 
 def _log_result(entry: RequestLog, result: Result) -> None:

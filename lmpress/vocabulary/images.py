@@ -10,6 +10,11 @@ fails alone, with one line naming the image and what is wrong.
 
 Remote engines send http(s) and data: URLs on as they are (the provider fetches and checks
 them) and read local files here to send them inline (engines/remote/inline_images.py).
+
+This is lmpress reading images for its user (a batch over their own file, their chat): any URL,
+any local path. `lmpress serve` reads images for clients it does not trust, so it fetches and
+checks them itself before a request reaches the engine (serve/media.py), and the engine finds
+only data: URLs; `open_image`, which reads a header and holds it to a pixel limit, is shared.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ class ImageError(RequestError):
 
     def __init__(self, message: str):
         super().__init__(message, ErrorKind.INVALID_REQUEST)
+
+
+class TooManyPixels(ImageError):
+    """An image whose header promises more pixels than the limit: it is never decoded."""
 
 
 @dataclass(frozen=True)
@@ -88,29 +97,49 @@ def read_image(url: str, number: int = 1, where: str | None = None) -> ImageByte
 def load_image(url: str, number: int = 1) -> Any:
     """The image `url` names, read and checked by `read_image`, decoded to an RGB Pillow
     image."""
-    import io
-
-    from PIL import Image, UnidentifiedImageError
-
     raw = read_image(url, number)
     where = f"image {number} ({short_name(url)})"
+    image = open_image(raw, where)
     try:
-        image = Image.open(io.BytesIO(raw.data))
-        if image.width * image.height > MAX_IMAGE_PIXELS:
-            raise ImageError(
-                f"{where}: is {image.width}x{image.height} pixels, over the "
-                f"{MAX_IMAGE_PIXELS:,} an image may have; shrink it"
-            )
         image.load()
         return image.convert("RGB")
-    except ImageError:
-        raise
     except Exception as exc:  # Pillow's errors for truncated or corrupt data vary by format
-        kind = raw.media_type.split("/")[1].upper()
-        why = "" if isinstance(exc, UnidentifiedImageError) else f" ({first_line(exc)})"
-        raise ImageError(
-            f"{where}: cannot be decoded as {kind}{why}; is the file damaged?"
-        ) from None
+        raise _undecodable(raw, where, exc) from None
+
+
+def open_image(
+    raw: ImageBytes, where: str, max_pixels: int | None = None, setting: str | None = None
+) -> Any:
+    """The image opened with Pillow, which reads only its header, and its size checked
+    against `max_pixels` before anything is decoded: a file of a few kilobytes can hold a
+    blank image of gigabytes (a decompression bomb). `setting` names the limit in the error
+    (default: MAX_IMAGE_PIXELS, what lmpress takes from a file of the user's own)."""
+    import io
+
+    from PIL import Image
+
+    max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    try:
+        image = Image.open(io.BytesIO(raw.data))
+    except Image.DecompressionBombError:  # past twice Pillow's own limit: no size is shown
+        image = None
+    except Exception as exc:
+        raise _undecodable(raw, where, exc) from None
+    if image is None or image.width * image.height > max_pixels:
+        size = "" if image is None else f"{image.width}x{image.height} pixels, "
+        named = f" ({setting})" if setting else ""
+        raise TooManyPixels(
+            f"{where}: is {size}over the {max_pixels:,} pixels an image may have{named}; shrink it"
+        )
+    return image
+
+
+def _undecodable(raw: ImageBytes, where: str, exc: Exception) -> ImageError:
+    from PIL import UnidentifiedImageError
+
+    kind = raw.media_type.split("/")[1].upper()
+    why = "" if isinstance(exc, UnidentifiedImageError) else f" ({first_line(exc)})"
+    return ImageError(f"{where}: cannot be decoded as {kind}{why}; is the file damaged?")
 
 
 def load_images(request: Request) -> list[Any]:

@@ -13,7 +13,16 @@ import pytest
 from lmpress.data.row_shapes import parse_row
 from lmpress.vocabulary import images
 from lmpress.vocabulary.errors import InputError
-from lmpress.vocabulary.images import ImageError, image_part, image_urls, load_image, read_image
+from lmpress.vocabulary.images import (
+    ImageBytes,
+    ImageError,
+    TooManyPixels,
+    image_part,
+    image_urls,
+    load_image,
+    open_image,
+    read_image,
+)
 from lmpress.vocabulary.types import Request
 
 PIL = pytest.importorskip("PIL.Image")
@@ -107,6 +116,37 @@ def test_too_large_in_bytes_or_pixels(png, monkeypatch):
     monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 100)
     with pytest.raises(ImageError, match="is 12x9 pixels, over the 100"):
         load_image(str(png))
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that is only its header: what Pillow reads to open an image."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", b"") + chunk(b"IEND", b"")
+
+
+def test_a_bomb_is_refused_from_its_header_naming_the_setting():
+    """A 143 KB PNG that decodes to 147 MB: refused before a pixel is decoded."""
+    from tests.image_files import png_bomb
+
+    raw = ImageBytes(png_bomb(7000, 7000), "image/png")
+    limit = r"is 7000x7000 pixels, over the 16,777,216 pixels an image may have \(serve.max_image_pixels\)"
+    with pytest.raises(TooManyPixels, match=limit):
+        open_image(raw, "image 1", 4096 * 4096, "serve.max_image_pixels")
+
+
+def test_an_image_past_pillows_own_bomb_limit_is_over_any_limit():
+    """Pillow refuses to open an image of more than twice its MAX_IMAGE_PIXELS (a
+    DecompressionBombError): that is an image over the limit too, not a damaged file."""
+    raw = ImageBytes(png_header(20_000, 20_000), "image/png")
+    with pytest.raises(TooManyPixels, match="^image 1: is over the 1,000,000,000 pixels"):
+        open_image(raw, "image 1", 10**9, "serve.max_image_pixels")
 
 
 def test_oumi_items_and_openai_parts_name_the_same_image(png, tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -201,6 +202,10 @@ class WorkerEngine(Engine):
         self._queue = WorkQueue()
         self._stopping = False
         self._live: set[Submission] = set()  # queued, and the caller still listening
+        # Where a prompt with images or a long prompt is prepared: decoding and resizing its
+        # images, or tokenizing it, takes long enough to hold up every other request (and a
+        # server's /health) on the event loop. One thread: such prompts queue for it in turn.
+        self._prepare_thread = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-prepare")
 
     def _start_worker(self, scheduler: Scheduler, thread_name: str) -> None:
         """Run `scheduler` on a worker thread of its own, from now until the engine closes."""
@@ -282,10 +287,7 @@ class WorkerEngine(Engine):
             raise RuntimeError(f"the {self.name} engine is closed")
         try:
             check_text(request)
-            if prompt_chars(request) > PREPARE_OFF_LOOP_CHARS:
-                submission = await asyncio.to_thread(self._prepare, request, started)
-            else:
-                submission = self._prepare(request, started)
+            submission = await self._prepared(request, started)
         except RequestError as exc:
             yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
             return
@@ -309,6 +311,14 @@ class WorkerEngine(Engine):
                     return
         finally:
             self._withdraw(submission)
+
+    async def _prepared(self, request: Request, started: float) -> Submission:
+        """`_prepare`, on the prepare thread for a prompt with images or a long one."""
+        with_images = any(message.has_images() for message in request.messages)
+        if not with_images and prompt_chars(request) <= PREPARE_OFF_LOOP_CHARS:
+            return self._prepare(request, started)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._prepare_thread, self._prepare, request, started)
 
     async def _answer(self, submission: Any) -> Any:
         """Queue a submission answered whole (an embedding, a score: no deltas) and return its
