@@ -10,15 +10,20 @@ import sys
 from typing import TextIO
 
 from lmpress.cache.responses import ResponseCache
-from lmpress.chat.terminal import ThinkingView
+from lmpress.chat.terminal import ThinkingView, why_cut
 from lmpress.configs.schema import RunConfig
-from lmpress.data import pooling_rows
-from lmpress.data.pooling_rows import PoolingInput
 from lmpress.engines.base import check_params
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.embeddings import EmbedResult, Task
 from lmpress.vocabulary.images import image_part
-from lmpress.vocabulary.types import ContentPart, Delta, Message, Request, Result
+from lmpress.vocabulary.types import (
+    ContentPart,
+    Delta,
+    GenerationParams,
+    Message,
+    Request,
+    Result,
+)
 
 
 async def run_prompt(
@@ -57,14 +62,14 @@ async def run_prompt(
             say("from the response cache (--cache refresh generates it again)")
             thinking.show(hit.reasoning)
             out.write(hit.text)
-            return _finish(hit, out, thinking)
+            return _finish(hit, out, thinking, request.params, err)
         result = await _stream(config, request, out, thinking)
         if responses is not None and key is not None:
             responses.keep(key, result)
     finally:
         if responses is not None:
             responses.close()
-    return _finish(result, out, thinking)
+    return _finish(result, out, thinking, request.params, err)
 
 
 async def _stream(config: RunConfig, request: Request, out: TextIO, thinking: ThinkingView):
@@ -88,9 +93,12 @@ async def _stream(config: RunConfig, request: Request, out: TextIO, thinking: Th
     return result
 
 
-def _finish(result: Result, out: TextIO, thinking: ThinkingView) -> int:
+def _finish(
+    result: Result, out: TextIO, thinking: ThinkingView, params: GenerationParams, err: TextIO
+) -> int:
     """The rest of a reply whose first sample's answer is printed: its thinking where the
-    engine gave it only with the result, the other samples; the exit code."""
+    engine gave it only with the result, the other samples, a note on stderr when a limit cut
+    it; the exit code."""
     if result.error:
         out.write("\n")
         print(f"lmpress: error: {result.error.message}", file=sys.stderr)
@@ -105,6 +113,10 @@ def _finish(result: Result, out: TextIO, thinking: ThinkingView) -> int:
         thinking.show(sample.reasoning)
         out.write(f"{sample.text}\n")
     out.flush()
+    cut = why_cut(result, params)
+    if cut:
+        hint = "" if cut.by_context else "; raise it with --generation.max_new_tokens N"
+        print(f"lmpress: note: the reply was {cut.text}{hint}", file=err)
     return 0
 
 
@@ -121,6 +133,10 @@ async def run_pooled(
     """Embed `text`, or score `documents` against it, as the config's task says; print the
     vector's size and first values (the scores, best first for rerank), or the row an embed
     or score run would write with `as_json`. Returns the exit code."""
+    # Deferred: the pooling rows speak OpenAI's wire types, whose import is most of a second.
+    from lmpress.data import pooling_rows
+    from lmpress.data.pooling_rows import PoolingInput
+
     out = out or sys.stdout
     task: Task = config.task  # type: ignore[assignment]  # checked by configs.loading
     if task == "embed":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import dataclasses
+import difflib
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -265,9 +266,17 @@ def _dotted(key: str) -> str:
     """A setting's dotted config key: as given when dotted, else the section that has it."""
     if "." in key or key in {f.name for f in dataclasses.fields(RunConfig)}:
         return key
-    for section, cls in _SECTIONS.items():
-        if key in {f.name for f in dataclasses.fields(cls)}:
-            return f"{section}.{key}"
+    known = {
+        f.name: f"{section}.{f.name}"
+        for section, cls in _SECTIONS.items()
+        for f in dataclasses.fields(cls)
+    }
+    if key in known:
+        return known[key]
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    if close:
+        hint = f" (did you mean {close[0]}=..., {known[close[0]]}?)"
+        raise ConfigError(f"LLM(): unknown setting '{key}'{hint}")
     raise ConfigError(f"LLM(): unknown setting '{key}'; give a dotted key such as 'model.{key}'")
 
 

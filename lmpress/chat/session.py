@@ -23,6 +23,7 @@ from lmpress.chat.terminal import (
     ThinkingView,
     keys_not_echoed,
     reply_renderer,
+    why_cut,
 )
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
@@ -269,6 +270,7 @@ def status_line(turn: Turn, params: GenerationParams) -> str:
         parts.append(f"prompt {usage.prompt_tokens} tokens")
     if usage.reasoning_tokens:
         parts.append(f"thinking {usage.reasoning_tokens} of the {tokens}")
-    if turn.result.finish_reason == "length":
-        parts.append(f"cut at generation.max_new_tokens={params.max_new_tokens}")
+    cut = why_cut(turn.result, params)
+    if cut:
+        parts.append(cut.text + ("; /reset starts a new conversation" if cut.by_context else ""))
     return "[" + " · ".join(parts) + "]"

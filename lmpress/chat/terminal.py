@@ -8,9 +8,10 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from lmpress.vocabulary.errors import Terminated
+from lmpress.vocabulary.types import GenerationParams, Result
 
 PROMPT = "> "
 CONTINUE = "... "
@@ -183,6 +184,29 @@ class Style:
 
     def error(self, text: str) -> None:
         self._write(f"error: {text}", "31")
+
+
+class Cut(NamedTuple):
+    """Why a reply ended before the model ended it: the words, and whether the context (not
+    generation.max_new_tokens) was the limit."""
+
+    text: str
+    by_context: bool
+
+
+def why_cut(result: Result, params: GenerationParams) -> Cut | None:
+    """Why a reply was cut, or None when the model ended it. A finish reason of "length" with
+    fewer tokens than generation.max_new_tokens means the context ran out (the local engines
+    cap a reply at what the context has left; providers say "length" for both)."""
+    cut = [s for s in result.samples if s.finish_reason == "length"]
+    if not cut:
+        return None
+    made = cut[0].completion_tokens
+    if not made or made >= params.max_new_tokens:
+        return Cut(f"cut at generation.max_new_tokens={params.max_new_tokens}", False)
+    prompt = result.usage.prompt_tokens
+    held = f"prompt {prompt} + reply {made} tokens" if prompt else f"after {made} tokens"
+    return Cut(f"cut at the end of the model's context ({held}), not by max_new_tokens", True)
 
 
 # Control characters a model may emit (a bell, an escape sequence) are shown, not obeyed.

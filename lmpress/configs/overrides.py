@@ -10,6 +10,7 @@ recipe's own checks, and applied with `GenerationParams.replace`.
 
 from __future__ import annotations
 
+import difflib
 import re
 import types
 import typing
@@ -41,7 +42,9 @@ def generation_with_overrides(
     changes = {}
     for name, value in overrides.items():
         if name not in converters:
-            raise ConfigError(f"{source}: Key '{name}' not in 'GenerationParams'")
+            close = difflib.get_close_matches(name, list(converters), n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{source}: Key '{name}' not in 'GenerationParams'{hint}")
         try:
             changes[name] = converters[name](name, value)
         except BadValue as exc:

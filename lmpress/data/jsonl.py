@@ -132,7 +132,9 @@ def _reason(exc: jsonlines.InvalidLineError) -> str:
     if isinstance(cause, UnicodeDecodeError):
         return f"not valid UTF-8 (byte {cause.start + 1})"
     if isinstance(cause, json.JSONDecodeError):
-        return f"not valid JSON ({cause.msg} at column {cause.colno})"
+        # Some of json's messages end in "at" ("Unterminated string starting at").
+        at = "" if cause.msg.endswith(" at") else " at"
+        return f"not valid JSON ({cause.msg}{at} column {cause.colno})"
     return f"not valid JSON ({cause})"  # an integer past Python's digit limit
 
 

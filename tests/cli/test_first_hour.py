@@ -236,3 +236,95 @@ def test_the_tiny_gguf_builder_has_help():
     out = subprocess.run([sys.executable, "-m", "lmpress.builtin_models.tiny_gguf", "--help"],
                          capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0 and "usage: python -m lmpress.builtin_models.tiny_gguf" in out.stdout
+
+
+# --- issue 48: model names that fail fast and say what was meant; replies that say why they end
+
+
+OFFLINE = [
+    {"HF_HUB_OFFLINE": "1"},  # switched off
+    {"HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"},  # unreachable
+]
+
+
+@pytest.mark.parametrize("env", OFFLINE, ids=["HF_HUB_OFFLINE", "unreachable"])
+@pytest.mark.parametrize(
+    "engine, name",
+    [
+        ("NATIVE", "smollm2"),  # the recipe's name given as a model
+        ("NATIVE", "smollm2:135m-instruc"),
+        ("NATIVE", "HuggingFaceTB/SmolLM2-135M-Instruct"),  # not in this (empty) hub cache
+        ("LLAMACPP", "smollm2"),
+        ("LLAMACPP", "smollm2:135m-instruc"),
+    ],
+)
+def test_a_name_near_a_bundled_one_fails_at_once_and_says_which(tmp_path, env, engine, name):
+    """Offline, NATIVE once retried such a name for about 50 s ("Retrying in 8s") before its
+    own error; the timeout here is well under that, and far over what the check takes."""
+    run = run_lmpress(
+        "infer", "--engine", engine, "--model.model_name", name, "hi",
+        env={"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "", **env}, timeout=40,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert f"'{name}'" in line
+    assert "did you mean the bundled 'smollm2:135m-instruct'?" in line
+
+
+def test_a_hub_id_far_from_any_bundled_name_gets_no_suggestion(tmp_path):
+    run = run_lmpress(
+        "infer", "--engine", "NATIVE", "--model.model_name", "gpt2", "hi",
+        env={"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}, timeout=40,
+    )  # fmt: skip
+    assert run.returncode == 2
+    [line] = run.stderr.strip().splitlines()
+    assert "'gpt2' is not on this machine" in line and "did you mean" not in line
+
+
+def test_infer_says_the_reply_was_cut_by_max_new_tokens():
+    run = run_lmpress("infer", "-c", "smollm2", "--generation.max_new_tokens", "5",
+                      "Why is the sky blue?")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()  # the five tokens, on stdout alone
+    assert (
+        "note: the reply was cut at generation.max_new_tokens=5; "
+        "raise it with --generation.max_new_tokens N"
+    ) in run.stderr
+
+
+# tiny:llama on NATIVE with a 40-token context: the reply runs into the context's end long
+# before max_new_tokens (min_tokens keeps the random model from ending it first).
+SHORT_CONTEXT = ["--engine", "NATIVE", "--model.model_name", "tiny:llama",
+                 "--model.model_max_length", "40", "--generation.max_new_tokens", "200",
+                 "--generation.min_tokens", "200"]  # fmt: skip
+
+
+def test_infer_names_the_context_when_it_cut_the_reply():
+    run = run_lmpress("infer", *SHORT_CONTEXT, "hello there")
+    assert run.returncode == 0, run.stderr
+    assert "note: the reply was cut at the end of the model's context (prompt " in run.stderr
+    assert "max_new_tokens=" not in run.stderr
+
+
+def test_chat_names_the_context_not_max_new_tokens_when_the_context_cut_the_reply():
+    run = run_lmpress("chat", *SHORT_CONTEXT, input="hello there\n")
+    assert run.returncode == 0, run.stderr
+    assert "cut at the end of the model's context (prompt " in run.stderr
+    assert "cut at generation.max_new_tokens" not in run.stderr
+
+
+def test_a_misspelt_setting_of_llm_suggests_the_setting():
+    from lmpress import LLM
+    from lmpress.vocabulary.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        LLM("smollm2", max_new_tokenz=5)
+    assert "did you mean max_new_tokens=..., generation.max_new_tokens?" in str(caught.value)
+    assert "model.max_new_tokenz" not in str(caught.value)
+
+
+def test_a_json_error_names_its_column_once(echo, tmp_path):
+    (tmp_path / "in.jsonl").write_text(ROWS + '{"id": "bad", "prompt": "unterminated\n')
+    run = echo("batch", "--engine", "ECHO", "-i", "in.jsonl", "-o", "out.jsonl")
+    assert "in.jsonl:6: not valid JSON (Invalid control character at column 38)" in run.stderr
+    assert "at at" not in run.stderr

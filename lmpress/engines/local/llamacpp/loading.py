@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from lmpress.builtin_models.names import did_you_mean
 from lmpress.builtin_models.packaged import resolve_packaged_name
 from lmpress.builtin_models.tiny_gguf import resolve_gguf_name
 from lmpress.configs.schema import ModelParams, RunConfig
@@ -53,8 +54,8 @@ def gguf_path(name: str, key: str = "model.model_name") -> str:
         raise ModelLoadError(f"{key}: '{name}' is a directory; give the path of a .gguf file{hint}")
     if not path.is_file():
         raise ModelLoadError(
-            f"{key}: '{name}' does not exist; the LLAMACPP engine loads a local "
-            f".gguf file (it downloads nothing)"
+            f"{key}: '{name}' does not exist{did_you_mean(name)}; the LLAMACPP engine loads "
+            f"a local .gguf file (it downloads nothing)"
         )
     with path.open("rb") as f:
         magic = f.read(4)

@@ -1,0 +1,259 @@
+"""Every shell and Python example in README.md, run as written (issue 48).
+
+Each fenced `sh`, `bash`, `console` or `python` block is one case, its commands run in README
+order in a folder of their own that holds `examples/` (the input files the README names), with
+`lmpress` on the PATH. A `console` block's `$ ` lines are the commands and its `> ` lines what
+is typed into them. `lmpress serve` starts in the background on a free 127.0.0.1 port (the
+README's 8000 is rewritten) and serves the blocks after it up to the next `lmpress serve`. A
+command that cannot run here (a provider's key, another machine, a placeholder path) is
+skipped by a rule below that names why; a rule no command matches fails, so the list cannot
+rot. Real weights (SmolLM2, MiniLM) answer where the README shows a reply.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from lmpress.builtin_models.tiny import cache_root
+from tests.conftest import REPO
+
+README = REPO / "README.md"
+FENCE = re.compile(r"^( *)```(\w*)\s*$")
+RUN_LANGS = {"sh", "bash", "console", "python"}
+README_PORT = "8000"
+
+# (a piece of the command, why it does not run in the tests). Each must match some command.
+SKIPPED = [
+    ("make demo", "the batch example below runs the same command"),
+    ("make test", "the test suite itself"),
+    ("make install-vllm", "builds vLLM's own venv (make test-vllm runs vLLM)"),
+    (".venv-vllm/", "needs vLLM's venv (make test-vllm)"),
+    ("vllm-qwen2.5-7b-tp2", "needs two GPUs"),
+    ("pip install", "installs packages"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "downloads from the hub; no network in tests"),
+    ("--ray", "starts Ray (tests/batch/cluster run --ray)"),
+    ("--engine OPENAI", "needs an OpenAI key"),
+    ("OPENAI_API_KEY", "needs an OpenAI key"),
+    ("--provider-batch", "needs a provider's batch API"),
+    ("MY_SERVER_KEY", "a remote server of the reader's own"),
+    ("--engine REMOTE", "a remote server of the reader's own"),
+    ("my-recipe", "a placeholder recipe"),
+    ("cat.png", "a placeholder image"),
+    ("model.gguf", "placeholder model files"),
+    ("qwen2.5-0.5b-instruct-q8_0.gguf", "a GGUF file of the reader's own"),
+    ("path/to/small-model", "a placeholder model"),
+    ("FILE_ID", "a placeholder id from an earlier answer"),
+    ("BATCH_ID", "a placeholder id from an earlier answer"),
+    ("$KEY", "a placeholder key"),
+    ('model="think"', "a fragment of a client call (the serve examples run whole clients)"),
+]
+
+
+@dataclass
+class Command:
+    text: str
+    stdin: str = ""
+
+
+@dataclass
+class Block:
+    line: int
+    lang: str
+    body: str
+    commands: list[Command] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"README.md:{self.line}"
+
+
+def readme_blocks() -> list[Block]:
+    blocks, current, indent = [], None, 0
+    for number, line in enumerate(README.read_text().splitlines(), start=1):
+        fence = FENCE.match(line)
+        if fence and current is None:
+            current, indent = Block(number, fence.group(2), ""), len(fence.group(1))
+        elif fence and current is not None:
+            if current.lang in RUN_LANGS:
+                blocks.append(current)
+            current = None
+        elif current is not None:
+            current.body += line[indent:] + "\n"
+    for block in blocks:
+        block.commands = _commands(block)
+    return blocks
+
+
+def _commands(block: Block) -> list[Command]:
+    if block.lang == "python":
+        return [Command(block.body)]
+    if block.lang == "console":
+        commands: list[Command] = []
+        for line in block.body.splitlines():
+            if line.startswith("$ "):
+                commands.append(Command(line[2:]))
+            elif line.startswith("> ") and commands:
+                commands[-1].stdin += line[2:] + "\n"
+        return commands
+    return [Command(text) for text in _shell_commands(block.body)]
+
+
+def _shell_commands(body: str) -> list[str]:
+    """Whole commands: a line ending in a backslash, or a quote left open, goes on."""
+    commands, pending = [], ""
+    for line in body.splitlines():
+        pending += line + "\n"
+        try:
+            words = shlex.split(pending, comments=True)
+        except ValueError:  # a quoted argument that spans lines
+            continue
+        if pending.rstrip().endswith("\\"):
+            continue
+        if words:
+            commands.append(pending.strip())
+        pending = ""
+    return commands
+
+
+def skip_reason(command: Command) -> str | None:
+    return next((why for piece, why in SKIPPED if piece in command.text), None)
+
+
+BLOCKS = readme_blocks()
+RUNNABLE = [b for b in BLOCKS if any(skip_reason(c) is None for c in b.commands)]
+
+
+def test_every_skip_rule_matches_an_example():
+    texts = [c.text for b in BLOCKS for c in b.commands]
+    unused = [piece for piece, _ in SKIPPED if not any(piece in t for t in texts)]
+    assert not unused, f"skip rules that match no README command: {unused}"
+    assert len(RUNNABLE) >= 15  # the extraction found the examples
+
+
+def _is_serve(command: Command) -> bool:
+    return re.search(r"(^|\s)lmpress serve\s", command.text) is not None
+
+
+def _serve_command(block: Block) -> Command | None:
+    """The `lmpress serve` that the block's clients talk to: the block's own, else the last
+    one before it in the README."""
+    before = [b for b in BLOCKS if b.line <= block.line]
+    for earlier in reversed(before):
+        serves = [c for c in earlier.commands if _is_serve(c)]
+        if serves:
+            return serves[-1]
+    return None
+
+
+class Server:
+    """One `lmpress serve` from the README at a time, on a free port, kept for the blocks
+    that follow it."""
+
+    def __init__(self) -> None:
+        self.command: Command | None = None
+        self.process: subprocess.Popen | None = None
+        self.port = ""
+
+    def ensure(self, command: Command, env: dict[str, str], cwd: Path) -> str:
+        if self.command is command and self.process and self.process.poll() is None:
+            return self.port
+        self.stop()
+        self.port = str(_free_port())
+        log = (cwd / "serve.log").open("w")
+        self.process = subprocess.Popen(
+            ["bash", "-c", _on_port(command.text, self.port)],
+            env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        self.command = command
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, (cwd / "serve.log").read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
+                    return self.port
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"{command.text} did not answer /health in 180 s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = Server()
+    yield running
+    running.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _on_port(text: str, port: str) -> str:
+    text = text.replace(f"127.0.0.1:{README_PORT}", f"127.0.0.1:{port}")
+    return re.sub(rf"--port {README_PORT}\b", f"--port {port}", text)
+
+
+def _env(home: Path) -> dict[str, str]:
+    """lmpress on the PATH, this checkout first; HOME a scratch folder (`~/lmpress-state`),
+    the model caches where they are."""
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(REPO),
+        "HOME": str(home),
+        "LMPRESS_CACHE": str(cache_root()),
+        "HF_HOME": os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface")),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.id)
+def test_readme_example_runs_as_written(block: Block, tmp_path, server):
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    env = _env(tmp_path)
+    serve = _serve_command(block)
+    for command in block.commands:
+        if skip_reason(command) is not None:
+            continue
+        if _is_serve(command):
+            server.ensure(command, env, tmp_path)
+            continue
+        port = README_PORT
+        if README_PORT in command.text and serve is not None:
+            port = server.ensure(serve, env, tmp_path)
+        text = _on_port(command.text, port)
+        argv = [sys.executable, "-c", text] if block.lang == "python" else ["bash", "-c", text]
+        run = subprocess.run(
+            argv, input=command.stdin, capture_output=True, text=True, env=env, cwd=tmp_path,
+            timeout=300,
+        )  # fmt: skip
+        shown = f"{block.id}: {command.text}\n--- stdout\n{run.stdout}\n--- stderr\n{run.stderr}"
+        assert run.returncode == 0, shown
+        assert "Traceback" not in run.stderr, shown
+        if re.search(r"lmpress (infer|chat)|^curl|print\(", text):  # a reply a person reads
+            assert run.stdout.strip(), shown
+        if text.startswith("curl"):  # curl -s exits 0 on an HTTP error too
+            assert not re.search(r'"error": ?\{', run.stdout), shown
