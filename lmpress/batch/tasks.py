@@ -4,8 +4,8 @@ An OpenAI Batch line says what it asks by its url (`/v1/chat/completions` and
 `/v1/completions` generate, `/v1/embeddings` embeds, `/v1/score` and `/score` score,
 `/v1/rerank`, `/rerank` and `/v2/rerank` rerank), as `vllm run-batch` reads it; any other row
 asks the run's task. A run whose task nobody chose (no `--task`, none in the recipe) takes the
-task its model is made for (`Engine.model_task`: an embedding model embeds, a cross-encoder
-scores, anything else generates) and runs every line the engine started for it answers
+task its model is made for (`registry.with_model_task`: an embedding model embeds, a
+cross-encoder scores, anything else generates) and runs every line the engine started for it answers
 (`Engine.answered_tasks`), so one file may mix them. A line it cannot answer fails alone, saying
 why. A run whose task was chosen runs only lines of that task (score and rerank being one) and
 refuses the others, line by line.
@@ -13,7 +13,6 @@ refuses the others, line by line.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from lmpress.configs.schema import RunConfig
@@ -29,16 +28,6 @@ _NEEDS = {
     "score": "a cross-encoder or an embedding model",
     "rerank": "a cross-encoder or an embedding model",
 }
-
-
-def with_model_task(config: RunConfig, engine_class: type[Engine]) -> RunConfig:
-    """`config` with the task its model is made for, where nobody chose one."""
-    if config.task_chosen():
-        return config
-    task = engine_class.model_task(config)
-    if task == config.task:
-        return config
-    return dataclasses.replace(config, task=task).mark_task_chosen(False)
 
 
 @dataclass(frozen=True)

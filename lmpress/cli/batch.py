@@ -183,12 +183,10 @@ def batch(
     from lmpress.batch import BatchMode, BatchOptions
     from lmpress.batch.options import ON_ERROR, ON_EXPIRED
     from lmpress.batch.run import RAY_WITH_PROVIDER, batch_mode
-    from lmpress.batch.tasks import with_model_task
     from lmpress.data.columns import RowMapping
-    from lmpress.engines.registry import load_engine_class
+    from lmpress.engines.registry import with_model_task
 
-    if not config.task_chosen():  # the task the model is made for: MiniLM embeds
-        config = with_model_task(config, load_engine_class(config.engine))
+    config = with_model_task(config)  # where no task was chosen: MiniLM embeds
     if on_error not in ON_ERROR:
         raise ConfigError(f"--on-error {on_error}: use {' or '.join(ON_ERROR)}")
     if text_column is not None and config.task != "embed":
