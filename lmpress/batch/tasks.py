@@ -35,15 +35,15 @@ class RunTasks:
     """The tasks a run's rows may ask, and why a row asking another does not run."""
 
     task: str  # the run's: what the model was loaded for, and what plain rows ask
-    answered: frozenset[str]
+    answered: frozenset[str]  # what the engine started for the run answers, as chosen
     chosen: bool  # by --task or the recipe: rows asking another task are refused
     model: str  # who answers, for the reason a row is refused
     engine: str
 
     @classmethod
     def of(cls, config: RunConfig, engine_class: type[Engine]) -> RunTasks:
-        chosen = config.task_chosen()
         answered = engine_class.answered_tasks(config)
+        chosen = config.task_chosen()
         if chosen:
             answered &= tasks_like(config.task)
         model = config.model.model_name or "the model"
@@ -60,7 +60,8 @@ class RunTasks:
                 f"{what} in {run_of(self.task)} (task {self.task} was chosen, by --task or the "
                 f"recipe); leave the task out to run each line by its url"
             )
+        answers = ", ".join(sorted(self.answered))
         return (
-            f"{what} asks to {task}, and '{self.model}' on {self.engine}, loaded to "
-            f"{self.task}, cannot; run these lines with {_NEEDS[task]}"
+            f"{what} asks to {task}, which '{self.model}' on {self.engine} cannot (it answers "
+            f"{answers}); run these lines with {_NEEDS[task]}"
         )

@@ -97,12 +97,12 @@ def test_generation_lines_and_invalid_ones_each_get_a_line(tmp_path):
     assert errors[7]["error"]["kind"] == "invalid_json"
     # A line the model cannot answer fails alone, saying why, and the others ran.
     assert errors[8]["custom_id"] == "scored" and errors[8]["error"]["message"] == (
-        "a /score line asks to score, and 'tiny:llama' on NATIVE, loaded to generate, cannot; "
-        "run these lines with a cross-encoder or an embedding model"
+        "a /score line asks to score, which 'tiny:llama' on NATIVE cannot (it answers "
+        "generate); run these lines with a cross-encoder or an embedding model"
     )
     assert errors[9]["error"]["message"] == (
-        "a /v1/embeddings line asks to embed, and 'tiny:llama' on NATIVE, loaded to generate, "
-        "cannot; run these lines with an embedding model"
+        "a /v1/embeddings line asks to embed, which 'tiny:llama' on NATIVE cannot (it answers "
+        "generate); run these lines with an embedding model"
     )
 
 
@@ -122,8 +122,8 @@ def test_score_in_both_forms_and_rerank_at_every_url_on_a_cross_encoder(tmp_path
     code, outputs, errors = run_batch(tmp_path, lines, "--model.model_name", "tiny:cross-encoder")
     assert code == 1 and list(errors) == [7]
     assert errors[7]["error"]["message"] == (
-        "a /v1/embeddings line asks to embed, and 'tiny:cross-encoder' on NATIVE, loaded to "
-        "score, cannot; run these lines with an embedding model"
+        "a /v1/embeddings line asks to embed, which 'tiny:cross-encoder' on NATIVE cannot (it "
+        "answers rerank, score); run these lines with an embedding model"
     )
     scores = {}
     for custom_id in ("score-short-url", "score-current", "score-older"):
@@ -155,8 +155,8 @@ def test_embeddings_lines_run_on_minilm_with_its_own_vectors(tmp_path):
     code, outputs, errors = run_batch(tmp_path, lines, "--model.model_name", "minilm")
     assert code == 1 and list(errors) == [5]
     assert errors[5]["error"]["message"] == (
-        "a /v1/chat/completions line asks to generate, and 'minilm' on NATIVE, loaded to "
-        "embed, cannot; run these lines with a model that generates text"
+        "a /v1/chat/completions line asks to generate, which 'minilm' on NATIVE cannot (it "
+        "answers embed, rerank, score); run these lines with a model that generates text"
     )
     model = SentenceTransformer(resolve_packaged_name("minilm"), device="cpu")
     want = model.encode(texts, convert_to_numpy=True)
