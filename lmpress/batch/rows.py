@@ -9,10 +9,12 @@ from typing import Any, TypeVar
 
 from lmpress.batch.events import RowFailure
 from lmpress.batch.options import BatchOptions
+from lmpress.batch.tasks import RunTasks
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
 from lmpress.data.columns import RowMapping
 from lmpress.data.jsonl import Line
+from lmpress.data.openai_batch import is_batch_request
 from lmpress.data.row_shapes import (
     OutputShape,
     ParsedRow,
@@ -42,6 +44,7 @@ class RowParser:
     engine_class: type[Engine]
     output_shape: OutputShape = OutputShape.AUTO  # how failed rows are recorded
     task: Task = "generate"  # the run's (vocabulary/embeddings.py): which row shapes it takes
+    tasks: RunTasks | None = None  # the tasks its rows may ask (`for_job` sets it)
 
     @classmethod
     def for_job(
@@ -54,7 +57,8 @@ class RowParser:
         """How every runner, and the dry run, reads a job's rows: as its options say."""
         shape = options.output_shape
         task: Task = config.task  # type: ignore[assignment]  # checked by configs.loading
-        return cls(options.mapping, config.generation, engine_class, shape, task, **more)
+        tasks = RunTasks.of(config, engine_class)
+        return cls(options.mapping, config.generation, engine_class, shape, task, tasks, **more)
 
     def read(self, line: Line) -> tuple[str, Read]:
         if line.error:
@@ -71,15 +75,19 @@ class RowParser:
         except RowError as exc:
             openai = self.output_shape == OutputShape.OPENAI or (
                 self.output_shape == OutputShape.AUTO and columns is not None
-                and "custom_id" in columns and "body" in columns
+                and is_batch_request(columns)
             )  # fmt: skip
             failure = RowFailure(
                 line.number, rid, ErrorKind.INVALID_ROW, str(exc), None, openai, columns
             )
             return rid, failure
+        openai = output_shape_for(row, self.output_shape) is OutputShape.OPENAI
+        if (refused := self._refusal(row)) is not None:
+            return rid, RowFailure(
+                line.number, rid, ErrorKind.INVALID_ROW, refused, None, openai, columns
+            )
         if row.pooling is not None:  # no generation settings to apply
             return rid, (row, row.pooling.request(row.id))
-        openai = output_shape_for(row, self.output_shape) is OutputShape.OPENAI
         try:
             params = generation_with_overrides(self.base, row.overrides, source="generation")
             check_params(self.engine_class, params)
@@ -93,6 +101,9 @@ class RowParser:
             )
             return rid, RowFailure(line.number, rid, kind, str(exc), None, openai, columns)
         return rid, (row, request)
+
+    def _refusal(self, row: ParsedRow) -> str | None:
+        return self.tasks.refusal(row) if self.tasks is not None else None
 
 
 @dataclass

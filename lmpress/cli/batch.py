@@ -184,7 +184,9 @@ def batch(
     from lmpress.batch.options import ON_ERROR, ON_EXPIRED
     from lmpress.batch.run import RAY_WITH_PROVIDER, batch_mode
     from lmpress.data.columns import RowMapping
+    from lmpress.engines.registry import with_model_task
 
+    config = with_model_task(config)  # where no task was chosen: MiniLM embeds
     if on_error not in ON_ERROR:
         raise ConfigError(f"--on-error {on_error}: use {' or '.join(ON_ERROR)}")
     if text_column is not None and config.task != "embed":

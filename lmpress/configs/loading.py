@@ -138,6 +138,7 @@ def load_config(
     config.engine = config.engine.upper()
     config.engine = ENGINE_ALIASES.get(config.engine, config.engine)
     config.generation.mark_explicit(explicit)
+    config.mark_task_chosen(any("task" in data for _, data in layers))
     # YAML reads an unquoted `off` as false (and `on` as true), which a str field holds as
     # "False": `prompt_cache: off`, `speculative_method: off` and `cache: on` mean what they say.
     for (section, name), (on, off) in SWITCHES.items():

@@ -178,6 +178,15 @@ class RunConfig:
     output_path: str | None = None
     progress_path: str | None = None  # accepted for Oumi configs; lmpress resumes from output
 
+    def task_chosen(self) -> bool:
+        """Whether a recipe or `--task` chose the task. False: it is `generate` by default,
+        which a batch run replaces by the task its model is made for (`batch.tasks`)."""
+        return getattr(self, "_task_chosen", True)
+
+    def mark_task_chosen(self, chosen: bool) -> RunConfig:
+        self._task_chosen = chosen
+        return self
+
 
 # Oumi fields that only training reads: a config that sets one loads, with one notice line
 # naming them, since a user sharing one YAML between training and inference expects that.

@@ -1,7 +1,7 @@
 """The OpenAI Batch file format, both ways, as read by the OpenAI Batch API and `vllm run-batch`.
 
 Request line:  {"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
-(or /v1/completions; /v1/embeddings, /v1/score and /v1/rerank lines are `data.pooling_rows`)
+(or /v1/completions; /v1/embeddings, score and rerank lines are `data.pooling_rows`)
 Output line:   {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}
 
 A line's body is read by `openai_wire.requests` and its output body built by
@@ -28,7 +28,11 @@ URLS = (CHAT_URL, COMPLETIONS_URL)
 
 
 def is_batch_request(raw: dict[str, Any]) -> bool:
-    return "custom_id" in raw and ("body" in raw or "url" in raw or "method" in raw)
+    """A line meant as an OpenAI Batch request: with its custom_id, or with all of method, url
+    and body (one that lacks its custom_id fails as such, not as a row of no known shape)."""
+    if "custom_id" in raw:
+        return "body" in raw or "url" in raw or "method" in raw
+    return {"method", "url", "body"} <= raw.keys()
 
 
 def body_sampling(body: dict[str, Any], url: str) -> requests.Sampling:

@@ -4,11 +4,12 @@ Input, beside the generation shapes of `row_shapes`:
 - embed:  {"input": "..."} or {"input": ["...", ...]} (or token ids), a table's
           `--text-column`, or `--prompt-template` making the text from the columns
 - score:  {"query": "...", "documents": ["...", ...], "top_n"?} (vLLM's /v1/rerank body) or
-          {"text_1": "...", "text_2": "..." or [...]} (its /v1/score body; text_1 and text_2
-          lists of one length score pairwise, text_1[i] with text_2[i], in a score run); a
-          score run and a rerank run take either
-- OpenAI Batch lines to /v1/embeddings, /v1/score and /v1/rerank, their bodies read by
-  `openai_wire.pooling` as serve reads them.
+          {"queries": "...", "documents": "..." or [...]} (its /v1/score body, or its older
+          form, "text_1" and "text_2"; two lists of one length score pairwise, the i-th with
+          the i-th, in a score run); a score run and a rerank run take either
+- OpenAI Batch lines to /v1/embeddings, /v1/score (or /score) and /v1/rerank (or /rerank,
+  /v2/rerank), their bodies read by `openai_wire.pooling` as serve reads them. A line's task
+  is its url's (`URL_TASKS`), whatever the run's; `batch.tasks` decides whether it runs.
 Output: the input row with `embedding` (one input) or `embeddings` (a list), `scores` (a
 score run) or `results` (a rerank run: best first, cut to top_n), and a `response` record
 with the usage, `truncated`, model, engine and latency.
@@ -34,13 +35,13 @@ from lmpress.vocabulary.embeddings import (
 )
 from lmpress.vocabulary.types import round_usd
 
-URLS = (wire.EMBEDDINGS_PATH, wire.SCORE_PATH, wire.RERANK_PATH)
-# The task an OpenAI Batch line's url asks for (a score line serves a rerank run too).
-URL_TASKS: dict[str, tuple[Task, ...]] = {
-    wire.EMBEDDINGS_PATH: ("embed",),
-    wire.SCORE_PATH: ("score", "rerank"),
-    wire.RERANK_PATH: ("score", "rerank"),
+# The task an OpenAI Batch line's url asks for.
+URL_TASKS: dict[str, Task] = {
+    wire.EMBEDDINGS_PATH: "embed",
+    **{path: "score" for path in wire.SCORE_PATHS},
+    **{path: "rerank" for path in wire.RERANK_PATHS},
 }
+URLS = tuple(URL_TASKS)
 
 
 @dataclass
@@ -69,28 +70,28 @@ def row_input(raw: dict[str, Any], task: Task, mapping: RowMapping) -> PoolingIn
     """A plain row's (or a table row's) input to an embed, score or rerank run."""
     if task == "embed":
         return _embed_input(raw, mapping)
-    if "query" in raw or "documents" in raw:
-        body = {key: raw.get(key) for key in ("query", "documents", "top_n") if key in raw}
-        rerank = _validate(wire.RerankBody, body, "")
-        _checked(lambda: wire.check_top_n(rerank.top_n))
-        return PoolingInput(
-            task, query=rerank.query, documents=rerank.documents, top_n=rerank.top_n
-        )
-    if "text_1" in raw or "text_2" in raw:
-        body = {key: raw.get(key) for key in ("text_1", "text_2")}
+    if any(key in raw for key in _SCORE_KEYS):
+        body = {key: raw[key] for key in ("documents", *_SCORE_KEYS) if key in raw}
         score = _validate(wire.ScoreBody, body, "")
         return _score_input(task, *_checked(lambda: wire.score_pair(score)))
+    if "query" in raw or "documents" in raw:
+        body = {key: raw.get(key) for key in ("query", "documents", "top_n") if key in raw}
+        return _rerank_input(task, _validate(wire.RerankBody, body, ""), "")
     raise RowError(
-        f"{_shape_of(raw)} in {run_of(task)}; give 'query' and 'documents' (or 'text_1' and "
-        f"'text_2')"
+        f"{_shape_of(raw)} in {run_of(task)}; give 'query' and 'documents' (or 'queries' and "
+        f"'documents', or 'text_1' and 'text_2')"
     )
 
 
-def body_input(url: str, body: dict[str, Any], task: Task) -> PoolingInput:
-    """An OpenAI Batch line's body to /v1/embeddings, /v1/score or /v1/rerank."""
-    if task not in URL_TASKS[url]:
-        raise RowError(f"a {url} line in {run_of(task)}; {_fits(task)}")
-    if url == wire.EMBEDDINGS_PATH:
+# The keys only a score body has (its current form's and its older one's).
+_SCORE_KEYS = ("queries", "text_1", "text_2")
+
+
+def body_input(url: str, body: dict[str, Any]) -> PoolingInput:
+    """An OpenAI Batch line's body to /v1/embeddings, a score url or a rerank url, read for
+    the task its url asks."""
+    task = URL_TASKS[url]
+    if task == "embed":
         parsed = _validate(wire.EmbeddingsBody, body, "body.")
         got = _checked(lambda: wire.embeddings_input(parsed, "body."))
         return PoolingInput(
@@ -101,19 +102,22 @@ def body_input(url: str, body: dict[str, Any], task: Task) -> PoolingInput:
             got.normalize,
             got.encoding_format,
         )
-    if url == wire.SCORE_PATH:
+    if task == "score":
         score = _validate(wire.ScoreBody, body, "body.")
         return _score_input(task, *_checked(lambda: wire.score_pair(score, "body.")))
-    rerank = _validate(wire.RerankBody, body, "body.")
-    _checked(lambda: wire.check_top_n(rerank.top_n, "body."))
-    return PoolingInput(task, query=rerank.query, documents=rerank.documents, top_n=rerank.top_n)
+    return _rerank_input(task, _validate(wire.RerankBody, body, "body."), "body.")
+
+
+def _rerank_input(task: Task, rerank: wire.RerankBody, where: str) -> PoolingInput:
+    top_n = _checked(lambda: wire.top_n_of(rerank.top_n, where))
+    return PoolingInput(task, query=rerank.query, documents=rerank.documents, top_n=top_n)
 
 
 def _score_input(task: Task, query: str | list[str], documents: list[str]) -> PoolingInput:
     if task == "rerank" and isinstance(query, list):
         raise RowError(
-            "'text_1' is a list of texts, scored pairwise with 'text_2', which a rerank run "
-            "cannot rank against one query; run it with --task score, or give one text_1"
+            "the first texts are a list, scored pairwise with the second, which a rerank run "
+            "cannot rank against one query; run it with --task score, or give one query"
         )
     return PoolingInput(task, query=query, documents=documents)
 
@@ -136,7 +140,7 @@ def _fits(task: Task) -> str:
     if task == "embed":
         return "give 'input' (or --text-column COL), or an OpenAI Batch line to /v1/embeddings"
     if task in ("score", "rerank"):
-        return "give 'query' and 'documents' (or 'text_1' and 'text_2')"
+        return "give 'query' and 'documents' (or 'queries' and 'documents')"
     return "this run generates text (--task embed, score or rerank runs the other rows)"
 
 
@@ -219,7 +223,7 @@ def openai_body(
     """The response body an OpenAI Batch output line carries, as serve answers it."""
     if isinstance(result, EmbedResult):
         return wire.embeddings_response(result, model, pooled.encoding_format)
-    if url == wire.RERANK_PATH:
+    if url in wire.RERANK_PATHS:
         assert pooled.documents is not None
         return wire.rerank_response(rid, result, pooled.documents, pooled.top_n, model)
     return wire.score_response(rid, int(time.time()), result, model)

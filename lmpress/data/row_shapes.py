@@ -9,7 +9,8 @@ file holding the rows is stored. Input row shapes (`RowShape`), detected row by 
 - template: any columns, with `--prompt-template` making the user turn from them
 - openai_batch: {"custom_id", "method", "url", "body"}   (OpenAI Batch request lines)
 - embed, score: the rows of an embed, score or rerank run (`RunConfig.task`), read and
-  written by `data.pooling_rows`; a row of a shape the run's task does not take fails alone
+  written by `data.pooling_rows`; a row of a shape the run's task does not take fails alone.
+  An OpenAI Batch line is read for the task its url asks, whatever the run's task.
 Any row may carry its own `generation` overrides, a mapping of generation fields. A chat or
 Oumi row may offer `tools` (OpenAI function tools, Oumi's `Conversation.tools`) and a
 `tool_choice`, which overrides `generation.tool_choice` for that row.
@@ -100,6 +101,11 @@ class ParsedRow:
     def request(self, params: GenerationParams) -> Request:
         return Request(self.id, self.messages, params, prompt=self.prompt, tools=self.tools)
 
+    @property
+    def task(self) -> Task:
+        """What the row asks: an OpenAI Batch line by its url, any other row the run's task."""
+        return self.pooling.task if self.pooling is not None else "generate"
+
 
 NO_MAPPING = RowMapping()
 
@@ -136,7 +142,7 @@ def parse_row(
     if not isinstance(raw, dict):
         raise RowError(f"expected a JSON object, got {json_type(raw)}")
     if openai_batch.is_batch_request(raw):
-        return _parse_batch_request(raw, line, task)
+        return _parse_batch_request(raw, line)
     if task != "generate":
         rid = row_id(raw, line, mapping.id_column)
         pooled = pooling_rows.row_input(raw, task, mapping)
@@ -207,7 +213,8 @@ def _row_tools(raw: dict[str, Any], overrides: dict[str, Any]) -> list[dict[str,
     return tools
 
 
-def _parse_batch_request(raw: dict[str, Any], line: int, task: Task) -> ParsedRow:
+def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
+    """An OpenAI Batch line, read for the task its url asks, whatever the run's."""
     custom_id = raw.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise RowError("'custom_id' must be a non-empty string")
@@ -223,18 +230,9 @@ def _parse_batch_request(raw: dict[str, Any], line: int, task: Task) -> ParsedRo
         raise RowError(f"'body' must be an object, got {json_type(body)}")
     model = body.get("model") if isinstance(body.get("model"), str) else None
     if url in pooling_rows.URLS:
-        if task == "generate":
-            raise RowError(
-                f"a {url} line in a generate run; run it with --task "
-                f"{pooling_rows.URL_TASKS[url][0]}"
-            )
-        pooled = pooling_rows.body_input(url, body, task)
+        pooled = pooling_rows.body_input(url, body)
         return ParsedRow(
             line, custom_id, RowShape.OPENAI_BATCH, raw, [], url=url, model=model, pooling=pooled
-        )
-    if task != "generate":
-        raise pooling_rows.wrong_task(
-            "chat" if url == openai_batch.CHAT_URL else "completions", task
         )
     if url == openai_batch.CHAT_URL:
         if "messages" not in body:

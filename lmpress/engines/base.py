@@ -22,7 +22,13 @@ from typing import Any, ClassVar
 from lmpress.configs.schema import ModelParams, RunConfig, speculative_method
 from lmpress.engines.prompt_count import NoPromptCache, PromptCacheTally, PromptCounter
 from lmpress.progress import ProgressBar
-from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
+from lmpress.vocabulary.embeddings import (
+    EmbedRequest,
+    EmbedResult,
+    ScoreRequest,
+    ScoreResult,
+    tasks_like,
+)
 from lmpress.vocabulary.errors import (
     ErrorKind,
     InputError,
@@ -84,6 +90,19 @@ class Engine(ABC):
     # through `embed`, `score` and `rerank` through `score`. A run of another task is refused
     # before any work.
     tasks: ClassVar[frozenset[str]] = frozenset({"generate"})
+
+    @classmethod
+    def model_task(cls, config: RunConfig) -> str:
+        """The task `config`'s model is made for, for a run that chose none: generate, unless
+        the engine can tell from the checkpoint that the model only pools (NATIVE: an
+        embedding model embeds, a cross-encoder scores)."""
+        return "generate"
+
+    @classmethod
+    def answered_tasks(cls, config: RunConfig) -> frozenset[str]:
+        """The tasks an engine started for `config` answers, request by request: by default
+        those of the one task its model was loaded for (`tasks_like`)."""
+        return tasks_like(config.task) & cls.tasks
 
     def __init__(self, config: RunConfig):
         self.config = config

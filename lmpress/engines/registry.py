@@ -8,6 +8,7 @@ engine's name: what it needs to know it asks the class (engines/base.py).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -126,6 +127,17 @@ def _engine_class(spec: EngineSpec) -> type[Engine]:
         return presets.engine_class(spec.name)
     module_name, _, class_name = spec.target.partition(":")
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def with_model_task(config: RunConfig) -> RunConfig:
+    """`config` with the task its model is made for (`Engine.model_task`: MiniLM embeds, a
+    cross-encoder scores), where neither a recipe nor `--task` chose one."""
+    if config.task_chosen():
+        return config
+    task = engine_class(config.engine).model_task(config)
+    if task == config.task:
+        return config
+    return dataclasses.replace(config, task=task).mark_task_chosen(False)
 
 
 def create_engine(config: RunConfig) -> Engine:

@@ -1,5 +1,6 @@
 """The pooling endpoints' wire format, both ways: OpenAI's `/v1/embeddings`, and vLLM's
-`/v1/score` and `/v1/rerank` (the shapes llama-server's rerank also takes).
+`/v1/score` and `/v1/rerank` (the shapes llama-server's rerank also takes), each also at the
+other paths vLLM answers it on (`/score`; `/rerank`, `/v2/rerank`).
 
 `lmpress serve` reads these bodies from HTTP and `lmpress batch` from an OpenAI Batch line's
 `body`, through the same models, so a body means the same in both. Embeddings responses are
@@ -26,6 +27,9 @@ from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult
 EMBEDDINGS_PATH = "/v1/embeddings"
 SCORE_PATH = "/v1/score"
 RERANK_PATH = "/v1/rerank"
+# Every path vLLM's score and rerank routers answer, the first the one lmpress writes.
+SCORE_PATHS = (SCORE_PATH, "/score")
+RERANK_PATHS = (RERANK_PATH, "/rerank", "/v2/rerank")
 
 EncodingFormat = Literal["float", "base64"]
 
@@ -44,11 +48,14 @@ class EmbeddingsBody(_Strict):
 
 
 class ScoreBody(_Strict):
-    """vLLM's /v1/score: `text_1` against each of `text_2`, or both lists of one length,
+    """vLLM's /v1/score, in its current form (`queries`, `documents`) or its older one
+    (`text_1`, `text_2`): the first against each of the second, or both lists of one length,
     scored pairwise."""
 
-    text_1: str | list[str]
-    text_2: str | list[str]
+    queries: str | list[str] | None = None
+    documents: str | list[str] | None = None
+    text_1: str | list[str] | None = None
+    text_2: str | list[str] | None = None
     model: str | None = None
 
 
@@ -57,7 +64,7 @@ class RerankBody(_Strict):
 
     query: str
     documents: list[str]
-    top_n: int | None = None
+    top_n: int | None = None  # vLLM's default, 0, is every document too
     model: str | None = None
     return_documents: bool | None = None
 
@@ -93,31 +100,55 @@ def embeddings_input(body: EmbeddingsBody, where: str = "") -> Embeddings:
 
 
 def score_pair(body: ScoreBody, where: str = "") -> tuple[str | list[str], list[str]]:
-    """A score body's query and documents, as vLLM pairs them: one `text_1` against each
-    `text_2` (1:1, 1:N), or `text_1` and `text_2` lists of one length, `text_1[i]` with
-    `text_2[i]` (N:N), when the query comes back as that list."""
-    first = [body.text_1] if isinstance(body.text_1, str) else list(body.text_1)
-    second = [body.text_2] if isinstance(body.text_2, str) else list(body.text_2)
-    if not first:
-        raise ApiError(400, f"'{where}text_1' must not be empty", param="text_1")
-    if not second:
-        raise ApiError(400, f"'{where}text_2' must not be empty", param="text_2")
+    """A score body's query and documents, as vLLM pairs them: one first text against each
+    second (1:1, 1:N), or two lists of one length, the i-th with the i-th (N:N), when the
+    query comes back as that list."""
+    names = _score_form(body, where)
+    first, second = (_texts(getattr(body, name)) for name in names)
+    for name, texts in zip(names, (first, second), strict=True):
+        if not texts:
+            raise ApiError(400, f"'{where}{name}' must not be empty", param=name)
     if len(first) == 1:
         return first[0], second
     if len(first) != len(second):
+        one, two = names
         raise ApiError(
             400,
-            f"'{where}text_1' has {len(first)} texts and '{where}text_2' {len(second)}: give "
-            f"one text_1 to score against every text_2, or as many as text_2 to score them "
-            f"pairwise (text_1[i] with text_2[i])",
-            param="text_1",
+            f"'{where}{one}' has {len(first)} texts and '{where}{two}' {len(second)}: give "
+            f"one {one} to score against every {two}, or as many as {two} to score them "
+            f"pairwise ({one}[i] with {two}[i])",
+            param=one,
         )
     return first, second
 
 
-def check_top_n(top_n: int | None, where: str = "") -> None:
-    if top_n is not None and top_n < 1:
-        raise ApiError(400, f"'{where}top_n': {top_n} must be at least 1", param="top_n")
+def _score_form(body: ScoreBody, where: str) -> tuple[str, str]:
+    """Which of vLLM's two score forms a body uses: its names for the first and second texts."""
+    given = body.model_fields_set
+    current, older = {"queries", "documents"} & given, {"text_1", "text_2"} & given
+    if current and older:
+        raise ApiError(
+            400,
+            f"'{where}{min(current)}' and '{where}{min(older)}' are two forms of one score "
+            f"body; give 'queries' and 'documents', or 'text_1' and 'text_2'",
+            param=min(older),
+        )
+    names = ("text_1", "text_2") if older else ("queries", "documents")
+    for name in names:
+        if getattr(body, name) is None:
+            raise ApiError(400, f"Missing required parameter: '{where}{name}'", param=name)
+    return names
+
+
+def _texts(value: str | list[str] | None) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def top_n_of(top_n: int | None, where: str = "") -> int | None:
+    """How many ranked documents a rerank body keeps; None: all (vLLM's 0 says that too)."""
+    if top_n is not None and top_n < 0:
+        raise ApiError(400, f"'{where}top_n': {top_n} must not be negative", param="top_n")
+    return top_n or None
 
 
 def encoded(vector: Sequence[float], encoding_format: EncodingFormat) -> list[float] | str:
@@ -175,11 +206,12 @@ def rerank_results(
 def rerank_response(
     id: str, result: ScoreResult, documents: list[str], top_n: int | None, model: str
 ) -> dict[str, Any]:
-    """vLLM's /v1/rerank response body."""
+    """vLLM's /v1/rerank response body (its RerankResponse, whose usage has both counts)."""
+    tokens = result.usage.prompt_tokens
     return {
         "id": id,
         "model": model,
-        "usage": {"total_tokens": result.usage.prompt_tokens},
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         "results": rerank_results(result, documents, top_n),
     }
 

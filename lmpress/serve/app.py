@@ -377,12 +377,13 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
     app.add_api_route(RESPONSES_PATH, partial(responses_api.responses, server), methods=["POST"])
-    for path, route in (
-        (wire.EMBEDDINGS_PATH, pooling.embeddings),
-        (wire.SCORE_PATH, pooling.score),
-        (wire.RERANK_PATH, pooling.rerank),
+    for paths, route in (
+        ((wire.EMBEDDINGS_PATH,), pooling.embeddings),
+        (wire.SCORE_PATHS, pooling.score),
+        (wire.RERANK_PATHS, pooling.rerank),
     ):
-        app.add_api_route(path, partial(route, server), methods=["POST"])
+        for path in paths:
+            app.add_api_route(path, partial(route, server), methods=["POST"])
     messages.register(app, server)  # Anthropic's /v1/messages and its count_tokens
     app.state.batch_runs = add_batch_routes(app, engine, settings.state_dir, server.images)
     if app.state.batch_runs is not None:  # each batch line and its tokens, in /metrics

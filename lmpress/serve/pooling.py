@@ -1,5 +1,6 @@
 """The pooling routes of `lmpress serve`: OpenAI's `/v1/embeddings`, and vLLM's `/v1/score` and
-`/v1/rerank`, over the served engine's `embed` and `score`.
+`/v1/rerank` (at every path vLLM answers them on: `/score`, `/rerank`, `/v2/rerank`), over the
+served engine's `embed` and `score`.
 
 A server runs one task (`--task`, as a batch run does: NATIVE loads an encoder for `embed`, a
 cross-encoder for `score` and `rerank`), so a route of another task answers 400 in one line.
@@ -105,7 +106,7 @@ async def embeddings(server: Server, request: HttpRequest) -> GenerationResponse
 
 
 async def score(server: Server, request: HttpRequest) -> GenerationResponse:
-    require_task(server, wire.SCORE_PATH, ("score", "rerank"))
+    require_task(server, request.url.path, ("score", "rerank"))
     body = parse_body(wire.ScoreBody, await server.read_body(request))
     _model(server, body.model)
     scoring = ScoreRequest("", *wire.score_pair(body))
@@ -122,17 +123,17 @@ async def score(server: Server, request: HttpRequest) -> GenerationResponse:
 
 
 async def rerank(server: Server, request: HttpRequest) -> GenerationResponse:
-    require_task(server, wire.RERANK_PATH, ("rerank", "score"))
+    require_task(server, request.url.path, ("rerank", "score"))
     body = parse_body(wire.RerankBody, await server.read_body(request))
     _model(server, body.model)
-    wire.check_top_n(body.top_n)
+    top_n = wire.top_n_of(body.top_n)
     places = _bounded(server, body.documents, "documents", body.query)
     entry = _logged(server, request, "rerank", [body.query, *body.documents])
-    scored = ScoreRequest(entry.id, body.query, body.documents, body.top_n)
+    scored = ScoreRequest(entry.id, body.query, body.documents, top_n)
 
     async def run() -> Response:
         result = await _scored(server, entry, scored)
-        out = wire.rerank_response(entry.id, result, body.documents, body.top_n, server.model_name)
+        out = wire.rerank_response(entry.id, result, body.documents, top_n, server.model_name)
         return JSONResponse(out, headers={"x-request-id": entry.id})
 
     return GenerationResponse(server.slots, run(), entry, places)

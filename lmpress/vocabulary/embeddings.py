@@ -26,6 +26,12 @@ TASKS: tuple[Task, ...] = get_args(Task)
 SCORING_TASKS: tuple[Task, ...] = ("score", "rerank")
 
 
+def tasks_like(task: str) -> frozenset[str]:
+    """The tasks a model loaded for `task` answers as it is: that one, and score with rerank
+    (a rerank is scores sorted)."""
+    return frozenset(SCORING_TASKS) if task in SCORING_TASKS else frozenset({task})
+
+
 @dataclass
 class EmbedRequest:
     """Texts to turn into vectors, one vector each (OpenAI's `input`: a string, or a list of

@@ -413,7 +413,8 @@ def test_vllm_run_batch_examples_round_trip(tmp_path):
     (error,) = read_rows(tmp_path / "results.errors.jsonl")
     assert error["custom_id"] == "request-3" and error["line"] == 3
     assert error["error"]["message"] == (
-        "a /v1/embeddings line in a generate run; run it with --task embed"
+        "a /v1/embeddings line asks to embed, which 'tiny:llama' on NATIVE cannot (it answers "
+        "generate); run these lines with an embedding model"
     )
     # The output is itself valid input for a resumed run: nothing left to do but the refused line.
     again = run_lmpress(

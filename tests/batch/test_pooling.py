@@ -260,7 +260,7 @@ def test_rerank_rows_come_back_best_first_cut_to_top_n(tmp_path, server):
     assert errors == {
         "bad": "Missing required parameter: 'documents'",
         "e": "a row with keys id, input in a rerank run; give 'query' and 'documents' (or "
-        "'text_1' and 'text_2')",
+        "'queries' and 'documents', or 'text_1' and 'text_2')",
     }
 
 

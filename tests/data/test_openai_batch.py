@@ -96,10 +96,6 @@ def test_failure_line_follows_the_openai_error_file():
             'url "/v1/moderations" is not supported',
         ),
         (
-            {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
-            "a /v1/embeddings line in a generate run; run it with --task embed",
-        ),
-        (
             {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": "x"},
             "'body' must be an object",
         ),

@@ -1,5 +1,6 @@
 """The rows of embed, score and rerank runs: which shapes each task takes, read once, and what
-a row of the wrong shape is told."""
+a row of the wrong shape is told; an OpenAI Batch line asks its url's task (`batch.tasks`
+decides whether the run answers it)."""
 
 from __future__ import annotations
 
@@ -41,10 +42,6 @@ def test_embed_rows_a_text_a_list_token_ids_a_column_and_a_template():
         ({"input": {"a": 1}}, RowMapping(), "Invalid type for 'input'"),
         ({"x": "y"}, RowMapping(text_column="doc"), "row has no 'doc' (the --text-column)"),
         ({"doc": 3}, RowMapping(text_column="doc"), "'doc' must be text, got a number"),
-        ({"custom_id": "c", "url": "/v1/score", "body": {"text_1": "a", "text_2": "b"}},
-         RowMapping(), "a /v1/score line in an embed run"),
-        ({"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": []}},
-         RowMapping(), "a chat row in an embed run"),
     ],
 )  # fmt: skip
 def test_a_row_an_embed_run_cannot_take_says_why_in_one_line(raw, mapping, message):
@@ -80,7 +77,9 @@ def test_score_and_rerank_rows_in_vllm_s_shapes():
         ({"text_1": ["a", "b"], "text_2": "c"}, "'text_1' has 2 texts and 'text_2' 1: give"),
         ({"text_1": [], "text_2": "c"}, "'text_1' must not be empty"),
         ({"query": "q"}, "Missing required parameter: 'documents'"),
-        ({"query": "q", "documents": ["a"], "top_n": 0}, "'top_n': 0 must be at least 1"),
+        ({"query": "q", "documents": ["a"], "top_n": -1}, "'top_n': -1 must not be negative"),
+        ({"queries": ["a", "b"], "documents": "c"}, "'queries' has 2 texts and 'documents' 1"),
+        ({"queries": "a", "text_2": "c"}, "'queries' and 'text_2' are two forms of one score"),
         ({"input": "x"}, "a row with keys input in a score run; give 'query' and 'documents'"),
     ],
 )  # fmt: skip
@@ -93,16 +92,32 @@ def test_a_rerank_run_refuses_pairwise_rows_in_one_line():
     with pytest.raises(RowError) as caught:
         parse_row({"text_1": ["a", "b"], "text_2": ["c", "d"]}, 1, task="rerank")
     assert str(caught.value) == (
-        "'text_1' is a list of texts, scored pairwise with 'text_2', which a rerank run "
-        "cannot rank against one query; run it with --task score, or give one text_1"
+        "the first texts are a list, scored pairwise with the second, which a rerank run "
+        "cannot rank against one query; run it with --task score, or give one query"
     )
 
 
-def test_a_generate_run_sends_embed_rows_and_lines_to_their_task():
+def test_a_generate_run_sends_embed_rows_to_their_task():
     with pytest.raises(RowError, match="run it with --task embed"):
         parse_row({"input": "x"}, 1)
-    line = {"custom_id": "c", "url": "/v1/rerank", "body": {"query": "q", "documents": []}}
-    with pytest.raises(
-        RowError, match="^a /v1/rerank line in a generate run; run it with --task score"
-    ):
-        parse_row(line, 1)
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "task", "asked"),
+    [
+        ("/v1/embeddings", {"input": "x"}, "embed", EmbedRequest("c", ["x"])),
+        ("/v1/score", {"queries": "q", "documents": ["a"]}, "score", ScoreRequest("c", "q", ["a"])),
+        ("/score", {"text_1": "q", "text_2": "a"}, "score", ScoreRequest("c", "q", ["a"])),
+        ("/v1/rerank", {"query": "q", "documents": ["a"]}, "rerank", ScoreRequest("c", "q", ["a"])),
+        ("/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "rerank",
+         ScoreRequest("c", "q", ["a"])),
+        ("/v2/rerank", {"query": "q", "documents": ["a", "b"], "top_n": 1}, "rerank",
+         ScoreRequest("c", "q", ["a", "b"], 1)),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("run_task", ["generate", "embed", "rerank"])
+def test_an_openai_batch_line_asks_its_url_s_task_whatever_the_run_s(
+    url, body, task, asked, run_task
+):
+    row = parse_row({"custom_id": "c", "url": url, "body": body}, 1, task=run_task)
+    assert row.task == task and row.pooling.request("c") == asked

@@ -1,5 +1,6 @@
 """`lmpress serve`'s /v1/embeddings with the official `openai` client, float and base64, over
-the OPENAI engine and the loopback server behind it; the routes of a task it does not run."""
+the OPENAI engine and the loopback server behind it; the routes of a task it does not run;
+vLLM's score and rerank bodies, at every path vLLM answers them on, in its response shapes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from lmpress.builtin_models.tiny import tiny_model
 from tests.conftest import run_lmpress
+from tests.openai_wire.vllm_shapes import RerankResponse, ScoreResponse
 from tests.servers.embeddings import score, vector
 from tests.servers.llm_server import LLMServer
 
@@ -135,11 +137,56 @@ def test_rerank_and_score_in_vllm_s_shapes_over_remote_vllm(serve_process, backe
         score(q, d) for q, d in zip(firsts, docs, strict=True)
     ]
     bad = http.post("/v1/rerank", json={"model": "reranker", "query": "q", "documents": docs,
-                                        "top_n": 0})  # fmt: skip
+                                        "top_n": -1})  # fmt: skip
     assert bad.status_code == 400
-    assert bad.json()["error"]["message"] == "'top_n': 0 must be at least 1"
+    assert bad.json()["error"]["message"] == "'top_n': -1 must not be negative"
     embeddings = http.post("/v1/embeddings", json={"model": "reranker", "input": "x"})
     assert embeddings.status_code == 400 and "--task embed" in embeddings.text
+
+
+def test_vllm_s_current_score_body_and_every_score_and_rerank_path(serve_process, backend):
+    served = serve_process(
+        "--engine", "REMOTE_VLLM", "--task", "score", "--model.model_name", "reranker",
+        "--remote_params.api_url", backend.openai_url,
+    )  # fmt: skip
+    http = served.http()
+    docs = ["one doc", "two doc", "three doc"]
+    for path in ("/v1/score", "/score"):
+        scored = http.post(path, json={"model": "reranker", "queries": "q", "documents": docs})
+        assert scored.status_code == 200, scored.text
+        body = ScoreResponse.model_validate(scored.json())
+        assert [d.score for d in body.data] == [score("q", d) for d in docs]
+    both = http.post("/score", json={"model": "reranker", "queries": "q", "text_2": docs})
+    assert both.status_code == 400 and "two forms of one score body" in both.text
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        # top_n 0 is vLLM's default: every document, best first
+        body = {"model": "reranker", "query": "q", "documents": docs, "top_n": 0}
+        reranked = http.post(path, json=body)
+        assert reranked.status_code == 200, reranked.text
+        parsed = RerankResponse.model_validate(reranked.json())
+        assert parsed.usage.prompt_tokens == parsed.usage.total_tokens
+        assert [r.index for r in parsed.results] == sorted(
+            range(3), key=lambda i: -score("q", docs[i])
+        )
+
+
+def test_an_embedding_model_serves_embeddings_without_task(serve_process):
+    served = serve_process(
+        "--engine", "NATIVE", "--model.model_name", "minilm",
+        "--serve.served_model_name", "minilm",
+    )  # fmt: skip
+    http = served.http()
+    embedded = http.post("/v1/embeddings", json={"model": "minilm", "input": "The sky is blue."})
+    assert embedded.status_code == 200, embedded.text
+    assert len(embedded.json()["data"][0]["embedding"]) == 384
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"model": "minilm", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert chat.status_code == 400
+    assert chat.json()["error"]["message"].startswith(
+        "/v1/chat/completions: this server runs the embed task"
+    )
 
 
 def test_one_openai_batch_file_through_batch_and_through_serve_gives_the_same_vectors(

@@ -120,6 +120,11 @@ class RemoteEngine(Engine):
         return CacheEstimate(caching, config.model.model_name, config.remote_params.prompt_cache)
 
     @classmethod
+    def answered_tasks(cls, config: RunConfig) -> frozenset[str]:
+        """Every task the API has: each request is a call of its own, to its own endpoint."""
+        return cls.tasks
+
+    @classmethod
     def replica_config(cls, config: RunConfig, replicas: int) -> RunConfig:
         """Concurrency and rate limits split evenly, so that all replicas together keep to the
         limits one run has."""

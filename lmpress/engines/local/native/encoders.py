@@ -27,6 +27,24 @@ from lmpress.vocabulary.errors import ErrorKind, ModelLoadError, RequestError, U
 
 # A tokenizer's model_max_length when it has none: transformers' VERY_LARGE_INTEGER.
 _NO_LIMIT = 10**12
+# The heads of an architecture that predicts the next token, so generates text.
+_GENERATING_HEADS = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
+
+
+def is_cross_encoder(model_config: Any) -> bool:
+    architectures = getattr(model_config, "architectures", None) or []
+    return any(a.endswith("ForSequenceClassification") for a in architectures)
+
+
+def made_for(model_config: Any) -> str:
+    """The task a checkpoint is made for, by its architectures: score for a cross-encoder,
+    embed for a bare encoder with no head at all (`BertModel`, as sentence-transformers
+    models ship), generate for anything else."""
+    architectures = getattr(model_config, "architectures", None) or []
+    if is_cross_encoder(model_config):
+        return "score"
+    bare = all(a.endswith("Model") and not a.endswith(_GENERATING_HEADS) for a in architectures)
+    return "embed" if architectures and bare else "generate"
 
 
 @dataclass
@@ -49,7 +67,7 @@ class Encoder:
         model = config.model
         model_config = load_model_config(model)
         architectures = getattr(model_config, "architectures", None) or []
-        self.cross_encoder = any(a.endswith("ForSequenceClassification") for a in architectures)
+        self.cross_encoder = is_cross_encoder(model_config)
         label = f"model '{model.model_name}'"
         if self.cross_encoder and config.task == "embed":
             raise UnsupportedParamError(

@@ -49,7 +49,7 @@ from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_
 from lmpress.engines.local.native import prompt_count
 from lmpress.engines.local.native.batch_cache import give_freed_caches_back
 from lmpress.engines.local.native.embedding import PoolingScheduler, PoolingSubmission
-from lmpress.engines.local.native.encoders import Encoder, EncoderRow
+from lmpress.engines.local.native.encoders import Encoder, EncoderRow, made_for
 from lmpress.engines.local.native.loading import (
     batching_settings,
     checkpoint_defaults,
@@ -71,13 +71,19 @@ from lmpress.engines.local.thinking import ModelThinking
 from lmpress.engines.local.worker import PREPARE_OFF_LOOP_CHARS, Submission, WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
+    SCORING_TASKS,
     Embedding,
     EmbedRequest,
     EmbedResult,
     ScoreRequest,
     ScoreResult,
 )
-from lmpress.vocabulary.errors import ErrorKind, RequestError, UnsupportedParamError
+from lmpress.vocabulary.errors import (
+    ErrorKind,
+    ModelLoadError,
+    RequestError,
+    UnsupportedParamError,
+)
 from lmpress.vocabulary.types import ErrorInfo, Request, Usage
 
 
@@ -96,6 +102,23 @@ class NativeEngine(WorkerEngine):
     takes_tools = True
     takes_hub_ids = True
     tasks = frozenset({"generate", "embed", "score", "rerank"})
+
+    @classmethod
+    def model_task(cls, config: RunConfig) -> str:
+        try:
+            return made_for(load_model_config(config.model))
+        except ModelLoadError:  # the load that follows says what is wrong with the model
+            return "generate"
+
+    @classmethod
+    def answered_tasks(cls, config: RunConfig) -> frozenset[str]:
+        """A pooling model answers every pooling task its kind can: an embedding model scores
+        too, by its vectors' cosine (as vLLM scores with one); a cross-encoder only scores."""
+        if config.task == "generate":
+            return frozenset({"generate"})
+        if cls.model_task(config) == "score":
+            return frozenset(SCORING_TASKS)
+        return frozenset({"embed", *SCORING_TASKS})
 
     @classmethod
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:

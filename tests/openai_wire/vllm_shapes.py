@@ -1,0 +1,73 @@
+"""vLLM's response shapes for its score and rerank endpoints and for a `run-batch` output line,
+as its pydantic response models declare them (vllm/entrypoints/pooling/score/protocol.py and
+run_batch.py), restated here since vLLM itself does not install on this machine. Each refuses a
+field vLLM's model lacks and requires every field it requires, so a body that validates here
+is one vLLM's own client code reads."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Exact(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RerankUsage(_Exact):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankDocument(_Exact):
+    text: str | None = None
+
+
+class RerankResult(_Exact):
+    index: int
+    document: RerankDocument
+    relevance_score: float
+
+
+class RerankResponse(_Exact):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class ScoreUsage(_Exact):  # vLLM's UsageInfo
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int | None = 0
+
+
+class ScoreData(_Exact):
+    index: int
+    object: Literal["score"]
+    score: float
+
+
+class ScoreResponse(_Exact):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: ScoreUsage
+
+
+class BatchResponse(_Exact):
+    status_code: int
+    request_id: str
+    body: Any
+
+
+class BatchOutputLine(_Exact):
+    """One line of `vllm run-batch`'s output file: a response or an error, never neither."""
+
+    id: str
+    custom_id: str | None
+    response: BatchResponse | None
+    error: Any | None
