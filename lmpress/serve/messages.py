@@ -24,7 +24,7 @@ from lmpress.engines.prompt_count import PromptCounter
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling, parse_body
 from lmpress.serve import anthropic_wire as wire
-from lmpress.serve import pooling
+from lmpress.serve import openapi, pooling
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -49,8 +49,20 @@ class Server(pooling.Server, Protocol):
 def register(app: FastAPI, server: Server) -> None:
     """Add the two routes to `app`."""
     routes = MessagesRoutes(server)
-    app.add_api_route(wire.MESSAGES_PATH, routes.messages, methods=["POST"])
-    app.add_api_route(wire.COUNT_TOKENS_PATH, routes.count_tokens, methods=["POST"])
+    for path, route, body, reply, stream in (
+        (wire.MESSAGES_PATH, routes.messages, wire.MessagesBody, openapi.AnthropicMessage, True),
+        (
+            wire.COUNT_TOKENS_PATH,
+            routes.count_tokens,
+            wire.CountTokensBody,
+            openapi.TokensCount,
+            False,
+        ),
+    ):
+        app.add_api_route(
+            path, route, methods=["POST"], openapi_extra=openapi.json_body(body),
+            response_model=None, responses=openapi.replies(reply, stream=stream, anthropic=True),
+        )  # fmt: skip
 
 
 def thinks(engine: Engine) -> bool:

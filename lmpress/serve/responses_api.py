@@ -61,6 +61,7 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
     server.check_model(body.model)
     engine_request, entry = server.engine_request(request, new_id("resp"), messages, sampling)
     head = ResponseHead(entry.id, server.model_name, body)
+    head.check()
     if body.stream:
         run = _stream(server, engine_request, head, entry)
     else:
