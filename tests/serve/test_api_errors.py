@@ -5,8 +5,6 @@ and Batch routes on."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 
@@ -128,9 +126,3 @@ def test_a_405_on_the_messages_routes_is_in_anthropics_shape(llama_state_server)
         response = http.get("/v1/messages")
     assert_anthropic_error(response, 405)
     assert response.headers["allow"] == "POST"
-
-
-def test_a_malformed_messages_body_is_in_anthropics_shape(llama_state_server):
-    with llama_state_server.http() as http:
-        for body in (b"{not json", json.dumps({"model": MODEL}).encode()):
-            assert_anthropic_error(http.post("/v1/messages", content=body), 400)
