@@ -212,7 +212,7 @@ class Server:
         result = await self.answers.complete(request)
         self._finish_log(entry, [result])
         if result.error is not None:
-            raise error_from_info(result.error)
+            raise error_from_info(result.error, entry.id)
         body = responses.chat_completion(entry.id, int(time.time()), self.model_name, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
@@ -223,7 +223,7 @@ class Server:
         self._finish_log(entry, results)
         for result in results:
             if result.error is not None:
-                raise error_from_info(result.error)
+                raise error_from_info(result.error, entry.id)
         body = responses.text_completion(
             entry.id, int(time.time()), self.model_name, results, echoes
         )
@@ -244,7 +244,7 @@ class Server:
         if isinstance(first[1], Result) and first[1].error is not None:
             await items.aclose()
             self._finish_log(entry, [first[1]])
-            raise error_from_info(first[1].error)
+            raise error_from_info(first[1].error, entry.id)
         lines = self._events(first, items, chunks, entry, echoes, n)
         return EventStream(lines, items, entry.id)
 
@@ -285,7 +285,7 @@ class Server:
                 else:
                     if value.error is not None:
                         self._finish_log(entry, [*results, value])
-                        yield responses.sse(error_from_info(value.error).body())
+                        yield responses.sse(error_from_info(value.error, entry.id).body())
                         yield responses.DONE
                         return
                     results.append(value)

@@ -97,4 +97,6 @@ async def _internal_error(request: HttpRequest, exc: Exception) -> JSONResponse:
     request_id = request_log(request.scope).id
     log.exception("internal error in %s", request_id)
     message = f"internal server error; the server's log has the details ({request_id})"
-    return answer(request, ApiError(500, message, type="server_error"))
+    # Answered outside the middleware that names every answer: named here.
+    headers = {"x-request-id": request_id}
+    return answer(request, ApiError(500, message, type="server_error", headers=headers))

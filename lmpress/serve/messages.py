@@ -141,7 +141,7 @@ class MessagesRoutes:
         result = await self.server.answers.complete(request)
         self._finish_log(entry, result)
         if result.error is not None:
-            raise error_from_info(result.error)
+            raise error_from_info(result.error, entry.id)
         body = wire.message_body(entry.id, self.server.model_name, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
@@ -153,7 +153,7 @@ class MessagesRoutes:
         if isinstance(first, Result) and first.error is not None:
             await items.aclose()
             self._finish_log(entry, first)
-            raise error_from_info(first.error)
+            raise error_from_info(first.error, entry.id)
         events = MessageEvents(entry.id, self.server.model_name)
         return EventStream(self._events(first, items, events, entry), items, entry.id)
 
@@ -175,7 +175,7 @@ class MessagesRoutes:
                 else:
                     self._finish_log(entry, item)
                     if item.error is not None:
-                        error = wire.anthropic_error(error_from_info(item.error))
+                        error = wire.anthropic_error(error_from_info(item.error, entry.id))
                         yield wire.event(error.body())
                         return
                     for line in events.finish(item):

@@ -81,7 +81,7 @@ async def _complete(
     result = await server.answers.complete(request)
     _log_result(entry, result)
     if result.error is not None:
-        raise error_from_info(result.error)
+        raise error_from_info(result.error, entry.id)
     return JSONResponse(dump(head.finished(result)), headers={"x-request-id": entry.id})
 
 
@@ -95,7 +95,7 @@ async def _stream(
     if isinstance(first, Result) and first.error is not None:
         await items.aclose()
         _log_result(entry, first)
-        raise error_from_info(first.error)
+        raise error_from_info(first.error, entry.id)
     return EventStream(_events(first, items, ResponseEvents(head), entry), items, entry.id)
 
 
@@ -116,7 +116,7 @@ async def _events(
             else:
                 _log_result(entry, item)
                 if item.error is not None:
-                    lines = events.failed(error_from_info(item.error))
+                    lines = events.failed(error_from_info(item.error, entry.id))
                 else:
                     lines = events.finish(item)
             for line in lines:

@@ -126,3 +126,25 @@ def test_a_405_on_the_messages_routes_is_in_anthropics_shape(llama_state_server)
         response = http.get("/v1/messages")
     assert_anthropic_error(response, 405)
     assert response.headers["allow"] == "POST"
+
+
+def test_a_bug_answers_500_with_the_request_id_and_logs_the_traceback(serve_process, echo_plugin):
+    from tests.conftest import with_plugin
+
+    served = serve_process(
+        "--engine", "ECHO", "--model.model_name", "echo-model",
+        env={**with_plugin(echo_plugin), "ECHO_RAISE": "Expected tensor of type Long"},
+    )  # fmt: skip
+    body = {"model": "echo-model", "messages": HI}
+    with served.http() as http:
+        response = http.post("/v1/chat/completions", json=body)
+        error = assert_error(response, 500)
+        assert error["type"] == "server_error"
+        assert "tensor" not in error["message"] and "RuntimeError" not in error["message"]
+        request_id = response.headers["x-request-id"]
+        assert request_id in error["message"]
+    with served.http() as http:  # a new connection: uvicorn closes one whose request raised
+        messages = http.post("/v1/messages", json={**body, "max_tokens": 4})
+        assert_anthropic_error(messages, 500)
+    line = served.wait_for_log(lambda line: "Expected tensor of type Long" in line)
+    assert "RuntimeError" in line  # the detail is the server's
