@@ -4,8 +4,10 @@ answers, for clients, code generators and fuzzers.
 A route's request body is the pydantic model the route itself validates with (`parse_body`):
 routes read their bodies themselves, to stop at `serve.max_body_bytes` as the bytes come and to
 refuse in the API's own words, so FastAPI cannot see the body and `json_body(Model)` declares
-it. Replies are the `openai` and `anthropic` packages' own types, which the routes build their
-answers from; errors are the API's error object (OpenAI's, or Anthropic's on /v1/messages).
+it, with the one model this server serves and an example request. Replies are the `openai`
+package's types the routes build their answers from (a Messages reply is described here, so
+serving needs no `anthropic` package); errors are the API's error object (OpenAI's, or
+Anthropic's on /v1/messages).
 
 The document is public, as vLLM's is: it says what the server takes, never what it holds.
 With --api-key it names the two ways to send the key, on the routes that need it.
@@ -28,7 +30,7 @@ ABOUT = "OpenAI's API (and Anthropic's Messages API) over the engine `lmpress se
 JSON = "application/json"
 
 
-# --- reply types the `openai` package has no name for (and Anthropic's) -----------------------------------------------
+# --- reply types the `openai` package has no name for, and Anthropic's ------------------------
 
 
 class OpenAIErrorBody(BaseModel):
@@ -131,7 +133,7 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
 }
 
 
-# --- what a route declares ---------------------------------------------------------------------
+# --- what a route declares -------------------------------------------------------------------
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -173,7 +175,7 @@ def replies(
     }
 
 
-# --- the document ------------------------------------------------------------------------------
+# --- the document ----------------------------------------------------------------------------
 
 
 def install(app: FastAPI, model_name: str, api_key: str | None) -> None:
