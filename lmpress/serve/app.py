@@ -19,8 +19,10 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
+from openai.types import Completion
+from openai.types import Model as OpenAIModel
+from openai.types.chat import ChatCompletion
+from openai.types.responses import Response as ApiResponse
 
 from lmpress.cache.answers import CachedAnswers
 from lmpress.cache.responses import CacheMode, ResponseCache, cache_mode
@@ -33,8 +35,8 @@ from lmpress.openai_wire import responses
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling
 from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
-from lmpress.openai_wire.responses_api.requests import RESPONSES_PATH
-from lmpress.serve import limits, messages, metrics, pooling, responses_api
+from lmpress.openai_wire.responses_api.requests import RESPONSES_PATH, ResponsesBody
+from lmpress.serve import errors, limits, messages, metrics, openapi, pooling, responses_api
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -43,12 +45,12 @@ from lmpress.serve.asgi import (
     RequireKey,
     Response,
     Slots,
-    error_response,
     new_id,
     request_log,
 )
 from lmpress.serve.batches import add_batch_routes
 from lmpress.serve.media import AfterImages, ClientImages
+from lmpress.version import __version__
 from lmpress.vocabulary.errors import ErrorKind, InputError, UnsupportedParamError
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result, Usage
 
@@ -215,7 +217,7 @@ class Server:
         result = await self.answers.complete(request)
         self._finish_log(entry, [result])
         if result.error is not None:
-            raise error_from_info(result.error)
+            raise error_from_info(result.error, entry.id)
         body = responses.chat_completion(entry.id, int(time.time()), self.model_name, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
@@ -226,7 +228,7 @@ class Server:
         self._finish_log(entry, results)
         for result in results:
             if result.error is not None:
-                raise error_from_info(result.error)
+                raise error_from_info(result.error, entry.id)
         body = responses.text_completion(
             entry.id, int(time.time()), self.model_name, results, echoes
         )
@@ -247,7 +249,7 @@ class Server:
         if isinstance(first[1], Result) and first[1].error is not None:
             await items.aclose()
             self._finish_log(entry, [first[1]])
-            raise error_from_info(first[1].error)
+            raise error_from_info(first[1].error, entry.id)
         lines = self._events(first, items, chunks, entry, echoes, n)
         return EventStream(lines, items, entry.id)
 
@@ -288,7 +290,7 @@ class Server:
                 else:
                     if value.error is not None:
                         self._finish_log(entry, [*results, value])
-                        yield responses.sse(error_from_info(value.error).body())
+                        yield responses.sse(error_from_info(value.error, entry.id).body())
                         yield responses.DONE
                         return
                     results.append(value)
@@ -353,10 +355,11 @@ async def merged(
 def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None) -> FastAPI:
     """The OpenAI-compatible app over `engine`. The caller owns the engine (and closes it)."""
     server = Server(engine, settings)
-    app = FastAPI(title="lmpress", docs_url=None, redoc_url=None, openapi_url=None)
+    # The document, never the docs pages: those load their scripts from elsewhere.
+    app = FastAPI(title="lmpress", version=__version__, docs_url=None, redoc_url=None)
     app.state.server = server
 
-    @app.get("/health")
+    @app.get("/health", response_model=None, responses=openapi.replies())
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",
@@ -365,54 +368,34 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
             "requests_in_flight": server.slots.in_use,
         }
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=None, responses=openapi.replies(openapi.ModelList))
     async def list_models() -> dict[str, Any]:
         return responses.model_list([server.model_name], server.created, "lmpress")
 
-    @app.get("/v1/models/{model:path}")
+    @app.get("/v1/models/{model:path}", response_model=None, responses=openapi.replies(OpenAIModel))
     async def get_model(model: str) -> dict[str, Any]:
         server.check_model(model)
         return responses.model_card(model, server.created, "lmpress")
 
-    app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"])
-    app.add_api_route("/v1/completions", server.completions, methods=["POST"])
-    app.add_api_route(RESPONSES_PATH, partial(responses_api.responses, server), methods=["POST"])
-    for paths, route in (
-        ((wire.EMBEDDINGS_PATH,), pooling.embeddings),
-        (wire.SCORE_PATHS, pooling.score),
-        (wire.RERANK_PATHS, pooling.rerank),
-    ):
+    for paths, route, body, reply, stream in (
+        ((bodies.CHAT_PATH,), server.chat_completions, bodies.ChatCompletionBody, ChatCompletion, True),
+        ((bodies.COMPLETIONS_PATH,), server.completions, bodies.CompletionBody, Completion, True),
+        ((RESPONSES_PATH,), partial(responses_api.responses, server), ResponsesBody, ApiResponse, True),
+        ((wire.EMBEDDINGS_PATH,), partial(pooling.embeddings, server), wire.EmbeddingsBody, openapi.Embeddings, False),
+        (wire.SCORE_PATHS, partial(pooling.score, server), wire.ScoreBody, None, False),
+        (wire.RERANK_PATHS, partial(pooling.rerank, server), wire.RerankBody, None, False),
+    ):  # fmt: skip
         for path in paths:
-            app.add_api_route(path, partial(route, server), methods=["POST"])
+            app.add_api_route(
+                path, route, methods=["POST"], openapi_extra=openapi.json_body(body),
+                response_model=None, responses=openapi.replies(reply, stream=stream),
+            )  # fmt: skip
     messages.register(app, server)  # Anthropic's /v1/messages and its count_tokens
     app.state.batch_runs = add_batch_routes(app, engine, settings.state_dir, server.images)
     if app.state.batch_runs is not None:  # each batch line and its tokens, in /metrics
         app.state.batch_runs.line_listeners.append(server.metrics.count_batch_line)
-
-    async def api_error(request: HttpRequest, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, ApiError)
-        return error_response(exc)
-
-    async def http_error(request: HttpRequest, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        where = f"{request.method} {request.url.path}"
-        message = f"{where}: {exc.detail}" if exc.status_code != 404 else f"no route {where}"
-        return error_response(ApiError(exc.status_code, message, code=code))
-
-    async def disconnected(request: HttpRequest, exc: Exception) -> JSONResponse:
-        request_log(request.scope).cancelled = True
-        return error_response(ApiError(400, "the client went away while sending its request"))
-
-    async def internal_error(request: HttpRequest, exc: Exception) -> JSONResponse:
-        log.exception("internal error in %s", request_log(request.scope).id)
-        error = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
-        return error_response(error)
-
-    app.add_exception_handler(ApiError, api_error)
-    app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(ClientDisconnect, disconnected)
-    app.add_exception_handler(Exception, internal_error)
+    errors.install(app)
+    openapi.install(app, server.model_name, api_key)
     app.add_middleware(RequireKey, api_key=api_key)
     metrics.install(app, server.metrics)  # GET /metrics, and the count of every request
     app.add_middleware(LogRequests)  # added last, so outermost: it sees every answer

@@ -21,11 +21,11 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 from fastapi import Request as HttpRequest
-from openai.types import Batch, BatchError, BatchRequestCounts
+from openai.types import Batch, BatchError, BatchRequestCounts, FileDeleted, FileObject
 from openai.types.batch import Errors
 from pydantic import BaseModel, ConfigDict
 
@@ -41,7 +41,8 @@ from lmpress.engines.base import Engine, error_result
 from lmpress.openai_wire import requests as bodies
 from lmpress.openai_wire.errors import ApiError
 from lmpress.openai_wire.pooling import EMBEDDINGS_PATH
-from lmpress.serve.files import FileRoutes, read_limited
+from lmpress.serve import openapi
+from lmpress.serve.files import PURPOSES, FileRoutes, read_limited
 from lmpress.serve.media import ClientImages, local_file_refused
 from lmpress.serve.state import StateStore, new_object_id
 from lmpress.vocabulary.errors import ErrorKind, LmpressError
@@ -194,8 +195,9 @@ class BatchRuns:
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         return self._find(batch_id).model_dump()
 
-    async def list(self, after: str | None = None, limit: int = 20) -> dict[str, Any]:
-        limit = max(1, min(limit, 100))
+    async def list(
+        self, after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
+    ) -> dict[str, Any]:
         batches = [self.live.get(b.id, b) for b in self.store.batches()]
         if after is not None:
             ids = [b.id for b in batches]
@@ -437,20 +439,31 @@ def add_batch_routes(
             "/v1/batches",
             "/v1/batches/{rest:path}",
         ):
-            app.add_api_route(path, off, methods=["GET", "POST", "DELETE"])
+            app.add_api_route(
+                path, off, methods=["GET", "POST", "DELETE"], response_model=None,
+                responses=openapi.replies(),
+            )  # fmt: skip
         return None
     store = StateStore(state_dir)
     files, runs = FileRoutes(store), BatchRuns(engine, store, images)
-    for path, route, method in (
-        ("/v1/files", files.upload, "POST"),
-        ("/v1/files", files.list, "GET"),
-        ("/v1/files/{file_id}", files.retrieve, "GET"),
-        ("/v1/files/{file_id}", files.delete, "DELETE"),
-        ("/v1/files/{file_id}/content", files.content, "GET"),
-        ("/v1/batches", runs.create, "POST"),
-        ("/v1/batches", runs.list, "GET"),
-        ("/v1/batches/{batch_id}", runs.retrieve, "GET"),
-        ("/v1/batches/{batch_id}/cancel", runs.cancel, "POST"),
+    upload = openapi.form_body(
+        {"file": {"type": "string", "format": "binary"}, "purpose": {"enum": list(PURPOSES)}},
+        ["file", "purpose"],
+    )
+    for path, route, method, reply, extra in (
+        ("/v1/files", files.upload, "POST", FileObject, upload),
+        ("/v1/files", files.list, "GET", openapi.FileList, None),
+        ("/v1/files/{file_id}", files.retrieve, "GET", FileObject, None),
+        ("/v1/files/{file_id}", files.delete, "DELETE", FileDeleted, None),
+        ("/v1/files/{file_id}/content", files.content, "GET", None, None),
+        ("/v1/batches", runs.create, "POST", Batch, openapi.json_body(CreateBatchBody)),
+        ("/v1/batches", runs.list, "GET", openapi.BatchList, None),
+        ("/v1/batches/{batch_id}", runs.retrieve, "GET", Batch, None),
+        ("/v1/batches/{batch_id}/cancel", runs.cancel, "POST", Batch, None),
     ):
-        app.add_api_route(path, route, methods=[method])
+        media = "application/octet-stream" if reply is None else None
+        app.add_api_route(
+            path, route, methods=[method], openapi_extra=extra, response_model=None,
+            responses=openapi.replies(reply, media=media),
+        )  # fmt: skip
     return runs

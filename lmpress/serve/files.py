@@ -9,8 +9,9 @@ when a batch runs it, and a malformed line fails alone into the batch's error fi
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import Query
 from fastapi import Request as HttpRequest
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.datastructures import UploadFile
@@ -77,7 +78,9 @@ class FileRoutes:
             await form.close()  # the spooled file goes
         return JSONResponse(file.model_dump())
 
-    async def list(self, purpose: str | None = None, limit: int = 10000) -> dict[str, Any]:
+    async def list(
+        self, purpose: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 10000
+    ) -> dict[str, Any]:
         files = [f for f in self.store.files() if purpose is None or f.purpose == purpose]
         data = [f.model_dump() for f in files[:limit]]
         return {"object": "list", "data": data, "has_more": len(files) > limit}

@@ -24,7 +24,7 @@ from lmpress.engines.prompt_count import PromptCounter
 from lmpress.openai_wire.errors import ApiError, error_from_info
 from lmpress.openai_wire.requests import Sampling, parse_body
 from lmpress.serve import anthropic_wire as wire
-from lmpress.serve import pooling
+from lmpress.serve import openapi, pooling
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -55,8 +55,20 @@ class Server(pooling.Server, Protocol):
 def register(app: FastAPI, server: Server) -> None:
     """Add the two routes to `app`."""
     routes = MessagesRoutes(server)
-    app.add_api_route(wire.MESSAGES_PATH, routes.messages, methods=["POST"])
-    app.add_api_route(wire.COUNT_TOKENS_PATH, routes.count_tokens, methods=["POST"])
+    for path, route, body, reply, stream in (
+        (wire.MESSAGES_PATH, routes.messages, wire.MessagesBody, openapi.AnthropicMessage, True),
+        (
+            wire.COUNT_TOKENS_PATH,
+            routes.count_tokens,
+            wire.CountTokensBody,
+            openapi.TokensCount,
+            False,
+        ),
+    ):
+        app.add_api_route(
+            path, route, methods=["POST"], openapi_extra=openapi.json_body(body),
+            response_model=None, responses=openapi.replies(reply, stream=stream, anthropic=True),
+        )  # fmt: skip
 
 
 def thinks(engine: Engine) -> bool:
@@ -137,7 +149,7 @@ class MessagesRoutes:
         result = await self.server.answers.complete(request)
         self._finish_log(entry, result)
         if result.error is not None:
-            raise error_from_info(result.error)
+            raise error_from_info(result.error, entry.id)
         body = wire.message_body(entry.id, self.server.model_name, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
@@ -149,7 +161,7 @@ class MessagesRoutes:
         if isinstance(first, Result) and first.error is not None:
             await items.aclose()
             self._finish_log(entry, first)
-            raise error_from_info(first.error)
+            raise error_from_info(first.error, entry.id)
         events = MessageEvents(entry.id, self.server.model_name)
         return EventStream(self._events(first, items, events, entry), items, entry.id)
 
@@ -171,7 +183,7 @@ class MessagesRoutes:
                 else:
                     self._finish_log(entry, item)
                     if item.error is not None:
-                        error = wire.anthropic_error(error_from_info(item.error))
+                        error = wire.anthropic_error(error_from_info(item.error, entry.id))
                         yield wire.event(error.body())
                         return
                     for line in events.finish(item):

@@ -36,6 +36,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lmpress.engines.base import Engine
+from lmpress.serve import openapi
 from lmpress.serve.asgi import CLIENT_CLOSED, Slots, request_log
 from lmpress.vocabulary.types import Usage
 
@@ -238,5 +239,7 @@ def install(app: FastAPI, metrics: ServeMetrics) -> None:
     async def metrics_route(request: HttpRequest) -> HttpResponse:
         return HttpResponse(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_api_route(METRICS_PATH, metrics_route, methods=["GET"], include_in_schema=False)
+    app.add_api_route(
+        METRICS_PATH, metrics_route, methods=["GET"], responses=openapi.replies(media="text/plain")
+    )
     app.add_middleware(CountRequests, metrics=metrics, routes=app.router.routes)

@@ -98,7 +98,7 @@ async def embeddings(server: Server, request: HttpRequest) -> GenerationResponse
         result = await server.answers.embed(embed)
         entry.usage = Usage(result.usage.prompt_tokens, 0)
         if result.error is not None:
-            raise error_from_info(result.error)
+            raise error_from_info(result.error, entry.id)
         out = wire.embeddings_response(result, server.model_name, got.encoding_format)
         return JSONResponse(out, headers={"x-request-id": entry.id})
 
@@ -143,5 +143,5 @@ async def _scored(server: Server, entry: RequestLog, request: ScoreRequest):
     result = await server.answers.score(request)
     entry.usage = Usage(result.usage.prompt_tokens, 0)
     if result.error is not None:
-        raise error_from_info(result.error)
+        raise error_from_info(result.error, entry.id)
     return result

@@ -62,6 +62,7 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
     server.check_model(body.model)
     engine_request, entry = server.engine_request(request, new_id("resp"), messages, sampling)
     head = ResponseHead(entry.id, server.model_name, body)
+    head.check()
     if body.stream:
         run = _stream(server, engine_request, head, entry)
     else:
@@ -81,7 +82,7 @@ async def _complete(
     result = await server.answers.complete(request)
     _log_result(entry, result)
     if result.error is not None:
-        raise error_from_info(result.error)
+        raise error_from_info(result.error, entry.id)
     return JSONResponse(dump(head.finished(result)), headers={"x-request-id": entry.id})
 
 
@@ -95,7 +96,7 @@ async def _stream(
     if isinstance(first, Result) and first.error is not None:
         await items.aclose()
         _log_result(entry, first)
-        raise error_from_info(first.error)
+        raise error_from_info(first.error, entry.id)
     return EventStream(_events(first, items, ResponseEvents(head), entry), items, entry.id)
 
 
@@ -116,7 +117,7 @@ async def _events(
             else:
                 _log_result(entry, item)
                 if item.error is not None:
-                    lines = events.failed(error_from_info(item.error))
+                    lines = events.failed(error_from_info(item.error, entry.id))
                 else:
                     lines = events.finish(item)
             for line in lines:

@@ -26,7 +26,7 @@ def test_every_error_kind_has_a_status():
 
 @pytest.mark.parametrize("kind", list(ErrorKind))
 def test_serve_and_batch_give_a_kind_the_same_status(kind):
-    error = error_from_info(ErrorInfo(kind, "why"))
+    error = error_from_info(ErrorInfo(kind, "why"), "req-1")
     line = render_error("row-1", kind, "why", None)
     assert error.status == line["response"]["status_code"] == HTTP_STATUS[kind]
     assert error.body()["error"]["code"] == line["error"]["code"] == kind.value
@@ -36,8 +36,21 @@ def test_serve_and_batch_give_a_kind_the_same_status(kind):
 
 
 def test_a_remote_apis_own_status_wins():
-    assert error_from_info(ErrorInfo("rate_limited", "slow down", 429)).status == 429
-    assert error_from_info(ErrorInfo("server_error", "bad gateway", 502)).status == 502
+    assert error_from_info(ErrorInfo("rate_limited", "slow down", 429), "req-1").status == 429
+    assert error_from_info(ErrorInfo("server_error", "bad gateway", 502), "req-1").status == 502
+
+
+def test_an_engines_unforeseen_failure_reaches_the_log_not_the_client(caplog):
+    torch_words = "RuntimeError: Expected tensor for argument #1 'indices' to have one of ..."
+    error = error_from_info(ErrorInfo(ErrorKind.GENERATION_ERROR, torch_words), "req-7")
+    assert error.status == 500
+    assert error.message == (
+        "the engine failed on this request; the server's log has the details (req-7)"
+    )
+    assert f"req-7: the engine failed: {torch_words}" in caplog.text
+    # A remote API's own words are the client's to read.
+    upstream = error_from_info(ErrorInfo("server_error", "bad gateway", 502), "req-8")
+    assert upstream.message == "bad gateway"
 
 
 def test_an_unknown_kind_fails_where_it_is_made():

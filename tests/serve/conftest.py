@@ -119,6 +119,17 @@ def llama_server(serve_process, tiny_llama) -> Served:
 
 
 @pytest.fixture(scope="session")
+def llama_state_server(serve_process, tiny_llama, tmp_path_factory) -> Served:
+    """The tiny Llama on NATIVE, as `llama_server`, with the Files and Batch routes on (a
+    state directory of its own); replies are cut at 8 tokens."""
+    return serve_process(
+        "--engine", "NATIVE", "--model.model_name", tiny_llama,
+        "--serve.served_model_name", "tiny-llama", "--generation.max_new_tokens", "8",
+        "--state-dir", str(tmp_path_factory.mktemp("state")),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def echo_server(serve_process, echo_plugin) -> Served:
     """ECHO: the reply is a transcript of what reached the engine. Small body limit (413)."""
     return serve_process(

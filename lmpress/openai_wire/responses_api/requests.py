@@ -27,11 +27,15 @@ class TextConfig(_Strict):
     verbosity: str | None = None  # refused when given: lmpress cannot honour it
 
 
+# The summaries `openai`'s Reasoning type takes (the response repeats the request's).
+Summary = Literal["auto", "concise", "detailed"]
+
+
 class ReasoningConfig(_Strict):
     effort: str | None = None
     # Accepted: the thinking comes whole as the reasoning item's content, never summarized.
-    summary: str | None = None
-    generate_summary: str | None = None
+    summary: Summary | None = None
+    generate_summary: Summary | None = None
 
 
 class ResponsesBody(_Strict):
@@ -52,7 +56,7 @@ class ResponsesBody(_Strict):
     include: list[str] | None = None  # accepted; there is nothing more to include
     truncation: Literal["disabled"] | None = None  # "auto" would drop turns: refused
     # Accepted and without effect on what is generated.
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None  # repeated in the response, as strings
     user: str | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None

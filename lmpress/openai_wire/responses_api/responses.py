@@ -36,9 +36,10 @@ from openai.types.responses import (
 )
 from openai.types.responses.response_reasoning_item import Content as ReasoningText
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from lmpress.openai_wire.errors import ApiError
+from lmpress.openai_wire.requests import validation_error
 from lmpress.openai_wire.responses_api.requests import ResponsesBody
 from lmpress.vocabulary.types import FinishReason, Result, Sample, ToolCall
 from lmpress.vocabulary.types import Usage as EngineUsage
@@ -95,6 +96,15 @@ class ResponseHead:
             usage=None if usage is None else _usage(usage), store=False,
         )  # fmt: skip
         return Response(**{**fields, **extra})
+
+    def check(self) -> None:
+        """A 400 naming the argument, for a request whose settings the response cannot
+        repeat: `openai`'s Response type, which the response is built from, is stricter about
+        some of them (metadata values, reasoning's summary) than the body's own model."""
+        try:
+            self.response("in_progress")
+        except ValidationError as exc:
+            raise validation_error(exc) from None
 
     def reasoning_item(self, text: str, status: str = "completed") -> ResponseReasoningItem:
         opened = status == "in_progress"  # its text comes in the content part events

@@ -10,6 +10,7 @@ each sample streams that text, word by word, as its thinking before the transcri
 local engines stream a thinking block (`Delta.reasoning`), and counts it in the usage;
 `generation.max_reasoning_tokens` cuts it to that many words, `reasoning_effort: none` drops
 it, and an earlier turn's thinking shows in the transcript as that message's `reasoning`.
+ECHO_RAISE makes every reply raise RuntimeError with that text, as an engine's bug would.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class EchoEngine(Engine):
     )  # fmt: skip
 
     async def stream(self, request: Request):
+        if os.environ.get("ECHO_RAISE"):
+            raise RuntimeError(os.environ["ECHO_RAISE"])
         delay = float(os.environ.get("ECHO_DELAY_S", "0"))
         if os.environ.get("ECHO_WARN"):
             warnings.warn("ECHO's `transcript` is deprecated: use `record`", FutureWarning, 1)
