@@ -11,10 +11,11 @@ from tests.test_unicode import BIG, LIMIT, TEXTS, echo_of
 
 @pytest.fixture(scope="module")
 def roomy_echo_server(serve_process, echo_plugin):
-    """ECHO behind serve, with room in a request body for the 10 MB line."""
+    """ECHO behind serve, with room in a request body and a prompt for the 10 MB line."""
     return serve_process(
         "--engine", "ECHO", "--model.model_name", "echo-model",
-        "--serve.max_body_bytes", str(32 * 2**20), *LIMIT,
+        "--serve.max_body_bytes", str(32 * 2**20), "--serve.max_prompt_bytes", str(32 * 2**20),
+        *LIMIT,
         env=with_plugin(echo_plugin),
     )  # fmt: skip
 
