@@ -74,7 +74,7 @@ class BatchJob:
         self.events = events or BatchEvents()
         self.source: Source = open_source(options.input_path, options.input_format, options.split)
         file_format = output_file_format(options.output_path, options.file_format)
-        self.files = JobFiles.beside(options.output_path, file_format)
+        self.files = JobFiles.found(options.output_path, file_format)
         self.target = resolve_output(options.output_path, options.input_path, self.files.side_files)
         parquet = file_format is FileFormat.PARQUET
         if self.target.stream and parquet:

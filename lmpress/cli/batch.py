@@ -257,7 +257,7 @@ def run_file(
     # Every path checked before anything is opened for writing or any model loads.
     open_source(input_path, options.input_format, options.split)
     file_format = output_file_format(output_path, options.file_format)
-    files = JobFiles.beside(output_path, file_format)
+    files = JobFiles.found(output_path, file_format)
     target = resolve_output(output_path, input_path, files.side_files)
     if not target.stream:
         _check_writable(output_path)

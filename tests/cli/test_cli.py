@@ -175,7 +175,9 @@ def test_bad_rows_are_reported_and_good_rows_complete(tmp_path):
         assert f"{src}:{2 * line_no - 2}: " in run.stderr
         assert expected in run.stderr
     assert "not valid UTF-8" in run.stderr
-    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    errors = [
+        json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
+    ]
     assert len(errors) == len(BAD_LINES) + 1
     assert {e["line"] for e in errors} == {2 * i for i in range(1, len(BAD_LINES) + 1)} | {
         len(lines) + 1
@@ -198,7 +200,7 @@ def test_a_failed_generation_fails_its_row_only(tmp_path):
         "ok-2",
     ]
     (error,) = [
-        json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()
+        json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
     ]
     assert error["id"] == "huge" and error["line"] == 2
     assert error["error"]["kind"] == "context_length_exceeded"
