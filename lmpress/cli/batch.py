@@ -41,7 +41,8 @@ def batch(
             "-i",
             "--input",
             help="Input: JSONL (.gz .zst .bz2 .xz too), Parquet, CSV/TSV, or a Hugging Face "
-            "dataset (a save_to_disk or data directory, or hf:ORG/NAME).",
+            "dataset (a save_to_disk or data directory, or hf:ORG/NAME); - for stdin (a pipe "
+            "or FIFO too: JSONL, or CSV/TSV with --input-format).",
         ),
     ] = None,
     output: Annotated[
