@@ -35,7 +35,7 @@ from lmpress.data.resume import (
 )
 from lmpress.data.row_shapes import OutputShape, ParsedRow, output_shape_for
 from lmpress.data.sources import Source, open_source
-from lmpress.data.spool import spooled
+from lmpress.data.spool import remove_stale, spooled
 from lmpress.data.targets import (
     STDIO,
     output_file_format,
@@ -120,7 +120,9 @@ class BatchJob:
     def _lock_output(self) -> OutputLock | nullcontext:
         if self.target.stream:  # nothing to resume, so nothing two jobs could write twice
             return nullcontext()
-        return OutputLock.take(self.files.lock, self.options.output_path)
+        lock = OutputLock.take(self.files.lock, self.options.output_path)
+        remove_stale(self.files.output.parent, self.files.output.name, self.source.path)
+        return lock
 
     async def _run(self) -> BatchSummary:
         started = time.perf_counter()

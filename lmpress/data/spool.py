@@ -14,6 +14,7 @@ a job that was stopped.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import sys
 import tempfile
@@ -52,6 +53,14 @@ def spooled(source: Source, folder: Path | None = None, label: str = "") -> Iter
             yield copied
         finally:
             Path(spool).unlink(missing_ok=True)
+
+
+def remove_stale(folder: Path, label: str, keep: str) -> None:
+    """Remove the copies a killed job (kill -9) left of its piped input; the job writing the
+    output calls this once it holds the output's lock, so no live job's copy is among them."""
+    for stale in folder.glob(f".{glob.escape(label)}.input-*"):
+        if str(stale) != keep:
+            stale.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -145,6 +145,7 @@ def test_a_killed_piped_job_resumes_when_the_same_rows_are_piped_again(tmp_path,
             proc.kill()
     done = len(ids_in(out))
     assert done < count  # killed part-way
+    assert list(tmp_path.glob(".out.jsonl.input-*"))  # kill -9 left its copy of the input
     rerun = batch(args, with_plugin(echo_plugin), stdin=data)
     stderr = rerun.stderr.decode()
     assert rerun.returncode == 0, stderr
@@ -153,6 +154,7 @@ def test_a_killed_piped_job_resumes_when_the_same_rows_are_piped_again(tmp_path,
     summary = summary_of(out)
     assert (summary["rows_total"], summary["rows_skipped"]) == (count, done)
     assert summary["rows_ok"] == count - done
+    assert not list(tmp_path.glob(".*"))  # the next job on the output removed it
 
 
 def test_a_stopped_jobs_summary_adds_up(tmp_path, echo_plugin):
