@@ -77,7 +77,7 @@ def run_batch(server: LLMServer, rows: Path, out: Path, count: int, workers: int
     wall = time.perf_counter() - started
     match = re.search(r"wall time\s*│\s*([\d.]+) s", proc.stderr)
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()] if out.exists() else []
-    errors_path = out.with_name(out.name.replace(".jsonl", ".errors.jsonl"))
+    errors_path = out.with_name(f"{out.name}.errors.jsonl")
     errors = len(errors_path.read_text().splitlines()) if errors_path.exists() else 0
     if len(ids) != len(set(ids)):
         raise SystemExit(f"rows written twice: {len(ids) - len(set(ids))}")

@@ -74,7 +74,7 @@ def run_batch(server, rows, out, cache, *extra) -> tuple[float, dict]:
 
 
 def summary_of(out: Path) -> dict:
-    return json.loads(out.with_name(out.name.replace(".jsonl", ".summary.json")).read_text())
+    return json.loads(out.with_name(f"{out.name}.summary.json").read_text())
 
 
 def asked(server: LLMServer) -> int:

@@ -26,6 +26,7 @@ class BatchSummary:
     rows_ok: int = 0
     rows_failed: int = 0
     rows_skipped: int = 0  # done (or set aside) by an earlier run
+    rows_left: int = 0  # not reached: a stop (a signal, a budget, --max-errors) came first
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # of completion_tokens, a reasoning model's thinking
@@ -68,6 +69,17 @@ class BatchSummary:
             return STOP_SIGNALS.get(self.signal or "SIGINT", EXIT_INTERRUPTED)
         return EXIT_FAILED_ROWS if self.rows_failed or self.stopped_because else EXIT_OK
 
+    def count_left(self) -> None:
+        """Count the rows a stop left: every row of the job is done, failed, skipped or left.
+        A job whose counts do not add up lost rows somewhere; it says so (RowCountError)
+        rather than report success."""
+        self.rows_left = self.rows_total - (self.rows_ok + self.rows_failed + self.rows_skipped)
+        stopped = self.interrupted or self.stopped_because is not None
+        if self.rows_left < 0 or (self.rows_left and not stopped):
+            error = RowCountError(self)
+            self.stopped_because = str(error)
+            raise error
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "input": self.input_path,
@@ -76,6 +88,7 @@ class BatchSummary:
             "rows_ok": self.rows_ok,
             "rows_failed": self.rows_failed,
             "rows_skipped": self.rows_skipped,
+            "rows_left": self.rows_left,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             # Only where a model reasoned, so other runs' summaries stay as they were.
@@ -107,6 +120,19 @@ class BatchSummary:
             "saved_usd": saved,
             "longest_write_wait_s": round(self.cache_write_wait_s, 3),
         }
+
+
+class RowCountError(RuntimeError):
+    """A job's rows do not add up (rows_total != ok + failed + skipped + left): rows were lost
+    on the way, a fault of lmpress's, never reported as a success."""
+
+    def __init__(self, summary: BatchSummary):
+        s = summary
+        super().__init__(
+            f"the job's rows do not add up: {s.rows_total} in the input, {s.rows_ok} ok, "
+            f"{s.rows_failed} failed, {s.rows_skipped} skipped, {max(s.rows_left, 0)} left by "
+            f"a stop; the output may lack rows: re-run the same command to resume"
+        )
 
 
 @dataclass

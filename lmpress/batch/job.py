@@ -9,8 +9,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 from lmpress.batch.budget import Budget
@@ -35,6 +35,7 @@ from lmpress.data.resume import (
 )
 from lmpress.data.row_shapes import OutputShape, ParsedRow, output_shape_for
 from lmpress.data.sources import Source, open_source
+from lmpress.data.spool import remove_stale, spooled
 from lmpress.data.targets import (
     STDIO,
     output_file_format,
@@ -74,7 +75,7 @@ class BatchJob:
         self.events = events or BatchEvents()
         self.source: Source = open_source(options.input_path, options.input_format, options.split)
         file_format = output_file_format(options.output_path, options.file_format)
-        self.files = JobFiles.beside(options.output_path, file_format)
+        self.files = JobFiles.found(options.output_path, file_format)
         self.target = resolve_output(options.output_path, options.input_path, self.files.side_files)
         parquet = file_format is FileFormat.PARQUET
         if self.target.stream and parquet:
@@ -103,14 +104,25 @@ class BatchJob:
     # --- the whole job ---------------------------------------------------------------------
 
     async def run(self) -> BatchSummary:
-        # One job per output: locked before anything an earlier run left is read or removed.
-        with self._lock_output():
+        # A piped input is copied once, so the scan and the run both read it; then one job per
+        # output: locked before anything an earlier run left is read or removed.
+        with self._spooled_input(), self._lock_output():
             return await self._run()
+
+    @contextmanager
+    def _spooled_input(self) -> Iterator[None]:
+        beside = not self.target.stream  # a streamed output has no folder of its own
+        folder, label = (self.files.output.parent, self.files.output.name) if beside else (None, "")
+        with spooled(self.source, folder, label) as source:
+            self.source = source
+            yield
 
     def _lock_output(self) -> OutputLock | nullcontext:
         if self.target.stream:  # nothing to resume, so nothing two jobs could write twice
             return nullcontext()
-        return OutputLock.take(self.files.lock, self.options.output_path)
+        lock = OutputLock.take(self.files.lock, self.options.output_path)
+        remove_stale(self.files.output.parent, self.files.output.name, self.source.path)
+        return lock
 
     async def _run(self) -> BatchSummary:
         started = time.perf_counter()
@@ -142,6 +154,7 @@ class BatchJob:
                 self._out, self._errors = out, errors
                 await self._process(done, set_aside)
             self._finish_output()
+            self.summary.count_left()
             ended = "ok"
         except OutputWriteError as exc:
             self.summary.stopped_because = str(exc)

@@ -41,7 +41,8 @@ def batch(
             "-i",
             "--input",
             help="Input: JSONL (.gz .zst .bz2 .xz too), Parquet, CSV/TSV, or a Hugging Face "
-            "dataset (a save_to_disk or data directory, or hf:ORG/NAME).",
+            "dataset (a save_to_disk or data directory, or hf:ORG/NAME); - for stdin (a pipe "
+            "or FIFO too: JSONL, or CSV/TSV with --input-format).",
         ),
     ] = None,
     output: Annotated[
@@ -259,7 +260,7 @@ def run_file(
     # Every path checked before anything is opened for writing or any model loads.
     open_source(input_path, options.input_format, options.split)
     file_format = output_file_format(output_path, options.file_format)
-    files = JobFiles.beside(output_path, file_format)
+    files = JobFiles.found(output_path, file_format)
     target = resolve_output(output_path, input_path, files.side_files)
     if not target.stream:
         _check_writable(output_path)

@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 from lmpress.batch import BatchEvents, BatchSummary, RowFailure
 from lmpress.progress import ProgressBar
 
+# Failed rows said on stderr, one line each, when the errors file keeps every one: a file of
+# many bad lines would otherwise flood the terminal; the rest are counted at the end.
+SHOWN_FAILURES = 5
+
 if TYPE_CHECKING:
     from lmpress.dryrun.tally import DryRunSummary
 
@@ -20,9 +24,13 @@ class BatchReport(BatchEvents):
         self.bar = ProgressBar("lmpress batch", self.stream) if bar else None
         self.input_path = ""
         self.input_unit = "line"
+        self.errors_path: str | None = None
+        self.said = 0
+        self.unsaid = 0  # failed rows not said, since the errors file keeps them
 
     def started(self, summary: BatchSummary) -> None:
         self.input_path, self.input_unit = summary.input_path, summary.input_unit
+        self.errors_path = summary.errors_path
         if self.bar is not None:
             self.bar.start(summary.rows_total)
 
@@ -38,6 +46,10 @@ class BatchReport(BatchEvents):
             self.bar.update(summary.rows_done, summary.rows_skipped, summary.completion_tokens)
 
     def row_failed(self, failure: RowFailure) -> None:
+        if self.errors_path is not None and self.said >= SHOWN_FAILURES:
+            self.unsaid += 1
+            return
+        self.said += 1
         where = f"{self.input_path}:{failure.line}"
         if self.input_unit == "row":
             where = f"{self.input_path} row {failure.line}"
@@ -46,6 +58,12 @@ class BatchReport(BatchEvents):
     def finished(self, summary: BatchSummary) -> None:
         if self.bar is not None:
             self.bar.stop()
+        if self.unsaid:
+            print(
+                f"lmpress: {self.unsaid} more failed rows not shown; every failed row is in "
+                f"{self.errors_path}",
+                file=self.stream,
+            )
 
     def summary_table(self, summary: BatchSummary) -> None:
         from rich.console import Console

@@ -68,15 +68,16 @@ def open_input(path: str | Path) -> IO[bytes]:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from exc
 
 
-def read_lines(path: str | Path) -> Iterator[Line]:
-    """Every non-blank line of a JSONL file, decoded, with its line number.
+def read_lines(path: str | Path, name: str | Path | None = None) -> Iterator[Line]:
+    """Every non-blank line of a JSONL file, decoded, with its line number; `name`: what
+    messages call the file, where that is not its path (a piped input's spool).
 
     A line that is not UTF-8 or not JSON comes back with `error` set; reading goes on. A
     byte-order mark before the first line is skipped. A compressed file that ends early (a
     copy cut short) is one clear InputError after the lines that could be read.
     """
     with open_input(path) as handle:
-        lines = _Lines(handle, path)
+        lines = _Lines(handle, name or path)
         reader = jsonlines.Reader(lines, loads=_loads)
         while True:
             try:

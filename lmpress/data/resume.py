@@ -1,10 +1,10 @@
 """What a batch job leaves beside its output, and how a re-run picks up from it.
 
-OUT.jsonl is the one record of which rows are done: each line is written whole and flushed,
-so after a crash it holds every finished row and at most one torn last line, which is cut off.
-A Parquet output cannot be appended to, so its record is a journal beside it:
+The output OUT (say ans.jsonl) is the one record of which rows are done: each line is written
+whole and flushed, so after a crash it holds every finished row and at most one torn last
+line, which is cut off. A Parquet output cannot be appended to, so its record is a journal:
 - OUT.journal.jsonl   every row done (and, with its error, every row that failed) as JSONL,
-                      from which OUT.parquet is written at the end of each run
+                      from which OUT (ans.parquet) is written at the end of each run
 Beside them:
 - OUT.errors.jsonl    rows that failed (retried on the next run unless told not to)
 - OUT.summary.json    the last run's summary
@@ -12,6 +12,11 @@ Beside them:
                       settings is refused, so results of two configurations never mix.
 - OUT.lock            locked while a job writes the output, so a second job on it is refused
                       (`data.output_lock`); kept when the job ends, never removed.
+
+Side files are named from the whole output file name (ans.jsonl.lock, ans.parquet.lock), so
+ans.jsonl and ans.parquet in one folder share none. Earlier versions named them from the
+stem (ans.lock for both, so one output's settings refused the other's run, and each blocked
+the other): an output started under those names keeps them (`JobFiles.found`).
 """
 
 from __future__ import annotations
@@ -48,20 +53,41 @@ class JobFiles:
 
     @classmethod
     def beside(cls, output: str | Path, file_format: FileFormat = FileFormat.JSONL) -> JobFiles:
+        """The side files of a new output: named from its whole file name."""
         out = Path(output).expanduser()
-        stem = out.name
+        return cls._named(out, out.name, file_format)
+
+    @classmethod
+    def found(cls, output: str | Path, file_format: FileFormat = FileFormat.JSONL) -> JobFiles:
+        """The side files an output has: those `beside` names, or, for an output an earlier
+        lmpress started under the names it gave then (from the stem: ans.fingerprint.json for
+        ans.jsonl), those, so that it resumes."""
+        files = cls.beside(output, file_format)
+        stem = files.output.name
         for suffix in (*COMPRESSED, ".jsonl", ".parquet", ".pq"):  # out.jsonl.gz -> out
             stem = stem.removesuffix(suffix)
-        journal = (
-            out.with_name(f"{stem}.journal.jsonl") if file_format is FileFormat.PARQUET else None
-        )
+        older = cls._named(files.output, stem, file_format)
+        if older != files and older.started and not files.started:
+            return older
+        return files
+
+    @classmethod
+    def _named(cls, out: Path, base: str, file_format: FileFormat) -> JobFiles:
+        parquet = file_format is FileFormat.PARQUET
         return cls(
             out,
-            out.with_name(f"{stem}.errors.jsonl"),
-            out.with_name(f"{stem}.summary.json"),
-            out.with_name(f"{stem}.fingerprint.json"),
-            journal,
+            out.with_name(f"{base}.errors.jsonl"),
+            out.with_name(f"{base}.summary.json"),
+            out.with_name(f"{base}.fingerprint.json"),
+            out.with_name(f"{base}.journal.jsonl") if parquet else None,
         )
+
+    @property
+    def started(self) -> bool:
+        """Whether a job has written to this output under these names (rows, or provider
+        batches sent), with the record of its settings."""
+        work = _nonempty(self.record) or _nonempty(self.batches / "state.jsonl")
+        return work and self.fingerprint.exists()
 
     @property
     def batches(self) -> Path:

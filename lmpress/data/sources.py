@@ -25,6 +25,8 @@ import datetime
 import decimal
 import io
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ from lmpress.data.file_formats import (
     FileFormat,
     choices,
 )
+from lmpress.data.file_kinds import SNIFF_BYTES, check_head, check_rows
 from lmpress.data.jsonl import Line, open_input, read_lines
 from lmpress.data.targets import COMPRESSED, STDIO
 from lmpress.vocabulary.errors import InputError
@@ -47,37 +50,62 @@ BATCH_ROWS = 1024  # rows decoded at a time from Parquet and Arrow: flat memory,
 # What a save_to_disk directory holds: a Dataset's state, or a DatasetDict's split list.
 SAVED_DATASET = ("state.json", "dataset_dict.json")
 DATA_FILES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt")
+TEXT_FORMATS = (FileFormat.JSONL, FileFormat.CSV, FileFormat.TSV)  # read as a stream of lines
 
 
 @dataclass(frozen=True)
 class Source:
     """An input and how to read it."""
 
-    path: str
+    path: str  # what is read
     format: FileFormat
     split: str | None = None  # a Hugging Face dataset's split
+    stream: bool = False  # a pipe, a FIFO or stdin: read once, so a job spools it (`data.spool`)
+    shown_as: str | None = None  # what messages call it, where that is not `path` (a spool)
+
+    @property
+    def name(self) -> str:
+        """The input as the user named it, for messages."""
+        return self.shown_as or self.path
 
     @property
     def unit(self) -> str:
         """What a Line's number counts, for messages: 'line' or 'row'."""
-        lines = (FileFormat.JSONL, FileFormat.CSV, FileFormat.TSV)
-        return "line" if self.format in lines else "row"
+        return "line" if self.format in TEXT_FORMATS else "row"
 
     def where(self, number: int) -> str:
         """A row's place for a message: `data.jsonl:12`, or `data.parquet row 12`."""
         if self.unit == "line":
-            return f"{self.path}:{number}"
-        return f"{self.path} row {number}"
+            return f"{self.name}:{number}"
+        return f"{self.name} row {number}"
 
     def lines(self) -> Iterator[Line]:
         """Every row, in order."""
         if self.format is FileFormat.JSONL:
-            return read_lines(self.path)
+            return read_lines(self.path, self.name)
         if self.format is FileFormat.PARQUET:
             return _parquet_rows(self.path)
         if self.format in (FileFormat.CSV, FileFormat.TSV):
-            return _csv_rows(self.path, "\t" if self.format is FileFormat.TSV else ",")
+            delimiter = "\t" if self.format is FileFormat.TSV else ","
+            return _csv_rows(self.path, delimiter, self.name)
         return _dataset_rows(self.path, self.split)
+
+    def check(self) -> None:
+        """Refuse a text input that is not what it claims (`data.file_kinds`): binary data, or
+        rows none of which can be read. Reads the start of the file only."""
+        if self.format not in TEXT_FORMATS:
+            return
+        try:
+            with open_input(self.path) as handle:
+                head = handle.read(SNIFF_BYTES)
+        except (OSError, EOFError, ValueError):
+            return  # damaged compressed data: reading it says so, after the rows it can read
+        check_head(self.name, head, self.format)
+        lines = self.lines()
+        try:
+            check_rows(self.name, lines, self.format, self.unit)
+        finally:
+            lines.close()  # type: ignore[attr-defined]
 
     def arrow_schema(self) -> Any | None:
         """The input's column types where the input has them (Parquet, a saved dataset), for a
@@ -94,8 +122,8 @@ def open_source(
 ) -> Source:
     """The input checked (it exists, its file format is known) before any model loads."""
     forced = input_file_format(input_format)
-    if path == STDIO:
-        raise InputError("-i -: batch reads a file; give its path (stdin is not read yet)")
+    if is_stream(path):
+        return _stream_source(path, forced)
     if path.startswith(HUB_PREFIX):
         return Source(path.removeprefix(HUB_PREFIX), FileFormat.HF, split)
     p = Path(path).expanduser()
@@ -117,7 +145,33 @@ def open_source(
     fmt = forced or format_of(path, "input")
     if fmt is FileFormat.PARQUET and is_compressed_name(path):
         raise InputError(f"{path}: Parquet compresses inside the file; give the .parquet itself")
-    return Source(path, fmt)
+    source = Source(path, fmt)
+    source.check()
+    return source
+
+
+def is_stream(path: str) -> bool:
+    """Whether the input can be read only once: `-` (stdin), a pipe, a FIFO, a device
+    (`/dev/stdin`, `<(cmd)`'s /dev/fd/N)."""
+    if path == STDIO:
+        return True
+    try:
+        mode = os.stat(Path(path).expanduser()).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _stream_source(path: str, forced: FileFormat | None) -> Source:
+    """A stream of rows, by `--input-format` or its name (a FIFO named rows.csv), else JSONL;
+    compression is told by its first bytes when it is read."""
+    fmt = forced or (FileFormat.JSONL if path == STDIO else format_of(path, "input"))
+    if fmt not in TEXT_FORMATS:
+        raise InputError(
+            f"{path}: {fmt} input is read from a file, not a stream (a pipe, a FIFO or "
+            f"stdin); save it to a file and give its path, or pipe JSONL or CSV"
+        )
+    return Source(path, fmt, stream=True)
 
 
 def input_file_format(name: FileFormat | Auto | str) -> FileFormat | None:
@@ -183,17 +237,17 @@ def _parquet_rows(path: str) -> Iterator[Line]:
 # --- CSV and TSV ---------------------------------------------------------------------------
 
 
-def _csv_rows(path: str, delimiter: str) -> Iterator[Line]:
+def _csv_rows(path: str, delimiter: str, name: str) -> Iterator[Line]:
     with open_input(path) as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="strict", newline="")
         reader = csv.reader(text, delimiter=delimiter)
         try:
             header = next(reader, None)
         except (UnicodeDecodeError, csv.Error) as exc:
-            raise InputError(f"{path}:1: the header cannot be read ({exc})") from exc
+            raise InputError(f"{name}:1: the header cannot be read ({exc})") from exc
         if not header:
             return
-        _check_header(path, header)
+        _check_header(name, header)
         while True:
             try:
                 fields = next(reader)
@@ -202,7 +256,7 @@ def _csv_rows(path: str, delimiter: str) -> Iterator[Line]:
             except UnicodeDecodeError as exc:
                 # The decoder reads ahead, so the line is the last one read: report and stop.
                 raise InputError(
-                    f"{path}: not valid UTF-8 after line {reader.line_num} ({exc.reason}); "
+                    f"{name}: not valid UTF-8 after line {reader.line_num} ({exc.reason}); "
                     f"save the file as UTF-8"
                 ) from exc
             except csv.Error as exc:

@@ -11,7 +11,8 @@ from lmpress.batch.options import BatchOptions
 from lmpress.batch.rows import RowReader
 from lmpress.cache.responses import ResponseCache
 from lmpress.configs.schema import RunConfig
-from lmpress.data.sources import open_source
+from lmpress.data.sources import Source, open_source
+from lmpress.data.spool import spooled
 from lmpress.dryrun.tally import DryRun, DryRunSummary
 from lmpress.engines.registry import load_engine_class
 from lmpress.vocabulary.errors import InputError
@@ -19,6 +20,11 @@ from lmpress.vocabulary.errors import InputError
 
 def dry_run(config: RunConfig, options: BatchOptions) -> DryRunSummary:
     source = open_source(options.input_path, options.input_format, options.split)
+    with spooled(source) as readable:  # a piped input is read twice when sampling
+        return _dry_run(config, options, readable)
+
+
+def _dry_run(config: RunConfig, options: BatchOptions, source: Source) -> DryRunSummary:
     selection = options.selection()
     if selection.sample is not None:  # the sample is drawn over the whole shard first
         for ordinal, _ in enumerate(source.lines()):
@@ -37,5 +43,5 @@ def dry_run(config: RunConfig, options: BatchOptions) -> DryRunSummary:
             cache.close()
     summary = tally.summary()
     if summary.rows == 0:
-        raise InputError(f"{source.path}: the input has no rows")
+        raise InputError(f"{source.name}: the input has no rows")
     return summary

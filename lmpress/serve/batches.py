@@ -288,7 +288,7 @@ class BatchRuns:
         options.cache_dir = config.serve.cache_dir
         check_mode(config, options.mode, type(self.engine))
         async with self.turn:  # one batch at a time, so the lines at the engine stay few
-            done, failed = _lines(out), _lines(JobFiles.beside(out).errors)
+            done, failed = _lines(out), _lines(JobFiles.found(out).errors)
             events = _Progress(self, batch.id, done, failed)
             job = ServedBatchJob(config, options, self.engine, events, batch.endpoint, self.images)
             self.jobs[batch.id] = job
@@ -321,7 +321,7 @@ class BatchRuns:
         """The batch's counts from its output and error files, and the ids those files are
         registered under (None for an empty one)."""
         out = self.store.batch_output(batch.id)
-        errors = JobFiles.beside(out).errors
+        errors = JobFiles.found(out).errors
         completed, failed = _lines(out), _lines(errors)
         counts = BatchRequestCounts(
             total=max(batch.request_counts.total if batch.request_counts else 0,

@@ -99,7 +99,7 @@ def replies(path: Path) -> dict[str, str]:
 
 
 def failed_lines(out: Path) -> list[int]:
-    errors = out.with_name(out.name.replace(".jsonl", ".errors.jsonl"))
+    errors = out.with_name(f"{out.name}.errors.jsonl")
     return sorted(json.loads(line)["line"] for line in errors.read_text().splitlines())
 
 
@@ -109,7 +109,7 @@ def hits_misses_saved(summary: dict) -> dict:
 
 
 def summary(out: Path) -> dict:
-    return json.loads(out.with_name(out.name.replace(".jsonl", ".summary.json")).read_text())
+    return json.loads(out.with_name(f"{out.name}.summary.json").read_text())
 
 
 def remote_args(server: LLMServer, *more: str) -> list[str]:
@@ -355,7 +355,7 @@ def test_a_replica_killed_mid_job_loses_no_row_and_writes_none_twice(tmp_path, c
 def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(500))
     out = tmp_path / "out.parquet"  # Parquet out: its journal is the record resume reads
-    journal = tmp_path / "out.journal.jsonl"
+    journal = tmp_path / "out.parquet.journal.jsonl"
     with LLMServer(Faults(latency_s=0.05)) as server:
         args = ray_job_args(server, src, out, cluster)
         proc = _start_and_wait_for(args, journal, 150)
@@ -373,7 +373,7 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     assert sorted(r["id"] for r in rows) == sorted(f"row-{i}" for i in range(500))  # each once
     for row in rows:
         assert row["response"] == reply_text(row["prompt"])
-    done = json.loads((tmp_path / "out.summary.json").read_text())
+    done = json.loads((tmp_path / "out.parquet.summary.json").read_text())
     assert done["rows_skipped"] >= before - 1  # a torn last line is cut and redone
     assert done["rows_ok"] + done["rows_skipped"] == 500
     assert changed.returncode == 2

@@ -73,7 +73,7 @@ class Job:
     def __init__(self, tmp: Path, src: Path, fmt: str, ordered: bool, shard: str | None, env):
         suffix = f"-{shard.replace('/', 'of')}" if shard else ""
         self.out = tmp / f"out{suffix}.jsonl"
-        self.errors = tmp / f"out{suffix}.errors.jsonl"
+        self.errors = tmp / f"out{suffix}.jsonl.errors.jsonl"
         self.env = env
         self.args = ["batch", "--engine", "ECHO", "-i", str(src), "-o", str(self.out)]
         # --cache off: each run generates what it writes, so a resumed run is as slow as the

@@ -142,8 +142,8 @@ def test_rows_by_batch_equal_a_live_run_shape_by_shape_and_split_at_the_limit(tm
     for key, row in live_rows.items():
         assert comparable(batch_rows[key]) == comparable(row), key
     live_errors, batch_errors = (
-        by_id(tmp_path / "live.errors.jsonl"),
-        by_id(tmp_path / "batch.errors.jsonl"),
+        by_id(tmp_path / "live.jsonl.errors.jsonl"),
+        by_id(tmp_path / "batch.jsonl.errors.jsonl"),
     )
     assert sorted(batch_errors) == sorted(live_errors) == ["json-object", "schema"]
     for key, row in live_errors.items():
@@ -154,7 +154,7 @@ def test_rows_by_batch_equal_a_live_run_shape_by_shape_and_split_at_the_limit(tm
     assert batch_rows["short"]["response"]["finish_reason"] == "length"
     assert "submitted 25 rows as batch batches/" in batch.stderr
     assert "running" in batch.stderr and "succeeded" in batch.stderr
-    summary = json.loads((tmp_path / "batch.summary.json").read_text())
+    summary = json.loads((tmp_path / "batch.jsonl.summary.json").read_text())
     assert summary["rows_ok"] == 58
     assert summary["cost_usd"] == pytest.approx(summary["cost_live_usd"] / 2, rel=1e-3)
 
@@ -166,17 +166,17 @@ def test_sigkill_at_random_moments_writes_every_row_once_and_submits_none_twice(
     with server(step_s=0.3, permanent={"REJECT-400": 400}) as srv:
         args = args_for(srv, rows, out, "--provider-batch", "--remote_params.batch_max_requests",
                         "10", "--no-retry-failed")  # fmt: skip
-        log = tmp_path / "out.batches" / "state.jsonl"
+        log = tmp_path / "out.jsonl.batches" / "state.jsonl"
         kills, seen = kill_at_random_moments(args, KEYS, log, out, rng)
         assert kills >= 5, seen
         assert ("state.jsonl", False) in seen and ("out.jsonl", True) in seen  # early and late
         finish = run_lmpress(*args, env=KEYS)
-        failed_now = json.loads((tmp_path / "out.summary.json").read_text())["rows_failed"]
+        failed_now = json.loads((tmp_path / "out.jsonl.summary.json").read_text())["rows_failed"]
         assert finish.returncode == (1 if failed_now else 0), finish.stderr[-2000:]
         submissions = srv.stats.batch_submissions
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == 78
-    failed = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").open()]
+    failed = [json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").open()]
     assert sorted(f["id"] for f in failed) == ["row-50", "row-7"]
     assert all("HTTP 400" in f["error"]["message"] for f in failed)
     assert len(submissions) == 80 and max(submissions.values()) == 1
@@ -200,7 +200,7 @@ def test_sigint_while_batches_wait_keeps_their_state_and_the_rerun_collects_them
     with server(step_s=0.5) as srv:
         args = args_for(srv, rows, out, "--provider-batch", "--remote_params.batch_max_requests",
                         "10")  # fmt: skip
-        proc = started_until_submitted(args, tmp_path / "out.batches" / "state.jsonl")
+        proc = started_until_submitted(args, tmp_path / "out.jsonl.batches" / "state.jsonl")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err[-2000:]
@@ -238,7 +238,7 @@ def test_rows_an_expired_batch_did_not_run(tmp_path, policy):
     done = by_id(out) if out.exists() else {}
     if policy == "fail":
         assert run.returncode == 1
-        errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").open()]
+        errors = [json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").open()]
         # Google keeps no results of an expired batch: every row of it failed, none written.
         assert not done and len(errors) == 20
         assert all(e["error"]["kind"] == "batch_expired" for e in errors)

@@ -83,7 +83,7 @@ def test_plain_rows_get_their_vectors_and_a_chat_row_fails_alone(tmp_path, serve
     assert rows["a"]["response"]["cost_usd"] == pytest.approx(2 * 0.02 / 1e6)
     # The job's cost is what its rows cost, however small: a ten-millionth of a dollar a row
     # is not rounded away in the summary.
-    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    summary = json.loads((tmp_path / "out.jsonl.summary.json").read_text())
     costs = [row["response"]["cost_usd"] for row in rows.values()]
     assert summary["cost_usd"] == pytest.approx(sum(costs), rel=1e-5) and summary["cost_usd"] > 0
     # No tokens are written, so the rate the table shows is the input's.
@@ -97,7 +97,7 @@ def test_plain_rows_get_their_vectors_and_a_chat_row_fails_alone(tmp_path, serve
     assert said == [f"lmpress: {src}:3: a chat row in an embed run; give 'input' (or "
                     f"--text-column COL), or an OpenAI Batch line to /v1/embeddings"]  # fmt: skip
     assert "Traceback" not in run.stderr and "sk-test-key" not in run.stderr + run.stdout
-    (error,) = read_jsonl(tmp_path / "out.errors.jsonl")
+    (error,) = read_jsonl(tmp_path / "out.jsonl.errors.jsonl")
     assert error["id"] == "c" and error["error"]["kind"] == "invalid_row"
 
 
@@ -125,7 +125,7 @@ def test_openai_batch_lines_in_openai_batch_lines_out(tmp_path, server):
     assert first.data[0].embedding == vector("first text") and first.usage.prompt_tokens == 2
     second = lines["e2"]["response"]["body"]["data"]
     assert [from_base64(item["embedding"]) for item in second] == [vector("a", 4), vector("b c", 4)]
-    (error,) = read_jsonl(tmp_path / "out.errors.jsonl")
+    (error,) = read_jsonl(tmp_path / "out.jsonl.errors.jsonl")
     assert error["custom_id"] == "e3" and error["response"]["status_code"] == 400
     assert error["error"]["message"] == "Unrecognized request argument supplied: body.colour"
 
@@ -256,7 +256,9 @@ def test_rerank_rows_come_back_best_first_cut_to_top_n(tmp_path, server):
     assert [r["index"] for r in rows["p"]["results"]] == sorted(
         range(2), key=lambda i: -score("which one", docs[i])
     )
-    errors = {e["id"]: e["error"]["message"] for e in read_jsonl(tmp_path / "out.errors.jsonl")}
+    errors = {
+        e["id"]: e["error"]["message"] for e in read_jsonl(tmp_path / "out.jsonl.errors.jsonl")
+    }
     assert errors == {
         "bad": "Missing required parameter: 'documents'",
         "e": "a row with keys id, input in a rerank run; give 'query' and 'documents' (or "
@@ -300,7 +302,9 @@ def test_pairwise_score_rows_and_lines_score_text_1_i_with_text_2_i(tmp_path, se
     data = rows["s"]["response"]["body"]["data"]
     assert [d["score"] for d in data] == [score("q1", "a"), score("q2", "b")]
     assert rows["p"]["scores"] == [score("x", "a"), score("y", "b"), score("z", "c")]
-    errors = {e["id"]: e["error"]["message"] for e in read_jsonl(tmp_path / "out.errors.jsonl")}
+    errors = {
+        e["id"]: e["error"]["message"] for e in read_jsonl(tmp_path / "out.jsonl.errors.jsonl")
+    }
     assert errors == {
         "bad": "'text_1' has 2 texts and 'text_2' 3: give one text_1 to score against every "
         "text_2, or as many as text_2 to score them pairwise (text_1[i] with text_2[i])"

@@ -88,7 +88,7 @@ def test_a_thousand_rows_by_batch_equal_a_live_run_and_split_at_the_limit(tmp_pa
     }
     assert "submitted 300 rows as batch" in batch.stderr
     assert "in_progress" in batch.stderr and " done, " in batch.stderr  # progress while waiting
-    summary = json.loads((tmp_path / "batch.summary.json").read_text())
+    summary = json.loads((tmp_path / "batch.jsonl.summary.json").read_text())
     assert summary["rows_ok"] == 1000
     assert summary["cost_usd"] == pytest.approx(summary["cost_live_usd"] / 2, rel=1e-3)
 
@@ -100,20 +100,21 @@ def test_sigkill_at_random_moments_writes_every_row_once_and_submits_none_twice(
     with server(step_s=0.3, permanent={"REJECT-400": 400}) as srv:
         args = args_for("OPENAI", srv, rows, out, "--provider-batch",
                         "--remote_params.batch_max_requests", "10", "--no-retry-failed")  # fmt: skip
-        log = tmp_path / "out.batches" / "state.jsonl"
+        log = tmp_path / "out.jsonl.batches" / "state.jsonl"
         kills, seen = kill_at_random_moments(args, KEYS, log, out, rng)
         assert kills >= 6, seen
         assert ("state.jsonl", False) in seen and ("out.jsonl", True) in seen  # early and late
         finish = run_lmpress(*args, env=KEYS)
         # It fails if it recorded a refused row itself; the kills may have left none to it.
-        failed_now = json.loads((tmp_path / "out.summary.json").read_text())["rows_failed"]
+        failed_now = json.loads((tmp_path / "out.jsonl.summary.json").read_text())["rows_failed"]
         assert finish.returncode == (1 if failed_now else 0), finish.stderr[-2000:]
         submissions = srv.stats.batch_submissions
     written = [json.loads(line) for line in out.read_text().splitlines()]
     ids = [row["id"] for row in written]
     assert len(ids) == len(set(ids)) == 118
     failed = [
-        json.loads(line)["id"] for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()
+        json.loads(line)["id"]
+        for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
     ]
     assert sorted(failed) == ["row-50", "row-7"]
     assert len(submissions) == 120 and max(submissions.values()) == 1
@@ -162,7 +163,7 @@ def test_sigterm_while_batches_wait_keeps_their_state_exits_143_and_the_rerun_co
 ):
     rows = write_rows(tmp_path / "in.jsonl", 40)
     out = tmp_path / "out.jsonl"
-    log = tmp_path / "out.batches" / "state.jsonl"
+    log = tmp_path / "out.jsonl.batches" / "state.jsonl"
     with server(step_s=0.5) as srv:
         args = args_for("OPENAI", srv, rows, out, "--provider-batch",
                         "--remote_params.batch_max_requests", "10")  # fmt: skip
@@ -172,7 +173,7 @@ def test_sigterm_while_batches_wait_keeps_their_state_exits_143_and_the_rerun_co
         assert proc.returncode == 143, err[-2000:]
         assert "Traceback" not in err
         assert "not collected yet, their state kept in" in err
-        summary = json.loads((tmp_path / "out.summary.json").read_text())
+        summary = json.loads((tmp_path / "out.jsonl.summary.json").read_text())
         assert (summary["signal"], summary["stopped_because"]) == ("SIGTERM", "stopped by SIGTERM")
         assert summary["rows_ok"] < 40
         finish = run_lmpress(*args, env=KEYS)
@@ -197,7 +198,7 @@ def test_a_kill_between_writing_a_batch_and_logging_it_collected_writes_no_row_t
                         "--remote_params.batch_max_requests", "10", *retry)  # fmt: skip
         first = run_lmpress(*args, env=KEYS)
         assert first.returncode == 1, first.stderr[-2000:]
-        log = tmp_path / "out.batches" / "state.jsonl"
+        log = tmp_path / "out.jsonl.batches" / "state.jsonl"
         steps = log.read_text().splitlines()
         assert sum('"collected"' in step for step in steps) == 2
         log.write_text("".join(f"{s}\n" for s in steps if '"collected"' not in s))
@@ -207,7 +208,7 @@ def test_a_kill_between_writing_a_batch_and_logging_it_collected_writes_no_row_t
         assert srv.stats.batches_created == 2  # collected again, not submitted again
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(ids) == sorted(f"row-{i}" for i in range(12) if i != 3)
-    failed = [json.loads(line)["id"] for line in (tmp_path / "out.errors.jsonl").open()]
+    failed = [json.loads(line)["id"] for line in (tmp_path / "out.jsonl.errors.jsonl").open()]
     assert failed == ["row-3"]
 
 
@@ -235,7 +236,8 @@ def test_rows_an_expired_batch_did_not_run(tmp_path, policy):
     if policy == "fail":
         assert run.returncode == 1
         errors = [
-            json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()
+            json.loads(line)
+            for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
         ]
         assert errors and all(e["error"]["kind"] == "batch_expired" for e in errors)
         assert len(done) + len(errors) == 40
@@ -393,7 +395,7 @@ def test_an_embed_run_by_batch_writes_what_the_live_run_writes_and_a_refused_row
         }
         assert batch_rows["row-0"]["embedding"] == vector("document 0")
         assert batch_rows["row-2"]["embeddings"] == [vector("document 2"), vector("title 2")]
-        assert error_ids(tmp_path / "batch.errors.jsonl") == ["row-4"]
+        assert error_ids(tmp_path / "batch.jsonl.errors.jsonl") == ["row-4"]
         cost = [rows["row-2"]["response"]["cost_usd"] for rows in (batch_rows, live_rows)]
         assert cost[0] == pytest.approx(cost[1] / 2)  # at the batch price
         return
@@ -406,14 +408,16 @@ def test_an_embed_run_by_batch_writes_what_the_live_run_writes_and_a_refused_row
     ids = batch_rows["line-2"]["response"]["body"]["data"]
     assert first == vector("line 0 ") and from_base64(cut) == vector("line 1 ", 4)
     assert [item["embedding"] for item in ids] == [vector([2, 3, 4]), vector([7])]
-    (error,) = [json.loads(x) for x in (tmp_path / "batch.errors.jsonl").read_text().splitlines()]
+    (error,) = [
+        json.loads(x) for x in (tmp_path / "batch.jsonl.errors.jsonl").read_text().splitlines()
+    ]
     assert error["custom_id"] == "line-4" and error["response"]["status_code"] == 400
 
 
 def test_an_embed_job_killed_after_submitting_resumes_with_every_row_once(tmp_path):
     rows = embed_rows(tmp_path / "in.jsonl", 30)
     out = tmp_path / "out.jsonl"
-    log = tmp_path / "out.batches" / "state.jsonl"
+    log = tmp_path / "out.jsonl.batches" / "state.jsonl"
     with server(step_s=0.5) as srv:
         args = embed_args(srv, rows, out, "--provider-batch",
                           "--remote_params.batch_max_requests", "10")  # fmt: skip

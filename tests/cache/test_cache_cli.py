@@ -45,7 +45,7 @@ def hits_misses_saved(summary: dict) -> dict:
 
 
 def summary(out: Path) -> dict:
-    return json.loads(out.with_name(out.name.replace(".jsonl", ".summary.json")).read_text())
+    return json.loads(out.with_name(f"{out.name}.summary.json").read_text())
 
 
 def steady(row: dict) -> dict:

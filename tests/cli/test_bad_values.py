@@ -53,7 +53,7 @@ def _run_batch(tmp_path, recipe: str, rows: list[dict], *extra: str):
         "--generation.max_new_tokens", "6", *extra, timeout=TIMEOUT_S,
     )  # fmt: skip
     written = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    errors_path = tmp_path / "out.errors.jsonl"
+    errors_path = tmp_path / "out.jsonl.errors.jsonl"
     errors = (
         [json.loads(line) for line in errors_path.read_text(encoding="utf-8").splitlines()]
         if errors_path.exists()

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from lmpress.cli.report import SHOWN_FAILURES
 from tests.conftest import REPO, run_lmpress, with_plugin
 
 TINY = ["--model.model_name", "tiny:llama", "--generation.max_new_tokens", "6"]
@@ -171,15 +172,20 @@ def test_bad_rows_are_reported_and_good_rows_complete(tmp_path):
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(written) == len(BAD_LINES) + 1
     assert all(r["id"].startswith("good-") for r in written)
-    for line_no, (_, expected) in enumerate(BAD_LINES, start=2):
-        assert f"{src}:{2 * line_no - 2}: " in run.stderr
-        assert expected in run.stderr
-    assert "not valid UTF-8" in run.stderr
-    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    errors = [
+        json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
+    ]
     assert len(errors) == len(BAD_LINES) + 1
     assert {e["line"] for e in errors} == {2 * i for i in range(1, len(BAD_LINES) + 1)} | {
         len(lines) + 1
     }
+    reasons = {e["line"]: e["error"]["message"] for e in errors}  # every one in the file
+    for line_no, (_, expected) in enumerate(BAD_LINES, start=1):
+        assert expected in reasons[2 * line_no]
+        if line_no <= SHOWN_FAILURES:  # the first few on the terminal too
+            assert f"{src}:{2 * line_no}: " in run.stderr and expected in run.stderr
+    assert "not valid UTF-8" in reasons[len(lines) + 1]
+    assert f"{len(errors) - SHOWN_FAILURES} more failed rows not shown" in run.stderr
 
 
 def test_a_failed_generation_fails_its_row_only(tmp_path):
@@ -198,7 +204,7 @@ def test_a_failed_generation_fails_its_row_only(tmp_path):
         "ok-2",
     ]
     (error,) = [
-        json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()
+        json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
     ]
     assert error["id"] == "huge" and error["line"] == 2
     assert error["error"]["kind"] == "context_length_exceeded"

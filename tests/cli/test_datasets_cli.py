@@ -102,7 +102,7 @@ def test_jsonl_to_parquet_keeps_ids_and_columns_through_kills(tmp_path, env):
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.parquet"
     args = ["-i", str(tmp_path / "in.jsonl"), "-o", str(out), *ECHO]
-    assert kill_and_resume(args, tmp_path / "out.journal.jsonl", env) >= 2
+    assert kill_and_resume(args, tmp_path / "out.parquet.journal.jsonl", env) >= 2
     check_parquet(out, "id", {r["id"]: r for r in rows})
 
 
@@ -114,7 +114,7 @@ def test_csv_to_parquet_keeps_ids_and_columns_through_kills(tmp_path, env):
     out = tmp_path / "out.parquet"
     args = ["-i", str(tmp_path / "in.csv"), "-o", str(out), "--prompt-template", "Say: {text}",
             "--system", "Be brief.", "--id-column", "key", *ECHO]  # fmt: skip
-    assert kill_and_resume(args, tmp_path / "out.journal.jsonl", env) >= 2
+    assert kill_and_resume(args, tmp_path / "out.parquet.journal.jsonl", env) >= 2
     expected = {f"k{i}": {"key": f"k{i}", "text": f"text, {i}", "lang": "en"} for i in range(ROWS)}
     got = check_parquet(out, "key", expected)
     assert pq.read_schema(out).names[:3] == ["key", "text", "lang"]  # no id column added
@@ -128,7 +128,7 @@ def test_saved_dataset_to_parquet_keeps_ids_and_columns_through_kills(tmp_path, 
     out = tmp_path / "out.parquet"
     args = ["-i", str(tmp_path / "ds"), "-o", str(out), "--prompt-template", "{{ text }}?",
             "--id-column", "uid", *ECHO]  # fmt: skip
-    assert kill_and_resume(args, tmp_path / "out.journal.jsonl", env) >= 2
+    assert kill_and_resume(args, tmp_path / "out.parquet.journal.jsonl", env) >= 2
     check_parquet(out, "uid", {str(r["uid"]): r for r in rows})
     assert pq.read_schema(out).field("uid").type == pa.int64()
 
@@ -196,11 +196,11 @@ def test_parquet_output_needs_its_journal_to_resume(tmp_path, env):
     (tmp_path / "in.jsonl").write_text(json.dumps({"id": "a", "prompt": "hi"}) + "\n")
     args = ["batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.parquet"), *ECHO]
     assert run_lmpress(*args, env=env).returncode == 0
-    (tmp_path / "out.journal.jsonl").unlink()
+    (tmp_path / "out.parquet.journal.jsonl").unlink()
     before = (tmp_path / "out.parquet").read_bytes()
     run = run_lmpress(*args, env=env)
     assert run.returncode == 2
-    assert "its journal (out.journal.jsonl) is missing" in run.stderr
+    assert "its journal (out.parquet.journal.jsonl) is missing" in run.stderr
     assert (tmp_path / "out.parquet").read_bytes() == before
 
 

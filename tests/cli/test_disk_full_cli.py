@@ -69,7 +69,7 @@ def assert_resumes_with_every_row_once(args: list[str], out: Path, prompts: dict
 def test_a_file_size_limit_is_one_line_naming_the_file_and_the_job_resumes(tmp_path, suffix):
     prompts = write_rows(tmp_path / "in.jsonl", 60)
     out = tmp_path / f"out{suffix}"
-    record = tmp_path / ("out.journal.jsonl" if suffix == ".parquet" else "out.jsonl")
+    record = tmp_path / ("out.parquet.journal.jsonl" if suffix == ".parquet" else "out.jsonl")
     with LLMServer() as server:
         args = batch_args(server, tmp_path / "in.jsonl", out)
         run = run_limited(args, 8000)  # room for some rows, not for 60
@@ -81,7 +81,7 @@ def test_a_file_size_limit_is_one_line_naming_the_file_and_the_job_resumes(tmp_p
             f"same command to resume"
         ]
         # The summary is small enough to be written; it says why the job stopped.
-        summary = json.loads((tmp_path / "out.summary.json").read_text())
+        summary = json.loads(out.with_name(f"{out.name}.summary.json").read_text())
         assert str(record) in summary["stopped_because"]
         assert 0 < summary["rows_ok"] < 60
         assert not list(tmp_path.glob(".*.tmp"))
@@ -125,7 +125,7 @@ def test_a_full_disk_is_one_line_leaves_no_empty_summary_and_resumes_once_there_
             f"lmpress: error: {out}: cannot write: no space left on the device; rows already "
             f"written are kept: free some space and re-run the same command to resume"
         ]
-        summary = small_disk / "out.summary.json"
+        summary = small_disk / "out.jsonl.summary.json"
         if summary.exists():  # written whole, or not at all
             assert json.loads(summary.read_text())["rows_ok"] > 0
         assert not list(small_disk.glob(".*.tmp"))

@@ -51,7 +51,7 @@ def check_nothing_done(run, tmp: Path, src: Path, out: Path) -> None:
     assert "Traceback" not in run.stderr
     assert f"{src}: the input has no rows; nothing to do" in run.stderr
     assert out.exists()
-    summary = json.loads((tmp / "out.summary.json").read_text())
+    summary = json.loads(out.with_name(f"{out.name}.summary.json").read_text())
     assert (summary["rows_total"], summary["rows_ok"], summary["rows_failed"]) == (0, 0, 0)
 
 
@@ -108,4 +108,4 @@ def test_a_shard_that_picks_no_rows_is_a_job_with_nothing_to_do(tmp_path, echo_p
     assert run.returncode == 0, run.stderr
     assert f"{src}: shard 3/4 has no rows; nothing to do" in run.stderr
     assert out.read_bytes() == b""
-    assert json.loads((tmp_path / "out.summary.json").read_text())["rows_total"] == 0
+    assert json.loads((tmp_path / "out.jsonl.summary.json").read_text())["rows_total"] == 0

@@ -130,7 +130,7 @@ def test_unreachable_server_is_named_and_stops_the_job(tmp_path):
     assert "connection refused" in run.stderr
     assert "http://127.0.0.1:9/v1 cannot be reached" in run.stderr
     assert "re-run the same command to resume" in run.stderr
-    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    summary = json.loads((tmp_path / "out.jsonl.summary.json").read_text())
     assert summary["rows_ok"] + summary["rows_failed"] < summary["rows_total"]
 
 

@@ -27,7 +27,7 @@ def run_batch(tmp_path, engine: str, model: str):
         "--generation.max_new_tokens", "8", "-i", str(source), "-o", str(out),
     )  # fmt: skip
     done = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    errors = out.with_name(out.stem + ".errors.jsonl")
+    errors = out.with_name(out.name + ".errors.jsonl")
     failed = [json.loads(line) for line in errors.read_text().splitlines()] if errors.exists() else []  # fmt: skip
     return run, {row["id"]: row for row in done}, {row["id"]: row for row in failed}
 

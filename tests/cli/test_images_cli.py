@@ -65,7 +65,7 @@ def test_batch_of_50_mixed_rows_and_infer_give_the_same_replies(tmp_path):
     )
     assert "Traceback" not in run.stderr
     out = {row["id"]: row for row in map(json.loads, (tmp_path / "out.jsonl").open())}
-    failed = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").open()]
+    failed = [json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").open()]
     assert len(out) == 49 and [row["id"] for row in failed] == ["r6"]
     assert all(row["response"]["text"] for row in out.values())
     tokens = {rid: row["response"]["usage"]["prompt_tokens"] for rid, row in out.items()}

@@ -67,7 +67,7 @@ def test_batch_writes_every_row_and_reports_the_one_too_long(tmp_path, tokenizer
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(written) == 12
     assert all(r["response"]["engine"] == "LLAMACPP" for r in written)
-    errors = (tmp_path / "out.errors.jsonl").read_text()
+    errors = (tmp_path / "out.jsonl.errors.jsonl").read_text()
     assert "too-long" in errors and "context_length_exceeded" in errors
 
     # Each reply is what the engine gives for that row on its own.

@@ -98,7 +98,7 @@ def test_a_second_job_on_one_output_is_refused_and_the_first_writes_every_row_on
     args = [*ECHO, "-i", str(src), "-o", str(out)]
     first = Gated(tmp_path, args, env)
     try:
-        first.wait_started(tmp_path / "out.fingerprint.json")
+        first.wait_started(out.with_name(f"{out.name}.fingerprint.json"))
         second = run_lmpress("batch", *args, env=env)
         overwrite = run_lmpress("batch", *args, "--overwrite", env=env)
         assert first.proc.poll() is None  # refused while the first job still runs
@@ -110,7 +110,7 @@ def test_a_second_job_on_one_output_is_refused_and_the_first_writes_every_row_on
         first.stop()
     assert code == 0, err
     assert sorted(ids_in(out)) == sorted(f"r{i}" for i in range(ROWS))  # each row once
-    assert json.loads((tmp_path / "out.summary.json").read_text())["rows_ok"] == ROWS
+    assert json.loads(out.with_name(f"{out.name}.summary.json").read_text())["rows_ok"] == ROWS
 
 
 def test_a_job_killed_with_sigkill_leaves_no_lock_that_blocks_the_next_run(tmp_path, echo_plugin):
@@ -128,7 +128,7 @@ def test_a_job_killed_with_sigkill_leaves_no_lock_that_blocks_the_next_run(tmp_p
         killed.proc.communicate(timeout=60)
     finally:
         killed.stop()
-    assert (tmp_path / "out.lock").exists()  # the file stays; the lock went with the process
+    assert (tmp_path / "out.jsonl.lock").exists()  # the file stays; the lock went with the process
     rerun = run_lmpress("batch", *args, env=env)
     assert rerun.returncode == 0, rerun.stderr
     assert "resuming" in rerun.stderr and "10 rows done" in rerun.stderr  # none lost
@@ -145,7 +145,7 @@ def test_shards_of_one_job_run_side_by_side_and_each_is_one_job(tmp_path, echo_p
                     "--shard", f"{i}/2"]  # fmt: skip
             shards[i] = (Gated(tmp_path, args, env), args)
         for i, (job, _) in shards.items():
-            job.wait_started(tmp_path / f"out{i}.fingerprint.json")  # both hold their locks
+            job.wait_started(tmp_path / f"out{i}.jsonl.fingerprint.json")  # both hold their locks
         again = run_lmpress("batch", *shards[0][1], env=env)
         assert f"pid {shards[0][0].pid} on " in refusal(again, tmp_path / "out0.jsonl")
         for job, _ in shards.values():

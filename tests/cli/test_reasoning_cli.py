@@ -77,7 +77,7 @@ def test_batch_writes_the_thinking_apart_in_every_output_shape(thinking_echo, tm
     assert lines["b"]["response"]["reasoning"] == "let"
     assert lines["a"]["messages"][-1]["content"].startswith("ECHO ")
     assert "of out, thinking" in run.stderr  # the summary counts the thinking
-    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    summary = json.loads((tmp_path / "out.jsonl.summary.json").read_text())
     assert summary["reasoning_tokens"] == 6 and summary["completion_tokens"] > 6
 
     openai = tmp_path / "openai.jsonl"

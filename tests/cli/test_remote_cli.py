@@ -66,7 +66,7 @@ def test_300_rows_through_a_flaky_server_all_succeed_each_with_its_own_reply(tmp
         assert response["text"] == reply_text(prompt)
         assert by_id[f"row-{i}"]["messages"][-1]["content"] == reply_text(prompt)
         assert response["usage"]["completion_tokens"] > 0
-    assert not (tmp_path / "out.errors.jsonl").exists()
+    assert not (tmp_path / "out.jsonl.errors.jsonl").exists()
     faults_seen = stats.requests - 300
     assert 30 <= faults_seen <= 75  # about 17% of 300, each retried once
     assert stats.statuses[429] and stats.statuses[500] and stats.statuses[599]  # 599: dropped
@@ -88,7 +88,7 @@ def test_permanent_failures_fail_their_rows_and_the_rest_succeed(tmp_path):
     assert len(written) == 37
     assert all(row["response"]["text"] == reply_text(prompts[int(row["id"][4:])])
                for row in written)  # fmt: skip
-    failed = {row["id"]: row for row in read_rows(tmp_path / "out.errors.jsonl")}
+    failed = {row["id"]: row for row in read_rows(tmp_path / "out.jsonl.errors.jsonl")}
     assert set(failed) == {"row-3", "row-17", "row-25"}
     assert failed["row-3"]["error"]["kind"] == "bad_request"
     assert "HTTP 400" in failed["row-3"]["error"]["message"]
@@ -130,9 +130,9 @@ def test_the_api_key_is_never_written_anywhere(tmp_path):
         run = batch(server, rows, out, "--remote_params.api_key_env_varname", "MY_KEY",
                     env={"MY_KEY": wrong})  # fmt: skip
         assert run.returncode == 1 and "authentication_error" in (
-            (tmp_path / "wrong.errors.jsonl").read_text()
+            (tmp_path / "wrong.jsonl.errors.jsonl").read_text()
         )
-        outputs += [run.stdout, run.stderr, (tmp_path / "wrong.errors.jsonl").read_text()]
+        outputs += [run.stdout, run.stderr, (tmp_path / "wrong.jsonl.errors.jsonl").read_text()]
         assert wrong not in "".join(outputs)
         assert SECRET in server.stats.credentials  # it was sent, to the server only
     shown = run_lmpress("config", "show", "--engine", "OPENAI", "--remote_params.api_key", SECRET)
@@ -141,7 +141,7 @@ def test_the_api_key_is_never_written_anywhere(tmp_path):
     for path in tmp_path.iterdir():
         if path.suffix == ".jsonl" and path.name != "in.jsonl":
             outputs.append(path.read_text())
-    assert len(read_rows(tmp_path / "env0.errors.jsonl")) == 2  # the failures were written...
+    assert len(read_rows(tmp_path / "env0.jsonl.errors.jsonl")) == 2  # the failures were written...
     assert "refused" in "".join(outputs)  # ...with the server's words...
     assert SECRET not in "".join(outputs)  # ...but never the key
 

@@ -68,19 +68,20 @@ def output_rows(out: Path) -> list[dict]:
 
 
 def summary_of(out: Path) -> dict:
-    stem = out.name.removesuffix(out.suffix)
-    return json.loads(out.with_name(f"{stem}.summary.json").read_text())
+    return json.loads(out.with_name(f"{out.name}.summary.json").read_text())
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_sigterm_finishes_rows_in_flight_writes_everything_exits_143_and_resumes(tmp_path, suffix):
     prompts = write_rows(tmp_path / "in.jsonl", 80)
     out = tmp_path / f"out{suffix}"
-    record = tmp_path / ("out.journal.jsonl" if suffix == ".parquet" else "out.jsonl")
+    record = tmp_path / ("out.parquet.journal.jsonl" if suffix == ".parquet" else "out.jsonl")
     with LLMServer(Faults(latency_s=0.2, permanent={"REJECT-400": 400})) as server:
         args = batch_args(server, tmp_path / "in.jsonl", out, "--remote_params.max_retries", "1")
         proc = spawn(args)
-        wait_for(lambda: lines(record) >= 6 and lines(tmp_path / "out.errors.jsonl"), proc)
+        wait_for(
+            lambda: lines(record) >= 6 and lines(out.with_name(f"{out.name}.errors.jsonl")), proc
+        )
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 143, err[-3000:]
@@ -93,7 +94,10 @@ def test_sigterm_finishes_rows_in_flight_writes_everything_exits_143_and_resumes
         assert 6 <= summary["rows_ok"] == len(written) < 79
         # Rows in flight were let finish, not abandoned: every reply sent was written.
         assert server.stats.completed == summary["rows_ok"]
-        errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+        errors = [
+            json.loads(x)
+            for x in (out.with_name(f"{out.name}.errors.jsonl")).read_text().splitlines()
+        ]
         assert [e["id"] for e in errors] == ["row-3"] and summary["rows_failed"] == 1
 
         finish = run_lmpress(*args)

@@ -18,7 +18,7 @@ from lmpress.vocabulary.errors import InputError
 
 def test_a_second_taker_is_refused_with_the_holders_pid_and_host(tmp_path):
     files = JobFiles.beside(tmp_path / "out.parquet", "parquet")
-    assert files.lock == tmp_path / "out.lock" and files.lock in files.side_files
+    assert files.lock == tmp_path / "out.parquet.lock" and files.lock in files.side_files
     with OutputLock.take(files.lock, files.output), pytest.raises(InputError) as refused:
         OutputLock.take(files.lock, files.output)
     message = str(refused.value)
@@ -36,7 +36,7 @@ def test_starting_over_removes_every_side_file_but_the_lock(tmp_path):
     with OutputLock.take(files.lock, files.output):
         inode = files.lock.stat().st_ino
         files.remove_all()
-        assert [p.name for p in tmp_path.iterdir()] == ["out.lock"]
+        assert [p.name for p in tmp_path.iterdir()] == ["out.parquet.lock"]
         assert files.lock.stat().st_ino == inode
         with pytest.raises(InputError, match="is writing this output"):
             OutputLock.take(files.lock, files.output)

@@ -64,7 +64,7 @@ def test_dry_run_prompt_tokens_equal_what_the_real_model_then_reports(tmp_path):
         out = tmp_path / f"out-{engine}.jsonl"
         run = run_lmpress(*args, "--engine", engine, "-o", str(out))
         assert run.returncode == 0, run.stderr
-        summary = json.loads((tmp_path / f"out-{engine}.summary.json").read_text())
+        summary = json.loads((tmp_path / f"out-{engine}.jsonl.summary.json").read_text())
         assert number(shown["prompt tokens"]) == summary["prompt_tokens"], engine
         assert summary["completion_tokens"] <= 10
 
@@ -138,7 +138,7 @@ def test_max_cost_stops_a_priced_job_and_every_row_records_its_cost(tmp_path):
         # Rows already sent when the cap was reached finish (they are being paid for); no
         # row is sent after it.
         assert 1.5 <= sum(costs) < 1.5 + 4 * max(costs)
-        summary = json.loads((tmp_path / "out.summary.json").read_text())
+        summary = json.loads((tmp_path / "out.jsonl.summary.json").read_text())
         assert summary["cost_usd"] == pytest.approx(sum(costs), rel=1e-4)
         rest = run_lmpress(*args)
         assert rest.returncode == 0, rest.stderr

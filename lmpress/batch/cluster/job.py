@@ -154,8 +154,8 @@ class RayBatchJob(BatchJob):
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = options.ordered
         rows = InputRows(
-            options.input_path, options.input_format, options.split, self.selection,
-            (done, set_aside), options.mapping.id_column, params.batch_size,
+            self.source, self.selection, (done, set_aside), options.mapping.id_column,
+            params.batch_size,
         )  # fmt: skip
         parser = RowParser.for_job(self.config, options, self.engine_class)
         calls = params.calls_per_replica

@@ -23,7 +23,7 @@ from lmpress.batch.rows import line_row_id
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.resume import id_key
 from lmpress.data.selection import RowSelection
-from lmpress.data.sources import open_source
+from lmpress.data.sources import Source
 
 # One block's columns: the row's place among the rows sent (-1: none, the block's last entry
 # only carries a count), how many done rows were skipped just before it, and its Line.
@@ -32,9 +32,7 @@ SCHEMA = pa.schema([("seq", pa.int64()), ("skipped", pa.int64()), ("line", pa.bi
 
 @dataclass
 class InputRows(Datasource):
-    input_path: str
-    input_format: str
-    split: str | None
+    source: Source  # a piped input's copy, where it was piped (`data.spool`)
     selection: RowSelection
     skip: tuple[IdKeys, ...]  # rows done, and rows set aside, by earlier runs
     id_column: str | None
@@ -51,12 +49,12 @@ class InputRows(Datasource):
         self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
     ) -> list[ReadTask]:
         metadata = BlockMetadata(
-            num_rows=None, size_bytes=None, exec_stats=None, input_files=[self.input_path]
+            num_rows=None, size_bytes=None, exec_stats=None, input_files=[self.source.path]
         )
         return [ReadTask(self._blocks, metadata, SCHEMA)]
 
     def _blocks(self) -> Iterator[pa.Table]:
-        source = open_source(self.input_path, self.input_format, self.split)
+        source = self.source
         seqs: list[int] = []
         skips: list[int] = []
         lines: list[bytes | None] = []

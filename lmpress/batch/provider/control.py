@@ -20,7 +20,7 @@ def show_or_cancel(config: RunConfig, output: str, cancel: bool = False) -> int:
     """`--status` only reads, so it runs beside a live job. `--cancel` takes the output's lock
     as a job does: cancelled under a live job, the batches would only be resubmitted by it
     (`--on-expired`), so it is refused until that job ends."""
-    files = JobFiles.beside(output, output_file_format(output))
+    files = JobFiles.found(output, output_file_format(output))
     state = BatchState(files.batches)
     if not state.log.exists():
         raise InputError(f"{output}: no provider batches were submitted for this output")

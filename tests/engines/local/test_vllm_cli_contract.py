@@ -104,7 +104,9 @@ def test_batch_writes_rows_and_reports_the_row_vllm_refused(model_dir, tmp_path)
     )
     assert written["c"]["response"]["finish_reason"] == "length"
     assert written["c"]["response"]["engine"] == "VLLM"
-    failed = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    failed = [
+        json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
+    ]
     assert [(f["id"], f["error"]["kind"]) for f in failed] == [("b", "context_length_exceeded")]
 
 

@@ -33,7 +33,7 @@ def batch(server: LLMServer, tmp_path: Path, rows: int, *args: str) -> tuple[lis
         "--model.model_name", "test-model", "--remote_params.num_workers", "16",
         "-i", str(source), "-o", str(out), *args,
     )  # fmt: skip
-    errors = tmp_path / "out.errors.jsonl"
+    errors = tmp_path / "out.jsonl.errors.jsonl"
     assert run.returncode == 0, (errors.read_text() if errors.exists() else "") + run.stderr[-2000:]
     assert not errors.exists()  # no row failed, none ran out of retries
     return [json.loads(line) for line in out.read_text().splitlines()], run.stderr

@@ -190,7 +190,7 @@ def job(tmp_path: Path, server: LLMServer, engine: str, model: str, *extra: str)
     assert run.returncode == 0, run.stderr
     written = {json.loads(line)["id"]: json.loads(line)["response"]
                for line in out.read_text().splitlines()}  # fmt: skip
-    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    summary = json.loads(out.with_name(f"{out.name}.summary.json").read_text())
     return written, summary, run.stderr
 
 

@@ -73,6 +73,6 @@ def test_batch_with_a_lora_adapter_equals_vllm_and_a_row_too_long_fails_alone(tm
     assert len(set(expected)) == len(expected)  # the replies depend on the prompts
     without = [r[0]["text"] for r in reference["chat"] + reference["generate"]]
     assert all(a != b for a, b in zip(expected, without, strict=True))  # and on the adapter
-    failed = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").open()]
+    failed = [json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").open()]
     assert [row["id"] for row in failed] == ["too-long"]
     assert "context_length_exceeded" in json.dumps(failed[0])
