@@ -49,7 +49,7 @@ def run_batch(tmp_path: Path, lines: list, *args: str) -> tuple[int, dict, dict]
     run = run_lmpress("batch", "-i", str(src), "-o", str(out), "--engine", "NATIVE", *args)
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
     outputs = [json.loads(text) for text in out.read_text().splitlines()] if out.exists() else []
-    errors_file = tmp_path / "out.errors.jsonl"
+    errors_file = tmp_path / "out.jsonl.errors.jsonl"
     errors = [json.loads(text) for text in errors_file.read_text().splitlines()] if (
         errors_file.exists()
     ) else []  # fmt: skip
