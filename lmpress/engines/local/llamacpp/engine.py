@@ -12,12 +12,14 @@ or with `model.draft_model` (drafting.py: its own context beside the model's) wh
 request before it is queued; prompts.py renders and tokenizes it. The three local engines share
 this shape (worker.py).
 
-`model_kwargs.n_ctx` (default: the model's own context length) is the size of the KV cache, and
-each of the `batch_size` sequences gets an equal part of it (a multiple of 256, at least 256),
-as llama-server's `-c` and `-np` do. Each sequence attends only to its own part, so a step costs
-the same whatever the others hold, and what else is in flight moves a sequence's logits only by
-llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on the
-batch size, short of a near-exact tie between two tokens.
+`model_kwargs.n_ctx` (default: the model's own context length) is the size of the KV cache,
+which the `batch_size` sequences share (llama.cpp's unified cache, as llama-server's `-c`,
+`-np` and `--kv-unified`): one prompt, one conversation or one long row may use all of it, and
+rows start while their prompts and `max_new_tokens` fit beside those in flight (scheduling.py),
+so no row is refused or cut for the others' sake. A sequence attends only to its own cells
+(flash attention skips the others'), and what else is in flight moves a sequence's logits only
+by llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on
+the batch size, short of a near-exact tie between two tokens.
 
 A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
 sequence by sequence: the scheduler writes the close of a row's thinking once its
@@ -158,7 +160,7 @@ class LlamaCppEngine(WorkerEngine):
             self.projector, config.model.chat_template_kwargs,
         )  # fmt: skip
         batch_size = parallel_sequences(config.generation.batch_size)
-        ctx = batched_context(self.llama, self.path, kwargs, batch_size)
+        ctx = batched_context(self.llama, self.path, kwargs, batch_size, self.projector is not None)
         drafter = None
         if speculation is not None and speculation.draft_model:
             try:
@@ -175,7 +177,7 @@ class LlamaCppEngine(WorkerEngine):
             speculation=speculation, drafter=drafter,
         )  # fmt: skip
         self.batch_size = batch_size
-        self.n_ctx, self.n_ctx_seq = scheduler.n_ctx, scheduler.n_ctx_seq
+        self.n_ctx = scheduler.n_ctx
         self._n_batch = scheduler.batches.size  # the most tokens llama.cpp decodes at once
         # Two batches' worth, so a finished sequence's place is taken at once.
         self.max_in_flight = 2 * batch_size
@@ -268,7 +270,7 @@ class LlamaCppEngine(WorkerEngine):
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids (the chat template applied, or the raw prompt), checked to
-        fit a sequence's part of the context."""
+        fit the context."""
         return self.inputs(request, tool_plan)[0]
 
     def inputs(
@@ -277,11 +279,10 @@ class LlamaCppEngine(WorkerEngine):
         """The prompt's token ids, checked to fit, and its image segments (None: no images)."""
         switches = self.model_thinking.template_kwargs(request)
         ids, images = self.prompts.inputs(request, tool_plan, switches)
-        if len(ids) >= self.n_ctx_seq:
+        if len(ids) >= self.n_ctx:
             raise RequestError(
-                f"prompt is {len(ids)} tokens, the context of a sequence is {self.n_ctx_seq} "
-                f"(model.model_kwargs.n_ctx {self.n_ctx} shared by generation.batch_size "
-                f"{self.batch_size}): raise n_ctx or lower batch_size",
+                f"prompt is {len(ids)} tokens, the context is {self.n_ctx} "
+                f"(model.model_kwargs.n_ctx): raise n_ctx or shorten the prompt",
                 kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
             )
         self._check_whole_images([image for image in images or () if image.non_causal])
@@ -306,7 +307,7 @@ class LlamaCppEngine(WorkerEngine):
         prompt_ids, images = self.inputs(request, plan)
         logit_bias = self._logit_bias(request.params)
         check_token_settings(request.params, self.n_vocab)
-        self._check_fits(request.params)
+        self._check_fits(request.params, len(prompt_ids))
         matcher = request_matcher(
             self._grammar_engine,
             request.params.guided_decoding,
@@ -335,7 +336,14 @@ class LlamaCppEngine(WorkerEngine):
             bias.append((token, float(value)))
         return bias
 
-    def _check_fits(self, params: GenerationParams) -> None:
+    def _check_fits(self, params: GenerationParams, prompt_tokens: int) -> None:
+        if prompt_tokens + params.n > self.n_ctx:  # each sample generates at least one token
+            raise RequestError(
+                f"generation.n is {params.n} and the prompt {prompt_tokens} tokens: more than "
+                f"the context of {self.n_ctx} (model.model_kwargs.n_ctx) holds; raise n_ctx or "
+                f"lower n",
+                kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+            )
         if params.n > self.batch_size:
             raise RequestError(
                 f"generation.n is {params.n} but generation.batch_size is {self.batch_size}: "

@@ -164,6 +164,13 @@ def check_model_kwargs(kwargs: dict[str, Any], llama_class: type) -> dict[str, A
 
 # llama.cpp rounds the context it is asked for up to a multiple of this many tokens.
 CONTEXT_PAD = 256
+# The most tokens in one pass over the weights (llama.cpp's n_ubatch), unless the recipe sets
+# it. Over a shared KV cache a pass holds the tokens of every sequence in it, and llama.cpp's
+# CPU flash attention takes a tiled kernel, which rounds differently, for 64 (GGML_FA_TILE_Q)
+# or more: below that, a sequence's attention is computed alike whatever else the pass holds,
+# so greedy replies do not depend on which rows are in flight beside them (and a pass of 63
+# tokens already keeps a CPU's matrix units busy).
+MICRO_BATCH = 63
 
 
 def parallel_sequences(batch_size: int) -> int:
@@ -174,42 +181,41 @@ def parallel_sequences(batch_size: int) -> int:
     return min(batch_size, llama_cpp.llama_max_parallel_sequences())
 
 
-def sequence_context(n_ctx: int, batch_size: int) -> int:
-    """Each sequence's part of a KV cache of `n_ctx` tokens (as llama.cpp made it) shared by
-    `batch_size` sequences. llama.cpp wants equal parts, each a multiple of 256; the engine
-    asks for that rather than let it round (and warn)."""
-    if batch_size <= 1:
-        return n_ctx
-    return max(CONTEXT_PAD, n_ctx // batch_size // CONTEXT_PAD * CONTEXT_PAD)
-
-
-def planned_sequence_context(n_ctx: int, n_ctx_train: int | None, batch_size: int) -> int | None:
-    """A sequence's part of the context the engine will make, known before loading it:
-    `model_kwargs.n_ctx` (0: the model's own, `n_ctx_train`), rounded up by llama.cpp, then
-    shared by `batch_size` sequences. None: the size is not known."""
+def planned_context(n_ctx: int, n_ctx_train: int | None) -> int | None:
+    """The context the engine will make, known before loading it: `model_kwargs.n_ctx` (0: the
+    model's own, `n_ctx_train`), rounded up by llama.cpp. None: the size is not known."""
     wanted = n_ctx or n_ctx_train
     if not wanted:
         return None
-    rounded = -(-wanted // CONTEXT_PAD) * CONTEXT_PAD
-    return sequence_context(rounded, batch_size)
+    return -(-wanted // CONTEXT_PAD) * CONTEXT_PAD
 
 
-def batched_context(llama: Any, path: str, kwargs: dict[str, Any], batch_size: int) -> Any:
+def batched_context(
+    llama: Any, path: str, kwargs: dict[str, Any], batch_size: int, images: bool = False
+) -> Any:
     """A context like the one `Llama` made from the recipe's kwargs, but holding
-    `batch_size` sequences, each in its own part of the KV cache. `Llama`'s own
-    single-sequence context is freed first so that the KV memory is not held twice."""
+    `batch_size` sequences in one KV cache that they share (llama.cpp's unified cache, as
+    llama-server's `--kv-unified`): any one of them may use the whole context, and the
+    scheduler admits rows while their cells fit. `images`: it decodes images too, whose
+    tokens may need a pass of their own (a non-causal projector's), so passes stay as large
+    as `Llama` made them. `Llama`'s own single-sequence context is freed first so that the KV
+    memory is not held twice."""
     import llama_cpp as lc
     from llama_cpp import _internals
 
     params = lc.llama_context_params.from_buffer_copy(llama.context_params)
-    params.n_ctx = sequence_context(llama.n_ctx(), batch_size) * batch_size
+    params.n_ctx = llama.n_ctx()
     params.n_seq_max = batch_size
-    params.kv_unified = False
+    params.kv_unified = True
     # Every sequence in flight contributes a token to each step's batch.
     params.n_batch = max(params.n_batch, batch_size)
-    params.n_ubatch = max(params.n_ubatch, batch_size)
+    if images:
+        params.n_ubatch = max(params.n_ubatch, batch_size)
+    elif "n_ubatch" not in kwargs:
+        params.n_ubatch = MICRO_BATCH
     if "flash_attn" not in kwargs:
-        # llama.cpp's own default (llama-cpp-python turns it off): faster on CPU too.
+        # llama.cpp's own default (llama-cpp-python turns it off): faster on CPU too, and over
+        # a shared cache it skips the cells of other sequences instead of multiplying by them.
         params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
     llama._ctx.close()
     try:
