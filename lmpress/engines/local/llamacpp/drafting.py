@@ -2,11 +2,10 @@
 vocabulary drafts each row's next tokens, which the model then verifies in its own step
 (engines/local/speculation.py gives the rule; scheduling.py applies it as for prompt lookup).
 
-The draft model has a context of its own, made as the model's (one KV cache shared by as many
-sequences), and a row drafts in the sequence of the same id, within the cells the row reserved
-in the model's cache; a sequence keeps no more than the model's does once its row ends (what
-the model's cache drops for room, the draft's drops too), so the draft's cache has room where
-the model's has. `Drafter` keeps, for each sequence, the tokens its
+The draft model has a context of its own, split into as many sequences as the model's (a
+drafting engine's cache is split, loading.batched_context), and a row drafts in the sequence of
+the same id, within the positions the row reserved (its prompt and budget); a sequence keeps no
+more than the model's does once its row ends. `Drafter` keeps, for each sequence, the tokens its
 KV cells hold. Before a row drafts, its sequence is cut back to the longest prefix those share
 with the row's tokens now (its prompt and its reply so far, ending with the token the model
 decodes next), and the rest is read: at a row's first draft that is its prompt, unless the
@@ -187,5 +186,5 @@ def load_drafter(
             f"'{model.model_name}' one of {target.n_vocab()}; a draft model must share the "
             "model's tokenizer (a smaller model of the same family)"
         )
-    draft_ctx = batched_context(llama, path, {**kwargs, "verbose": False}, batch_size)
+    draft_ctx = batched_context(llama, path, {**kwargs, "verbose": False}, batch_size, split=True)
     return Drafter(llama, draft_ctx, batch_size)

@@ -19,7 +19,9 @@ rows start while their prompts and `max_new_tokens` fit beside those in flight (
 so no row is refused or cut for the others' sake. A sequence attends only to its own cells
 (flash attention skips the others'), and what else is in flight moves a sequence's logits only
 by llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on
-the batch size, short of a near-exact tie between two tokens.
+the batch size, short of a near-exact tie between two tokens. A drafting engine (`model.speculative_method`)
+splits the cache into equal parts instead, as before llama-server's `--kv-unified` (see
+loading.batched_context for why), and a prompt must fit a part.
 
 A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
 sequence by sequence: the scheduler writes the close of a row's thinking once its
@@ -160,7 +162,10 @@ class LlamaCppEngine(WorkerEngine):
             self.projector, config.model.chat_template_kwargs,
         )  # fmt: skip
         batch_size = parallel_sequences(config.generation.batch_size)
-        ctx = batched_context(self.llama, self.path, kwargs, batch_size, self.projector is not None)
+        ctx = batched_context(
+            self.llama, self.path, kwargs, batch_size, images=self.projector is not None,
+            split=speculation is not None,
+        )  # fmt: skip
         drafter = None
         if speculation is not None and speculation.draft_model:
             try:
@@ -177,7 +182,7 @@ class LlamaCppEngine(WorkerEngine):
             speculation=speculation, drafter=drafter,
         )  # fmt: skip
         self.batch_size = batch_size
-        self.n_ctx = scheduler.n_ctx
+        self.n_ctx, self.n_ctx_seq = scheduler.n_ctx, scheduler.n_ctx_seq
         self._n_batch = scheduler.batches.size  # the most tokens llama.cpp decodes at once
         # Two batches' worth, so a finished sequence's place is taken at once.
         self.max_in_flight = 2 * batch_size
@@ -279,10 +284,16 @@ class LlamaCppEngine(WorkerEngine):
         """The prompt's token ids, checked to fit, and its image segments (None: no images)."""
         switches = self.model_thinking.template_kwargs(request)
         ids, images = self.prompts.inputs(request, tool_plan, switches)
-        if len(ids) >= self.n_ctx:
+        if len(ids) >= self.n_ctx_seq:
+            where = f"the context is {self.n_ctx} (model.model_kwargs.n_ctx): raise n_ctx"
+            if self.n_ctx_seq < self.n_ctx:  # a drafting engine's split cache
+                where = (
+                    f"the context of a sequence is {self.n_ctx_seq} (model.model_kwargs.n_ctx "
+                    f"{self.n_ctx} split among generation.batch_size {self.batch_size} while "
+                    f"model.speculative_method drafts): raise n_ctx or lower batch_size"
+                )
             raise RequestError(
-                f"prompt is {len(ids)} tokens, the context is {self.n_ctx} "
-                f"(model.model_kwargs.n_ctx): raise n_ctx or shorten the prompt",
+                f"prompt is {len(ids)} tokens, {where} or shorten the prompt",
                 kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
             )
         self._check_whole_images([image for image in images or () if image.non_causal])
@@ -337,7 +348,8 @@ class LlamaCppEngine(WorkerEngine):
         return bias
 
     def _check_fits(self, params: GenerationParams, prompt_tokens: int) -> None:
-        if prompt_tokens + params.n > self.n_ctx:  # each sample generates at least one token
+        shared = self.n_ctx_seq == self.n_ctx
+        if shared and prompt_tokens + params.n > self.n_ctx:  # a token a sample, at least
             raise RequestError(
                 f"generation.n is {params.n} and the prompt {prompt_tokens} tokens: more than "
                 f"the context of {self.n_ctx} (model.model_kwargs.n_ctx) holds; raise n_ctx or "

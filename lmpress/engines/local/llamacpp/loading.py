@@ -181,32 +181,53 @@ def parallel_sequences(batch_size: int) -> int:
     return min(batch_size, llama_cpp.llama_max_parallel_sequences())
 
 
-def planned_context(n_ctx: int, n_ctx_train: int | None) -> int | None:
-    """The context the engine will make, known before loading it: `model_kwargs.n_ctx` (0: the
-    model's own, `n_ctx_train`), rounded up by llama.cpp. None: the size is not known."""
+def sequence_context(n_ctx: int, batch_size: int) -> int:
+    """Each sequence's part of a KV cache of `n_ctx` tokens (as llama.cpp made it) split among
+    `batch_size` sequences. llama.cpp wants equal parts, each a multiple of 256; the engine
+    asks for that rather than let it round (and warn)."""
+    if batch_size <= 1:
+        return n_ctx
+    return max(CONTEXT_PAD, n_ctx // batch_size // CONTEXT_PAD * CONTEXT_PAD)
+
+
+def planned_context(n_ctx: int, n_ctx_train: int | None, split: int = 1) -> int | None:
+    """The context a sequence may use, known before loading the model: `model_kwargs.n_ctx`
+    (0: the model's own, `n_ctx_train`), rounded up by llama.cpp, and over a split cache
+    (drafting, see batched_context) its part of `split`. None: the size is not known."""
     wanted = n_ctx or n_ctx_train
     if not wanted:
         return None
-    return -(-wanted // CONTEXT_PAD) * CONTEXT_PAD
+    return sequence_context(-(-wanted // CONTEXT_PAD) * CONTEXT_PAD, split)
 
 
 def batched_context(
-    llama: Any, path: str, kwargs: dict[str, Any], batch_size: int, images: bool = False
+    llama: Any,
+    path: str,
+    kwargs: dict[str, Any],
+    batch_size: int,
+    images: bool = False,
+    split: bool = False,
 ) -> Any:
     """A context like the one `Llama` made from the recipe's kwargs, but holding
     `batch_size` sequences in one KV cache that they share (llama.cpp's unified cache, as
     llama-server's `--kv-unified`): any one of them may use the whole context, and the
     scheduler admits rows while their cells fit. `images`: it decodes images too, whose
     tokens may need a pass of their own (a non-causal projector's), so passes stay as large
-    as `Llama` made them. `Llama`'s own single-sequence context is freed first so that the KV
+    as `Llama` made them. `split`: each sequence gets an equal part of the cache instead (a
+    multiple of 256, as llama-server without `--kv-unified`), for drafting: a shared cache
+    keeps a sequence's cells in position order only while no cells are freed behind it, and
+    every step frees the drafts rows did not keep, so greedy replies would move with what
+    else is in flight. `Llama`'s own single-sequence context is freed first so that the KV
     memory is not held twice."""
     import llama_cpp as lc
     from llama_cpp import _internals
 
     params = lc.llama_context_params.from_buffer_copy(llama.context_params)
-    params.n_ctx = llama.n_ctx()
+    params.n_ctx = (
+        sequence_context(llama.n_ctx(), batch_size) * batch_size if split else llama.n_ctx()
+    )
     params.n_seq_max = batch_size
-    params.kv_unified = True
+    params.kv_unified = not split
     # Every sequence in flight contributes a token to each step's batch.
     params.n_batch = max(params.n_batch, batch_size)
     if images:

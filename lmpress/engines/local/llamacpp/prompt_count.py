@@ -1,6 +1,7 @@
 """How LLAMACPP's prompts are counted without its weights: the GGUF file opened with
 `vocab_only` and `GgufPrompts`; the context is the one the engine will make
-(`model_kwargs.n_ctx`, which every sequence may use whole: the KV cache is shared)."""
+(`model_kwargs.n_ctx`, which every sequence may use whole: the KV cache is shared; a sequence's
+equal part of it while drafting)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from lmpress.engines.local.llamacpp.loading import (
     gguf_path,
     load_vocab,
     oumi_gguf_file,
+    parallel_sequences,
     planned_context,
     trained_context,
 )
@@ -31,7 +33,10 @@ def prompt_counter(config: RunConfig) -> PromptCounter:
         vocab_model, Vocab(vocab_model), template, model.model_name, parser,
         template_kwargs=model.chat_template_kwargs,
     )  # fmt: skip
-    context = planned_context(int(model.model_kwargs.get("n_ctx") or 0), trained_context(metadata))
+    split = parallel_sequences(config.generation.batch_size) if model.speculative_method else 1
+    context = planned_context(
+        int(model.model_kwargs.get("n_ctx") or 0), trained_context(metadata), split
+    )
     label = f"{model.model_name} (the GGUF file's vocabulary, as LLAMACPP)"
     counted = SwitchedPrompts(prompts, template, model.model_name)
     return PromptCounter(counted, True, context, label)

@@ -73,6 +73,7 @@ class LlamaCppScheduler(Scheduler):
         self.vocab = vocab
         self.batch_size = batch_size
         self.n_ctx = llama_cpp.llama_n_ctx(ctx.ctx)  # the KV cells all sequences share
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx.ctx)  # n_ctx, or a split cache's part
         self.reserved = 0  # cells the rows in flight hold or may grow to (SequenceRow.cells)
         self.sequences = Sequences(llama_cpp, llama_cpp.llama_get_memory(ctx.ctx), batch_size)
         self.batches = Batches(llama_cpp, ctx.ctx, projector)
@@ -148,13 +149,15 @@ class LlamaCppScheduler(Scheduler):
             submission = pending[0]
             params, prompt = submission.request.params, submission.prompt_ids
             seqs = self.sequences.choose(prompt, params.n)
-            # A row ends when the context is full; the samples of one prompt share it.
-            limit = min(params.max_new_tokens, (self.n_ctx - len(prompt)) // params.n)
-            cells = len(prompt) + params.n * limit
-            # The free sequences it does not take keep what the rest of the cache leaves.
-            dropped = self.sequences.make_room(self.n_ctx - self.reserved - cells, seqs)
-            if dropped is None:
-                return
+            if self.n_ctx_seq < self.n_ctx:  # a split cache: a row ends when its part is full
+                limit, dropped = min(params.max_new_tokens, self.n_ctx_seq - len(prompt)), []
+            else:  # a row ends when the context is full; the samples of one prompt share it
+                limit = min(params.max_new_tokens, (self.n_ctx - len(prompt)) // params.n)
+                cells = len(prompt) + params.n * limit
+                # The free sequences it does not take keep what the rest of the cache leaves.
+                dropped = self.sequences.make_room(self.n_ctx - self.reserved - cells, seqs)
+                if dropped is None:
+                    return
             self._forget(dropped)
             pending.popleft()
             self.sequences.take(seqs)
@@ -265,8 +268,8 @@ class LlamaCppScheduler(Scheduler):
 
     def _room(self, row: SequenceRow) -> int:
         """The most tokens a row may carry after its next one: what its budget leaves after
-        that token (within the cells it reserved)."""
-        return row.limit - row.generated - 1
+        that token, and a split cache's part."""
+        return min(row.limit - row.generated - 1, self.n_ctx_seq - row.pos - 1)
 
     def _shape(
         self, rows: list[SequenceRow], proposals: list[list[int]], chunks: list[PromptChunk]
