@@ -290,6 +290,7 @@ def main() -> None:
         "n_threads": args.threads,
         "n_threads_batch": args.threads,
         "flash_attn": args.flash_attn == "on",
+        "kv_unified": True,  # the server's --kv-unified
     }
     config = lmpress_config(path, kwargs, args.batch_size)
     if args.draft_model:

@@ -75,10 +75,10 @@ def rows() -> list[Request]:
 
 TOO_LONG = Request("long", [Message("user", "word " * 700)], PARAMS)
 
-# A small context on each engine, so that one row goes over it: LLAMACPP's n_ctx 512 (which its
-# 4 sequences share), NATIVE capped at 512 by model_max_length.
+# A small context on each engine, so that one row goes over it: LLAMACPP's 2048 tokens shared
+# by 4 sequences (512 each), NATIVE capped at 512 by model_max_length.
 SETTINGS = {
-    "LLAMACPP": {"model.model_kwargs": {"n_ctx": 512}, "generation.batch_size": 4},
+    "LLAMACPP": {"model.model_kwargs": {"n_ctx": 2048}, "generation.batch_size": 4},
     "NATIVE": {"model.model_max_length": 512, "generation.batch_size": 4},
 }
 
@@ -111,7 +111,7 @@ def test_counts_equal_the_prompt_tokens_the_engine_reports(smollm2):
 def test_the_counter_knows_the_context_the_engine_refuses_prompts_at(smollm2):
     config, engine = smollm2
     counter = prompt_counter(config)
-    engine_context = engine.n_ctx if config.engine == "LLAMACPP" else engine.context_length
+    engine_context = engine.n_ctx_seq if config.engine == "LLAMACPP" else engine.context_length
     assert counter.context == engine_context == 512
     assert counter.count(TOO_LONG) >= counter.context
     (result,) = engine.generate([TOO_LONG])
@@ -129,9 +129,9 @@ def test_a_row_the_engine_refuses_before_generating_fails_the_count_the_same_way
 
 
 def test_llamacpp_context_follows_n_ctx_and_batch_size_as_llama_cpp_makes_it():
-    """The counter predicts the context without loading the weights; the engine's real context
-    says whether it predicted right (llama.cpp rounds n_ctx up to a multiple of 256, and every
-    sequence may use all of it, whatever batch_size)."""
+    """The counter predicts a sequence's part of the KV cache without loading the weights;
+    the engine's real context says whether it predicted right (llama.cpp rounds n_ctx up to a
+    multiple of 256, and each of batch_size sequences gets an equal part, also of 256)."""
     from lmpress.builtin_models.tiny_gguf import tiny_gguf
 
     path = str(tiny_gguf("llama"))  # trained with a context of 2048
@@ -142,7 +142,7 @@ def test_llamacpp_context_follows_n_ctx_and_batch_size_as_llama_cpp_makes_it():
         })  # fmt: skip
         engine = create_engine(config)
         try:
-            assert prompt_counter(config).context == engine.n_ctx, (n_ctx, batch_size)
+            assert prompt_counter(config).context == engine.n_ctx_seq, (n_ctx, batch_size)
         finally:
             asyncio.run(engine.aclose())
 

@@ -142,14 +142,37 @@ def test_the_next_turn_of_a_chat_reads_only_what_is_new():
         close(eng)
 
 
+def test_each_sequence_gets_an_equal_part_of_n_ctx():
+    path = str(tiny_gguf("gpt2"))
+    shared = make(path, {"n_ctx": 1024}, batch_size=4)
+    alone = make(path, {"n_ctx": 1024}, batch_size=1)
+    try:
+        assert (shared.n_ctx, shared.n_ctx_seq, alone.n_ctx_seq) == (1024, 256, 1024)
+        endless = GenerationParams(max_new_tokens=2000, min_tokens=2000)
+        [full] = shared.generate(["Go on."], endless)
+        assert full.finish_reason == "length"
+        assert full.usage.prompt_tokens + full.usage.completion_tokens == 256
+        long_prompt = ["word " * 300]
+        [refused] = shared.generate(long_prompt, GenerationParams(max_new_tokens=4))
+        assert refused.error is not None and refused.error.kind == "context_length_exceeded"
+        assert (
+            "the context of a sequence is 256 (model.model_kwargs.n_ctx 1024 shared by "
+            "generation.batch_size 4): raise n_ctx or lower batch_size" in refused.error.message
+        )
+        assert alone.generate(long_prompt, GenerationParams(max_new_tokens=4))[0].ok
+    finally:
+        close(shared)
+        close(alone)
+
+
 def test_one_row_may_use_the_whole_n_ctx_and_rows_wait_for_room():
-    """The sequences share one KV cache of n_ctx cells: a long prompt or a long reply gets all
-    of it, rows start while their prompt and max_new_tokens fit beside those in flight (the
+    """With model_kwargs.kv_unified the sequences share one KV cache of n_ctx cells: a long
+    prompt or a long reply gets all of it, rows start while their prompt and max_new_tokens fit beside those in flight (the
     others wait, none is cut short), and only a prompt the whole context cannot hold fails,
     alone, naming n_ctx."""
-    eng = make(str(tiny_gguf("gpt2")), {"n_ctx": 1024}, batch_size=4)
+    eng = make(str(tiny_gguf("gpt2")), {"n_ctx": 1024, "kv_unified": True}, batch_size=4)
     try:
-        assert eng.n_ctx == 1024
+        assert eng.n_ctx == eng.n_ctx_seq == 1024
         endless = GenerationParams(max_new_tokens=2000, min_tokens=2000)
         [full] = eng.generate(["Go on."], endless)
         assert full.finish_reason == "length"
@@ -518,7 +541,7 @@ def test_model_kwargs_reach_llama_cpp():
     try:
         import llama_cpp
 
-        assert eng.n_ctx == 2048
+        assert (eng.n_ctx, eng.n_ctx_seq) == (2048, 512)
         assert llama_cpp.llama_n_batch(eng.scheduler._ctx.ctx) == 64
         assert llama_cpp.llama_n_threads(eng.scheduler._ctx.ctx) == 1
         # A prompt longer than n_batch is fed in chunks.

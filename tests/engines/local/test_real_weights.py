@@ -86,15 +86,15 @@ def llama_cpp_reference(path: str, kwargs: dict, conversations: list, max_tokens
 
 def test_llamacpp_greedy_equals_llama_cpp_python_on_smollm2():
     """Short questions and one of some 3,000 tokens, four sequences sharing a KV cache of
-    8,192: each reply is llama-cpp-python's own, one conversation at a time (over a cache split
+    8,192 (model_kwargs.kv_unified, as the bundled recipe has it): each reply is llama-cpp-python's own, one conversation at a time (over a cache split
     four ways, the long one had 2,048 tokens and was refused)."""
     from tests.cli.test_llamacpp_cli import long_report
 
-    kwargs = {"n_ctx": 8192, "flash_attn": False}
+    kwargs = {"n_ctx": 8192, "flash_attn": False}  # and the recipe's shared cache
     questions = [q for q, _ in QUESTIONS]
     questions.insert(2, long_report(160))
     conversations = [[{"role": "user", "content": q}] for q in questions]
-    engine = make("LLAMACPP", SMOLLM2, kwargs, batch_size=4)
+    engine = make("LLAMACPP", SMOLLM2, {**kwargs, "kv_unified": True}, batch_size=4)
     try:
         results = engine.generate([chat(q, rid=str(i)) for i, q in enumerate(questions)])
     finally:

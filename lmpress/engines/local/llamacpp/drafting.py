@@ -3,7 +3,7 @@ vocabulary drafts each row's next tokens, which the model then verifies in its o
 (engines/local/speculation.py gives the rule; scheduling.py applies it as for prompt lookup).
 
 The draft model has a context of its own, split into as many sequences as the model's (a
-drafting engine's cache is split, loading.batched_context), and a row drafts in the sequence of
+drafting engine's cache is split: loading.batched_context), and a row drafts in the sequence of
 the same id, within the positions the row reserved (its prompt and budget); a sequence keeps no
 more than the model's does once its row ends. `Drafter` keeps, for each sequence, the tokens its
 KV cells hold. Before a row drafts, its sequence is cut back to the longest prefix those share
@@ -186,5 +186,5 @@ def load_drafter(
             f"'{model.model_name}' one of {target.n_vocab()}; a draft model must share the "
             "model's tokenizer (a smaller model of the same family)"
         )
-    draft_ctx = batched_context(llama, path, {**kwargs, "verbose": False}, batch_size, split=True)
+    draft_ctx = batched_context(llama, path, {**kwargs, "verbose": False}, batch_size)
     return Drafter(llama, draft_ctx, batch_size)

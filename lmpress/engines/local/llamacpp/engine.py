@@ -12,16 +12,17 @@ or with `model.draft_model` (drafting.py: its own context beside the model's) wh
 request before it is queued; prompts.py renders and tokenizes it. The three local engines share
 this shape (worker.py).
 
-`model_kwargs.n_ctx` (default: the model's own context length) is the size of the KV cache,
-which the `batch_size` sequences share (llama.cpp's unified cache, as llama-server's `-c`,
-`-np` and `--kv-unified`): one prompt, one conversation or one long row may use all of it, and
-rows start while their prompts and `max_new_tokens` fit beside those in flight (scheduling.py),
-so no row is refused or cut for the others' sake. A sequence attends only to its own cells
-(flash attention skips the others'), and what else is in flight moves a sequence's logits only
-by llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on
-the batch size, short of a near-exact tie between two tokens. A drafting engine (`model.speculative_method`)
-splits the cache into equal parts instead, as before llama-server's `--kv-unified` (see
-loading.batched_context for why), and a prompt must fit a part.
+`model_kwargs.n_ctx` (default: the model's own context length) is the size of the KV cache, and
+each of the `batch_size` sequences gets an equal part of it (a multiple of 256, at least 256),
+as llama-server's `-c` and `-np` do. Each sequence attends only to its own part, so a step costs
+the same whatever the others hold, and what else is in flight moves a sequence's logits only by
+llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on the
+batch size, short of a near-exact tie between two tokens. With `model_kwargs.kv_unified: true`
+(the bundled smollm2 recipe's) the sequences share the cache instead, as llama-server's
+`--kv-unified`: one prompt, one conversation or one long row may use all of it, and rows start
+while their prompts and `max_new_tokens` fit beside those in flight (scheduling.py), so no row
+is refused or cut for the others' sake; loading.batched_context says what that costs, and why
+a drafting engine (`model.speculative_method`) keeps the split cache.
 
 A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
 sequence by sequence: the scheduler writes the close of a row's thinking once its
@@ -123,6 +124,7 @@ class LlamaCppEngine(WorkerEngine):
         if config.task != "generate":
             pooling_kwargs(kwargs, self.path)
         extra_bufts = kwargs.pop("use_extra_bufts", None)
+        unified = bool(kwargs.pop("kv_unified", False))  # lmpress's key (batched_context)
         try:
             self.llama = load_llama(self.path, kwargs, extra_bufts=extra_bufts)
         except Exception as exc:
@@ -164,7 +166,7 @@ class LlamaCppEngine(WorkerEngine):
         batch_size = parallel_sequences(config.generation.batch_size)
         ctx = batched_context(
             self.llama, self.path, kwargs, batch_size, images=self.projector is not None,
-            split=speculation is not None,
+            split=not unified or speculation is not None,
         )  # fmt: skip
         drafter = None
         if speculation is not None and speculation.draft_model:
@@ -286,11 +288,11 @@ class LlamaCppEngine(WorkerEngine):
         ids, images = self.prompts.inputs(request, tool_plan, switches)
         if len(ids) >= self.n_ctx_seq:
             where = f"the context is {self.n_ctx} (model.model_kwargs.n_ctx): raise n_ctx"
-            if self.n_ctx_seq < self.n_ctx:  # a drafting engine's split cache
+            if self.n_ctx_seq < self.n_ctx:  # a split cache
                 where = (
                     f"the context of a sequence is {self.n_ctx_seq} (model.model_kwargs.n_ctx "
-                    f"{self.n_ctx} split among generation.batch_size {self.batch_size} while "
-                    f"model.speculative_method drafts): raise n_ctx or lower batch_size"
+                    f"{self.n_ctx} shared by generation.batch_size {self.batch_size}): raise "
+                    f"n_ctx or lower batch_size (or set model.model_kwargs.kv_unified: true)"
                 )
             raise RequestError(
                 f"prompt is {len(ids)} tokens, {where} or shorten the prompt",

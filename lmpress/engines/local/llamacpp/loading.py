@@ -142,13 +142,14 @@ def load_llama(path: str, kwargs: dict[str, Any], *, extra_bufts: bool | None = 
 
 def check_model_kwargs(kwargs: dict[str, Any], llama_class: type) -> dict[str, Any]:
     """The recipe's model_kwargs, each checked to be a parameter of `Llama`'s constructor
-    (or `use_extra_bufts`: true or false overrides lmpress's choice, see load_llama)."""
+    (or `use_extra_bufts`: true or false overrides lmpress's choice, see load_llama; or
+    `kv_unified`, see batched_context)."""
     accepted = [
         name
         for name, p in inspect.signature(llama_class.__init__).parameters.items()
         if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     ]
-    accepted.append("use_extra_bufts")
+    accepted += ["use_extra_bufts", "kv_unified"]
     for key in kwargs:
         if key in REFUSED_KWARGS:
             raise ConfigError(f"model.model_kwargs.{key}: {REFUSED_KWARGS[key]}")
@@ -206,18 +207,20 @@ def batched_context(
     kwargs: dict[str, Any],
     batch_size: int,
     images: bool = False,
-    split: bool = False,
+    split: bool = True,
 ) -> Any:
     """A context like the one `Llama` made from the recipe's kwargs, but holding
-    `batch_size` sequences in one KV cache that they share (llama.cpp's unified cache, as
-    llama-server's `--kv-unified`): any one of them may use the whole context, and the
-    scheduler admits rows while their cells fit. `images`: it decodes images too, whose
+    `batch_size` sequences. `split` (the default): each gets an equal part of the KV cache (a
+    multiple of 256, as llama-server's `-np` without `--kv-unified`), so a step costs the same
+    whatever the others hold. Otherwise (`model_kwargs.kv_unified: true`) they share one cache
+    (llama.cpp's unified cache, as llama-server's `--kv-unified`): any one of them may use the
+    whole context and the scheduler admits rows while their cells fit, but on a CPU every
+    token's attention then walks every sequence's cells, and a shared cache keeps a sequence's
+    cells in position order only while none are freed behind it (drafting frees the drafts
+    rows did not keep each step), so greedy replies may move at a near-tie with what else is
+    in flight: drafting engines keep the split cache. `images`: it decodes images too, whose
     tokens may need a pass of their own (a non-causal projector's), so passes stay as large
-    as `Llama` made them. `split`: each sequence gets an equal part of the cache instead (a
-    multiple of 256, as llama-server without `--kv-unified`), for drafting: a shared cache
-    keeps a sequence's cells in position order only while no cells are freed behind it, and
-    every step frees the drafts rows did not keep, so greedy replies would move with what
-    else is in flight. `Llama`'s own single-sequence context is freed first so that the KV
+    as `Llama` made them. `Llama`'s own single-sequence context is freed first so that the KV
     memory is not held twice."""
     import llama_cpp as lc
     from llama_cpp import _internals
@@ -230,7 +233,7 @@ def batched_context(
     params.kv_unified = not split
     # Every sequence in flight contributes a token to each step's batch.
     params.n_batch = max(params.n_batch, batch_size)
-    if images:
+    if split or images:
         params.n_ubatch = max(params.n_ubatch, batch_size)
     elif "n_ubatch" not in kwargs:
         params.n_ubatch = MICRO_BATCH

@@ -1,7 +1,6 @@
 """How LLAMACPP's prompts are counted without its weights: the GGUF file opened with
 `vocab_only` and `GgufPrompts`; the context is the one the engine will make
-(`model_kwargs.n_ctx`, which every sequence may use whole: the KV cache is shared; a sequence's
-equal part of it while drafting)."""
+(`model_kwargs.n_ctx`: a sequence's equal part of it, or all of it with `kv_unified`)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,8 @@ def prompt_counter(config: RunConfig) -> PromptCounter:
         vocab_model, Vocab(vocab_model), template, model.model_name, parser,
         template_kwargs=model.chat_template_kwargs,
     )  # fmt: skip
-    split = parallel_sequences(config.generation.batch_size) if model.speculative_method else 1
+    shared = model.model_kwargs.get("kv_unified") and not model.speculative_method
+    split = 1 if shared else parallel_sequences(config.generation.batch_size)
     context = planned_context(
         int(model.model_kwargs.get("n_ctx") or 0), trained_context(metadata), split
     )
