@@ -19,7 +19,8 @@ the same settings as vLLM's `speculative_config` on raw vLLM. One with `+draft`
 rows for rows whose replies copy their prompts (rounds.copy_prompts: fix the typos in a
 paragraph, or pull fields out of it).
 
-`--against CHECKOUT` adds, after each of lmpress's sides, the same side run with another
+A `LLAMACPP-F16+shared` side shares one KV cache among its sequences (`model_kwargs.kv_unified`,
+as the bundled smollm2 recipe does). `--against CHECKOUT` adds, after each of lmpress's sides, the same side run with another
 checkout's lmpress (named `SIDE@before`), and the table gives each side's median ratio to it,
 round by round: a change measured against the code before it, in the same run.
 
@@ -124,6 +125,8 @@ def run_lmpress(side: str, args: argparse.Namespace) -> dict:
     }
     if speculative:
         overrides["model.speculative_method"] = "ngram"
+    if side.partition("+")[2] == "shared":  # LLAMACPP's KV cache shared by its sequences
+        overrides["model.model_kwargs"] = {"kv_unified": True}
     if draft_side(side):
         if not args.draft_model:
             raise SystemExit(f"--sides {side}: give --draft-model")
