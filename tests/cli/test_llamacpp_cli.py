@@ -177,7 +177,7 @@ def test_infer_answers_a_3000_token_prompt_on_the_bundled_recipe():
     """The recipe's n_ctx 8192 is one KV cache for its batch_size 8 sequences: one prompt may
     use it whole (split eight ways, a sequence had 1,024 and this prompt was refused)."""
     run = run_lmpress(
-        "infer", "-c", "smollm2", "--generation.max_new_tokens", "16", input=long_report(160)
+        "infer", "-c", "smollm2", "--generation.max_new_tokens", "16", long_report(160)
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip()
