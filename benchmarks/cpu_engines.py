@@ -19,6 +19,11 @@ the same settings as vLLM's `speculative_config` on raw vLLM. One with `+draft`
 rows for rows whose replies copy their prompts (rounds.copy_prompts: fix the typos in a
 paragraph, or pull fields out of it).
 
+A `LLAMACPP-F16+shared` side shares one KV cache among its sequences (`model_kwargs.kv_unified`,
+as the bundled smollm2 recipe does). `--against CHECKOUT` adds, after each of lmpress's sides, the same side run with another
+checkout's lmpress (named `SIDE@before`), and the table gives each side's median ratio to it,
+round by round: a change measured against the code before it, in the same run.
+
 Both vLLM sides get the same engine arguments: `--dtype` (float32 by default, lmpress's `auto`
 on a CPU; NATIVE gets it too), eager unless `--vllm-mode compiled` (vLLM's own default),
 `max_num_seqs`; `VLLM_CPU_KVCACHE_SPACE` defaults to 2 (GiB). Only generation is timed, not
@@ -31,7 +36,7 @@ sampled every 0.2 s over the whole run, loading included.
     python benchmarks/cpu_engines.py [--rows 64] [--max-new-tokens 256] [--in-flight 16]
         [--rounds 2] [--vllm-python .venv-vllm/bin/python] [--sides vllm,VLLM,NATIVE,...]
         [--workload chat|copy] [--dtype float32|bfloat16] [--vllm-mode eager|compiled]
-        [--native-compile] [--draft-model PATH]
+        [--native-compile] [--draft-model PATH] [--against CHECKOUT]
 
 Run it with the main venv's Python; the vLLM sides run with `--vllm-python`.
 """
@@ -65,6 +70,11 @@ SIDES = {  # side: (engine, model, runs in the vLLM venv)
 SPECULATION = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
                "prompt_lookup_max": 4}  # fmt: skip
 WORKLOADS = ("chat", "copy")
+BEFORE = "@before"  # a side run with `--against`'s checkout
+
+
+def lmpress_side(side: str) -> bool:
+    return side_parts(side)[0] != "vllm"
 
 
 def side_parts(side: str) -> tuple[str, bool]:
@@ -115,6 +125,8 @@ def run_lmpress(side: str, args: argparse.Namespace) -> dict:
     }
     if speculative:
         overrides["model.speculative_method"] = "ngram"
+    if side.partition("+")[2] == "shared":  # LLAMACPP's KV cache shared by its sequences
+        overrides["model.model_kwargs"] = {"kv_unified": True}
     if draft_side(side):
         if not args.draft_model:
             raise SystemExit(f"--sides {side}: give --draft-model")
@@ -186,6 +198,7 @@ def peak_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
 
 
 def run_side(side: str, args: argparse.Namespace) -> dict:
+    side, before = side.removesuffix(BEFORE), side.endswith(BEFORE)
     python = args.vllm_python if SIDES[side_parts(side)[0]][2] else sys.executable
     command = [python, __file__, "--only", side, "--rows", str(args.rows),
                "--max-new-tokens", str(args.max_new_tokens), "--in-flight", str(args.in_flight),
@@ -194,8 +207,9 @@ def run_side(side: str, args: argparse.Namespace) -> dict:
         command.append("--native-compile")
     if args.draft_model:
         command += ["--draft-model", args.draft_model]
+    checkout = args.against if before else REPO
     env = {**os.environ, "VLLM_LOGGING_STREAM": "ext://sys.stderr",
-           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
+           "PYTHONPATH": f"{checkout}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     load = os.getloadavg()[0]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -227,6 +241,7 @@ def main() -> int:
     parser.add_argument("--vllm-mode", choices=("eager", "compiled"), default="eager")
     parser.add_argument("--native-compile", action="store_true")
     parser.add_argument("--draft-model", help="the draft model of the +draft sides")
+    parser.add_argument("--against", help="another checkout whose lmpress sides run beside these")
     parser.add_argument("--only", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.only:
@@ -236,6 +251,8 @@ def main() -> int:
     if unknown := [s for s in sides if side_parts(s)[0] not in SIDES]:
         parser.error(f"--sides: unknown {unknown}; choose from {', '.join(SIDES)}, each "
                      f"with +ngram, +draft or neither")  # fmt: skip
+    if args.against:
+        sides = [s for side in sides for s in (side, side + BEFORE)[: 1 + lmpress_side(side)]]
     print(f"{args.rows} {args.workload} rows, at most {args.max_new_tokens} new tokens, greedy, "
           f"EOS honoured, {args.in_flight} in flight; {args.dtype}, vLLM sides {args.vllm_mode}, "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '2')}", flush=True)  # fmt: skip
@@ -248,8 +265,10 @@ def main() -> int:
                   f"{r['tokens'] / r['wall_s']:7.1f} tok/s  peak RSS {r['peak_mib']:6.0f} MiB  "
                   f"load {r['load']:.1f}" + (f"  FAILED ROWS {r['failed']}" if r["failed"] else ""),
                   flush=True)  # fmt: skip
-    print(f"\n| side | tok/s (median of {args.rounds}) | rounds | / raw vLLM | peak RSS |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        f"\n| side | tok/s (median of {args.rounds}) | rounds | / raw vLLM | / before | peak RSS |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     for side in sides:
         rates = [r["tokens"] / r["wall_s"] for r in runs[side]]
         ratio = "n/a"
@@ -258,9 +277,13 @@ def main() -> int:
                 a / (b["tokens"] / b["wall_s"]) for a, b in zip(rates, runs["vllm"], strict=True)
             ]
             ratio = f"{statistics.median(per_round):.2f}"
+        against = "n/a"
+        if side + BEFORE in runs:
+            olds = [r["tokens"] / r["wall_s"] for r in runs[side + BEFORE]]
+            against = f"{statistics.median(a / b for a, b in zip(rates, olds, strict=True)):.3f}"
         peak = max(r["peak_mib"] for r in runs[side])
         print(f"| {side} | {statistics.median(rates):.1f} | "
-              f"{', '.join(f'{x:.1f}' for x in rates)} | {ratio} | {peak:.0f} MiB |")  # fmt: skip
+              f"{', '.join(f'{x:.1f}' for x in rates)} | {ratio} | {against} | {peak:.0f} MiB |")  # fmt: skip
     loads = [r["load"] for side in sides for r in runs[side]]
     print(f"load average {min(loads):.1f} to {max(loads):.1f}")
     return 0

@@ -7,8 +7,9 @@ vendors (its sdist, fetched with pip), by a plain CMake build, and cached under 
 (`~/.cache/lmpress/llama-server/VERSION/`, or $LMPRESS_CACHE): about 6 minutes on two cores.
 If it cannot be built (no cmake or compiler, no sdist), the script says so and stops.
 
-Both sides load the same GGUF with the same threads, flash attention and per-sequence context
-(llama-server's `-c` is lmpress's n_ctx as each of its N sequences gets it, times N), decode
+Both sides load the same GGUF with the same threads, flash attention and context, shared by the
+N sequences on both (llama-server's `-c` is lmpress's n_ctx, with `--kv-unified`, the cache
+lmpress makes), decode
 greedily, and answer the same chat prompts, each in a user message: `mixed_prompts` with EOS
 held off (llama-server: `ignore_eos`; lmpress: min_tokens), or `chat_prompts` with `--eos`.
 Every round uses prompts of its own (the same on both sides), so neither side answers a round
@@ -61,7 +62,7 @@ from lmpress.builtin_models.tiny import cache_root
 from lmpress.engines.local.llamacpp.loading import (
     extra_bufts_are_safe,
     gguf_path,
-    planned_sequence_context,
+    planned_context,
 )
 from lmpress.engines.registry import create_engine
 
@@ -124,11 +125,11 @@ class ServerSide:
 
     name = "llama-server"
 
-    def __init__(self, binary: Path, path: str, args, n_ctx_seq: int, prompt_sets, warm_up):
+    def __init__(self, binary: Path, path: str, args, n_ctx: int, prompt_sets, warm_up):
         self.port = free_port()
         command = [
             str(binary), "-m", path, "--host", "127.0.0.1", "--port", str(self.port),
-            "-np", str(args.batch_size), "-c", str(n_ctx_seq * args.batch_size),
+            "-np", str(args.batch_size), "-c", str(n_ctx), "--kv-unified",
             "-t", str(args.threads), "-tb", str(args.threads), "-fa", args.flash_attn,
             "--no-webui", *args.server_arg,
         ]  # fmt: skip
@@ -289,6 +290,7 @@ def main() -> None:
         "n_threads": args.threads,
         "n_threads_batch": args.threads,
         "flash_attn": args.flash_attn == "on",
+        "kv_unified": True,  # the server's --kv-unified
     }
     config = lmpress_config(path, kwargs, args.batch_size)
     if args.draft_model:
@@ -297,13 +299,13 @@ def main() -> None:
         config.model.num_speculative_tokens = args.draft_tokens
     if args.ngram:
         config.model.speculative_method = "ngram"
-    n_ctx_seq = planned_sequence_context(args.n_ctx, None, args.batch_size)
+    n_ctx = planned_context(args.n_ctx, None)
     make_prompts = chat_prompts if args.eos else lambda n, seed: mixed_prompts(n, 40, seed)
     if args.copy:
         make_prompts = copy_prompts
     prompt_sets = [make_prompts(args.prompts, seed=r) for r in range(args.rounds)]
     warm_up = make_prompts(args.batch_size, seed=1000)
-    server = ServerSide(binary, path, args, n_ctx_seq, prompt_sets, warm_up)
+    server = ServerSide(binary, path, args, n_ctx, prompt_sets, warm_up)
     try:
         ours = SideProcess(
             "lmpress", build_lmpress, config, prompt_sets, warm_up, args.new_tokens, args.eos
@@ -323,8 +325,8 @@ def main() -> None:
     print(
         f"\nmodel {args.model} ({describe(path)}), {args.prompts} prompts a round, "
         f"{'at most ' if args.eos else ''}{args.new_tokens} new tokens each (EOS "
-        f"{'honoured' if args.eos else 'held off'}), {args.batch_size} sequences of "
-        f"{n_ctx_seq} tokens, {args.threads} threads, flash_attn {args.flash_attn}"
+        f"{'honoured' if args.eos else 'held off'}), {args.batch_size} sequences sharing "
+        f"{n_ctx} tokens, {args.threads} threads, flash_attn {args.flash_attn}"
     )
     print(f"llama-server -np {args.batch_size}: {rounds.best('llama-server'):.1f} tok/s")
     print(f"lmpress LLAMACPP:        {rounds.best('lmpress'):.1f} tok/s")

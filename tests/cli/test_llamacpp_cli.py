@@ -1,10 +1,12 @@
 """`lmpress infer` and `lmpress batch` on the LLAMACPP engine, through the real command, on tiny
-GGUF files of both tokenizer families."""
+GGUF files of both tokenizer families; `infer`, `chat` and `batch` on the bundled SmolLM2
+recipe where a row needs more than an equal share of its context."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -13,6 +15,7 @@ from lmpress.configs import load_config
 from lmpress.data.row_shapes import parse_row, row_id
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import GenerationParams, Message, Request
+from tests.chat.test_chat import STATUS
 from tests.cli.test_cli import mixed_rows
 from tests.conftest import run_lmpress
 
@@ -153,3 +156,61 @@ def test_random_weights_are_refused_on_llamacpp():
     )  # fmt: skip
     assert run.returncode != 0
     assert "LLAMACPP reads its weights from the GGUF file" in run.stderr
+
+
+# --- the bundled SmolLM2 recipe: the whole context for one conversation ------------------------
+
+CITIES = ["Lisbon", "Denver", "Krakow", "Osaka", "Quito", "Tunis", "Perth"]
+
+
+def long_report(days: int) -> str:
+    """A log to summarise, about 19 SmolLM2 tokens a day: `days=160` is about 3,000."""
+    lines = [
+        f"Day {d}: the team in {CITIES[d % 7]} packed {40 + d * 7 % 90} boxes of tea."
+        for d in range(1, days + 1)
+    ]
+    return "Here is our packing log.\n" + "\n".join(lines) + "\nWhich city packed the most boxes?"
+
+
+@pytest.mark.slow
+def test_infer_answers_a_3000_token_prompt_on_the_bundled_recipe():
+    """The recipe's n_ctx 8192 is one KV cache for its batch_size 8 sequences: one prompt may
+    use it whole (split eight ways, a sequence had 1,024 and this prompt was refused)."""
+    run = run_lmpress(
+        "infer", "-c", "smollm2", "--generation.max_new_tokens", "16", long_report(160)
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()
+    assert "error" not in run.stderr
+
+
+@pytest.mark.slow
+def test_a_piped_chat_of_20_exchanges_answers_every_message():
+    """Twenty turns of the recipe's 96 tokens are some 2,500 tokens of conversation: each turn
+    is answered (the eighth or so went over a 1,024-token part of the cache before)."""
+    messages = [f"Tell me something about {c}, and about tea there." for c in CITIES * 3][:20]
+    run = run_lmpress("chat", "-c", "smollm2", input="".join(m + "\n" for m in messages))
+    assert run.returncode == 0, run.stderr
+    prompts = [int(m.group(2)) for m in re.finditer(STATUS, run.stderr)]
+    assert len(prompts) == 20, run.stderr
+    assert prompts[-1] > 2000  # the last turn read the whole conversation before it
+    assert "error" not in run.stderr
+
+
+@pytest.mark.slow
+def test_batch_with_one_long_row_among_short_ones_writes_every_row(tmp_path):
+    rows = [{"id": f"q{i}", "prompt": f"What is the capital of {c}?"} for i, c in enumerate(
+        ["France", "Japan", "Spain", "Peru", "Italy", "Chile", "Kenya", "Egypt", "Cuba"]
+    )]  # fmt: skip
+    rows.insert(4, {"id": "long", "prompt": long_report(160)})
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = run_lmpress(
+        "batch", "-c", "smollm2", "-i", str(src), "-o", str(out),
+        "--generation.max_new_tokens", "16",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    written = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(written) == sorted(row["id"] for row in rows)
+    assert all(r["response"]["text"].strip() for r in written.values())
+    assert written["long"]["response"]["usage"]["prompt_tokens"] > 2500

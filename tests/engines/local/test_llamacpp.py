@@ -165,6 +165,36 @@ def test_each_sequence_gets_an_equal_part_of_n_ctx():
         close(alone)
 
 
+def test_one_row_may_use_the_whole_n_ctx_and_rows_wait_for_room():
+    """With model_kwargs.kv_unified the sequences share one KV cache of n_ctx cells: a long
+    prompt or a long reply gets all of it, rows start while their prompt and max_new_tokens fit beside those in flight (the
+    others wait, none is cut short), and only a prompt the whole context cannot hold fails,
+    alone, naming n_ctx."""
+    eng = make(str(tiny_gguf("gpt2")), {"n_ctx": 1024, "kv_unified": True}, batch_size=4)
+    try:
+        assert eng.n_ctx == eng.n_ctx_seq == 1024
+        endless = GenerationParams(max_new_tokens=2000, min_tokens=2000)
+        [full] = eng.generate(["Go on."], endless)
+        assert full.finish_reason == "length"
+        assert full.usage.prompt_tokens + full.usage.completion_tokens == 1024
+        long, short = ["word " * 300], GenerationParams(max_new_tokens=4)
+        [answered] = eng.generate(long, short)
+        assert answered.ok and answered.usage.prompt_tokens > 300
+        # Four rows of 400 tokens: two fit in 1024 cells at a time, and all four end whole.
+        params = GenerationParams(max_new_tokens=400, min_tokens=400)
+        eng.scheduler.most_in_flight = 0
+        results = eng.generate(PROMPTS[:4], params)
+        assert [r.usage.completion_tokens for r in results] == [400] * 4
+        assert eng.scheduler.most_in_flight == 2
+        assert eng.scheduler.reserved == 0 and eng.sequences_in_flight() == 0
+        [refused, fine] = eng.generate(["word " * 1100, "hi"], short)
+        assert refused.error is not None and refused.error.kind == "context_length_exceeded"
+        assert "the context is 1024 (model.model_kwargs.n_ctx)" in refused.error.message
+        assert fine.ok
+    finally:
+        close(eng)
+
+
 # --- agreement with llama-cpp-python ---------------------------------------------------------
 
 

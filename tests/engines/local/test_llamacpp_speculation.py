@@ -198,17 +198,18 @@ def test_a_draft_model_leaves_greedy_text_and_limits_as_they_are(engines, drafti
 
 
 def test_a_row_at_the_end_of_its_sequence_drafts_no_further_beside_longer_drafts(drafting):
-    """A row with one position left in its part of the KV cache drafts its one token in the
-    same passes as a row drafting four: the draft model reads nothing past the row's end (a
-    failed decode would fail every row in flight). The drafter is called as the scheduler
-    calls it, between steps, with the engine idle."""
+    """A row with one position left of the cells it reserved (its prompt and max_new_tokens)
+    drafts its one token in the same passes as a row drafting four: the draft model reads
+    nothing past the row's end, so its cache, shared as the model's is, has room for every row
+    in flight. The drafter is called as the scheduler calls it, between steps, with the
+    engine idle."""
     drafter = drafting.scheduler.drafter
-    end = drafting.n_ctx_seq  # the draft context is split as the model's
+    end = 200  # the positions the row at the end reserved
 
     def row(seq_id: int, length: int) -> SequenceRow:
         ids = [100 + i % 5000 for i in range(length)]
         submission = LlamaCppSubmission(Request("r", [], GenerationParams()), ids[:-1], 0.0)
-        return SequenceRow(submission, 0, seq_id, limit=end, tokens=ids[-1:])
+        return SequenceRow(submission, 0, seq_id, limit=end - (length - 1), tokens=ids[-1:])
 
     try:
         drafts = drafter.propose([row(14, end - 1), row(15, 40)], [1, 4])

@@ -12,6 +12,11 @@ from typing import Any
 from lmpress.engines.local.llamacpp.projector import ImageSegment, Projector
 
 
+class KvCacheFull(RuntimeError):
+    """llama_decode found no free KV cells for the batch (it returned 1, before decoding any
+    of it)."""
+
+
 class Batches:
     """The batch buffers of one llama.cpp context, and the decode calls that read them."""
 
@@ -39,6 +44,8 @@ class Batches:
         """Decode the first `n_tokens` written with `put`."""
         self._tokens.n_tokens = n_tokens
         code = self._lc.llama_decode(self._ctx, self._tokens)
+        if code == 1:
+            raise KvCacheFull("llama_decode found no room in the KV cache")
         if code != 0:
             raise RuntimeError(f"llama_decode returned {code}")
 

@@ -2,8 +2,10 @@
 vocabulary drafts each row's next tokens, which the model then verifies in its own step
 (engines/local/speculation.py gives the rule; scheduling.py applies it as for prompt lookup).
 
-The draft model has a context of its own, split into as many sequences as the model's, and a
-row drafts in the sequence of the same id. `Drafter` keeps, for each sequence, the tokens its
+The draft model has a context of its own, split into as many sequences as the model's (a
+drafting engine's cache is split: loading.batched_context), and a row drafts in the sequence of
+the same id, within the positions the row reserved (its prompt and budget); a sequence keeps no
+more than the model's does once its row ends. `Drafter` keeps, for each sequence, the tokens its
 KV cells hold. Before a row drafts, its sequence is cut back to the longest prefix those share
 with the row's tokens now (its prompt and its reply so far, ending with the token the model
 decodes next), and the rest is read: at a row's first draft that is its prompt, unless the
@@ -20,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmpress.configs.schema import ModelParams
-from lmpress.engines.local.llamacpp.batches import Batches
+from lmpress.engines.local.llamacpp.batches import Batches, KvCacheFull
 from lmpress.engines.local.llamacpp.loading import batched_context, gguf_path, load_llama
 from lmpress.engines.local.llamacpp.rows import SequenceRow
 from lmpress.engines.local.llamacpp.sequences import common_prefix
@@ -44,25 +46,26 @@ class Drafter:
         self._memory = llama_cpp.llama_get_memory(ctx.ctx)
         self.batches = Batches(llama_cpp, ctx.ctx, None)
         self.n_vocab = llama.n_vocab()
-        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx.ctx)  # the positions a sequence holds
         self.held: list[list[int]] = [[] for _ in range(sequences)]
 
     def propose(self, rows: list[SequenceRow], counts: list[int]) -> list[list[int]]:
-        """Each row's drafts, `counts[i]` of them (0: none this step)."""
+        """Each row's drafts, `counts[i]` of them (0: none this step); none at all this step
+        should the draft's cache find no room (the samples of one prompt read it once each
+        here, where the model's share it)."""
         drafts: list[list[int]] = [[] for _ in rows]
         drafting = sorted((i for i, c in enumerate(counts) if c), key=lambda i: rows[i].seq_id)
         if not drafting:
             return drafts
         try:
             self._read_pending([rows[i] for i in drafting], [drafts[i] for i in drafting])
-            # Every drafting row drafts as many as the most any asks for, while its part of
-            # the KV cache has room: rows carrying one token each take one pass, where rows
+            # Every drafting row drafts as many as the most any asks for, while the cells it
+            # reserved have room: rows carrying one token each take one pass, where rows
             # dropping out would split it into several.
             for _ in range(1, max(counts)):
                 going = [
                     i
                     for i in drafting
-                    if len(drafts[i]) < counts[i] or len(self.held[rows[i].seq_id]) < self.n_ctx_seq
+                    if len(drafts[i]) < counts[i] or len(self.held[rows[i].seq_id]) < end(rows[i])
                 ]
                 for n, i in enumerate(going):
                     row, token = rows[i], drafts[i][-1]
@@ -72,6 +75,9 @@ class Drafter:
                 self.batches.decode(len(going))
                 for n, i in enumerate(going):
                     drafts[i].append(self._greedy(n))
+        except KvCacheFull:
+            self.clear()
+            return [[] for _ in rows]
         except Exception:
             self.clear()  # what the cells hold is not known now
             raise
@@ -132,6 +138,15 @@ class Drafter:
         pointer = self._lc.llama_get_logits_ith(self._ctx.ctx, index)
         return int(np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).argmax())
 
+    def keep(self, seq: int, tokens: list[int]) -> None:
+        """Keep no more of a free sequence's cells than the start they share with `tokens`
+        (what the model's sequence keeps)."""
+        held = self.held[seq]
+        keep = common_prefix(held, tokens)
+        if keep < len(held):
+            self._lc.llama_memory_seq_rm(self._memory, seq, keep, -1)
+            del held[keep:]
+
     def clear(self) -> None:
         """Drop every sequence's cells."""
         for seq, held in enumerate(self.held):
@@ -144,10 +159,15 @@ class Drafter:
         self._llama.close()
 
 
+def end(row: SequenceRow) -> int:
+    """The positions a row reserved in the model's KV cache: its prompt and its budget."""
+    return len(row.submission.prompt_ids) + row.limit
+
+
 def load_drafter(
     model: ModelParams, kwargs: dict[str, Any], target: Any, ctx: Any, batch_size: int
 ) -> Any:
-    """`model.draft_model`'s weights and a context of its own, split as the model's batched
+    """`model.draft_model`'s weights and a context of its own, made as the model's batched
     context `ctx` is, after checking that it shares the model's vocabulary (a draft is a list
     of token ids)."""
     import llama_cpp

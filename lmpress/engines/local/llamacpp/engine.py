@@ -17,7 +17,12 @@ each of the `batch_size` sequences gets an equal part of it (a multiple of 256, 
 as llama-server's `-c` and `-np` do. Each sequence attends only to its own part, so a step costs
 the same whatever the others hold, and what else is in flight moves a sequence's logits only by
 llama.cpp's rounding at different batch shapes (about 1e-6): greedy replies do not depend on the
-batch size, short of a near-exact tie between two tokens.
+batch size, short of a near-exact tie between two tokens. With `model_kwargs.kv_unified: true`
+(the bundled smollm2 recipe's) the sequences share the cache instead, as llama-server's
+`--kv-unified`: one prompt, one conversation or one long row may use all of it, and rows start
+while their prompts and `max_new_tokens` fit beside those in flight (scheduling.py), so no row
+is refused or cut for the others' sake; loading.batched_context says what that costs, and why
+a drafting engine (`model.speculative_method`) keeps the split cache.
 
 A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
 sequence by sequence: the scheduler writes the close of a row's thinking once its
@@ -119,6 +124,7 @@ class LlamaCppEngine(WorkerEngine):
         if config.task != "generate":
             pooling_kwargs(kwargs, self.path)
         extra_bufts = kwargs.pop("use_extra_bufts", None)
+        unified = bool(kwargs.pop("kv_unified", False))  # lmpress's key (batched_context)
         try:
             self.llama = load_llama(self.path, kwargs, extra_bufts=extra_bufts)
         except Exception as exc:
@@ -158,7 +164,10 @@ class LlamaCppEngine(WorkerEngine):
             self.projector, config.model.chat_template_kwargs,
         )  # fmt: skip
         batch_size = parallel_sequences(config.generation.batch_size)
-        ctx = batched_context(self.llama, self.path, kwargs, batch_size)
+        ctx = batched_context(
+            self.llama, self.path, kwargs, batch_size, images=self.projector is not None,
+            split=not unified or speculation is not None,
+        )  # fmt: skip
         drafter = None
         if speculation is not None and speculation.draft_model:
             try:
@@ -268,7 +277,7 @@ class LlamaCppEngine(WorkerEngine):
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids (the chat template applied, or the raw prompt), checked to
-        fit a sequence's part of the context."""
+        fit the context."""
         return self.inputs(request, tool_plan)[0]
 
     def inputs(
@@ -278,10 +287,15 @@ class LlamaCppEngine(WorkerEngine):
         switches = self.model_thinking.template_kwargs(request)
         ids, images = self.prompts.inputs(request, tool_plan, switches)
         if len(ids) >= self.n_ctx_seq:
+            where = f"the context is {self.n_ctx} (model.model_kwargs.n_ctx): raise n_ctx"
+            if self.n_ctx_seq < self.n_ctx:  # a split cache
+                where = (
+                    f"the context of a sequence is {self.n_ctx_seq} (model.model_kwargs.n_ctx "
+                    f"{self.n_ctx} shared by generation.batch_size {self.batch_size}): raise "
+                    f"n_ctx or lower batch_size (or set model.model_kwargs.kv_unified: true)"
+                )
             raise RequestError(
-                f"prompt is {len(ids)} tokens, the context of a sequence is {self.n_ctx_seq} "
-                f"(model.model_kwargs.n_ctx {self.n_ctx} shared by generation.batch_size "
-                f"{self.batch_size}): raise n_ctx or lower batch_size",
+                f"prompt is {len(ids)} tokens, {where} or shorten the prompt",
                 kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
             )
         self._check_whole_images([image for image in images or () if image.non_causal])
@@ -306,7 +320,7 @@ class LlamaCppEngine(WorkerEngine):
         prompt_ids, images = self.inputs(request, plan)
         logit_bias = self._logit_bias(request.params)
         check_token_settings(request.params, self.n_vocab)
-        self._check_fits(request.params)
+        self._check_fits(request.params, len(prompt_ids))
         matcher = request_matcher(
             self._grammar_engine,
             request.params.guided_decoding,
@@ -335,7 +349,15 @@ class LlamaCppEngine(WorkerEngine):
             bias.append((token, float(value)))
         return bias
 
-    def _check_fits(self, params: GenerationParams) -> None:
+    def _check_fits(self, params: GenerationParams, prompt_tokens: int) -> None:
+        shared = self.n_ctx_seq == self.n_ctx
+        if shared and prompt_tokens + params.n > self.n_ctx:  # a token a sample, at least
+            raise RequestError(
+                f"generation.n is {params.n} and the prompt {prompt_tokens} tokens: more than "
+                f"the context of {self.n_ctx} (model.model_kwargs.n_ctx) holds; raise n_ctx or "
+                f"lower n",
+                kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+            )
         if params.n > self.batch_size:
             raise RequestError(
                 f"generation.n is {params.n} but generation.batch_size is {self.batch_size}: "

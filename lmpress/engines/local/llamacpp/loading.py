@@ -143,13 +143,14 @@ def load_llama(path: str, kwargs: dict[str, Any], *, extra_bufts: bool | None = 
 
 def check_model_kwargs(kwargs: dict[str, Any], llama_class: type) -> dict[str, Any]:
     """The recipe's model_kwargs, each checked to be a parameter of `Llama`'s constructor
-    (or `use_extra_bufts`: true or false overrides lmpress's choice, see load_llama)."""
+    (or `use_extra_bufts`: true or false overrides lmpress's choice, see load_llama; or
+    `kv_unified`, see batched_context)."""
     accepted = [
         name
         for name, p in inspect.signature(llama_class.__init__).parameters.items()
         if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     ]
-    accepted.append("use_extra_bufts")
+    accepted += ["use_extra_bufts", "kv_unified"]
     for key in kwargs:
         if key in REFUSED_KWARGS:
             raise ConfigError(f"model.model_kwargs.{key}: {REFUSED_KWARGS[key]}")
@@ -165,6 +166,13 @@ def check_model_kwargs(kwargs: dict[str, Any], llama_class: type) -> dict[str, A
 
 # llama.cpp rounds the context it is asked for up to a multiple of this many tokens.
 CONTEXT_PAD = 256
+# The most tokens in one pass over the weights (llama.cpp's n_ubatch), unless the recipe sets
+# it. Over a shared KV cache a pass holds the tokens of every sequence in it, and llama.cpp's
+# CPU flash attention takes a tiled kernel, which rounds differently, for 64 (GGML_FA_TILE_Q)
+# or more: below that, a sequence's attention is computed alike whatever else the pass holds,
+# so greedy replies do not depend on which rows are in flight beside them (and a pass of 63
+# tokens already keeps a CPU's matrix units busy).
+MICRO_BATCH = 63
 
 
 def parallel_sequences(batch_size: int) -> int:
@@ -176,7 +184,7 @@ def parallel_sequences(batch_size: int) -> int:
 
 
 def sequence_context(n_ctx: int, batch_size: int) -> int:
-    """Each sequence's part of a KV cache of `n_ctx` tokens (as llama.cpp made it) shared by
+    """Each sequence's part of a KV cache of `n_ctx` tokens (as llama.cpp made it) split among
     `batch_size` sequences. llama.cpp wants equal parts, each a multiple of 256; the engine
     asks for that rather than let it round (and warn)."""
     if batch_size <= 1:
@@ -184,33 +192,55 @@ def sequence_context(n_ctx: int, batch_size: int) -> int:
     return max(CONTEXT_PAD, n_ctx // batch_size // CONTEXT_PAD * CONTEXT_PAD)
 
 
-def planned_sequence_context(n_ctx: int, n_ctx_train: int | None, batch_size: int) -> int | None:
-    """A sequence's part of the context the engine will make, known before loading it:
-    `model_kwargs.n_ctx` (0: the model's own, `n_ctx_train`), rounded up by llama.cpp, then
-    shared by `batch_size` sequences. None: the size is not known."""
+def planned_context(n_ctx: int, n_ctx_train: int | None, split: int = 1) -> int | None:
+    """The context a sequence may use, known before loading the model: `model_kwargs.n_ctx`
+    (0: the model's own, `n_ctx_train`), rounded up by llama.cpp, and over a split cache
+    (drafting, see batched_context) its part of `split`. None: the size is not known."""
     wanted = n_ctx or n_ctx_train
     if not wanted:
         return None
-    rounded = -(-wanted // CONTEXT_PAD) * CONTEXT_PAD
-    return sequence_context(rounded, batch_size)
+    return sequence_context(-(-wanted // CONTEXT_PAD) * CONTEXT_PAD, split)
 
 
-def batched_context(llama: Any, path: str, kwargs: dict[str, Any], batch_size: int) -> Any:
+def batched_context(
+    llama: Any,
+    path: str,
+    kwargs: dict[str, Any],
+    batch_size: int,
+    images: bool = False,
+    split: bool = True,
+) -> Any:
     """A context like the one `Llama` made from the recipe's kwargs, but holding
-    `batch_size` sequences, each in its own part of the KV cache. `Llama`'s own
-    single-sequence context is freed first so that the KV memory is not held twice."""
+    `batch_size` sequences. `split` (the default): each gets an equal part of the KV cache (a
+    multiple of 256, as llama-server's `-np` without `--kv-unified`), so a step costs the same
+    whatever the others hold. Otherwise (`model_kwargs.kv_unified: true`) they share one cache
+    (llama.cpp's unified cache, as llama-server's `--kv-unified`): any one of them may use the
+    whole context and the scheduler admits rows while their cells fit, but on a CPU every
+    token's attention then walks every sequence's cells, and a shared cache keeps a sequence's
+    cells in position order only while none are freed behind it (drafting frees the drafts
+    rows did not keep each step), so greedy replies may move at a near-tie with what else is
+    in flight: drafting engines keep the split cache. `images`: it decodes images too, whose
+    tokens may need a pass of their own (a non-causal projector's), so passes stay as large
+    as `Llama` made them. `Llama`'s own single-sequence context is freed first so that the KV
+    memory is not held twice."""
     import llama_cpp as lc
     from llama_cpp import _internals
 
     params = lc.llama_context_params.from_buffer_copy(llama.context_params)
-    params.n_ctx = sequence_context(llama.n_ctx(), batch_size) * batch_size
+    params.n_ctx = (
+        sequence_context(llama.n_ctx(), batch_size) * batch_size if split else llama.n_ctx()
+    )
     params.n_seq_max = batch_size
-    params.kv_unified = False
+    params.kv_unified = not split
     # Every sequence in flight contributes a token to each step's batch.
     params.n_batch = max(params.n_batch, batch_size)
-    params.n_ubatch = max(params.n_ubatch, batch_size)
+    if split or images:
+        params.n_ubatch = max(params.n_ubatch, batch_size)
+    elif "n_ubatch" not in kwargs:
+        params.n_ubatch = MICRO_BATCH
     if "flash_attn" not in kwargs:
-        # llama.cpp's own default (llama-cpp-python turns it off): faster on CPU too.
+        # llama.cpp's own default (llama-cpp-python turns it off): faster on CPU too, and over
+        # a shared cache it skips the cells of other sequences instead of multiplying by them.
         params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO
     llama._ctx.close()
     try:

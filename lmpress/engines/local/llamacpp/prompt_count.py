@@ -1,6 +1,6 @@
 """How LLAMACPP's prompts are counted without its weights: the GGUF file opened with
-`vocab_only` and `GgufPrompts`; the context is a sequence's part of the KV cache the engine
-will make (`model_kwargs.n_ctx` shared by `generation.batch_size`)."""
+`vocab_only` and `GgufPrompts`; the context is the one the engine will make
+(`model_kwargs.n_ctx`: a sequence's equal part of it, or all of it with `kv_unified`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from lmpress.engines.local.llamacpp.loading import (
     load_vocab,
     oumi_gguf_file,
     parallel_sequences,
-    planned_sequence_context,
+    planned_context,
     trained_context,
 )
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
@@ -32,10 +32,10 @@ def prompt_counter(config: RunConfig) -> PromptCounter:
         vocab_model, Vocab(vocab_model), template, model.model_name, parser,
         template_kwargs=model.chat_template_kwargs,
     )  # fmt: skip
-    context = planned_sequence_context(
-        int(model.model_kwargs.get("n_ctx") or 0),
-        trained_context(metadata),
-        parallel_sequences(config.generation.batch_size),
+    shared = model.model_kwargs.get("kv_unified") and not model.speculative_method
+    split = 1 if shared else parallel_sequences(config.generation.batch_size)
+    context = planned_context(
+        int(model.model_kwargs.get("n_ctx") or 0), trained_context(metadata), split
     )
     label = f"{model.model_name} (the GGUF file's vocabulary, as LLAMACPP)"
     counted = SwitchedPrompts(prompts, template, model.model_name)

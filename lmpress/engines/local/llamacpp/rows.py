@@ -45,6 +45,7 @@ class SequenceRow:
     index: int
     seq_id: int
     limit: int  # tokens this row may generate
+    cells: int = 0  # KV cells it reserved: its share of `limit`, and the prompt's for the first
     sampler: Any = None
     matcher: Matcher | None = None
     pos: int = 0  # tokens of this sequence in the KV cache

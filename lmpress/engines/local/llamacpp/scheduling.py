@@ -1,9 +1,12 @@
 """LLAMACPP's scheduler: continuous batching over one llama.cpp context, on the worker thread.
 
 `LlamaCppScheduler` is built by `LlamaCppEngine` with the batched context it takes over, and
-owns everything that changes while the worker runs. The context's KV cache holds up to
-`batch_size` sequences, each in its own part (sequences.py decides which a request takes, and
-keeps a finished one's cells for a request that starts the same way). Each step decodes one
+owns everything that changes while the worker runs. The context's KV cache is shared by up to
+`batch_size` sequences (sequences.py decides which a request takes, and keeps a finished one's
+cells for a request that starts the same way). A request starts when the cells its rows may
+grow to (its prompt and `max_new_tokens` a sample, up to the whole context) fit beside what
+the rows in flight may grow to, cells kept for reuse giving way; so a step never runs out of
+room, and one conversation may use the whole context while short rows batch. Each step decodes one
 token of every sequence being generated in one `llama_batch`, and the next chunk of every
 prompt being read in one more, as llama-server packs its slots' prompts (an image's chunk is its
 embeddings, encoded by the projector when the prompt reaches it, in a batch of its own:
@@ -22,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmpress.engines.base import Engine
-from lmpress.engines.local.llamacpp.batches import Batches
+from lmpress.engines.local.llamacpp.batches import Batches, KvCacheFull
 from lmpress.engines.local.llamacpp.drafting import Drafter
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.llamacpp.projector import Projector, text_ids
@@ -35,10 +38,10 @@ from lmpress.engines.local.worker import Scheduler, WorkQueue, failure_info
 from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import ErrorInfo, Result, Sample
 
-# The most tokens of one prompt read in one batch. llama.cpp's CPU flash attention takes a tiled
-# kernel, which rounds differently, for 64 (GGML_FA_TILE_Q) or more tokens of a sequence in one
-# micro-batch: below that, a prompt token's attention is computed alike however the prompt is
-# cut, so packing prompts together (or reusing a cached prefix) leaves greedy replies as they
+# The most tokens of one prompt read in one batch: a pass over the weights holds at most
+# loading.MICRO_BATCH tokens, which keeps llama.cpp's CPU flash attention off its tiled kernel,
+# so a prompt token's attention is computed alike however the prompt is cut and whatever is read
+# beside it: packing prompts together (or reusing a cached prefix) leaves greedy replies as they
 # are at batch size 1.
 PROMPT_CHUNK = 63
 
@@ -69,11 +72,12 @@ class LlamaCppScheduler(Scheduler):
         self._ctx = ctx
         self.vocab = vocab
         self.batch_size = batch_size
-        self.n_ctx = llama_cpp.llama_n_ctx(ctx.ctx)
-        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx.ctx)  # each sequence's part
+        self.n_ctx = llama_cpp.llama_n_ctx(ctx.ctx)  # the KV cells all sequences share
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx.ctx)  # n_ctx, or a split cache's part
+        self.reserved = 0  # cells the rows in flight hold or may grow to (SequenceRow.cells)
         self.sequences = Sequences(llama_cpp, llama_cpp.llama_get_memory(ctx.ctx), batch_size)
         self.batches = Batches(llama_cpp, ctx.ctx, projector)
-        self._sampling = Sampling(ctx.ctx, vocab, penalty_window or self.n_ctx_seq)
+        self._sampling = Sampling(ctx.ctx, vocab, penalty_window or self.n_ctx)
         self.prompt_tokens_reused = 0  # prompt tokens not decoded again, thanks to the cache
         self.speculation = speculation
         self.speculation_counts = SpeculationCounts()  # drafts verified and kept, all rows
@@ -136,45 +140,62 @@ class LlamaCppScheduler(Scheduler):
             self._finish_row(row)
 
     def _admit(self) -> None:
-        """Start waiting requests, oldest first, while sequences are free."""
-        starting, pending = [], self.queue.pending
-        free = len(self.sequences.free)
-        while pending and pending[0].request.params.n <= free:
-            starting.append(pending.popleft())
-            free -= starting[-1].request.params.n
-        for submission, seqs in self.sequences.take(starting):
-            params = submission.request.params
-            # A row ends when its part of the KV cache is full.
-            limit = min(params.max_new_tokens, self.n_ctx_seq - len(submission.prompt_ids))
-            submission.fed = self.sequences.keep_prefix(submission.prompt_ids, seqs)
-            self.prompt_tokens_reused += submission.fed
-            submission.rows = [SequenceRow(submission, i, seq, limit) for i, seq in enumerate(seqs)]
-            # A draft model reads a row's tokens, which an image's placeholders are not.
-            drafts = self.drafter is None or not submission.media
-            if self.speculation is not None and drafts:
-                for row in submission.rows:
-                    row.drafts = self.speculation.row(text_ids(submission.prompt_ids))
-            if submission.matcher is not None:
-                for row in submission.rows:
-                    row.matcher = submission.matcher.copy()
-            try:
-                for row in submission.rows:
-                    row.sampler = self._sampling.chain(
-                        params, row.index, text_ids(submission.prompt_ids), submission.logit_bias
-                    )
-            except Exception as exc:  # this request's settings, not the engine, are at fault
-                self._release(submission)
-                self.fail([submission], failure_info(exc))
-                continue
-            self._prefilling.append(submission)
+        """Start waiting requests, oldest first, while sequences are free and their cells fit
+        beside what the requests in flight may still grow to. The oldest waits, and those
+        after it with it, until rows end and free their cells: a long prompt is not passed
+        over for ever by short ones."""
+        pending = self.queue.pending
+        while pending and pending[0].request.params.n <= len(self.sequences.free):
+            submission = pending[0]
+            params, prompt = submission.request.params, submission.prompt_ids
+            seqs = self.sequences.choose(prompt, params.n)
+            if self.n_ctx_seq < self.n_ctx:  # a split cache: a row ends when its part is full
+                limit, dropped = min(params.max_new_tokens, self.n_ctx_seq - len(prompt)), []
+            else:  # a row ends when the context is full; the samples of one prompt share it
+                limit = min(params.max_new_tokens, (self.n_ctx - len(prompt)) // params.n)
+                cells = len(prompt) + params.n * limit
+                # The free sequences it does not take keep what the rest of the cache leaves.
+                dropped = self.sequences.make_room(self.n_ctx - self.reserved - cells, seqs)
+                if dropped is None:
+                    return
+            self._forget(dropped)
+            pending.popleft()
+            self.sequences.take(seqs)
+            self._start(submission, seqs, limit)
+
+    def _start(self, submission: LlamaCppSubmission, seqs: list[int], limit: int) -> None:
+        """Give an admitted request its rows, each reserving the cells it may grow to."""
+        params = submission.request.params
+        submission.fed = self.sequences.keep_prefix(submission.prompt_ids, seqs)
+        self.prompt_tokens_reused += submission.fed
+        submission.rows = [SequenceRow(submission, i, seq, limit) for i, seq in enumerate(seqs)]
+        submission.rows[0].cells = len(submission.prompt_ids)  # the prompt's, shared
+        for row in submission.rows:
+            row.cells += limit
+            self.reserved += row.cells
+        # A draft model reads a row's tokens, which an image's placeholders are not.
+        drafts = self.drafter is None or not submission.media
+        if self.speculation is not None and drafts:
+            for row in submission.rows:
+                row.drafts = self.speculation.row(text_ids(submission.prompt_ids))
+        if submission.matcher is not None:
+            for row in submission.rows:
+                row.matcher = submission.matcher.copy()
+        try:
+            for row in submission.rows:
+                row.sampler = self._sampling.chain(
+                    params, row.index, text_ids(submission.prompt_ids), submission.logit_bias
+                )
+        except Exception as exc:  # this request's settings, not the engine, are at fault
+            self._release(submission)
+            self.fail([submission], failure_info(exc))
+            return
+        self._prefilling.append(submission)
 
     def _step(self) -> None:
         """One batch for every sequence in flight: the next token of each one being generated
         and the next chunk of each prompt being read (an image's chunk goes in a batch of its
-        own first). Over a split KV cache llama.cpp cuts a batch into micro-batches of runs of
-        consecutive sequence ids, each a pass over all the weights: in sequence-id order, the
-        prompts being read fill the gaps between the rows being generated instead of making
-        more of them."""
+        own first), in sequence-id order."""
         reading = []
         for submission in sorted(self._prefilling, key=lambda s: s.rows[0].seq_id):
             image = next(
@@ -213,7 +234,13 @@ class LlamaCppScheduler(Scheduler):
                 part.batch_index = n - 1  # where its logits are
         if n == 0:
             return
-        self.batches.decode(n)
+        try:
+            self.batches.decode(n)
+        except KvCacheFull:
+            # The cells the rows reserve fit by construction; should llama.cpp still find no
+            # room, the cells free sequences keep for reuse give way, and the step runs again.
+            self._forget(self.sequences.make_room(0, []))
+            self.batches.decode(n)
         for part in parts:
             if isinstance(part, SequenceRow):
                 self._sample(part, part.batch_index)
@@ -223,8 +250,8 @@ class LlamaCppScheduler(Scheduler):
                     self._start_generating(part.submission, part.batch_index)
 
     def _proposals(self, rows: list[SequenceRow]) -> list[list[int]]:
-        """Each row's drafts this step ([] for none), as many as its budget, its part of the
-        context and its share of the batch leave room for."""
+        """Each row's drafts this step ([] for none), as many as its budget and its share of
+        the batch leave room for."""
         if self.speculation is None:
             return [[] for _ in rows]
         share = min(PROMPT_CHUNK, self.batches.size // max(1, len(rows))) - 1
@@ -241,7 +268,7 @@ class LlamaCppScheduler(Scheduler):
 
     def _room(self, row: SequenceRow) -> int:
         """The most tokens a row may carry after its next one: what its budget leaves after
-        that token, and its part of the KV cache."""
+        that token, and a split cache's part."""
         return min(row.limit - row.generated - 1, self.n_ctx_seq - row.pos - 1)
 
     def _shape(
@@ -258,7 +285,7 @@ class LlamaCppScheduler(Scheduler):
             proposals = self.drafter.propose(rows, [count for count, _ in shape])
         for row, drafts, (count, fillers) in zip(rows, proposals, shape, strict=True):
             row.carried = drafts[:count] + [row.next_token] * fillers
-            row.drafted = count
+            row.drafted = len(drafts[:count])  # fewer where the draft model found no room
 
     def _prompt_chunks(self, submissions: list[LlamaCppSubmission], room: int) -> list[PromptChunk]:
         """The next chunk of each prompt's text tokens (up to its next image, if any) that
@@ -368,7 +395,7 @@ class LlamaCppScheduler(Scheduler):
             kept = []
         else:  # kept for a later request that starts the same way
             kept = submission.prompt_ids + row.tokens[: row.pos - len(submission.prompt_ids)]
-        self.sequences.give_back(row.seq_id, kept)
+        self._give_back(row, kept)
         self._sampling.free(row.sampler)
         row.sampler = None
         row.text += row.decoder.decode(b"", final=True)
@@ -383,10 +410,24 @@ class LlamaCppScheduler(Scheduler):
                 continue  # already freed by _finish_row
             row.finish_reason = "cancelled" if submission.cancelled else "error"
             self.sequences.clear(row.seq_id)
-            self.sequences.give_back(row.seq_id, [])
+            self._give_back(row, [])
             if row.sampler is not None:
                 self._sampling.free(row.sampler)
                 row.sampler = None
+
+    def _give_back(self, row: SequenceRow, kept: list[int]) -> None:
+        """Free a row's sequence, its cells holding `kept`, and the cells it reserved."""
+        self.reserved -= row.cells
+        row.cells = 0
+        self.sequences.give_back(row.seq_id, kept)
+        if self.drafter is not None:  # the draft model keeps no more than the model
+            self.drafter.keep(row.seq_id, kept)
+
+    def _forget(self, seqs: list[int] | None) -> None:
+        """The draft model drops what free sequences no longer keep (Sequences.make_room)."""
+        if self.drafter is not None:
+            for seq in seqs or ():
+                self.drafter.keep(seq, [])
 
     def _fail_all(self, error: ErrorInfo) -> None:
         held = list(self._prefilling) + [r.submission for r in self._generating]

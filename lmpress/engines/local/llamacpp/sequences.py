@@ -1,12 +1,13 @@
 """The sequences of LLAMACPP's KV cache: which are free, and what each free one keeps.
 
-The context holds `batch_size` sequences, each in its own part of the KV cache. The scheduler
+The context holds `batch_size` sequences in one KV cache that they share (llama.cpp's unified
+cache): a sequence may use any free cell, up to the whole context. The scheduler
 (scheduling.py) asks `Sequences` for free ones when a request starts and gives them back when
-its rows end; a finished sequence's KV cells stay until the sequence is taken again, so a
-request whose prompt begins like a free sequence's last prompt and reply (the same system
-prompt, the next turn of a chat) takes that sequence and reads only the rest. This is its own
-class because which sequence a request takes is a policy of its own (prefix reuse, id order),
-apart from the step that decodes them.
+its rows end; a finished sequence's KV cells stay until the sequence is taken again or their
+room is needed, so a request whose prompt begins like a free sequence's last prompt and reply
+(the same system prompt, the next turn of a chat) takes that sequence and reads only the rest.
+This is its own class because which sequence a request takes, and whose kept cells give way
+when the cache is full, are a policy of their own, apart from the step that decodes them.
 """
 
 from __future__ import annotations
@@ -60,34 +61,41 @@ class Sequences:
         """Positions that free sequences keep for reuse (see `take`)."""
         return sum(len(self._cached[seq]) for seq in self.free)
 
-    def take(self, starting: list[Prompted]) -> list[tuple[Prompted, list[int]]]:
-        """Free sequences for requests starting together, `n` each. A request takes the free
-        sequence whose cached tokens share the longest prefix with its prompt, if that is at
-        least KEPT_PREFIX tokens (a shared system prompt, an earlier turn of the same
-        conversation: see `keep_prefix`). The others take the least recently used ones,
-        shorter prompts the lower ids: prompts read together then stop in id order, so the
-        prompts still being read form one run of ids, which llama.cpp reads in one
-        micro-batch (see `LlamaCppScheduler._step`)."""
-        taken, rest = [], []
-        for submission in starting:
-            best, kept = None, KEPT_PREFIX - 1
-            for seq in self.free:
-                common = common_prefix(self._cached[seq], submission.prompt_ids)
-                if common > kept:
-                    best, kept = seq, common
-            if best is None:
-                rest.append(submission)
-            else:
-                self.free.remove(best)
-                taken.append((submission, [best]))
-        for submission, seqs in taken:  # the other samples' sequences
-            seqs += [self.free.pop(0) for _ in range(submission.request.params.n - 1)]
-        pool = sorted(self.free.pop(0) for s in rest for _ in range(s.request.params.n))
-        for submission in sorted(rest, key=lambda s: len(s.prompt_ids)):
-            n = submission.request.params.n
-            taken.append((submission, pool[:n]))
-            del pool[:n]
-        return taken
+    def choose(self, prompt: list[int], n: int) -> list[int]:
+        """The free sequences a request of `n` samples would take (see `take`): first the one
+        whose cached tokens share the longest prefix with its prompt, if that is at least
+        KEPT_PREFIX tokens (a shared system prompt, an earlier turn of the same conversation:
+        see `keep_prefix`), then the least recently used ones."""
+        best, kept = None, KEPT_PREFIX - 1
+        for seq in self.free:
+            common = common_prefix(self._cached[seq], prompt)
+            if common > kept:
+                best, kept = seq, common
+        rest = [seq for seq in self.free if seq != best]
+        return ([] if best is None else [best]) + rest[: n - (best is not None)]
+
+    def take(self, seqs: list[int]) -> None:
+        """The sequences `choose` picked are no longer free."""
+        for seq in seqs:
+            self.free.remove(seq)
+
+    def make_room(self, most: int, spare: list[int]) -> list[int] | None:
+        """Drop the kept cells of free sequences other than `spare`, least recently used first,
+        until they hold at most `most` cells; the sequences dropped, or None where even
+        dropping them all would not do (nothing is dropped then)."""
+        if most < 0:
+            return None
+        others = [seq for seq in self.free if seq not in spare and self._cached[seq]]
+        held = sum(len(self._cached[seq]) for seq in others)
+        dropped = []
+        for seq in others:
+            if held <= most:
+                break
+            held -= len(self._cached[seq])
+            self.clear(seq)
+            self._cached[seq] = []
+            dropped.append(seq)
+        return dropped
 
     def keep_prefix(self, prompt: list[int], seqs: list[int]) -> int:
         """Clear a request's sequences but for the part of the first one's cached tokens that
