@@ -58,8 +58,9 @@ def spooled(source: Source, folder: Path | None = None, label: str = "") -> Iter
 def remove_stale(folder: Path, label: str, keep: str) -> None:
     """Remove the copies a killed job (kill -9) left of its piped input; the job writing the
     output calls this once it holds the output's lock, so no live job's copy is among them."""
+    kept = Path(keep).resolve()
     for stale in folder.glob(f".{glob.escape(label)}.input-*"):
-        if str(stale) != keep:
+        if stale.resolve() != kept:  # the live copy's path is absolute, the folder may not be
             stale.unlink(missing_ok=True)
 
 

@@ -39,7 +39,13 @@ def rows_as(kind: str, count: int = ROWS) -> bytes:
     return gzip.compress(data) if kind == "jsonl.gz" else data
 
 
-def batch(args: list[str], env: dict[str, str], stdin: bytes | None = None, shell: bool = False):
+def batch(
+    args: list[str],
+    env: dict[str, str],
+    stdin: bytes | None = None,
+    shell: bool = False,
+    cwd: Path = REPO,
+):
     """`lmpress batch ARGS` with `stdin` piped in; `shell`: ARGS is one bash command line."""
     full_env = {**os.environ, **env}
     command = (
@@ -48,7 +54,7 @@ def batch(args: list[str], env: dict[str, str], stdin: bytes | None = None, shel
         else [sys.executable, "-m", "lmpress", "batch", *args]
     )
     return subprocess.run(
-        command, input=stdin or b"", capture_output=True, env=full_env, cwd=REPO, timeout=300
+        command, input=stdin or b"", capture_output=True, env=full_env, cwd=cwd, timeout=300
     )
 
 
@@ -82,6 +88,14 @@ def test_rows_piped_to_stdin_are_each_run_once(tmp_path, echo_plugin, kind, how)
     run = batch([*ECHO, "-i", how, *FORMAT[kind], "-o", str(out)], with_plugin(echo_plugin),
                 stdin=rows_as(kind))  # fmt: skip
     check_every_row_once(run, out)
+
+
+def test_a_pipe_into_an_output_named_from_the_current_folder(tmp_path, echo_plugin):
+    # `-o out.jsonl`, as a person types it: the copy of the input sits beside the output under
+    # a relative folder, and the job must not take it for one a killed job left behind.
+    run = batch([*ECHO, "-i", "-", "-o", "out.jsonl"], with_plugin(echo_plugin),
+                stdin=rows_as("jsonl"), cwd=tmp_path)  # fmt: skip
+    check_every_row_once(run, tmp_path / "out.jsonl")
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "csv"])
