@@ -297,6 +297,16 @@ def test_data_parallel_size_is_an_engine_argument_like_the_others(model_dir):
     assert (settings.data_parallel_size, settings.gpus) == (4, 8)
 
 
+def test_llamacpps_shared_cache_switch_from_the_smollm2_recipe_is_no_vllm_argument(
+    standin, model_dir
+):
+    # `-c smollm2 --engine VLLM`: the recipe sets kv_unified for llama.cpp; vLLM's paged cache
+    # is always shared, so the key is dropped rather than refused or passed on to vLLM.
+    config = config_with(model_dir, model_kwargs={"kv_unified": True, "enforce_eager": True})
+    settings = engine_settings(config, VllmApi.load().engine_arg_names())
+    assert "kv_unified" not in settings.args and settings.args["enforce_eager"] is True
+
+
 def test_misspelt_engine_argument_is_refused_with_the_closest_name(standin, model_dir):
     config = config_with(model_dir, model_kwargs={"tensor_paralel_size": 2})
     with pytest.raises(ConfigError) as err:

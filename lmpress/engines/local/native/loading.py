@@ -20,8 +20,12 @@ from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 # The model_kwargs NATIVE reads itself rather than passing to from_pretrained: the GGUF file's
 # name, the KV cache's memory budget in GiB, whether prompts reuse a shared prefix's cache, the
 # widths an embedding model was trained to be cut to (Matryoshka: true for any), and whether the
-# linear layers' weights are packed on a CPU (packing.py).
-NATIVE_KWARGS = ("filename", "kv_cache_gb", "prefix_reuse", "matryoshka_dims", "pack_weights")
+# linear layers' weights are packed on a CPU (packing.py). `kv_unified` is LLAMACPP's switch to
+# one KV cache shared by its sequences: NATIVE's cache always is one (a token budget all rows
+# draw on), so a recipe that sets it for llama.cpp (smollm2) runs on NATIVE unchanged.
+NATIVE_KWARGS = (
+    "filename", "kv_cache_gb", "prefix_reuse", "matryoshka_dims", "pack_weights", "kv_unified",
+)  # fmt: skip
 
 
 def switch(model: ModelParams, name: str, default: bool = True) -> bool:

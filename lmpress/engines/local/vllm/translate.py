@@ -118,6 +118,9 @@ def engine_settings(
     """
     model = config.model
     kwargs = dict(model.model_kwargs)
+    # LLAMACPP's switch to one KV cache shared by its sequences (the smollm2 recipe sets it):
+    # vLLM's paged cache always is one, so the key asks for nothing vLLM does not do.
+    kwargs.pop("kv_unified", None)
     for key, value in kwargs.items():
         if key in DOCUMENTED_ARGS:
             ok, allowed = DOCUMENTED_ARGS[key]
