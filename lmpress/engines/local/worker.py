@@ -273,6 +273,7 @@ class WorkerEngine(Engine):
             queue.closed = True
             queue.wakeup.notify_all()
         _running.discard(self)
+        self._prepare_thread.shutdown(wait=False)  # its thread goes once any prepare in hand ends
         return True
 
     def _stop_worker_now(self, wait_s: float = 10.0) -> None:
