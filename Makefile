@@ -48,9 +48,13 @@ demo: install
 	@echo "--- demo-output/sample.out.jsonl, question by question ---"
 	@$(PY) examples/show_answers.py demo-output/sample.out.jsonl
 
-# The main suite, then the VLLM engine against vLLM itself in its own environment.
+# The main suite on 2 workers, each test file in one of them so its tests share the file's
+# models and servers (CONTRIBUTING.md: the test budget), then the VLLM engine against vLLM itself
+# in its own environment. PYTEST_ARGS adds pytest options to both, e.g. --random-order.
+TEST_WORKERS ?= 2
+PYTEST_ARGS  ?=
 test: install install-vllm
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-vllm
 
 # The long schemathesis run of `lmpress serve` (the suite runs a short one): every route fuzzed
@@ -102,7 +106,7 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	touch $@
 
 test-vllm: install-vllm
-	LMPRESS_REQUIRE_VLLM=1 $(VENV_VLLM)/bin/pytest -q $(VLLM_TESTS)
+	LMPRESS_REQUIRE_VLLM=1 $(VENV_VLLM)/bin/pytest -q $(PYTEST_ARGS) $(VLLM_TESTS)
 
 lock-vllm:
 	rm -rf $(VENV_VLLM)

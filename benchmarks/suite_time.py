@@ -50,12 +50,19 @@ def _add(kind: str, seconds: float) -> None:
         _current.waits[kind] += seconds
 
 
+_inside: set[str] = set()  # kinds being timed now: subprocess.run waits through Popen.wait
+
+
 def _timed(kind: str, function):
     def wrapper(*args, **kwargs):
+        if kind in _inside or threading.current_thread() is not threading.main_thread():
+            return function(*args, **kwargs)
+        _inside.add(kind)
         start = time.perf_counter()
         try:
             return function(*args, **kwargs)
         finally:
+            _inside.discard(kind)
             _add(kind, time.perf_counter() - start)
 
     wrapper.__wrapped__ = function

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# The suite's checks on itself: the per-test budget, and no process left behind.
+pytest_plugins = ["tests.suite_checks"]
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = str(REPO / "lmpress") + os.sep
 

@@ -1,0 +1,107 @@
+"""The suite's checks on itself (CONTRIBUTING.md, "The test budget").
+
+- No test outside the `slow` marker takes more than a minute, setup and teardown included: a
+  longer one fails the run, named with its time, so the whole `make test` stays within its
+  20 minutes as tests are added. LMPRESS_TEST_BUDGET_S sets another limit (0: no limit).
+- No process a test started outlives the suite: every pytest process (each xdist worker too)
+  lists its children when its session ends, stops any still running and fails naming them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import psutil
+import pytest
+
+BUDGET_ENV = "LMPRESS_TEST_BUDGET_S"
+DEFAULT_BUDGET_S = 60.0
+# A child still stopping when the session ends (a server told to stop by the test's own
+# teardown) is given this long to go before it counts as left behind.
+EXIT_GRACE_S = 10.0
+
+
+def budget_s() -> float:
+    return float(os.environ.get(BUDGET_ENV, DEFAULT_BUDGET_S))
+
+
+class Budget:
+    """Adds up each test's phases as their reports arrive (on xdist's controller, from every
+    worker) and keeps those over budget."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.spent: dict[str, float] = defaultdict(float)
+        self.over: list[tuple[str, float]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if "slow" in report.keywords:
+            return
+        self.spent[report.nodeid] += report.duration
+        if report.when == "teardown":
+            seconds = self.spent.pop(report.nodeid)
+            if seconds > self.limit_s:
+                self.over.append((report.nodeid, seconds))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.over:
+            return
+        terminalreporter.section("tests over the budget", sep="=", red=True, bold=True)
+        terminalreporter.line(
+            f"{len(self.over)} test(s) without the `slow` marker took more than"
+            f" {self.limit_s:.0f} s ({BUDGET_ENV}); make them faster, or mark them slow and"
+            " say why (CONTRIBUTING.md):"
+        )
+        for nodeid, seconds in sorted(self.over, key=lambda o: -o[1]):
+            terminalreporter.line(f"  {seconds:6.1f} s  {nodeid}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.over and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    limit = budget_s()
+    if limit > 0 and not hasattr(config, "workerinput"):  # xdist's workers report to the controller
+        config.pluginmanager.register(Budget(limit), "lmpress-test-budget")
+
+
+def running_children() -> list[psutil.Process]:
+    children = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                children.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return children
+
+
+def described(process: psutil.Process) -> str:
+    try:
+        return f"pid {process.pid}: {' '.join(process.cmdline())[:200]}"
+    except psutil.Error:
+        return f"pid {process.pid}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_outlives_the_suite():
+    yield
+    _, alive = psutil.wait_procs(running_children(), timeout=EXIT_GRACE_S)
+    if not alive:
+        return
+    names = [described(p) for p in alive]
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=EXIT_GRACE_S)
+    pytest.fail(
+        f"{len(names)} process(es) the tests started were still running when the session"
+        " ended (now killed); the test that starts each must stop it, even when it fails:\n  "
+        + "\n  ".join(names),
+        pytrace=False,
+    )
