@@ -68,11 +68,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(Budget(limit), "lmpress-test-budget")
 
 
+# Helpers the interpreter itself starts for multiprocessing (vLLM and Ray use it) and stops when
+# it exits: not a test's to stop.
+INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
 def running_children() -> list[psutil.Process]:
     children = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if not any(helper in " ".join(child.cmdline()) for helper in INTERPRETER_HELPERS):
                 children.append(child)
         except psutil.NoSuchProcess:
             pass

@@ -43,6 +43,11 @@ def vllm_problem() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(item.path).parents:
+            # Each test waits for at least one vLLM engine to start (20-60 s on 2 cores); the
+            # suite's per-test budget is for the tests that start none.
+            item.add_marker(pytest.mark.slow)
     problem = vllm_problem() if any(HERE in Path(i.path).parents for i in items) else None
     if problem is None:
         return
