@@ -40,6 +40,7 @@ class _Current:
     nodeid: str | None = None
     waits: dict[str, float] = defaultdict(float)
     fixtures: dict[str, float] = {}
+    phases: dict[str, object] = {}
 
 
 _current = _Current()
@@ -77,8 +78,11 @@ def _install_wrappers() -> None:
 
 
 def pytest_configure(config) -> None:
-    if os.environ.get(RECORDS_ENV):
+    # Under xdist the controller sees every test's reports too: the workers write the records.
+    controller = config.pluginmanager.hasplugin("dsession")
+    if os.environ.get(RECORDS_ENV) and not controller:
         _install_wrappers()
+        config.pluginmanager.register(_Recorder(), "suite-time-recorder")
 
 
 def _write(record: dict) -> None:
@@ -89,44 +93,45 @@ def _write(record: dict) -> None:
             out.write(json.dumps(record) + "\n")
 
 
-def pytest_runtest_logstart(nodeid, location) -> None:
-    _current.nodeid = nodeid
-    _current.waits = defaultdict(float)
-    _current.fixtures = {}
+class _Recorder:
+    """The hooks that write one record a test."""
 
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        _current.nodeid = nodeid
+        _current.waits = defaultdict(float)
+        _current.fixtures = {}
+        _current.phases = {}
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    start = time.perf_counter()
-    yield
-    seconds = time.perf_counter() - start
-    name = f"{fixturedef.argname} [{fixturedef.scope}]"
-    _current.fixtures[name] = _current.fixtures.get(name, 0.0) + seconds
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        start = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - start
+        name = f"{fixturedef.argname} [{fixturedef.scope}]"
+        _current.fixtures[name] = _current.fixtures.get(name, 0.0) + seconds
 
+    def pytest_runtest_logreport(self, report) -> None:
+        phases = _current.phases
+        phases[report.when] = report.duration
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            phases["outcome"] = report.outcome
 
-def pytest_runtest_logreport(report) -> None:
-    phases = _current.__dict__.setdefault("phases", {})
-    phases[report.when] = report.duration
-    if report.when == "call" or (report.when == "setup" and not report.passed):
-        phases["outcome"] = report.outcome
-
-
-def pytest_runtest_logfinish(nodeid, location) -> None:
-    phases = _current.__dict__.pop("phases", {})
-    _write(
-        {
-            "test": nodeid,
-            "file": nodeid.split("::")[0],
-            "outcome": phases.get("outcome", "passed"),
-            "setup": phases.get("setup", 0.0),
-            "call": phases.get("call", 0.0),
-            "teardown": phases.get("teardown", 0.0),
-            "fixtures": _current.fixtures,
-            "waits": dict(_current.waits),
-            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-        }
-    )
-    _current.nodeid = None
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        phases = _current.phases
+        _write(
+            {
+                "test": nodeid,
+                "file": nodeid.split("::")[0],
+                "outcome": phases.get("outcome", "passed"),
+                "setup": phases.get("setup", 0.0),
+                "call": phases.get("call", 0.0),
+                "teardown": phases.get("teardown", 0.0),
+                "fixtures": _current.fixtures,
+                "waits": dict(_current.waits),
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            }
+        )
+        _current.nodeid = None
 
 
 # --- the report ---------------------------------------------------------------------------------
