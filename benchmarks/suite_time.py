@@ -79,7 +79,7 @@ def _install_wrappers() -> None:
 
 def pytest_configure(config) -> None:
     # Under xdist the controller sees every test's reports too: the workers write the records.
-    controller = config.pluginmanager.hasplugin("dsession")
+    controller = bool(config.getoption("numprocesses", None)) and not hasattr(config, "workerinput")
     if os.environ.get(RECORDS_ENV) and not controller:
         _install_wrappers()
         config.pluginmanager.register(_Recorder(), "suite-time-recorder")
