@@ -21,6 +21,7 @@ import pytest
 
 from tests.cli.test_cli import mixed_rows
 from tests.conftest import REPO, run_lmpress
+from tests.growing_files import whole_rows
 from tests.servers.llm_server import Faults, LLMServer, reply_text
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
@@ -82,12 +83,11 @@ def ident(row: dict) -> str:
 
 
 def written(path: Path) -> list[dict]:
-    """The rows whose lines are whole: a job still running (or killed) may be mid-way through
-    writing its last one."""
-    if not path.exists():
-        return []
-    *whole, _partial = path.read_text().split("\n")
-    return [json.loads(line) for line in whole]
+    """The rows of a finished job's output: every line whole (a job still running or killed
+    is read with `whole_rows`)."""
+    text = path.read_text()
+    assert not text or text.endswith("\n"), f"{path.name} ends mid-line"
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def replies(path: Path) -> dict[str, str]:
@@ -315,7 +315,7 @@ def _start_and_wait_for(args: list[str], out: Path, rows: int, limit_s: float = 
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + limit_s
-    while len(written(out)) < rows:
+    while len(whole_rows(out)) < rows:
         assert proc.poll() is None, proc.stderr.read()[-2000:]
         assert time.monotonic() < deadline, "the job made no progress"
         time.sleep(0.05)
@@ -344,7 +344,7 @@ def test_a_replica_killed_mid_job_loses_no_row_and_writes_none_twice(tmp_path, c
         victims = _replica_pids()
         assert victims, "no replica process found"
         os.kill(victims[0], signal.SIGKILL)
-        done_when_killed = len(written(out))
+        done_when_killed = len(whole_rows(out))
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-2000:]
     assert done_when_killed < 500  # killed mid-job
@@ -361,7 +361,7 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
         proc = _start_and_wait_for(args, journal, 150)
         proc.kill()
         proc.wait(timeout=30)
-        before = len(written(journal))
+        before = len(whole_rows(journal))
         assert before < 500 and not out.exists()  # killed mid-job
         rerun = run_lmpress("batch", *args)
         # A changed config is refused rather than mixed into the output.
