@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import with_plugin
+from tests.growing_files import whole_lines
 
 ROWS = 48
 FAILING = {i for i in range(ROWS) if i % 7 == 3}  # a temperature no engine takes: fails alone
@@ -63,10 +64,6 @@ def read_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def count_lines(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
 class Job:
     """One `lmpress batch` output (one shard of it, when sharded), killed and resumed."""
 
@@ -94,7 +91,7 @@ class Job:
 
     def progress(self) -> int:
         """Rows written or failed so far."""
-        return count_lines(self.out) + count_lines(self.errors)
+        return len(whole_lines(self.out)) + len(whole_lines(self.errors))
 
     def tear_errors(self) -> None:
         """Leave half a line at the end of the errors file, as a crash mid-write would."""

@@ -16,6 +16,7 @@ import pytest
 
 from lmpress.cli.report import SHOWN_FAILURES
 from tests.conftest import REPO, run_lmpress, with_plugin
+from tests.growing_files import whole_lines
 
 TINY = [
     "--model.model_name",
@@ -80,28 +81,24 @@ def reference(tmp_path_factory):
     return src, {ident(r): r for r in read_rows(tmp / "out.jsonl")}
 
 
-def count_lines(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, reference):
     src, expected = reference
     out = tmp_path / "out.jsonl"
     rng = random.Random(20261121)
     kills_mid_job = 0
     for _attempt in range(6):
-        written = count_lines(out)
+        written = len(whole_lines(out))
         proc = spawn("batch", "-i", str(src), "-o", str(out), *ONE_BY_ONE)
         # Kill once this run has written a random few rows: mid-job however fast the machine.
         target = written + rng.randint(1, 6)
         deadline = time.time() + 120
-        while proc.poll() is None and count_lines(out) < target and time.time() < deadline:
+        while proc.poll() is None and len(whole_lines(out)) < target and time.time() < deadline:
             time.sleep(0.005)
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        kills_mid_job += 0 < count_lines(out) < len(expected)
+        kills_mid_job += 0 < len(whole_lines(out)) < len(expected)
         # Between runs every complete line is valid JSON; at most the last one is torn.
         for line in out.read_bytes().split(b"\n")[:-1]:
             json.loads(line)
@@ -228,7 +225,7 @@ def test_ctrl_c_writes_summary_exits_130_and_resumes(tmp_path, echo_plugin):
         env=env,
     )
     deadline = time.time() + 60
-    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 4):
+    while time.time() < deadline and len(whole_lines(out)) < 4:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

@@ -19,6 +19,7 @@ import pytest
 
 from lmpress.builtin_models.packaged import resolve_packaged_name
 from tests.conftest import REPO, run_lmpress
+from tests.growing_files import whole_lines
 from tests.serve.conftest import Served
 
 pytestmark = pytest.mark.timeout(300)
@@ -92,7 +93,7 @@ def test_kill_9_mid_job_then_resume_writes_every_row_once(tmp_path):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the job ended before the kill"
-        if out.exists() and out.read_bytes().count(b"\n") >= 20:
+        if len(whole_lines(out)) >= 20:
             break
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO, run_lmpress, with_plugin
+from tests.growing_files import whole_lines
 
 ROWS = 48
 ECHO = ["--engine", "ECHO", "--model.model_name", "echo", "--generation.max_new_tokens", "6",
@@ -31,23 +32,19 @@ def table_rows() -> list[dict]:
     ]
 
 
-def lines_in(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
 def kill_and_resume(args: list[str], record: Path, env: dict[str, str]) -> int:
     """Run the job, kill -9 it each time its record has grown by a few rows, until it finishes;
     then run it once more to completion. The number of kills that landed mid-job."""
     full_env = {**os.environ, **env, "ECHO_DELAY_S": "0.01"}
     kills = 0
     for attempt in range(12):
-        target = lines_in(record) + 3 + attempt % 4
+        target = len(whole_lines(record)) + 3 + attempt % 4
         proc = subprocess.Popen(
             [sys.executable, "-m", "lmpress", "batch", *args], env=full_env, cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         deadline = time.time() + 60
-        while proc.poll() is None and lines_in(record) < target and time.time() < deadline:
+        while proc.poll() is None and len(whole_lines(record)) < target and time.time() < deadline:
             time.sleep(0.005)
         if proc.poll() is not None:
             assert proc.returncode == 0, proc.stderr.read()

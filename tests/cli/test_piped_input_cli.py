@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, with_plugin
+from tests.growing_files import whole_lines
 
 ROWS = 12
 ECHO = ["--engine", "ECHO", "--generation.max_new_tokens", "4"]
@@ -149,7 +150,7 @@ def test_a_killed_piped_job_resumes_when_the_same_rows_are_piped_again(tmp_path,
         proc.stdin.write(data)
         proc.stdin.close()
         deadline = time.monotonic() + 120
-        while not (out.exists() and len(out.read_text().splitlines()) >= 3):
+        while len(whole_lines(out)) < 3:
             assert proc.poll() is None and time.monotonic() < deadline, "no rows were written"
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)

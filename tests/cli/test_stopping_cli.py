@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_lmpress
+from tests.growing_files import whole_lines
 from tests.servers.llm_server import Faults, LLMServer, reply_text
 
 pytestmark = pytest.mark.timeout(300)
@@ -43,10 +44,6 @@ def spawn(args: list[str]) -> subprocess.Popen:
         [sys.executable, "-m", "lmpress", *args], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
-
-
-def lines(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
 def wait_for(done, proc: subprocess.Popen, limit_s: float = 120) -> None:
@@ -80,7 +77,11 @@ def test_sigterm_finishes_rows_in_flight_writes_everything_exits_143_and_resumes
         args = batch_args(server, tmp_path / "in.jsonl", out, "--remote_params.max_retries", "1")
         proc = spawn(args)
         wait_for(
-            lambda: lines(record) >= 6 and lines(out.with_name(f"{out.name}.errors.jsonl")), proc
+            lambda: (
+                len(whole_lines(record)) >= 6
+                and len(whole_lines(out.with_name(f"{out.name}.errors.jsonl")))
+            ),
+            proc,
         )
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
@@ -122,7 +123,7 @@ def test_the_grace_period_ending_abandons_rows_in_flight_and_still_writes_the_su
     assert "Traceback" not in err and "exception was never retrieved" not in err
     summary = summary_of(out)
     assert (summary["rows_ok"], summary["signal"]) == (0, "SIGTERM")
-    assert lines(out) == 0
+    assert len(whole_lines(out)) == 0
 
 
 def test_a_second_sigterm_or_ctrl_c_stops_at_once(tmp_path):

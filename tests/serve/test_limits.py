@@ -125,7 +125,7 @@ def test_a_request_holds_a_place_in_the_queue_for_each_sequence(capped, gate):
     thread.start()
     try:
         deadline = time.monotonic() + 60
-        while not capped.in_flight() and time.monotonic() < deadline:
+        while capped.in_flight() < 3 and time.monotonic() < deadline:  # however they arrive
             time.sleep(0.02)
         assert capped.in_flight() == 3  # places, one a prompt
         with capped.http() as http:
@@ -169,17 +169,21 @@ def test_a_4_mb_prompt_is_tokenized_while_health_answers(serve_process, tiny_lla
     thread = threading.Thread(target=long_prompt)
     thread.start()
     polls = []
-    with served.http(timeout=30) as http:
+    started = time.monotonic()
+    with served.http(timeout=300) as http:
         while thread.is_alive():
-            started = time.monotonic()
+            sent = time.monotonic()
             assert http.get("/health").status_code == 200
-            polls.append(time.monotonic() - started)
+            polls.append(time.monotonic() - sent)
             time.sleep(0.05)
     thread.join()
+    took = time.monotonic() - started
     # the engine tokenized it, and found it longer than the tiny model's context
     assert "context" in refusal(answered["reply"])
-    assert max(polls) < 1.0, polls
-    assert len(polls) >= 3, polls
+    # Health kept answering while it did: a server blocked by the tokenizing holds a poll for
+    # about the whole request. A load on the machine slows both alike, so the longest poll is
+    # held to a share of the request's own time, not to a second of the wall clock.
+    assert len(polls) >= 3 and max(polls) < took / 2, (polls, took)
 
 
 @pytest.fixture(scope="module")

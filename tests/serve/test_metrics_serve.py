@@ -136,7 +136,10 @@ def test_a_scrape_counts_itself_in_the_next(metrics_server):
 
 def test_requests_in_flight_show_while_they_stream(slow_echo_server):
     """slow_echo_server: 20 words a second, one request at a time."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hold"}], "stream": True}
+    # A reply of a minute (1,200 words), so that it is still running when the scrape is
+    # answered however slow the machine; the client leaves mid-stream, which ends it.
+    hold = " ".join(["hold"] * 1200)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": hold}], "stream": True}
     # The server is shared with other modules' tests, whose clients leave mid-stream too.
     left = requests_total(scrape(slow_echo_server), "/v1/chat/completions", "POST", 499)
     with slow_echo_server.http() as http, http.stream("POST", "/v1/chat/completions", json=body):

@@ -47,9 +47,10 @@ from tests.servers.batch_api import BatchAPI, BatchFaults, Request
 from tests.servers.prompt_cache import PromptCache
 from tests.servers.replies import Reply, reply_text
 
-__all__ = ["BatchFaults", "Faults", "LLMServer", "Reply", "Stats", "reply_text"]
+__all__ = ["GATHER_LIMIT_S", "BatchFaults", "Faults", "LLMServer", "Reply", "Stats", "reply_text"]
 
 TRANSIENT_KINDS = ("429", "500", "hang", "drop", "malformed")
+GATHER_LIMIT_S = 60  # bounds only a hang: a client that never gathers that many fails its test
 
 
 @dataclass
@@ -72,6 +73,10 @@ class Faults:
     burst: tuple[float, float] | None = None
     overload_status: int = 429  # what they get: 429, 503, or Anthropic's 529 "overloaded"
     overload_retry_after: str | None = "0.2"  # the Retry-After they get, if any
+    # Successful replies wait until this many requests are in flight at once (then never
+    # again; GATHER_LIMIT_S at most), so a test sees a client's concurrency as an event, not
+    # as a count that depends on how fast the machine got requests out.
+    gather: int = 0
     model: str = "test-model"
     # Top-level body fields beyond the SDK's request type that this server takes, as a vLLM
     # server takes its own (`request_types.VLLM_EXTENSIONS`); none: an OpenAI that refuses them.
@@ -127,6 +132,8 @@ class LLMServer:
         self.batches = BatchAPI(self)
         self.prompt_cache = PromptCache(self.faults.prompt_cache_min)
         self._thread: threading.Thread | None = None
+        self.gathered = threading.Event()  # Faults.gather requests were in flight together
+        self._gate_open = threading.Event()  # gathered, or given up on
 
     @property
     def port(self) -> int:
@@ -203,6 +210,15 @@ class LLMServer:
                 return None
             self._bucket = (tokens, now)
             return (1 - tokens) / rps
+
+    def gather(self) -> None:
+        """Hold this request until `Faults.gather` are in flight together, once."""
+        with self.lock:
+            if self.stats.in_flight >= self.faults.gather:
+                self.gathered.set()
+                self._gate_open.set()
+        if not self._gate_open.wait(GATHER_LIMIT_S):
+            self._gate_open.set()  # never gathered (the test fails on it): hold no one else
 
     def in_burst(self) -> bool:
         """Whether `Faults.burst` turns requests away now."""
@@ -359,6 +375,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(500, f"internal error (injected){echo}", anthropic)
         if fault == "hang":
             time.sleep(f.hang_s)
+        if f.gather:
+            app.gather()
         if f.latency_s:
             time.sleep(f.latency_s)
         if fault == "drop" and not body.get("stream"):

@@ -24,6 +24,7 @@ from tests.image_files import picture
 
 LARGE_BYTES = 300_000
 TRICKLE_S = 0.3
+TRICKLE_FOR_S = 60
 
 
 class _Counting(ThreadingHTTPServer):
@@ -103,8 +104,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "image/png")
         self.send_header("Content-Length", "100000")
         self.end_headers()
+        with self.server.owner.lock:
+            self.server.owner.trickle_began = time.monotonic()
         body = picture(1)
-        ends = time.monotonic() + 60
+        ends = time.monotonic() + TRICKLE_FOR_S
         for byte in body:
             if time.monotonic() > ends:
                 return
@@ -125,6 +128,7 @@ class MediaServer:
         self.lock = threading.Lock()
         self.connections = 0
         self.requests: list[str] = []
+        self.trickle_began: float | None = None  # time.monotonic() the last /trickle answer began
         self._server = _Counting(self)
         self.port = self._server.server_port
 
