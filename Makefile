@@ -49,13 +49,23 @@ demo: install
 	@$(PY) examples/show_answers.py demo-output/sample.out.jsonl
 
 # The main suite on 2 workers, each test file in one of them so its tests share the file's
-# models and servers (CONTRIBUTING.md: the test budget), then the VLLM engine against vLLM itself
-# in its own environment. PYTEST_ARGS adds pytest options to both, e.g. --random-order.
+# models and servers, with the real-vLLM suite beside it in its own environment (its tests mostly
+# wait on vLLM's engines starting, time the main suite's workers fill); the vLLM suite's output
+# follows the main suite's. CONTRIBUTING.md: the test budget. PYTEST_ARGS adds pytest options to
+# both, e.g. PYTEST_ARGS=--random-order.
 TEST_WORKERS ?= 2
 PYTEST_ARGS  ?=
 test: install install-vllm
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-vllm
+	@vllm_log=$$(mktemp); vllm_tmp=$$(mktemp -d); \
+	LMPRESS_REQUIRE_VLLM=1 $(VENV_VLLM)/bin/pytest -q -p no:cacheprovider --basetemp=$$vllm_tmp \
+	  $(PYTEST_ARGS) $(VLLM_TESTS) > $$vllm_log 2>&1 & vllm=$$!; \
+	trap 'kill $$vllm 2>/dev/null; rm -rf $$vllm_log $$vllm_tmp' EXIT; \
+	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the real-vLLM suite runs beside it)"; \
+	main=0; $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || main=$$?; \
+	vllm_rc=0; wait $$vllm || vllm_rc=$$?; \
+	echo "--- the real-vLLM suite ($(VLLM_TESTS)), run beside the main one ---"; \
+	cat $$vllm_log; \
+	test $$main = 0 && test $$vllm_rc = 0
 
 # The long schemathesis run of `lmpress serve` (the suite runs a short one): every route fuzzed
 # from its /openapi.json; fails on any 5xx or answer the document does not describe.
