@@ -13,6 +13,9 @@ from lmpress.cli.report import SHOWN_FAILURES
 from tests.conftest import REPO, run_lmpress, with_plugin
 
 TINY = ["--model.model_name", "tiny:llama", "--generation.max_new_tokens", "6"]
+# Where the engine is incidental (row formats, side files, flags), ECHO: a CLI run on it costs
+# about 1 s of CPU where NATIVE costs 5-7 s to import torch. Pass `env=with_plugin(...)`.
+ECHO = ["--engine", "ECHO", "--generation.max_new_tokens", "6"]
 
 
 def test_help_imports_no_backend():
@@ -71,12 +74,15 @@ def test_library_warnings_reach_the_debug_log_not_the_terminal(echo_plugin):
     assert "FutureWarning: ECHO's `transcript` is deprecated" in debug.stderr
 
 
-def test_infer_with_input_path_runs_the_batch_path(tmp_path):
+def test_infer_with_input_path_runs_the_batch_path(tmp_path, echo_plugin):
     # Oumi's spelling; -i means --interactive in `infer`, as in `oumi infer`.
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": "a", "prompt": "hi"}\n')
     out = tmp_path / "out.jsonl"
-    run = run_lmpress("infer", *TINY, "--input_path", str(src), "--output_path", str(out))
+    run = run_lmpress(
+        "infer", *ECHO, "--input_path", str(src), "--output_path", str(out),
+        env=with_plugin(echo_plugin),
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert json.loads(out.read_text())["id"] == "a"
 
@@ -119,14 +125,17 @@ def mixed_rows(count: int) -> list[dict]:
     return rows
 
 
-def test_batch_of_200_mixed_rows(tmp_path):
+def test_batch_of_200_mixed_rows(tmp_path, echo_plugin):
+    # The row formats and what a row carries through are the engine's no concern: ECHO.
+    # NATIVE's own batching runs end to end in test_a_failed_generation_fails_its_row_only.
     rows = mixed_rows(200)
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.jsonl"
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(out), *TINY, "--generation.batch_size", "16"
-    )
+        "batch", "-i", str(src), "-o", str(out), *ECHO, "--generation.batch_size", "16",
+        env=with_plugin(echo_plugin),
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(written) == 200
@@ -158,7 +167,8 @@ BAD_LINES = [
 ]
 
 
-def test_bad_rows_are_reported_and_good_rows_complete(tmp_path):
+def test_bad_rows_are_reported_and_good_rows_complete(tmp_path, echo_plugin):
+    # Reading and checking rows happens before any engine sees them: ECHO.
     src = tmp_path / "in.jsonl"
     lines = [json.dumps({"id": "good-0", "prompt": "hi"})]
     for text, _ in BAD_LINES:
@@ -166,7 +176,7 @@ def test_bad_rows_are_reported_and_good_rows_complete(tmp_path):
         lines.append(json.dumps({"id": f"good-{len(lines)}", "prompt": "hello"}))
     src.write_bytes(("\n".join(lines) + "\n").encode() + b'{"prompt": "\xff\xfe"}\n')
     out = tmp_path / "out.jsonl"
-    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *ECHO, env=with_plugin(echo_plugin))
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
     written = [json.loads(line) for line in out.read_text().splitlines()]
@@ -215,11 +225,14 @@ def test_a_failed_generation_fails_its_row_only(tmp_path):
     ("args", "expected"),
     [
         (
-            ["batch", "-i", "{tmp}/missing.jsonl", "-o", "{tmp}/o.jsonl"],
+            ["batch", "-i", "{tmp}/missing.jsonl", "-o", "{tmp}/o.jsonl", *ECHO],
             "missing.jsonl: no such input file",
         ),
-        (["batch", "-i", "{tmp}/in.jsonl", "-o", "/proc/forbidden/o.jsonl"], "cannot write output"),
-        (["batch", "-i", "{tmp}/in.jsonl", "-o", "{tmp}"], "is a directory"),
+        (
+            ["batch", "-i", "{tmp}/in.jsonl", "-o", "/proc/forbidden/o.jsonl", *ECHO],
+            "cannot write output",
+        ),
+        (["batch", "-i", "{tmp}/in.jsonl", "-o", "{tmp}", *ECHO], "is a directory"),
         (
             ["batch", "-i", "{tmp}/in.jsonl", "-o", "{tmp}/o.jsonl", "--engine", "GPT5"],
             "unknown engine 'GPT5'",
@@ -252,13 +265,16 @@ def test_a_failed_generation_fails_its_row_only(tmp_path):
             ],
             "--generation.temprature: unknown key (did you mean '--generation.temperature'?)",
         ),
-        (["batch", "-o", "{tmp}/o.jsonl"], "no input"),
+        (["batch", "-o", "{tmp}/o.jsonl", *ECHO], "no input"),
         (["infer", "--generation.top_p", "2", "hi"], "generation.top_p"),
     ],
 )
-def test_usage_errors_are_one_line(tmp_path, args, expected):
+def test_usage_errors_are_one_line(tmp_path, echo_plugin, args, expected):
+    # Errors in the files and flags are the engine's no concern; those that would otherwise
+    # import torch before failing run on ECHO. './nowhere' stays NATIVE's local model path.
     (tmp_path / "in.jsonl").write_text('{"prompt": "hi"}\n')
-    run = run_lmpress(*[a.format(tmp=tmp_path) for a in args])
+    args = [a.format(tmp=tmp_path) for a in args]
+    run = run_lmpress(*args, env=with_plugin(echo_plugin))
     assert run.returncode == 2, run.stderr
     assert expected in run.stderr
     assert "Traceback" not in run.stderr
@@ -266,18 +282,20 @@ def test_usage_errors_are_one_line(tmp_path, args, expected):
     assert len(errors) == 1
 
 
-def test_debug_shows_the_traceback(tmp_path):
+def test_debug_shows_the_traceback(tmp_path, echo_plugin):
     run = run_lmpress(
-        "batch", "-i", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o"), "--debug"
-    )
+        "batch", "-i", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o"), "--debug",
+        *ECHO, env=with_plugin(echo_plugin),
+    )  # fmt: skip
     assert "Traceback" in run.stderr and "no such input file" in run.stderr
 
 
-def test_empty_input_file(tmp_path):
+def test_empty_input_file(tmp_path, echo_plugin):
     (tmp_path / "in.jsonl").write_text("\n\n")
     run = run_lmpress(
-        "batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl"), *TINY
-    )
+        "batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl"), *ECHO,
+        env=with_plugin(echo_plugin),
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr  # nothing to do is no error (issue 31)
     assert "in.jsonl: the input has no rows; nothing to do" in run.stderr
     assert (tmp_path / "o.jsonl").read_bytes() == b""

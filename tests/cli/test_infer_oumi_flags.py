@@ -10,22 +10,26 @@ import pytest
 from tests.conftest import run_lmpress, with_plugin
 from tests.servers.llm_server import LLMServer, reply_text
 
-TINY = ["-c", "tiny-native", "--generation.max_new_tokens", "6"]
+# These tests are about flags, not the engine: ECHO starts in about 1 s of CPU where NATIVE
+# takes 5-7 s to import torch. NATIVE's own piped chat runs in tests/chat/test_chat.py.
+ECHO = ["--engine", "ECHO", "--generation.max_new_tokens", "6"]
 
 
-def test_dash_i_opens_the_chat_as_lmpress_chat_does():
+def test_dash_i_opens_the_chat_as_lmpress_chat_does(echo_plugin):
     lines = "first question\nsecond question\n"
-    chat = run_lmpress("chat", *TINY, input=lines)
-    infer = run_lmpress("infer", "-i", *TINY, input=lines)
+    env = with_plugin(echo_plugin)
+    chat = run_lmpress("chat", *ECHO, input=lines, env=env)
+    infer = run_lmpress("infer", "-i", *ECHO, input=lines, env=env)
     assert chat.returncode == 0, chat.stderr
     assert infer.returncode == 0, infer.stderr
     assert infer.stdout == chat.stdout and len(infer.stdout.strip().splitlines()) >= 2
 
 
-def test_the_old_dash_i_file_form_says_what_changed(tmp_path):
+def test_the_old_dash_i_file_form_says_what_changed(tmp_path, echo_plugin):
     src = tmp_path / "in.jsonl"
     src.write_text('{"prompt": "hi"}\n')
-    run = run_lmpress("infer", *TINY, "-i", str(src), "-o", str(tmp_path / "out.jsonl"))
+    out = str(tmp_path / "out.jsonl")
+    run = run_lmpress("infer", *ECHO, "-i", str(src), "-o", out, env=with_plugin(echo_plugin))
     assert run.returncode != 0
     assert "-i opens the chat, as in `oumi infer`; run a file with --input_path" in run.stderr
 
@@ -56,8 +60,9 @@ def test_image_is_sent_with_the_prompt(tmp_path):
     assert {"type": "text", "text": "What is this?"} in parts
 
 
-def test_a_missing_image_is_one_clear_line():
-    run = run_lmpress("infer", *TINY, "--image", "/no/such.png", "hi")
+def test_a_missing_image_is_one_clear_line(echo_plugin):
+    env = with_plugin(echo_plugin)
+    run = run_lmpress("infer", *ECHO, "--image", "/no/such.png", "hi", env=env)
     assert run.returncode != 0
     assert run.stderr.strip() == "lmpress: error: --image: /no/such.png: no such file"
 
