@@ -26,8 +26,11 @@ TINY = [
     "--generation.batch_size",
     "4",
 ]
+# The job logic (resume, fingerprint, errors, shards, summary) is the engine's no matter
+# which: those tests run on ECHO, which starts in a fraction of NATIVE's torch import.
+ECHO = ["--engine", "ECHO", *TINY]
 # One row at a time, so the output grows row by row and a kill can land between any two.
-ONE_BY_ONE = [*TINY[:-1], "1"]
+ONE_BY_ONE = [*ECHO[:-1], "1"]
 
 
 def write_rows(path: Path, rows: list) -> Path:
@@ -63,6 +66,12 @@ def ident(row: dict) -> str:
     return row.get("id") or row.get("custom_id") or row["conversation_id"]
 
 
+@pytest.fixture(scope="module")
+def echo(echo_plugin) -> dict[str, str]:
+    """The environment for a run on ECHO; a few ms a word, so a kill can land mid-job."""
+    return {**with_plugin(echo_plugin), "ECHO_DELAY_S": "0.002"}
+
+
 def spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.Popen(
@@ -72,23 +81,23 @@ def spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory, echo):
     """An uninterrupted greedy run of the same rows."""
     tmp = tmp_path_factory.mktemp("reference")
     src = write_rows(tmp / "in.jsonl", rows(72))
-    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp / "out.jsonl"), *ONE_BY_ONE)
+    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp / "out.jsonl"), *ONE_BY_ONE, env=echo)
     assert run.returncode == 0, run.stderr
     return src, {ident(r): r for r in read_rows(tmp / "out.jsonl")}
 
 
-def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, reference):
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, reference, echo):
     src, expected = reference
     out = tmp_path / "out.jsonl"
     rng = random.Random(20261121)
     kills_mid_job = 0
     for _attempt in range(6):
         written = len(whole_lines(out))
-        proc = spawn("batch", "-i", str(src), "-o", str(out), *ONE_BY_ONE)
+        proc = spawn("batch", "-i", str(src), "-o", str(out), *ONE_BY_ONE, env=echo)
         # Kill once this run has written a random few rows: mid-job however fast the machine.
         target = written + rng.randint(1, 6)
         deadline = time.time() + 120
@@ -103,7 +112,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, refere
         for line in out.read_bytes().split(b"\n")[:-1]:
             json.loads(line)
     assert kills_mid_job >= 3
-    finish = run_lmpress("batch", "-i", str(src), "-o", str(out), *ONE_BY_ONE)
+    finish = run_lmpress("batch", "-i", str(src), "-o", str(out), *ONE_BY_ONE, env=echo)
     assert finish.returncode == 0, finish.stderr
     got = read_rows(out)
     ids = [ident(r) for r in got]
@@ -112,23 +121,25 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, refere
         want = expected[ident(row)]
         assert row["messages"] == want["messages"]
         assert row["response"]["text"] == want["response"]["text"]
-    again = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    # A finished output run again does no work and leaves the file as it was.
+    before = out.read_text()
+    again = run_lmpress("batch", "-i", str(src), "-o", str(out), *ECHO, env=echo)
     assert again.returncode == 0
-    assert json.loads((tmp_path / "out.jsonl.summary.json").read_text())["rows_skipped"] == len(
-        expected
-    )
+    assert out.read_text() == before
+    summary = json.loads((tmp_path / "out.jsonl.summary.json").read_text())
+    assert summary["rows_skipped"] == len(expected) and summary["rows_ok"] == 0
 
 
-def test_torn_last_line_is_repaired(tmp_path, reference):
+def test_torn_last_line_is_repaired(tmp_path, reference, echo):
     src, expected = reference
     seed = tmp_path / "seed.jsonl"
-    assert run_lmpress("batch", "-i", str(src), "-o", str(seed), *TINY).returncode == 0
+    assert run_lmpress("batch", "-i", str(src), "-o", str(seed), *ECHO, env=echo).returncode == 0
     # As a crash leaves it: ten whole lines and half of the eleventh.
     lines = seed.read_text().splitlines(keepends=True)
     out = tmp_path / "out.jsonl"
     out.write_text("".join(lines[:10]) + lines[10][: len(lines[10]) // 2])
     (tmp_path / "seed.jsonl.fingerprint.json").rename(tmp_path / "out.jsonl.fingerprint.json")
-    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *ECHO, env=echo)
     assert run.returncode == 0, run.stderr
     assert "cut off a half-written last line" in run.stderr
     assert "resuming" in run.stderr and "10 rows done" in run.stderr
@@ -136,73 +147,61 @@ def test_torn_last_line_is_repaired(tmp_path, reference):
     assert sorted(ident(r) for r in got) == sorted(expected)
 
 
-def test_finished_output_rerun_does_no_work(tmp_path):
-    src = write_rows(tmp_path / "in.jsonl", rows(6))
-    out = tmp_path / "out.jsonl"
-    assert run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY).returncode == 0
-    before = out.read_text()
-    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
-    assert run.returncode == 0
-    assert out.read_text() == before
-    summary = json.loads((tmp_path / "out.jsonl.summary.json").read_text())
-    assert summary["rows_skipped"] == 6 and summary["rows_ok"] == 0
-
-
-def test_changed_settings_are_refused_until_overwrite(tmp_path):
+def test_changed_settings_are_refused_until_overwrite(tmp_path, echo):
     src = write_rows(tmp_path / "in.jsonl", rows(4))
     out = tmp_path / "out.jsonl"
-    assert run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY).returncode == 0
+    assert run_lmpress("batch", "-i", str(src), "-o", str(out), *ECHO, env=echo).returncode == 0
     changed = run_lmpress(
-        "batch", "-i", str(src), "-o", str(out), *TINY, "--generation.temperature", "0.7"
+        "batch", "-i", str(src), "-o", str(out), *ECHO, "--generation.temperature", "0.7", env=echo
     )
     assert changed.returncode == 2
     assert "generation.temperature was 0.0, now 0.7" in changed.stderr
     assert "--overwrite" in changed.stderr
     model = run_lmpress(
-        "batch", "-i", str(src), "-o", str(out), *TINY, "--model.model_name", "tiny:gpt2"
+        "batch", "-i", str(src), "-o", str(out), *ECHO, "--model.model_name", "tiny:gpt2", env=echo
     )
     assert (
         model.returncode == 2
         and 'model.model_name was "tiny:llama", now "tiny:gpt2"' in model.stderr
     )
-    over = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--generation.temperature", "0.7",
-                       "--generation.seed", "1", "--overwrite")  # fmt: skip
+    over = run_lmpress("batch", "-i", str(src), "-o", str(out), *ECHO, "--generation.temperature", "0.7",
+                       "--generation.seed", "1", "--overwrite", env=echo)  # fmt: skip
     assert over.returncode == 0, over.stderr
     assert len(read_rows(out)) == 4
 
 
-def test_scheduling_settings_do_not_block_a_resume(tmp_path):
+def test_scheduling_settings_do_not_block_a_resume(tmp_path, echo):
     src = write_rows(tmp_path / "in.jsonl", rows(4))
     out = tmp_path / "out.jsonl"
-    assert run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY).returncode == 0
+    assert run_lmpress("batch", "-i", str(src), "-o", str(out), *ECHO, env=echo).returncode == 0
     # A fingerprint as an older lmpress wrote it, with use_cache among the results' settings.
     fingerprint = tmp_path / "out.jsonl.fingerprint.json"
     record = json.loads(fingerprint.read_text())
     record["settings"]["generation"]["use_cache"] = True
     fingerprint.write_text(json.dumps(record))
     again = run_lmpress(
-        "batch", "-i", str(src), "-o", str(out), *TINY[:-1], "2",
-        "--generation.use_cache", "false",
+        "batch", "-i", str(src), "-o", str(out), *ECHO[:-1], "2",
+        "--generation.use_cache", "false", env=echo,
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert json.loads((tmp_path / "out.jsonl.summary.json").read_text())["rows_skipped"] == 4
 
 
-def test_output_not_made_by_lmpress_is_left_alone(tmp_path):
+def test_output_not_made_by_lmpress_is_left_alone(tmp_path, echo):
     src = write_rows(tmp_path / "in.jsonl", rows(2))
     out = tmp_path / "out.jsonl"
     out.write_text('{"something": "else"}\n')
-    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *ECHO, env=echo)
     assert run.returncode == 2 and "no record of how it was made" in run.stderr
     assert out.read_text() == '{"something": "else"}\n'
 
 
-def test_duplicate_ids_name_both_lines(tmp_path):
+def test_duplicate_ids_name_both_lines(tmp_path, echo):
     src = write_rows(
         tmp_path / "in.jsonl",
         [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}, {"id": "a", "prompt": "z"}],
     )
-    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), *TINY)
+    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), *ECHO, env=echo)
     assert run.returncode == 2
     assert f"{src}:3: duplicate id 'a' (first at line 1)" in run.stderr
     assert not (tmp_path / "out.jsonl").exists()
@@ -309,13 +308,15 @@ def test_failed_rows_are_retried_on_the_next_run(tmp_path):
     assert json.loads((tmp_path / "out.jsonl.summary.json").read_text())["rows_skipped"] == 8
 
 
-def test_on_error_fail_and_max_errors_stop_the_job(tmp_path):
+def test_on_error_fail_and_max_errors_stop_the_job(tmp_path, echo):
     src = write_rows(
         tmp_path / "in.jsonl",
         [{"id": "bad", "messages": []}] + [{"id": f"g{i}", "prompt": "x"} for i in range(30)],
     )
     out = tmp_path / "out.jsonl"
-    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--on-error", "fail")
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(out), *ECHO, "--on-error", "fail", env=echo
+    )
     assert run.returncode == 1
     assert "--on-error is fail (line 1)" in run.stderr
     assert len(read_rows(out)) < 30
@@ -324,7 +325,15 @@ def test_on_error_fail_and_max_errors_stop_the_job(tmp_path):
         [{"id": f"b{i}", "messages": []} for i in range(10)] + [{"id": "g", "prompt": "x"}],
     )
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(tmp_path / "o2.jsonl"), *TINY, "--max-errors", "3"
+        "batch",
+        "-i",
+        str(src),
+        "-o",
+        str(tmp_path / "o2.jsonl"),
+        *ECHO,
+        "--max-errors",
+        "3",
+        env=echo,
     )
     assert run.returncode == 1
     assert "3 rows failed (--max-errors 3)" in run.stderr
@@ -356,26 +365,30 @@ def test_ordered_output_follows_the_input(tmp_path, echo_plugin):
     assert [r["id"] for r in read_rows(tmp_path / "fast.jsonl")] != want  # completion order
 
 
-def test_shards_split_the_file_and_add_up(tmp_path):
+def test_shards_split_the_file_and_add_up(tmp_path, echo):
     data = rows(20)
     src = write_rows(tmp_path / "in.jsonl", data)
     seen = []
     for i in range(3):
         out = tmp_path / f"shard{i}.jsonl"
-        run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--shard", f"{i}/3")
+        run = run_lmpress(
+            "batch", "-i", str(src), "-o", str(out), *ECHO, "--shard", f"{i}/3", env=echo
+        )
         assert run.returncode == 0, run.stderr
         seen += [ident(r) for r in read_rows(out)]
     whole = tmp_path / "whole.jsonl"
-    assert run_lmpress("batch", "-i", str(src), "-o", str(whole), *TINY).returncode == 0
+    assert run_lmpress("batch", "-i", str(src), "-o", str(whole), *ECHO, env=echo).returncode == 0
     assert sorted(seen) == sorted(ident(r) for r in read_rows(whole))
     assert len(seen) == len(set(seen)) == 20
-    bad = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "x.jsonl"), "--shard", "3/3")
+    bad = run_lmpress(
+        "batch", "-i", str(src), "-o", str(tmp_path / "x.jsonl"), "--shard", "3/3", env=echo
+    )
     assert bad.returncode == 2 and "expected I/N with 0 <= I < N" in bad.stderr
 
 
-def test_summary_is_printed_and_written(tmp_path):
+def test_summary_is_printed_and_written(tmp_path, echo):
     src = write_rows(tmp_path / "in.jsonl", rows(5))
-    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), *TINY)
+    run = run_lmpress("batch", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), *ECHO, env=echo)
     assert run.returncode == 0
     for label in (
         "rows ok",
@@ -431,12 +444,12 @@ def test_vllm_run_batch_examples_round_trip(tmp_path):
     assert json.loads((tmp_path / "results.jsonl.summary.json").read_text())["rows_skipped"] == 3
 
 
-def test_openai_batch_body_overrides_the_recipe(tmp_path):
+def test_openai_batch_body_overrides_the_recipe(tmp_path, echo):
     line = {"custom_id": "short", "method": "POST", "url": "/v1/chat/completions",
             "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "n": 2, "temperature": 0.9, "seed": 3}}  # fmt: skip
     src = write_rows(tmp_path / "in.jsonl", [line])
     out = tmp_path / "out.jsonl"
-    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *ECHO, env=echo)
     assert run.returncode == 0, run.stderr
     (got,) = read_rows(out)
     body = got["response"]["body"]
