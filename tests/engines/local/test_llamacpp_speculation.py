@@ -6,6 +6,7 @@ never ran); and how a step is shaped over llama.cpp's split of a batch (speculat
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 
 import pytest
 
@@ -72,23 +73,37 @@ def both(engines, requests: list[Request]):
     return results, (counts.drafted - before[0], counts.accepted - before[1])
 
 
-def test_greedy_text_is_the_same_with_drafts_and_copy_rows_keep_them(engines):
+GREEDY_ROWS = COPY + [q for q, _ in QUESTIONS]  # copy rows and free-text rows, batch 16
+
+
+@pytest.fixture(scope="module")
+def greedy_off(engines):
+    """Speculation off on GREEDY_ROWS at 64 tokens: the reference both the ngram and the draft
+    model tests compare with, decoded once."""
     params = GenerationParams(max_new_tokens=64)
-    prompts = COPY + [q for q, _ in QUESTIONS]
-    results, (drafted, kept) = both(
-        engines, [chat(p, params, str(i)) for i, p in enumerate(prompts)]
-    )
-    assert [r.text for r in results["ngram"]] == [r.text for r in results["off"]]
-    assert [r.usage.completion_tokens for r in results["ngram"]] == [
-        r.usage.completion_tokens for r in results["off"]
-    ]
-    assert drafted > 100 and kept / drafted > 0.3, (drafted, kept)
-    # The copy rows alone keep most of what they draft.
-    copy_only, (drafted, kept) = both(
-        engines, [chat(p, params, str(i)) for i, p in enumerate(COPY)]
-    )
-    assert [r.text for r in copy_only["ngram"]] == [r.text for r in copy_only["off"]]
+    results = engines["off"].generate([chat(p, params, str(i)) for i, p in enumerate(GREEDY_ROWS)])
+    assert all(r.ok for r in results)
+    return results
+
+
+def test_greedy_text_is_the_same_with_drafts_and_copy_rows_keep_them(engines, greedy_off):
+    """The copy rows, then the free-text rows, with ngram drafts: the text and token counts of
+    decoding without speculation; the copy rows alone keep most of what they draft."""
+    params = GenerationParams(max_new_tokens=64)
+    counts = engines["ngram"].scheduler.speculation_counts
+    before = counts.drafted, counts.accepted
+    requests = [chat(p, params, str(i)) for i, p in enumerate(GREEDY_ROWS)]
+    ngram = engines["ngram"].generate(requests[: len(COPY)])
+    drafted, kept = counts.drafted - before[0], counts.accepted - before[1]
     assert kept / drafted > 0.5, (drafted, kept)
+    ngram += engines["ngram"].generate(requests[len(COPY) :])
+    assert all(r.ok for r in ngram)
+    assert [r.text for r in ngram] == [r.text for r in greedy_off]
+    assert [r.usage.completion_tokens for r in ngram] == [
+        r.usage.completion_tokens for r in greedy_off
+    ]
+    drafted, kept = counts.drafted - before[0], counts.accepted - before[1]
+    assert drafted > 100 and kept / drafted > 0.3, (drafted, kept)
 
 
 def test_seeded_sampled_rows_with_drafts_reproduce_alone(engines):
@@ -147,8 +162,9 @@ def test_quantized_weights_verify_drafts_in_multi_token_batches():
     """Q4_1 weights: every verify step is a multi-token batch through the quantized kernels
     (see test_real_weights.test_quantized_weights_decode_multi_token_batches)."""
     path = resolve_packaged_name(SMOLLM2_Q4_1.name)
-    params = GenerationParams(max_new_tokens=48)
-    requests = [chat(p, params, str(i)) for i, p in enumerate(COPY[:4] + [QUESTIONS[0][0]])]
+    params = GenerationParams(max_new_tokens=40)
+    prompts = [COPY[0], COPY[4], COPY[5], QUESTIONS[0][0]]
+    requests = [chat(p, params, str(i)) for i, p in enumerate(prompts)]
     texts = {}
     for method in ("off", "ngram"):
         engine = make(path, method, batch_size=4)
@@ -176,24 +192,28 @@ def drafting():
     asyncio.run(engine.aclose())
 
 
-def test_a_draft_model_leaves_greedy_text_and_limits_as_they_are(engines, drafting):
+def test_a_draft_model_leaves_greedy_text_and_limits_as_they_are(greedy_off, drafting):
     """Copy rows and free-text rows at batch 16, and rows whose max_new_tokens falls inside a
-    kept draft: the text and token counts of decoding without speculation; the draft
-    model's tokens were verified, kept mostly but not always."""
+    kept draft: the text and token counts of decoding without speculation (a greedy row cut at
+    n tokens is the first n of the same row at 64); the draft model's tokens were verified,
+    kept mostly but not always."""
     params = GenerationParams(max_new_tokens=64)
-    requests = [chat(p, params, str(i)) for i, p in enumerate(COPY + [q for q, _ in QUESTIONS])]
+    requests = [chat(p, params, str(i)) for i, p in enumerate(GREEDY_ROWS)]
     requests += [chat(COPY[5], GenerationParams(max_new_tokens=n), f"n{n}") for n in (9, 13, 17)]
     counts = drafting.scheduler.speculation_counts
     before = counts.drafted, counts.accepted
     drafted_results = drafting.generate(requests)
-    off = engines["off"].generate(requests)
     drafted, kept = counts.drafted - before[0], counts.accepted - before[1]
     assert all(r.ok for r in drafted_results)
-    assert [r.text for r in drafted_results] == [r.text for r in off]
-    assert [r.usage.completion_tokens for r in drafted_results] == [
-        r.usage.completion_tokens for r in off
+    rows, limited = drafted_results[:-3], drafted_results[-3:]
+    assert [r.text for r in rows] == [r.text for r in greedy_off]
+    assert [r.usage.completion_tokens for r in rows] == [
+        r.usage.completion_tokens for r in greedy_off
     ]
-    assert [r.usage.completion_tokens for r in drafted_results[-3:]] == [9, 13, 17]
+    assert [r.usage.completion_tokens for r in limited] == [9, 13, 17]
+    assert greedy_off[5].usage.completion_tokens > 17
+    texts = [r.text for r in limited] + [greedy_off[5].text]
+    assert all(b.startswith(a) and len(a) < len(b) for a, b in pairwise(texts)), texts
     assert drafted > 100 and 0.5 < kept / drafted < 1, (drafted, kept)
 
 

@@ -3,7 +3,8 @@ a smaller model with SmolLM2's tokenizer, made here from SmolLM2's own first 24 
 (no smaller SmolLM2 can be had offline). Its drafts are kept at some positions and refused at
 others, so both of a row's paths after a verify (every draft kept: two tokens pending in the
 draft cache; one refused: the draft cache cut back) run; no row's tokens, logprobs or ending
-change against decoding without speculation and against transformers' own `generate`.
+change against decoding without speculation (itself checked against transformers' own
+`generate` in test_native_speculation.py).
 
 One engine is loaded for the module; each run turns its scheduler's speculation on or off for
 the rows it submits (rows take their drafting when they join)."""
@@ -65,10 +66,12 @@ def smollm2(tmp_path_factory):
     asyncio.run(engine.aclose())
 
 
-def test_greedy_rows_equal_decoding_without_speculation_and_transformers_generate(smollm2):
-    """Batch 16: copy prompts (twice over) and free-text questions side by side."""
+def test_greedy_rows_equal_decoding_without_speculation(smollm2):
+    """Copy prompts (twice over) and free-text questions side by side. Decoding without
+    speculation is the same path as in test_native_speculation.py, which checks it against
+    transformers' own `generate` on these prompts."""
     assert smollm2.draft_model.config.num_hidden_layers == DRAFT_LAYERS
-    drafted, accepted = greedy_rows_on_and_off(smollm2)
+    drafted, accepted = greedy_rows_on_and_off(smollm2, against_transformers=False)
     # The draft's tokens were verified, and kept at some positions but not all.
     assert drafted > 50
     assert 0 < accepted < drafted

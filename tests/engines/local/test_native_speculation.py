@@ -85,11 +85,11 @@ def samples(results):
     ]
 
 
-def greedy_rows_on_and_off(engine) -> tuple[int, int]:
-    """Batch 16, copy prompts (twice over) and free-text questions side by side: every row's
-    reply with speculation on equals it with speculation off, and the copy rows' equal
-    transformers' own `generate`. Returns the drafts verified and kept."""
-    prompts = COPY * 2 + [q for q, _ in QUESTIONS]
+def greedy_rows_on_and_off(engine, against_transformers: bool = True) -> tuple[int, int]:
+    """Copy prompts (twice over) and free-text questions side by side in one batch: every
+    row's reply with speculation on equals it with speculation off, and (against_transformers)
+    the copy rows' equal transformers' own `generate`. Returns the drafts verified and kept."""
+    prompts = COPY * 2 + [q for q, _ in QUESTIONS[:4]]
     params = GenerationParams(max_new_tokens=NEW_TOKENS)
     requests = [chat(p, params, str(i)) for i, p in enumerate(prompts)]
     on, drafted, accepted = run(engine, requests, on=True)
@@ -98,7 +98,8 @@ def greedy_rows_on_and_off(engine) -> tuple[int, int]:
     assert [r.text for r in on] == [r.text for r in off]
     assert samples(on) == samples(off)
     tokenizer = engine.tokenizer
-    for prompt, result in zip(prompts[: len(COPY)], on, strict=False):
+    checked = prompts[: len(COPY)] if against_transformers else []
+    for prompt, result in zip(checked, on, strict=False):
         _, reply, _, ends = transformers_greedy(engine.model, tokenizer, prompt, NEW_TOKENS)
         text = tokenizer.decode([t for t in reply if t not in ends], skip_special_tokens=True)
         assert result.text == text
@@ -186,7 +187,7 @@ def test_seeded_sampled_rows_give_the_same_tokens_with_and_without_speculation(s
     boundary between two tokens of rank about 10,000. So rows whose sampler cuts the tail
     (top_k, top_p, min_p) must be equal, and full-vocabulary rows nearly all."""
     requests = [
-        chat(COPY[i % len(COPY)], GenerationParams(max_new_tokens=32, seed=70 + i, **s), str(i))
+        chat(COPY[i % len(COPY)], GenerationParams(max_new_tokens=24, seed=70 + i, **s), str(i))
         for i, s in enumerate(MIXED * 2)
     ]
     on, drafted, accepted = run(smollm2, requests, on=True)
