@@ -26,7 +26,9 @@ from tests.servers.llm_server import Faults, LLMServer, reply_text
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
-pytestmark = pytest.mark.timeout(420)
+# Slow by nature: each test starts Ray workers (or a local Ray of its own) that import and load
+# their engine, 20-40 s on an idle 2-core machine before a row is run.
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 TINY = ["--model.model_name", "tiny:llama", "--generation.max_new_tokens", "3",
         "--generation.batch_size", "64"]  # fmt: skip
