@@ -70,6 +70,15 @@ class Budget:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    # pytest-random-order names its seed in the header, which -q (as `make test` runs) hides.
+    if config.getoption("random_order_enabled", False) and not hasattr(config, "workerinput"):
+        seed = str(config.getoption("random_order_seed")).removeprefix("default:")
+        terminalreporter.line(
+            f"tests ran in a random order: repeat it with --random-order-seed={seed}"
+        )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     limit = budget_s()
     if limit > 0 and not hasattr(config, "workerinput"):  # xdist's workers report to the controller
