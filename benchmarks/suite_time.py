@@ -41,6 +41,13 @@ class _Current:
     waits: dict[str, float] = defaultdict(float)
     fixtures: dict[str, float] = {}
     phases: dict[str, object] = {}
+    cpu_start: tuple[float, float] = (0.0, 0.0)
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds (user + system) of this process, and of its children it has waited for."""
+    t = os.times()
+    return t.user + t.system, t.children_user + t.children_system
 
 
 _current = _Current()
@@ -97,6 +104,7 @@ class _Recorder:
         _current.waits = defaultdict(float)
         _current.fixtures = {}
         _current.phases = {}
+        _current.cpu_start = _cpu()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
@@ -114,6 +122,7 @@ class _Recorder:
 
     def pytest_runtest_logfinish(self, nodeid, location) -> None:
         phases = _current.phases
+        own, children = (now - then for now, then in zip(_cpu(), _current.cpu_start, strict=True))
         _write(
             {
                 "test": nodeid,
@@ -124,6 +133,8 @@ class _Recorder:
                 "teardown": phases.get("teardown", 0.0),
                 "fixtures": _current.fixtures,
                 "waits": dict(_current.waits),
+                "cpu": own,
+                "child_cpu": children,
                 "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
             }
         )
@@ -137,28 +148,41 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
-def report(records: list[dict], wall: float, command: str, rc: int) -> str:
+def _test_cpu(record: dict) -> float:
+    return record.get("cpu", 0.0) + record.get("child_cpu", 0.0)
+
+
+def report(records: list[dict], wall: float, command: str, rc: int, cpu: float) -> str:
     total = sum(r["setup"] + r["call"] + r["teardown"] for r in records)
     lines = [
         "# Where the suite's time goes",
         "",
-        f"`{command}`: exit {rc}, **{_minutes(wall)} wall**, {len(records)} tests,"
-        f" {_minutes(total)} of test time (setup + call + teardown, summed over workers).",
+        f"`{command}`: exit {rc}, **{_minutes(wall)} wall**, **{_minutes(cpu)} CPU**"
+        f" (every process of the run), {len(records)} tests, {_minutes(total)} of test time"
+        " (setup + call + teardown, summed over workers).",
+        "",
+        "A test's CPU is its worker's own, plus that of the subprocesses the worker waited for"
+        " while the test ran. A server a module- or session-scoped fixture started counts"
+        " where it is stopped: the module's last test, or nowhere for the session's.",
         "",
     ]
 
-    by_file: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    by_file: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
     for r in records:
         by_file[r["file"]][0] += r["setup"] + r["call"] + r["teardown"]
         by_file[r["file"]][1] += 1
+        by_file[r["file"]][2] += _test_cpu(r)
     lines += [
-        "## By test file (top 40)",
+        "## By test file (top 40 by CPU)",
         "",
-        "| file | tests | time | share |",
-        "|---|---:|---:|---:|",
+        "| file | tests | time | share | CPU |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for name, (seconds, count) in sorted(by_file.items(), key=lambda kv: -kv[1][0])[:40]:
-        lines.append(f"| {name} | {count} | {_minutes(seconds)} | {seconds / total:.1%} |")
+    for name, (seconds, count, cpu_s) in sorted(by_file.items(), key=lambda kv: -kv[1][2])[:40]:
+        lines.append(
+            f"| {name} | {count} | {_minutes(seconds)} | {seconds / total:.1%}"
+            f" | {_minutes(cpu_s)} |"
+        )
 
     by_fixture: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for r in records:
@@ -198,13 +222,15 @@ def report(records: list[dict], wall: float, command: str, rc: int) -> str:
         }.get(kind, kind)
         lines.append(f"| {label} | {_minutes(seconds)} | {seconds / total:.1%} |")
 
-    lines += ["", "## The 40 slowest tests", "", "| test | time | setup | subprocess | sleep |"]
-    lines.append("|---|---:|---:|---:|---:|")
+    lines += ["", "## The 40 slowest tests", ""]
+    lines.append("| test | time | setup | subprocess | sleep | CPU |")
+    lines.append("|---|---:|---:|---:|---:|---:|")
     for r in sorted(records, key=lambda r: -(r["setup"] + r["call"] + r["teardown"]))[:40]:
         seconds = r["setup"] + r["call"] + r["teardown"]
         lines.append(
             f"| {r['test']} | {seconds:.1f} s | {r['setup']:.1f} s"
-            f" | {r['waits'].get('subprocess', 0.0):.1f} s | {r['waits'].get('sleep', 0.0):.1f} s |"
+            f" | {r['waits'].get('subprocess', 0.0):.1f} s | {r['waits'].get('sleep', 0.0):.1f} s"
+            f" | {_test_cpu(r):.1f} s |"
         )
     return "\n".join(lines) + "\n"
 
@@ -230,14 +256,15 @@ def main() -> int:
     start = time.perf_counter()
     rc = subprocess.call(command, cwd=REPO, env=env)
     wall = time.perf_counter() - start
+    cpu = _cpu()[1]  # pytest, its workers and what they waited for
 
     records = []
     if records_path.exists():
         records = [json.loads(line) for line in records_path.read_text().splitlines() if line]
     shown = "pytest " + " ".join(args.pytest_args)
-    out.with_suffix(".md").write_text(report(records, wall, shown, rc))
+    out.with_suffix(".md").write_text(report(records, wall, shown, rc, cpu))
     print(
-        f"suite_time: {len(records)} tests, {_minutes(wall)} wall; wrote {out.with_suffix('.md')}"
+        f"suite_time: {len(records)} tests, {_minutes(wall)} wall, {_minutes(cpu)} CPU; wrote {out.with_suffix('.md')}"
     )
     return rc
 
