@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 from lmpress.data.messages import RowError
-from lmpress.openai_wire import requests, responses
+from lmpress.openai_wire import requests
 from lmpress.openai_wire.errors import HTTP_STATUS, ApiError
 from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import Result
@@ -55,6 +55,10 @@ def render_output(
 ) -> dict[str, Any]:
     """A successful output line, its body the chat.completion (or text_completion) serve
     would answer; `echo` is the prompt a completions body asked to have echoed."""
+    # Imported here: its models come from the openai package, most of a second to import,
+    # which a job whose rows are not OpenAI Batch lines never needs.
+    from lmpress.openai_wire import responses
+
     created = int(time.time())
     if url == COMPLETIONS_URL:
         body = responses.text_completion(f"cmpl-{_hex()}", created, model, [result], [echo])

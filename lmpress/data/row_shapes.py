@@ -39,7 +39,6 @@ from lmpress.data import openai_batch, pooling_rows
 from lmpress.data.columns import RowMapping, TemplateError
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
 from lmpress.data.pooling_rows import PoolingInput
-from lmpress.openai_wire.responses import reasoned
 from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult, Task
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 from lmpress.vocabulary.types import (
@@ -427,7 +426,7 @@ def usage_record(result: Result) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
-    if reasoned(result):
+    if result.reasoned:
         record["reasoning_tokens"] = usage.reasoning_tokens
     if usage.cached_tokens:
         record["cached_tokens"] = usage.cached_tokens

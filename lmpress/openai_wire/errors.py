@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from openai.types import ErrorObject
-
 from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import ErrorInfo
 
@@ -66,6 +64,10 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
+        # Imported here: the openai package takes most of a second to import, and a batch job
+        # loads this module for its error kinds without ever answering a client.
+        from openai.types import ErrorObject
+
         error = ErrorObject(message=self.message, type=self.type, param=self.param, code=self.code)
         return {
             "error": error.model_dump(mode="json", include={"message", "type", "param", "code"})

@@ -16,9 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from openai.types import CreateEmbeddingResponse
-from openai.types import Embedding as OpenAIEmbedding
-from openai.types.create_embedding_response import Usage as EmbeddingUsage
 from pydantic import BaseModel, ConfigDict
 
 from lmpress.openai_wire.errors import ApiError
@@ -174,6 +171,12 @@ def embeddings_response(
     result: EmbedResult, model: str, encoding_format: EncodingFormat = "float"
 ) -> dict[str, Any]:
     """The `/v1/embeddings` response body for a result."""
+    # Imported here: the openai package takes most of a second to import, and a batch job
+    # reads this module's request bodies without building a response.
+    from openai.types import CreateEmbeddingResponse
+    from openai.types import Embedding as OpenAIEmbedding
+    from openai.types.create_embedding_response import Usage as EmbeddingUsage
+
     data = [
         OpenAIEmbedding(embedding=[], index=i, object="embedding")
         for i in range(len(result.embeddings))

@@ -78,14 +78,6 @@ def _tool_calls(sample: Sample) -> list[ChatCompletionMessageFunctionToolCall] |
     ]
 
 
-def reasoned(result: Result) -> bool:
-    """Whether the model thought before answering: a sample has thinking, or the usage counts
-    some (a provider may count thinking it does not show)."""
-    return bool(result.usage.reasoning_tokens) or any(
-        s.reasoning is not None for s in result.samples
-    )
-
-
 def usage_model(usage: Usage, reasoning: bool = False) -> CompletionUsage:
     """The usage; with `reasoning` (or reasoning tokens counted), the thinking's share; where
     the provider read some of the prompt from its cache, how much, as OpenAI reports it."""
@@ -158,7 +150,7 @@ def chat_completion(id: str, created: int, model: str, result: Result) -> dict[s
         created=created,
         model=model,
         choices=choices,
-        usage=usage_model(result.usage, reasoned(result)),
+        usage=usage_model(result.usage, result.reasoned),
         system_fingerprint=None,
     )
     return _dump(completion)

@@ -305,7 +305,7 @@ class Server:
         self._finish_log(entry, results)
         if chunks.include_usage:
             assert entry.usage is not None
-            yield chunks.usage(entry.usage, any(responses.reasoned(r) for r in results))
+            yield chunks.usage(entry.usage, any(r.reasoned for r in results))
         yield responses.DONE
 
 

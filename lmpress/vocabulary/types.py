@@ -333,3 +333,11 @@ class Result:
     @property
     def finish_reason(self) -> FinishReason | None:
         return self.samples[0].finish_reason if self.samples else None
+
+    @property
+    def reasoned(self) -> bool:
+        """Whether the model thought before answering: a sample has thinking, or the usage
+        counts some (a provider may count thinking it does not show)."""
+        return bool(self.usage.reasoning_tokens) or any(
+            s.reasoning is not None for s in self.samples
+        )

@@ -35,6 +35,29 @@ def test_help_imports_no_backend():
     assert "infer" in out.stdout and "batch" in out.stdout
 
 
+def test_a_batch_job_on_a_plugin_engine_imports_no_backend_and_no_sdk(tmp_path, echo_plugin):
+    # A job's start is paid per run: the openai package alone takes most of a second, and
+    # only a job whose rows are OpenAI Batch lines, or a remote engine, needs it.
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    argv = ["batch", *ECHO, "-i", str(src), "-o", str(tmp_path / "out.jsonl")]
+    code = (
+        "import sys\n"
+        "from lmpress.cli.app import main\n"
+        f"assert main({argv!r}) == 0\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'llama_cpp', 'openai', "
+        "'anthropic', 'fastapi', 'ray') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        env={**os.environ, **with_plugin(echo_plugin)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
+    assert json.loads((tmp_path / "out.jsonl").read_text())["response"]["text"].startswith("ECHO")
+
+
 def test_every_command_has_help():
     for command in (["infer"], ["batch"], ["engines"], ["recipes"], ["config", "show"]):
         run = run_lmpress(*command, "--help")
