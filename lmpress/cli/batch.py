@@ -187,11 +187,8 @@ def batch(
     from lmpress.data.columns import RowMapping
     from lmpress.engines.registry import with_model_task
 
-    config = with_model_task(config)  # where no task was chosen: MiniLM embeds
     if on_error not in ON_ERROR:
         raise ConfigError(f"--on-error {on_error}: use {' or '.join(ON_ERROR)}")
-    if text_column is not None and config.task != "embed":
-        raise ConfigError(f"--text-column: only an embed run reads it (task is {config.task})")
     output_shape, file_format = split_output_format(output_format)
     if max_errors is not None and max_errors < 1:
         raise ConfigError("--max-errors: must be at least 1")
@@ -226,6 +223,13 @@ def batch(
     )
     if ray and provider_batch:
         raise ConfigError(RAY_WITH_PROVIDER)
+    if not (status or cancel or dry_run):
+        # Before the model's task is read (for a checkpoint, an import of its backend): a
+        # missing input or an output that cannot be written is said at once.
+        check_paths(config, input, output, options)
+    config = with_model_task(config)  # where no task was chosen: MiniLM embeds
+    if text_column is not None and config.task != "embed":
+        raise ConfigError(f"--text-column: only an embed run reads it (task is {config.task})")
     options.mode = batch_mode(config, options)  # a recipe's provider batch is one
     if status or cancel:
         from lmpress.batch.provider.control import show_or_cancel
@@ -245,19 +249,34 @@ def run_file(
 
     from lmpress.batch import BatchOptions, run_batch
     from lmpress.cli.report import BatchReport
-    from lmpress.data.resume import JobFiles
-    from lmpress.data.sources import open_source
-    from lmpress.data.targets import output_file_format, resolve_output
     from lmpress.engines.registry import load_engine_class
 
     options = options or BatchOptions("", "")
+    if not options.output_path:  # `lmpress batch` checked them first
+        check_paths(config, input, output, options)
+    load_engine_class(config.engine)  # an engine that cannot load is refused before any work
+    report = BatchReport()
+    summary = asyncio.run(run_batch(config, options, events=report))
+    report.summary_table(summary)
+    return summary.exit_code
+
+
+def check_paths(
+    config: RunConfig, input: str | None, output: str | None, options: BatchOptions
+) -> None:
+    """Every path checked before anything is opened for writing or any model loads: the input
+    exists and its format is known, the output can be written and is not a file lmpress does
+    not own. Sets the options' paths."""
+    from lmpress.data.resume import JobFiles
+    from lmpress.data.sources import open_source
+    from lmpress.data.targets import output_file_format, resolve_output
+
     input_path = input or config.input_path
     output_path = output or config.output_path
     if not input_path:
         raise ConfigError("no input: give -i FILE or set input_path")
     if not output_path:
         raise ConfigError("no output: give -o FILE (or - for stdout) or set output_path")
-    # Every path checked before anything is opened for writing or any model loads.
     open_source(input_path, options.input_format, options.split)
     file_format = output_file_format(output_path, options.file_format)
     files = JobFiles.found(output_path, file_format)
@@ -265,11 +284,6 @@ def run_file(
     if not target.stream:
         _check_writable(output_path)
     options.input_path, options.output_path = input_path, output_path
-    load_engine_class(config.engine)  # an engine that cannot load is refused before any work
-    report = BatchReport()
-    summary = asyncio.run(run_batch(config, options, events=report))
-    report.summary_table(summary)
-    return summary.exit_code
 
 
 def dry_run_file(config: RunConfig, input: str | None, options: BatchOptions) -> int:

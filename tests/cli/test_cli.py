@@ -58,6 +58,27 @@ def test_a_batch_job_on_a_plugin_engine_imports_no_backend_and_no_sdk(tmp_path, 
     assert json.loads((tmp_path / "out.jsonl").read_text())["response"]["text"].startswith("ECHO")
 
 
+def test_a_missing_input_is_refused_before_a_checkpoint_s_backend_is_imported(tmp_path):
+    # Reading a checkpoint's task (does it embed?) imports transformers and torch, seconds
+    # that a mistyped path should not cost.
+    missing = tmp_path / "missing.jsonl"
+    argv = ["batch", "--engine", "NATIVE", "--model.model_name", "tiny:llama"]
+    argv += ["-i", str(missing), "-o", str(tmp_path / "out.jsonl")]
+    code = (
+        "import sys\n"
+        "from lmpress.cli.app import main\n"
+        f"print('EXIT', main({argv!r}))\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert out.stderr.strip() == f"lmpress: error: {missing}: no such input file"
+    assert "EXIT 2" in out.stdout and "HEAVY []" in out.stdout
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_every_command_has_help():
     for command in (["infer"], ["batch"], ["engines"], ["recipes"], ["config", "show"]):
         run = run_lmpress(*command, "--help")
