@@ -140,13 +140,19 @@ class BatchJob:
             self.cache = await asyncio.to_thread(self._open_cache)
         if self.engine is None and left:
             await self._start_engine()  # before anything is written; a finished job loads none
-        if earlier.fresh:
-            self.files.remove_all()
-            write_fingerprint(self.files, self._fingerprint(), self.options.recipe)
         loop = asyncio.get_running_loop()
+        # Ctrl-C is the job's from before the fingerprint is written: whoever sees the job's
+        # files can stop it the job's way.
         restore_signals = (
             _install_stop_signals(loop, self._on_interrupt) if self.owns_signals else _nothing
         )
+        if earlier.fresh:
+            try:
+                self.files.remove_all()
+                write_fingerprint(self.files, self._fingerprint(), self.options.recipe)
+            except BaseException:
+                restore_signals()
+                raise
         ended: Ended = "raised"
         try:
             self.events.started(self.summary)
