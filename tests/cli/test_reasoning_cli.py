@@ -145,11 +145,26 @@ THINK = ["--engine", "NATIVE", "--model.model_name", "tiny:think",
          "--generation.max_new_tokens", "12", "--generation.max_reasoning_tokens", "4"]  # fmt: skip
 
 
+def readme_run() -> tuple[str, list[str], dict]:
+    """The README's reasoning example: the row it writes to q.jsonl, the command's arguments
+    after `lmpress`, and the line it shows."""
+    section = README.read_text().split("## Reasoning models\n", 1)[1]
+    command = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    shown = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    row = command.splitlines()[0].split("'")[1]
+    args = " ".join(command.splitlines()[1:3]).replace("\\", "").split()
+    assert args[0] == "lmpress"
+    return row, args[1:], shown
+
+
 @pytest.fixture(scope="module")
 def tiny_think_rows(tmp_path_factory) -> dict[str, dict]:
-    """One NATIVE job (each start costs seconds of CPU) with the rows the tests below read:
-    two within the budgets, one with its own thinking budget, one structured."""
+    """The README's command, run as it is written, on its row and the rows the tests below
+    read (one NATIVE job: each start costs seconds of CPU): two within the budgets, one with
+    its own thinking budget, one structured. Each row's line, by id."""
     tmp = tmp_path_factory.mktemp("tiny-think")
+    row, args, _ = readme_run()
+    assert args == ["batch", *THINK, "-i", "q.jsonl", "-o", "out.jsonl"]  # infer's, below
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}  # fmt: skip
     rows = [
@@ -158,18 +173,19 @@ def tiny_think_rows(tmp_path_factory) -> dict[str, dict]:
         {"id": "s", "prompt": "hi",
          "generation": {"max_new_tokens": 40, "guided_decoding": {"json": schema}}},
     ]  # fmt: skip
-    (tmp / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    out = tmp / "out.jsonl"
-    run = run_lmpress("batch", *THINK, "-i", str(tmp / "in.jsonl"), "-o", str(out))
+    (tmp / "q.jsonl").write_text(row + "\n" + "".join(json.dumps(r) + "\n" for r in rows))
+    run = run_lmpress(*args, cwd=tmp)
     assert run.returncode == 0, run.stderr
-    return {line["id"]: line["response"] for line in map(json.loads, out.read_text().splitlines())}
+    return {
+        line["id"]: line for line in map(json.loads, (tmp / "out.jsonl").read_text().splitlines())
+    }
 
 
 def test_tiny_think_writes_the_same_thinking_and_answer_in_batch_and_infer(tiny_think_rows):
     """Greedy, so infer's stdout and stderr are the batch row's answer and thinking; the
     thinking stops at the budget and the answer follows it. (The other output shapes are
     written from the same result on every engine: the ECHO test above reads them.)"""
-    a, b = tiny_think_rows["a"], tiny_think_rows["b"]
+    a, b = tiny_think_rows["a"]["response"], tiny_think_rows["b"]["response"]
     assert (a["usage"]["reasoning_tokens"], b["usage"]["reasoning_tokens"]) == (4, 2)
     assert a["reasoning"] and a["text"] and a["usage"]["completion_tokens"] == 12
     assert b["reasoning"] != a["reasoning"]
@@ -181,20 +197,13 @@ def test_tiny_think_writes_the_same_thinking_and_answer_in_batch_and_infer(tiny_
 
 
 def test_tiny_think_a_structured_rows_answer_validates_with_the_thinking_apart(tiny_think_rows):
-    response = tiny_think_rows["s"]
+    response = tiny_think_rows["s"]["response"]
     assert response["structured"] == {"valid": True, "parsed": json.loads(response["text"])}
     assert response["reasoning"] and response["usage"]["reasoning_tokens"] == 4
 
 
-def test_the_readmes_reasoning_run_writes_what_it_shows(tmp_path):
-    section = README.read_text().split("## Reasoning models\n", 1)[1]
-    command = section.split("```sh\n", 1)[1].split("```", 1)[0]
-    shown = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
-    (tmp_path / "q.jsonl").write_text(command.splitlines()[0].split("'")[1] + "\n")
-    args = " ".join(command.splitlines()[1:3]).replace("\\", "").split()
-    assert args[:2] == ["lmpress", "batch"]
-    run = run_lmpress(*args[1:], cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
-    written = json.loads((tmp_path / "out.jsonl").read_text())
-    written["response"]["latency_s"] = shown["response"]["latency_s"]
-    assert written == shown
+def test_the_readmes_reasoning_run_writes_what_it_shows(tiny_think_rows):
+    *_, shown = readme_run()
+    written = tiny_think_rows[shown["id"]]
+    latency = {"latency_s": shown["response"]["latency_s"]}
+    assert {**written, "response": {**written["response"], **latency}} == shown
