@@ -90,7 +90,10 @@ def test_batch_writes_the_thinking_apart_in_every_output_shape(thinking_echo, tm
     body = by_id["a"]["response"]["body"]  # rows are written as they finish: found by id
     message = body["choices"][0]["message"]
     assert message["reasoning_content"] == message["reasoning"] == THINKING
+    assert message["content"] == lines["a"]["response"]["text"]  # the answer alone
     assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
+    b_usage = by_id["b"]["response"]["body"]["usage"]  # a row's own budget, in this shape too
+    assert b_usage["completion_tokens_details"] == {"reasoning_tokens": 1}
 
     parquet = tmp_path / "out.parquet"
     run = run_lmpress(
@@ -99,7 +102,8 @@ def test_batch_writes_the_thinking_apart_in_every_output_shape(thinking_echo, tm
     assert run.returncode == 0, run.stderr
     table = {r["id"]: r for r in pq.read_table(parquet).to_pylist()}
     assert (table["a"]["reasoning"], table["a"]["reasoning_tokens"]) == (THINKING, 5)
-    assert table["a"]["response"].startswith("ECHO ")
+    assert table["a"]["response"] == lines["a"]["response"]["text"]
+    assert table["b"]["reasoning_tokens"] == 1
 
 
 def test_chat_shows_the_thinking_before_the_answer_and_keeps_it(thinking_echo, tmp_path):
@@ -141,20 +145,47 @@ THINK = ["--engine", "NATIVE", "--model.model_name", "tiny:think",
          "--generation.max_new_tokens", "12", "--generation.max_reasoning_tokens", "4"]  # fmt: skip
 
 
-def test_tiny_think_writes_the_same_thinking_and_answer_through_every_front(tmp_path):
-    """Greedy, so infer's stdout and stderr are the batch row's answer and thinking; the
-    thinking stops at the budget and the answer follows it in every output shape."""
-    rows = tmp_path / "in.jsonl"
-    rows.write_text(
-        json.dumps({"id": "a", "prompt": "hi"}) + "\n"
-        + json.dumps({"id": "b", "prompt": "hi", "generation": {"max_reasoning_tokens": 2}})
-        + "\n"
-    )  # fmt: skip
-    out = tmp_path / "out.jsonl"
-    run = run_lmpress("batch", *THINK, "-i", str(rows), "-o", str(out))
+def readme_run() -> tuple[str, list[str], dict]:
+    """The README's reasoning example: the row it writes to q.jsonl, the command's arguments
+    after `lmpress`, and the line it shows."""
+    section = README.read_text().split("## Reasoning models\n", 1)[1]
+    command = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    shown = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    row = command.splitlines()[0].split("'")[1]
+    args = " ".join(command.splitlines()[1:3]).replace("\\", "").split()
+    assert args[0] == "lmpress"
+    return row, args[1:], shown
+
+
+@pytest.fixture(scope="module")
+def tiny_think_rows(tmp_path_factory) -> dict[str, dict]:
+    """The README's command, run as it is written, on its row and the rows the tests below
+    read (one NATIVE job: each start costs seconds of CPU): two within the budgets, one with
+    its own thinking budget, one structured. Each row's line, by id."""
+    tmp = tmp_path_factory.mktemp("tiny-think")
+    row, args, _ = readme_run()
+    assert args == ["batch", *THINK, "-i", "q.jsonl", "-o", "out.jsonl"]  # infer's, below
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    rows = [
+        {"id": "a", "prompt": "hi"},
+        {"id": "b", "prompt": "hi", "generation": {"max_reasoning_tokens": 2}},
+        {"id": "s", "prompt": "hi",
+         "generation": {"max_new_tokens": 40, "guided_decoding": {"json": schema}}},
+    ]  # fmt: skip
+    (tmp / "q.jsonl").write_text(row + "\n" + "".join(json.dumps(r) + "\n" for r in rows))
+    run = run_lmpress(*args, cwd=tmp)
     assert run.returncode == 0, run.stderr
-    lines = {line["id"]: line["response"] for line in map(json.loads, out.read_text().splitlines())}
-    a, b = lines["a"], lines["b"]
+    return {
+        line["id"]: line for line in map(json.loads, (tmp / "out.jsonl").read_text().splitlines())
+    }
+
+
+def test_tiny_think_writes_the_same_thinking_and_answer_in_batch_and_infer(tiny_think_rows):
+    """Greedy, so infer's stdout and stderr are the batch row's answer and thinking; the
+    thinking stops at the budget and the answer follows it. (The other output shapes are
+    written from the same result on every engine: the ECHO test above reads them.)"""
+    a, b = tiny_think_rows["a"]["response"], tiny_think_rows["b"]["response"]
     assert (a["usage"]["reasoning_tokens"], b["usage"]["reasoning_tokens"]) == (4, 2)
     assert a["reasoning"] and a["text"] and a["usage"]["completion_tokens"] == 12
     assert b["reasoning"] != a["reasoning"]
@@ -164,53 +195,15 @@ def test_tiny_think_writes_the_same_thinking_and_answer_through_every_front(tmp_
     assert infer.stdout == a["text"] + "\n"
     assert a["reasoning"] + "\n" in infer.stderr
 
-    openai = tmp_path / "openai.jsonl"
-    run = run_lmpress(
-        "batch", *THINK, "-i", str(rows), "-o", str(openai), "--output-format", "openai"
-    )
-    assert run.returncode == 0, run.stderr
-    bodies = {
-        line["custom_id"]: line["response"]["body"]
-        for line in map(json.loads, openai.read_text().splitlines())
-    }
-    message = bodies["a"]["choices"][0]["message"]
-    assert (message["content"], message["reasoning_content"]) == (a["text"], a["reasoning"])
-    assert bodies["b"]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2}
 
-    parquet = tmp_path / "out.parquet"
-    run = run_lmpress("batch", *THINK, "-i", str(rows), "-o", str(parquet))
-    assert run.returncode == 0, run.stderr
-    table = {r["id"]: r for r in pq.read_table(parquet).to_pylist()}
-    assert (table["a"]["response"], table["a"]["reasoning"]) == (a["text"], a["reasoning"])
-    assert table["b"]["reasoning_tokens"] == 2
-
-
-def test_tiny_think_a_structured_rows_answer_validates_with_the_thinking_apart(tmp_path):
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}  # fmt: skip
-    rows = tmp_path / "in.jsonl"
-    rows.write_text(
-        json.dumps({"prompt": "hi", "generation": {"guided_decoding": {"json": schema}}})
-    )
-    out = tmp_path / "out.jsonl"
-    run = run_lmpress(
-        "batch", *THINK, "--generation.max_new_tokens", "40", "-i", str(rows), "-o", str(out)
-    )
-    assert run.returncode == 0, run.stderr
-    response = json.loads(out.read_text())["response"]
+def test_tiny_think_a_structured_rows_answer_validates_with_the_thinking_apart(tiny_think_rows):
+    response = tiny_think_rows["s"]["response"]
     assert response["structured"] == {"valid": True, "parsed": json.loads(response["text"])}
     assert response["reasoning"] and response["usage"]["reasoning_tokens"] == 4
 
 
-def test_the_readmes_reasoning_run_writes_what_it_shows(tmp_path):
-    section = README.read_text().split("## Reasoning models\n", 1)[1]
-    command = section.split("```sh\n", 1)[1].split("```", 1)[0]
-    shown = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
-    (tmp_path / "q.jsonl").write_text(command.splitlines()[0].split("'")[1] + "\n")
-    args = " ".join(command.splitlines()[1:3]).replace("\\", "").split()
-    assert args[:2] == ["lmpress", "batch"]
-    run = run_lmpress(*args[1:], cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
-    written = json.loads((tmp_path / "out.jsonl").read_text())
-    written["response"]["latency_s"] = shown["response"]["latency_s"]
-    assert written == shown
+def test_the_readmes_reasoning_run_writes_what_it_shows(tiny_think_rows):
+    *_, shown = readme_run()
+    written = tiny_think_rows[shown["id"]]
+    latency = {"latency_s": shown["response"]["latency_s"]}
+    assert {**written, "response": {**written["response"], **latency}} == shown
