@@ -15,14 +15,17 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.cli.test_cli import mixed_rows
 from tests.conftest import REPO, run_lmpress
 from tests.growing_files import whole_rows
 from tests.servers.llm_server import Faults, LLMServer, reply_text
+from tests.suite_checks import described
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
@@ -37,6 +40,42 @@ BAD_LINES = ["not json at all", '{"txt": "no messages"}']
 FAILING = "PLEASE-FAIL"  # the test server refuses any conversation holding it, every time
 
 
+# Set for the module, so that every process it starts carries it: lmpress, the Ray head, and
+# the workers of each Ray, which Ray leaves to init rather than to the test that started them.
+MODULE_TOKEN = "LMPRESS_TEST_RAY_MODULE"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_process_outlives_the_module():
+    """No process this module started is left when it ends (the session's own check sees only
+    the test process's children, and a Ray worker is not one). Each run stops its Ray when it
+    ends, and a replica notices soon after; one still there after a generous grace is killed,
+    and the module fails naming it."""
+    token = uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(MODULE_TOKEN, token)
+        # Each Ray would otherwise report its usage to Ray's servers: no test reaches past
+        # the loopback.
+        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        yield
+    _, left = psutil.wait_procs(_carrying(token), timeout=90)
+    names = [described(p) for p in left]
+    for process in left:
+        process.kill()
+    assert not names, "Ray processes outlived the module (now killed):\n  " + "\n  ".join(names)
+
+
+def _carrying(token: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and process.environ().get(MODULE_TOKEN) == token:
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A Ray head on this machine, as `ray start --head` starts one; its address."""
@@ -47,7 +86,10 @@ def cluster(tmp_path_factory):
     temp = tmp_path_factory.mktemp("ray")
     head = subprocess.Popen(
         [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-         "--include-dashboard=false", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}"],
+         "--include-dashboard=false", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}",
+         # No log monitor: it streams workers' output to drivers, which lmpress's jobs do not
+         # ask for (`log_to_driver`, --debug aside), and it reads every log file all module.
+         "--include-log-monitor=false", "--disable-usage-stats"],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
