@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tests.cli.test_cli import mixed_rows
-from tests.conftest import REPO, run_lmpress
+from tests.conftest import REPO, run_lmpress, with_plugin
 from tests.growing_files import whole_rows
 from tests.servers.llm_server import Faults, LLMServer, reply_text
 from tests.suite_checks import described
@@ -448,12 +448,15 @@ def test_sigterm_stops_the_replicas_writes_the_summary_exits_143_and_resumes(tmp
     assert_each_row_once_with_its_reply(out, 500)
 
 
-def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster):
+def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster, echo_plugin):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(3))
     out = tmp_path / "out.jsonl"
+    # ECHO where the refusal comes before any replica starts: the driver's engine is
+    # incidental, and NATIVE's would import torch for nothing.
+    echo = ["--engine", "ECHO", "--model.model_name", "echo"]
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(out), *TINY, "--ray", "--ray.replicas", "64",
-        "--ray.cpus_per_replica", "1",
+        "batch", "-i", str(src), "-o", str(out), *echo, "--ray", "--ray.replicas", "64",
+        "--ray.cpus_per_replica", "1", env=with_plugin(echo_plugin),
     )  # fmt: skip
     assert run.returncode == 2
     assert "ray.replicas 64" in run.stderr and "need 64 CPUs" in run.stderr
@@ -472,8 +475,8 @@ def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster):
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(out), *TINY, "--ray", "--ray.address",
-        f"127.0.0.1:{free}", timeout=60,
+        "batch", "-i", str(src), "-o", str(out), *echo, "--ray", "--ray.address",
+        f"127.0.0.1:{free}", timeout=60, env=with_plugin(echo_plugin),
     )  # fmt: skip
     assert run.returncode == 2
     assert f"ray.address 127.0.0.1:{free}: nothing answers there" in run.stderr
