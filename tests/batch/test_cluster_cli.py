@@ -162,31 +162,37 @@ def remote_args(server: LLMServer, *more: str) -> list[str]:
 
 
 def test_native_on_ray_writes_the_rows_a_local_run_writes(tmp_path):
-    src = write_input(tmp_path / "in.jsonl", mixed_rows(200), BAD_LINES)
+    # 64 rows: each of mixed_rows' four shapes 16 times, in four calls of 16 (more rows only
+    # repeat those calls).
+    src = write_input(tmp_path / "in.jsonl", mixed_rows(64), BAD_LINES)
     local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
     run = run_lmpress("batch", "-i", str(src), "-o", str(local), *TINY)
     assert run.returncode == 1, run.stderr[-2000:]  # the two bad lines
     # No --ray.address: lmpress starts a local Ray of its own, and stops it.
-    # --cache off: the replicas generate every row, rather than read the local run's replies.
+    # One replica: a NATIVE replica is the whole engine as a local run has it (no share of
+    # limits to split), and rows from two replicas reaching one driver is the REMOTE test's
+    # subject; a second would only load torch and the model again.
+    # --cache off: the replica generates every row, rather than read the local run's replies.
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(on_ray), *TINY, "--ray", "--ray.replicas", "2",
+        "batch", "-i", str(src), "-o", str(on_ray), *TINY, "--ray",
         "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "16", "--cache", "off",
     )  # fmt: skip
     assert run.returncode == 1, run.stderr[-2000:]
     assert "started Ray" in run.stderr
     assert "Traceback" not in run.stderr
     expected = replies(local)
-    assert len(expected) == 200
+    assert len(expected) == 64
     assert replies(on_ray) == expected  # greedy: the same text for every row
     assert failed_lines(on_ray) == failed_lines(local) and len(failed_lines(local)) == 2
     done = summary(on_ray)
-    assert (done["rows_ok"], done["rows_failed"]) == (200, 2)
+    assert (done["rows_ok"], done["rows_failed"]) == (64, 2)
     assert done["completion_tokens"] == summary(local)["completion_tokens"]
 
 
 def test_remote_on_ray_writes_the_rows_a_local_run_writes(tmp_path, cluster):
-    rows = mixed_rows(500)
-    rows[123] = {"id": "refused", "prompt": f"{FAILING} this one"}
+    # 100 rows: seven calls of 16 across two replicas, each shape of mixed_rows 25 times.
+    rows = mixed_rows(100)
+    rows[37] = {"id": "refused", "prompt": f"{FAILING} this one"}
     src = write_input(tmp_path / "in.jsonl", rows)
     local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
     with LLMServer(Faults(latency_s=0.01, permanent={FAILING: 400})) as server:
@@ -209,18 +215,18 @@ def test_remote_on_ray_writes_the_rows_a_local_run_writes(tmp_path, cluster):
         again = run_lmpress("batch", "-i", str(src), "-o", str(cached), *args, *on_cluster)
         assert server.stats.requests == 1, again.stderr[-2000:]
     assert again.returncode == 1, again.stderr[-2000:]
-    assert hits_misses_saved(summary(cached)) == {"hits": 499, "misses": 1, "saved_usd": None}
+    assert hits_misses_saved(summary(cached)) == {"hits": 99, "misses": 1, "saved_usd": None}
     assert replies(cached) == replies(local)
     assert all(row["response"]["cached"] for row in written(cached))
     assert run.returncode == 1, run.stderr[-2000:]
     assert f"joined the Ray cluster at {cluster}" in run.stderr
-    assert f"{src}:124: " in run.stderr  # the refused row is reported, and the job went on
+    assert f"{src}:38: " in run.stderr  # the refused row is reported, and the job went on
     # The two replicas share the run's concurrency: 4 requests each, 8 in all.
     assert stats.max_in_flight <= 8
     expected = replies(local)
-    assert len(expected) == 499 and "refused" not in expected
+    assert len(expected) == 99 and "refused" not in expected
     assert replies(on_ray) == expected
-    assert failed_lines(on_ray) == failed_lines(local) == [124]
+    assert failed_lines(on_ray) == failed_lines(local) == [38]
 
 
 # One replica, as model loads are what these runs spend their time on; rows of many calls
@@ -371,9 +377,15 @@ def _start_and_wait_for(args: list[str], out: Path, rows: int, limit_s: float = 
     return proc
 
 
+# The killed jobs: KILLED_JOB rows, stopped once KILLED_AT are written. At most 8 rows are in
+# flight, each held LATENCY_S by the server, so the 200 rows left take 2.5 s or more (as 400 at
+# 50 ms did): the test has that long to stop the job mid-way, on any machine.
+KILLED_JOB, KILLED_AT, LATENCY_S = 250, 50, 0.1
+
+
 def ray_job_args(server: LLMServer, src: Path, out: Path, cluster: str) -> list[str]:
-    """A job on the module's cluster slow enough to kill mid-way: 8 rows in flight, 50 ms
-    each, 8 rows a call."""
+    """A job on the module's cluster slow enough to kill mid-way: 8 rows in flight, each held
+    LATENCY_S, 8 rows a call."""
     return ["-i", str(src), "-o", str(out), *remote_args(server),
             "--remote_params.num_workers", "8", "--ray", "--ray.address", cluster,
             "--ray.replicas", "2", "--ray.cpus_per_replica", "0.5",
@@ -385,33 +397,33 @@ def test_a_replica_killed_mid_job_loses_no_row_and_writes_none_twice(tmp_path, c
     import pyarrow.parquet as pq
 
     src = tmp_path / "in.parquet"  # Parquet in: read by the same datasource, by row group
-    pq.write_table(pa.Table.from_pylist(prompt_rows(500)), src, row_group_size=64)
+    pq.write_table(pa.Table.from_pylist(prompt_rows(KILLED_JOB)), src, row_group_size=32)
     out = tmp_path / "out.jsonl"
-    with LLMServer(Faults(latency_s=0.05)) as server:
+    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
         args = ray_job_args(server, src, out, cluster)
-        proc = _start_and_wait_for(args, out, 100)
+        proc = _start_and_wait_for(args, out, KILLED_AT)
         victims = _replica_pids()
         assert victims, "no replica process found"
         os.kill(victims[0], signal.SIGKILL)
         done_when_killed = len(whole_rows(out))
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-2000:]
-    assert done_when_killed < 500  # killed mid-job
-    assert_each_row_once_with_its_reply(out, 500)
-    assert summary(out)["rows_ok"] == 500
+    assert done_when_killed < KILLED_JOB  # killed mid-job
+    assert_each_row_once_with_its_reply(out, KILLED_JOB)
+    assert summary(out)["rows_ok"] == KILLED_JOB
 
 
 def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
-    src = write_input(tmp_path / "in.jsonl", prompt_rows(500))
+    src = write_input(tmp_path / "in.jsonl", prompt_rows(KILLED_JOB))
     out = tmp_path / "out.parquet"  # Parquet out: its journal is the record resume reads
     journal = tmp_path / "out.parquet.journal.jsonl"
-    with LLMServer(Faults(latency_s=0.05)) as server:
+    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
         args = ray_job_args(server, src, out, cluster)
-        proc = _start_and_wait_for(args, journal, 150)
+        proc = _start_and_wait_for(args, journal, KILLED_AT)
         proc.kill()
         proc.wait(timeout=30)
         before = len(whole_rows(journal))
-        assert before < 500 and not out.exists()  # killed mid-job
+        assert before < KILLED_JOB and not out.exists()  # killed mid-job
         rerun = run_lmpress("batch", *args)
         # A changed config is refused rather than mixed into the output.
         changed = run_lmpress("batch", *args, "--generation.temperature", "0.5")
@@ -419,22 +431,23 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     import pyarrow.parquet as pq
 
     rows = pq.read_table(out).to_pylist()
-    assert sorted(r["id"] for r in rows) == sorted(f"row-{i}" for i in range(500))  # each once
+    every_row = sorted(f"row-{i}" for i in range(KILLED_JOB))
+    assert sorted(r["id"] for r in rows) == every_row  # each once
     for row in rows:
         assert row["response"] == reply_text(row["prompt"])
     done = json.loads((tmp_path / "out.parquet.summary.json").read_text())
     assert done["rows_skipped"] >= before - 1  # a torn last line is cut and redone
-    assert done["rows_ok"] + done["rows_skipped"] == 500
+    assert done["rows_ok"] + done["rows_skipped"] == KILLED_JOB
     assert changed.returncode == 2
     assert "generation.temperature" in changed.stderr and "Traceback" not in changed.stderr
 
 
 def test_sigterm_stops_the_replicas_writes_the_summary_exits_143_and_resumes(tmp_path, cluster):
-    src = write_input(tmp_path / "in.jsonl", prompt_rows(500))
+    src = write_input(tmp_path / "in.jsonl", prompt_rows(KILLED_JOB))
     out = tmp_path / "out.jsonl"
-    with LLMServer(Faults(latency_s=0.05)) as server:
+    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
         args = ray_job_args(server, src, out, cluster)
-        proc = _start_and_wait_for(args, out, 100)
+        proc = _start_and_wait_for(args, out, KILLED_AT)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 143, stderr[-2000:]
@@ -442,10 +455,10 @@ def test_sigterm_stops_the_replicas_writes_the_summary_exits_143_and_resumes(tmp
         assert "stopping the Ray replicas; the rows they hold are left for the next run" in stderr
         stopped = summary(out)
         assert (stopped["signal"], stopped["stopped_because"]) == ("SIGTERM", "stopped by SIGTERM")
-        assert 100 <= stopped["rows_ok"] == len(replies(out)) < 500
+        assert KILLED_AT <= stopped["rows_ok"] == len(replies(out)) < KILLED_JOB
         rerun = run_lmpress("batch", *args)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert_each_row_once_with_its_reply(out, 500)
+    assert_each_row_once_with_its_reply(out, KILLED_JOB)
 
 
 def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster, echo_plugin):
