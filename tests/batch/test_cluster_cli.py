@@ -15,14 +15,17 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.cli.test_cli import mixed_rows
-from tests.conftest import REPO, run_lmpress
+from tests.conftest import REPO, run_lmpress, with_plugin
 from tests.growing_files import whole_rows
 from tests.servers.llm_server import Faults, LLMServer, reply_text
+from tests.suite_checks import described
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
@@ -37,6 +40,42 @@ BAD_LINES = ["not json at all", '{"txt": "no messages"}']
 FAILING = "PLEASE-FAIL"  # the test server refuses any conversation holding it, every time
 
 
+# Set for the module, so that every process it starts carries it: lmpress, the Ray head, and
+# the workers of each Ray, which Ray leaves to init rather than to the test that started them.
+MODULE_TOKEN = "LMPRESS_TEST_RAY_MODULE"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_process_outlives_the_module():
+    """No process this module started is left when it ends (the session's own check sees only
+    the test process's children, and a Ray worker is not one). Each run stops its Ray when it
+    ends, and a replica notices soon after; one still there after a generous grace is killed,
+    and the module fails naming it."""
+    token = uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(MODULE_TOKEN, token)
+        # Each Ray would otherwise report its usage to Ray's servers: no test reaches past
+        # the loopback.
+        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        yield
+    _, left = psutil.wait_procs(_carrying(token), timeout=90)
+    names = [described(p) for p in left]
+    for process in left:
+        process.kill()
+    assert not names, "Ray processes outlived the module (now killed):\n  " + "\n  ".join(names)
+
+
+def _carrying(token: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and process.environ().get(MODULE_TOKEN) == token:
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A Ray head on this machine, as `ray start --head` starts one; its address."""
@@ -47,7 +86,10 @@ def cluster(tmp_path_factory):
     temp = tmp_path_factory.mktemp("ray")
     head = subprocess.Popen(
         [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-         "--include-dashboard=false", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}"],
+         "--include-dashboard=false", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}",
+         # No log monitor: it streams workers' output to drivers, which lmpress's jobs do not
+         # ask for (`log_to_driver`, --debug aside), and it reads every log file all module.
+         "--include-log-monitor=false", "--disable-usage-stats"],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
@@ -120,31 +162,37 @@ def remote_args(server: LLMServer, *more: str) -> list[str]:
 
 
 def test_native_on_ray_writes_the_rows_a_local_run_writes(tmp_path):
-    src = write_input(tmp_path / "in.jsonl", mixed_rows(200), BAD_LINES)
+    # 64 rows: each of mixed_rows' four shapes 16 times, in four calls of 16 (more rows only
+    # repeat those calls).
+    src = write_input(tmp_path / "in.jsonl", mixed_rows(64), BAD_LINES)
     local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
     run = run_lmpress("batch", "-i", str(src), "-o", str(local), *TINY)
     assert run.returncode == 1, run.stderr[-2000:]  # the two bad lines
     # No --ray.address: lmpress starts a local Ray of its own, and stops it.
-    # --cache off: the replicas generate every row, rather than read the local run's replies.
+    # One replica: a NATIVE replica is the whole engine as a local run has it (no share of
+    # limits to split), and rows from two replicas reaching one driver is the REMOTE test's
+    # subject; a second would only load torch and the model again.
+    # --cache off: the replica generates every row, rather than read the local run's replies.
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(on_ray), *TINY, "--ray", "--ray.replicas", "2",
+        "batch", "-i", str(src), "-o", str(on_ray), *TINY, "--ray",
         "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "16", "--cache", "off",
     )  # fmt: skip
     assert run.returncode == 1, run.stderr[-2000:]
     assert "started Ray" in run.stderr
     assert "Traceback" not in run.stderr
     expected = replies(local)
-    assert len(expected) == 200
+    assert len(expected) == 64
     assert replies(on_ray) == expected  # greedy: the same text for every row
     assert failed_lines(on_ray) == failed_lines(local) and len(failed_lines(local)) == 2
     done = summary(on_ray)
-    assert (done["rows_ok"], done["rows_failed"]) == (200, 2)
+    assert (done["rows_ok"], done["rows_failed"]) == (64, 2)
     assert done["completion_tokens"] == summary(local)["completion_tokens"]
 
 
 def test_remote_on_ray_writes_the_rows_a_local_run_writes(tmp_path, cluster):
-    rows = mixed_rows(500)
-    rows[123] = {"id": "refused", "prompt": f"{FAILING} this one"}
+    # 100 rows: seven calls of 16 across two replicas, each shape of mixed_rows 25 times.
+    rows = mixed_rows(100)
+    rows[37] = {"id": "refused", "prompt": f"{FAILING} this one"}
     src = write_input(tmp_path / "in.jsonl", rows)
     local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
     with LLMServer(Faults(latency_s=0.01, permanent={FAILING: 400})) as server:
@@ -167,18 +215,18 @@ def test_remote_on_ray_writes_the_rows_a_local_run_writes(tmp_path, cluster):
         again = run_lmpress("batch", "-i", str(src), "-o", str(cached), *args, *on_cluster)
         assert server.stats.requests == 1, again.stderr[-2000:]
     assert again.returncode == 1, again.stderr[-2000:]
-    assert hits_misses_saved(summary(cached)) == {"hits": 499, "misses": 1, "saved_usd": None}
+    assert hits_misses_saved(summary(cached)) == {"hits": 99, "misses": 1, "saved_usd": None}
     assert replies(cached) == replies(local)
     assert all(row["response"]["cached"] for row in written(cached))
     assert run.returncode == 1, run.stderr[-2000:]
     assert f"joined the Ray cluster at {cluster}" in run.stderr
-    assert f"{src}:124: " in run.stderr  # the refused row is reported, and the job went on
+    assert f"{src}:38: " in run.stderr  # the refused row is reported, and the job went on
     # The two replicas share the run's concurrency: 4 requests each, 8 in all.
     assert stats.max_in_flight <= 8
     expected = replies(local)
-    assert len(expected) == 499 and "refused" not in expected
+    assert len(expected) == 99 and "refused" not in expected
     assert replies(on_ray) == expected
-    assert failed_lines(on_ray) == failed_lines(local) == [124]
+    assert failed_lines(on_ray) == failed_lines(local) == [38]
 
 
 # One replica, as model loads are what these runs spend their time on; rows of many calls
@@ -329,9 +377,15 @@ def _start_and_wait_for(args: list[str], out: Path, rows: int, limit_s: float = 
     return proc
 
 
+# The killed jobs: KILLED_JOB rows, stopped once KILLED_AT are written. At most 8 rows are in
+# flight, each held LATENCY_S by the server, so the 200 rows left take 2.5 s or more (as 400 at
+# 50 ms did): the test has that long to stop the job mid-way, on any machine.
+KILLED_JOB, KILLED_AT, LATENCY_S = 250, 50, 0.1
+
+
 def ray_job_args(server: LLMServer, src: Path, out: Path, cluster: str) -> list[str]:
-    """A job on the module's cluster slow enough to kill mid-way: 8 rows in flight, 50 ms
-    each, 8 rows a call."""
+    """A job on the module's cluster slow enough to kill mid-way: 8 rows in flight, each held
+    LATENCY_S, 8 rows a call."""
     return ["-i", str(src), "-o", str(out), *remote_args(server),
             "--remote_params.num_workers", "8", "--ray", "--ray.address", cluster,
             "--ray.replicas", "2", "--ray.cpus_per_replica", "0.5",
@@ -343,33 +397,33 @@ def test_a_replica_killed_mid_job_loses_no_row_and_writes_none_twice(tmp_path, c
     import pyarrow.parquet as pq
 
     src = tmp_path / "in.parquet"  # Parquet in: read by the same datasource, by row group
-    pq.write_table(pa.Table.from_pylist(prompt_rows(500)), src, row_group_size=64)
+    pq.write_table(pa.Table.from_pylist(prompt_rows(KILLED_JOB)), src, row_group_size=32)
     out = tmp_path / "out.jsonl"
-    with LLMServer(Faults(latency_s=0.05)) as server:
+    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
         args = ray_job_args(server, src, out, cluster)
-        proc = _start_and_wait_for(args, out, 100)
+        proc = _start_and_wait_for(args, out, KILLED_AT)
         victims = _replica_pids()
         assert victims, "no replica process found"
         os.kill(victims[0], signal.SIGKILL)
         done_when_killed = len(whole_rows(out))
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-2000:]
-    assert done_when_killed < 500  # killed mid-job
-    assert_each_row_once_with_its_reply(out, 500)
-    assert summary(out)["rows_ok"] == 500
+    assert done_when_killed < KILLED_JOB  # killed mid-job
+    assert_each_row_once_with_its_reply(out, KILLED_JOB)
+    assert summary(out)["rows_ok"] == KILLED_JOB
 
 
 def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
-    src = write_input(tmp_path / "in.jsonl", prompt_rows(500))
+    src = write_input(tmp_path / "in.jsonl", prompt_rows(KILLED_JOB))
     out = tmp_path / "out.parquet"  # Parquet out: its journal is the record resume reads
     journal = tmp_path / "out.parquet.journal.jsonl"
-    with LLMServer(Faults(latency_s=0.05)) as server:
+    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
         args = ray_job_args(server, src, out, cluster)
-        proc = _start_and_wait_for(args, journal, 150)
+        proc = _start_and_wait_for(args, journal, KILLED_AT)
         proc.kill()
         proc.wait(timeout=30)
         before = len(whole_rows(journal))
-        assert before < 500 and not out.exists()  # killed mid-job
+        assert before < KILLED_JOB and not out.exists()  # killed mid-job
         rerun = run_lmpress("batch", *args)
         # A changed config is refused rather than mixed into the output.
         changed = run_lmpress("batch", *args, "--generation.temperature", "0.5")
@@ -377,22 +431,23 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     import pyarrow.parquet as pq
 
     rows = pq.read_table(out).to_pylist()
-    assert sorted(r["id"] for r in rows) == sorted(f"row-{i}" for i in range(500))  # each once
+    every_row = sorted(f"row-{i}" for i in range(KILLED_JOB))
+    assert sorted(r["id"] for r in rows) == every_row  # each once
     for row in rows:
         assert row["response"] == reply_text(row["prompt"])
     done = json.loads((tmp_path / "out.parquet.summary.json").read_text())
     assert done["rows_skipped"] >= before - 1  # a torn last line is cut and redone
-    assert done["rows_ok"] + done["rows_skipped"] == 500
+    assert done["rows_ok"] + done["rows_skipped"] == KILLED_JOB
     assert changed.returncode == 2
     assert "generation.temperature" in changed.stderr and "Traceback" not in changed.stderr
 
 
 def test_sigterm_stops_the_replicas_writes_the_summary_exits_143_and_resumes(tmp_path, cluster):
-    src = write_input(tmp_path / "in.jsonl", prompt_rows(500))
+    src = write_input(tmp_path / "in.jsonl", prompt_rows(KILLED_JOB))
     out = tmp_path / "out.jsonl"
-    with LLMServer(Faults(latency_s=0.05)) as server:
+    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
         args = ray_job_args(server, src, out, cluster)
-        proc = _start_and_wait_for(args, out, 100)
+        proc = _start_and_wait_for(args, out, KILLED_AT)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 143, stderr[-2000:]
@@ -400,18 +455,21 @@ def test_sigterm_stops_the_replicas_writes_the_summary_exits_143_and_resumes(tmp
         assert "stopping the Ray replicas; the rows they hold are left for the next run" in stderr
         stopped = summary(out)
         assert (stopped["signal"], stopped["stopped_because"]) == ("SIGTERM", "stopped by SIGTERM")
-        assert 100 <= stopped["rows_ok"] == len(replies(out)) < 500
+        assert KILLED_AT <= stopped["rows_ok"] == len(replies(out)) < KILLED_JOB
         rerun = run_lmpress("batch", *args)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert_each_row_once_with_its_reply(out, 500)
+    assert_each_row_once_with_its_reply(out, KILLED_JOB)
 
 
-def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster):
+def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster, echo_plugin):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(3))
     out = tmp_path / "out.jsonl"
+    # ECHO where the refusal comes before any replica starts: the driver's engine is
+    # incidental, and NATIVE's would import torch for nothing.
+    echo = ["--engine", "ECHO", "--model.model_name", "echo"]
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(out), *TINY, "--ray", "--ray.replicas", "64",
-        "--ray.cpus_per_replica", "1",
+        "batch", "-i", str(src), "-o", str(out), *echo, "--ray", "--ray.replicas", "64",
+        "--ray.cpus_per_replica", "1", env=with_plugin(echo_plugin),
     )  # fmt: skip
     assert run.returncode == 2
     assert "ray.replicas 64" in run.stderr and "need 64 CPUs" in run.stderr
@@ -430,8 +488,8 @@ def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster):
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(out), *TINY, "--ray", "--ray.address",
-        f"127.0.0.1:{free}", timeout=60,
+        "batch", "-i", str(src), "-o", str(out), *echo, "--ray", "--ray.address",
+        f"127.0.0.1:{free}", timeout=60, env=with_plugin(echo_plugin),
     )  # fmt: skip
     assert run.returncode == 2
     assert f"ray.address 127.0.0.1:{free}: nothing answers there" in run.stderr
