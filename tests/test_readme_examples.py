@@ -218,12 +218,8 @@ def _on_port(text: str, port: str) -> str:
 
 def _env(home: Path) -> dict[str, str]:
     """lmpress on the PATH, this checkout first; HOME a scratch folder (`~/lmpress-state`),
-    the model caches where they are. OpenMP's threads (llama.cpp's, torch's) sleep while they
-    wait instead of spinning: the same replies, but on a loaded 2-core machine a spinning
-    thread burned ~8x the CPU of SmolLM2's LLAMACPP work (40 s against 5 s for the 3 lines of
-    examples/requests.jsonl)."""
+    the model caches where they are (and OMP_WAIT_POLICY as tests/conftest.py sets it)."""
     return {
-        "OMP_WAIT_POLICY": "PASSIVE",
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": str(REPO),
