@@ -15,8 +15,10 @@ engine_args) each list is asked once more with that adapter's LoRARequest, as "l
 samples' text, token ids, finish reason and per-token logprobs (the chosen token's text and
 logprob, then the top ones).
 
-A script of its own, in a process of its own: vLLM starts its engine core by spawn, which
-needs the `__main__` guard, and this keeps lmpress out of the process entirely.
+A script of its own, in a process of its own: this keeps lmpress out of the process entirely.
+The tests start it with VLLM_ENABLE_V1_MULTIPROCESSING=0 (conftest.py), so that vLLM runs its
+engine core in this process rather than in two processes of its own; the `__main__` guard
+keeps it working without that setting too (vLLM starts its processes by spawn).
 """
 
 from __future__ import annotations
