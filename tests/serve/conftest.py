@@ -15,7 +15,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.conftest import REPO, with_plugin
+from tests.conftest import REPO, dies_with_its_parent, with_plugin
 
 LISTENING = re.compile(r"listening on (http://\S+)/v1")
 
@@ -33,6 +33,7 @@ class Served:
             stderr=subprocess.PIPE,
             text=True,
             env=full_env,
+            preexec_fn=dies_with_its_parent,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
