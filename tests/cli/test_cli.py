@@ -18,19 +18,27 @@ TINY = ["--model.model_name", "tiny:llama", "--generation.max_new_tokens", "6"]
 ECHO = ["--engine", "ECHO", "--generation.max_new_tokens", "6"]
 
 
-def test_help_imports_no_backend():
+HEAVY = ("torch", "transformers", "llama_cpp", "vllm", "openai", "anthropic", "fastapi", "ray")
+
+
+def main_in_a_process(argv: list[str], env: dict, modules=HEAVY) -> subprocess.CompletedProcess:
+    """`main(argv)` in a fresh Python, its output as a user sees it; stdout ends with
+    `EXIT <code>` and `HEAVY [<those of modules it imported>]`."""
     code = (
         "import sys\n"
-        "from lmpress.cli.app import app, main\n"
-        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = sorted(m for m in ('torch', 'transformers', 'llama_cpp', 'vllm', 'openai', "
-        "'anthropic', 'fastapi', 'ray') if m in sys.modules)\n"
-        "print('HEAVY', heavy)\n"
+        "from lmpress.cli.app import main\n"
+        f"try:\n    code = main({argv!r})\nexcept SystemExit as exc:\n    code = exc.code\n"
+        "print('EXIT', code)\n"
+        f"print('HEAVY', sorted(m for m in {tuple(modules)!r} if m in sys.modules))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, check=True,
-    )  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}
+    )
+
+
+def test_help_imports_no_backend():
+    out = main_in_a_process(["--help"], {"PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
     assert "infer" in out.stdout and "batch" in out.stdout
 
@@ -41,20 +49,9 @@ def test_a_batch_job_on_a_plugin_engine_imports_no_backend_and_no_sdk(tmp_path, 
     src = tmp_path / "in.jsonl"
     src.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
     argv = ["batch", *ECHO, "-i", str(src), "-o", str(tmp_path / "out.jsonl")]
-    code = (
-        "import sys\n"
-        "from lmpress.cli.app import main\n"
-        f"assert main({argv!r}) == 0\n"
-        "heavy = sorted(m for m in ('torch', 'transformers', 'llama_cpp', 'openai', "
-        "'anthropic', 'fastapi', 'ray') if m in sys.modules)\n"
-        "print('HEAVY', heavy)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True,
-        env={**os.environ, **with_plugin(echo_plugin)},
-    )  # fmt: skip
+    out = main_in_a_process(argv, with_plugin(echo_plugin))
     assert out.returncode == 0, out.stderr
-    assert "HEAVY []" in out.stdout
+    assert "EXIT 0" in out.stdout and "HEAVY []" in out.stdout
     assert json.loads((tmp_path / "out.jsonl").read_text())["response"]["text"].startswith("ECHO")
 
 
@@ -64,16 +61,7 @@ def test_a_missing_input_is_refused_before_a_checkpoint_s_backend_is_imported(tm
     missing = tmp_path / "missing.jsonl"
     argv = ["batch", "--engine", "NATIVE", "--model.model_name", "tiny:llama"]
     argv += ["-i", str(missing), "-o", str(tmp_path / "out.jsonl")]
-    code = (
-        "import sys\n"
-        "from lmpress.cli.app import main\n"
-        f"print('EXIT', main({argv!r}))\n"
-        "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    out = main_in_a_process(argv, {"PYTHONPATH": str(REPO)}, ("torch", "transformers"))
     assert out.stderr.strip() == f"lmpress: error: {missing}: no such input file"
     assert "EXIT 2" in out.stdout and "HEAVY []" in out.stdout
     assert not (tmp_path / "out.jsonl").exists()
