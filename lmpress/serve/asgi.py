@@ -82,6 +82,21 @@ class Slots:
         self.in_use = 0
 
 
+class Held:
+    """The places one request holds, given back once, as soon as its reply is complete: before
+    the reply's last byte is sent, so a client that sends its next request on reading the reply
+    finds them free."""
+
+    def __init__(self, slots: Slots, places: int):
+        self.slots = slots
+        self.places = places
+        slots.in_use += places
+
+    def release(self) -> None:
+        self.slots.in_use -= self.places
+        self.places = 0
+
+
 # --- responses -------------------------------------------------------------------------------
 
 # What a generation ends in: an ASGI response (JSON, or an event stream).
@@ -96,6 +111,7 @@ class EventStream:
         self.lines = lines
         self.source = source
         self.request_id = request_id
+        self.held: Held | None = None  # the places to give back before the stream's end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [
@@ -107,6 +123,8 @@ class EventStream:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             async for line in lines:
                 await send({"type": "http.response.body", "body": line, "more_body": True})
+        if self.held is not None:
+            self.held.release()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -143,18 +161,22 @@ class GenerationResponse(StarletteResponse):
                 error = anthropic_error(error)
             await error_response(error)(scope, receive, send)
             return
-        slots.in_use += self.places
+        held = Held(slots, self.places)
         try:
-            await self._run_watching(scope, receive, send)
+            await self._run_watching(scope, receive, send, held)
         finally:
-            slots.in_use -= self.places
+            held.release()
 
-    async def _run_watching(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _run_watching(self, scope: Scope, receive: Receive, send: Send, held: Held) -> None:
         async def respond() -> None:
             try:
                 response = await self.run
             except ApiError as exc:
                 response = error_response(exc)
+            if isinstance(response, EventStream):
+                response.held = held  # generating goes on while it streams
+            else:
+                held.release()  # the reply is complete: only its sending is left
             await response(scope, receive, send)
 
         work = asyncio.create_task(respond())

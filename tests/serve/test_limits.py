@@ -100,12 +100,20 @@ def test_the_caps_hold_on_the_anthropic_and_responses_routes(capped):
 
 
 def test_a_request_within_the_caps_is_answered(capped):
+    """Requests of three places each, one after another, against a queue of four: each finds
+    the places of the one before free, since a request gives them back before the last byte of
+    its reply (a streamed one, before the stream's end)."""
     client = capped.client()
-    reply = client.chat.completions.create(model=MODEL, messages=HI, n=3, max_tokens=20)
-    assert [c.index for c in reply.choices] == [0, 1, 2]
-    assert all(c.message.content.startswith("ECHO ") for c in reply.choices)
-    text = client.completions.create(model=MODEL, prompt=["a", "b", "c"], max_tokens=20)
-    assert [c.text for c in text.choices] == ['ECHO "a"', 'ECHO "b"', 'ECHO "c"']
+    for _ in range(10):
+        reply = client.chat.completions.create(model=MODEL, messages=HI, n=3, max_tokens=20)
+        assert [c.index for c in reply.choices] == [0, 1, 2]
+        assert all(c.message.content.startswith("ECHO ") for c in reply.choices)
+        text = client.completions.create(model=MODEL, prompt=["a", "b", "c"], max_tokens=20)
+        assert [c.text for c in text.choices] == ['ECHO "a"', 'ECHO "b"', 'ECHO "c"']
+        stream = client.chat.completions.create(
+            model=MODEL, messages=HI, n=3, max_tokens=20, stream=True
+        )
+        assert {c.choices[0].index for c in stream if c.choices} == {0, 1, 2}
     at_cap = client.completions.create(model=MODEL, prompt="é" * 1000, max_tokens=1)
     assert at_cap.choices[0].text == "ECHO"
 
