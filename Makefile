@@ -51,19 +51,22 @@ demo: install
 # The main suite on 2 workers, each test file in one of them so its tests share the file's
 # models and servers, with the real-vLLM suite beside it in its own environment (its tests mostly
 # wait on vLLM's engines starting, time the main suite's workers fill); the vLLM suite's output
-# follows the main suite's. CONTRIBUTING.md: the test budget. PYTEST_ARGS adds pytest options to
+# follows the main suite's. The vLLM environment installs beside the main suite too, once the
+# main environment is in (a llama-cpp-python built from source is then in pip's cache, not
+# built twice at once). CONTRIBUTING.md: the test budget. PYTEST_ARGS adds pytest options to
 # both, e.g. PYTEST_ARGS=--random-order.
 TEST_WORKERS ?= 2
 PYTEST_ARGS  ?=
-test: install install-vllm
+test: install
 	@vllm_log=$$(mktemp); vllm_tmp=$$(mktemp -d); \
-	$(VLLM_PYTEST) -p no:cacheprovider --basetemp=$$vllm_tmp \
-	  $(PYTEST_ARGS) $(VLLM_TESTS) > $$vllm_log 2>&1 & vllm=$$!; \
+	{ $(MAKE) --no-print-directory install-vllm && \
+	  $(VLLM_PYTEST) -p no:cacheprovider --basetemp=$$vllm_tmp \
+	  $(PYTEST_ARGS) $(VLLM_TESTS); } > $$vllm_log 2>&1 & vllm=$$!; \
 	trap 'kill $$vllm 2>/dev/null; rm -rf $$vllm_log $$vllm_tmp' EXIT; \
-	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the real-vLLM suite runs beside it)"; \
+	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the vLLM environment installs and its suite runs beside it)"; \
 	main=0; $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || main=$$?; \
 	vllm_rc=0; wait $$vllm || vllm_rc=$$?; \
-	echo "--- the real-vLLM suite ($(VLLM_TESTS)), run beside the main one ---"; \
+	echo "--- the vLLM environment's install and the real-vLLM suite ($(VLLM_TESTS)), run beside the main one ---"; \
 	cat $$vllm_log; \
 	test $$main = 0 && test $$vllm_rc = 0
 
