@@ -59,7 +59,8 @@ TEST_WORKERS ?= 2
 PYTEST_ARGS  ?=
 test: install
 	@vllm_log=$$(mktemp); vllm_tmp=$$(mktemp -d); \
-	{ $(MAKE) --no-print-directory install-vllm && \
+	{ start=$$(date +%s); $(MAKE) --no-print-directory install-vllm && \
+	  echo "the vLLM environment was ready after $$(( $$(date +%s) - start )) s" && \
 	  $(VLLM_PYTEST) -p no:cacheprovider --basetemp=$$vllm_tmp \
 	  $(PYTEST_ARGS) $(VLLM_TESTS); } > $$vllm_log 2>&1 & vllm=$$!; \
 	trap 'kill $$vllm 2>/dev/null; rm -rf $$vllm_log $$vllm_tmp' EXIT; \
