@@ -106,7 +106,7 @@ def test_seeded_sampled_rows_keep_their_tokens_with_a_draft_model(smollm2):
     gives the same tokens (test_native_speculation.py says why full-vocabulary rows may not,
     by a rounding)."""
     requests = [
-        chat(COPY[i % len(COPY)], GenerationParams(max_new_tokens=32, seed=90 + i, **s), str(i))
+        chat(COPY[i % len(COPY)], GenerationParams(max_new_tokens=24, seed=90 + i, **s), str(i))
         for i, s in enumerate(MIXED)
     ]
     on, drafted, _ = run(smollm2, requests, on=True)

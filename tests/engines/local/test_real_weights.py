@@ -53,20 +53,21 @@ def chat(question: str, params: GenerationParams = GREEDY, rid: str = "q") -> Re
     return Request(rid, [Message("user", question)], params)
 
 
-@pytest.fixture(scope="module", params=["LLAMACPP", "NATIVE"])
-def smollm2(request):
-    engine = make(request.param, SMOLLM2, batch_size=16)
-    yield engine
-    close(engine)
+def assert_answers(texts: list[str]) -> None:
+    """Replies to QUESTIONS, in order: at least 8 of the 10 right, the first among them."""
+    right = [bool(re.search(p, t.lower())) for (_, p), t in zip(QUESTIONS, texts, strict=True)]
+    assert sum(right) >= 8, texts
+    assert "paris" in texts[0].lower()
 
 
-def test_smollm2_answers_simple_questions(smollm2):
-    results = smollm2.generate([chat(q, rid=str(i)) for i, (q, _) in enumerate(QUESTIONS)])
-    right = [
-        bool(re.search(p, r.text.lower())) for (_, p), r in zip(QUESTIONS, results, strict=True)
-    ]
-    assert sum(right) >= 8, [r.text for r in results]
-    assert "paris" in results[0].text.lower()
+def test_smollm2_answers_simple_questions_on_native():
+    """LLAMACPP's answers: test_llamacpp_greedy_is_identical_at_batch_size_1_and_16_on_smollm2."""
+    engine = make("NATIVE", SMOLLM2, batch_size=16)
+    try:
+        results = engine.generate([chat(q, rid=str(i)) for i, (q, _) in enumerate(QUESTIONS)])
+    finally:
+        close(engine)
+    assert_answers([r.text for r in results])
 
 
 def llama_cpp_reference(path: str, kwargs: dict, conversations: list, max_tokens: int) -> list[str]:
@@ -85,14 +86,14 @@ def llama_cpp_reference(path: str, kwargs: dict, conversations: list, max_tokens
 
 
 def test_llamacpp_greedy_equals_llama_cpp_python_on_smollm2():
-    """Short questions and one of some 800 tokens, four sequences sharing a KV cache of 2,048
-    (model_kwargs.kv_unified, as the bundled recipe has it): each reply is llama-cpp-python's
-    own, one conversation at a time (over a cache split four ways, the long one had 512 cells
-    and was refused)."""
+    """Five short questions and one of some 800 tokens, four sequences sharing a KV cache of
+    2,048 (model_kwargs.kv_unified, as the bundled recipe has it), so the last two rows join as
+    others end: each reply is llama-cpp-python's own, one conversation at a time (over a cache
+    split four ways, the long one had 512 cells and was refused)."""
     from tests.cli.test_llamacpp_cli import long_report
 
     kwargs = {"n_ctx": 2048, "flash_attn": False}  # and the recipe's shared cache
-    questions = [q for q, _ in QUESTIONS]
+    questions = [q for q, _ in QUESTIONS[:5]]
     questions.insert(2, long_report(40))
     conversations = [[{"role": "user", "content": q}] for q in questions]
     engine = make("LLAMACPP", SMOLLM2, {**kwargs, "kv_unified": True}, batch_size=4)
@@ -107,6 +108,7 @@ def test_llamacpp_greedy_equals_llama_cpp_python_on_smollm2():
 
 
 def test_llamacpp_greedy_is_identical_at_batch_size_1_and_16_on_smollm2():
+    """Sixteen rows, one full batch at 16; the first ten are QUESTIONS, answered."""
     questions = [q for q, _ in QUESTIONS] + [f"Tell me a fact about {w}." for w in ("cats", "tea", "snow", "iron", "rain", "bread")]  # fmt: skip
     texts = {}
     for batch_size in (1, 16):
@@ -116,6 +118,7 @@ def test_llamacpp_greedy_is_identical_at_batch_size_1_and_16_on_smollm2():
         finally:
             close(engine)
     assert texts[1] == texts[16]
+    assert_answers(texts[16][: len(QUESTIONS)])
 
 
 QUANTIZED = {
@@ -208,7 +211,7 @@ def test_one_quantized_file_gives_the_same_greedy_text_on_both_engines():
 
 # --- seeds: what the README's "Seeds" paragraph states --------------------------------------
 
-TOPICS = ["cats", "dogs", "rivers", "stars", "bread", "music", "snow", "tea"]
+TOPICS = ["cats", "dogs", "rivers", "stars"]
 
 
 def seeded(order: int = 1) -> list[Request]:

@@ -271,7 +271,9 @@ TOPICS = ["cats", "rivers", "bread", "snow", "tea", "iron", "maps", "salt"] * 2
 
 def test_native_seeded_rows_do_not_depend_on_the_batch_on_smollm2(smollm2):
     """README: on NATIVE a seeded row's text does not depend on the batch. 16 rows with mixed
-    settings, decoded alone, four at a time and all sixteen together (batch_size 16)."""
+    settings, decoded all sixteen together (batch_size 16) and four at a time, and the first six
+    (one of each setting in MIXED) alone: each row alone costs a fifth of all sixteen together,
+    and the ten others repeat those settings with other seeds."""
     rows = [
         chat(
             f"Tell me something about {topic}.",
@@ -282,8 +284,9 @@ def test_native_seeded_rows_do_not_depend_on_the_batch_on_smollm2(smollm2):
     ]
     together = [r.text for r in smollm2.generate(rows)]
     fours = [r.text for k in range(0, 16, 4) for r in smollm2.generate(rows[k : k + 4][::-1])[::-1]]  # fmt: skip
-    alone = [smollm2.generate([row])[0].text for row in rows]
-    assert together == fours == alone
+    alone = [smollm2.generate([row])[0].text for row in rows[: len(MIXED)]]
+    assert together == fours
+    assert together[: len(MIXED)] == alone
     assert len(set(together)) > 12  # seeds and settings do make the rows differ
 
 

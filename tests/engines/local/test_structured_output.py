@@ -152,32 +152,20 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 def call(engine, text: str, tool_choice, **params) -> object:
+    return engine.generate([tool_request(text, tool_choice, **params)])[0]
+
+
+def tool_request(text: str, tool_choice, rid: str = "t", **params) -> Request:
     params = GenerationParams(max_new_tokens=96, tool_choice=tool_choice, **params)
-    return engine.generate([Request("t", [Message("user", text)], params, tools=TOOLS)])[0]
+    return Request(rid, [Message("user", text)], params, tools=TOOLS)
 
 
-@pytest.mark.parametrize(
-    "text", ["What's the weather in Paris?", "What time is it in Tokyo?", "Hello there!"]
-)
-def test_a_required_call_names_a_tool_and_its_arguments_follow_its_schema(engine, text):
-    result = call(engine, text, "required")
-    assert result.ok and result.finish_reason == "tool_calls" and result.text == ""
-    [tool_call] = result.samples[0].tool_calls
-    jsonschema.validate(json.loads(tool_call.arguments), SCHEMAS[tool_call.name])
-    assert tool_call.id.startswith("call_")
+REQUIRED = ["What's the weather in Paris?", "What time is it in Tokyo?", "Hello there!"]
+NAMED = {"type": "function", "function": {"name": "get_time"}}
 
 
-def test_a_named_function_is_the_one_called(engine):
-    named = {"type": "function", "function": {"name": "get_time"}}
-    result = call(engine, "What's the weather in Paris?", named)
-    [tool_call] = result.samples[0].tool_calls
-    assert tool_call.name == "get_time"
-    jsonschema.validate(json.loads(tool_call.arguments), SCHEMAS["get_time"])
-
-
-def test_a_call_after_a_tool_reply_reads_it(engine):
-    """The earlier call and the tool's answer reach the model (in the hermes form, since
-    SmolLM2's template renders no tools); the model then answers in words."""
+def after_a_tool_reply() -> Request:
+    """The earlier call and the tool's answer, for the model to answer in words."""
     from lmpress.vocabulary.types import ToolCall
 
     asked = ToolCall("call_1", "get_weather", '{"city": "Paris", "unit": "celsius"}')
@@ -187,7 +175,37 @@ def test_a_call_after_a_tool_reply_reads_it(engine):
         Message("tool", "18 degrees and sunny", tool_call_id="call_1"),
     ]
     params = GenerationParams(max_new_tokens=40, tool_choice="auto")
-    result = engine.generate([Request("t", messages, params, tools=TOOLS)])[0]
+    return Request("after", messages, params, tools=TOOLS)
+
+
+@pytest.fixture(scope="module")
+def calls(engine) -> dict:
+    """One batch of the rows the tool-call tests below read, by request id: a required call
+    for each of REQUIRED, a named one, and an answer after a tool's reply."""
+    requests = [tool_request(text, "required", f"required{i}") for i, text in enumerate(REQUIRED)]
+    requests += [tool_request("What's the weather in Paris?", NAMED, "named"), after_a_tool_reply()]
+    return {r.request_id: r for r in engine.generate(requests)}
+
+
+@pytest.mark.parametrize("row", range(len(REQUIRED)), ids=REQUIRED)
+def test_a_required_call_names_a_tool_and_its_arguments_follow_its_schema(calls, row):
+    result = calls[f"required{row}"]
+    assert result.ok and result.finish_reason == "tool_calls" and result.text == ""
+    [tool_call] = result.samples[0].tool_calls
+    jsonschema.validate(json.loads(tool_call.arguments), SCHEMAS[tool_call.name])
+    assert tool_call.id.startswith("call_")
+
+
+def test_a_named_function_is_the_one_called(calls):
+    [tool_call] = calls["named"].samples[0].tool_calls
+    assert tool_call.name == "get_time"
+    jsonschema.validate(json.loads(tool_call.arguments), SCHEMAS["get_time"])
+
+
+def test_a_call_after_a_tool_reply_reads_it(calls):
+    """The earlier call and the tool's answer reach the model (in the hermes form, since
+    SmolLM2's template renders no tools); the model then answers in words."""
+    result = calls["after"]
     assert result.ok and result.finish_reason in ("stop", "length")
     assert result.samples[0].tool_calls is None and result.text
 
