@@ -379,15 +379,19 @@ def _start_and_wait_for(args: list[str], out: Path, rows: int, limit_s: float = 
     return proc
 
 
-# The killed jobs: KILLED_JOB rows, stopped once KILLED_AT are written. At most 8 rows are in
-# flight, each held LATENCY_S by the server, so the 200 rows left take 2.5 s or more (as 400 at
-# 50 ms did): the test has that long to stop the job mid-way, on any machine.
-KILLED_JOB, KILLED_AT, LATENCY_S = 250, 50, 0.1
+# The killed jobs: KILLED_JOB rows, acted on once KILLED_AT are written. The server answers
+# HELD_AFTER of them and holds the rest until the test has acted (`Faults.hold_after`), so the
+# job is mid-way when the kill lands on any machine. HELD_AFTER leaves room for the answered
+# rows of the calls still in flight (8 rows a call), which a replica hands back whole.
+KILLED_JOB, KILLED_AT, HELD_AFTER = 160, 40, 96
+
+
+def held_server() -> LLMServer:
+    return LLMServer(Faults(hold_after=HELD_AFTER))
 
 
 def ray_job_args(server: LLMServer, src: Path, out: Path, cluster: str) -> list[str]:
-    """A job on the module's cluster slow enough to kill mid-way: 8 rows in flight, each held
-    LATENCY_S, 8 rows a call."""
+    """A job on the module's cluster: 8 rows in flight, 8 rows a call, two replicas."""
     return ["-i", str(src), "-o", str(out), *remote_args(server),
             "--remote_params.num_workers", "8", "--ray", "--ray.address", cluster,
             "--ray.replicas", "2", "--ray.cpus_per_replica", "0.5",
@@ -401,16 +405,17 @@ def test_a_replica_killed_mid_job_loses_no_row_and_writes_none_twice(tmp_path, c
     src = tmp_path / "in.parquet"  # Parquet in: read by the same datasource, by row group
     pq.write_table(pa.Table.from_pylist(prompt_rows(KILLED_JOB)), src, row_group_size=32)
     out = tmp_path / "out.jsonl"
-    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
+    with held_server() as server:
         args = ray_job_args(server, src, out, cluster)
         proc = _start_and_wait_for(args, out, KILLED_AT)
         victims = _replica_pids()
         assert victims, "no replica process found"
         os.kill(victims[0], signal.SIGKILL)
         done_when_killed = len(whole_rows(out))
+        server.release()
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-2000:]
-    assert done_when_killed < KILLED_JOB  # killed mid-job
+    assert done_when_killed <= HELD_AFTER < KILLED_JOB  # killed mid-job
     assert_each_row_once_with_its_reply(out, KILLED_JOB)
     assert summary(out)["rows_ok"] == KILLED_JOB
 
@@ -419,13 +424,14 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(KILLED_JOB))
     out = tmp_path / "out.parquet"  # Parquet out: its journal is the record resume reads
     journal = tmp_path / "out.parquet.journal.jsonl"
-    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
+    with held_server() as server:
         args = ray_job_args(server, src, out, cluster)
         proc = _start_and_wait_for(args, journal, KILLED_AT)
         proc.kill()
         proc.wait(timeout=30)
         before = len(whole_rows(journal))
-        assert before < KILLED_JOB and not out.exists()  # killed mid-job
+        assert before <= HELD_AFTER and not out.exists()  # killed mid-job
+        server.release()
         rerun = run_lmpress("batch", *args)
         # A changed config is refused rather than mixed into the output.
         changed = run_lmpress("batch", *args, "--generation.temperature", "0.5")
@@ -447,17 +453,18 @@ def test_a_killed_driver_resumes_every_row_exactly_once(tmp_path, cluster):
 def test_sigterm_stops_the_replicas_writes_the_summary_exits_143_and_resumes(tmp_path, cluster):
     src = write_input(tmp_path / "in.jsonl", prompt_rows(KILLED_JOB))
     out = tmp_path / "out.jsonl"
-    with LLMServer(Faults(latency_s=LATENCY_S)) as server:
+    with held_server() as server:
         args = ray_job_args(server, src, out, cluster)
         proc = _start_and_wait_for(args, out, KILLED_AT)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
+        server.release()
         assert proc.returncode == 143, stderr[-2000:]
         assert "Traceback" not in stderr
         assert "stopping the Ray replicas; the rows they hold are left for the next run" in stderr
         stopped = summary(out)
         assert (stopped["signal"], stopped["stopped_because"]) == ("SIGTERM", "stopped by SIGTERM")
-        assert KILLED_AT <= stopped["rows_ok"] == len(replies(out)) < KILLED_JOB
+        assert KILLED_AT <= stopped["rows_ok"] == len(replies(out)) <= HELD_AFTER
         rerun = run_lmpress("batch", *args)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert_each_row_once_with_its_reply(out, KILLED_JOB)
@@ -478,11 +485,14 @@ def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster, echo_plu
     assert "Traceback" not in run.stderr
     assert not out.exists()
     # A model the replicas cannot load: lmpress's own line, not Ray's account of a dead actor.
+    # LLAMACPP: its replica fails to load as NATIVE's does, without importing torch first.
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(out), "--model.model_name", str(tmp_path / "nope"),
+        "batch", "-i", str(src), "-o", str(out), "--engine", "LLAMACPP",
+        "--model.model_name", str(tmp_path / "nope"),
         "--ray", "--ray.address", cluster, "--ray.cpus_per_replica", "0.5",
     )  # fmt: skip
     assert run.returncode == 2
+    assert f"joined the Ray cluster at {cluster}" in run.stderr  # the replica refused it
     assert f"lmpress: error: model.model_name: '{tmp_path / 'nope'}' does not exist" in run.stderr
     assert "Traceback" not in run.stderr
     # An address nothing answers at: refused at once (Ray itself retries for minutes).

@@ -31,6 +31,9 @@ TINY = [
 ECHO = ["--engine", "ECHO", *TINY]
 # One row at a time, so the output grows row by row and a kill can land between any two.
 ONE_BY_ONE = [*ECHO[:-1], "1"]
+# Where a row must meet a real tokenizer and context (a row too long for the model, a chat
+# template): LLAMACPP on the tiny GGUF, which starts without NATIVE's torch import.
+GGUF = ["--engine", "LLAMACPP", "--model.model_name", "tiny-gguf:llama", *TINY[2:]]
 
 
 def write_rows(path: Path, rows: list) -> Path:
@@ -287,7 +290,7 @@ def failing_input(tmp_path: Path) -> Path:
 def test_failed_rows_are_retried_on_the_next_run(tmp_path):
     src = failing_input(tmp_path)
     out = tmp_path / "out.jsonl"
-    first = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    first = run_lmpress("batch", "-i", str(src), "-o", str(out), *GGUF)
     assert first.returncode == 1
     errors = read_rows(tmp_path / "out.jsonl.errors.jsonl")
     assert {(e["id"], e["line"]) for e in errors} == {("bad1", 4), ("bad2", 8)}
@@ -296,12 +299,12 @@ def test_failed_rows_are_retried_on_the_next_run(tmp_path):
     lines = src.read_text().splitlines()
     lines[3] = json.dumps({"id": "bad1", "messages": [{"role": "user", "content": "x"}]})
     src.write_text("\n".join(lines) + "\n")
-    second = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    second = run_lmpress("batch", "-i", str(src), "-o", str(out), *GGUF)
     assert second.returncode == 1
     assert json.loads((tmp_path / "out.jsonl.summary.json").read_text())["rows_skipped"] == 6
     assert sorted(r["id"] for r in read_rows(out)) == sorted([f"g{i}" for i in range(6)] + ["bad1"])
     assert [e["id"] for e in read_rows(tmp_path / "out.jsonl.errors.jsonl")] == ["bad2"]
-    third = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY, "--no-retry-failed")
+    third = run_lmpress("batch", "-i", str(src), "-o", str(out), *GGUF, "--no-retry-failed")
     assert third.returncode == 0
     assert json.loads((tmp_path / "out.jsonl.summary.json").read_text())["rows_skipped"] == 8
 
@@ -409,9 +412,14 @@ def test_vllm_run_batch_examples_round_trip(tmp_path):
 
     embeddings = {"custom_id": "request-3", "method": "POST", "url": "/v1/embeddings",
                   "body": {"model": "intfloat/e5-mistral-7b-instruct", "input": "You are a helpful assistant."}}  # fmt: skip
-    src = write_rows(tmp_path / "in.jsonl", [*VLLM_EXAMPLE, embeddings])
+    # vLLM's lines as they are, but for max_completion_tokens 1000: a tiny model's 1000 tokens
+    # (it never says EOS) prove nothing 8 do not, and cost seconds of generation.
+    example = [
+        {**line, "body": {**line["body"], "max_completion_tokens": 8}} for line in VLLM_EXAMPLE
+    ]
+    src = write_rows(tmp_path / "in.jsonl", [*example, embeddings])
     out = tmp_path / "results.jsonl"
-    run = run_lmpress("batch", "-i", str(src), "-o", str(out), "--model.model_name", "tiny:llama")
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *GGUF)
     assert run.returncode == 1  # the embeddings line is not a generate run's to answer
     lines = read_rows(out)
     assert sorted(line["custom_id"] for line in lines) == ["request-1", "request-2"]
@@ -424,20 +432,11 @@ def test_vllm_run_batch_examples_round_trip(tmp_path):
     (error,) = read_rows(tmp_path / "results.jsonl.errors.jsonl")
     assert error["custom_id"] == "request-3" and error["line"] == 3
     assert error["error"]["message"] == (
-        "a /v1/embeddings line asks to embed, which 'tiny:llama' on NATIVE cannot (it answers "
+        "a /v1/embeddings line asks to embed, which 'tiny-gguf:llama' on LLAMACPP cannot (it answers "
         "generate); run these lines with an embedding model"
     )
     # The output is itself valid input for a resumed run: nothing left to do but the refused line.
-    again = run_lmpress(
-        "batch",
-        "-i",
-        str(src),
-        "-o",
-        str(out),
-        "--model.model_name",
-        "tiny:llama",
-        "--no-retry-failed",
-    )
+    again = run_lmpress("batch", "-i", str(src), "-o", str(out), *GGUF, "--no-retry-failed")
     assert again.returncode == 0
     assert json.loads((tmp_path / "results.jsonl.summary.json").read_text())["rows_skipped"] == 3
 
@@ -488,7 +487,7 @@ MALFORMED = [
         '{"custom_id": "a3", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], "tools": [{}]}}',
         "'body.tools[0].function' must be an object with a 'name'",
     ),
-    ('{"id": "huge", "prompt": "' + "word " * 3000 + '"}', "the model's context is"),
+    ('{"id": "huge", "prompt": "' + "word " * 3000 + '"}', "the context of a sequence is 512"),
 ]
 
 
@@ -502,7 +501,7 @@ def test_malformed_corpus_gives_a_clear_error_per_row(tmp_path):
     src.write_bytes(("\n".join(lines) + "\n").encode() + b'{"prompt": "caf\xe9"}\n')
     expected_at[len(lines) + 1] = "not valid UTF-8"
     out = tmp_path / "out.jsonl"
-    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *TINY)
+    run = run_lmpress("batch", "-i", str(src), "-o", str(out), *GGUF)
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
     assert sorted(r["id"] for r in read_rows(out)) == sorted(

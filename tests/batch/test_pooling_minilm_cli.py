@@ -80,7 +80,7 @@ def test_batch_writes_sentence_transformers_vectors_to_jsonl_and_parquet(tmp_pat
 
 def test_kill_9_mid_job_then_resume_writes_every_row_once(tmp_path):
     many = [
-        {"id": f"r{i}", "input": f"Row {i}: " + "words and more words " * 20} for i in range(400)
+        {"id": f"r{i}", "input": f"Row {i}: " + "words and more words " * 3} for i in range(400)
     ]
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in many), encoding="utf-8")

@@ -51,6 +51,7 @@ __all__ = ["GATHER_LIMIT_S", "BatchFaults", "Faults", "LLMServer", "Reply", "Sta
 
 TRANSIENT_KINDS = ("429", "500", "hang", "drop", "malformed")
 GATHER_LIMIT_S = 60  # bounds only a hang: a client that never gathers that many fails its test
+HOLD_LIMIT_S = 120  # bounds only a test that never releases what `Faults.hold_after` holds
 
 
 @dataclass
@@ -77,6 +78,10 @@ class Faults:
     # again; GATHER_LIMIT_S at most), so a test sees a client's concurrency as an event, not
     # as a count that depends on how fast the machine got requests out.
     gather: int = 0
+    # Successful replies beyond the first `hold_after` wait until the test calls
+    # `LLMServer.release()` (HOLD_LIMIT_S at most), so a job is mid-way while the test acts on
+    # it (a kill, a signal), however fast the machine runs the rows before.
+    hold_after: int | None = None
     model: str = "test-model"
     # Top-level body fields beyond the SDK's request type that this server takes, as a vLLM
     # server takes its own (`request_types.VLLM_EXTENSIONS`); none: an OpenAI that refuses them.
@@ -134,6 +139,9 @@ class LLMServer:
         self._thread: threading.Thread | None = None
         self.gathered = threading.Event()  # Faults.gather requests were in flight together
         self._gate_open = threading.Event()  # gathered, or given up on
+        self.holding = threading.Event()  # a reply past Faults.hold_after is being held
+        self._released = threading.Event()
+        self._let_through = 0  # replies Faults.hold_after let through
 
     @property
     def port(self) -> int:
@@ -219,6 +227,19 @@ class LLMServer:
                 self._gate_open.set()
         if not self._gate_open.wait(GATHER_LIMIT_S):
             self._gate_open.set()  # never gathered (the test fails on it): hold no one else
+
+    def hold(self) -> None:
+        """Let the first `Faults.hold_after` replies through; hold the rest until `release()`."""
+        with self.lock:
+            if self._let_through < self.faults.hold_after:
+                self._let_through += 1
+                return
+            self.holding.set()
+        self._released.wait(HOLD_LIMIT_S)
+
+    def release(self) -> None:
+        """Let every held reply, and every later one, through."""
+        self._released.set()
 
     def in_burst(self) -> bool:
         """Whether `Faults.burst` turns requests away now."""
@@ -377,6 +398,8 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(f.hang_s)
         if f.gather:
             app.gather()
+        if f.hold_after is not None:
+            app.hold()
         if f.latency_s:
             time.sleep(f.latency_s)
         if fault == "drop" and not body.get("stream"):
