@@ -195,8 +195,8 @@ def test_infer_answers_a_prompt_longer_than_a_split_cache_part_on_the_bundled_re
 @pytest.mark.slow
 def test_a_piped_chat_answers_every_message_past_a_split_cache_part():
     """Three turns, each a log of some 200 tokens with a short reply, are some 700 tokens of
-    conversation: each turn is answered (the third went over a 256-cell part of a split
-    cache, and the second all but filled one)."""
+    conversation: each turn is answered (the second went over a 256-cell part of a split
+    cache, and the third over two)."""
     messages = [long_report(10, start=1 + 10 * turn).replace("\n", " ") for turn in range(3)]
     run = run_lmpress(
         "chat", *SMALL_CONTEXT, "--generation.max_new_tokens", "16",
