@@ -18,6 +18,9 @@ ROWS = [
 ]
 
 
+ENGINES = ["LLAMACPP", "NATIVE"]
+
+
 def run_batch(tmp_path, engine: str, model: str):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
@@ -32,7 +35,7 @@ def run_batch(tmp_path, engine: str, model: str):
     return run, {row["id"]: row for row in done}, {row["id"]: row for row in failed}
 
 
-@pytest.mark.parametrize("engine", ["LLAMACPP", "NATIVE"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_quantized_qwen2_runs_raw_and_chat_rows(tmp_path, engine):
     run, done, failed = run_batch(tmp_path, engine, str(tiny_gguf("qwen2-q4k")))
     assert run.returncode == 0, run.stderr
@@ -43,28 +46,38 @@ def test_a_quantized_qwen2_runs_raw_and_chat_rows(tmp_path, engine):
     assert all(row["response"]["usage"]["completion_tokens"] > 0 for row in done.values())
 
 
-@pytest.mark.parametrize("engine", ["LLAMACPP", "NATIVE"])
-def test_a_base_model_runs_raw_rows_and_fails_chat_rows_alone(tmp_path, engine):
-    run, done, failed = run_batch(tmp_path, engine, str(tiny_gguf("qwen2-q4k-base")))
+@pytest.fixture(scope="module")
+def base_model_runs(tmp_path_factory) -> dict:
+    """The base model's job on each engine, run once for the tests below (a NATIVE start
+    costs seconds of CPU): by engine, the run and its written and failed rows by id."""
+    model = str(tiny_gguf("qwen2-q4k-base"))
+    return {e: run_batch(tmp_path_factory.mktemp(e), e, model) for e in ENGINES}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_base_model_runs_raw_rows_and_fails_chat_rows_alone(base_model_runs, engine):
+    run, done, failed = base_model_runs[engine]
     assert run.returncode == 1  # some rows failed
     assert set(done) == {"raw-1", "raw-2"} and set(failed) == {"chat-1", "chat-2"}
     assert all("model.chat_template" in row["error"]["message"] for row in failed.values())
     assert "Traceback" not in run.stderr
 
 
-def test_raw_text_gets_no_chat_template_the_same_on_both_engines():
+def test_raw_text_gets_no_chat_template_the_same_on_both_engines(base_model_runs):
+    """`infer --raw` prints what each engine wrote for the same raw row of the base model's
+    job, and `infer` of a chat prompt fails as that job's chat rows did on both engines (infer
+    is one front over either engine: LLAMACPP, which starts in a second, shows it)."""
     model = str(tiny_gguf("qwen2-q4k-base"))
-    replies = []
-    for engine in ("LLAMACPP", "NATIVE"):
-        run = run_lmpress(
-            "infer", "--raw", "--engine", engine, "--model.model_name", model,
-            "--generation.max_new_tokens", "8", "Once upon a time",
-        )  # fmt: skip
-        assert run.returncode == 0, run.stderr
-        replies.append(run.stdout)
-        chat = run_lmpress("infer", "--engine", engine, "--model.model_name", model, "hello")
-        assert chat.returncode == 1 and "model.chat_template" in chat.stderr
-    assert replies[0] == replies[1] != "\n"
+    replies = {e: base_model_runs[e][1]["raw-2"]["response"]["text"] for e in ENGINES}
+    assert replies["LLAMACPP"] == replies["NATIVE"] != ""
+    run = run_lmpress(
+        "infer", "--raw", "--engine", "LLAMACPP", "--model.model_name", model,
+        "--generation.max_new_tokens", "8", "Once upon a time",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == replies["LLAMACPP"] + "\n"
+    chat = run_lmpress("infer", "--engine", "LLAMACPP", "--model.model_name", model, "hello")
+    assert chat.returncode == 1 and "model.chat_template" in chat.stderr
 
 
 def test_raw_and_system_do_not_mix():

@@ -171,11 +171,11 @@ SMALL_CONTEXT = ["-c", "smollm2", "--model.model_kwargs.n_ctx", "2048"]
 SPLIT_PART = 2048 // 8  # what each of the recipe's 8 sequences had of the cache, split
 
 
-def long_report(days: int) -> str:
+def long_report(days: int, start: int = 1) -> str:
     """A log to summarise, about 19 SmolLM2 tokens a day: `days=40` is about 800."""
     lines = [
         f"Day {d}: the team in {CITIES[d % 7]} packed {40 + d * 7 % 90} boxes of tea."
-        for d in range(1, days + 1)
+        for d in range(start, start + days)
     ]
     return "Here is our packing log.\n" + "\n".join(lines) + "\nWhich city packed the most boxes?"
 
@@ -183,9 +183,9 @@ def long_report(days: int) -> str:
 @pytest.mark.slow
 def test_infer_answers_a_prompt_longer_than_a_split_cache_part_on_the_bundled_recipe():
     """One prompt may use the shared cache whole: split eight ways, a sequence had a part of
-    256 cells, and this prompt of some 800 tokens was refused."""
+    256 cells, and this prompt of some 600 tokens was refused."""
     run = run_lmpress(
-        "infer", *SMALL_CONTEXT, "--generation.max_new_tokens", "16", long_report(40)
+        "infer", *SMALL_CONTEXT, "--generation.max_new_tokens", "16", long_report(30)
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip()
@@ -194,13 +194,17 @@ def test_infer_answers_a_prompt_longer_than_a_split_cache_part_on_the_bundled_re
 
 @pytest.mark.slow
 def test_a_piped_chat_answers_every_message_past_a_split_cache_part():
-    """Eight turns of up to 96 tokens are some 800 tokens of conversation: each turn is
-    answered (the third or so went over a 256-cell part of a split cache)."""
-    messages = [f"Tell me something about {c}, and about tea there." for c in CITIES + CITIES][:8]
-    run = run_lmpress("chat", *SMALL_CONTEXT, input="".join(m + "\n" for m in messages))
+    """Three turns, each a log of some 200 tokens with a short reply, are some 700 tokens of
+    conversation: each turn is answered (the second went over a 256-cell part of a split
+    cache, and the third over two)."""
+    messages = [long_report(10, start=1 + 10 * turn).replace("\n", " ") for turn in range(3)]
+    run = run_lmpress(
+        "chat", *SMALL_CONTEXT, "--generation.max_new_tokens", "16",
+        input="".join(m + "\n" for m in messages),
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     prompts = [int(m.group(2)) for m in re.finditer(STATUS, run.stderr)]
-    assert len(prompts) == 8, run.stderr
+    assert len(prompts) == 3, run.stderr
     assert prompts[-1] > 2 * SPLIT_PART  # the last turn read the whole conversation before it
     assert "error" not in run.stderr
 
@@ -210,7 +214,7 @@ def test_batch_with_one_long_row_among_short_ones_writes_every_row(tmp_path):
     rows = [{"id": f"q{i}", "prompt": f"What is the capital of {c}?"} for i, c in enumerate(
         ["France", "Japan", "Spain", "Peru", "Italy", "Chile", "Kenya", "Egypt", "Cuba"]
     )]  # fmt: skip
-    rows.insert(4, {"id": "long", "prompt": long_report(40)})
+    rows.insert(4, {"id": "long", "prompt": long_report(30)})
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps(row) + "\n" for row in rows))
     run = run_lmpress(

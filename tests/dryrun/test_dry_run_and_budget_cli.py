@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from tests.conftest import run_lmpress, with_plugin
 from tests.servers.llm_server import LLMServer
 
@@ -51,8 +52,11 @@ def test_dry_run_prompt_tokens_equal_what_the_real_model_then_reports(tmp_path):
         {"id": "d", "text": "Once upon a time"},
         {"id": "e", "prompt": "Why is the sky blue?", "system": "You are a physicist."},
     ])  # fmt: skip
-    args = ["batch", "-c", "smollm2", "-i", str(rows), "--generation.max_new_tokens", "2",
-            "--system", "Be brief."]  # fmt: skip
+    # A tiny quantized Qwen2 GGUF with its chat template: one file both CPU engines read, each
+    # with its own tokenizer and template code, as SmolLM2's would be at seconds more a start.
+    model = str(tiny_gguf("qwen2-q4k"))
+    args = ["batch", "--model.model_name", model, "-i", str(rows),
+            "--generation.max_new_tokens", "2", "--system", "Be brief."]  # fmt: skip
     for engine in ("LLAMACPP", "NATIVE"):
         dry = run_lmpress(*args, "--engine", engine, "--dry-run")
         assert dry.returncode == 0, dry.stderr
