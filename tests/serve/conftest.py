@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 
 import httpx
 import pytest
@@ -94,90 +95,89 @@ class Served:
         self._reader.join(timeout=5)
 
 
-@pytest.fixture(scope="session")
-def serve_process() -> Iterator[Callable[..., Served]]:
-    """Start `lmpress serve` with some arguments; every server started is stopped at the end."""
-    started: list[Served] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> Served:
-        served = Served(list(args), env)
-        started.append(served)
-        return served
-
-    yield start
-    for served in started:
+@contextmanager
+def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[Served]:
+    """A `lmpress serve` with these arguments, stopped when the block ends."""
+    served = Served(list(args), env)
+    try:
+        yield served
+    finally:
         served.stop()
 
 
+@pytest.fixture(scope="module")
+def serve_process() -> Iterator[Callable[..., Served]]:
+    """Start `lmpress serve` with some arguments; every server started is stopped when the test
+    file is done, so a worker holds no file's servers past it (a SmolLM2 server is 1.5 GB)."""
+    with ExitStack() as stack:
+        yield lambda *args, env=None: stack.enter_context(serving(*args, env=env))
+
+
 @pytest.fixture(scope="session")
-def llama_server(serve_process, tiny_llama) -> Served:
-    """The tiny Llama on the NATIVE engine; replies are random text, greedy and repeatable."""
-    return serve_process(
+def llama_server(tiny_llama, tmp_path_factory) -> Iterator[Served]:
+    """The tiny Llama on the NATIVE engine; replies are random text, greedy and repeatable, cut
+    at 16 tokens. The Files and Batch routes are on (a state directory of its own)."""
+    with serving(
         "--engine", "NATIVE", "--model.model_name", tiny_llama,
         "--serve.served_model_name", "tiny-llama",
         "--generation.max_new_tokens", "16", "--generation.batch_size", "8",
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="session")
-def llama_state_server(serve_process, tiny_llama, tmp_path_factory) -> Served:
-    """The tiny Llama on NATIVE, as `llama_server`, with the Files and Batch routes on (a
-    state directory of its own); replies are cut at 8 tokens."""
-    return serve_process(
-        "--engine", "NATIVE", "--model.model_name", tiny_llama,
-        "--serve.served_model_name", "tiny-llama", "--generation.max_new_tokens", "8",
         "--state-dir", str(tmp_path_factory.mktemp("state")),
-    )  # fmt: skip
+    ) as served:  # fmt: skip
+        yield served
 
 
 @pytest.fixture(scope="session")
-def echo_server(serve_process, echo_plugin) -> Served:
+def echo_server(echo_plugin) -> Iterator[Served]:
     """ECHO: the reply is a transcript of what reached the engine. Small body limit (413)."""
-    return serve_process(
+    with serving(
         "--engine", "ECHO", "--model.model_name", "echo-model",
         "--serve.max_body_bytes", "4096", "--log-content",
         env=with_plugin(echo_plugin),
-    )  # fmt: skip
+    ) as served:  # fmt: skip
+        yield served
 
 
 @pytest.fixture(scope="session")
-def slow_echo_server(serve_process, echo_plugin) -> Served:
+def slow_echo_server(echo_plugin) -> Iterator[Served]:
     """ECHO slowed to 20 words a second, with room for one request at a time (503 beyond)."""
-    return serve_process(
+    with serving(
         "--engine", "ECHO", "--model.model_name", "echo-model", "--serve.queue_limit", "1",
         "--generation.max_new_tokens", "100000",
         env={**with_plugin(echo_plugin), "ECHO_DELAY_S": "0.05"},
-    )  # fmt: skip
+    ) as served:  # fmt: skip
+        yield served
 
 
 @pytest.fixture(scope="session")
-def llava_server(serve_process) -> Served:
+def llava_server() -> Iterator[Served]:
     """The tiny LLaVA-style model on NATIVE, served as "tiny-llava": it reads images."""
-    return serve_process(
+    with serving(
         "--engine", "NATIVE", "--model.model_name", "tiny:llava",
         "--serve.served_model_name", "tiny-llava", "--generation.max_new_tokens", "8",
-    )  # fmt: skip
+    ) as served:  # fmt: skip
+        yield served
 
 
 @pytest.fixture(scope="session")
-def think_server(serve_process) -> Served:
+def think_server() -> Iterator[Served]:
     """tiny:think on NATIVE, served as "think": a reasoning model's template and marks, its
     thinking cut at 4 tokens unless a request says otherwise."""
-    return serve_process(
+    with serving(
         "--engine", "NATIVE", "--model.model_name", "tiny:think",
         "--serve.served_model_name", "think", "--generation.max_new_tokens", "12",
         "--generation.max_reasoning_tokens", "4",
-    )  # fmt: skip
+    ) as served:  # fmt: skip
+        yield served
 
 
 @pytest.fixture(scope="session")
-def remote_server(serve_process) -> Iterator[Served]:
+def remote_server() -> Iterator[Served]:
     """REMOTE in front of the loopback OpenAI server (tests/servers/llm_server.py), served as
     "test-model"."""
     from tests.servers.llm_server import LLMServer
 
-    with LLMServer() as upstream:
-        yield serve_process(
-            "--engine", "REMOTE", "--remote_params.api_url", upstream.openai_url,
-            "--model.model_name", "test-model", "--remote_params.max_retries", "0",
-        )  # fmt: skip
+    with LLMServer() as upstream, serving(
+        "--engine", "REMOTE", "--remote_params.api_url", upstream.openai_url,
+        "--model.model_name", "test-model", "--remote_params.max_retries", "0",
+    ) as served:  # fmt: skip
+        yield served

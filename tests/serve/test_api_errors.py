@@ -37,8 +37,8 @@ def assert_not_leaked(served, response: httpx.Response) -> None:
     assert "Traceback" not in served.log
 
 
-def test_an_empty_prompt_is_a_400_naming_prompt(llama_state_server):
-    with llama_state_server.http() as http:
+def test_an_empty_prompt_is_a_400_naming_prompt(llama_server):
+    with llama_server.http() as http:
         for prompt in ("", ["a", ""]):
             response = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt})
             error = assert_error(response, 400, "prompt")
@@ -48,7 +48,7 @@ def test_an_empty_prompt_is_a_400_naming_prompt(llama_state_server):
         empty = [{"role": "user", "content": ""}]
         body = {"model": MODEL, "messages": empty, "max_tokens": 2}
         assert http.post("/v1/chat/completions", json=body).status_code == 200
-    assert_not_leaked(llama_state_server, response)
+    assert_not_leaked(llama_server, response)
 
 
 @pytest.mark.parametrize(
@@ -58,26 +58,24 @@ def test_an_empty_prompt_is_a_400_naming_prompt(llama_state_server):
         ({"summary": "brief"}, "reasoning.summary"),
     ],
 )
-def test_a_responses_setting_the_response_cannot_repeat_is_a_400(
-    llama_state_server, reasoning, param
-):
+def test_a_responses_setting_the_response_cannot_repeat_is_a_400(llama_server, reasoning, param):
     body = {"model": MODEL, "input": "hi", "reasoning": reasoning}
-    with llama_state_server.http() as http:
+    with llama_server.http() as http:
         response = http.post("/v1/responses", json=body)
     error = assert_error(response, 400, param)
     assert "ValidationError" not in error["message"]
-    assert_not_leaked(llama_state_server, response)
+    assert_not_leaked(llama_server, response)
 
 
-def test_metadata_the_response_cannot_repeat_is_a_400(llama_state_server):
+def test_metadata_the_response_cannot_repeat_is_a_400(llama_server):
     body = {"model": MODEL, "input": "hi", "metadata": {"n": 1}}  # Responses' values are strings
-    with llama_state_server.http() as http:
+    with llama_server.http() as http:
         assert_error(http.post("/v1/responses", json=body), 400, "metadata.n")
 
 
 @pytest.mark.parametrize("levels", [70, 900, 100_000])
-def test_a_body_nested_too_deep_is_a_400(llama_state_server, levels):
-    with llama_state_server.http() as http:
+def test_a_body_nested_too_deep_is_a_400(llama_server, levels):
+    with llama_server.http() as http:
         response = http.post("/v1/chat/completions", content=deep(levels))
         error = assert_error(response, 400)
         assert "more than 64 deep" in error["message"]
@@ -85,20 +83,20 @@ def test_a_body_nested_too_deep_is_a_400(llama_state_server, levels):
         assert "more than 64 deep" in assert_anthropic_error(response, 400)["message"]
         # Nesting within the limit is read as any body is.
         assert http.post("/v1/chat/completions", content=deep(40)).status_code == 200
-    assert "RecursionError" not in llama_state_server.log
-    assert_not_leaked(llama_state_server, response)
+    assert "RecursionError" not in llama_server.log
+    assert_not_leaked(llama_server, response)
 
 
 @pytest.mark.parametrize(
     ("query", "param"),
     [("limit=abc", "limit"), ("limit=0", "limit"), ("limit=1.5", "limit")],
 )
-def test_a_query_parameter_of_the_wrong_type_is_an_openai_400(llama_state_server, query, param):
-    with llama_state_server.http() as http:
+def test_a_query_parameter_of_the_wrong_type_is_an_openai_400(llama_server, query, param):
+    with llama_server.http() as http:
         response = http.get(f"/v1/files?{query}")
         assert_error(response, 400, param)
         assert_error(http.get(f"/v1/batches?{query}"), 400, param)
-    assert_not_leaked(llama_state_server, response)
+    assert_not_leaked(llama_server, response)
 
 
 @pytest.mark.parametrize(
@@ -111,18 +109,16 @@ def test_a_query_parameter_of_the_wrong_type_is_an_openai_400(llama_state_server
         ("PATCH", "/health", "GET"),
     ],
 )
-def test_a_method_the_path_does_not_take_is_405_with_allow(
-    llama_state_server, method, path, allowed
-):
-    with llama_state_server.http() as http:
+def test_a_method_the_path_does_not_take_is_405_with_allow(llama_server, method, path, allowed):
+    with llama_server.http() as http:
         response = http.request(method, path)
     error = assert_error(response, 405)
     assert response.headers["allow"] == allowed
     assert error["code"] == "method_not_allowed"
 
 
-def test_a_405_on_the_messages_routes_is_in_anthropics_shape(llama_state_server):
-    with llama_state_server.http() as http:
+def test_a_405_on_the_messages_routes_is_in_anthropics_shape(llama_server):
+    with llama_server.http() as http:
         response = http.get("/v1/messages")
     assert_anthropic_error(response, 405)
     assert response.headers["allow"] == "POST"

@@ -42,21 +42,21 @@ def assert_passed(run: subprocess.CompletedProcess, served) -> None:
     assert "Traceback" not in served.log
 
 
-def test_no_generated_request_gets_a_5xx_or_an_undocumented_answer(llama_state_server, tmp_path):
+def test_no_generated_request_gets_a_5xx_or_an_undocumented_answer(llama_server, tmp_path):
     """Each operation's example, then 5 requests generated from its schema, valid or not."""
     run = schemathesis_run(
-        llama_state_server.url, "--phases", "examples,fuzzing", "--max-examples", "5",
+        llama_server.url, "--phases", "examples,fuzzing", "--max-examples", "5",
         cwd=tmp_path, timeout=300,
     )  # fmt: skip
-    assert_passed(run, llama_state_server)
+    assert_passed(run, llama_server)
 
 
-def test_no_valid_request_at_a_boundary_gets_a_5xx(llama_state_server, tmp_path):
+def test_no_valid_request_at_a_boundary_gets_a_5xx(llama_server, tmp_path):
     """Schemathesis' coverage phase, valid requests only: each field at its edges (empty
     strings and lists, each enum value, each member of a union), about 500 requests. This is
     what finds `reasoning.generate_summary: ""` answering 500 without the fix."""
     run = schemathesis_run(
-        llama_state_server.url, "--phases", "coverage", "--mode", "positive",
+        llama_server.url, "--phases", "coverage", "--mode", "positive",
         cwd=tmp_path, timeout=300,
     )  # fmt: skip
-    assert_passed(run, llama_state_server)
+    assert_passed(run, llama_server)

@@ -1,8 +1,10 @@
-"""Images a client names, against a real `lmpress serve` of the tiny LLaVA (issue 49): every
-route that takes an image URL fetches only what the media policy allows (a canary HTTP server
-on 127.0.0.1 never sees a connection), tells the client one line for every failed fetch, and
-keeps answering /health within a second while a URL trickles or a request carries
-decompression bombs; each cap answers 400 naming its setting."""
+"""Images a client names, against a real `lmpress serve` (issue 49) on ECHO, which replies with
+the images it was given, so a fetched image is seen to reach the engine as the same image sent
+inline (the fetching is the server's, whatever the engine; a real model reading images is
+test_images_serve.py's). Every route that takes an image URL fetches only what the media
+policy allows (a canary HTTP server on 127.0.0.1 never sees a connection), tells the client
+one line for every failed fetch, and keeps answering /health within a second while a URL
+trickles or a request carries decompression bombs; each cap answers 400 naming its setting."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import httpx
 import pytest
 
 from lmpress.serve.media import NOT_FETCHED
+from tests.conftest import with_plugin
 from tests.image_files import data_url, picture, png_bomb
 from tests.serve.conftest import Served
 from tests.servers.media import TRICKLE_FOR_S, MediaServer
@@ -25,6 +28,8 @@ pytest.importorskip("PIL")
 MODEL = "tiny-llava"
 REFUSED = NOT_FETCHED.format(n=1)
 # The canary's address, spelled as a client might: each must be refused before connecting.
+# ECHO under the tiny LLaVA's name, its reply the whole transcript (the images' data URLs too).
+ECHOED = ["--model.model_name", MODEL, "--generation.max_new_tokens", "100000"]
 CANARY_HOSTS = ["127.0.0.1", "2130706433", "[::ffff:127.0.0.1]", "localhost"]
 
 
@@ -48,26 +53,31 @@ def web():
 
 
 @pytest.fixture(scope="module")
-def allowlist_server(serve_process, tmp_path_factory) -> Served:
+def default_server(serve_process, echo_plugin) -> Served:
+    """The default media policy (any public address), on ECHO as `allowlist_server`."""
+    return serve_process("--engine", "ECHO", *ECHOED, env=with_plugin(echo_plugin))
+
+
+@pytest.fixture(scope="module")
+def allowlist_server(serve_process, echo_plugin, tmp_path_factory) -> Served:
     """Fetches from localhost only (so from the `web` server, on a private address, since the
-    operator named it), within 2 s; keeps batches."""
+    operator named it), within 2 s; keeps batches. ECHO, whose whole reply is the images it
+    was given: the fetching is the server's, whatever the engine."""
     return serve_process(
-        "--engine", "NATIVE", "--model.model_name", "tiny:llava",
-        "--serve.served_model_name", MODEL, "--generation.max_new_tokens", "8",
+        "--engine", "ECHO", *ECHOED,
         "--allowed-media-domains", "localhost", "--serve.media_fetch_timeout_s", "2",
-        "--state-dir", str(tmp_path_factory.mktemp("state")),
+        "--state-dir", str(tmp_path_factory.mktemp("state")), env=with_plugin(echo_plugin),
     )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def private_server(serve_process) -> Served:
+def private_server(serve_process, echo_plugin) -> Served:
     """A trusted network's server: fetches from private addresses too; ten images a
-    request, 200 kB each."""
+    request, 200 kB each. ECHO, as `allowlist_server`."""
     return serve_process(
-        "--engine", "NATIVE", "--model.model_name", "tiny:llava",
-        "--serve.served_model_name", MODEL, "--generation.max_new_tokens", "8",
-        "--allow-private-media", "--serve.max_images_per_request", "10",
-        "--serve.max_image_bytes", "200000",
+        "--engine", "ECHO", *ECHOED, "--allow-private-media",
+        "--serve.max_images_per_request", "10", "--serve.max_image_bytes", "200000",
+        env=with_plugin(echo_plugin),
     )  # fmt: skip
 
 
@@ -136,16 +146,16 @@ class HealthPoller:
 
 
 @pytest.mark.parametrize("route", ["chat", "messages", "count_tokens", "responses"])
-def test_no_route_fetches_the_servers_own_addresses(llava_server, canary, route):
+def test_no_route_fetches_the_servers_own_addresses(default_server, canary, route):
     """The default policy: any public address, so none of these."""
     for host in CANARY_HOSTS:
         url = f"http://{host}:{canary.port}/picture.png"
-        assert refusal(llava_server, route, url) == REFUSED
-    llava_server.wait_for_log(lambda line: "which is not a public address" in line)
+        assert refusal(default_server, route, url) == REFUSED
+    default_server.wait_for_log(lambda line: "which is not a public address" in line)
 
 
-def test_the_image_a_failed_fetch_names_is_counted_from_1(llava_server, canary):
-    reply = chat(llava_server, data_url(picture(1)), f"http://127.0.0.1:{canary.port}/a.png")
+def test_the_image_a_failed_fetch_names_is_counted_from_1(default_server, canary):
+    reply = chat(default_server, data_url(picture(1)), f"http://127.0.0.1:{canary.port}/a.png")
     assert reply.json()["error"]["message"] == NOT_FETCHED.format(n=2)
 
 
