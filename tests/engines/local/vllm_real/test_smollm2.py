@@ -22,7 +22,11 @@ from lmpress.engines.local.vllm import scheduling as scheduling_module
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 from tests.conftest import run_lmpress
-from tests.engines.local.vllm_real.conftest import REQUIRED, raw_vllm_beside
+from tests.engines.local.vllm_real.conftest import (
+    REQUIRED,
+    raw_vllm_beside,
+    worker_in_the_engine_core,
+)
 from tests.serve.conftest import Served
 
 MAX_MODEL_LEN = 1024
@@ -163,7 +167,8 @@ def reference(raw_answers) -> dict:
 
 @pytest.fixture(scope="module")
 def engine(raw_answers):
-    engine = create_engine(load_config(overrides={"engine": "VLLM", **LMPRESS_MODEL}))
+    with worker_in_the_engine_core():
+        engine = create_engine(load_config(overrides={"engine": "VLLM", **LMPRESS_MODEL}))
     yield engine
     asyncio.run(engine.aclose())
 
