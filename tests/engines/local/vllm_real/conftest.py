@@ -5,8 +5,9 @@ means they ran.
 
 vLLM takes about 20 s to start on these machines, so each module starts as few engines as it
 can: one raw `vllm.LLM` in a process of its own for the reference answers (raw_vllm.py, its
-engine in that one process), one lmpress engine in this process, and one `lmpress` subprocess
-per front it checks.
+engine in that one process), one lmpress engine in this process (its model worker in its
+engine-core process, worker_in_the_engine_core), and one `lmpress` subprocess per front it
+checks.
 """
 
 from __future__ import annotations
@@ -67,10 +68,23 @@ def pytest_collection_modifyitems(config, items):
 RAW_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
-def raw_vllm(cases: dict, tmp_dir: Path) -> dict:
-    """vLLM's own answers to `cases` (see raw_vllm.py), from a process of its own."""
-    with raw_vllm_beside(cases, tmp_dir) as answers:
-        return answers()
+@contextmanager
+def worker_in_the_engine_core() -> Iterator[None]:
+    """An lmpress engine started in this process, within the block, runs vLLM's model worker
+    in its engine-core process rather than in a third process of its own (vLLM's CPU default):
+    one import of vLLM and torch and one model load fewer per engine, ~10 s of CPU here. Its
+    answers are the same, as the raw reference's are; lmpress's own path (AsyncLLM, its
+    engine-core process, the logs) is unchanged, and the `lmpress` subprocesses the tests
+    start (batch, serve, Ray, the failures) keep vLLM's default processes, as users run it."""
+    key, before = "VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ[key] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
 
 
 @contextmanager

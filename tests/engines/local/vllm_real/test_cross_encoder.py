@@ -20,7 +20,7 @@ from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ErrorKind, UnsupportedParamError
-from tests.engines.local.vllm_real.conftest import raw_vllm_beside
+from tests.engines.local.vllm_real.conftest import raw_vllm_beside, worker_in_the_engine_core
 
 QUERY = "why is the sky blue"
 # "" last: vLLM (and lmpress's VLLM engine with it) tokenizes each pair alone, and a
@@ -45,7 +45,8 @@ def test_scores_equal_vllms_own_score_and_natives(tmp_path):
                  "model.model_kwargs": {"enforce_eager": True}}  # fmt: skip
     # vLLM's own answers, from a process started while lmpress's engine starts
     with raw_vllm_beside(cases, tmp_path) as raw_answers:
-        engine = create_engine(load_config(overrides=overrides))
+        with worker_in_the_engine_core():
+            engine = create_engine(load_config(overrides=overrides))
         try:
 
             async def ask():

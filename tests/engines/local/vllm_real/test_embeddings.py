@@ -17,7 +17,7 @@ from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ErrorKind, UnsupportedParamError
 from lmpress.vocabulary.types import Message, Request
-from tests.engines.local.vllm_real.conftest import raw_vllm
+from tests.engines.local.vllm_real.conftest import raw_vllm_beside, worker_in_the_engine_core
 
 TEXTS = [
     "A man is eating food.",
@@ -48,32 +48,31 @@ def cosine(a, b) -> float:
 def test_vectors_equal_vllms_own_embed(minilm, tmp_path):
     args = {"dtype": "float32", "enforce_eager": True}
     score = {"query": "A man is eating pasta.", "documents": TEXTS[:5]}
-    raw = raw_vllm(
-        {"model": minilm, "engine_args": {**args, "runner": "pooling"}, "embed": TEXTS,
-         "score": score},
-        tmp_path,
-    )  # fmt: skip
-    reference = raw["embed"]
+    cases = {"model": minilm, "engine_args": {**args, "runner": "pooling"}, "embed": TEXTS,
+             "score": score}  # fmt: skip
     overrides = {"engine": "VLLM", "task": "embed", "model.model_name": minilm,
                  "model.model_kwargs": {"enforce_eager": True}}  # fmt: skip
-    engine = create_engine(load_config(overrides=overrides))
-    try:
+    # vLLM's own answers, from a process started while lmpress's engine starts
+    with raw_vllm_beside(cases, tmp_path) as raw_answers:
+        with worker_in_the_engine_core():
+            engine = create_engine(load_config(overrides=overrides))
+        try:
 
-        async def ask():  # concurrent requests: vLLM batches their inputs together
-            return await asyncio.gather(
-                engine.embed(EmbedRequest("a", TEXTS[:2])),
-                engine.embed(EmbedRequest("b", TEXTS[2:], normalize=True)),
-                engine.embed(EmbedRequest("d", ["a man"], dimensions=32)),
-                engine.score(ScoreRequest("s", score["query"], score["documents"])),
-            )
+            async def ask():  # concurrent requests: vLLM batches their inputs together
+                return await asyncio.gather(
+                    engine.embed(EmbedRequest("a", TEXTS[:2])),
+                    engine.embed(EmbedRequest("b", TEXTS[2:], normalize=True)),
+                    engine.embed(EmbedRequest("d", ["a man"], dimensions=32)),
+                    engine.score(ScoreRequest("s", score["query"], score["documents"])),
+                )
 
-        first, second, shortened, scored = asyncio.run(ask())
-        with pytest.raises(UnsupportedParamError, match="pooling runner"):
-            asyncio.run(engine.complete(Request("g", [Message("user", "hi")])))
-    except BaseException:
-        asyncio.run(engine.aclose())
-        raise
-    asyncio.run(engine.aclose())
+            first, second, shortened, scored = asyncio.run(ask())
+            with pytest.raises(UnsupportedParamError, match="pooling runner"):
+                asyncio.run(engine.complete(Request("g", [Message("user", "hi")])))
+        finally:
+            asyncio.run(engine.aclose())
+        raw = raw_answers()
+    reference = raw["embed"]
 
     assert first.error is None and second.error is None
     got = first.embeddings + second.embeddings

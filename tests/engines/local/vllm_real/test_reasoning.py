@@ -23,7 +23,7 @@ from lmpress.engines.local.vllm.api import VllmApi
 from lmpress.engines.local.vllm.reasoning import VllmReasoning
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
-from tests.engines.local.vllm_real.conftest import raw_vllm_beside
+from tests.engines.local.vllm_real.conftest import raw_vllm_beside, worker_in_the_engine_core
 
 END = 513  # "</think>" in tiny:think's vocabulary
 MAX_TOKENS = 40
@@ -89,7 +89,8 @@ def engine(raw_answers, model_dir):
         "model.model_max_length": 512,
         "model.model_kwargs": {"enforce_eager": True, "structured_outputs_config": COMPACT_JSON},
     }
-    engine = create_engine(load_config(overrides=overrides))
+    with worker_in_the_engine_core():
+        engine = create_engine(load_config(overrides=overrides))
     yield engine
     asyncio.run(engine.aclose())
 

@@ -21,9 +21,12 @@ from lmpress.configs import load_config
 from lmpress.engines.local.vllm import scheduling as scheduling_module
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
-from tests.chat.test_chat import STATUS, ChatSession
-from tests.conftest import REPO, run_lmpress
-from tests.engines.local.vllm_real.conftest import REQUIRED, raw_vllm_beside
+from tests.conftest import run_lmpress
+from tests.engines.local.vllm_real.conftest import (
+    REQUIRED,
+    raw_vllm_beside,
+    worker_in_the_engine_core,
+)
 from tests.serve.conftest import Served
 
 MAX_MODEL_LEN = 1024
@@ -103,10 +106,10 @@ CHAT_CASES = [
      {"temperature": 0, "structured_outputs": {"choice": ["London", "Paris", "Berlin"]},
       "max_tokens": 8}),
 ]  # fmt: skip
-# Conversations asked of raw vLLM beside CHAT_CASES, greedy, with chat's default length.
+# Conversations asked of raw vLLM beside CHAT_CASES, greedy, with lmpress's default length.
 # PARIS_REPLY is vLLM's first reply to FRANCE (asserted below), so CHAT_FOLLOW_UP is the
-# conversation `lmpress chat` holds after that reply and a follow-up.
-CHAT_MAX_TOKENS = 256  # generation.max_new_tokens' default, which chat uses
+# conversation a client holds after that reply and a follow-up.
+CHAT_MAX_TOKENS = 256  # generation.max_new_tokens' default
 PARIS_REPLY = "The capital of France is Paris."
 FOLLOW_UP = "And Germany?"
 CHAT_FOLLOW_UP = [
@@ -164,7 +167,8 @@ def reference(raw_answers) -> dict:
 
 @pytest.fixture(scope="module")
 def engine(raw_answers):
-    engine = create_engine(load_config(overrides={"engine": "VLLM", **LMPRESS_MODEL}))
+    with worker_in_the_engine_core():
+        engine = create_engine(load_config(overrides={"engine": "VLLM", **LMPRESS_MODEL}))
     yield engine
     asyncio.run(engine.aclose())
 
@@ -349,35 +353,6 @@ CLI_MODEL = [
 ]  # fmt: skip
 
 
-def reply_shown(shown: str) -> str:
-    """The reply in what chat showed for a message: its lines before the status line."""
-    lines = shown.strip("\n").splitlines()
-    assert STATUS.search(lines[-1]), shown
-    return "\n".join(lines[:-1]).strip()
-
-
-def test_chat_with_ngram_speculation_replies_as_vllm_and_the_second_turn_sees_the_first(
-    reference, tmp_path
-):
-    """`lmpress chat` decoding speculatively by prompt lookup: greedy text is the same with
-    vLLM's own speculation as without it (the reference), turn after turn. (One front for both:
-    infer and chat reach vLLM the same way, create_engine and engine.stream, and each vLLM
-    start costs tens of seconds of CPU here.)"""
-    state = {"PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(tmp_path / "state")}
-    speculative = ["--model.speculative_method", "ngram"]
-    session = ChatSession([*CLI_MODEL, *speculative], state, tmp_path, timeout=600)
-    try:
-        assert reply_shown(session.say(FRANCE)) == reference["chat"][0][0]["text"] == PARIS_REPLY
-        # The follow-up is answered with the first exchange before it, as vLLM answers the
-        # whole conversation.
-        follow_up = extra(reference, CHAT_FOLLOW_UP)["text"]
-        assert follow_up != extra(reference, FOLLOW_UP_ALONE)["text"]  # it needs the history
-        assert reply_shown(session.say(FOLLOW_UP)) == follow_up
-        assert session.leave() == 0
-    finally:
-        session.child.close(force=True)
-
-
 def test_batch_on_ray_writes_what_vllm_answers(reference, tmp_path):
     """`lmpress batch --ray` with one replica, on a local Ray that lmpress starts: the replica
     runs the same engine on vLLM, and every row is vLLM's greedy answer."""
@@ -398,8 +373,16 @@ def test_batch_on_ray_writes_what_vllm_answers(reference, tmp_path):
     assert written == {f"r{i}": reference["chat"][i][0]["text"] for i in greedy}
 
 
-def test_serve_answers_as_vllm_and_a_client_that_leaves_frees_its_request(reference):
-    served = Served(CLI_MODEL, start_timeout=600)
+def test_serve_with_ngram_speculation_answers_as_vllm_and_a_client_that_leaves_frees_it(
+    reference,
+):
+    """`lmpress serve` decoding speculatively by prompt lookup: greedy text is the same with
+    vLLM's own speculation as without it (the reference), a conversation's last turn is
+    answered with the turns before it, and a streaming client that leaves frees its request.
+    (One front carries the speculation setting: chat, infer and serve reach vLLM the same way,
+    create_engine and engine.stream, chat's history is engine-independent and tested on the
+    other engines, and each vLLM start costs tens of seconds of CPU here.)"""
+    served = Served([*CLI_MODEL, "--model.speculative_method", "ngram"], start_timeout=600)
     try:
         client = served.client(timeout=300)
         reply = client.chat.completions.create(
@@ -407,10 +390,18 @@ def test_serve_answers_as_vllm_and_a_client_that_leaves_frees_its_request(refere
             max_tokens=48, logprobs=True, top_logprobs=3,
         )  # fmt: skip
         expected = reference["chat"][0][0]
-        assert reply.choices[0].message.content == expected["text"]
+        assert reply.choices[0].message.content == expected["text"] == PARIS_REPLY
         assert [t.logprob for t in reply.choices[0].logprobs.content] == pytest.approx(
             [e[1] for e in expected["logprobs"]], abs=1e-4
         )
+        # The follow-up is answered with the first exchange before it, as vLLM answers the
+        # whole conversation.
+        follow_up = extra(reference, CHAT_FOLLOW_UP)["text"]
+        assert follow_up != extra(reference, FOLLOW_UP_ALONE)["text"]  # it needs the history
+        answered = client.chat.completions.create(
+            model=SMOLLM2, messages=CHAT_FOLLOW_UP, temperature=0, max_tokens=CHAT_MAX_TOKENS
+        )
+        assert answered.choices[0].message.content == follow_up
         stream = client.chat.completions.create(
             model=SMOLLM2, messages=[{"role": "user", "content": HAIKU}], temperature=0,
             max_tokens=48, stream=True,

@@ -57,13 +57,16 @@ def test_batch_with_a_lora_adapter_equals_vllm_and_a_row_too_long_fails_alone(tm
     too_long = {"id": "too-long", "prompt": " ".join(["the cat"] * 300)}
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in [*rows, too_long]))
-    # vLLM's own answers, from a process started while the lmpress job runs
+    # vLLM's own answers, from a process started while the lmpress job runs. The job runs
+    # vLLM's model worker in its engine-core process (the serve, Ray and failure tests keep
+    # vLLM's default processes): one vLLM and torch import fewer.
     with raw_vllm_beside(cases, tmp_path) as raw_answers:
         run = run_lmpress(
             "batch", "--engine", "VLLM", "--model.model_name", "tiny:llama-head32",
             "--model.model_max_length", "512", "--model.model_kwargs.enforce_eager", "true",
             "--model.adapter_model", str(adapter), "--generation.max_new_tokens", "20",
             "-i", str(source), "-o", str(out), timeout=600,
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},  # see worker_in_the_engine_core
         )  # fmt: skip
         reference = raw_answers()
     assert out.exists(), run.stderr[-2000:]
