@@ -60,10 +60,6 @@ class BatchJob:
     # Ctrl-C and SIGTERM stop the job; False where the process is another's (`lmpress serve`
     # runs jobs in its event loop, and the server owns its signals).
     owns_signals: bool = True
-    # Whether the engine starts before any row even where a response cache may answer them
-    # all; False loads it at the first row the cache lacks, so a rerun answered whole loads
-    # no model.
-    engine_before_rows: bool = False
 
     def __init__(
         self,
@@ -142,10 +138,8 @@ class BatchJob:
         left = total > len(keys) or any(k not in done and k not in set_aside for k in keys)
         if left:
             self.cache = await asyncio.to_thread(self._open_cache)
-        if self.engine is None and left and (self.cache is None or self.engine_before_rows):
-            # Before anything is written; a finished job loads none, and one that reads a
-            # response cache loads it at its first miss (a rerun answered whole loads none).
-            await self._start_engine()
+        if self.engine is None and left:
+            await self._start_engine()  # before anything is written; a finished job loads none
         loop = asyncio.get_running_loop()
         # Ctrl-C is the job's from before the fingerprint is written: whoever sees the job's
         # files can stop it the job's way.
@@ -266,8 +260,7 @@ class BatchJob:
                 if seq % 256 == 0:  # a run of hits still hears Ctrl-C, and serves its rows
                     await asyncio.sleep(0)
                 continue
-            if self.engine is None:
-                await self._start_engine()
+            assert self.engine is not None
             window = self.window()
             # Bounded memory: rows in flight, plus (when ordered) finished rows held for order.
             while (

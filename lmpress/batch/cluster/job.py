@@ -64,7 +64,6 @@ class Puller:
 
 
 class RayBatchJob(BatchJob):
-    engine_before_rows = True  # a cluster that cannot start ends the job before any row
     cluster: Cluster | None = None
     _puller: Puller | None = None
 

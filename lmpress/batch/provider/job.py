@@ -41,8 +41,6 @@ MAX_ATTEMPTS = 3  # a row is submitted at most this many times before it fails
 
 
 class ProviderBatchJob(BatchJob):
-    engine_before_rows = True  # the batch API rows are written for is the engine's
-
     async def _process(self, done: IdKeys, set_aside: IdKeys) -> None:
         self.state = BatchState(self.files.batches).load()
         if self.engine is None:
