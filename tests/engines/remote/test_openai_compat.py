@@ -501,9 +501,10 @@ def test_a_sustained_rate_limit_is_learned_instead_of_exhausting_retries():
                                         "remote_params.max_retries": 2})  # fmt: skip
         results = engine.generate([f"row {i}" for i in range(200)])
         assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
-        # About one rejection per row; a sender that only backed off row by row would run
-        # into several per row and exhaust some rows' retries.
-        assert server.stats.statuses[429] < 300
+        assert server.stats.statuses[429] > 0  # the limit was met, and no row ran out
+        # How many 429s it took depends on how fast this machine sends (222 quiet, 312 at load
+        # 10, where 200 rows passed either way): the rate found and kept is checked on a
+        # simulated clock in test_pacing.py::test_a_real_rate_limit_is_found_and_kept.
 
 
 def test_the_key_is_redacted_from_error_messages():
