@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 
@@ -68,23 +69,14 @@ def pytest_collection_modifyitems(config, items):
 RAW_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
-@contextmanager
-def worker_in_the_engine_core() -> Iterator[None]:
+def worker_in_the_engine_core():
     """An lmpress engine started in this process, within the block, runs vLLM's model worker
     in its engine-core process rather than in a third process of its own (vLLM's CPU default):
     one import of vLLM and torch and one model load fewer per engine, ~10 s of CPU here. Its
     answers are the same, as the raw reference's are; lmpress's own path (AsyncLLM, its
     engine-core process, the logs) is unchanged, and the `lmpress` subprocesses the tests
     start (batch, serve, Ray, the failures) keep vLLM's default processes, as users run it."""
-    key, before = "VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ[key] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[key]
-        else:
-            os.environ[key] = before
+    return patch.dict(os.environ, RAW_VLLM_ENV)
 
 
 @contextmanager
