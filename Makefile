@@ -17,6 +17,12 @@ EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev,fuzz
 
 .PHONY: install lock demo test lint format clean fuzz install-vllm test-vllm lock-vllm
 
+# Python writes its bytecode cache here even where the environment says not to: the suite starts
+# lmpress about 700 times, and each start would otherwise compile lmpress's modules from source
+# again (0.15 CPU-s a start for the CLI, a batch job and a remote engine; pip already compiles
+# what it installs).
+unexport PYTHONDONTWRITEBYTECODE
+
 install: $(STAMP)
 
 $(STAMP): pyproject.toml $(LOCK)
