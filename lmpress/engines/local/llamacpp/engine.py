@@ -55,6 +55,7 @@ from lmpress.engines.local.llamacpp.loading import (
     oumi_gguf_file,
     parallel_sequences,
 )
+from lmpress.engines.local.llamacpp.options import LlamaCppOptions
 from lmpress.engines.local.llamacpp.pooling import (
     PooledSubmission,
     PoolingInputs,
@@ -100,6 +101,7 @@ class LlamaCppEngine(WorkerEngine):
     speculative_methods = frozenset({"ngram", "draft_model"})
     # One per run: the engine loads the model for the task the run does (pooling.py).
     tasks = frozenset({"generate", "embed", "score", "rerank"})
+    options = LlamaCppOptions
 
     @classmethod
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:

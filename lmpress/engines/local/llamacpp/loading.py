@@ -18,28 +18,11 @@ from lmpress.builtin_models.packaged import resolve_packaged_name
 from lmpress.builtin_models.tiny_gguf import resolve_gguf_name
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.common.prompts import resolve_chat_template
+from lmpress.engines.local.llamacpp.options import REFUSED_KWARGS
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError
 from lmpress.vocabulary.types import GenerationParams
 
 GGUF_MAGIC = b"GGUF"
-
-# `Llama` parameters that mean nothing here, with what to do instead.
-REFUSED_KWARGS = {
-    "model_path": "set model.model_name instead",
-    "seed": "set generation.seed instead (lmpress seeds every row)",
-    "chat_format": "set model.chat_template instead (a Jinja template, a file, or 'chatml')",
-    "chat_handler": "set model.chat_template instead",
-    "tokenizer": "lmpress uses the GGUF file's own tokenizer",
-    "draft_model": "set model.draft_model instead (a GGUF file sharing the model's tokenizer)",
-    "embedding": "the LLAMACPP engine generates text; it does not compute embeddings",
-    "vocab_only": "the LLAMACPP engine needs the model's weights",
-    "logits_all": "not needed: generation.logprobs works without it",
-    "lora_path": "LoRA adapters are not supported by the LLAMACPP engine yet; merge the adapter "
-    "into the GGUF file (llama.cpp's llama-export-lora)",
-    "lora_base": "LoRA adapters are not supported by the LLAMACPP engine yet",
-    "lora_scale": "LoRA adapters are not supported by the LLAMACPP engine yet",
-    "spm_infill": "infill is not supported by the LLAMACPP engine",
-}
 
 
 def gguf_path(name: str, key: str = "model.model_name") -> str:
