@@ -67,6 +67,12 @@ class EngineOptions:
         return found
 
     @classmethod
+    def unknown(cls, key: str, meant: str | None, names: list[str]) -> str:
+        """The refusal of a key that is no setting (nor, where checked, a backend's argument)."""
+        hint = f"did you mean '{meant}'?" if meant else f"valid keys: {', '.join(sorted(names))}"
+        return f"model.model_kwargs.{key}: not {cls.known_as}; {hint}"
+
+    @classmethod
     def value_problem(cls, key: str, value: Any, tp: Any) -> str | None:
         """What is wrong with `value` for the setting `key` of type `tp`, as the end of a
         refusal ("is not a whole number"); None: nothing."""
@@ -96,7 +102,7 @@ class EngineOptions:
 
 def check_model_kwargs(options: type[EngineOptions], model_kwargs: Mapping[str, Any]) -> None:
     """Refuse, naming the key, a setting of the wrong type, a refused key, or an unknown key
-    (one close to a setting is taken for a typo of it even where unknown keys pass through)."""
+    (one a typo away from a setting is refused even where unknown keys pass through)."""
     hints = typing.get_type_hints(options)
     names = options.names()
     for key, value in model_kwargs.items():
@@ -107,9 +113,9 @@ def check_model_kwargs(options: type[EngineOptions], model_kwargs: Mapping[str, 
             if problem:
                 raise ConfigError(f"model.model_kwargs.{key}: {value!r} {problem}")
             continue
-        close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
-        if close or options.passes_to is None:
-            raise ConfigError(unknown_key(options, key, names, close))
+        meant = typo_of(key, names)
+        if meant or options.passes_to is None:
+            raise ConfigError(unknown_key(options, key, names, meant))
     options(**{k: v for k, v in model_kwargs.items() if k in names}).check()
 
 
@@ -128,12 +134,34 @@ def check_passed_through(
 
 
 def unknown_key(
-    options: type[EngineOptions], key: str, names: Iterable[str], close: list[str] | None = None
+    options: type[EngineOptions], key: str, names: Iterable[str], meant: str | None = None
 ) -> str:
     names = list(names)
-    close = close or difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(sorted(names))}"
-    return f"model.model_kwargs.{key}: not {options.known_as}; {hint}"
+    close = [meant] if meant else difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return options.unknown(key, close[0] if close else None, names)
+
+
+def typo_of(key: str, names: Iterable[str]) -> str | None:
+    """The name `key` is a typo of: one or two letters added, dropped, changed or swapped (one
+    in a name of five letters or fewer). Closer than difflib's "close": a backend's own
+    argument that extends a setting's name (`n_threads_batch`, `tokenizer`) is no typo of it."""
+    found = [(edits(key, name), name) for name in names]
+    found = [(n, name) for n, name in found if n <= (1 if len(name) <= 5 else 2)]
+    return min(found)[1] if found else None
+
+
+def edits(a: str, b: str) -> int:
+    """The edits from `a` to `b`: insertions, deletions, substitutions and swaps of neighbours
+    (the optimal string alignment distance)."""
+    before, row = None, list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        new = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            new[j] = min(row[j] + 1, new[j - 1] + 1, row[j - 1] + (ca != cb))
+            if before is not None and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                new[j] = min(new[j], before[j - 2] + 1)
+        before, row = row, new
+    return row[-1]
 
 
 # --- types -------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """VLLM's `model.model_kwargs`: the engine arguments lmpress documents (recipes/vllm-*.yaml) and
 reads, typed (engines/options.py). Every key goes to vLLM's AsyncEngineArgs (but `kv_unified`,
-llama.cpp's, which asks for nothing vLLM does not do) and wins over the fields it overlaps; the
-others are checked against AsyncEngineArgs' fields when the engine starts, before the model
+llama.cpp's, which asks for nothing vLLM does not do, and a null that leaves a setting unset)
+and wins over the fields it overlaps; the others are checked against AsyncEngineArgs' fields when the engine starts, before the model
 loads (translate.engine_settings).
 """
 
@@ -13,6 +13,8 @@ from typing import Any
 
 from lmpress.engines.common.models import DTYPE_CHOICES
 from lmpress.engines.options import EngineOptions, setting
+
+ENGINE_ARGS_URL = "https://docs.vllm.ai/en/latest/configuration/engine_args.html"
 
 
 def _whole(value: Any) -> bool:
@@ -85,7 +87,19 @@ class VllmOptions(EngineOptions):
     )
 
     @classmethod
+    def unknown(cls, key: str, meant: str | None, names: list[str]) -> str:
+        hint = f" (did you mean '{meant}'?)" if meant else ""
+        return f"model.model_kwargs.{key}: not {cls.known_as}{hint}; see {ENGINE_ARGS_URL}"
+
+    @classmethod
+    def unset_by_null(cls) -> set[str]:
+        """The settings whose null means "not given": vLLM's own default, or lmpress's."""
+        return {s.name for s in cls.settings() if s.default is None}
+
+    @classmethod
     def value_problem(cls, key: str, value: Any, tp: Any) -> str | None:
+        if value is None and key in cls.unset_by_null():
+            return None
         if key in DOCUMENTED_ARGS:
             ok, allowed = DOCUMENTED_ARGS[key]
             return None if ok(value) else allowed

@@ -22,7 +22,7 @@ from lmpress.configs.schema import RunConfig, speculative_method
 from lmpress.engines.common.dequantized import dequantized_copy
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
 from lmpress.engines.local.vllm.api import is_request_error
-from lmpress.engines.local.vllm.options import DOCUMENTED_ARGS
+from lmpress.engines.local.vllm.options import DOCUMENTED_ARGS, VllmOptions
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 from lmpress.vocabulary.guided import GuidedDecoding
 from lmpress.vocabulary.types import (
@@ -87,18 +87,17 @@ def engine_settings(
     # LLAMACPP's switch to one KV cache shared by its sequences (the smollm2 recipe sets it):
     # vLLM's paged cache always is one, so the key asks for nothing vLLM does not do.
     kwargs.pop("kv_unified", None)
+    unset = VllmOptions.unset_by_null()  # null: vLLM's own default, or the model section's
+    kwargs = {k: v for k, v in kwargs.items() if v is not None or k not in unset}
     for key, value in kwargs.items():
         if key in DOCUMENTED_ARGS:
             ok, allowed = DOCUMENTED_ARGS[key]
             if not ok(value):
                 raise ConfigError(f"model.model_kwargs.{key}: {value!r} {allowed}")
         elif known_args is not None and key not in known_args:
-            close = difflib.get_close_matches(key, sorted(known_args | set(DOCUMENTED_ARGS)), 1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(
-                f"model.model_kwargs.{key}: not an engine argument of vLLM{hint}; see "
-                f"https://docs.vllm.ai/en/latest/configuration/engine_args.html"
-            )
+            names = sorted(known_args | set(VllmOptions.names()))
+            close = difflib.get_close_matches(key, names, 1)
+            raise ConfigError(VllmOptions.unknown(key, close[0] if close else None, names))
     dtype = dtype_name(model.torch_dtype_str.lower())
     if dtype not in VLLM_DTYPES:
         raise ConfigError(
