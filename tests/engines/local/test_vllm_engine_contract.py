@@ -310,7 +310,8 @@ def test_llamacpps_shared_cache_switch_from_the_smollm2_recipe_is_no_vllm_argume
 def test_misspelt_engine_argument_is_refused_with_the_closest_name(standin, model_dir):
     # A typo of a documented argument is refused as the config loads (VllmOptions); one of
     # any other argument once vLLM is imported, against AsyncEngineArgs' fields.
-    for key, meant in (("tensor_paralel_size", "tensor_parallel_size"), ("swap_spaec", "swap_space")):
+    typos = {"tensor_paralel_size": "tensor_parallel_size", "swap_spaec": "swap_space"}
+    for key, meant in typos.items():
         with pytest.raises(ConfigError) as err:
             config = config_with(model_dir, model_kwargs={key: 2})
             engine_settings(config, VllmApi.load().engine_arg_names())
