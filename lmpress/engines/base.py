@@ -2,12 +2,12 @@
 
 Everything the rest of lmpress asks of an engine is here, as a method or attribute of
 `Engine`, with a remote API's answer as the default: what it supports (`supported_params`,
-`takes_tools`), whether its model may be a hub id (`takes_hub_ids`), how it counts prompts for
-the dry run (`prompt_counter`), the `model.model_kwargs` settings it reads (`options`) and what its provider's prompt cache bills apart
-(`prompt_cache_tally`), the dtype it loads a model in (`dtype_in_use`), what a
-`--ray` replica of it needs (`key_variable`, `replica_config`), and the requests it holds now
-(`occupancy`, for serve's /metrics). A new engine overrides what differs, in its own folder,
-and needs no other module to know its name.
+`takes_tools`), whether its model may be a hub id (`takes_hub_ids`), the `model.model_kwargs`
+settings it reads (`options`), how it counts prompts for the dry run (`prompt_counter`) and what
+its provider's prompt cache bills apart (`prompt_cache_tally`), the dtype it loads a model in
+(`dtype_in_use`), what a `--ray` replica of it needs (`key_variable`, `replica_config`), and the
+requests it holds now (`occupancy`, for serve's /metrics). A new engine overrides what differs,
+in its own folder, and needs no other module to know its name.
 """
 
 from __future__ import annotations

@@ -133,7 +133,10 @@ def _engine_class(spec: EngineSpec) -> type[Engine]:
 def check_engine_settings(config: RunConfig) -> None:
     """Refuse, when the config loads and before any backend is imported, `model.model_kwargs`
     that the engine's typed settings (`Engine.options`) refuse: a typo, a wrong type."""
-    options = engine_class(config.engine).options
+    try:
+        options = engine_class(config.engine).options
+    except ImportError:  # a broken plugin: creating the engine says so
+        return
     if options is not None:
         check_model_kwargs(options, config.model.model_kwargs)
 

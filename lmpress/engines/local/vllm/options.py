@@ -1,8 +1,8 @@
 """VLLM's `model.model_kwargs`: the engine arguments lmpress documents (recipes/vllm-*.yaml) and
-reads, typed (engines/options.py). Every key goes to vLLM's AsyncEngineArgs (but `kv_unified`,
-llama.cpp's, which asks for nothing vLLM does not do, and a null that leaves a setting unset)
-and wins over the fields it overlaps; the others are checked against AsyncEngineArgs' fields when the engine starts, before the model
-loads (translate.engine_settings).
+reads, typed (engines/options.py). Every key goes to vLLM's AsyncEngineArgs and wins over the
+fields it overlaps, but `kv_unified` (llama.cpp's, which asks for nothing vLLM does not do) and
+a null, which leaves a setting to vLLM. The other keys are checked against AsyncEngineArgs'
+fields when the engine starts, before the model loads (translate.engine_settings).
 """
 
 from __future__ import annotations
@@ -62,25 +62,25 @@ class VllmOptions(EngineOptions):
         1, "copies of the model, each on tensor x pipeline GPUs; vLLM balances rows across them"
     )
     gpu_memory_utilization: float | None = setting(
-        None, "the share of each GPU for weights and KV cache (unset: vLLM's, about 0.9)"
+        None, "the share of each GPU for weights and KV cache (null: vLLM's, about 0.9)"
     )
     max_model_len: int | None = setting(
-        None, "prompt and reply tokens (unset: model.model_max_length or the model's)"
+        None, "prompt and reply tokens (null: model.model_max_length or the model's)"
     )
-    max_num_seqs: int | None = setting(None, "sequences decoded at once (unset: vLLM's, 256)")
+    max_num_seqs: int | None = setting(None, "sequences decoded at once (null: vLLM's, 256)")
     enable_prefix_caching: bool | None = setting(
-        None, "rows sharing a prefix reuse its KV cache (unset: vLLM's default)"
+        None, "rows sharing a prefix reuse its KV cache (null: vLLM's default)"
     )
     enforce_eager: bool = setting(False, "skip CUDA graph capture: a faster start, a slower decode")
     trust_remote_code: bool | None = setting(None, "overrides model.trust_remote_code for vLLM")
     quantization: str | None = setting(None, "awq, gptq, fp8, ... (null: the checkpoint's own)")
-    dtype: str | None = setting(None, "the weights' dtype (unset: model.torch_dtype_str)")
+    dtype: str | None = setting(None, "the weights' dtype (null: model.torch_dtype_str)")
     tokenizer_mode: str = setting("auto", "vLLM's tokenizer: auto or hf count prompts exactly")
     reasoning_parser: str | None = setting(
         None, "how the model writes its thinking (as model.reasoning_parser)"
     )
     limit_mm_per_prompt: dict | None = setting(
-        None, "the most images a prompt may carry, e.g. {image: 1} (unset: vLLM's)"
+        None, "the most images a prompt may carry, e.g. {image: 1} (null: vLLM's)"
     )
     kv_unified: bool = setting(
         False, "llama.cpp's shared KV cache, accepted so its recipes run (vLLM's always is)"
