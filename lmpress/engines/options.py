@@ -18,7 +18,7 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from lmpress.vocabulary.errors import ConfigError
 
@@ -40,6 +40,9 @@ class Setting:
     type: str
     default: Any
     description: str
+
+
+Options = TypeVar("Options", bound="EngineOptions")
 
 
 @dataclass
@@ -87,7 +90,7 @@ class EngineOptions:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
-    def of(cls, model_kwargs: Mapping[str, Any]) -> EngineOptions:
+    def of(cls: type[Options], model_kwargs: Mapping[str, Any]) -> Options:
         """The settings `model_kwargs` gives (defaults for the rest), checked."""
         check_model_kwargs(cls, model_kwargs)
         names = set(cls.names())
