@@ -49,8 +49,8 @@ from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     batched_context,
     chat_template,
-    check_model_kwargs,
     gguf_path,
+    llama_kwargs,
     load_llama,
     oumi_gguf_file,
     parallel_sequences,
@@ -120,7 +120,7 @@ class LlamaCppEngine(WorkerEngine):
         self.path = gguf_path(oumi_gguf_file(config.model) or config.model.model_name)
         own = ("filename", "mmproj")  # lmpress's keys, not Llama()'s
         model_kwargs = {k: v for k, v in config.model.model_kwargs.items() if k not in own}
-        kwargs = check_model_kwargs(model_kwargs, llama_cpp.Llama)
+        kwargs = llama_kwargs(model_kwargs, llama_cpp.Llama)
         kwargs.setdefault("verbose", False)
         kwargs.setdefault("n_ctx", 0)  # 0: the model's own context length
         if config.task != "generate":

@@ -1,7 +1,7 @@
 """LLAMACPP's `model.model_kwargs`: lmpress's own settings and the `Llama` parameters it reads,
 typed (engines/options.py). Every other key goes to llama-cpp-python's `Llama` constructor,
 checked against its signature when the engine starts, before the weights load
-(loading.check_model_kwargs): `Llama` itself ignores a key it does not know.
+(loading.llama_kwargs): `Llama` itself ignores a key it does not know.
 """
 
 from __future__ import annotations
