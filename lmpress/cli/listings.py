@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 def engines(
     name: Annotated[
-        str | None, typer.Argument(help="An engine: list its model.model_kwargs settings too.")
+        str | None,
+        typer.Argument(metavar="NAME", help="An engine: list its model.model_kwargs settings too."),
     ] = None,
 ) -> None:
     """List every engine, whether it can run here, the tasks it answers and the generation
@@ -52,7 +53,7 @@ def _print_settings(name: str) -> None:
 
     found = engine_settings(name)
     if found is None:
-        print(f"{name} reads no model.model_kwargs settings of its own.")
+        print(f"{name} declares no model.model_kwargs settings.")
         return
     settings, passes_to = found
     print(f"model.model_kwargs settings of {name}:")

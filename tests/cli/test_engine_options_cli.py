@@ -76,7 +76,7 @@ def test_engines_name_lists_the_settings_with_type_default_and_description():
 def test_engines_name_of_an_engine_with_no_settings_and_of_no_engine():
     run = run_lmpress("engines", "OPENAI")
     assert run.returncode == 0, run.stderr
-    assert "OPENAI reads no model.model_kwargs settings of its own." in run.stdout
+    assert "OPENAI declares no model.model_kwargs settings." in run.stdout
     typo = run_lmpress("engines", "NATIV")
     assert typo.returncode == 2
     assert typo.stderr.strip().splitlines() == [
