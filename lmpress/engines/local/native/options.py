@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from lmpress.engines.options import EngineOptions, check_passed_through, setting
@@ -60,7 +61,8 @@ def from_pretrained_kwargs(model_kwargs: dict[str, Any], model_config: Any) -> d
     return check_passed_through(NativeOptions, passed, [*from_pretrained_arguments(), *fields])
 
 
-def from_pretrained_arguments() -> set[str]:
+@cache
+def from_pretrained_arguments() -> frozenset[str]:
     """What `from_pretrained` takes by name: its signature's, and those it pops from `**kwargs`
     (read from its source, where transformers lists them)."""
     from transformers import PreTrainedModel
@@ -82,4 +84,4 @@ def from_pretrained_arguments() -> set[str]:
         for listed in re.findall(r"for \w+ in \[([^\]]*)\]:\s*\n\s*[\w ]*=?\s*kwargs\.pop", source):
             names |= set(re.findall(r"""["'](\w+)["']""", listed))
     names |= {"attn_implementation", "experts_implementation"}  # read as `name in kwargs`
-    return {name for name in names if not name.startswith("_")} - {"cls", "config"}
+    return frozenset(name for name in names if not name.startswith("_")) - {"cls", "config"}
