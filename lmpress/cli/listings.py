@@ -2,31 +2,65 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Annotated
+
 import typer
 
 from lmpress.cli.options import EngineOpt, RecipeOpt, load_run_config
 from lmpress.vocabulary.errors import ConfigError
 
+if TYPE_CHECKING:
+    from lmpress.engines.registry import EngineStatus
 
-def engines() -> None:
+
+def engines(
+    name: Annotated[
+        str | None,
+        typer.Argument(metavar="NAME", help="An engine: list its model.model_kwargs settings too."),
+    ] = None,
+) -> None:
     """List every engine, whether it can run here, the tasks it answers and the generation
-    parameters it supports."""
+    parameters it supports; with NAME, that engine alone and its model.model_kwargs settings."""
+    from lmpress.engines.registry import engine_names, engine_status, get_spec
+
+    for one in [get_spec(name).name] if name else engine_names():
+        _print_status(engine_status(one))
+        if name:
+            _print_settings(one)
+
+
+def _print_status(status: EngineStatus) -> None:
     import textwrap
 
-    from lmpress.engines.registry import engine_names, engine_status
     from lmpress.vocabulary.embeddings import TASKS
 
-    for name in engine_names():
-        status = engine_status(name)
-        usable = "usable" if status.usable else f"not usable: {status.why}"
-        if status.usable and status.why:
-            usable += f", but {status.why}"
-        print(f"{status.name:14} {status.summary}\n{'':14} {usable}")
-        print(f"{'':14} tasks: {', '.join(t for t in TASKS if t in status.tasks)}")
-        if status.supported_params:
-            params = "parameters: " + ", ".join(sorted(status.supported_params))
-            print(textwrap.fill(params, 92, initial_indent=" " * 15, subsequent_indent=" " * 27))
-        print()
+    usable = "usable" if status.usable else f"not usable: {status.why}"
+    if status.usable and status.why:
+        usable += f", but {status.why}"
+    print(f"{status.name:14} {status.summary}\n{'':14} {usable}")
+    print(f"{'':14} tasks: {', '.join(t for t in TASKS if t in status.tasks)}")
+    if status.supported_params:
+        params = "parameters: " + ", ".join(sorted(status.supported_params))
+        print(textwrap.fill(params, 92, initial_indent=" " * 15, subsequent_indent=" " * 27))
+    print()
+
+
+def _print_settings(name: str) -> None:
+    """The engine's typed model.model_kwargs settings: name, type, default, what it does."""
+    import json
+
+    from lmpress.engines.registry import engine_settings
+
+    found = engine_settings(name)
+    if found is None:
+        print(f"{name} declares no model.model_kwargs settings.")
+        return
+    settings, passes_to = found
+    print(f"model.model_kwargs settings of {name}:")
+    for s in settings:
+        print(f"  {s.name}: {s.type} = {json.dumps(s.default)}\n      {s.description}")
+    if passes_to:
+        print(f"Other keys go to {passes_to}; one it does not take is refused before loading.")
 
 
 def recipes() -> None:

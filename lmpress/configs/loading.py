@@ -184,7 +184,7 @@ def _check_ranges(section_value: Any, section: str) -> None:
 
 def validate(config: RunConfig) -> None:
     """Refuse impossible values, naming the dotted key."""
-    from lmpress.engines.registry import engine_names
+    from lmpress.engines.registry import check_engine_settings, engine_names
 
     names = engine_names()
     if config.engine not in names:
@@ -192,6 +192,7 @@ def validate(config: RunConfig) -> None:
             f"engine: unknown engine '{config.engine}'{_suggest(config.engine, names)} "
             f"Run 'lmpress engines' to see them all."
         )
+    check_engine_settings(config)
     if config.task not in TASKS:
         raise ConfigError(
             f"task: unknown task '{config.task}'{_suggest(config.task, list(TASKS))} "

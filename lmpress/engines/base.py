@@ -2,12 +2,12 @@
 
 Everything the rest of lmpress asks of an engine is here, as a method or attribute of
 `Engine`, with a remote API's answer as the default: what it supports (`supported_params`,
-`takes_tools`), whether its model may be a hub id (`takes_hub_ids`), how it counts prompts for
-the dry run (`prompt_counter`) and what its provider's prompt cache bills apart
-(`prompt_cache_tally`), the dtype it loads a model in (`dtype_in_use`), what a
-`--ray` replica of it needs (`key_variable`, `replica_config`), and the requests it holds now
-(`occupancy`, for serve's /metrics). A new engine overrides what differs, in its own folder,
-and needs no other module to know its name.
+`takes_tools`), whether its model may be a hub id (`takes_hub_ids`), the `model.model_kwargs`
+settings it reads (`options`), how it counts prompts for the dry run (`prompt_counter`) and what
+its provider's prompt cache bills apart (`prompt_cache_tally`), the dtype it loads a model in
+(`dtype_in_use`), what a `--ray` replica of it needs (`key_variable`, `replica_config`), and the
+requests it holds now (`occupancy`, for serve's /metrics). A new engine overrides what differs,
+in its own folder, and needs no other module to know its name.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lmpress.configs.schema import ModelParams, RunConfig, speculative_method
+from lmpress.engines.options import EngineOptions
 from lmpress.engines.prompt_count import NoPromptCache, PromptCacheTally, PromptCounter
 from lmpress.progress import ProgressBar
 from lmpress.vocabulary.embeddings import (
@@ -90,6 +91,9 @@ class Engine(ABC):
     # through `embed`, `score` and `rerank` through `score`. A run of another task is refused
     # before any work.
     tasks: ClassVar[frozenset[str]] = frozenset({"generate"})
+    # The `model.model_kwargs` settings it reads, typed (engines/options.py), checked when the
+    # config loads; None: it reads none, and the config's model_kwargs are not checked.
+    options: ClassVar[type[EngineOptions] | None] = None
 
     @classmethod
     def model_task(cls, config: RunConfig) -> str:

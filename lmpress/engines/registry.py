@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
+from lmpress.engines.options import Setting, check_model_kwargs
 from lmpress.engines.remote import presets
 from lmpress.vocabulary.errors import EngineUnavailableError
 
@@ -127,6 +128,24 @@ def _engine_class(spec: EngineSpec) -> type[Engine]:
         return presets.engine_class(spec.name)
     module_name, _, class_name = spec.target.partition(":")
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def check_engine_settings(config: RunConfig) -> None:
+    """Refuse, when the config loads and before any backend is imported, `model.model_kwargs`
+    that the engine's typed settings (`Engine.options`) refuse: a typo, a wrong type."""
+    try:
+        options = engine_class(config.engine).options
+    except ImportError:  # a broken plugin: creating the engine says so
+        return
+    if options is not None:
+        check_model_kwargs(options, config.model.model_kwargs)
+
+
+def engine_settings(name: str) -> tuple[list[Setting], str | None] | None:
+    """The `model.model_kwargs` settings an engine reads (and what it hands the other keys
+    to), for `lmpress engines NAME`; None where it declares none."""
+    options = engine_class(name).options
+    return None if options is None else (options.settings(), options.passes_to)
 
 
 def with_model_task(config: RunConfig) -> RunConfig:

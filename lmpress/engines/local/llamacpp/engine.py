@@ -49,12 +49,13 @@ from lmpress.engines.local.llamacpp.loading import (
     Vocab,
     batched_context,
     chat_template,
-    check_model_kwargs,
     gguf_path,
+    llama_kwargs,
     load_llama,
     oumi_gguf_file,
     parallel_sequences,
 )
+from lmpress.engines.local.llamacpp.options import LlamaCppOptions
 from lmpress.engines.local.llamacpp.pooling import (
     PooledSubmission,
     PoolingInputs,
@@ -100,6 +101,7 @@ class LlamaCppEngine(WorkerEngine):
     speculative_methods = frozenset({"ngram", "draft_model"})
     # One per run: the engine loads the model for the task the run does (pooling.py).
     tasks = frozenset({"generate", "embed", "score", "rerank"})
+    options = LlamaCppOptions
 
     @classmethod
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:
@@ -118,7 +120,7 @@ class LlamaCppEngine(WorkerEngine):
         self.path = gguf_path(oumi_gguf_file(config.model) or config.model.model_name)
         own = ("filename", "mmproj")  # lmpress's keys, not Llama()'s
         model_kwargs = {k: v for k, v in config.model.model_kwargs.items() if k not in own}
-        kwargs = check_model_kwargs(model_kwargs, llama_cpp.Llama)
+        kwargs = llama_kwargs(model_kwargs, llama_cpp.Llama)
         kwargs.setdefault("verbose", False)
         kwargs.setdefault("n_ctx", 0)  # 0: the model's own context length
         if config.task != "generate":

@@ -1,13 +1,12 @@
 """Loading for LLAMACPP: the GGUF file a recipe names (a path, a packaged or tiny model, or
 Oumi's repo-and-filename form), llama-cpp-python's `Llama` built from `model.model_kwargs`
-(each checked to be one of its parameters), the batched context the engine decodes in, the
-chat template, and the GGUF's tokenizer token by token (`Vocab`).
+(each a setting of options.py or one of its parameters), the batched context the engine decodes
+in, the chat template, and the GGUF's tokenizer token by token (`Vocab`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import difflib
 import inspect
 import threading
 from pathlib import Path
@@ -18,28 +17,12 @@ from lmpress.builtin_models.packaged import resolve_packaged_name
 from lmpress.builtin_models.tiny_gguf import resolve_gguf_name
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.common.prompts import resolve_chat_template
-from lmpress.vocabulary.errors import ConfigError, ModelLoadError
+from lmpress.engines.local.llamacpp.options import LlamaCppOptions
+from lmpress.engines.options import check_passed_through
+from lmpress.vocabulary.errors import ModelLoadError
 from lmpress.vocabulary.types import GenerationParams
 
 GGUF_MAGIC = b"GGUF"
-
-# `Llama` parameters that mean nothing here, with what to do instead.
-REFUSED_KWARGS = {
-    "model_path": "set model.model_name instead",
-    "seed": "set generation.seed instead (lmpress seeds every row)",
-    "chat_format": "set model.chat_template instead (a Jinja template, a file, or 'chatml')",
-    "chat_handler": "set model.chat_template instead",
-    "tokenizer": "lmpress uses the GGUF file's own tokenizer",
-    "draft_model": "set model.draft_model instead (a GGUF file sharing the model's tokenizer)",
-    "embedding": "the LLAMACPP engine generates text; it does not compute embeddings",
-    "vocab_only": "the LLAMACPP engine needs the model's weights",
-    "logits_all": "not needed: generation.logprobs works without it",
-    "lora_path": "LoRA adapters are not supported by the LLAMACPP engine yet; merge the adapter "
-    "into the GGUF file (llama.cpp's llama-export-lora)",
-    "lora_base": "LoRA adapters are not supported by the LLAMACPP engine yet",
-    "lora_scale": "LoRA adapters are not supported by the LLAMACPP engine yet",
-    "spm_infill": "infill is not supported by the LLAMACPP engine",
-}
 
 
 def gguf_path(name: str, key: str = "model.model_name") -> str:
@@ -141,26 +124,16 @@ def load_llama(path: str, kwargs: dict[str, Any], *, extra_bufts: bool | None = 
             low.llama_model_default_params = defaults
 
 
-def check_model_kwargs(kwargs: dict[str, Any], llama_class: type) -> dict[str, Any]:
-    """The recipe's model_kwargs, each checked to be a parameter of `Llama`'s constructor
-    (or `use_extra_bufts`: true or false overrides lmpress's choice, see load_llama; or
-    `kv_unified`, see batched_context)."""
+def llama_kwargs(kwargs: dict[str, Any], llama_class: type) -> dict[str, Any]:
+    """The recipe's model_kwargs for `Llama`, checked: as settings (options.py, as when the
+    config loaded), and each other key against `Llama`'s constructor, which would ignore it."""
+    LlamaCppOptions.of(kwargs)
     accepted = [
         name
         for name, p in inspect.signature(llama_class.__init__).parameters.items()
         if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     ]
-    accepted += ["use_extra_bufts", "kv_unified"]
-    for key in kwargs:
-        if key in REFUSED_KWARGS:
-            raise ConfigError(f"model.model_kwargs.{key}: {REFUSED_KWARGS[key]}")
-        if key not in accepted:
-            usable = [name for name in accepted if name not in REFUSED_KWARGS]
-            close = difflib.get_close_matches(key, usable, n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(usable)}"
-            raise ConfigError(
-                f"model.model_kwargs.{key}: not a llama-cpp-python Llama parameter; {hint}"
-            )
+    check_passed_through(LlamaCppOptions, kwargs, accepted)
     return dict(kwargs)
 
 

@@ -23,6 +23,7 @@ from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.checkpoints import load_model_config, load_tokenizer, model_source
 from lmpress.engines.common.pooling import Pooling, pool, read_pooling
 from lmpress.engines.local.native.loading import load_model
+from lmpress.engines.local.native.options import NativeOptions
 from lmpress.vocabulary.errors import ErrorKind, ModelLoadError, RequestError, UnsupportedParamError
 
 # A tokenizer's model_max_length when it has none: transformers' VERY_LARGE_INTEGER.
@@ -200,7 +201,7 @@ def matryoshka_widths(
     trained for it. `model.model_kwargs.matryoshka_dims` (true, or the widths) says so, else
     the checkpoint does: a sentence-transformers `truncate_dim`, or the config's
     `matryoshka_dimensions` or `is_matryoshka` (as vLLM reads them)."""
-    given = config.model.model_kwargs.get("matryoshka_dims")
+    given = NativeOptions.of(config.model.model_kwargs).matryoshka_dims
     if given is None:
         given = getattr(model_config, "matryoshka_dimensions", None) or (
             getattr(model_config, "is_matryoshka", False) or pooling.truncate_dim is not None

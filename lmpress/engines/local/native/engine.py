@@ -63,6 +63,7 @@ from lmpress.engines.local.native.loading import (
     pick_device_and_dtype,
     switch,
 )
+from lmpress.engines.local.native.options import NativeOptions
 from lmpress.engines.local.native.packing import pack_linears
 from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
@@ -102,6 +103,7 @@ class NativeEngine(WorkerEngine):
     takes_tools = True
     takes_hub_ids = True
     tasks = frozenset({"generate", "embed", "score", "rerank"})
+    options = NativeOptions
 
     @classmethod
     def model_task(cls, config: RunConfig) -> str:

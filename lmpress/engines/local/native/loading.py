@@ -15,38 +15,22 @@ from lmpress.configs.schema import GenerationDefaults, ModelParams, RunConfig
 from lmpress.engines.common.checkpoints import load_model_config, model_source
 from lmpress.engines.common.models import DTYPE_CHOICES, auto_dtype, dtype_name
 from lmpress.engines.common.prompts import HfPrompts
+from lmpress.engines.local.native.options import NativeOptions, from_pretrained_kwargs
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 
-# The model_kwargs NATIVE reads itself rather than passing to from_pretrained: the GGUF file's
-# name, the KV cache's memory budget in GiB, whether prompts reuse a shared prefix's cache, the
-# widths an embedding model was trained to be cut to (Matryoshka: true for any), and whether the
-# linear layers' weights are packed on a CPU (packing.py). `kv_unified` is LLAMACPP's switch to
-# one KV cache shared by its sequences: NATIVE's cache always is one (a token budget all rows
-# draw on), so a recipe that sets it for llama.cpp (smollm2) runs on NATIVE unchanged.
-NATIVE_KWARGS = (
-    "filename", "kv_cache_gb", "prefix_reuse", "matryoshka_dims", "pack_weights", "kv_unified",
-)  # fmt: skip
 
-
-def switch(model: ModelParams, name: str, default: bool = True) -> bool:
-    """The on/off `model.model_kwargs` setting `name` that NATIVE reads itself, checked."""
-    value = model.model_kwargs.get(name, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"model.model_kwargs.{name}: '{value}' is not true or false")
-    return value
+def switch(model: ModelParams, name: str) -> bool:
+    """The on/off `model.model_kwargs` setting `name` that NATIVE reads itself (options.py)."""
+    return getattr(NativeOptions.of(model.model_kwargs), name)
 
 
 def batching_settings(model: ModelParams, model_config: Any, dtype: Any) -> tuple[int | None, bool]:
     """`model_kwargs.kv_cache_gb` as the tokens the KV cache may hold (None: no budget, only
     generation.batch_size bounds it), and `model_kwargs.prefix_reuse` (default true)."""
-    budget = model.model_kwargs.get("kv_cache_gb")
-    reuse = switch(model, "prefix_reuse")
+    options = NativeOptions.of(model.model_kwargs)
+    budget, reuse = options.kv_cache_gb, options.prefix_reuse
     if budget is None:
         return None, reuse
-    if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0:
-        raise ConfigError(
-            f"model.model_kwargs.kv_cache_gb: '{budget}' is not a size in GiB greater than 0"
-        )
     per_token = kv_bytes_per_token(model_config, dtype)
     return int(budget * 2**30 // per_token), reuse
 
@@ -135,15 +119,17 @@ def load_model(
 ) -> Any:
     """The model's weights, on `device` in eval mode, through `auto` (an Auto class; by
     default the one `model_class` picks for generation)."""
+    model_config = model_config or load_model_config(model)
+    # Checked against what from_pretrained takes before model_source makes any copy.
+    kwargs = from_pretrained_kwargs(model.model_kwargs, model_config)
     name, gguf_file = model_source(model, make_copy=model.load_pretrained_weights)
-    kwargs = {k: v for k, v in model.model_kwargs.items() if k not in NATIVE_KWARGS}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     if model.attn_implementation:
         kwargs["attn_implementation"] = model.attn_implementation
     # transformers draws a progress bar while it dequantizes GGUF tensors, with no switch.
     quiet = contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext()
-    auto = auto or model_class(model_config or load_model_config(model))
+    auto = auto or model_class(model_config)
     try:
         with quiet:
             if model.load_pretrained_weights:

@@ -49,6 +49,7 @@ from lmpress.engines.local.vllm.api import (
     visible_gpus,
     vllm_version,
 )
+from lmpress.engines.local.vllm.options import VllmOptions
 from lmpress.engines.local.vllm.reasoning import budget_refusal, own_chat_template, parser_name
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
@@ -83,6 +84,7 @@ class VllmEngine(Engine):
     # embedding model or a cross-encoder), started for it with `task: embed`, `score` or
     # `rerank`.
     tasks = frozenset({"generate", "embed", "score", "rerank"})
+    options = VllmOptions
 
     @classmethod
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:

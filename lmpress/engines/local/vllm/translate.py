@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from lmpress.configs.schema import RunConfig, speculative_method
 from lmpress.engines.common.dequantized import dequantized_copy
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
 from lmpress.engines.local.vllm.api import is_request_error
+from lmpress.engines.local.vllm.options import DOCUMENTED_ARGS, VllmOptions
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 from lmpress.vocabulary.guided import GuidedDecoding
 from lmpress.vocabulary.types import (
@@ -43,40 +43,6 @@ if TYPE_CHECKING:
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 # --- engine arguments -------------------------------------------------------------------------
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _flag(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-# The engine arguments lmpress documents (recipes/vllm-*.yaml), checked here so that a wrong
-# value fails at once with its key rather than deep inside vLLM minutes later.
-DOCUMENTED_ARGS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "tensor_parallel_size": (_whole, "must be a whole number of GPUs, at least 1"),
-    "pipeline_parallel_size": (_whole, "must be a whole number of GPUs, at least 1"),
-    "data_parallel_size": (_whole, "must be a whole number of model copies, at least 1"),
-    "gpu_memory_utilization": (
-        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
-        "must be the fraction of each GPU's memory vLLM may take, in (0, 1], e.g. 0.9",
-    ),
-    "max_model_len": (_whole, "must be a number of tokens, at least 1"),
-    "max_num_seqs": (_whole, "must be a number of sequences, at least 1"),
-    "enable_prefix_caching": (_flag, "must be true or false"),
-    "enforce_eager": (_flag, "must be true or false"),
-    "trust_remote_code": (_flag, "must be true or false"),
-    "quantization": (
-        lambda v: v is None or isinstance(v, str),
-        "must be a quantization method such as awq, gptq or fp8, or null",
-    ),
-    "dtype": (
-        lambda v: isinstance(v, str),
-        f"must be {DTYPE_CHOICES}",
-    ),
-}
 
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -121,18 +87,17 @@ def engine_settings(
     # LLAMACPP's switch to one KV cache shared by its sequences (the smollm2 recipe sets it):
     # vLLM's paged cache always is one, so the key asks for nothing vLLM does not do.
     kwargs.pop("kv_unified", None)
+    unset = VllmOptions.unset_by_null()  # null: vLLM's own default, or the model section's
+    kwargs = {k: v for k, v in kwargs.items() if v is not None or k not in unset}
     for key, value in kwargs.items():
         if key in DOCUMENTED_ARGS:
             ok, allowed = DOCUMENTED_ARGS[key]
             if not ok(value):
                 raise ConfigError(f"model.model_kwargs.{key}: {value!r} {allowed}")
         elif known_args is not None and key not in known_args:
-            close = difflib.get_close_matches(key, sorted(known_args | set(DOCUMENTED_ARGS)), 1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(
-                f"model.model_kwargs.{key}: not an engine argument of vLLM{hint}; see "
-                f"https://docs.vllm.ai/en/latest/configuration/engine_args.html"
-            )
+            names = sorted(known_args | set(VllmOptions.names()))
+            close = difflib.get_close_matches(key, names, 1)
+            raise ConfigError(VllmOptions.unknown(key, close[0] if close else None, names))
     dtype = dtype_name(model.torch_dtype_str.lower())
     if dtype not in VLLM_DTYPES:
         raise ConfigError(
