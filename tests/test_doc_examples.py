@@ -4,9 +4,10 @@ Each fenced `sh`, `bash`, `console` or `python` block is one case, README's firs
 page's in the order of mkdocs.yml's nav; its commands run in order in a folder of their own
 that holds `examples/` (the input files the examples name), with `lmpress` on the PATH. A
 `console` block's `$ ` lines are the commands, its `> ` lines what is typed into them, and its
-other lines what they print: after a `<!-- check-output -->` line (`<!-- check-output exit=N
--->` for a command that fails on purpose) that output must be exactly what the commands print,
-stdout and stderr together. `lmpress serve` starts in the background on a free 127.0.0.1 port
+other lines what they print: after a `<!-- check-output -->` line that output must be exactly
+what the commands print, stdout and stderr together (`<!-- check-output stdout -->`: stdout
+alone, for a reply whose stderr carries timings; `exit=N` after either: a command that fails
+on purpose). `lmpress serve` starts in the background on a free 127.0.0.1 port
 (the docs' 8000 is rewritten) and serves the blocks after it in the same file, up to the next
 `lmpress serve`. A command that cannot run here (a provider's key, another machine, a
 placeholder path) is skipped by a rule below that names why; a rule no command matches fails,
@@ -40,7 +41,7 @@ from lmpress.builtin_models.tiny import cache_root
 from tests.conftest import REPO
 
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
-CHECK_OUTPUT = re.compile(r"^<!-- check-output(?: exit=(\d+))? -->$")
+CHECK_OUTPUT = re.compile(r"^<!-- check-output(?: (stdout))?(?: exit=(\d+))? -->$")
 RUN_LANGS = {"sh", "bash", "console", "python"}
 DOCS_PORT = "8000"
 
@@ -99,6 +100,7 @@ class Block:
     lang: str
     body: str
     check_exit: int | None = None  # after <!-- check-output -->: the exit code it must have
+    check_stdout_only: bool = False  # <!-- check-output stdout -->: stderr is not shown
     shown: str = ""  # a checked console block's output, as the page shows it
     commands: list[Command] = field(default_factory=list)
 
@@ -119,7 +121,8 @@ def file_blocks(path: Path) -> list[Block]:
             current, indent = Block(path, number, fence.group(2), ""), len(fence.group(1))
             check = CHECK_OUTPUT.match(before)
             if check:
-                current.check_exit = int(check.group(1) or 0)
+                current.check_exit = int(check.group(2) or 0)
+                current.check_stdout_only = check.group(1) is not None
         elif fence and current is not None:
             if current.lang in RUN_LANGS:
                 blocks.append(current)
@@ -193,7 +196,8 @@ def _what_runs(block: Block) -> tuple:
     they talk to, and what a checked block must print."""
     serve = _serve_command(block)
     commands = tuple((c.text, c.stdin) for c in block.commands if skip_reason(c) is None)
-    return block.lang, commands, serve.text if serve else None, block.check_exit, block.shown
+    checked = block.check_exit, block.check_stdout_only, block.shown
+    return block.lang, commands, serve.text if serve else None, checked
 
 
 def _first_runs(blocks: list[Block]) -> tuple[list[Block], dict[str, str]]:
@@ -332,7 +336,7 @@ def test_doc_example_runs_as_written(block: Block, tmp_path, server):
         shown = f"{block.id}: {command.text}\n--- stdout\n{run.stdout}\n--- stderr\n{run.stderr}"
         assert run.returncode == (block.check_exit or 0), shown
         assert "Traceback" not in run.stderr, shown
-        printed += run.stdout + run.stderr
+        printed += run.stdout if block.check_stdout_only else run.stdout + run.stderr
         if re.search(r"lmpress (infer|chat)|^curl|print\(", text):  # a reply a person reads
             assert run.stdout.strip(), shown
         if text.startswith("curl"):  # curl -s exits 0 on an HTTP error too
