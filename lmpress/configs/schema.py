@@ -28,22 +28,25 @@ SPECULATIVE_METHODS: tuple[SpeculativeMethod, ...] = get_args(SpeculativeMethod)
 
 @dataclass
 class ModelParams:
-    model_name: str = ""
-    adapter_model: str | None = None
-    tokenizer_name: str | None = None
-    tokenizer_pad_token: str | None = None
+    model_name: str = ""  # a model directory, a .gguf file, a hub id, or a packaged/tiny name
+    adapter_model: str | None = None  # a PEFT LoRA directory or hub id (NATIVE, VLLM)
+    tokenizer_name: str | None = None  # another tokenizer; remote engines count prompts with it
+    tokenizer_pad_token: str | None = None  # the pad token, where the tokenizer has none
+    # passed to the tokenizer when it loads
     tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)
     processor_kwargs: dict[str, Any] = field(default_factory=dict)  # a multimodal model's processor
-    model_max_length: int | None = None
+    model_max_length: int | None = None  # the context length; unset: the model's own
     load_pretrained_weights: bool = True  # false: random weights from the model's config
     compile: bool = False  # torch.compile the model (NATIVE)
     chat_template: str | None = None  # a Jinja string, a path to a template file, or "chatml"
+    # variables the chat template reads, e.g. enable_thinking
     chat_template_kwargs: dict[str, Any] | None = None
-    torch_dtype_str: str = "auto"
-    device_map: str | None = "auto"
-    attn_implementation: str | None = None
-    trust_remote_code: bool = False
-    model_revision: str | None = None
+    torch_dtype_str: str = "auto"  # auto: float32 on a CPU, bfloat16 on CUDA (NATIVE, VLLM)
+    device_map: str | None = "auto"  # auto: cuda where present, else cpu (NATIVE)
+    attn_implementation: str | None = None  # transformers' attention implementation (NATIVE)
+    trust_remote_code: bool = False  # run a checkpoint's own modelling code
+    model_revision: str | None = None  # a hub revision (branch, tag or commit)
+    # the engine's own settings: `lmpress engines NAME`, and below
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     tool_call_parser: str | None = None  # how a local model writes tool calls (tool_parsers.py)
     # How a local model writes its thinking (engines/common/reasoning.py): vLLM's
@@ -72,19 +75,19 @@ class ModelParams:
 
 @dataclass
 class RemoteParams:
-    api_url: str | None = None
-    api_key: str | None = None
-    api_key_env_varname: str | None = None
-    user_id: str | None = None  # accepted for Oumi configs; lmpress sends no user id
-    num_workers: int = 32
-    max_retries: int = 5
-    retry_backoff_base: float = 1.0
-    retry_backoff_max: float = 30.0
-    connection_timeout: float = 300.0
-    politeness_policy: float = 0.0
-    requests_per_minute: int | None = None
-    input_tokens_per_minute: int | None = None
-    output_tokens_per_minute: int | None = None
+    api_url: str | None = None  # a base URL (http://host:8000/v1) or the full endpoint URL
+    api_key: str | None = None  # a literal key (warns); prefer api_key_env_varname
+    api_key_env_varname: str | None = None  # the variable holding the key; unset: the engine's own
+    user_id: str | None = None  # sent where Oumi sends it: OPENAI's `user`, ANTHROPIC's metadata
+    num_workers: int = 32  # requests in flight at most
+    max_retries: int = 5  # retries of a 429, 5xx, timeout or dropped connection
+    retry_backoff_base: float = 1.0  # seconds: exponential backoff with full jitter, from this
+    retry_backoff_max: float = 30.0  # seconds, up to this (also the longest Retry-After honoured)
+    connection_timeout: float = 300.0  # seconds without a byte before a request is retried
+    politeness_policy: float = 0.0  # seconds a worker rests after each request
+    requests_per_minute: int | None = None  # the provider's limits, kept ahead of time when given
+    input_tokens_per_minute: int | None = None  # prompts estimated at ~4 characters a token
+    output_tokens_per_minute: int | None = None  # max_new_tokens reserved, the unused refunded
     # USD per million tokens, for the dry run's estimate and the budget guardrails: over the
     # provider's price list (engines/remote/presets.py), or a price for any engine (a local
     # one has none otherwise), e.g. GPU hours spread over the tokens they make.
@@ -108,8 +111,8 @@ class RemoteParams:
     batch_poll_max_s: float = 60.0  # polling backs off from 1 s to this
     # A batch not ended this long past its provider's expiry time is reported as stuck.
     batch_stuck_margin_s: float = 3600.0
-    # Adaptive concurrency: accepted so Oumi configs load; lmpress already adapts to 429s by
-    # backing off.
+    # Oumi's adaptive concurrency: on, a 429 halves the requests in flight and successes grow
+    # them back; off, num_workers stay in flight (the Retry-After cooldown still holds).
     use_adaptive_concurrency: bool = True
 
 
@@ -118,10 +121,10 @@ class ServeParams:
     """`lmpress serve`: where it listens and what it refuses. The API key is never config: it
     comes from --api-key or LMPRESS_API_KEY, so `config show` cannot print it."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = "127.0.0.1"  # also --host
+    port: int = 8000  # also --port; 0 picks a free port
     served_model_name: str | None = None  # the model id clients send; default model.model_name
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 4 * 1024 * 1024  # a larger body gets 413
     queue_limit: int = 256  # sequences held at once (generating or waiting); more get 503
     # What one request may ask for (serve/limits.py); over a cap is a 400 naming it. n as
     # OpenAI caps it; n x max_tokens (x prompts) in tokens; a prompt's UTF-8 bytes, checked
@@ -157,7 +160,7 @@ class RayParams:
 
     address: str | None = None  # a running cluster (else RAY_ADDRESS); none: start a local Ray
     replicas: int = 1  # engine replicas, one Ray actor each
-    cpus_per_replica: float = 1.0
+    cpus_per_replica: float = 1.0  # CPUs Ray reserves for each replica
     gpus_per_replica: float = 0.0  # VLLM: tensor x pipeline parallel size; NATIVE on CUDA: 1
     batch_size: int = 32  # rows sent to a replica in one call
     calls_per_replica: int = 4  # calls in flight at a replica: the engine sees up to 4 x 32 rows
@@ -166,7 +169,7 @@ class RayParams:
 @dataclass
 class RunConfig:
     name: str | None = None  # a label, as Oumi configs carry one
-    engine: str = "NATIVE"
+    engine: str = "NATIVE"  # NATIVE, LLAMACPP, VLLM or a remote engine (`lmpress engines`)
     # What the run does: generate text, or embed, score or rerank (vocabulary/embeddings.py).
     task: str = "generate"
     model: ModelParams = field(default_factory=ModelParams)
@@ -174,8 +177,8 @@ class RunConfig:
     remote_params: RemoteParams = field(default_factory=RemoteParams)
     serve: ServeParams = field(default_factory=ServeParams)
     ray: RayParams = field(default_factory=RayParams)
-    input_path: str | None = None
-    output_path: str | None = None
+    input_path: str | None = None  # `lmpress batch` without -i reads this file
+    output_path: str | None = None  # `lmpress batch` without -o writes this file
     progress_path: str | None = None  # accepted for Oumi configs; lmpress resumes from output
 
     def task_chosen(self) -> bool:

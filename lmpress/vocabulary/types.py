@@ -94,25 +94,27 @@ class GenerationParams:
     unless the field is in the engine's `supported_params`.
     """
 
-    max_new_tokens: int = 256
+    max_new_tokens: int = 256  # the reply's tokens at most, thinking included
     temperature: float = 0.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int | None = None
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    top_p: float = 1.0  # nucleus sampling: the smallest set of tokens holding this probability
+    top_k: int | None = None  # sample among the k likeliest tokens; null: no limit
+    min_p: float = 0.0  # drop tokens below min_p times the likeliest token's probability
+    repetition_penalty: float = 1.0  # penalises tokens already seen, as transformers does (1: off)
+    presence_penalty: float = 0.0  # subtracted once from a seen token's logit, as OpenAI's
+    frequency_penalty: float = 0.0  # subtracted per occurrence of a seen token, as OpenAI's
+    # the reply ends before the first of these
     stop_strings: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    min_tokens: int = 0
-    seed: int | None = None
-    n: int = 1
-    logprobs: bool = False
-    top_logprobs: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)  # the reply ends at any of these tokens
+    min_tokens: int = 0  # no end of reply before this many tokens
+    seed: int | None = None  # a row's own random generator (seed + i for its i-th sample)
+    n: int = 1  # samples per prompt
+    logprobs: bool = False  # return each token's log probability
+    top_logprobs: int = 0  # and this many likeliest alternatives at each position
+    # token id -> bias added to its logit, as OpenAI's
     logit_bias: dict[str, float] = field(default_factory=dict)
     guided_decoding: GuidedDecoding | None = None  # a mapping given here is parsed into one
-    skip_special_tokens: bool = True
-    num_beams: int = 1
+    skip_special_tokens: bool = True  # leave special tokens out of the text
+    num_beams: int = 1  # beam search: no engine does it, so only 1 is taken
     # Scheduling, not sampling: how many sequences a local engine decodes together.
     batch_size: int = 8
     # Accepted so Oumi recipes load unchanged; lmpress always returns only the new text and

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO, run_lmpress, with_plugin
 
 THINKING = "let me think about it"
-README = REPO / "README.md"
+REASONING_PAGE = REPO / "docs" / "reasoning.md"
 
 
 @pytest.fixture
@@ -145,10 +145,10 @@ THINK = ["--engine", "NATIVE", "--model.model_name", "tiny:think",
          "--generation.max_new_tokens", "12", "--generation.max_reasoning_tokens", "4"]  # fmt: skip
 
 
-def readme_run() -> tuple[str, list[str], dict]:
-    """The README's reasoning example: the row it writes to q.jsonl, the command's arguments
-    after `lmpress`, and the line it shows."""
-    section = README.read_text().split("## Reasoning models\n", 1)[1]
+def reasoning_page_run() -> tuple[str, list[str], dict]:
+    """The example of docs/reasoning.md: the row it writes to q.jsonl, the command's
+    arguments after `lmpress`, and the line it shows."""
+    section = REASONING_PAGE.read_text().split("# Reasoning models\n", 1)[1]
     command = section.split("```sh\n", 1)[1].split("```", 1)[0]
     shown = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
     row = command.splitlines()[0].split("'")[1]
@@ -159,11 +159,11 @@ def readme_run() -> tuple[str, list[str], dict]:
 
 @pytest.fixture(scope="module")
 def tiny_think_rows(tmp_path_factory) -> dict[str, dict]:
-    """The README's command, run as it is written, on its row and the rows the tests below
-    read (one NATIVE job: each start costs seconds of CPU): two within the budgets, one with
+    """The reasoning page's command, run as it is written, on its row and the rows the tests
+    below read (one NATIVE job: each start costs seconds of CPU): two within the budgets, one with
     its own thinking budget, one structured. Each row's line, by id."""
     tmp = tmp_path_factory.mktemp("tiny-think")
-    row, args, _ = readme_run()
+    row, args, _ = reasoning_page_run()
     assert args == ["batch", *THINK, "-i", "q.jsonl", "-o", "out.jsonl"]  # infer's, below
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}  # fmt: skip
@@ -202,8 +202,8 @@ def test_tiny_think_a_structured_rows_answer_validates_with_the_thinking_apart(t
     assert response["reasoning"] and response["usage"]["reasoning_tokens"] == 4
 
 
-def test_the_readmes_reasoning_run_writes_what_it_shows(tiny_think_rows):
-    *_, shown = readme_run()
+def test_the_reasoning_pages_run_writes_what_it_shows(tiny_think_rows):
+    *_, shown = reasoning_page_run()
     written = tiny_think_rows[shown["id"]]
     latency = {"latency_s": shown["response"]["latency_s"]}
     assert {**written, "response": {**written["response"], **latency}} == shown

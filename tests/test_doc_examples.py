@@ -1,17 +1,27 @@
-"""Every shell and Python example in README.md, run as written (issue 48).
+"""Every shell and Python example in README.md and docs/, run as written (issues 48 and 51).
 
-Each fenced `sh`, `bash`, `console` or `python` block is one case, its commands run in README
-order in a folder of their own that holds `examples/` (the input files the README names), with
-`lmpress` on the PATH. A `console` block's `$ ` lines are the commands and its `> ` lines what
-is typed into them. `lmpress serve` starts in the background on a free 127.0.0.1 port (the
-README's 8000 is rewritten) and serves the blocks after it up to the next `lmpress serve`. A
-command that cannot run here (a provider's key, another machine, a placeholder path) is
-skipped by a rule below that names why; a rule no command matches fails, so the list cannot
-rot. Real weights (SmolLM2, MiniLM) answer where the README shows a reply.
+Each fenced `sh`, `bash`, `console` or `python` block is one case, README's first, then each
+page's in the order of mkdocs.yml's nav; its commands run in order in a folder of their own
+that holds `examples/` (the input files the examples name), with `lmpress` on the PATH. A
+`console` block's `$ ` lines are the commands, its `> ` lines what is typed into them, and its
+other lines what they print: after a `<!-- check-output -->` line that output must be exactly
+what the commands print, stdout and stderr together (`<!-- check-output stdout -->`: stdout
+alone, for a reply whose stderr carries timings; `exit=N` after either: a command that fails
+on purpose). `lmpress serve` starts in the background on a free 127.0.0.1 port
+(the docs' 8000 is rewritten) and serves the blocks after it in the same file, up to the next
+`lmpress serve`. A command that cannot run here (a provider's key, another machine, a
+placeholder path) is skipped by a rule below that names why; a rule no command matches fails,
+so the list cannot rot. A block whose commands an earlier block already ran (README's tour
+repeats a page's example) runs once. Real weights (SmolLM2, MiniLM) answer where the docs show
+a reply.
+
+The two generated pages (docs/reference/config.md from the schema, docs/reference/cli.md from
+the commands' `--help`) must be what docs/generate.py writes today.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -25,18 +35,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lmpress.builtin_models.tiny import cache_root
 from tests.conftest import REPO
 
-README = REPO / "README.md"
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
+CHECK_OUTPUT = re.compile(r"^<!-- check-output(?: (stdout))?(?: exit=(\d+))? -->$")
 RUN_LANGS = {"sh", "bash", "console", "python"}
-README_PORT = "8000"
+DOCS_PORT = "8000"
+
+
+def doc_files() -> list[Path]:
+    """README.md, then every page of the site in mkdocs.yml's nav order."""
+
+    def pages(entry) -> list[str]:
+        if isinstance(entry, str):
+            return [entry]
+        if isinstance(entry, list):
+            return [page for item in entry for page in pages(item)]
+        return [page for value in entry.values() for page in pages(value)]
+
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
+    return [REPO / "README.md", *(REPO / "docs" / page for page in pages(nav))]
+
 
 # (a piece of the command, why it does not run in the tests). Each must match some command.
 SKIPPED = [
-    ("make demo", "the batch example below runs the same command"),
+    ("make demo", "its batch command is the caching page's first example, which runs"),
     ("make test", "the test suite itself"),
     ("make install-vllm", "builds vLLM's own venv (make test-vllm runs vLLM)"),
     (".venv-vllm/", "needs vLLM's venv (make test-vllm)"),
@@ -69,30 +95,49 @@ class Command:
 
 @dataclass
 class Block:
+    path: Path
     line: int
     lang: str
     body: str
+    check_exit: int | None = None  # after <!-- check-output -->: the exit code it must have
+    check_stdout_only: bool = False  # <!-- check-output stdout -->: stderr is not shown
+    shown: str = ""  # a checked console block's output, as the page shows it
     commands: list[Command] = field(default_factory=list)
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.path.relative_to(REPO)}:{self.line}"
 
 
-def readme_blocks() -> list[Block]:
-    blocks, current, indent = [], None, 0
-    for number, line in enumerate(README.read_text().splitlines(), start=1):
+def doc_blocks() -> list[Block]:
+    return [block for path in doc_files() for block in file_blocks(path)]
+
+
+def file_blocks(path: Path) -> list[Block]:
+    blocks, current, indent, before = [], None, 0, ""
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
         fence = FENCE.match(line)
         if fence and current is None:
-            current, indent = Block(number, fence.group(2), ""), len(fence.group(1))
+            current, indent = Block(path, number, fence.group(2), ""), len(fence.group(1))
+            check = CHECK_OUTPUT.match(before)
+            if check:
+                current.check_exit = int(check.group(2) or 0)
+                current.check_stdout_only = check.group(1) is not None
         elif fence and current is not None:
             if current.lang in RUN_LANGS:
                 blocks.append(current)
             current = None
         elif current is not None:
             current.body += line[indent:] + "\n"
+        if line.strip():
+            before = line.strip()
     for block in blocks:
         block.commands = _commands(block)
+        if block.check_exit is not None:
+            assert block.lang == "console", f"{block.id}: check-output is for console blocks"
+            block.shown = "".join(
+                line + "\n" for line in block.body.splitlines() if not line.startswith(("$ ", "> "))
+            )
     return blocks
 
 
@@ -131,25 +176,14 @@ def skip_reason(command: Command) -> str | None:
     return next((why for piece, why in SKIPPED if piece in command.text), None)
 
 
-BLOCKS = readme_blocks()
-RUNNABLE = [b for b in BLOCKS if any(skip_reason(c) is None for c in b.commands)]
-
-
-def test_every_skip_rule_matches_an_example():
-    texts = [c.text for b in BLOCKS for c in b.commands]
-    unused = [piece for piece, _ in SKIPPED if not any(piece in t for t in texts)]
-    assert not unused, f"skip rules that match no README command: {unused}"
-    assert len(RUNNABLE) >= 15  # the extraction found the examples
-
-
 def _is_serve(command: Command) -> bool:
     return re.search(r"(^|\s)lmpress serve\s", command.text) is not None
 
 
 def _serve_command(block: Block) -> Command | None:
     """The `lmpress serve` that the block's clients talk to: the block's own, else the last
-    one before it in the README."""
-    before = [b for b in BLOCKS if b.line <= block.line]
+    one before it in the same file."""
+    before = [b for b in BLOCKS if b.path == block.path and b.line <= block.line]
     for earlier in reversed(before):
         serves = [c for c in earlier.commands if _is_serve(c)]
         if serves:
@@ -157,9 +191,58 @@ def _serve_command(block: Block) -> Command | None:
     return None
 
 
+def _what_runs(block: Block) -> tuple:
+    """What running the block does: its commands (with what is typed into them), the server
+    they talk to, and what a checked block must print."""
+    serve = _serve_command(block)
+    commands = tuple((c.text, c.stdin) for c in block.commands if skip_reason(c) is None)
+    checked = block.check_exit, block.check_stdout_only, block.shown
+    return block.lang, commands, serve.text if serve else None, checked
+
+
+def _first_runs(blocks: list[Block]) -> tuple[list[Block], dict[str, str]]:
+    """The blocks with a command to run, each once: a block that runs what an earlier block
+    ran is left out, with the earlier one's id."""
+    runnable, seen, repeats = [], {}, {}
+    for block in blocks:
+        if all(skip_reason(c) is not None for c in block.commands):
+            continue
+        key = _what_runs(block)
+        if key in seen and not any(_is_serve(c) for c in block.commands):
+            repeats[block.id] = seen[key]
+            continue
+        seen.setdefault(key, block.id)
+        runnable.append(block)
+    return runnable, repeats
+
+
+BLOCKS = doc_blocks()
+RUNNABLE, REPEATS = _first_runs(BLOCKS)
+
+
+def test_every_skip_rule_matches_an_example():
+    texts = [c.text for b in BLOCKS for c in b.commands]
+    unused = [piece for piece, _ in SKIPPED if not any(piece in t for t in texts)]
+    assert not unused, f"skip rules that match no command in README.md or docs/: {unused}"
+    assert len(RUNNABLE) >= 20  # the extraction found the examples
+    assert {b.path.name for b in RUNNABLE} >= {"README.md", "index.md", "reasoning.md"}
+
+
+def test_the_generated_pages_are_what_the_code_writes():
+    """docs/reference/config.md (every config key, and each engine's settings) and
+    docs/reference/cli.md (every command's --help) are written by docs/generate.py; a changed
+    field, comment or help text fails here until the script is run again."""
+    spec = importlib.util.spec_from_file_location("docs_generate", REPO / "docs" / "generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    stale = [str(path.relative_to(REPO)) for path in generate.stale()]
+    assert stale == [], f"{stale} differ from the code: run python docs/generate.py"
+
+
 class Server:
-    """One `lmpress serve` from the README at a time, on a free port, kept for the blocks
-    that follow it."""
+    """One `lmpress serve` from the docs at a time, on a free port, kept for the blocks that
+    follow it, and for a later page that starts the same command (README's serve example is
+    the serve page's, so one server answers both)."""
 
     def __init__(self) -> None:
         self.command: Command | None = None
@@ -167,7 +250,8 @@ class Server:
         self.port = ""
 
     def ensure(self, command: Command, env: dict[str, str], cwd: Path) -> str:
-        if self.command is command and self.process and self.process.poll() is None:
+        same = self.command is not None and self.command.text == command.text
+        if same and self.process and self.process.poll() is None:
             return self.port
         self.stop()
         self.port = str(_free_port())
@@ -212,8 +296,8 @@ def _free_port() -> int:
 
 
 def _on_port(text: str, port: str) -> str:
-    text = text.replace(f"127.0.0.1:{README_PORT}", f"127.0.0.1:{port}")
-    return re.sub(rf"--port {README_PORT}\b", f"--port {port}", text)
+    text = text.replace(f"127.0.0.1:{DOCS_PORT}", f"127.0.0.1:{port}")
+    return re.sub(rf"--port {DOCS_PORT}\b", f"--port {port}", text)
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -231,18 +315,19 @@ def _env(home: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.id)
-def test_readme_example_runs_as_written(block: Block, tmp_path, server):
+def test_doc_example_runs_as_written(block: Block, tmp_path, server):
     (tmp_path / "examples").symlink_to(REPO / "examples")
     env = _env(tmp_path)
     serve = _serve_command(block)
+    printed = ""
     for command in block.commands:
         if skip_reason(command) is not None:
             continue
         if _is_serve(command):
             server.ensure(command, env, tmp_path)
             continue
-        port = README_PORT
-        if README_PORT in command.text and serve is not None:
+        port = DOCS_PORT
+        if DOCS_PORT in command.text and serve is not None:
             port = server.ensure(serve, env, tmp_path)
         text = _on_port(command.text, port)
         argv = [sys.executable, "-c", text] if block.lang == "python" else ["bash", "-c", text]
@@ -251,9 +336,12 @@ def test_readme_example_runs_as_written(block: Block, tmp_path, server):
             timeout=300,
         )  # fmt: skip
         shown = f"{block.id}: {command.text}\n--- stdout\n{run.stdout}\n--- stderr\n{run.stderr}"
-        assert run.returncode == 0, shown
+        assert run.returncode == (block.check_exit or 0), shown
         assert "Traceback" not in run.stderr, shown
+        printed += run.stdout if block.check_stdout_only else run.stdout + run.stderr
         if re.search(r"lmpress (infer|chat)|^curl|print\(", text):  # a reply a person reads
             assert run.stdout.strip(), shown
         if text.startswith("curl"):  # curl -s exits 0 on an HTTP error too
             assert not re.search(r'"error": ?\{', run.stdout), shown
+    if block.check_exit is not None:
+        assert printed == block.shown, f"{block.id} shows other output than its commands print"
