@@ -29,6 +29,7 @@ REQUIRED = bool(os.environ.get("LMPRESS_REQUIRE_VLLM"))
 # 0.92 of it) and refuses to start when other processes hold some. One GiB of KV cache holds
 # tens of thousands of SmolLM2 tokens.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+VLLM_TEST_TIMEOUT_S = 1800
 
 
 def vllm_problem() -> str | None:
@@ -51,6 +52,10 @@ def pytest_collection_modifyitems(config, items):
             # Each test waits for at least one vLLM engine to start (20-60 s on 2 cores); the
             # suite's per-test budget is for the tests that start none.
             item.add_marker(pytest.mark.slow)
+            # pytest-timeout is a hang guard, and these tests' time follows the machine's load:
+            # batch --ray, a local Ray with vLLM in its replica, took 180 s beside the main suite
+            # and more than the suite's 600 s with two busy processes added (issue 50's loaded run).
+            item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
     problem = vllm_problem() if any(HERE in Path(i.path).parents for i in items) else None
     if problem is None:
         return

@@ -24,6 +24,7 @@ from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 from tests.conftest import run_lmpress
 from tests.engines.local.vllm_real.conftest import (
     REQUIRED,
+    VLLM_TEST_TIMEOUT_S,
     raw_vllm_beside,
     worker_in_the_engine_core,
 )
@@ -365,7 +366,7 @@ def test_batch_on_ray_writes_what_vllm_answers(reference, tmp_path):
     run = run_lmpress(
         "batch", *CLI_MODEL, "--generation.max_new_tokens", "48", "-i", str(source),
         "-o", str(out), "--ray", "--ray.replicas", "1", "--ray.cpus_per_replica", "1",
-        timeout=900,
+        timeout=VLLM_TEST_TIMEOUT_S - 120,  # under the hang guard the conftest sets
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert "started Ray" in run.stderr
