@@ -28,20 +28,6 @@ if str(REPO) not in sys.path:
 CONFIG_PAGE = REPO / "docs" / "reference" / "config.md"
 CLI_PAGE = REPO / "docs" / "reference" / "cli.md"
 HELP_WIDTH = 100
-# Every command and subcommand whose --help the CLI page shows, in the order it shows them.
-COMMANDS = [
-    [],
-    ["infer"],
-    ["batch"],
-    ["chat"],
-    ["serve"],
-    ["engines"],
-    ["recipes"],
-    ["config", "show"],
-    ["cache", "stats"],
-    ["cache", "prune"],
-    ["cache", "clear"],
-]
 
 
 def field_comments(path: Path, class_name: str) -> dict[str, str]:
@@ -200,6 +186,28 @@ def help_text(args: list[str]) -> str:
     return "\n".join(line.rstrip() for line in result.output.splitlines()).strip("\n") + "\n"
 
 
+def commands() -> list[list[str]]:
+    """`lmpress` and every command under it that runs (groups such as `cache` are shown by
+    their subcommands), in the order the CLI registers them: a new command is on the page
+    without an edit here."""
+    import typer.main
+
+    from lmpress.cli.app import app
+
+    def walk(command, path: list[str]) -> list[list[str]]:
+        children = getattr(command, "commands", None)
+        if children is None:
+            return [path]
+        return [
+            found
+            for name, child in children.items()
+            if not getattr(child, "hidden", False)
+            for found in walk(child, [*path, name])
+        ]
+
+    return [[], *walk(typer.main.get_command(app), [])]
+
+
 def cli_page() -> str:
     out = [
         "# CLI reference",
@@ -210,7 +218,7 @@ def cli_page() -> str:
         "Every command's `--help`, as it prints it at 100 columns. `--debug` on any command",
         "shows the traceback behind an error ([troubleshooting](../troubleshooting.md)).",
     ]
-    for args in COMMANDS:
+    for args in commands():
         title = " ".join(["lmpress", *args])
         out += ["", f"## {title}", "", "```text", help_text(args).rstrip("\n"), "```"]
     return "\n".join(out) + "\n"
