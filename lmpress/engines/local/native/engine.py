@@ -153,9 +153,12 @@ class NativeEngine(WorkerEngine):
             return
         if self.device == "cpu":
             give_freed_caches_back()
-        self.tokenizer = load_tokenizer(config.model)
         model_config = load_model_config(config.model)
         self.model = load_model(config.model, self.device, self.dtype, model_config)
+        # After the weights: a packaged GGUF's tokenizer then comes from the dequantized copy
+        # load_model made on first use, not from parsing the GGUF file's vocabulary again
+        # (~7 s of SmolLM2's first run here).
+        self.tokenizer = load_tokenizer(config.model)
         use_row_attention(self.model)
         # model.compile packs the weights its own way (inductor's freezing).
         if switch(config.model, "pack_weights") and not config.model.compile:
