@@ -7,11 +7,8 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.configs.schema import ModelParams
-from lmpress.engines.local.speculation import (
-    NgramIndex,
-    Speculation,
-    draft_counts,
-)
+from lmpress.engines.local.native.speculation import draft_counts
+from lmpress.engines.local.speculation import NgramIndex, Speculation
 from lmpress.vocabulary.errors import ConfigError, UnsupportedParamError
 
 NGRAM = Speculation(method="ngram", tokens=4, lookup_min=2, lookup_max=4)

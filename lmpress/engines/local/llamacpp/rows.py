@@ -61,7 +61,7 @@ class SequenceRow:
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     logprobs: list[TokenLogprob] | None = None
     budget: ThinkingBudget | None = None  # a reasoning model's: its thinking so far
-    # Speculation (speculating.py): the row's drafting, None when off; the tokens it carries
+    # Speculation (llamacpp/speculation.py): the row's drafting, None when off; the tokens it carries
     # after `next_token` this step, the first `drafted` of them its drafts and the rest
     # fillers; and the draft positions it has verified and kept, all steps.
     drafts: RowDrafts | None = None
