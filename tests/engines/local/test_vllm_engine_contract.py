@@ -129,7 +129,7 @@ CHANGED = {
     "max_reasoning_tokens": 5,
 }  # fmt: skip
 # Fields honoured in the prompt rather than in SamplingParams: reasoning_effort sets the chat
-# template's switches (local/thinking.py; vllm_real/test_reasoning.py runs it on VLLM).
+# template's switches (local/reasoning.py; vllm_real/test_reasoning.py runs it on VLLM).
 IN_THE_PROMPT = {"reasoning_effort"}
 
 

@@ -362,8 +362,8 @@ class NativeScheduler(Scheduler):
                 row.logprobs = [] if params.logprobs else None
                 if submission.matcher is not None:
                     row.matcher = submission.matcher.copy()
-                if submission.thinking is not None:
-                    row.budget = submission.thinking.budget()
+                if submission.reasoning is not None:
+                    row.budget = submission.reasoning.budget()
             # Sibling samples and the checkpoint's own processors (which read the whole
             # history at every pick) decode a token a step.
             if self.speculation and params.n == 1 and not self.checkpoint_processors:
