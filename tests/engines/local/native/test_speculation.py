@@ -37,7 +37,7 @@ LIST = (
 COPY = [TYPOS, REPEAT, LIST]
 NEW_TOKENS = 48  # room for TYPOS's reply to reach "harbour", and for a min_tokens of 30
 # The greedy rows' length: each copy row is drafting through its copied text by then (measured:
-# 119 tokens drafted, 86 kept; with the draft model of test_native_draft_model.py 122 and 36).
+# 119 tokens drafted, 86 kept; with the draft model of test_draft_model.py 122 and 36).
 GREEDY_TOKENS = 32
 
 
