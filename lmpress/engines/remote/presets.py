@@ -243,6 +243,7 @@ def engine_class(name: str) -> type[Any]:
         "supported_params": provider.params,
         "default_api_url": provider.url,
         "default_key_env": provider.key_env,
+        "default_tokenizer": provider.tokenizer,
         "key_required": provider.key_required,
         "model_required": provider.model_required,
         "user_field": provider.user_field,
