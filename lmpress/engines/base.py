@@ -99,8 +99,9 @@ class Engine(ABC):
     # through `embed`, `score` and `rerank` through `score`. A run of another task is refused
     # before any work.
     tasks: ClassVar[frozenset[str]] = frozenset({"generate"})
-    # The `model.model_kwargs` settings it reads, typed (engines/options.py), checked when the
-    # config loads; None: it reads none, and the config's model_kwargs are not checked.
+    # The `model.model_kwargs` settings it reads, typed (engines/options.py), checked right
+    # after the config loads (`registry.check_engine`); None: it reads none, and the config's
+    # model_kwargs are not checked.
     options: ClassVar[type[EngineOptions] | None] = None
 
     @classmethod
