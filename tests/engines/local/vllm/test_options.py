@@ -1,6 +1,7 @@
 """VLLM's `model.model_kwargs` (vllm/options.py): the engine arguments lmpress documents and reads,
-checked as the config loads with vLLM's own messages; the rest checked against AsyncEngineArgs'
-fields once vLLM is imported (test_engine_contract.py)."""
+checked once the config loads (the registry's check_engine, which every front calls) with vLLM's
+own messages; the rest checked against AsyncEngineArgs' fields once vLLM is imported
+(test_engine_contract.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from lmpress.configs import load_config
 from lmpress.engines.local.vllm.options import VllmOptions
 from lmpress.engines.local.vllm.translate import engine_settings
 from lmpress.engines.options import typo_of
+from lmpress.engines.registry import check_engine
 from lmpress.vocabulary.errors import ConfigError
 from tests.engines.local.vllm.contract_support import model_dir, standin
 
@@ -23,9 +25,9 @@ def config(model: str, **model_kwargs):
     return load_config(overrides=overrides, engine="VLLM")
 
 
-def test_a_documented_argument_of_the_wrong_kind_is_refused_as_the_config_loads(model_dir):
+def test_a_documented_argument_of_the_wrong_kind_is_refused_once_the_config_loads(model_dir):
     with pytest.raises(ConfigError) as caught:
-        config(model_dir, max_num_seqs=0)
+        check_engine(config(model_dir, max_num_seqs=0))
     assert str(caught.value) == (
         "model.model_kwargs.max_num_seqs: 0 must be a number of sequences, at least 1"
     )
