@@ -25,10 +25,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lmpress.openai_wire.errors import ApiError
-from lmpress.openai_wire.requests import Sampling
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 from lmpress.vocabulary.types import ContentPart, FinishReason, Message, Result, ToolCall
+from lmpress.wire.openai.errors import ApiError
+from lmpress.wire.openai.requests import Sampling
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"

@@ -21,8 +21,6 @@ from fastapi.responses import JSONResponse
 
 from lmpress.engines.base import Engine
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.openai_wire.errors import ApiError, error_from_info
-from lmpress.openai_wire.requests import Sampling, parse_body
 from lmpress.serve import anthropic_wire as wire
 from lmpress.serve import openapi, pooling
 from lmpress.serve.asgi import (
@@ -34,6 +32,8 @@ from lmpress.serve.asgi import (
 )
 from lmpress.vocabulary.errors import RequestError
 from lmpress.vocabulary.types import Delta, Message, Request, Result
+from lmpress.wire.openai.errors import ApiError, error_from_info
+from lmpress.wire.openai.requests import Sampling, parse_body
 
 Body = TypeVar("Body", bound=wire.CountTokensBody)
 

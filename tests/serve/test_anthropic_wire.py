@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from lmpress.openai_wire.errors import ApiError
 from lmpress.serve.anthropic_wire import (
     STOP_REASONS,
     MessagesBody,
@@ -22,6 +21,7 @@ from lmpress.vocabulary.types import (
     Sample,
     ToolCall,
 )
+from lmpress.wire.openai.errors import ApiError
 
 TOOL = {"name": "lookup", "input_schema": {"type": "object"}}
 

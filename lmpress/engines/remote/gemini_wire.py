@@ -130,7 +130,7 @@ def _image(url: str) -> dict[str, Any]:
 
 
 def _generation_config(request: Request) -> dict[str, Any]:
-    """The fields the live engine sends (`openai_wire.client.request_body`), in Gemini's
+    """The fields the live engine sends (`wire.openai.client.request_body`), in Gemini's
     names: the same defaults left out, temperature and the token limit always sent."""
     p = request.params
     config: dict[str, Any] = {"maxOutputTokens": p.max_new_tokens, "temperature": p.temperature}

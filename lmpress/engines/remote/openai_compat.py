@@ -3,7 +3,7 @@
 One engine class speaks the chat-completions protocol; each service is its row in presets.py
 (base URL, key variable, the generation parameters it accepts and how a few of them are spelled,
 `Dialect`) bound onto it, and the two services that need code of their own (BEDROCK's regional
-URL, SGLANG's endpoint paths) subclass it. `openai_wire.client.request_body` turns a Request into
+URL, SGLANG's endpoint paths) subclass it. `wire.openai.client.request_body` turns a Request into
 the JSON body, the row's `ReasoningFields` add its reasoning bounds (reasoning.py), and
 `parse_chat_completion` turns the JSON reply into samples and usage, each sample's thinking apart
 from its answer; streamed, `StreamedChoice` does the same for each choice as it arrives.
@@ -36,8 +36,6 @@ from lmpress.engines.remote.reasoning import (
     split_thoughts,
 )
 from lmpress.engines.remote.retry import MalformedResponse
-from lmpress.openai_wire import pooling as wire
-from lmpress.openai_wire.client import OPENAI_PARAMS, Dialect, request_body
 from lmpress.vocabulary.embeddings import Embedding, EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 from lmpress.vocabulary.types import (
@@ -51,6 +49,8 @@ from lmpress.vocabulary.types import (
     ToolCall,
     Usage,
 )
+from lmpress.wire.openai import pooling as wire
+from lmpress.wire.openai.client import OPENAI_PARAMS, Dialect, request_body
 
 # Send only the bearer key: the SDK would add OPENAI_ADMIN_KEY from the environment otherwise.
 _BEARER_ONLY: dict[str, Any] = {"security": {"bearer_auth": True}}
