@@ -31,11 +31,11 @@ from lmpress.batch.provider.base import (
 )
 from lmpress.batch.provider.gemini import GeminiBatches
 from lmpress.batch.provider.state import BatchState, Chunk
-from lmpress.engines.remote.base import Reply
 from lmpress.engines.remote.presets import BatchApi
 from lmpress.vocabulary.embeddings import EmbedRequest
 from lmpress.vocabulary.errors import InputError
 from lmpress.wire.openai.pooling import EMBEDDINGS_PATH
+from lmpress.wire.replies import Reply
 
 __all__ = ["BATCH_APIS", "EXPIRED", "SAFE_ID", "WINDOW", "BatchAPI", "Outcome", "Progress",
            "batch_api", "batch_api_of", "custom_id"]  # fmt: skip

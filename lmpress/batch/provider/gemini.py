@@ -35,9 +35,9 @@ from lmpress.engines.remote.gemini_wire import (
     parse_generate_content,
     row_error,
 )
-from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.vocabulary.embeddings import EmbedRequest
 from lmpress.vocabulary.errors import InputError, RequestError
+from lmpress.wire.replies import MalformedResponse
 
 ENDPOINT = "generateContent"  # the one kind of line a Gemini batch holds
 EXPIRY_S = 48 * 3600  # Google expires a batch still pending or running this long after it began

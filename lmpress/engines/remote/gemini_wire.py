@@ -29,11 +29,10 @@ import json
 import mimetypes
 from typing import Any
 
-from lmpress.engines.remote.base import Reply
 from lmpress.engines.remote.inline_images import REMOTE_SCHEMES, base64_image
-from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import FinishReason, Message, Request, Sample, ToolCall, Usage
+from lmpress.wire.replies import MalformedResponse, Reply
 
 # The thinking budget Google's OpenAI compatibility layer gives each reasoning_effort.
 EFFORT_BUDGETS = {"none": 0, "minimal": 1024, "low": 1024, "medium": 8192, "high": 24576}

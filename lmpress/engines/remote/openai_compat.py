@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import lmpress.vocabulary.tools as tools
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.remote.base import EmbedReply, RemoteEngine, Reply, ScoreReply, client_options
+from lmpress.engines.remote.base import RemoteEngine, client_options
 from lmpress.engines.remote.inline_images import inline_image_url
 from lmpress.engines.remote.reasoning import (
     ReasoningFields,
@@ -35,7 +35,6 @@ from lmpress.engines.remote.reasoning import (
     reasoning_tokens,
     split_thoughts,
 )
-from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.vocabulary.embeddings import Embedding, EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 from lmpress.vocabulary.types import (
@@ -51,6 +50,7 @@ from lmpress.vocabulary.types import (
 )
 from lmpress.wire.openai import pooling as wire
 from lmpress.wire.openai.client import OPENAI_PARAMS, Dialect, request_body
+from lmpress.wire.replies import EmbedReply, MalformedResponse, Reply, ScoreReply
 
 # Send only the bearer key: the SDK would add OPENAI_ADMIN_KEY from the environment otherwise.
 _BEARER_ONLY: dict[str, Any] = {"security": {"bearer_auth": True}}
