@@ -100,18 +100,10 @@ ENGINE_CONTRACT_EXCEPTIONS = {
     # The providers' batch APIs drive a remote engine's own SDK client, retry rule and reply
     # parsers, so that a row through a batch API comes out as the live engine writes it.
     "lmpress.batch.provider.apis": {
-        "lmpress.engines.remote.base",
-        "lmpress.engines.remote.retry",
         "lmpress.engines.remote.openai_compat",
         "lmpress.engines.remote.anthropic",
     },
     "lmpress.batch.provider.base": {"lmpress.engines.remote.base", "lmpress.engines.remote.retry"},
-    # Gemini's batch API speaks Gemini's own request and reply shapes, translated as the
-    # engine's wire module translates them.
-    "lmpress.batch.provider.gemini": {
-        "lmpress.engines.remote.gemini_wire",
-        "lmpress.engines.remote.retry",
-    },
     # The response cache names a local model by its files' content, found where the local
     # engines find them (a path, a packaged or tiny name, the hub's cache).
     "lmpress.cache.identity": {"lmpress.engines.common.models"},

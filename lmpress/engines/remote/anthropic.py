@@ -38,7 +38,6 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote.base import RemoteEngine, client_options
-from lmpress.engines.remote.inline_images import base64_image
 from lmpress.engines.remote.prompt_cache import Marks, PrefixMarks, anthropic_min_tokens
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.guided import GuidedDecoding, GuidedForm
@@ -53,6 +52,7 @@ from lmpress.vocabulary.types import (
     ToolCall,
     Usage,
 )
+from lmpress.wire.images import base64_image
 from lmpress.wire.replies import MalformedResponse, Reply
 
 # The Messages API's structured output takes a JSON schema; any JSON object is the schema

@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 import lmpress.vocabulary.tools as tools
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.remote.base import RemoteEngine, client_options
-from lmpress.engines.remote.inline_images import inline_image_url
 from lmpress.engines.remote.reasoning import (
     ReasoningFields,
     message_reasoning,
@@ -48,6 +47,7 @@ from lmpress.vocabulary.types import (
     ToolCall,
     Usage,
 )
+from lmpress.wire.images import inline_image_url
 from lmpress.wire.openai import pooling as wire
 from lmpress.wire.openai.client import OPENAI_PARAMS, Dialect, request_body
 from lmpress.wire.replies import EmbedReply, MalformedResponse, Reply, ScoreReply

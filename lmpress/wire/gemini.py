@@ -9,7 +9,7 @@ it follows the live one field by field:
 - system (and developer) messages become `systemInstruction`; assistant turns are the "model"
   role; a tool's result is a `functionResponse` part named after the call it answers, its text
   as `{"result": ...}`, as Google's function-calling guide writes it; an earlier turn's thinking
-  is never sent back (`reasoning.py` says why);
+  is never sent back (`engines/remote/reasoning.py` says why);
 - images go inline (`inlineData`, base64), a local file read as the live engine reads it;
   http(s) and gs:// URLs go as `fileData` for Google to fetch;
 - the generation fields GOOGLE_PARAMS lists go in `generationConfig`; a JSON schema as
@@ -29,9 +29,9 @@ import json
 import mimetypes
 from typing import Any
 
-from lmpress.engines.remote.inline_images import REMOTE_SCHEMES, base64_image
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import FinishReason, Message, Request, Sample, ToolCall, Usage
+from lmpress.wire.images import REMOTE_SCHEMES, base64_image
 from lmpress.wire.replies import MalformedResponse, Reply
 
 # The thinking budget Google's OpenAI compatibility layer gives each reasoning_effort.
