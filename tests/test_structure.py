@@ -99,10 +99,7 @@ ENGINE_CONTRACT = {
 ENGINE_CONTRACT_EXCEPTIONS = {
     # The providers' batch APIs drive a remote engine's own SDK client, retry rule and reply
     # parsers, so that a row through a batch API comes out as the live engine writes it.
-    "lmpress.batch.provider.apis": {
-        "lmpress.engines.remote.openai_compat",
-        "lmpress.engines.remote.anthropic",
-    },
+    "lmpress.batch.provider.apis": {"lmpress.engines.remote.openai_compat"},
     "lmpress.batch.provider.base": {"lmpress.engines.remote.base", "lmpress.engines.remote.retry"},
     # The response cache names a local model by its files' content, found where the local
     # engines find them (a path, a packaged or tiny name, the hub's cache).

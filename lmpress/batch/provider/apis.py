@@ -201,7 +201,7 @@ class AnthropicBatches(BatchAPI):
                         c.errored + c.canceled + c.expired, total, expires)  # fmt: skip
 
     async def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:
-        from lmpress.engines.remote.anthropic import parse_message
+        from lmpress.wire.anthropic.client import parse_message
 
         batches = self.client.messages.batches
         stream = await self.call(f"downloading results of {batch_id}", batches.results, batch_id)

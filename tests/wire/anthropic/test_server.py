@@ -5,14 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from lmpress.serve.anthropic_wire import (
-    STOP_REASONS,
-    MessagesBody,
-    anthropic_error,
-    message_body,
-    request_messages,
-    request_sampling,
-)
 from lmpress.vocabulary.types import (
     FINISH_REASONS,
     ContentPart,
@@ -20,6 +12,14 @@ from lmpress.vocabulary.types import (
     Result,
     Sample,
     ToolCall,
+)
+from lmpress.wire.anthropic.server import (
+    STOP_REASONS,
+    MessagesBody,
+    anthropic_error,
+    message_body,
+    request_messages,
+    request_sampling,
 )
 from lmpress.wire.openai.errors import ApiError
 

@@ -1,7 +1,6 @@
 """The Anthropic Messages API wire format, as `lmpress serve` answers it (`/v1/messages`,
 `/v1/messages/count_tokens`): request bodies the way in, message bodies, stream events and
-errors the way out. The other direction, lmpress sending to Anthropic, is the ANTHROPIC
-engine's (engines/remote/anthropic.py).
+errors the way out. The other direction, lmpress sending to Anthropic, is `client`'s.
 
 A body is checked by strict pydantic models (an unknown argument or a wrong type is refused,
 naming it, as the OpenAI bodies are), then turned into lmpress Messages and a `Sampling` (the
