@@ -97,10 +97,12 @@ ENGINE_CONTRACT = {
 }
 # Modules that reach further, and why.
 ENGINE_CONTRACT_EXCEPTIONS = {
-    # The providers' batch APIs drive a remote engine's own SDK client, retry rule and reply
-    # parsers, so that a row through a batch API comes out as the live engine writes it.
-    "lmpress.batch.provider.apis": {"lmpress.engines.remote.openai_compat"},
+    # The providers' batch APIs drive a remote engine's own SDK client and retry rule (their
+    # bodies and reply parsers are wire/'s, as the live engine's are).
     "lmpress.batch.provider.base": {"lmpress.engines.remote.base", "lmpress.engines.remote.retry"},
+    # Gemini's OpenAI-compatible replies carry thought summaries in tags inside the content,
+    # read with the engines' splitter of a model's thinking (to move below engines with it).
+    "lmpress.wire.openai.replies": {"lmpress.engines.common.reasoning"},
     # The response cache names a local model by its files' content, found where the local
     # engines find them (a path, a packaged or tiny name, the hub's cache).
     "lmpress.cache.identity": {"lmpress.engines.common.models"},

@@ -37,7 +37,7 @@ from lmpress.wire.replies import MalformedResponse, Reply
 # The thinking budget Google's OpenAI compatibility layer gives each reasoning_effort.
 EFFORT_BUDGETS = {"none": 0, "minimal": 1024, "low": 1024, "medium": 8192, "high": 24576}
 # Gemini's finish reasons as lmpress's; any other (OTHER, LANGUAGE, MALFORMED_FUNCTION_CALL...)
-# is a stop, as `openai_compat.finish_reason` reads an unknown one.
+# is a stop, as `wire.openai.replies.finish_reason` reads an unknown one.
 FINISH: dict[str, FinishReason] = {
     "STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter",
     "RECITATION": "content_filter", "BLOCKLIST": "content_filter",

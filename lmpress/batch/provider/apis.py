@@ -110,7 +110,7 @@ class OpenAIBatches(BatchAPI):
         )  # fmt: skip
 
     async def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:
-        from lmpress.engines.remote.openai_compat import parse_chat_completion, parse_embeddings
+        from lmpress.wire.openai.replies import parse_chat_completion, parse_embeddings
 
         b = await self.call(f"checking {batch_id}", self.client.batches.retrieve, batch_id)
         engine: Any = self.engine
