@@ -264,3 +264,43 @@ CONNECTION_ERROR = "connection_error"
         (7, "invalid_request"),
         (11, "connection_error"),
     ]
+
+
+def test_one_module_per_protocol_direction():
+    """Each wire protocol lmpress speaks (OpenAI's, Anthropic's, Gemini's) is written once, in
+    lmpress/wire/, both directions, and the engines, serve and batch's provider APIs read and
+    write it from there (issue 51). Three checks hold that:
+    - wire is below the engines and the fronts: no module under lmpress/wire/ imports one of
+      them (but the engines' splitter of a model's thinking, which Gemini's tagged thoughts in
+      an OpenAI reply need, listed in ENGINE_CONTRACT_EXCEPTIONS until it moves below engines);
+    - a reply parser is what makes a `Reply`, `EmbedReply` or `ScoreReply` out of a body, so
+      nothing outside wire/ constructs one: an engine, serve or batch module that parses a
+      provider's reply again fails here;
+    - the modules that used to hold a protocol beside an engine or a route are gone."""
+    known = modules()
+    above = ("engines", "serve", "batch", "cli", "chat", "dryrun", "cache", "llm", "infer")
+    allowed = {"lmpress.engines.common.reasoning"}
+    upward = {
+        name: sorted(m for m in imports(path, known) - allowed if m.split(".")[1] in above)
+        for name, path in known.items()
+        if name.startswith("lmpress.wire")
+    }
+    assert {name: found for name, found in upward.items() if found} == {}
+
+    replies = {"Reply", "EmbedReply", "ScoreReply"}
+    making = {}
+    for name, path in known.items():
+        if name.startswith("lmpress.wire"):
+            continue
+        calls = [
+            node.lineno
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and _callee(node) in replies
+        ]
+        if calls:
+            making[name] = calls
+    assert making == {}
+
+    gone = {"lmpress.openai_wire", "lmpress.serve.anthropic_wire",
+            "lmpress.engines.remote.gemini_wire", "lmpress.engines.remote.inline_images"}  # fmt: skip
+    assert gone & set(known) == set()

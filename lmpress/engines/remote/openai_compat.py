@@ -31,7 +31,7 @@ from lmpress.engines.remote.base import RemoteEngine, client_options
 from lmpress.engines.remote.reasoning import ReasoningFields
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
-from lmpress.vocabulary.types import Delta, GenerationParams, Request, Sample, Usage
+from lmpress.vocabulary.types import Delta, GenerationParams, Request, Usage
 from lmpress.wire.images import inline_image_url
 from lmpress.wire.openai.client import (
     OPENAI_PARAMS,
@@ -47,6 +47,7 @@ from lmpress.wire.openai.replies import (
     parse_chat_completion,
     parse_embeddings,
     parse_scores,
+    streamed_reply,
 )
 from lmpress.wire.replies import EmbedReply, MalformedResponse, Reply, ScoreReply
 
@@ -216,15 +217,8 @@ class OpenAICompatEngine(RemoteEngine):
         for index, choice in choices.items():
             for piece in choice.flush(request, index):
                 yield piece
-        n = max([request.params.n, *(i + 1 for i in choices)])
-        samples = [
-            choices[i].sample(request.params.logprobs) if i in choices else Sample("", "stop")
-            for i in range(n)
-        ]
-        if len(samples) == 1:
-            samples[0].completion_tokens = usage.completion_tokens
-            samples[0].reasoning_tokens = usage.reasoning_tokens
-        yield keep_requested_stops(Reply(samples, usage, model), request.params.stop_strings)
+        reply = streamed_reply(choices, request.params, usage, model)
+        yield keep_requested_stops(reply, request.params.stop_strings)
 
 
 class BedrockEngine(OpenAICompatEngine):

@@ -25,6 +25,7 @@ from lmpress.vocabulary.types import (
     FINISH_REASONS,
     Delta,
     FinishReason,
+    GenerationParams,
     Request,
     Sample,
     TokenLogprob,
@@ -149,6 +150,21 @@ class StreamedChoice:
             sample.reasoning = "".join(self.thoughts)
         sample.stop_sequence = _stop_sequence(self.finish, self.stop_reason)
         return with_calls(sample, self.calls.assembled() if self.calls else None)
+
+
+def streamed_reply(
+    choices: dict[int, StreamedChoice], params: GenerationParams, usage: Usage, model: str
+) -> Reply:
+    """The Reply a whole stream made, once it has ended: a sample for each choice asked for
+    (one that sent nothing is an empty stop), and the usage on the sample where there is one."""
+    n = max([params.n, *(i + 1 for i in choices)])
+    samples = [
+        choices[i].sample(params.logprobs) if i in choices else Sample("", "stop") for i in range(n)
+    ]
+    if len(samples) == 1:
+        samples[0].completion_tokens = usage.completion_tokens
+        samples[0].reasoning_tokens = usage.reasoning_tokens
+    return Reply(samples, usage, model)
 
 
 def parse_chat_completion(data: Any, model: str = "", thought_tags: bool = False) -> Reply:
