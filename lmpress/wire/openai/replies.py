@@ -32,7 +32,7 @@ from lmpress.vocabulary.types import (
     ToolCall,
     Usage,
 )
-from lmpress.wire.openai import pooling as wire
+from lmpress.wire.openai import pooling
 from lmpress.wire.replies import EmbedReply, MalformedResponse, Reply, ScoreReply
 
 # Gemini writes its thought summaries ahead of the answer in these tags; `split` reads them
@@ -254,7 +254,7 @@ def parse_embeddings(data: Any, model: str = "") -> EmbedReply:
     floats or base64 alike."""
     try:
         items = sorted(data["data"], key=lambda item: item["index"])
-        embeddings = [Embedding(wire.decoded(item["embedding"])) for item in items]
+        embeddings = [Embedding(pooling.decoded(item["embedding"])) for item in items]
         usage = Usage(int((data.get("usage") or {}).get("prompt_tokens") or 0), 0)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise MalformedResponse(f"the reply is not an embeddings list ({exc})") from exc
