@@ -61,7 +61,9 @@ demo: install
 # core busy; the other was idle), and takes llama-cpp-python only once the main environment is
 # in (WAIT_FOR), so a llama-cpp-python built from source on a cold pip cache is built once and
 # comes from pip's wheel cache the second time. docs/contributing.md: the test budget. PYTEST_ARGS
-# adds pytest options to both, e.g. PYTEST_ARGS=--random-order.
+# adds pytest options to both, e.g. PYTEST_ARGS=--random-order. Stopped early (Ctrl-C, a failed
+# install), it stops the vLLM side too: its install, or its pytest, which tears down on SIGTERM
+# as on Ctrl-C (tests/suite_checks.py), so its fixtures stop vLLM's engines.
 TEST_WORKERS ?= 2
 PYTEST_ARGS  ?=
 test:
@@ -70,7 +72,7 @@ test:
 	  echo "the vLLM environment was ready after $$(( $$(date +%s) - start )) s" && \
 	  $(VLLM_PYTEST) -p no:cacheprovider --basetemp=$$vllm_tmp \
 	  $(PYTEST_ARGS) $(VLLM_TESTS); } > $$vllm_log 2>&1 & vllm=$$!; \
-	trap 'kill $$vllm 2>/dev/null; rm -rf $$vllm_log $$vllm_tmp' EXIT; \
+	trap 'pkill -P $$vllm 2>/dev/null; kill $$vllm 2>/dev/null; rm -rf $$vllm_log $$vllm_tmp' EXIT; \
 	echo "installing .venv (and .venv-vllm beside it)"; \
 	$(MAKE) --no-print-directory install || exit $$?; \
 	echo "mkdocs build --strict (the docs site, into site/)"; \

@@ -5,7 +5,7 @@ on the drafts, so a replayed step keeps exactly the drafts the engine would keep
 
 For each row-step the replay counts the tokens emitted (its kept drafts and the model's own
 token) and the tokens carried (its next token and its drafts); with `--step-cost` (a step's
-fixed work in tokens carried, scheduling.STEP_COST) and `--in-flight` it estimates a decode
+fixed work in tokens carried, native/speculation.STEP_COST) and `--in-flight` it estimates a decode
 step's gain, tokens emitted a step over the step's cost, against one token a row a step.
 The engine's step planner (draft_counts) may carry fewer drafts than a row asks for; the
 replay carries all it asks for. Run it at two commits to compare drafting rules.

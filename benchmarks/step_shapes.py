@@ -1,7 +1,7 @@
 """What one NATIVE decoding step costs by its shape: 16 rows after the workload's first 16
 prompts, each step carrying a given number of tokens a row (plain, padded-like, ragged), timed
 around the scheduler's own forward pass in this process. The figures behind
-scheduling.STEP_COST and WIDEN; the median of `--repeats` after one warm-up round.
+native/speculation.STEP_COST and WIDEN; the median of `--repeats` after one warm-up round.
 
     .venv/bin/python benchmarks/step_shapes.py [--workload chat|copy] [--repeats 6]
 """

@@ -60,7 +60,10 @@ class LLM:
         overrides = {_dotted(key): value for key, value in settings.items()}
         if model and recipe is None:
             overrides["model.model_name"] = model
+        from lmpress.engines.registry import check_engine
+
         self.config: RunConfig = load_config(recipe, overrides, engine)
+        check_engine(self.config)  # a typo fails here, not at the first call
         self._engine = None
 
     @property

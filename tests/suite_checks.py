@@ -7,6 +7,7 @@
   in proportion, so the check measures the test and not what else the machine runs.
 - No process a test started outlives the suite: every pytest process (each xdist worker too)
   lists its children when its session ends, stops any still running and fails naming them.
+  A run stopped by SIGTERM tears down as a Ctrl-C'd one does.
 """
 
 from __future__ import annotations
@@ -83,6 +84,26 @@ def pytest_configure(config: pytest.Config) -> None:
     limit = budget_s()
     if limit > 0 and not hasattr(config, "workerinput"):  # xdist's workers report to the controller
         config.pluginmanager.register(Budget(limit), "lmpress-test-budget")
+    _terminate_as_interrupt()
+
+
+def _terminate_as_interrupt() -> None:
+    """SIGTERM stops the run as Ctrl-C does, running the fixtures' teardown (the servers and
+    engines they started stop with it). `make test` stopped early terminates its background
+    real-vLLM pytest; killed outright, that pytest would leave vLLM's processes running. A
+    handler someone else set is kept."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 # Helpers the interpreter itself starts for multiprocessing (vLLM and Ray use it) and stops when

@@ -2,7 +2,8 @@
 among lmpress's modules, counting every import (module level, deferred and TYPE_CHECKING), the
 rest of lmpress reaching engines only through their contract, so that a new engine is its own
 folder plus one registry row and no other module knows its name, and a closed vocabulary: no
-error kind is spelled as a bare string."""
+error kind is spelled as a bare string; and, since issue 51, no module imports from a higher
+layer of the package (LAYERS)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,101 @@ def test_no_import_cycle_even_through_deferred_imports():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# lmpress's packages from the bottom up: a module imports from its own layer and the layers
+# below it, never from one above (deferred and TYPE_CHECKING imports count, as for cycles).
+# Within a layer the packages may import each other, as long as the imports between packages
+# form no cycle (the package cycle test). A new package fails `test_every_module_sits_in_a_layer`
+# until it is placed here. Inside engines/, the contract's own rule is the last test of this
+# group; the rules for the families come after it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # The words every part speaks (Request, Result, the error kinds), the version and the
+    # progress bar: they import nothing of lmpress, so anything may read them.
+    ("lmpress.vocabulary", "lmpress.version", "lmpress.progress"),
+    # The typed schema of a run, its loading and overrides: everything that runs reads a
+    # config, and a config knows no engine (the registry checks an engine's name and settings).
+    ("lmpress.configs",),
+    # What engines and fronts both read: rows and files (data), the wire formats (openai_wire,
+    # becoming wire/), the models lmpress ships (builtin_models). data reads OpenAI's batch
+    # lines through the wire types.
+    ("lmpress.data", "lmpress.openai_wire", "lmpress.wire", "lmpress.builtin_models"),
+    # The engine contract, the registry of names and the engine families.
+    ("lmpress.engines",),
+    # The response cache: it names a model by its files as the engines find them and keys
+    # answers by the registry's names, and the fronts read and fill it.
+    ("lmpress.cache",),
+    # The fronts others build on: a batch job (run by the dry run's reader, serve's Batches
+    # API and LLM), and the terminal chat (infer draws with its terminal).
+    ("lmpress.batch", "lmpress.chat"),
+    # The fronts built on those.
+    ("lmpress.dryrun", "lmpress.serve", "lmpress.infer", "lmpress.llm"),
+    # The entry points: the commands, `python -m lmpress`, and the package root, which offers
+    # the Python front (`from lmpress import LLM`).
+    ("lmpress.cli", "lmpress.__main__", "lmpress"),
+)
+LAYER = {package: level for level, packages in enumerate(LAYERS) for package in packages}
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to in LAYERS: lmpress.batch for lmpress.batch.job."""
+    return ".".join(module.split(".")[:2])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module's imports of a module in a higher layer than its own."""
+    found = {}
+    for name, targets in graph.items():
+        level = LAYER[package_of(name)]
+        up = sorted(m for m in targets if LAYER[package_of(m)] > level)
+        if up:
+            found[name] = up
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(path, known) - {name} for name, path in known.items()}
+
+
+def test_every_module_sits_in_a_layer():
+    assert sorted({package_of(name) for name in modules()} - set(LAYER)) == []
+
+
+def test_no_module_imports_a_module_of_a_higher_layer():
+    assert upward_imports(import_graph()) == {}
+
+
+def test_no_import_cycle_between_packages():
+    packages: dict[str, set[str]] = {}
+    for name, targets in import_graph().items():
+        packages.setdefault(package_of(name), set()).update(package_of(m) for m in targets)
+    assert cycles({name: found - {name} for name, found in packages.items()}) == []
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from lmpress.engines.registry import engine_names\n")
+    graph = {"lmpress.configs.m": imports(module, {**modules(), "m": module})}
+    assert upward_imports(graph) == {"lmpress.configs.m": ["lmpress.engines.registry"]}
+
+
+# The engine contract: what every engine implements and what the rest of lmpress asks of one.
+# It imports no engine family (the registry, which maps names to families, is not part of it).
+CONTRACT_MODULES = (
+    "lmpress.engines.base",
+    "lmpress.engines.options",
+    "lmpress.engines.prompt_count",
+)
+
+
+def test_the_engine_contract_imports_no_engine_family():
+    graph = import_graph()
+    families = ("lmpress.engines.local", "lmpress.engines.remote")
+    reaching = {
+        name: sorted(m for m in graph[name] if m.startswith(families)) for name in CONTRACT_MODULES
+    }
+    assert {name: found for name, found in reaching.items() if found} == {}
 
 
 # What the rest of lmpress may import from lmpress.engines: the interface and its checks, the

@@ -1,7 +1,7 @@
 """A run's budget: `--max-cost USD` and `--max-tokens N` stop taking new rows once this run has
 spent that much, and the job stays resumable like any other stop.
 
-Each finished row is priced where the config knows a price (`lmpress.dryrun.pricing`), and the price
+Each finished row is priced where the config knows a price (`lmpress.batch.pricing`), and the price
 recorded in its response (`cost_usd`), input read from or written to the provider's prompt cache
 at its own price. The budget counts what this run spends: a resumed run
 starts from zero, so the same command spends at most the cap each time it runs. Rows already
@@ -23,7 +23,7 @@ from lmpress.vocabulary.types import Result, Usage
 class Budget:
     max_cost: float | None = None  # USD
     max_tokens: int | None = None  # prompt and completion tokens together
-    price: Any | None = None  # lmpress.dryrun.pricing.Price, where known
+    price: Any | None = None  # lmpress.batch.pricing.Price, where known
     batch: bool = False  # priced at the provider's batch-API rate
     spent: float = 0.0
     live_spent: float = 0.0  # what the same tokens cost at the live price

@@ -18,6 +18,7 @@ from lmpress.batch.events import STOP_SIGNALS, BatchEvents, BatchSummary, RowFai
 from lmpress.batch.options import BatchMode, BatchOptions
 from lmpress.batch.outputs import Reorder, output_for
 from lmpress.batch.pooling import AnyRequest, AnyResult, finished, run_request
+from lmpress.batch.pricing import price_for
 from lmpress.batch.rows import RowReader
 from lmpress.configs.schema import RunConfig
 from lmpress.data.file_formats import FileFormat
@@ -42,7 +43,6 @@ from lmpress.data.targets import (
     resolve_output,
     write_text_atomically,
 )
-from lmpress.dryrun.pricing import price_for
 from lmpress.engines.base import Engine
 from lmpress.engines.registry import create_engine, load_engine_class
 from lmpress.vocabulary.errors import ErrorKind, InputError, OutputWriteError

@@ -76,11 +76,15 @@ STOP_GRACE_S = 10.0  # long enough for a remote row or a reply to end; Slurm and
 def load_run_config(
     ctx: typer.Context, recipe: str | None, engine: str | None
 ) -> tuple[RunConfig, list[str]]:
-    """The recipe with the command line's overrides merged in, and the words left over."""
+    """The recipe with the command line's overrides merged in, its engine and engine settings
+    checked, and the words left over."""
     from lmpress.configs import load_config, parse_overrides
+    from lmpress.engines.registry import check_engine
 
     overrides, positional = parse_overrides(ctx.args)
-    return load_config(recipe, overrides, engine=engine), positional
+    config = load_config(recipe, overrides, engine=engine)
+    check_engine(config)
+    return config, positional
 
 
 def debug_wanted(ctx: typer.Context) -> bool:

@@ -107,9 +107,11 @@ def serve(
         hosts = [h.strip() for value in allowed_media_domains for h in value.split(",")]
         flags.append(("serve.allowed_media_domains", [h for h in hosts if h]))
     overrides += [(key, value) for key, value in flags if value is not None]
-    from lmpress.engines.registry import with_model_task
+    from lmpress.engines.registry import check_engine, with_model_task
 
-    config = with_model_task(load_config(recipe, overrides, engine=engine))
+    config = load_config(recipe, overrides, engine=engine)
+    check_engine(config)
+    config = with_model_task(config)
     key = api_key or os.environ.get("LMPRESS_API_KEY") or None
     from lmpress.serve.server import run_server
 

@@ -84,7 +84,7 @@ def parse_overrides(args: Sequence[str]) -> tuple[list[tuple[str, str]], list[st
         if word.startswith("--") and len(word) > 2:
             key, eq, value = word[2:].partition("=")
             if key.split(".")[0] not in top_level:
-                raise ConfigError(f"unknown option '--{key}'{_suggest(key, _all_keys(), '--')}")
+                raise ConfigError(f"unknown option '--{key}'{suggest(key, _all_keys(), '--')}")
             if not eq:
                 if i + 1 >= len(args):
                     raise ConfigError(f"option '--{key}' needs a value")
@@ -105,7 +105,8 @@ def load_config(
     """Merge the defaults, a recipe (a path or a bundled name) and overrides into a RunConfig.
 
     Override values given as strings are read as YAML scalars ("0.7" is a float, "null" is
-    None, "[a, b]" is a list), as on the command line.
+    None, "[a, b]" is a list), as on the command line. Whether the engine exists and takes
+    `model.model_kwargs` is checked next, by the front (`engines.registry.check_engine`).
     """
     layers: list[tuple[str, dict[str, Any]]] = []
     if recipe:
@@ -183,19 +184,12 @@ def _check_ranges(section_value: Any, section: str) -> None:
 
 
 def validate(config: RunConfig) -> None:
-    """Refuse impossible values, naming the dotted key."""
-    from lmpress.engines.registry import check_engine_settings, engine_names
-
-    names = engine_names()
-    if config.engine not in names:
-        raise ConfigError(
-            f"engine: unknown engine '{config.engine}'{_suggest(config.engine, names)} "
-            f"Run 'lmpress engines' to see them all."
-        )
-    check_engine_settings(config)
+    """Refuse impossible values, naming the dotted key. The engine's name and its
+    `model.model_kwargs` are the registry's to check (`engines.registry.check_engine`): configs
+    sit below engines and know no engine."""
     if config.task not in TASKS:
         raise ConfigError(
-            f"task: unknown task '{config.task}'{_suggest(config.task, list(TASKS))} "
+            f"task: unknown task '{config.task}'{suggest(config.task, list(TASKS))} "
             f"Use one of {', '.join(TASKS)}."
         )
     for section in ("model", "generation", "remote_params", "serve", "ray"):
@@ -281,7 +275,7 @@ def _all_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def _suggest(key: str, candidates: Sequence[str], dashes: str = "") -> str:
+def suggest(key: str, candidates: Sequence[str], dashes: str = "") -> str:
     """' (did you mean ...)', spelled as the user spelled the key: with `--` on the command
     line, so the suggestion can be pasted back as it is."""
     # The right name in the wrong section first: generation.api_url -> remote_params.api_url.
@@ -298,7 +292,7 @@ def _check_keys(data: Mapping[str, Any], cls: type, source: str, prefix: str) ->
         dotted = f"{prefix}{key}"
         if key not in fields:
             dashes = "--" if source.startswith("--") else ""
-            hint = _suggest(dotted, _all_keys(), dashes)
+            hint = suggest(dotted, _all_keys(), dashes)
             what = "unknown key" if source == f"--{dotted}" else f"unknown key '{dotted}'"
             raise ConfigError(f"{source}: {what}{hint}")
         tp = fields[key]

@@ -2,7 +2,7 @@
 `usage.prompt_tokens` for it, for the dry run and the budget guardrails.
 
 The engine answers: each engine class has a `prompt_counter` (engines/base.py), which loads a
-tokenizer and never weights. A remote API's is the default (engines/remote/prompt_count.py);
+tokenizer and never weights. A remote API's is the default (engines/prompt_count.py);
 NATIVE, LLAMACPP and VLLM count with their own prompt code, in their folder's `prompt_count.py`.
 The engine's backend need not be installed here (VLLM's count needs only transformers).
 """

@@ -12,7 +12,7 @@ What the summary says, and why it is shaped so:
   reasoning model's thinking is inside it (`max_new_tokens` counts thinking and answer
   together, as the providers' limits do, and `max_reasoning_tokens` only divides it), and
   is priced as output, as the providers bill it;
-- the cost at the model's price (`dryrun/pricing.py`), live and through the provider's batch API: the
+- the cost at the model's price (`batch/pricing.py`), live and through the provider's batch API: the
   prompt tokens plus the output bound, so an upper bound on output;
 - the prompt tokens the provider is expected to read from its prompt cache, and to write to it
   (`Engine.prompt_cache_tally`: rows after the first that share a system prompt and tools long
@@ -28,11 +28,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lmpress.batch.pricing import Price, price_for
 from lmpress.configs.schema import RunConfig
 from lmpress.data.idkeys import IdKeys
 from lmpress.data.resume import id_key
 from lmpress.data.row_shapes import ParsedRow
-from lmpress.dryrun.pricing import Price, price_for
 from lmpress.dryrun.prompt_tokens import prompt_cache_tally, prompt_counter
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest

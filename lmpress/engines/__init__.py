@@ -3,7 +3,8 @@
 `base.Engine` is the whole contract: what the rest of lmpress asks of an engine (what it
 supports, how it counts prompts, whether it takes hub ids) it asks the class, and outside this
 package nothing imports an engine's internals (`tests/test_structure.py` holds that).
-- `prompt_count.py`: what an engine's `prompt_counter` returns, for the dry run and budgets.
+- `prompt_count.py`: what an engine's `prompt_counter` returns, for the dry run and budgets,
+  and the default counter.
 
 - `common/`: what local and remote engines share (chat templates and prompts, model paths).
 - `local/`: engines that run the model in this process (NATIVE, LLAMACPP, VLLM), on the worker

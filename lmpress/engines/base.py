@@ -21,7 +21,12 @@ from typing import Any, ClassVar
 
 from lmpress.configs.schema import ModelParams, RunConfig, speculative_method
 from lmpress.engines.options import EngineOptions
-from lmpress.engines.prompt_count import NoPromptCache, PromptCacheTally, PromptCounter
+from lmpress.engines.prompt_count import (
+    NoPromptCache,
+    PromptCacheTally,
+    PromptCounter,
+    tokenizer_counter,
+)
 from lmpress.progress import ProgressBar
 from lmpress.vocabulary.embeddings import (
     EmbedRequest,
@@ -87,12 +92,16 @@ class Engine(ABC):
     takes_hub_ids: ClassVar[bool] = False
     # The environment variable an API key is read from when the config names none.
     default_key_env: ClassVar[str | None] = None
+    # The tokenizer (a hub id) that counts its prompts when the config names none: the one its
+    # provider publishes, from its row of the providers' table (engines/remote/presets.py).
+    default_tokenizer: ClassVar[str | None] = None
     # The tasks it answers (vocabulary/embeddings.py): `generate` through `stream`, `embed`
     # through `embed`, `score` and `rerank` through `score`. A run of another task is refused
     # before any work.
     tasks: ClassVar[frozenset[str]] = frozenset({"generate"})
-    # The `model.model_kwargs` settings it reads, typed (engines/options.py), checked when the
-    # config loads; None: it reads none, and the config's model_kwargs are not checked.
+    # The `model.model_kwargs` settings it reads, typed (engines/options.py), checked right
+    # after the config loads (`registry.check_engine`); None: it reads none, and the config's
+    # model_kwargs are not checked.
     options: ClassVar[type[EngineOptions] | None] = None
 
     @classmethod
@@ -138,10 +147,8 @@ class Engine(ABC):
     def prompt_counter(cls, config: RunConfig) -> PromptCounter:
         """Counts prompts as this engine will report them, for the dry run and the budgets.
         Loads a tokenizer, never weights. The default is a remote API's: `model.tokenizer_name`,
-        else the provider's tokenizer, else an estimate marked inexact."""
-        from lmpress.engines.remote.prompt_count import prompt_counter
-
-        return prompt_counter(config)
+        else the provider's tokenizer (`default_tokenizer`), else an estimate marked inexact."""
+        return tokenizer_counter(config, cls.default_tokenizer)
 
     @classmethod
     def prompt_cache_tally(cls, config: RunConfig) -> PromptCacheTally:
@@ -158,10 +165,9 @@ class Engine(ABC):
     @classmethod
     def key_variable(cls, config: RunConfig) -> str | None:
         """The environment variable the engine reads its API key from, if any: a `--ray` job
-        hands it to replicas on machines whose environment lacks it."""
-        from lmpress.engines.remote import credentials
-
-        return credentials.key_variable(config.remote_params, cls.default_key_env)
+        hands it to replicas on machines whose environment lacks it. The one the config names
+        (`remote_params.api_key_env_varname`), else the engine's default."""
+        return config.remote_params.api_key_env_varname or cls.default_key_env
 
     @classmethod
     def replica_config(cls, config: RunConfig, replicas: int) -> RunConfig:

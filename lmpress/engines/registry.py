@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
 
+from lmpress.configs.loading import suggest
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine
 from lmpress.engines.options import Setting, check_model_kwargs
 from lmpress.engines.remote import presets
-from lmpress.vocabulary.errors import EngineUnavailableError
+from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError
 
 ENTRY_POINT_GROUP = "lmpress.engines"
 
@@ -130,9 +131,18 @@ def _engine_class(spec: EngineSpec) -> type[Engine]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def check_engine_settings(config: RunConfig) -> None:
-    """Refuse, when the config loads and before any backend is imported, `model.model_kwargs`
-    that the engine's typed settings (`Engine.options`) refuse: a typo, a wrong type."""
+def check_engine(config: RunConfig) -> None:
+    """Refuse, right after the config loads and before any backend is imported, an engine name
+    no engine answers to and `model.model_kwargs` that the engine's typed settings
+    (`Engine.options`) refuse: a typo, a wrong type. Every front calls it on the config it
+    loaded (the commands through `cli.options.load_run_config`, serve, `LLM`), and
+    `create_engine` on the config it is given."""
+    names = engine_names()
+    if config.engine not in names:
+        raise ConfigError(
+            f"engine: unknown engine '{config.engine}'{suggest(config.engine, names)} "
+            f"Run 'lmpress engines' to see them all."
+        )
     try:
         options = engine_class(config.engine).options
     except ImportError:  # a broken plugin: creating the engine says so
@@ -161,6 +171,7 @@ def with_model_task(config: RunConfig) -> RunConfig:
 
 def create_engine(config: RunConfig) -> Engine:
     """Build the engine a config names; its backend is imported and the model loaded here."""
+    check_engine(config)
     cls = load_engine_class(config.engine)
     reason = cls.unavailable_reason()
     if reason:

@@ -74,9 +74,9 @@ def register(app: FastAPI, server: Server) -> None:
 def thinks(engine: Engine) -> bool:
     """Whether the served model reasons: a local engine knows its model's thinking format; a
     remote one is asked to think or not where it takes reasoning_effort."""
-    model_thinking = getattr(engine, "model_thinking", None)
-    if model_thinking is not None:
-        return model_thinking.fmt is not None
+    model_reasoning = getattr(engine, "model_reasoning", None)
+    if model_reasoning is not None:
+        return model_reasoning.fmt is not None
     return "reasoning_effort" in engine.supported_params
 
 

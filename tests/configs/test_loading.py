@@ -113,26 +113,6 @@ def test_model_kwargs_take_any_key():
     assert cfg.model.model_kwargs == {"n_ctx": 2048}
 
 
-@pytest.mark.parametrize(
-    ("engine", "key", "value", "expected"),
-    [
-        ("NATIVE", "kv_cach_gb", "1", "model.model_kwargs.kv_cach_gb: not a NATIVE setting"),
-        ("NATIVE", "prefix_reuse", "maybe", "model.model_kwargs.prefix_reuse: 'maybe' is not"),
-        ("LLAMACPP", "n_ctxx", "512", "model.model_kwargs.n_ctxx: not a llama-cpp-python"),
-        ("LLAMACPP", "seed", "1", "model.model_kwargs.seed: set generation.seed instead"),
-        ("VLLM", "max_num_seq", "8", "model.model_kwargs.max_num_seq: not an engine argument"),
-    ],
-)
-def test_the_engines_settings_are_checked_as_the_config_loads(engine, key, value, expected):
-    with pytest.raises(ConfigError, match=f"^{expected}"):
-        load_config(overrides=[(f"model.model_kwargs.{key}", value)], engine=engine)
-
-
-def test_unknown_engine_is_refused_with_a_suggestion():
-    with pytest.raises(ConfigError, match=r"unknown engine 'NATIV'.*did you mean 'NATIVE'"):
-        load_config(engine="nativ")
-
-
 def test_bad_yaml_names_file_and_line(tmp_path):
     recipe = write(tmp_path, "generation:\n  temperature: [0.1\n")
     with pytest.raises(ConfigError, match=rf"{recipe}:\d+"):

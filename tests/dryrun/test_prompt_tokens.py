@@ -15,8 +15,8 @@ import pytest
 from lmpress.builtin_models.packaged import SMOLLM2
 from lmpress.configs import load_config
 from lmpress.dryrun.prompt_tokens import prompt_counter
+from lmpress.engines.prompt_count import estimate_request_tokens
 from lmpress.engines.registry import create_engine
-from lmpress.engines.remote.pacing import estimate_request_tokens
 from lmpress.vocabulary.errors import ModelLoadError, RequestError
 from lmpress.vocabulary.types import ContentPart, GenerationParams, Message, Request, ToolCall
 

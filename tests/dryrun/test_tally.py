@@ -15,7 +15,7 @@ from lmpress.configs import load_config
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.data.row_shapes import parse_row, row_id
 from lmpress.dryrun.tally import DryRun, output_bound
-from lmpress.engines.remote.pacing import estimate_request_tokens
+from lmpress.engines.prompt_count import estimate_request_tokens
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 

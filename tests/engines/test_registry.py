@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from lmpress.configs import load_config
 from lmpress.engines.registry import (
     EngineSpec,
+    check_engine,
     engine_names,
     engine_status,
     install_hint,
     load_engine_class,
     missing_modules,
 )
-from lmpress.vocabulary.errors import EngineUnavailableError
+from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError
 from tests.conftest import run_lmpress, with_plugin
 
 RESERVED = ["NATIVE", "VLLM", "LLAMACPP", "OPENAI", "ANTHROPIC", "REMOTE", "REMOTE_VLLM", "GEMINI",
@@ -62,3 +64,23 @@ def test_entry_point_plugin_is_listed_and_runs(echo_plugin):
     )
     assert refused.returncode == 2
     assert "engine ECHO does not support generation.top_p" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("engine", "key", "value", "expected"),
+    [
+        ("NATIVE", "kv_cach_gb", "1", "model.model_kwargs.kv_cach_gb: not a NATIVE setting"),
+        ("NATIVE", "prefix_reuse", "maybe", "model.model_kwargs.prefix_reuse: 'maybe' is not"),
+        ("LLAMACPP", "n_ctxx", "512", "model.model_kwargs.n_ctxx: not a llama-cpp-python"),
+        ("LLAMACPP", "seed", "1", "model.model_kwargs.seed: set generation.seed instead"),
+        ("VLLM", "max_num_seq", "8", "model.model_kwargs.max_num_seq: not an engine argument"),
+    ],
+)
+def test_the_engines_settings_are_checked_once_the_config_loads(engine, key, value, expected):
+    with pytest.raises(ConfigError, match=f"^{expected}"):
+        check_engine(load_config(overrides=[(f"model.model_kwargs.{key}", value)], engine=engine))
+
+
+def test_unknown_engine_is_refused_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown engine 'NATIV'.*did you mean 'NATIVE'"):
+        check_engine(load_config(engine="nativ"))

@@ -22,7 +22,7 @@ from lmpress.vocabulary.errors import ConfigError, UnsupportedParamError
 from lmpress.vocabulary.guided import GuidedDecoding
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 from lmpress.wire.openai.requests import guided_decoding as read_response_format
-from tests.engines.local.vllm_contract_support import standin  # noqa: F401 (a fixture)
+from tests.engines.local.vllm.contract_support import standin  # noqa: F401 (a fixture)
 from tests.servers.llm_server import LLMServer
 from tests.servers.request_types import VLLM_EXTENSIONS
 

@@ -15,7 +15,7 @@ The parser comes from `model.reasoning_parser` or else from the marks in the cha
 template with neither mark gets none, and its text is never split. `none` turns it off.
 
 `ReasoningFormat.close` is what an engine writes itself to end the thinking, once a row has
-thought for `max_reasoning_tokens` tokens: the model then goes on to answer (`ThinkingBudget`).
+thought for `max_reasoning_tokens` tokens: the model then goes on to answer (`ReasoningBudget`).
 A row under a grammar (a JSON schema, a required tool call) is held to it only once its
 thinking is over; the engine writes the marks between thinking and answer itself (the start
 mark where the prompt did not open the block, and what follows the end mark), so that the
@@ -293,7 +293,7 @@ def _partial_suffix(text: str, mark: str) -> int:
     return 0
 
 
-class ThinkingBudget:
+class ReasoningBudget:
     """One sample's thinking on a local engine, token by token: counts the tokens it thinks,
     and once it has thought `limit` of them, hands out the tokens of `close` one by one for
     the engine to emit in place of what it would sample. `waits` says whether the sample is

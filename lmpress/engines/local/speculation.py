@@ -22,7 +22,10 @@ the KV cache past the last emitted token.
 
 A row whose drafts keep failing (free text) stops drafting, and tries a draft again a dozen or
 so steps later, so it costs next to nothing: decisions use acceptance counts only, never
-timings, so a job's choices do not depend on the machine's load.
+timings, so a job's choices do not depend on the machine's load. How many of its drafts a row
+carries in a step is each engine's own plan, since it depends on how the engine batches
+(native/speculation.py, llamacpp/speculation.py); a draft model's drafts are each engine's own
+too (native/drafting.py, llamacpp/drafting.py).
 """
 
 from __future__ import annotations
@@ -158,43 +161,6 @@ class RowDrafts:
             self.chance += RECOVERY * max(0.0, PRIOR_CHANCE - self.chance)
             return
         self.chance += RECENT_WEIGHT * (kept / drafts - self.chance)
-
-
-def draft_counts(
-    chances: Sequence[float], drafts: Sequence[int], step_cost: float, widen: float = 0.0
-) -> list[int]:
-    """How many of its drafts each row carries in a step where every row carries its own count
-    (its next token, then its drafts): the counts that emit the most tokens for the step's
-    cost. A step costs `step_cost` tokens' worth of fixed work (reading the weights, the step's
-    own overheads), one per token carried, and `widen` per row for each place the widest row
-    carries past the first (attention lays every row out as wide as the widest). A row's j-th
-    draft is emitted with chance**j, so for each width the drafts worth carrying are the best
-    ones while they beat the step's tokens per cost so far: with many rows, a lone row's
-    drafts seldom pay for widening every row's attention. Decided from acceptance counts and
-    row counts only, never from timings."""
-    rows = len(drafts)
-    worth = sorted(
-        (
-            (chance**j, j, b)
-            for b, (chance, d) in enumerate(zip(chances, drafts, strict=True))
-            for j in range(1, d + 1)
-        ),
-        reverse=True,
-    )
-    best, best_rate = [0] * rows, rows / (step_cost + rows)
-    for width in range(1, max(drafts, default=0) + 1):
-        counts = [0] * rows
-        emitted, cost = float(rows), step_cost + rows + widen * rows * width
-        for value, j, b in worth:
-            if j > width:
-                continue
-            if value * cost <= emitted:  # value <= emitted / cost: it would lower the rate
-                break
-            counts[b] += 1
-            emitted, cost = emitted + value, cost + 1
-        if emitted / cost > best_rate:
-            best, best_rate = counts, emitted / cost
-    return best
 
 
 @dataclass

@@ -10,7 +10,7 @@ thread, takes submissions from the `WorkQueue` the two share and answers them wi
 `CallerQueue` is the one way a local engine hands something back across threads (the VLLM
 engine's own loop uses it too).
 
-A reasoning model's replies (a `Submission` with `thinking`, thinking.py) are split into
+A reasoning model's replies (a `Submission` with `reasoning`, reasoning.py) are split into
 thinking and answer here, alike for every local engine: each delta as it is handed back
 (`Submission.deliver`), each result's samples in `Scheduler.result`.
 
@@ -43,7 +43,7 @@ from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, 
 
 if TYPE_CHECKING:
     from lmpress.engines.common.reasoning import StreamSplitter
-    from lmpress.engines.local.thinking import Thinking
+    from lmpress.engines.local.reasoning import RequestReasoning
 
 # A prompt longer than this (in characters) is prepared on a thread of its own: tokenizing
 # 64k characters takes some tens of milliseconds, and a 4 MB prompt seconds, for which the
@@ -102,7 +102,7 @@ class Submission:
     media: Any = None
     # A reasoning model's request: how its replies think. Its deltas are split here into
     # thinking and answer, one splitter per sample; its result in `Scheduler.result`.
-    thinking: Thinking | None = None
+    reasoning: RequestReasoning | None = None
     _splitters: dict[int, StreamSplitter] = field(default_factory=dict)
 
     def deliver(self, item: Delta | Result) -> None:
@@ -113,10 +113,10 @@ class Submission:
             self.answered = True
             for index, splitter in self._splitters.items():  # what each one held back
                 self._put_split(item.request_id, index, splitter.flush())
-        elif self.thinking is not None:
+        elif self.reasoning is not None:
             splitter = self._splitters.get(item.index)
             if splitter is None:
-                splitter = self._splitters[item.index] = self.thinking.splitter()
+                splitter = self._splitters[item.index] = self.reasoning.splitter()
             self._put_split(item.request_id, item.index, splitter.feed(item.text))
             return
         self._put(item)
@@ -166,8 +166,8 @@ class Scheduler(ABC):
     def result(self, submission: Submission, samples: list[Sample]) -> Result:
         """A submission's answer: its samples (a reasoning model's thinking apart from its
         answer), counted and labelled with the engine."""
-        if submission.thinking is not None:
-            samples = [submission.thinking.split(sample) for sample in samples]
+        if submission.reasoning is not None:
+            samples = [submission.reasoning.split(sample) for sample in samples]
         completion = sum(sample.completion_tokens for sample in samples)
         thought = sum(sample.reasoning_tokens for sample in samples)
         return Result(

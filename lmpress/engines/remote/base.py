@@ -25,15 +25,14 @@ from typing import Any, ClassVar, TypeVar
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_text, check_tools, error_result
-from lmpress.engines.prompt_count import NoPromptCache, PromptCacheTally
-from lmpress.engines.remote.credentials import Redactor, resolve_api_key
-from lmpress.engines.remote.pacing import (
-    Pacer,
-    Ticket,
-    backoff_delay,
+from lmpress.engines.prompt_count import (
+    NoPromptCache,
+    PromptCacheTally,
     estimate_request_tokens,
     estimate_tokens,
 )
+from lmpress.engines.remote.credentials import Redactor, resolve_api_key
+from lmpress.engines.remote.pacing import Pacer, Ticket, backoff_delay
 from lmpress.engines.remote.prompt_cache import CacheEstimate
 from lmpress.engines.remote.retry import (
     Attempts,
@@ -117,7 +116,9 @@ class RemoteEngine(Engine):
                 f"engine {self.name} needs remote_params.api_url, the server's base URL "
                 f"(e.g. --remote_params.api_url http://127.0.0.1:8000/v1)"
             )
-        self.api_key = resolve_api_key(self.name, remote, self.default_key_env, self.key_required)
+        self.api_key = resolve_api_key(
+            self.name, remote, self.key_variable(config), self.key_required
+        )
         self.redactor = Redactor([self.api_key] if self.api_key else [])
         if self.model_required and not config.model.model_name:
             raise ConfigError(

@@ -12,15 +12,16 @@ from lmpress.vocabulary.errors import ConfigError
 
 
 def resolve_api_key(
-    engine: str, remote: RemoteParams, default_key_env: str | None, key_required: bool
+    engine: str, remote: RemoteParams, variable: str | None, key_required: bool
 ) -> str | None:
     """The API key: a literal `remote_params.api_key` (with a warning), else the environment
-    variable `api_key_env_varname` names, else the engine's default variable.
+    variable the engine reads it from (`Engine.key_variable`: the one `api_key_env_varname`
+    names, else the engine's default).
 
     Fails here, before any request, when a key is required and missing, naming the variable.
     """
     if remote.api_key:
-        env_hint = remote.api_key_env_varname or default_key_env or "MY_API_KEY"
+        env_hint = variable or "MY_API_KEY"
         print(
             "lmpress: warning: remote_params.api_key holds a literal API key; keys in recipes "
             "and command lines end up in files and shell history. Put it in an environment "
@@ -29,7 +30,6 @@ def resolve_api_key(
             file=sys.stderr,
         )
         return _checked_key(remote.api_key, "remote_params.api_key")
-    variable = key_variable(remote, default_key_env)
     value = os.environ.get(variable, "") if variable else ""
     if value.strip():
         return _checked_key(value, f"the environment variable {variable}")
@@ -40,11 +40,6 @@ def resolve_api_key(
             f"--remote_params.api_key_env_varname)"
         )
     return None
-
-
-def key_variable(remote: RemoteParams, default_key_env: str | None) -> str | None:
-    """The environment variable the API key is read from."""
-    return remote.api_key_env_varname or default_key_env
 
 
 def _checked_key(value: str, where: str) -> str:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import json
 import math
 import random
 import time
@@ -38,7 +37,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from lmpress.engines.remote.learned_rate import AdaptiveRate
-from lmpress.vocabulary.types import Request
 
 Clock = Callable[[], float]
 
@@ -371,27 +369,3 @@ class Pacer:
             await self._sleep(self.politeness_s)
         finally:
             self.limit.release()
-
-
-def estimate_tokens(text_chars: int, messages: int = 0, images: int = 0) -> int:
-    """A rough prompt size for budgeting before the provider counts: ~4 characters a token, a
-    few tokens of framing per message, a flat allowance per image."""
-    return text_chars // 4 + 4 * messages + 256 * images + 1
-
-
-def estimate_request_tokens(request: Request) -> int:
-    """A request's input tokens, roughly, before the provider counts them: its text, and the
-    tools it offers (their JSON Schemas are input too)."""
-    if request.prompt is not None:
-        return estimate_tokens(len(request.prompt))
-    chars = sum(len(m.text()) for m in request.messages)
-    if request.tools:
-        chars += len(json.dumps(request.tools))
-    images = sum(
-        1
-        for m in request.messages
-        if not isinstance(m.content, str)
-        for part in m.content
-        if part.type == "image_url"
-    )
-    return estimate_tokens(chars, len(request.messages), images)

@@ -184,7 +184,7 @@ BY_NAME = {provider.name: provider for provider in PROVIDERS}
 # written). The standard tier for prompts up to 200K tokens; longer prompts cost more on some
 # models (Gemini 2.5 Pro, Claude Sonnet). remote_params.input_price_per_million,
 # output_price_per_million and cached_input_price_per_million override a row, or price a model
-# that has none (dryrun/pricing.py). Cached input, written down on 2026-11-24 from the same
+# that has none (batch/pricing.py). Cached input, written down on 2026-11-24 from the same
 # kind of copies: OpenAI's varies by generation (gpt-4o and o-series before o3 half the input
 # price, gpt-4.1, o3 and o4-mini a quarter, the gpt-5 family a tenth); Anthropic's cache
 # reads are a tenth of input (its writes, 1.25x input, are the provider row's
@@ -243,6 +243,7 @@ def engine_class(name: str) -> type[Any]:
         "supported_params": provider.params,
         "default_api_url": provider.url,
         "default_key_env": provider.key_env,
+        "default_tokenizer": provider.tokenizer,
         "key_required": provider.key_required,
         "model_required": provider.model_required,
         "user_field": provider.user_field,

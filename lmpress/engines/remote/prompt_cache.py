@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from lmpress.engines.remote.pacing import estimate_tokens
+from lmpress.engines.prompt_count import estimate_tokens
 from lmpress.vocabulary.types import Request
 
 # The shortest prefix Anthropic caches, per model (by name prefix; others 1024), from its

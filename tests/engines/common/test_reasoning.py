@@ -13,8 +13,8 @@ import pytest
 from lmpress.engines.common.reasoning import (
     HARMONY,
     THINK,
+    ReasoningBudget,
     StreamSplitter,
-    ThinkingBudget,
     check_parser,
     closed_in,
     format_for,
@@ -206,7 +206,7 @@ def test_streamed_pieces_join_up_to_the_whole_replys_split(fmt, opened, reply):
 
 def test_a_budget_forces_the_close_after_exactly_its_limit_then_lets_the_model_answer():
     close, end = [7, 8, 7, 7], [8]
-    budget = ThinkingBudget(opened=True, limit=3, close_ids=close, end_ids=end)
+    budget = ReasoningBudget(opened=True, limit=3, close_ids=close, end_ids=end)
     for token in (1, 2, 3):
         assert budget.forced() is None and budget.waits
         budget.accept(token)
@@ -221,7 +221,7 @@ def test_a_budget_forces_the_close_after_exactly_its_limit_then_lets_the_model_a
 
 
 def test_a_model_that_closes_its_own_thinking_is_not_forced():
-    budget = ThinkingBudget(opened=True, limit=10, close_ids=[7, 8], end_ids=[8])
+    budget = ReasoningBudget(opened=True, limit=10, close_ids=[7, 8], end_ids=[8])
     for token in (1, 2, 8):
         assert budget.forced() is None
         budget.accept(token)
@@ -229,7 +229,7 @@ def test_a_model_that_closes_its_own_thinking_is_not_forced():
 
 
 def test_under_a_grammar_the_engine_opens_the_block_and_writes_what_follows_its_end():
-    budget = ThinkingBudget(
+    budget = ReasoningBudget(
         opened=False, limit=None, close_ids=[9, 8, 9], end_ids=[8], start_ids=[6],
         force_open=True, after_end_ids=[9],
     )  # fmt: skip
@@ -244,11 +244,11 @@ def test_under_a_grammar_the_engine_opens_the_block_and_writes_what_follows_its_
 
 
 def test_a_reply_that_may_open_the_block_counts_only_once_it_has():
-    budget = ThinkingBudget(opened=False, limit=None, close_ids=[], end_ids=[8], start_ids=[6])
+    budget = ReasoningBudget(opened=False, limit=None, close_ids=[], end_ids=[8], start_ids=[6])
     for token in (6, 1, 2, 8, 3):
         budget.accept(token)
     assert budget.spent == 2
-    straight = ThinkingBudget(opened=False, limit=1, close_ids=[9], end_ids=[8], start_ids=[6])
+    straight = ReasoningBudget(opened=False, limit=1, close_ids=[9], end_ids=[8], start_ids=[6])
     for token in (1, 2, 3):
         assert straight.forced() is None
         straight.accept(token)

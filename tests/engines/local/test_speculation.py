@@ -7,11 +7,7 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.configs.schema import ModelParams
-from lmpress.engines.local.speculation import (
-    NgramIndex,
-    Speculation,
-    draft_counts,
-)
+from lmpress.engines.local.speculation import NgramIndex, Speculation
 from lmpress.vocabulary.errors import ConfigError, UnsupportedParamError
 
 NGRAM = Speculation(method="ngram", tokens=4, lookup_min=2, lookup_max=4)
@@ -130,28 +126,6 @@ def test_an_engine_that_cannot_speculate_refuses_it_before_any_work(tmp_path):
     )
     with pytest.raises(UnsupportedParamError, match="model.speculative_method: engine OPENAI"):
         create_engine(load_config(str(recipe)))
-
-
-def test_each_row_carries_the_drafts_whose_chance_pays_for_their_place_in_the_step():
-    sixteen = [0.8] * 16
-    assert draft_counts(sixteen, [4] * 16, step_cost=32) == [3] * 16  # copying rows
-    assert draft_counts(sixteen, [4] * 16, step_cost=200) == [4] * 16  # a costly step: all
-    assert draft_counts(sixteen, [4] * 16, step_cost=16) == [2] * 16  # a cheap one: fewer
-    # A row drafting beside rows that do not carries its drafts alone: no other row pays.
-    assert draft_counts(sixteen, [4] + [0] * 15, step_cost=32) == [4] + [0] * 15
-    # Rows whose drafts are kept carry them; rows whose drafts seldom are carry none.
-    mixed = [0.9] * 8 + [0.3] * 8
-    assert draft_counts(mixed, [4] * 16, step_cost=32) == [4] * 8 + [0] * 8
-    assert draft_counts([0.1] * 16, [4] * 16, step_cost=32) == [0] * 16
-    assert draft_counts([0.9], [3], step_cost=32) == [3]  # one row alone: the step is the cost
-    assert draft_counts([0.9] * 4, [0] * 4, step_cost=32) == [0] * 4
-    # Widening every row's attention for the widest row costs too: with 16 rows a lone row's
-    # drafts no longer pay for it, rows that all copy carry fewer, and a row alone still
-    # carries all of its.
-    assert draft_counts(sixteen, [4] + [0] * 15, step_cost=32, widen=0.15) == [0] * 16
-    assert draft_counts(sixteen, [4] * 16, step_cost=32, widen=0.15) == [2] * 16
-    assert draft_counts(mixed, [4] * 16, step_cost=32, widen=0.15) == [4] * 8 + [0] * 8
-    assert draft_counts([0.9], [3], step_cost=32, widen=0.15) == [3]
 
 
 def test_a_rows_chance_starts_hopeful_and_follows_its_recent_steps():

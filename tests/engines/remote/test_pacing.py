@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 
+from lmpress.engines.prompt_count import estimate_tokens
 from lmpress.engines.remote.learned_rate import AdaptiveRate
 from lmpress.engines.remote.pacing import (
     SERVING_WINDOW_S,
@@ -19,7 +20,6 @@ from lmpress.engines.remote.pacing import (
     Pacer,
     TokenBucket,
     backoff_delay,
-    estimate_tokens,
     parse_retry_after,
 )
 

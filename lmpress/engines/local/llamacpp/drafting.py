@@ -88,10 +88,10 @@ class Drafter:
         last of them in the row's `firsts`.
 
         Over a split KV cache llama.cpp gives rows carrying different token counts passes of
-        their own (speculating.py), so every row ends with the same count, `width`: the most
-        any row lacks, up to READ_AT_ONCE; a row lacking fewer reads some it holds again (as
-        cheap as padding, and its cells stay right), and a row lacking more (a new prompt)
-        reads the rest first, in batches of the context's size, with no logits."""
+        their own (this engine's speculation.py), so every row ends with the same count,
+        `width`: the most any row lacks, up to READ_AT_ONCE; a row lacking fewer reads some it
+        holds again (as cheap as padding, and its cells stay right), and a row lacking more (a
+        new prompt) reads the rest first, in batches of the context's size, with no logits."""
         tokens = [row.submission.prompt_ids + row.tokens for row in rows]
         keeps = [
             min(common_prefix(self.held[row.seq_id], t), len(t) - 1)

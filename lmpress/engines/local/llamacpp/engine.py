@@ -24,7 +24,7 @@ while their prompts and `max_new_tokens` fit beside those in flight (scheduling.
 is refused or cut for the others' sake; loading.batched_context says what that costs, and why
 a drafting engine (`model.speculative_method`) keeps the split cache.
 
-A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
+A reasoning model's thinking (local/reasoning.py) is counted, bounded and kept apart from its answer
 sequence by sequence: the scheduler writes the close of a row's thinking once its
 `max_reasoning_tokens` are spent, and holds its grammar until the answer starts.
 
@@ -67,8 +67,8 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projecto
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
+from lmpress.engines.local.reasoning import ModelReasoning
 from lmpress.engines.local.speculation import Speculation
-from lmpress.engines.local.thinking import ModelThinking
 from lmpress.engines.local.worker import WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
@@ -150,11 +150,11 @@ class LlamaCppEngine(WorkerEngine):
             return
         self.chat_template = chat_template(config, self.metadata)
         try:  # the recipe's thinking settings, checked before anything more is loaded
-            self.model_thinking = ModelThinking(
+            self.model_reasoning = ModelReasoning(
                 self.chat_template, config.model.reasoning_parser, self._tokenize,
                 self._detokenize, self.model_name,
             )  # fmt: skip
-            self.model_thinking.check_recipe(config.generation)
+            self.model_reasoning.check_recipe(config.generation)
         except ConfigError:
             self.llama.close()
             raise
@@ -266,7 +266,9 @@ class LlamaCppEngine(WorkerEngine):
 
     def render(self, request: Request, tool_plan: ToolPlan | None = None) -> str:
         """The chat template applied to a request's messages, as llama-cpp-python renders it."""
-        return self.prompts.render(request, tool_plan, self.model_thinking.template_kwargs(request))
+        return self.prompts.render(
+            request, tool_plan, self.model_reasoning.template_kwargs(request)
+        )
 
     def _tokenize(self, text: str) -> list[int]:
         """Text as the GGUF tokenizer writes it mid-reply: no BOS, special tokens read."""
@@ -286,7 +288,7 @@ class LlamaCppEngine(WorkerEngine):
         self, request: Request, tool_plan: ToolPlan | None = None
     ) -> tuple[list[int], list[ImageSegment] | None]:
         """The prompt's token ids, checked to fit, and its image segments (None: no images)."""
-        switches = self.model_thinking.template_kwargs(request)
+        switches = self.model_reasoning.template_kwargs(request)
         ids, images = self.prompts.inputs(request, tool_plan, switches)
         if len(ids) >= self.n_ctx_seq:
             where = f"the context is {self.n_ctx} (model.model_kwargs.n_ctx): raise n_ctx"
@@ -329,10 +331,12 @@ class LlamaCppEngine(WorkerEngine):
             plan,
             self.name,
         )
-        thinking = self.model_thinking.thinking(prompt_ids, request.params, matcher is not None)
+        reasoning = self.model_reasoning.for_request(
+            prompt_ids, request.params, matcher is not None
+        )
         return LlamaCppSubmission(
             request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher, tool_plan=plan,
-            media=images, thinking=thinking,
+            media=images, reasoning=reasoning,
         )  # fmt: skip
 
     def _logit_bias(self, params: GenerationParams) -> list[tuple[int, float]]:

@@ -17,7 +17,7 @@ from lmpress.engines.local.llamacpp.loading import (
     trained_context,
 )
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
-from lmpress.engines.local.thinking import SwitchedPrompts
+from lmpress.engines.local.reasoning import SwitchedPrompts
 from lmpress.engines.prompt_count import PromptCounter
 
 

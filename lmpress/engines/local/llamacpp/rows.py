@@ -10,7 +10,7 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.engines.common.reasoning import ThinkingBudget
+from lmpress.engines.common.reasoning import ReasoningBudget
 from lmpress.engines.local.guided import Matcher
 from lmpress.engines.local.speculation import RowDrafts
 from lmpress.engines.local.stop_strings import first_stop
@@ -60,10 +60,10 @@ class SequenceRow:
     # An incremental decoder keeps a character split across tokens until it is whole.
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     logprobs: list[TokenLogprob] | None = None
-    budget: ThinkingBudget | None = None  # a reasoning model's: its thinking so far
-    # Speculation (speculating.py): the row's drafting, None when off; the tokens it carries
-    # after `next_token` this step, the first `drafted` of them its drafts and the rest
-    # fillers; and the draft positions it has verified and kept, all steps.
+    budget: ReasoningBudget | None = None  # a reasoning model's: its thinking so far
+    # Speculation (this engine's speculation.py): the row's drafting, None when off; the
+    # tokens it carries after `next_token` this step, the first `drafted` of them its drafts
+    # and the rest fillers; and the draft positions it has verified and kept, all steps.
     drafts: RowDrafts | None = None
     carried: list[int] = field(default_factory=list)
     drafted: int = 0
@@ -73,14 +73,14 @@ class SequenceRow:
     def __post_init__(self) -> None:
         if self.params.logprobs:
             self.logprobs = []
-        if self.submission.thinking is not None:
-            self.budget = self.submission.thinking.budget()
+        if self.submission.reasoning is not None:
+            self.budget = self.submission.reasoning.budget()
 
     @property
     def special_pieces(self) -> bool:
         """Whether special tokens are written into its text: as asked, and always for a
         reasoning format written in them (harmony's channels), which the split must read."""
-        thinking = self.submission.thinking
+        thinking = self.submission.reasoning
         keeps = thinking is not None and thinking.keeps_special_tokens
         return keeps or not self.params.skip_special_tokens
 

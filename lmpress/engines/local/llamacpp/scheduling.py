@@ -14,8 +14,8 @@ batches.py writes and decodes them); each row then samples from its own sampler 
 (sampling.py).
 
 With `model.speculative_method: ngram` (or a draft model, drafting.py) a row being generated may
-carry drafted tokens after its next one (engines/local/speculation.py; speculating.py decides
-how many, for the batch's cost): it samples at each of their positions in turn, exactly as it would one step at a time,
+carry drafted tokens after its next one (engines/local/speculation.py; this engine's
+speculation.py decides how many, for the batch's cost): it samples at each of their positions in turn, exactly as it would one step at a time,
 keeps going while its token equals the draft there, and the KV cells of the drafts it did not
 keep are dropped.
 """
@@ -32,7 +32,7 @@ from lmpress.engines.local.llamacpp.projector import Projector, text_ids
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission, PromptChunk, SequenceRow
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.llamacpp.sequences import Sequences
-from lmpress.engines.local.llamacpp.speculating import Candidate, plan
+from lmpress.engines.local.llamacpp.speculation import Candidate, plan
 from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, WorkQueue, failure_info
 from lmpress.vocabulary.errors import ErrorKind
@@ -274,7 +274,7 @@ class LlamaCppScheduler(Scheduler):
     def _shape(
         self, rows: list[SequenceRow], proposals: list[list[int]], chunks: list[PromptChunk]
     ) -> None:
-        """Set what each row carries after its next token this step (speculating.plan)."""
+        """Set what each row carries after its next token this step (speculation.plan)."""
         candidates = [
             Candidate(row.seq_id, len(drafts), self._room(row), row.draft_kept, row.draft_tried)
             for row, drafts in zip(rows, proposals, strict=True)

@@ -17,7 +17,7 @@ its pooling, or a cross-encoder) and a `PoolingScheduler` (embedding.py) that ba
 inputs waiting, sorted by length; `normalize` and `dimensions` apply to the vectors it hands
 back, here.
 
-A reasoning model's thinking (thinking.py) is counted, bounded and kept apart from its answer
+A reasoning model's thinking (local/reasoning.py) is counted, bounded and kept apart from its answer
 row by row inside the batch: sampling.py writes the close of a row's thinking once its
 `max_reasoning_tokens` are spent, and holds its grammar until the answer starts.
 
@@ -67,8 +67,8 @@ from lmpress.engines.local.native.options import NativeOptions
 from lmpress.engines.local.native.packing import pack_linears
 from lmpress.engines.local.native.row_attention import use_row_attention
 from lmpress.engines.local.native.scheduling import NativeScheduler, reply_limit
+from lmpress.engines.local.reasoning import ModelReasoning
 from lmpress.engines.local.speculation import Speculation
-from lmpress.engines.local.thinking import ModelThinking
 from lmpress.engines.local.worker import PREPARE_OFF_LOOP_CHARS, Submission, WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
@@ -180,14 +180,14 @@ class NativeEngine(WorkerEngine):
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
         self.prompts = native_prompts(config, self.tokenizer, self.tool_call_parser, self.processor)
         tokenizer = self.tokenizer
-        self.model_thinking = ModelThinking(
+        self.model_reasoning = ModelReasoning(
             getattr(tokenizer, "chat_template", None),
             config.model.reasoning_parser,
             lambda text: tokenizer.encode(text, add_special_tokens=False),
             lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             self.model_name,
         )
-        self.model_thinking.check_recipe(config.generation)
+        self.model_reasoning.check_recipe(config.generation)
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
         speculation = Speculation.of(config.model)
         self.draft_model = None
@@ -311,10 +311,10 @@ class NativeEngine(WorkerEngine):
             self.name,
         )
         ids, images = self.inputs(request, plan)
-        thinking = self.model_thinking.thinking(ids, request.params, matcher is not None)
+        reasoning = self.model_reasoning.for_request(ids, request.params, matcher is not None)
         return Submission(
             request, ids, started, matcher=matcher, tool_plan=plan, media=images,
-            thinking=thinking,
+            reasoning=reasoning,
         )  # fmt: skip
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
@@ -327,7 +327,7 @@ class NativeEngine(WorkerEngine):
     ) -> tuple[list[int], dict[str, Any] | None]:
         """The prompt's token ids, checked to leave room in the context, and a prompt's image
         inputs for the model (pixel_values, ...; None without images)."""
-        switches = self.model_thinking.template_kwargs(request)
+        switches = self.model_reasoning.template_kwargs(request)
         ids, images = self.prompts.inputs(request, tool_plan, switches)
         if self.context_length and len(ids) >= self.context_length:
             raise RequestError(

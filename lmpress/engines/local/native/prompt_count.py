@@ -9,7 +9,7 @@ from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.tool_parsers import check_parser
 from lmpress.engines.local.native.loading import load_processor, native_prompts
-from lmpress.engines.local.thinking import SwitchedPrompts
+from lmpress.engines.local.reasoning import SwitchedPrompts
 from lmpress.engines.prompt_count import PromptCounter
 
 

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.engines.common.reasoning import ThinkingBudget
+from lmpress.engines.common.reasoning import ReasoningBudget
 from lmpress.engines.local.speculation import RowDrafts
 from lmpress.engines.local.stop_strings import first_stop
 from lmpress.engines.local.worker import Submission
@@ -36,7 +36,7 @@ class BatchRow:
     emitted: int = 0  # characters already sent as deltas
     logprobs: list[TokenLogprob] | None = None
     matcher: Any = None  # its place in the grammar it follows (guided decoding)
-    budget: ThinkingBudget | None = None  # a reasoning model's: its thinking so far
+    budget: ReasoningBudget | None = None  # a reasoning model's: its thinking so far
     last: int = 0  # the token it picked last, which the next step feeds the model
     drafts: RowDrafts | None = None  # its prompt-lookup drafting, when it speculates
 
@@ -52,7 +52,7 @@ class BatchRow:
     def skips_special_tokens(self) -> bool:
         """Whether its text leaves special tokens out: as asked, but for a reasoning format
         written in special tokens (harmony's channels), which the split must read."""
-        thinking = self.submission.thinking
+        thinking = self.submission.reasoning
         keeps = thinking is not None and thinking.keeps_special_tokens
         return self.params.skip_special_tokens and not keeps
 

@@ -31,21 +31,11 @@ from lmpress.engines.local.native.batch_cache import (
 )
 from lmpress.engines.local.native.drafting import Drafter
 from lmpress.engines.local.native.sampling import BatchControl, BatchRow, row_generator
-from lmpress.engines.local.speculation import Speculation, SpeculationCounts, draft_counts
+from lmpress.engines.local.native.speculation import STEP_COST, WIDEN, draft_counts
+from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, Submission, WorkQueue, failure_info
 from lmpress.vocabulary.types import Result, Sample
 
-# What a decode step's fixed work (reading the weights, the per-layer and per-step overheads)
-# is worth in tokens carried, for speculation.draft_counts. SmolLM2 at float32 on a 2-core
-# CPU, 16 rows after 300-token prompts: a step carrying 5 tokens a row took 1.95 times one
-# carrying 1 (1.30 for 2, 1.36 for 3), about 50 tokens' worth, measured under load; taken
-# lower, since a loaded machine inflates the fixed part.
-STEP_COST = 32
-# What one more place in every row's attention costs, in tokens carried, each place the widest
-# row carries past the first (a ragged step lays rows out as wide as the widest for
-# attention). 16 rows after chat prompts: 16 tokens in 65 ms; 32 tokens as 2 a row 93 ms, as 5
-# in 4 rows 105, as 3 in 8 rows 100 (about 1.75 ms a token, 3.5 to 4 ms a place of every row).
-WIDEN = 0.15
 # The dummy prompt `NativeScheduler.warm` compiles the decoding step on.
 WARM_PROMPT_TOKENS = 8
 
@@ -266,7 +256,7 @@ class NativeScheduler(Scheduler):
     def _drafts(self, rows: list[BatchRow]) -> list[list[int]]:
         """Each row's drafts this step ([] for none): as many as its acceptance asks for and
         its budget leaves, cut to the counts that pay for their place in the step
-        (speculation.draft_counts)."""
+        (speculation.py)."""
         rooms = [row.limit - row.generated - 1 for row in rows]
         chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
         if self._drafter is not None:
@@ -372,8 +362,8 @@ class NativeScheduler(Scheduler):
                 row.logprobs = [] if params.logprobs else None
                 if submission.matcher is not None:
                     row.matcher = submission.matcher.copy()
-                if submission.thinking is not None:
-                    row.budget = submission.thinking.budget()
+                if submission.reasoning is not None:
+                    row.budget = submission.reasoning.budget()
             # Sibling samples and the checkpoint's own processors (which read the whole
             # history at every pick) decode a token a step.
             if self.speculation and params.n == 1 and not self.checkpoint_processors:

@@ -40,7 +40,7 @@ from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.prompts import resolve_chat_template
 from lmpress.engines.common.tool_parsers import check_parser
-from lmpress.engines.local.thinking import template_switches, template_text
+from lmpress.engines.local.reasoning import template_switches, template_text
 from lmpress.engines.local.vllm import prompt_count
 from lmpress.engines.local.vllm.api import (
     INSTALL_HINT,

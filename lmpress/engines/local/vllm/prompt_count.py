@@ -7,7 +7,7 @@ from __future__ import annotations
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.prompts import HfPrompts
-from lmpress.engines.local.thinking import SwitchedPrompts
+from lmpress.engines.local.reasoning import SwitchedPrompts
 from lmpress.engines.prompt_count import PromptCounter, estimate_counter
 from lmpress.vocabulary.errors import ModelLoadError
 

@@ -12,7 +12,7 @@ parsers, its length bounded by vLLM's thinking budget.
   inside the thinking; a prompt that closed it (`enable_thinking: false`) gives an answer only;
   otherwise the reply thinks only if its first token opens a block.
 - `reasoning_effort` sets the chat template's switches as on NATIVE and LLAMACPP
-  (local/thinking.py `template_switches`).
+  (local/reasoning.py `template_switches`).
 - A row under a grammar (a JSON schema, a required tool call) gets the grammar from the end of
   its thinking on (vLLM's structured outputs wait for the end mark); where the template left the
   model to open the block, the prompt opens it (`opened_for_grammar`).
@@ -144,7 +144,7 @@ def _hub_file(repo: str, name: str, revision: str | None) -> Path | None:
 
 
 @dataclass
-class ThinkingMarks:
+class ReasoningMarks:
     """The parser's start and end marks, as text and as single token ids (None where the
     tokenizer splits a mark, or the parser has none)."""
 
@@ -154,7 +154,7 @@ class ThinkingMarks:
     end_id: int | None = None
 
     @classmethod
-    def of(cls, parser: Any, tokenizer: Any) -> ThinkingMarks:
+    def of(cls, parser: Any, tokenizer: Any) -> ReasoningMarks:
         start = parser.reasoning_start_str or ""
         end = parser.reasoning_end_str or ""
         vocab = tokenizer.get_vocab()
@@ -190,10 +190,10 @@ class VllmReasoning:
         self._per_sample = bool(getattr(parser_class, "engine_based_streaming", False))
         self._shared = None
         if self.harmony:
-            self.marks = ThinkingMarks(common.HARMONY.start, common.HARMONY.end)
+            self.marks = ReasoningMarks(common.HARMONY.start, common.HARMONY.end)
         else:
             self._shared = parser_class(tokenizer)
-            self.marks = ThinkingMarks.of(self._shared, tokenizer)
+            self.marks = ReasoningMarks.of(self._shared, tokenizer)
 
     def parser(self) -> Any:
         return self._class(self.tokenizer) if self._per_sample else self._shared
@@ -284,7 +284,7 @@ def _tidy(thinking: str | None, answer: str | None) -> tuple[str | None, str]:
 class ThinkReader(ReplyReader):
     """A `<think>`-style reply through vLLM's own parser (deepseek_r1, qwen3, ...)."""
 
-    def __init__(self, new_parser: Callable[[], Any], marks: ThinkingMarks, prompt_ids: list[int]):
+    def __init__(self, new_parser: Callable[[], Any], marks: ReasoningMarks, prompt_ids: list[int]):
         super().__init__()
         self.new_parser = new_parser
         self.marks = marks

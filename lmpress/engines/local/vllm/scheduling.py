@@ -23,7 +23,7 @@ from lmpress.engines.base import Engine, check_text, error_result
 from lmpress.engines.common.embeddings import cosine_scores
 from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
-from lmpress.engines.local.thinking import template_switches, template_text
+from lmpress.engines.local.reasoning import template_switches, template_text
 from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_request_error
 from lmpress.engines.local.vllm.logs import children_print_to_log
 from lmpress.engines.local.vllm.reasoning import VllmReasoning, budget_refusal

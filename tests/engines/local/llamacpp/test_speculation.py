@@ -1,7 +1,8 @@
 """LLAMACPP with `model.speculative_method: ngram`, and with a draft model, against the same
 engine with speculation off, on SmolLM2-135M-Instruct: the same text, greedy and seeded, at
 batch 16, with drafts kept (read from the scheduler's counts, so these fail if speculation
-never ran); and how a step is shaped over llama.cpp's split of a batch (speculating.py)."""
+never ran); and how a step is shaped over llama.cpp's split of a batch
+(lmpress/engines/local/llamacpp/speculation.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,12 @@ from lmpress.builtin_models.packaged import SMOLLM2, SMOLLM2_Q4_1, resolve_packa
 from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission, SequenceRow
-from lmpress.engines.local.llamacpp.speculating import Candidate, micro_batches, plan
+from lmpress.engines.local.llamacpp.speculation import Candidate, micro_batches, plan
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import GenerationParams, Message, Request
-
-from .test_real_weights import QUESTIONS
-from .test_reference_equality import MIXED
+from tests.engines.local.test_real_weights import QUESTIONS
+from tests.engines.local.test_reference_equality import MIXED
 
 PARAGRAPHS = [
     "Teh comittee met on Tusday in Bostn to discus the anual budgte. Mrs Hannah Lee presentd "
@@ -288,8 +288,8 @@ def test_a_step_drafts_where_it_pays_and_carries_one_count_a_row():
     keeping = [Candidate(seq, d, room=8, kept=18, tried=20) for seq, d in enumerate([4, 3, 4, 2])]
     shape = plan(keeping, [], 512)
     assert len({d + f for d, f in shape}) == 1 and sum(d for d, _ in shape) > 0
-    # Sixteen rows not tried yet: a drafted token costs about what it saves (speculating.py),
-    # so each carries one.
+    # Sixteen rows not tried yet: a drafted token costs about what it saves (the engine's
+    # speculation.py), so each carries one.
     assert plan([Candidate(seq, 4, room=8) for seq in range(16)], [], 512) == [(1, 0)] * 16
     # Rows whose drafts are seldom kept draft nothing.
     failing = [Candidate(seq, 4, room=8, kept=1, tried=40) for seq in range(4)]

@@ -14,7 +14,7 @@ import pytest
 from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 from tests.conftest import REPO
 
-STANDIN = Path(__file__).resolve().parent / "vllm_standin"
+STANDIN = Path(__file__).resolve().parent.parent / "vllm_standin"
 STANDIN_VARS = (
     "VLLM_STANDIN_TOKEN_DELAY_S",
     "VLLM_STANDIN_DIE_AFTER",

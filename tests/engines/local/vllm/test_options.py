@@ -1,6 +1,6 @@
 """VLLM's `model.model_kwargs` (vllm/options.py): the engine arguments lmpress documents and reads,
 checked as the config loads with vLLM's own messages; the rest checked against AsyncEngineArgs'
-fields once vLLM is imported (test_vllm_engine_contract.py)."""
+fields once vLLM is imported (test_engine_contract.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from lmpress.engines.local.vllm.options import VllmOptions
 from lmpress.engines.local.vllm.translate import engine_settings
 from lmpress.engines.options import typo_of
 from lmpress.vocabulary.errors import ConfigError
-from tests.engines.local.vllm_contract_support import model_dir, standin
+from tests.engines.local.vllm.contract_support import model_dir, standin
 
 __all__ = ["model_dir", "standin"]  # fixtures
 

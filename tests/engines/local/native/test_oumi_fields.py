@@ -1,5 +1,5 @@
 """Oumi's model fields on NATIVE: random weights, the sequence-length cap (compile:
-test_native_compile.py)."""
+test_compile.py)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,18 @@
 """A reasoning model's thinking on NATIVE and LLAMACPP, where lmpress drives every token.
 
-`ModelThinking` is what an engine learns once, when it loads: the model's format (from
+`ModelReasoning` is what an engine learns once, when it loads: the model's format (from
 `model.reasoning_parser` or the chat template's marks, common/reasoning.py), the token ids of
 its marks as this tokenizer writes them, and which switches its template reads
 (`enable_thinking`, `reasoning_effort`). Per request it gives the template variables that
-`generation.reasoning_effort` asks for, and a `Thinking`: whether the prompt opened the block,
-and the budget each sample keeps (`ThinkingBudget`). The worker (worker.py) splits each
-result's text and each streamed delta with it, so both engines answer alike; each engine's
-sampling asks the budget which token to force and whether its grammar waits. The dry run
-counts each prompt with the same template variables (`SwitchedPrompts`).
+`generation.reasoning_effort` asks for, and a `RequestReasoning`: whether the prompt opened
+the block, and the budget each sample keeps (`ReasoningBudget`). The worker (worker.py) splits
+each result's text and each streamed delta with it, so both engines answer alike; each
+engine's sampling asks the budget which token to force and whether its grammar waits. The dry
+run counts each prompt with the same template variables (`SwitchedPrompts`).
+
+"Reasoning" names the concept in lmpress's code, as in the keys a user types
+(`max_reasoning_tokens`, `reasoning_parser`, `reasoning_effort`); "thinking" stays where the
+wire or the model says it (`<think>` marks, Anthropic's thinking blocks, `enable_thinking`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from typing import Any
 
 from lmpress.engines.common.reasoning import (
     HARMONY,
+    ReasoningBudget,
     ReasoningFormat,
     StreamSplitter,
-    ThinkingBudget,
     check_parser,
     closed_in,
     format_for,
@@ -36,7 +40,7 @@ from lmpress.vocabulary.types import GenerationParams, Message, Request, Sample
 PROMPT_TAIL = 32
 
 
-class ModelThinking:
+class ModelReasoning:
     """How one loaded model thinks. `encode` turns a mark into this tokenizer's ids, `decode`
     ids back into text with special tokens kept."""
 
@@ -72,13 +76,13 @@ class ModelThinking:
         probe = Request("recipe", [Message("user", "")], params)
         try:
             self.template_kwargs(probe)
-            self.thinking([], params, guided=False)
+            self.for_request([], params, guided=False)
         except RequestError as exc:
             raise ConfigError(str(exc)) from exc
 
-    def thinking(
+    def for_request(
         self, prompt_ids: list[int], params: GenerationParams, guided: bool
-    ) -> Thinking | None:
+    ) -> RequestReasoning | None:
         """A request's thinking, from its prompt's ids; None where the reply cannot think
         (a model that does not, or a prompt that closed the block). `guided`: its reply
         follows a grammar, which starts once the thinking is over."""
@@ -100,15 +104,15 @@ class ModelThinking:
         tail = self._decode([t for t in prompt_ids[-PROMPT_TAIL:] if t >= 0])
         if closed_in(tail, fmt):
             return None
-        return Thinking(self, fmt, opened_in(tail, fmt), limit, guided)
+        return RequestReasoning(self, fmt, opened_in(tail, fmt), limit, guided)
 
 
 @dataclass(frozen=True)
-class Thinking:
+class RequestReasoning:
     """One request's thinking: whether its prompt opened the block, the budget, and whether
     a grammar waits for the answer."""
 
-    model: ModelThinking
+    model: ModelReasoning
     fmt: ReasoningFormat
     opened: bool
     limit: int | None
@@ -120,10 +124,10 @@ class Thinking:
         the channels can be read (`split` leaves them out of both parts)."""
         return self.fmt is HARMONY
 
-    def budget(self) -> ThinkingBudget:
+    def budget(self) -> ReasoningBudget:
         """A sample's budget, counting its thinking tokens from the first one."""
         model = self.model
-        return ThinkingBudget(
+        return ReasoningBudget(
             self.opened,
             self.limit,
             model.close_ids,

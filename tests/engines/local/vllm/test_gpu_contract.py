@@ -14,14 +14,14 @@ import pytest
 
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError
 from tests.conftest import run_lmpress
-from tests.engines.local.test_vllm_cli_contract import RECIPE, run_check, vllm_block
-from tests.engines.local.test_vllm_engine_contract import chat, close, make_engine, vllm_side
-from tests.engines.local.vllm_contract_support import (
+from tests.engines.local.vllm.contract_support import (
     model_dir,
     standin,
     standin_env,
     write_model_dir,
 )
+from tests.engines.local.vllm.test_cli_contract import RECIPE, run_check, vllm_block
+from tests.engines.local.vllm.test_engine_contract import chat, close, make_engine, vllm_side
 
 __all__ = ["model_dir", "standin"]  # fixtures
 

@@ -4,7 +4,7 @@ a smaller model with SmolLM2's tokenizer, made here from SmolLM2's own first 24 
 others, so both of a row's paths after a verify (every draft kept: two tokens pending in the
 draft cache; one refused: the draft cache cut back) run; no row's tokens, logprobs or ending
 change against decoding without speculation (itself checked against transformers' own
-`generate` in test_native_speculation.py).
+`generate` in test_speculation.py).
 
 One engine is loaded for the module; each run turns its scheduler's speculation on or off for
 the rows it submits (rows take their drafting when they join)."""
@@ -21,7 +21,7 @@ from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import GenerationParams
-from tests.engines.local.test_native_speculation import (
+from tests.engines.local.native.test_speculation import (
     COPY,
     NEW_TOKENS,
     chat,
@@ -68,7 +68,7 @@ def smollm2(tmp_path_factory):
 
 def test_greedy_rows_equal_decoding_without_speculation(smollm2):
     """Copy prompts (twice over) and free-text questions side by side. Decoding without
-    speculation is the same path as in test_native_speculation.py, which checks it against
+    speculation is the same path as in test_speculation.py, which checks it against
     transformers' own `generate` on these prompts."""
     assert smollm2.draft_model.config.num_hidden_layers == DRAFT_LAYERS
     drafted, accepted = greedy_rows_on_and_off(smollm2, against_transformers=False)
@@ -103,7 +103,7 @@ def test_limits_stop_strings_and_logprobs_are_unchanged_by_a_draft_model(smollm2
 def test_seeded_sampled_rows_keep_their_tokens_with_a_draft_model(smollm2):
     """The draft model's greedy tokens are one-hot drafts: a sampled row draws once per token
     emitted, from the model's own distribution, so a seeded row whose sampler cuts the tail
-    gives the same tokens (test_native_speculation.py says why full-vocabulary rows may not,
+    gives the same tokens (test_speculation.py says why full-vocabulary rows may not,
     by a rounding)."""
     requests = [
         chat(COPY[i % len(COPY)], GenerationParams(max_new_tokens=24, seed=90 + i, **s), str(i))

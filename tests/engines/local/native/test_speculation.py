@@ -3,7 +3,8 @@ speculation off and against transformers' own `generate`: the rows that copy the
 most of their drafts, and no row's tokens, logprobs or ending change.
 
 One engine is loaded for the module; each run turns its scheduler's speculation on or off for
-the rows it submits (rows take their drafting when they join)."""
+the rows it submits (rows take their drafting when they join). How many drafts a step carries
+(native/speculation.py's `draft_counts`) is tested last, on chances given by hand."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from lmpress.builtin_models.packaged import SMOLLM2
 from lmpress.configs import load_config
+from lmpress.engines.local.native.speculation import draft_counts
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 from tests.engines.local.test_real_weights import QUESTIONS
@@ -37,7 +39,7 @@ LIST = (
 COPY = [TYPOS, REPEAT, LIST]
 NEW_TOKENS = 48  # room for TYPOS's reply to reach "harbour", and for a min_tokens of 30
 # The greedy rows' length: each copy row is drafting through its copied text by then (measured:
-# 119 tokens drafted, 86 kept; with the draft model of test_native_draft_model.py 122 and 36).
+# 119 tokens drafted, 86 kept; with the draft model of test_draft_model.py 122 and 36).
 GREEDY_TOKENS = 32
 
 
@@ -234,3 +236,25 @@ def test_ragged_steps_through_the_models_own_eager_attention_change_no_reply(
         texts[method] = [r.text for r in results]
     assert texts["ngram"] == texts["off"]
     assert sum(1 for widths in steps if len(set(widths)) > 1) > 5
+
+
+def test_each_row_carries_the_drafts_whose_chance_pays_for_their_place_in_the_step():
+    sixteen = [0.8] * 16
+    assert draft_counts(sixteen, [4] * 16, step_cost=32) == [3] * 16  # copying rows
+    assert draft_counts(sixteen, [4] * 16, step_cost=200) == [4] * 16  # a costly step: all
+    assert draft_counts(sixteen, [4] * 16, step_cost=16) == [2] * 16  # a cheap one: fewer
+    # A row drafting beside rows that do not carries its drafts alone: no other row pays.
+    assert draft_counts(sixteen, [4] + [0] * 15, step_cost=32) == [4] + [0] * 15
+    # Rows whose drafts are kept carry them; rows whose drafts seldom are carry none.
+    mixed = [0.9] * 8 + [0.3] * 8
+    assert draft_counts(mixed, [4] * 16, step_cost=32) == [4] * 8 + [0] * 8
+    assert draft_counts([0.1] * 16, [4] * 16, step_cost=32) == [0] * 16
+    assert draft_counts([0.9], [3], step_cost=32) == [3]  # one row alone: the step is the cost
+    assert draft_counts([0.9] * 4, [0] * 4, step_cost=32) == [0] * 4
+    # Widening every row's attention for the widest row costs too: with 16 rows a lone row's
+    # drafts no longer pay for it, rows that all copy carry fewer, and a row alone still
+    # carries all of its.
+    assert draft_counts(sixteen, [4] + [0] * 15, step_cost=32, widen=0.15) == [0] * 16
+    assert draft_counts(sixteen, [4] * 16, step_cost=32, widen=0.15) == [2] * 16
+    assert draft_counts(mixed, [4] * 16, step_cost=32, widen=0.15) == [4] * 8 + [0] * 8
+    assert draft_counts([0.9], [3], step_cost=32, widen=0.15) == [3]

@@ -15,8 +15,8 @@ import pytest
 
 from lmpress.builtin_models.tiny import VLM_TEMPLATE
 from lmpress.vocabulary.types import ContentPart, GenerationParams, Message, Request
-from tests.engines.local.test_vllm_engine_contract import close, make_engine, vllm_side
-from tests.engines.local.vllm_contract_support import model_dir, standin, write_model_dir
+from tests.engines.local.vllm.contract_support import model_dir, standin, write_model_dir
+from tests.engines.local.vllm.test_engine_contract import close, make_engine, vllm_side
 from tests.image_files import CORRUPT_PNG, data_url, picture, picture_file
 
 __all__ = ["model_dir", "standin"]  # fixtures
@@ -100,8 +100,8 @@ def test_bad_images_and_vllms_refusals_fail_their_row_alone(standin, vlm_dir, mo
 
 def test_vllm_check_images_plumbing_runs_on_the_standin(vlm_dir):
     """Only benchmarks/vllm_check.py --images' plumbing: both sides send the same pictures."""
-    from tests.engines.local.test_vllm_cli_contract import run_check
-    from tests.engines.local.vllm_contract_support import standin_env
+    from tests.engines.local.vllm.contract_support import standin_env
+    from tests.engines.local.vllm.test_cli_contract import run_check
 
     run = run_check(vlm_dir, "--rows", "6", "--max-new-tokens", "40", "--images", env=standin_env())
     assert run.returncode == 0, run.stderr

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from lmpress.batch.pricing import Price, listed_price, price_for
 from lmpress.configs import load_config
-from lmpress.dryrun.pricing import Price, listed_price, price_for
 from lmpress.engines.remote.presets import BY_NAME, PRICES
 from lmpress.vocabulary.errors import ConfigError
 

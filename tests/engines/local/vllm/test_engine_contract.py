@@ -7,7 +7,7 @@ StructuredOutputsParams, LoRARequest, RequestOutput, CompletionOutput) and echoe
 instead of running a model. They prove the adapter, not vLLM: tests/engines/local/vllm_real/
 runs the same engine against vLLM's CPU build (`make test-vllm`), and where a real test proves
 a behaviour by its outcome the duplicate here was removed (structured outputs, a closed stream's
-abort, a LoRA adapter on every request). What needs GPUs is in test_vllm_gpu_contract.py.
+abort, a LoRA adapter on every request). What needs GPUs is in test_gpu_contract.py.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from lmpress.vocabulary.types import (
     Result,
     TokenLogprob,
 )
-from tests.engines.local.vllm_contract_support import model_dir, standin, write_model_dir
+from tests.engines.local.vllm.contract_support import model_dir, standin, write_model_dir
 
 __all__ = ["model_dir", "standin"]  # fixtures
 
@@ -129,7 +129,7 @@ CHANGED = {
     "max_reasoning_tokens": 5,
 }  # fmt: skip
 # Fields honoured in the prompt rather than in SamplingParams: reasoning_effort sets the chat
-# template's switches (local/thinking.py; vllm_real/test_reasoning.py runs it on VLLM).
+# template's switches (local/reasoning.py; vllm_real/test_reasoning.py runs it on VLLM).
 IN_THE_PROMPT = {"reasoning_effort"}
 
 
@@ -587,7 +587,7 @@ def test_closing_the_engine_shuts_vllm_down(standin, model_dir):
 def test_availability(standin, monkeypatch):
     assert VllmEngine.unavailable_reason() is None
     monkeypatch.setenv("VLLM_STANDIN_NO_GPU", "1")
-    from tests.engines.local.vllm_contract_support import forget_vllm
+    from tests.engines.local.vllm.contract_support import forget_vllm
 
     forget_vllm()
     assert VllmEngine.unavailable_reason().startswith("vLLM found no GPU on this machine")

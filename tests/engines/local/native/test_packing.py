@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lmpress.vocabulary.types import GenerationParams, Message, Request
-from tests.engines.local.test_native_batching import close, make
+from tests.engines.local.native.test_batching import close, make
 
 QUESTIONS = [f"question {i}: " + "why " * (i % 5) for i in range(8)]
 

@@ -3,7 +3,7 @@ and with the vLLM stand-in (tests/engines/local/vllm_standin) in place of vLLM.
 
 They prove lmpress's side (messages, exit codes, the recipe, the CLI paths), not vLLM:
 tests/engines/local/vllm_real/ runs the fronts on vLLM's CPU build. What needs GPUs (no GPU,
-the two-GPU recipe) is in test_vllm_gpu_contract.py.
+the two-GPU recipe) is in test_gpu_contract.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from lmpress.configs import load_config
 from lmpress.engines.local.vllm.translate import engine_settings
 from tests.conftest import REPO, run_lmpress
-from tests.engines.local.vllm_contract_support import (
+from tests.engines.local.vllm.contract_support import (
     model_dir,
     standin,
     standin_env,
