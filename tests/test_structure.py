@@ -99,10 +99,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The typed schema of a run, its loading and overrides: everything that runs reads a
     # config, and a config knows no engine (the registry checks an engine's name and settings).
     ("lmpress.configs",),
-    # What engines and fronts both read: rows and files (data), the wire formats (openai_wire,
-    # becoming wire/), the models lmpress ships (builtin_models). data reads OpenAI's batch
+    # What engines and fronts both read: rows and files (data), each protocol's bodies and
+    # replies (wire), the models lmpress ships (builtin_models). data reads OpenAI's batch
     # lines through the wire types.
-    ("lmpress.data", "lmpress.openai_wire", "lmpress.wire", "lmpress.builtin_models"),
+    ("lmpress.data", "lmpress.wire", "lmpress.builtin_models"),
     # The engine contract, the registry of names and the engine families.
     ("lmpress.engines",),
     # The response cache: it names a model by its files as the engines find them and keys
@@ -196,9 +196,6 @@ ENGINE_CONTRACT_EXCEPTIONS = {
     # The providers' batch APIs drive a remote engine's own SDK client and retry rule (their
     # bodies and reply parsers are wire/'s, as the live engine's are).
     "lmpress.batch.provider.base": {"lmpress.engines.remote.base", "lmpress.engines.remote.retry"},
-    # Gemini's OpenAI-compatible replies carry thought summaries in tags inside the content,
-    # read with the engines' splitter of a model's thinking (to move below engines with it).
-    "lmpress.wire.openai.replies": {"lmpress.engines.common.reasoning"},
     # The response cache names a local model by its files' content, found where the local
     # engines find them (a path, a packaged or tiny name, the hub's cache).
     "lmpress.cache.identity": {"lmpress.engines.common.models"},
@@ -367,17 +364,15 @@ def test_one_module_per_protocol_direction():
     lmpress/wire/, both directions, and the engines, serve and batch's provider APIs read and
     write it from there (issue 51). Three checks hold that:
     - wire is below the engines and the fronts: no module under lmpress/wire/ imports one of
-      them (but the engines' splitter of a model's thinking, which Gemini's tagged thoughts in
-      an OpenAI reply need, listed in ENGINE_CONTRACT_EXCEPTIONS until it moves below engines);
+      them;
     - a reply parser is what makes a `Reply`, `EmbedReply` or `ScoreReply` out of a body, so
       nothing outside wire/ constructs one: an engine, serve or batch module that parses a
       provider's reply again fails here;
     - the modules that used to hold a protocol beside an engine or a route are gone."""
     known = modules()
     above = ("engines", "serve", "batch", "cli", "chat", "dryrun", "cache", "llm", "infer")
-    allowed = {"lmpress.engines.common.reasoning"}
     upward = {
-        name: sorted(m for m in imports(path, known) - allowed if m.split(".")[1] in above)
+        name: sorted(m for m in imports(path, known) if m.split(".")[1] in above)
         for name, path in known.items()
         if name.startswith("lmpress.wire")
     }

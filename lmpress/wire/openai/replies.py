@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 import lmpress.vocabulary.tools as tools
-from lmpress.engines.common.reasoning import ReasoningFormat, StreamSplitter, split
 from lmpress.vocabulary.embeddings import Embedding
+from lmpress.vocabulary.reasoning import ReasoningFormat, StreamSplitter, split
 from lmpress.vocabulary.types import (
     FINISH_REASONS,
     Delta,
