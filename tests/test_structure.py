@@ -99,10 +99,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The typed schema of a run, its loading and overrides: everything that runs reads a
     # config, and a config knows no engine (the registry checks an engine's name and settings).
     ("lmpress.configs",),
-    # What engines and fronts both read: rows and files (data), the wire formats (openai_wire,
-    # becoming wire/), the models lmpress ships (builtin_models). data reads OpenAI's batch
+    # What engines and fronts both read: rows and files (data), each protocol's bodies and
+    # replies (wire), the models lmpress ships (builtin_models). data reads OpenAI's batch
     # lines through the wire types.
-    ("lmpress.data", "lmpress.openai_wire", "lmpress.wire", "lmpress.builtin_models"),
+    ("lmpress.data", "lmpress.wire", "lmpress.builtin_models"),
     # The engine contract, the registry of names and the engine families.
     ("lmpress.engines",),
     # The response cache: it names a model by its files as the engines find them and keys
@@ -193,21 +193,9 @@ ENGINE_CONTRACT = {
 }
 # Modules that reach further, and why.
 ENGINE_CONTRACT_EXCEPTIONS = {
-    # The providers' batch APIs drive a remote engine's own SDK client, retry rule and reply
-    # parsers, so that a row through a batch API comes out as the live engine writes it.
-    "lmpress.batch.provider.apis": {
-        "lmpress.engines.remote.base",
-        "lmpress.engines.remote.retry",
-        "lmpress.engines.remote.openai_compat",
-        "lmpress.engines.remote.anthropic",
-    },
+    # The providers' batch APIs drive a remote engine's own SDK client and retry rule (their
+    # bodies and reply parsers are wire/'s, as the live engine's are).
     "lmpress.batch.provider.base": {"lmpress.engines.remote.base", "lmpress.engines.remote.retry"},
-    # Gemini's batch API speaks Gemini's own request and reply shapes, translated as the
-    # engine's wire module translates them.
-    "lmpress.batch.provider.gemini": {
-        "lmpress.engines.remote.gemini_wire",
-        "lmpress.engines.remote.retry",
-    },
     # The response cache names a local model by its files' content, found where the local
     # engines find them (a path, a packaged or tiny name, the hub's cache).
     "lmpress.cache.identity": {"lmpress.engines.common.models"},
@@ -369,3 +357,41 @@ CONNECTION_ERROR = "connection_error"
         (7, "invalid_request"),
         (11, "connection_error"),
     ]
+
+
+def test_one_module_per_protocol_direction():
+    """Each wire protocol lmpress speaks (OpenAI's, Anthropic's, Gemini's) is written once, in
+    lmpress/wire/, both directions, and the engines, serve and batch's provider APIs read and
+    write it from there (issue 51). Three checks hold that:
+    - wire is below the engines and the fronts: no module under lmpress/wire/ imports one of
+      them;
+    - a reply parser is what makes a `Reply`, `EmbedReply` or `ScoreReply` out of a body, so
+      nothing outside wire/ constructs one: an engine, serve or batch module that parses a
+      provider's reply again fails here;
+    - the modules that used to hold a protocol beside an engine or a route are gone."""
+    known = modules()
+    above = ("engines", "serve", "batch", "cli", "chat", "dryrun", "cache", "llm", "infer")
+    upward = {
+        name: sorted(m for m in imports(path, known) if m.split(".")[1] in above)
+        for name, path in known.items()
+        if name.startswith("lmpress.wire")
+    }
+    assert {name: found for name, found in upward.items() if found} == {}
+
+    replies = {"Reply", "EmbedReply", "ScoreReply"}
+    making = {}
+    for name, path in known.items():
+        if name.startswith("lmpress.wire"):
+            continue
+        calls = [
+            node.lineno
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and _callee(node) in replies
+        ]
+        if calls:
+            making[name] = calls
+    assert making == {}
+
+    gone = {"lmpress.openai_wire", "lmpress.serve.anthropic_wire",
+            "lmpress.engines.remote.gemini_wire", "lmpress.engines.remote.inline_images"}  # fmt: skip
+    assert gone & set(known) == set()

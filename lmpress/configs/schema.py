@@ -49,7 +49,7 @@ class ModelParams:
     # the engine's own settings: `lmpress engines NAME`, and below
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     tool_call_parser: str | None = None  # how a local model writes tool calls (tool_parsers.py)
-    # How a local model writes its thinking (engines/common/reasoning.py): vLLM's
+    # How a local model writes its thinking (vocabulary/reasoning.py): vLLM's
     # --reasoning-parser names; unset, the chat template's marks choose, "none" turns it off.
     reasoning_parser: str | None = None
     # Oumi's training-only fields: accepted so a shared config loads, and named in a notice.

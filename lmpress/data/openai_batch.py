@@ -4,8 +4,8 @@ Request line:  {"custom_id", "method": "POST", "url": "/v1/chat/completions", "b
 (or /v1/completions; /v1/embeddings, score and rerank lines are `data.pooling_rows`)
 Output line:   {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}
 
-A line's body is read by `openai_wire.requests` and its output body built by
-`openai_wire.responses`, the code `lmpress serve` runs for the same endpoint, so a body means
+A line's body is read by `wire.openai.requests` and its output body built by
+`wire.openai.responses`, the code `lmpress serve` runs for the same endpoint, so a body means
 the same in a batch file as in an HTTP request. Its sampling parameters override the recipe for
 that row.
 """
@@ -17,10 +17,10 @@ import uuid
 from typing import Any
 
 from lmpress.data.messages import RowError
-from lmpress.openai_wire import requests
-from lmpress.openai_wire.errors import HTTP_STATUS, ApiError
 from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import Result
+from lmpress.wire.openai import requests
+from lmpress.wire.openai.errors import HTTP_STATUS, ApiError
 
 CHAT_URL = requests.CHAT_PATH
 COMPLETIONS_URL = requests.COMPLETIONS_PATH
@@ -57,7 +57,7 @@ def render_output(
     would answer; `echo` is the prompt a completions body asked to have echoed."""
     # Imported here: its models come from the openai package, most of a second to import,
     # which a job whose rows are not OpenAI Batch lines never needs.
-    from lmpress.openai_wire import responses
+    from lmpress.wire.openai import responses
 
     created = int(time.time())
     if url == COMPLETIONS_URL:

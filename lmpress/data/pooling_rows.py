@@ -8,7 +8,7 @@ Input, beside the generation shapes of `row_shapes`:
           form, "text_1" and "text_2"; two lists of one length score pairwise, the i-th with
           the i-th, in a score run); a score run and a rerank run take either
 - OpenAI Batch lines to /v1/embeddings, /v1/score (or /score) and /v1/rerank (or /rerank,
-  /v2/rerank), their bodies read by `openai_wire.pooling` as serve reads them. A line's task
+  /v2/rerank), their bodies read by `wire.openai.pooling` as serve reads them. A line's task
   is its url's (`URL_TASKS`), whatever the run's; `batch.tasks` decides whether it runs.
 Output: the input row with `embedding` (one input) or `embeddings` (a list), `scores` (a
 score run) or `results` (a rerank run: best first, cut to top_n), and a `response` record
@@ -23,9 +23,6 @@ from typing import Any
 
 from lmpress.data.columns import RowMapping, TemplateError
 from lmpress.data.messages import RowError, json_type
-from lmpress.openai_wire import pooling as wire
-from lmpress.openai_wire.errors import ApiError
-from lmpress.openai_wire.requests import validate_body
 from lmpress.vocabulary.embeddings import (
     EmbedRequest,
     EmbedResult,
@@ -34,6 +31,9 @@ from lmpress.vocabulary.embeddings import (
     Task,
 )
 from lmpress.vocabulary.types import round_usd
+from lmpress.wire.openai import pooling as wire
+from lmpress.wire.openai.errors import ApiError
+from lmpress.wire.openai.requests import validate_body
 
 # The task an OpenAI Batch line's url asks for.
 URL_TASKS: dict[str, Task] = {

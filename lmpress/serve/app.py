@@ -29,13 +29,6 @@ from lmpress.cache.responses import CacheMode, ResponseCache, cache_mode
 from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, check_tools, unsupported_params
-from lmpress.openai_wire import pooling as wire
-from lmpress.openai_wire import requests as bodies
-from lmpress.openai_wire import responses
-from lmpress.openai_wire.errors import ApiError, error_from_info
-from lmpress.openai_wire.requests import Sampling
-from lmpress.openai_wire.responses import ChatChunks, CompletionChunks
-from lmpress.openai_wire.responses_api.requests import RESPONSES_PATH, ResponsesBody
 from lmpress.serve import errors, limits, messages, metrics, openapi, pooling, responses_api
 from lmpress.serve.asgi import (
     EventStream,
@@ -53,6 +46,13 @@ from lmpress.serve.media import AfterImages, ClientImages
 from lmpress.version import __version__
 from lmpress.vocabulary.errors import ErrorKind, InputError, UnsupportedParamError
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result, Usage
+from lmpress.wire.openai import pooling as wire
+from lmpress.wire.openai import requests as bodies
+from lmpress.wire.openai import responses
+from lmpress.wire.openai.errors import ApiError, error_from_info
+from lmpress.wire.openai.requests import Sampling
+from lmpress.wire.openai.responses import ChatChunks, CompletionChunks
+from lmpress.wire.openai.responses_api.requests import RESPONSES_PATH, ResponsesBody
 
 log = logging.getLogger("lmpress.serve")
 

@@ -18,9 +18,9 @@ from starlette.responses import JSONResponse
 from starlette.responses import Response as StarletteResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lmpress.openai_wire.errors import ApiError
-from lmpress.serve.anthropic_wire import MESSAGES_PATH, anthropic_error
 from lmpress.vocabulary.types import Usage
+from lmpress.wire.anthropic.server import MESSAGES_PATH, anthropic_error
+from lmpress.wire.openai.errors import ApiError
 
 log = logging.getLogger("lmpress.serve")
 

@@ -38,9 +38,6 @@ from lmpress.data.file_formats import FileFormat
 from lmpress.data.resume import JobFiles
 from lmpress.data.row_shapes import OutputShape, ParsedRow
 from lmpress.engines.base import Engine, error_result
-from lmpress.openai_wire import requests as bodies
-from lmpress.openai_wire.errors import ApiError
-from lmpress.openai_wire.pooling import EMBEDDINGS_PATH
 from lmpress.serve import openapi
 from lmpress.serve.files import PURPOSES, FileRoutes, read_limited
 from lmpress.serve.media import ClientImages, local_file_refused
@@ -48,6 +45,9 @@ from lmpress.serve.state import StateStore, new_object_id
 from lmpress.vocabulary.errors import ErrorKind, LmpressError
 from lmpress.vocabulary.images import is_local_file, message_image_urls
 from lmpress.vocabulary.types import ErrorInfo, Request, Usage
+from lmpress.wire.openai import requests as bodies
+from lmpress.wire.openai.errors import ApiError
+from lmpress.wire.openai.pooling import EMBEDDINGS_PATH
 
 log = logging.getLogger("lmpress.serve")
 

@@ -19,9 +19,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from lmpress.openai_wire.errors import ApiError
-from lmpress.serve.anthropic_wire import MESSAGES_PATH, anthropic_error
 from lmpress.serve.asgi import error_response, request_log
+from lmpress.wire.anthropic.server import MESSAGES_PATH, anthropic_error
+from lmpress.wire.openai.errors import ApiError
 
 log = logging.getLogger("lmpress.serve")
 

@@ -18,8 +18,8 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive
 
-from lmpress.openai_wire.errors import ApiError
 from lmpress.serve.state import StateStore, StoredFile
+from lmpress.wire.openai.errors import ApiError
 
 # OpenAI's own limit on a batch input file.
 MAX_FILE_BYTES = 200 * 1024 * 1024

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from lmpress.configs.schema import ServeParams
-from lmpress.openai_wire.errors import ApiError
 from lmpress.vocabulary.types import GenerationParams
+from lmpress.wire.openai.errors import ApiError
 
 
 def check_samples(

@@ -28,7 +28,6 @@ from collections.abc import Coroutine, Generator
 from typing import Any
 
 from lmpress.configs.schema import ServeParams
-from lmpress.openai_wire.errors import ApiError
 from lmpress.serve.media_fetch import FetchFailed, MediaPolicy, TooLarge, fetch
 from lmpress.vocabulary.images import (
     FORMAT_NAMES,
@@ -42,6 +41,7 @@ from lmpress.vocabulary.images import (
     sniff_media_type,
 )
 from lmpress.vocabulary.types import ContentPart, Message, Request
+from lmpress.wire.openai.errors import ApiError
 
 log = logging.getLogger("lmpress.serve")
 

@@ -2,8 +2,8 @@
 `/v1/messages/count_tokens`, so that the official `anthropic` SDK (and the coding agents built
 on it) talk to the served engine unchanged.
 
-A body goes through `anthropic_wire` into the same Request the chat route builds, and through
-the server's own checks (model, params, tools), so both routes accept and refuse alike; the
+A body goes through `wire.anthropic.server` into the same Request the chat route builds, and
+through the server's own checks (model, params, tools), so both routes accept and refuse alike; the
 generation runs in a `GenerationResponse` as the chat route's does (the queue limit, the 499 and
 the cancel on a client gone). Every error of these routes is in Anthropic's shape.
 """
@@ -21,9 +21,6 @@ from fastapi.responses import JSONResponse
 
 from lmpress.engines.base import Engine
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.openai_wire.errors import ApiError, error_from_info
-from lmpress.openai_wire.requests import Sampling, parse_body
-from lmpress.serve import anthropic_wire as wire
 from lmpress.serve import openapi, pooling
 from lmpress.serve.asgi import (
     EventStream,
@@ -34,6 +31,9 @@ from lmpress.serve.asgi import (
 )
 from lmpress.vocabulary.errors import RequestError
 from lmpress.vocabulary.types import Delta, Message, Request, Result
+from lmpress.wire.anthropic import server as wire
+from lmpress.wire.openai.errors import ApiError, error_from_info
+from lmpress.wire.openai.requests import Sampling, parse_body
 
 Body = TypeVar("Body", bound=wire.CountTokensBody)
 

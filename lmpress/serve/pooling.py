@@ -5,7 +5,7 @@ served engine's `embed` and `score`.
 A server runs one task (`--task`, as a batch run does: NATIVE loads an encoder for `embed`, a
 cross-encoder for `score` and `rerank`), so a route of another task answers 400 in one line.
 Each request goes to the engine as it comes, as a generation does; the engine batches what is
-waiting. Bodies are read and answered by `openai_wire.pooling`, as batch reads the same bodies.
+waiting. Bodies are read and answered by `wire.openai.pooling`, as batch reads the same bodies.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ from fastapi.responses import JSONResponse
 
 from lmpress.configs.schema import ServeParams
 from lmpress.engines.base import Engine
-from lmpress.openai_wire import pooling as wire
-from lmpress.openai_wire.errors import ApiError, error_from_info
-from lmpress.openai_wire.requests import parse_body
 from lmpress.serve import limits
 from lmpress.serve.asgi import (
     GenerationResponse,
@@ -32,6 +29,9 @@ from lmpress.serve.asgi import (
 )
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest, Task
 from lmpress.vocabulary.types import Usage
+from lmpress.wire.openai import pooling as wire
+from lmpress.wire.openai.errors import ApiError, error_from_info
+from lmpress.wire.openai.requests import parse_body
 
 
 class Server(Protocol):

@@ -1,5 +1,5 @@
 """`POST /v1/responses` of `lmpress serve`: OpenAI's Responses API over the served engine,
-stateless (lmpress keeps no responses; see `openai_wire.responses_api`).
+stateless (lmpress keeps no responses; see `wire.openai.responses_api`).
 
 A body becomes the same engine Request a chat completion makes (input items as messages,
 instructions as a system message first, function tools in chat's form), checked by the
@@ -17,15 +17,6 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
 
 from lmpress.data.messages import RowError, regenerate_last_turn
-from lmpress.openai_wire.errors import ApiError, error_from_info
-from lmpress.openai_wire.requests import Sampling, parse_body
-from lmpress.openai_wire.responses_api.requests import (
-    RESPONSES_PATH,
-    ResponsesBody,
-    input_messages,
-    responses_sampling,
-)
-from lmpress.openai_wire.responses_api.responses import ResponseEvents, ResponseHead, dump
 from lmpress.serve import pooling
 from lmpress.serve.asgi import (
     EventStream,
@@ -35,6 +26,15 @@ from lmpress.serve.asgi import (
     new_id,
 )
 from lmpress.vocabulary.types import Delta, Message, Request, Result
+from lmpress.wire.openai.errors import ApiError, error_from_info
+from lmpress.wire.openai.requests import Sampling, parse_body
+from lmpress.wire.openai.responses_api.requests import (
+    RESPONSES_PATH,
+    ResponsesBody,
+    input_messages,
+    responses_sampling,
+)
+from lmpress.wire.openai.responses_api.responses import ResponseEvents, ResponseHead, dump
 
 
 class Server(pooling.Server, Protocol):

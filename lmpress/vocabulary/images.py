@@ -9,7 +9,7 @@ hold fails there. Either raises `ImageError`, a RequestError: the row with the b
 fails alone, with one line naming the image and what is wrong.
 
 Remote engines send http(s) and data: URLs on as they are (the provider fetches and checks
-them) and read local files here to send them inline (engines/remote/inline_images.py).
+them) and read local files here to send them inline (wire/images.py).
 
 This is lmpress reading images for its user (a batch over their own file, their chat): any URL,
 any local path. `lmpress serve` reads images for clients it does not trust, so it fetches and

@@ -3,7 +3,7 @@ forms, rerank at each of its urls, and invalid lines), restated in our own data 
 `lmpress batch` on the model kinds vLLM runs them on: a model that generates (tiny:llama), an
 embedding model (MiniLM, real weights) and a cross-encoder (tiny:cross-encoder), none given
 `--task`, since the lines' urls say what each asks. Every input line gets exactly one output or
-error line, and every body has vLLM's response shape (`tests/openai_wire/vllm_shapes.py`)."""
+error line, and every body has vLLM's response shape (`tests/wire/openai/vllm_shapes.py`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletion
 
 from lmpress.builtin_models.packaged import resolve_packaged_name
 from tests.conftest import run_lmpress
-from tests.openai_wire.vllm_shapes import BatchOutputLine, RerankResponse, ScoreResponse
+from tests.wire.openai.vllm_shapes import BatchOutputLine, RerankResponse, ScoreResponse
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from fastapi.routing import APIRoute
 
-from lmpress.openai_wire import pooling
-from lmpress.openai_wire import requests as bodies
-from lmpress.openai_wire.responses_api.requests import ResponsesBody
-from lmpress.serve import anthropic_wire
 from lmpress.serve.batches import CreateBatchBody
 from lmpress.serve.openapi import REF
+from lmpress.wire.anthropic import server as anthropic_server
+from lmpress.wire.openai import pooling
+from lmpress.wire.openai import requests as bodies
+from lmpress.wire.openai.responses_api.requests import ResponsesBody
 
 KEY = "sk-lmpress-openapi-test"
 # What the server validates each JSON body with: the schema must be that model's.
@@ -24,8 +24,8 @@ BODIES = {
     "/v1/embeddings": pooling.EmbeddingsBody,
     "/v1/score": pooling.ScoreBody,
     "/v1/rerank": pooling.RerankBody,
-    "/v1/messages": anthropic_wire.MessagesBody,
-    "/v1/messages/count_tokens": anthropic_wire.CountTokensBody,
+    "/v1/messages": anthropic_server.MessagesBody,
+    "/v1/messages/count_tokens": anthropic_server.CountTokensBody,
     "/v1/batches": CreateBatchBody,
 }
 

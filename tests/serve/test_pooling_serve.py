@@ -12,9 +12,9 @@ import pytest
 
 from lmpress.builtin_models.tiny import tiny_model
 from tests.conftest import run_lmpress
-from tests.openai_wire.vllm_shapes import RerankResponse, ScoreResponse
 from tests.servers.embeddings import score, vector
 from tests.servers.llm_server import LLMServer
+from tests.wire.openai.vllm_shapes import RerankResponse, ScoreResponse
 
 pytestmark = pytest.mark.timeout(180)
 

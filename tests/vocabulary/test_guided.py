@@ -18,10 +18,10 @@ import pytest
 from lmpress.configs import load_config
 from lmpress.engines.base import check_params
 from lmpress.engines.registry import create_engine, load_engine_class
-from lmpress.openai_wire.requests import guided_decoding as read_response_format
 from lmpress.vocabulary.errors import ConfigError, UnsupportedParamError
 from lmpress.vocabulary.guided import GuidedDecoding
 from lmpress.vocabulary.types import GenerationParams, Message, Request
+from lmpress.wire.openai.requests import guided_decoding as read_response_format
 from tests.engines.local.vllm.contract_support import standin  # noqa: F401 (a fixture)
 from tests.servers.llm_server import LLMServer
 from tests.servers.request_types import VLLM_EXTENSIONS

@@ -31,11 +31,11 @@ from lmpress.batch.provider.base import (
 )
 from lmpress.batch.provider.gemini import GeminiBatches
 from lmpress.batch.provider.state import BatchState, Chunk
-from lmpress.engines.remote.base import Reply
 from lmpress.engines.remote.presets import BatchApi
-from lmpress.openai_wire.pooling import EMBEDDINGS_PATH
 from lmpress.vocabulary.embeddings import EmbedRequest
 from lmpress.vocabulary.errors import InputError
+from lmpress.wire.openai.pooling import EMBEDDINGS_PATH
+from lmpress.wire.replies import Reply
 
 __all__ = ["BATCH_APIS", "EXPIRED", "SAFE_ID", "WINDOW", "BatchAPI", "Outcome", "Progress",
            "batch_api", "batch_api_of", "custom_id"]  # fmt: skip
@@ -110,7 +110,7 @@ class OpenAIBatches(BatchAPI):
         )  # fmt: skip
 
     async def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:
-        from lmpress.engines.remote.openai_compat import parse_chat_completion, parse_embeddings
+        from lmpress.wire.openai.replies import parse_chat_completion, parse_embeddings
 
         b = await self.call(f"checking {batch_id}", self.client.batches.retrieve, batch_id)
         engine: Any = self.engine
@@ -201,7 +201,7 @@ class AnthropicBatches(BatchAPI):
                         c.errored + c.canceled + c.expired, total, expires)  # fmt: skip
 
     async def results(self, batch_id: str) -> AsyncIterator[tuple[str, Outcome]]:
-        from lmpress.engines.remote.anthropic import parse_message
+        from lmpress.wire.anthropic.client import parse_message
 
         batches = self.client.messages.batches
         stream = await self.call(f"downloading results of {batch_id}", batches.results, batch_id)

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.batch.provider.state import BatchState, Chunk
-from lmpress.engines.remote.base import EmbedReply, RemoteEngine, Reply
+from lmpress.engines.remote.base import RemoteEngine
 from lmpress.engines.remote.retry import classify
 from lmpress.vocabulary.embeddings import EmbedRequest
 from lmpress.vocabulary.errors import InputError
 from lmpress.vocabulary.types import Request
+from lmpress.wire.replies import EmbedReply, Reply
 
 AnyRequest = Request | EmbedRequest  # what a batch line can carry (`BatchApi.tasks`)
 

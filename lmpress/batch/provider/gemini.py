@@ -1,7 +1,7 @@
 """Gemini's batch mode, through Google's google-genai SDK (`client.aio.batches` and `.files`):
 the GEMINI engine's rows at half price.
 
-A chunk's lines are GenerateContentRequests (`engines.remote.gemini_wire`), each as
+A chunk's lines are GenerateContentRequests (`wire.gemini`), each as
 `{"key": custom_id, "request": ...}` in a JSONL file uploaded to the Files API; the batch is
 created from that file (`batches.create(model=, src=file name)`), named
 `lmpress <chunk> <file>` so that after a crash between Google's answer and lmpress recording it
@@ -30,14 +30,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 from lmpress.batch.provider.base import AnyRequest, BatchAPI, Outcome, Progress
 from lmpress.batch.provider.state import BatchState, Chunk
-from lmpress.engines.remote.gemini_wire import (
+from lmpress.vocabulary.embeddings import EmbedRequest
+from lmpress.vocabulary.errors import InputError, RequestError
+from lmpress.wire.gemini import (
     generate_content_request,
     parse_generate_content,
     row_error,
 )
-from lmpress.engines.remote.retry import MalformedResponse
-from lmpress.vocabulary.embeddings import EmbedRequest
-from lmpress.vocabulary.errors import InputError, RequestError
+from lmpress.wire.replies import MalformedResponse
 
 ENDPOINT = "generateContent"  # the one kind of line a Gemini batch holds
 EXPIRY_S = 48 * 3600  # Google expires a batch still pending or running this long after it began

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lmpress.engines.common.reasoning import (
+from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
+from lmpress.vocabulary.reasoning import (
     HARMONY,
     ReasoningBudget,
     ReasoningFormat,
@@ -33,7 +34,6 @@ from lmpress.engines.common.reasoning import (
     opened_in,
     split,
 )
-from lmpress.vocabulary.errors import ConfigError, ErrorKind, RequestError
 from lmpress.vocabulary.types import GenerationParams, Message, Request, Sample
 
 # The prompt's last tokens, decoded, show whether its template opened or closed the block.

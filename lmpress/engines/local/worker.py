@@ -42,8 +42,8 @@ from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, Usage
 
 if TYPE_CHECKING:
-    from lmpress.engines.common.reasoning import StreamSplitter
     from lmpress.engines.local.reasoning import RequestReasoning
+    from lmpress.vocabulary.reasoning import StreamSplitter
 
 # A prompt longer than this (in characters) is prepared on a thread of its own: tokenizing
 # 64k characters takes some tens of milliseconds, and a 4 MB prompt seconds, for which the

@@ -37,12 +37,10 @@ from lmpress.engines.remote.prompt_cache import CacheEstimate
 from lmpress.engines.remote.retry import (
     Attempts,
     Failure,
-    MalformedResponse,
     classify,
     status_kind,
 )
 from lmpress.vocabulary.embeddings import (
-    Embedding,
     EmbedRequest,
     EmbedResult,
     ScoreRequest,
@@ -55,39 +53,13 @@ from lmpress.vocabulary.errors import (
     RequestError,
     UnsupportedParamError,
 )
-from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, Usage
+from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Usage
+from lmpress.wire.replies import EmbedReply, MalformedResponse, Reply, ScoreReply
 
 MESSAGE_LIMIT = 500  # characters of a provider's error message kept in a failed row
 
 
 R = TypeVar("R", "Reply", "EmbedReply", "ScoreReply")
-
-
-@dataclass
-class Reply:
-    """What one successful attempt produced."""
-
-    samples: list[Sample]
-    usage: Usage
-    model: str = ""
-
-
-@dataclass
-class EmbedReply:
-    """What one successful embeddings request produced."""
-
-    embeddings: list[Embedding]
-    usage: Usage
-    model: str = ""
-
-
-@dataclass
-class ScoreReply:
-    """What one successful scoring request produced."""
-
-    scores: list[float]
-    usage: Usage
-    model: str = ""
 
 
 @dataclass

@@ -19,7 +19,7 @@ from functools import cache
 from typing import Any, Literal
 
 from lmpress.engines.remote.reasoning import GOOGLE, OPENAI_EFFORT, ReasoningFields
-from lmpress.openai_wire.client import OPEN_MODEL_PARAMS, OPENAI_PARAMS, VLLM_PARAMS, Dialect
+from lmpress.wire.openai.client import OPEN_MODEL_PARAMS, OPENAI_PARAMS, VLLM_PARAMS, Dialect
 
 OPENAI_COMPAT = "lmpress.engines.remote.openai_compat:OpenAICompatEngine"
 GENERATE = frozenset({"generate"})

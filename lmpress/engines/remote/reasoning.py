@@ -1,14 +1,6 @@
-"""How each OpenAI-compatible provider takes and returns a reasoning model's thinking.
-
-The thinking comes back three ways on chat completions, and `message_reasoning` and
-`split_thoughts` read all of them into Sample.reasoning, apart from the answer:
-- `reasoning_content` on the message (and on each streamed delta): vLLM, SGLang, DeepSeek;
-  `reasoning` is the name newer vLLM and OpenRouter write;
-- Gemini's thought summaries, asked for with `include_thoughts`, at the head of the content
-  inside `<thought>…</thought>` (`ReasoningFields.thought_tags`);
-- none at all: OpenAI's o-series and GPT-5 return no thinking text on chat completions, only
-  its count, `usage.completion_tokens_details.reasoning_tokens` (`reasoning_tokens`), which
-  the others write too where they count it.
+"""How each OpenAI-compatible provider takes a reasoning model's bounds, and which way its
+thinking comes back (read by `wire.openai.replies`: `reasoning_content` on the message, Gemini's
+`<thought>` tags in the content, `thought_tags`, or only its count).
 
 The bounds go out in each provider's own field (`ReasoningFields`, one per row of presets.py):
 `reasoning_effort` as OpenAI's field of that name, which OpenAI, vLLM, SGLang, Fireworks and
@@ -19,7 +11,7 @@ refused by the engine's `params` (`lmpress engines` lists them).
 
 An earlier turn's thinking in the input (`Message.reasoning`) is never sent back here: no
 OpenAI-compatible provider documents taking it, and DeepSeek answers 400 to
-`reasoning_content` in an input message. Anthropic's side is in anthropic.py.
+`reasoning_content` in an input message. Anthropic's side is in wire/anthropic/client.py.
 
 Nothing here imports an SDK: presets.py reads `ReasoningFields`.
 """
@@ -29,13 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lmpress.engines.common.reasoning import ReasoningFormat, StreamSplitter, split
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import GenerationParams
-
-# Gemini writes its thought summaries ahead of the answer in these tags; `split` reads them
-# as it reads a <think> block.
-GEMINI_THOUGHTS = ReasoningFormat("gemini", "<thought>", "</thought>", "</thought>")
 
 
 @dataclass(frozen=True)
@@ -89,34 +76,6 @@ class ReasoningFields:
             body["extra_body"] = {"google": {"thinking_config": config}}
         return body
 
-    def splitter(self) -> StreamSplitter | None:
-        """A splitter for one streamed choice's content, where thoughts come inside it."""
-        return StreamSplitter(GEMINI_THOUGHTS) if self.thought_tags else None
-
 
 OPENAI_EFFORT = ReasoningFields(effort=True)
 GOOGLE = ReasoningFields(effort=True, budget="google", thought_tags=True)
-
-
-def message_reasoning(message: Any) -> str | None:
-    """A reply message's (or streamed delta's) thinking: `reasoning_content`, else `reasoning`.
-    Takes the JSON dict or the SDK's object."""
-    get = message.get if isinstance(message, dict) else lambda k: getattr(message, k, None)
-    for key in ("reasoning_content", "reasoning"):
-        value = get(key)
-        if isinstance(value, str):
-            return value
-    return None
-
-
-def split_thoughts(text: str) -> tuple[str | None, str]:
-    """(thoughts, answer) of a Gemini content that may open with <thought>…</thought>."""
-    return split(text, GEMINI_THOUGHTS)
-
-
-def reasoning_tokens(usage: dict[str, Any]) -> int:
-    """Of a chat-completions usage's completion tokens, those spent thinking."""
-    details = usage.get("completion_tokens_details")
-    if not isinstance(details, dict):
-        return 0
-    return int(details.get("reasoning_tokens") or 0)

@@ -14,6 +14,7 @@ from typing import Any
 
 from lmpress.engines.remote.pacing import parse_retry_after
 from lmpress.vocabulary.errors import ErrorKind, RequestError
+from lmpress.wire.replies import MalformedResponse
 
 # 408 and 409 are retried too, as both SDKs do: a timeout and a conflict say "try again".
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -37,10 +38,6 @@ def status_kind(status: int) -> ErrorKind:
     if status >= 500:
         return ErrorKind.SERVER_ERROR
     return STATUS_KINDS.get(status, ErrorKind.HTTP_ERROR)
-
-
-class MalformedResponse(Exception):
-    """A 2xx response whose body is not what the API promises."""
 
 
 @dataclass

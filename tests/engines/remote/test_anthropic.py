@@ -9,8 +9,6 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
-from lmpress.engines.remote.anthropic import convert_messages, parse_message, request_body
-from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.vocabulary.errors import ConfigError, RequestError, UnsupportedParamError
 from lmpress.vocabulary.types import (
     ContentPart,
@@ -21,6 +19,8 @@ from lmpress.vocabulary.types import (
     Result,
     ToolCall,
 )
+from lmpress.wire.anthropic.client import convert_messages, parse_message, request_body
+from lmpress.wire.replies import MalformedResponse
 from tests.servers.llm_server import Faults, LLMServer, reply_text
 from tests.servers.request_types import body_problem
 

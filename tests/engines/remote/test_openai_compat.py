@@ -12,13 +12,13 @@ import pytest
 from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine, engine_status
 from lmpress.engines.remote.credentials import Redactor
-from lmpress.engines.remote.inline_images import inline_image_url
-from lmpress.engines.remote.openai_compat import parse_chat_completion
 from lmpress.engines.remote.presets import BY_NAME
-from lmpress.engines.remote.retry import MalformedResponse
-from lmpress.openai_wire.client import Dialect, request_body
 from lmpress.vocabulary.errors import ConfigError, UnsupportedParamError
 from lmpress.vocabulary.types import ContentPart, Delta, GenerationParams, Message, Request, Result
+from lmpress.wire.images import inline_image_url
+from lmpress.wire.openai.client import Dialect, request_body
+from lmpress.wire.openai.replies import parse_chat_completion
+from lmpress.wire.replies import MalformedResponse
 from tests.servers.llm_server import GATHER_LIMIT_S, Faults, LLMServer, reply_text
 from tests.servers.request_types import VLLM_EXTENSIONS
 

@@ -271,7 +271,7 @@ def test_a_provider_batch_carries_the_marks_and_its_rows_the_cache_usage(tmp_pat
 
 
 def test_gemini_batch_results_read_the_cached_share_of_the_prompt():
-    from lmpress.engines.remote.gemini_wire import parse_generate_content
+    from lmpress.wire.gemini import parse_generate_content
 
     data = {"candidates": [{"index": 0, "finishReason": "STOP",
                             "content": {"role": "model", "parts": [{"text": "ok"}]}}],

@@ -13,10 +13,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.engines.common.reasoning import ReasoningBudget
 from lmpress.engines.local.speculation import RowDrafts
 from lmpress.engines.local.stop_strings import first_stop
 from lmpress.engines.local.worker import Submission
+from lmpress.vocabulary.reasoning import ReasoningBudget
 from lmpress.vocabulary.types import Delta, GenerationParams, TokenLogprob
 
 

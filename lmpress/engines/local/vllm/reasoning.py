@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpress.configs.schema import ModelParams
-from lmpress.engines.common import reasoning as common
+from lmpress.vocabulary import reasoning as common
 from lmpress.vocabulary.errors import ConfigError
 
 HARMONY_PARSER = "openai_gptoss"

@@ -1,7 +1,11 @@
 """Images for remote APIs: a remote server cannot read the files an image part names, so a file
 (a file:// URL or a bare path) is read and checked (lmpress.vocabulary.images) and sent inline, as base64.
 One place for both protocols: OpenAI's data: URLs and Anthropic's base64 image blocks. http(s)
-and data: URLs go on as they are; the provider fetches and checks them."""
+and data: URLs go on as they are; the provider fetches and checks them.
+
+Serve has a rule of its own for the other direction (serve/media.py): it refuses a client's
+local file, and fetches an http(s) image itself before making it a data: URL.
+"""
 
 from __future__ import annotations
 

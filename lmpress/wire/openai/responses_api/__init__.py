@@ -1,4 +1,4 @@
-"""OpenAI's Responses API (`POST /v1/responses`) on the wire, split as `openai_wire` splits chat:
+"""OpenAI's Responses API (`POST /v1/responses`) on the wire, split as `wire.openai` splits chat:
 `requests`, the way in (a body -> the messages, tools and GenerationParams overrides of an
 engine Request, checked), and `responses`, the way out (a Result -> a `response` object, or the
 stream of events that builds one, from the `openai` package's own types,

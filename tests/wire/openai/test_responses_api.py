@@ -10,10 +10,10 @@ import json
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from lmpress.openai_wire.errors import ApiError
-from lmpress.openai_wire.responses_api.requests import ResponsesBody
-from lmpress.openai_wire.responses_api.responses import ResponseEvents, ResponseHead
 from lmpress.vocabulary.types import Result, Sample, ToolCall, Usage
+from lmpress.wire.openai.errors import ApiError
+from lmpress.wire.openai.responses_api.requests import ResponsesBody
+from lmpress.wire.openai.responses_api.responses import ResponseEvents, ResponseHead
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 

@@ -5,15 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from lmpress.openai_wire.errors import ApiError
-from lmpress.serve.anthropic_wire import (
-    STOP_REASONS,
-    MessagesBody,
-    anthropic_error,
-    message_body,
-    request_messages,
-    request_sampling,
-)
 from lmpress.vocabulary.types import (
     FINISH_REASONS,
     ContentPart,
@@ -22,6 +13,15 @@ from lmpress.vocabulary.types import (
     Sample,
     ToolCall,
 )
+from lmpress.wire.anthropic.server import (
+    STOP_REASONS,
+    MessagesBody,
+    anthropic_error,
+    message_body,
+    request_messages,
+    request_sampling,
+)
+from lmpress.wire.openai.errors import ApiError
 
 TOOL = {"name": "lookup", "input_schema": {"type": "object"}}
 

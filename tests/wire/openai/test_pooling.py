@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from openai.types import CreateEmbeddingResponse
 
-from lmpress.openai_wire import pooling as wire
-from lmpress.openai_wire.errors import ApiError
 from lmpress.vocabulary.embeddings import Embedding, EmbedResult, ScoreResult
 from lmpress.vocabulary.types import Usage
-from tests.openai_wire.vllm_shapes import RerankResponse, ScoreResponse
+from lmpress.wire.openai import pooling as wire
+from lmpress.wire.openai.errors import ApiError
+from tests.wire.openai.vllm_shapes import RerankResponse, ScoreResponse
 
 
 def test_a_local_engine_s_float32_vectors_as_floats_and_as_base64():

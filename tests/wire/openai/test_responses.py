@@ -1,4 +1,4 @@
-"""Response bodies and stream chunks (`openai_wire/responses.py`) for a reasoning model, read
+"""Response bodies and stream chunks (`wire/openai/responses.py`) for a reasoning model, read
 back through the openai package's own types as a client reads them."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from lmpress.openai_wire import responses
-from lmpress.openai_wire.responses import ChatChunks
 from lmpress.vocabulary.types import Result, Sample, Usage
+from lmpress.wire.openai import responses
+from lmpress.wire.openai.responses import ChatChunks
 
 
 def chunk(line: bytes) -> ChatCompletionChunk:

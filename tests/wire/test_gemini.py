@@ -1,4 +1,4 @@
-"""Gemini's own generateContent wire (`lmpress/engines/remote/gemini_wire.py`), checked against
+"""Gemini's own generateContent wire (`lmpress/wire/gemini.py`), checked against
 the google-genai SDK's own types: every field lmpress writes is one the SDK's models know (they
 refuse any other), and what the SDK reads from a response is what lmpress reads."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from lmpress.batch.provider.gemini import genai_base_url
-from lmpress.engines.remote.gemini_wire import generate_content_request, parse_generate_content
 from lmpress.vocabulary.errors import RequestError
 from lmpress.vocabulary.types import ContentPart, GenerationParams, Message, Request, ToolCall
+from lmpress.wire.gemini import generate_content_request, parse_generate_content
 
 types = pytest.importorskip("google.genai.types")
 

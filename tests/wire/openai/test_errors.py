@@ -8,15 +8,15 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from lmpress.data.openai_batch import render_error
-from lmpress.openai_wire.errors import HTTP_STATUS, error_from_info
-from lmpress.openai_wire.responses import (
+from lmpress.vocabulary.errors import ErrorKind, RequestError
+from lmpress.vocabulary.types import FINISH_REASONS, ErrorInfo, Result, Sample
+from lmpress.wire.openai.errors import HTTP_STATUS, error_from_info
+from lmpress.wire.openai.responses import (
     COMPLETION_FINISH,
     OPENAI_FINISH,
     chat_completion,
     text_completion,
 )
-from lmpress.vocabulary.errors import ErrorKind, RequestError
-from lmpress.vocabulary.types import FINISH_REASONS, ErrorInfo, Result, Sample
 
 
 def test_every_error_kind_has_a_status():

@@ -1,6 +1,6 @@
 """The Responses API's request body, the way in: strict pydantic models (an unknown argument or
 item field is refused, naming it) -> the conversation as lmpress Messages and the generation
-settings as a `Sampling`, through the same checks as chat's (`openai_wire.requests`,
+settings as a `Sampling`, through the same checks as chat's (`wire.openai.requests`,
 `vocabulary.tools`)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lmpress.openai_wire.errors import ApiError
-from lmpress.openai_wire.requests import Sampling, StreamOptions, guided_decoding, validate_body
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 from lmpress.vocabulary.types import ContentPart, Message, ToolCall
+from lmpress.wire.openai.errors import ApiError
+from lmpress.wire.openai.requests import Sampling, StreamOptions, guided_decoding, validate_body
 
 RESPONSES_PATH = "/v1/responses"
 

@@ -1,6 +1,6 @@
 """One body, one answer: the same OpenAI request bodies sent to `lmpress serve` over HTTP and
 written as OpenAI Batch lines for `lmpress batch` come back with the same text, finish
-reasons, usage and logprobs, since both fronts read and write bodies through openai_wire.
+reasons, usage and logprobs, since both fronts read and write bodies through wire.openai.
 
 The tiny GGUF model on LLAMACPP, greedy, one sequence at a time, so that both runs compute
 exactly the same tokens. Both fronts get the bodies in the same order: LLAMACPP reads a prompt

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lmpress.openai_wire.errors import ApiError
 from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult
+from lmpress.wire.openai.errors import ApiError
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 SCORE_PATH = "/v1/score"

@@ -9,8 +9,8 @@ import pytest
 
 from lmpress.configs import load_config
 from lmpress.engines.remote.presets import BY_NAME
-from lmpress.openai_wire.client import OPENAI_PARAMS, request_body
 from lmpress.vocabulary.types import ContentPart, GenerationParams, Message, Request, ToolCall
+from lmpress.wire.openai.client import OPENAI_PARAMS, request_body
 from tests.servers.request_types import VLLM_EXTENSIONS, body_problem
 
 # A value away from the default for each parameter in OPENAI_PARAMS.

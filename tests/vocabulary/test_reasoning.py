@@ -10,7 +10,8 @@ import random
 import jinja2
 import pytest
 
-from lmpress.engines.common.reasoning import (
+from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.reasoning import (
     HARMONY,
     THINK,
     ReasoningBudget,
@@ -21,7 +22,6 @@ from lmpress.engines.common.reasoning import (
     opened_in,
     split,
 )
-from lmpress.vocabulary.errors import ConfigError
 
 # Qwen/Qwen3-0.6B: earlier turns' thinking cut at '</think>'; the generation prompt opens no
 # block (the model writes `<think>` itself) unless enable_thinking is false, which writes an

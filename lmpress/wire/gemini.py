@@ -9,7 +9,7 @@ it follows the live one field by field:
 - system (and developer) messages become `systemInstruction`; assistant turns are the "model"
   role; a tool's result is a `functionResponse` part named after the call it answers, its text
   as `{"result": ...}`, as Google's function-calling guide writes it; an earlier turn's thinking
-  is never sent back (`reasoning.py` says why);
+  is never sent back (`engines/remote/reasoning.py` says why);
 - images go inline (`inlineData`, base64), a local file read as the live engine reads it;
   http(s) and gs:// URLs go as `fileData` for Google to fetch;
 - the generation fields GOOGLE_PARAMS lists go in `generationConfig`; a JSON schema as
@@ -29,16 +29,15 @@ import json
 import mimetypes
 from typing import Any
 
-from lmpress.engines.remote.base import Reply
-from lmpress.engines.remote.inline_images import REMOTE_SCHEMES, base64_image
-from lmpress.engines.remote.retry import MalformedResponse
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import FinishReason, Message, Request, Sample, ToolCall, Usage
+from lmpress.wire.images import REMOTE_SCHEMES, base64_image
+from lmpress.wire.replies import MalformedResponse, Reply
 
 # The thinking budget Google's OpenAI compatibility layer gives each reasoning_effort.
 EFFORT_BUDGETS = {"none": 0, "minimal": 1024, "low": 1024, "medium": 8192, "high": 24576}
 # Gemini's finish reasons as lmpress's; any other (OTHER, LANGUAGE, MALFORMED_FUNCTION_CALL...)
-# is a stop, as `openai_compat.finish_reason` reads an unknown one.
+# is a stop, as `wire.openai.replies.finish_reason` reads an unknown one.
 FINISH: dict[str, FinishReason] = {
     "STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter",
     "RECITATION": "content_filter", "BLOCKLIST": "content_filter",
@@ -130,7 +129,7 @@ def _image(url: str) -> dict[str, Any]:
 
 
 def _generation_config(request: Request) -> dict[str, Any]:
-    """The fields the live engine sends (`openai_wire.client.request_body`), in Gemini's
+    """The fields the live engine sends (`wire.openai.client.request_body`), in Gemini's
     names: the same defaults left out, temperature and the token limit always sent."""
     p = request.params
     config: dict[str, Any] = {"maxOutputTokens": p.max_new_tokens, "temperature": p.temperature}

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
 from lmpress.vocabulary.guided import FORMS, GuidedDecoding, GuidedForm
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
@@ -136,3 +137,19 @@ def _message(message: Message, image_url: Callable[[str], str]) -> dict[str, Any
             if part["type"] == "image_url":
                 part["image_url"]["url"] = image_url(part["image_url"]["url"])
     return out
+
+
+def embed_body(request: EmbedRequest, model: str) -> dict[str, Any]:
+    """The /embeddings body for a request. It asks for base64, as the SDK's own
+    `embeddings.create` does: a quarter of the bytes of JSON floats, and the float32 values
+    exactly (`parse_embeddings` reads either)."""
+    body: dict[str, Any] = {"model": model, "input": request.inputs,
+                            "encoding_format": "base64"}  # fmt: skip
+    if request.dimensions is not None:
+        body["dimensions"] = request.dimensions
+    return body
+
+
+def score_body(request: ScoreRequest, model: str) -> dict[str, Any]:
+    """vLLM's /score body: text_1 against each of text_2."""
+    return {"model": model, "text_1": request.query, "text_2": request.documents}

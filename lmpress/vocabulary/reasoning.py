@@ -1,4 +1,5 @@
-"""A reasoning model's thinking, kept apart from its answer, on the local engines.
+"""A reasoning model's thinking, kept apart from its answer: how each family writes it, read back
+from a reply and bounded while a local engine writes it.
 
 Reasoning models write their thinking before the answer, in one of two forms. `PARSERS` reads
 each back (the names are vLLM's `--reasoning-parser` names, so one recipe means the same on

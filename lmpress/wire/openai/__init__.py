@@ -9,7 +9,8 @@ run-batch reuses its server's code.
 - `responses`: Results -> chat.completion / text_completion bodies and stream chunks, built
   from the `openai` package's own types;
 - `errors`: errors in OpenAI's shape, and the HTTP status of every error kind;
-- `client`: the other direction, a Request -> the body a remote engine sends.
+- `client`: the other direction, a Request -> the body a remote engine sends;
+- `replies`: and what comes back, a JSON reply or a stream's chunks -> a Reply.
 
 Nothing is imported here, so that `lmpress --help` stays light.
 """

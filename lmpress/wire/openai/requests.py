@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lmpress.configs.schema import RANGE_CHECKS
-from lmpress.openai_wire.errors import ApiError
 from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.guided import GuidedDecoding
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
+from lmpress.wire.openai.errors import ApiError
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

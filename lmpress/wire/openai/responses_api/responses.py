@@ -38,11 +38,11 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningT
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import BaseModel, ValidationError
 
-from lmpress.openai_wire.errors import ApiError
-from lmpress.openai_wire.requests import validation_error
-from lmpress.openai_wire.responses_api.requests import ResponsesBody
 from lmpress.vocabulary.types import FinishReason, Result, Sample, ToolCall
 from lmpress.vocabulary.types import Usage as EngineUsage
+from lmpress.wire.openai.errors import ApiError
+from lmpress.wire.openai.requests import validation_error
+from lmpress.wire.openai.responses_api.requests import ResponsesBody
 
 # --- the response ----------------------------------------------------------------------------
 

@@ -1,7 +1,6 @@
 """The Anthropic Messages API wire format, as `lmpress serve` answers it (`/v1/messages`,
 `/v1/messages/count_tokens`): request bodies the way in, message bodies, stream events and
-errors the way out. The other direction, lmpress sending to Anthropic, is the ANTHROPIC
-engine's (engines/remote/anthropic.py).
+errors the way out. The other direction, lmpress sending to Anthropic, is `client`'s.
 
 A body is checked by strict pydantic models (an unknown argument or a wrong type is refused,
 naming it, as the OpenAI bodies are), then turned into lmpress Messages and a `Sampling` (the
@@ -25,10 +24,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lmpress.openai_wire.errors import ApiError
-from lmpress.openai_wire.requests import Sampling
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 from lmpress.vocabulary.types import ContentPart, FinishReason, Message, Result, ToolCall
+from lmpress.wire.openai.errors import ApiError
+from lmpress.wire.openai.requests import Sampling
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
