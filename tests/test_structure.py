@@ -193,9 +193,6 @@ ENGINE_CONTRACT = {
 }
 # Modules that reach further, and why.
 ENGINE_CONTRACT_EXCEPTIONS = {
-    # The providers' batch APIs drive a remote engine's own SDK client and retry rule (their
-    # bodies and reply parsers are wire/'s, as the live engine's are).
-    "lmpress.batch.provider.base": {"lmpress.engines.remote.base", "lmpress.engines.remote.retry"},
     # The response cache names a local model by its files' content, found where the local
     # engines find them (a path, a packaged or tiny name, the hub's cache).
     "lmpress.cache.identity": {"lmpress.engines.common.models"},

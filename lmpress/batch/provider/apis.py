@@ -49,11 +49,11 @@ class OpenAIBatches(BatchAPI):
 
     async def line(self, cid: str, request: AnyRequest) -> str:
         engine: Any = self.engine
-        model = await engine._model(self.client)
+        model = await engine.model_for(self.client)
         if isinstance(request, EmbedRequest):
-            body = engine._embed_body(request, model)
+            body = engine.embed_request_body(request, model)
         else:
-            body = engine._with_user(engine._body(request, model))
+            body = engine.with_user(engine.request_body(request, model))
         url = await self.endpoint(request)
         return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body},
                           ensure_ascii=False)  # fmt: skip
@@ -152,7 +152,9 @@ class AnthropicBatches(BatchAPI):
 
     async def line(self, cid: str, request: AnyRequest) -> str:
         engine: Any = self.engine
-        return json.dumps({"custom_id": cid, "params": engine._body(request)}, ensure_ascii=False)
+        return json.dumps(
+            {"custom_id": cid, "params": engine.request_body(request)}, ensure_ascii=False
+        )
 
     async def submit(self, state: BatchState, chunk: Chunk) -> str:
         batches = self.client.messages.batches

@@ -11,14 +11,12 @@ import random
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from lmpress.batch.provider.state import BatchState, Chunk
-from lmpress.engines.remote.base import RemoteEngine
-from lmpress.engines.remote.retry import classify
 from lmpress.vocabulary.embeddings import EmbedRequest
-from lmpress.vocabulary.errors import InputError
-from lmpress.vocabulary.types import Request
+from lmpress.vocabulary.errors import ErrorKind, InputError
+from lmpress.vocabulary.types import Request, Result
 from lmpress.wire.replies import EmbedReply, Reply
 
 AnyRequest = Request | EmbedRequest  # what a batch line can carry (`BatchApi.tasks`)
@@ -48,6 +46,27 @@ class Outcome:
     expired: bool = False  # not run: expired or cancelled with its batch
 
 
+class LiveEngine(Protocol):
+    """What a batch API uses of the live remote engine it runs beside (engines/remote/base.py's
+    RemoteEngine answers it): its SDK client, its request bodies (each API's module calls the
+    builders its provider's engine has), its retry rule and its results, so that a row through a
+    batch API is sent and written as the live engine sends and writes it."""
+
+    name: str
+    remote: Any  # the recipe's remote_params: retries and timeouts
+    redactor: Any  # hides the API key in an error message
+
+    def client_for_loop(self) -> Any: ...
+
+    def classify_failure(self, exc: BaseException) -> Any: ...
+
+    def status_kind(self, status: int) -> ErrorKind: ...
+
+    def result_of(self, request: Request, reply: Reply, started: float) -> Result: ...
+
+    def embed_result_of(self, request: EmbedRequest, outcome: Any, started: float) -> Any: ...
+
+
 def custom_id(row_id: str) -> str:
     """The row's id where it fits every provider's custom_id rule, else a stable hash of it."""
     if SAFE_ID.match(row_id):
@@ -58,14 +77,14 @@ def custom_id(row_id: str) -> str:
 
 
 class BatchAPI:
-    def __init__(self, engine: RemoteEngine, window: str):
+    def __init__(self, engine: LiveEngine, window: str):
         self.engine = engine
         self.window = window
         self.client = self._make_client()
 
     def _make_client(self) -> Any:
         """The SDK client the lifecycle calls go through: the live engine's own, by default."""
-        return self.engine._client_for_loop()
+        return self.engine.client_for_loop()
 
     async def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """One lifecycle call, retried as the live engine retries a request: 429, 5xx and
@@ -84,7 +103,7 @@ class BatchAPI:
             try:
                 return await attempt()
             except Exception as exc:
-                failure = classify(exc, self.engine.status_kind, remote.connection_timeout)
+                failure = self.engine.classify_failure(exc)
                 if not failure.retryable or tries == remote.max_retries:
                     detail = self.engine.redactor(failure.message)
                     raise InputError(f"{self.engine.name} batch API, {what}: {detail}") from exc

@@ -247,10 +247,10 @@ class ProviderBatchJob(BatchJob):
             error = ErrorInfo(ErrorKind.MALFORMED_RESPONSE, message)
         # The live engine's own result building, for each task's reply.
         if isinstance(request, EmbedRequest):
-            result = engine._embed_result(request, error or reply, started)
+            result = engine.embed_result_of(request, error or reply, started)
             self._keep(request, result)
         elif error is None:
-            result = engine._result(request, reply, started)
+            result = engine.result_of(request, reply, started)
             self._keep(request, result)
             # Checked against the row's JSON schema, regex or choice as a live row is
             # (`pooling.run_request`): a batch row that breaks it fails the same way.

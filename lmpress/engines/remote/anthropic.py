@@ -75,7 +75,7 @@ class AnthropicEngine(RemoteEngine):
             ),
         )
 
-    def _body(self, request: Request) -> dict[str, Any]:
+    def request_body(self, request: Request) -> dict[str, Any]:
         """The request's Messages body, live or as a Message Batches line."""
         return self._marked_body(request)[0]
 

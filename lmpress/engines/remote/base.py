@@ -202,28 +202,28 @@ class RemoteEngine(Engine):
             return error_result(
                 request, self, ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc)), started
             )
-        client = self._client_for_loop()
+        client = self.client_for_loop()
         output_tokens = request.params.max_new_tokens * request.params.n
         outcome = await self._with_retries(
             lambda: self._send(client, request), self._estimate(request), output_tokens
         )
         if isinstance(outcome, Failed):
             return error_result(request, self, self._failure_info(outcome), started)
-        return self._result(request, outcome, started)
+        return self.result_of(request, outcome, started)
 
     async def embed(self, request: EmbedRequest) -> EmbedResult:
         """The inputs' vectors from the provider's embeddings endpoint, one request paced and
         retried as a chat request is; `normalize` is applied here (providers do not)."""
         started = time.perf_counter()
-        client = self._client_for_loop()
+        client = self.client_for_loop()
         outcome = await self._with_retries(
             lambda: self._send_embed(client, request), estimate_input_tokens(request.inputs), 0
         )
         if isinstance(outcome, Failed):
-            return self._embed_result(request, self._failure_info(outcome), started)
-        return self._embed_result(request, outcome, started)
+            return self.embed_result_of(request, self._failure_info(outcome), started)
+        return self.embed_result_of(request, outcome, started)
 
-    def _embed_result(
+    def embed_result_of(
         self, request: EmbedRequest, outcome: EmbedReply | ErrorInfo, started: float
     ) -> EmbedResult:
         """The result of an embeddings request, live or from a provider batch's output."""
@@ -244,7 +244,7 @@ class RemoteEngine(Engine):
         """The documents' scores against the query from the provider's scoring endpoint,
         paced and retried as a chat request is."""
         started = time.perf_counter()
-        client = self._client_for_loop()
+        client = self.client_for_loop()
         texts = request.texts()
         outcome = await self._with_retries(
             lambda: self._send_score(client, request), estimate_input_tokens(texts), 0
@@ -293,7 +293,7 @@ class RemoteEngine(Engine):
                 request, self, ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc)), started
             )
             return
-        client = self._client_for_loop()
+        client = self.client_for_loop()
         input_tokens = self._estimate(request)
         output_tokens = request.params.max_new_tokens * request.params.n
         attempts = Attempts(self.remote.max_retries)
@@ -307,7 +307,7 @@ class RemoteEngine(Engine):
                         if isinstance(item, Reply):
                             self._succeed(ticket, item)
                             released = True
-                            yield self._result(request, item, started)
+                            yield self.result_of(request, item, started)
                             return
                         sent_any = True
                         yield item
@@ -342,7 +342,7 @@ class RemoteEngine(Engine):
 
     # --- the parts ---------------------------------------------------------------------------
 
-    def _client_for_loop(self) -> Any:
+    def client_for_loop(self) -> Any:
         """The SDK client for the running event loop. Its connections belong to the loop that
         opened them, so a new loop (each `generate()` call runs one) gets a new client."""
         loop = asyncio.get_running_loop()
@@ -362,10 +362,16 @@ class RemoteEngine(Engine):
         usage = reply.usage
         self.pacer.release(ticket, ok=True, usage=(usage.prompt_tokens, usage.completion_tokens))
 
+    def classify_failure(self, exc: BaseException) -> Failure:
+        """A failed call to the provider sorted as this engine sorts one (`retry.classify`):
+        retryable or not, after how long, and the error kind; the providers' batch APIs sort
+        their lifecycle calls' failures here too."""
+        return classify(exc, self.status_kind, self.remote.connection_timeout)
+
     def _fail(self, ticket: Ticket, exc: BaseException) -> tuple[Failure, bool]:
         """The attempt's failure, sorted, and whether it says nothing against the request
         (see `Attempts`)."""
-        failure = classify(exc, self.status_kind, self.remote.connection_timeout)
+        failure = self.classify_failure(exc)
         if failure.retry_after is not None:
             failure.retry_after = min(failure.retry_after, self.remote.retry_backoff_max)
         excusable = self.pacer.release(
@@ -381,7 +387,7 @@ class RemoteEngine(Engine):
             failure.retry_after,
         )
 
-    def _result(self, request: Request, reply: Reply, started: float) -> Result:
+    def result_of(self, request: Request, reply: Reply, started: float) -> Result:
         return Result(
             request_id=request.id,
             samples=reply.samples,

@@ -99,20 +99,20 @@ class OpenAICompatEngine(RemoteEngine):
             **client_options(self._openai, self.remote.num_workers, self._timeout),
         )
 
-    def _with_user(self, body: dict[str, Any]) -> dict[str, Any]:
+    def with_user(self, body: dict[str, Any]) -> dict[str, Any]:
         """OpenAI's `user` field from remote_params.user_id, which Oumi sends to OpenAI."""
         if self.user_field and self.remote.user_id:
             body["user"] = self.remote.user_id
         return body
 
-    def _body(self, request: Request, model: str, stream: bool = False) -> dict[str, Any]:
+    def request_body(self, request: Request, model: str, stream: bool = False) -> dict[str, Any]:
         body = request_body(request, model, self.dialect, stream=stream, image_url=inline_image_url)
         return self.reasoning.apply(body, request.params)
 
     async def _before_send(self, client: Any) -> None:
         """A hook run before each attempt (GOOGLE_VERTEX refreshes its token here)."""
 
-    async def _model(self, client: Any) -> str:
+    async def model_for(self, client: Any) -> str:
         if self._served_model is None:
             try:
                 page = await client.models.list()
@@ -135,7 +135,7 @@ class OpenAICompatEngine(RemoteEngine):
 
     async def _send(self, client: Any, request: Request) -> Reply:
         await self._before_send(client)
-        body = self._with_user(self._body(request, await self._model(client)))
+        body = self.with_user(self.request_body(request, await self.model_for(client)))
         # The SDK's generic `post` (its documented way to send a body as is): the SDK still
         # builds, authenticates and sends the request and raises its errors, but skips
         # re-validating a body request_body already shaped and building response models,
@@ -149,13 +149,13 @@ class OpenAICompatEngine(RemoteEngine):
         reply = parse_chat_completion(data, self.model_name, self.reasoning.thought_tags)
         return keep_requested_stops(reply, request.params.stop_strings)
 
-    def _embed_body(self, request: EmbedRequest, model: str) -> dict[str, Any]:
+    def embed_request_body(self, request: EmbedRequest, model: str) -> dict[str, Any]:
         """The /embeddings body for a request (`embed_body`), live or as an OpenAI Batch line."""
-        return self._with_user(embed_body(request, model))
+        return self.with_user(embed_body(request, model))
 
     async def _send_embed(self, client: Any, request: EmbedRequest) -> EmbedReply:
         await self._before_send(client)
-        body = self._embed_body(request, await self._model(client))
+        body = self.embed_request_body(request, await self.model_for(client))
         # The SDK's generic `post`, as `_send` does, so that a live reply and a batch's
         # output line are read by the same parser.
         content = await client.post("/embeddings", body=body, cast_to=bytes, options=_BEARER_ONLY)
@@ -174,7 +174,7 @@ class OpenAICompatEngine(RemoteEngine):
         """vLLM's /score (beside its OpenAI routes): text_1 against each of text_2, through
         the SDK's generic `post`, which authenticates, sends and raises as for any route."""
         await self._before_send(client)
-        body = score_body(request, await self._model(client))
+        body = score_body(request, await self.model_for(client))
         content = await client.post("/score", body=body, cast_to=bytes, options=_BEARER_ONLY)
         try:
             data = json.loads(content)
@@ -189,7 +189,7 @@ class OpenAICompatEngine(RemoteEngine):
 
     async def _send_stream(self, client: Any, request: Request) -> AsyncIterator[Delta | Reply]:
         await self._before_send(client)
-        body = self._with_user(self._body(request, await self._model(client), stream=True))
+        body = self.with_user(self.request_body(request, await self.model_for(client), stream=True))
         kwargs, extra = _split(body)
         api = client.completions if request.prompt is not None else client.chat.completions
         stream = await api.create(**kwargs, extra_body=extra or None)

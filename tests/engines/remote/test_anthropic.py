@@ -157,7 +157,7 @@ def test_a_body_with_everything_the_engine_sends_fits_the_sdk_type(stream):
                         parallel_tool_calls=False, guided_decoding={"json_object": True}),
         tools=tools)  # fmt: skip
     engine = make_engine(None, **{"remote_params.user_id": "user-7"})
-    body = {**engine._body(request), **({"stream": True} if stream else {})}
+    body = {**engine.request_body(request), **({"stream": True} if stream else {})}
     assert body["metadata"] == {"user_id": "user-7"} and body["tool_choice"]["type"] == "any"
     assert body_problem(body, "messages") is None
 
