@@ -141,11 +141,7 @@ class OpenAICompatEngine(RemoteEngine):
         # re-validating a body request_body already shaped and building response models,
         # about 0.7 ms of CPU a request, which a million-row job feels.
         path = "/completions" if request.prompt is not None else "/chat/completions"
-        content = await client.post(path, body=body, cast_to=bytes, options=_BEARER_ONLY)
-        try:
-            data = json.loads(content)
-        except ValueError as exc:
-            raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
+        data = await _post(client, path, body)
         reply = parse_chat_completion(data, self.model_name, self.reasoning.thought_tags)
         return keep_requested_stops(reply, request.params.stop_strings)
 
@@ -158,12 +154,7 @@ class OpenAICompatEngine(RemoteEngine):
         body = self.embed_request_body(request, await self.model_for(client))
         # The SDK's generic `post`, as `_send` does, so that a live reply and a batch's
         # output line are read by the same parser.
-        content = await client.post("/embeddings", body=body, cast_to=bytes, options=_BEARER_ONLY)
-        try:
-            data = json.loads(content)
-        except ValueError as exc:
-            raise MalformedResponse(f"the reply body is not JSON ({exc})") from exc
-        reply = parse_embeddings(data, self.model_name)
+        reply = parse_embeddings(await _post(client, "/embeddings", body), self.model_name)
         if len(reply.embeddings) != len(request.inputs):
             raise MalformedResponse(
                 f"the reply has {len(reply.embeddings)} vectors for {len(request.inputs)} inputs"
@@ -175,12 +166,7 @@ class OpenAICompatEngine(RemoteEngine):
         the SDK's generic `post`, which authenticates, sends and raises as for any route."""
         await self._before_send(client)
         body = score_body(request, await self.model_for(client))
-        content = await client.post("/score", body=body, cast_to=bytes, options=_BEARER_ONLY)
-        try:
-            data = json.loads(content)
-        except ValueError as exc:
-            raise MalformedResponse(f"the reply is not a score list ({exc})") from exc
-        reply = parse_scores(data)
+        reply = parse_scores(await _post(client, "/score", body, "the reply is not a score list"))
         if len(reply.scores) != len(request.documents):
             raise MalformedResponse(
                 f"the reply has {len(reply.scores)} scores for {len(request.documents)} documents"
@@ -250,6 +236,17 @@ class SGLangEngine(OpenAICompatEngine):
     def base_url(cls, url: str) -> str:
         base = super().base_url(url)
         return f"{base}/v1" if base else base
+
+
+async def _post(
+    client: Any, path: str, body: dict[str, Any], not_json: str = "the reply body is not JSON"
+) -> Any:
+    """A body sent as it is through the SDK's generic `post`, and the JSON it answers."""
+    content = await client.post(path, body=body, cast_to=bytes, options=_BEARER_ONLY)
+    try:
+        return json.loads(content)
+    except ValueError as exc:
+        raise MalformedResponse(f"{not_json} ({exc})") from exc
 
 
 def _split(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

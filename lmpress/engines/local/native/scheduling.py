@@ -256,7 +256,7 @@ class NativeScheduler(Scheduler):
     def _drafts(self, rows: list[BatchRow]) -> list[list[int]]:
         """Each row's drafts this step ([] for none): as many as its acceptance asks for and
         its budget leaves, cut to the counts that pay for their place in the step
-        (speculation.py)."""
+        (`draft_counts`)."""
         rooms = [row.limit - row.generated - 1 for row in rows]
         chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
         if self._drafter is not None:
