@@ -252,13 +252,18 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "model.num_speculative_tokens": (lambda v: 1 <= v <= 32, "must be in [1, 32]"),
     "model.prompt_lookup_min": (lambda v: v >= 1, "must be at least 1"),
     "model.prompt_lookup_max": (lambda v: 1 <= v <= 16, "must be in [1, 16]"),
-    "generation.max_new_tokens": (lambda v: v >= 1, "must be at least 1"),
+    # 0 generates nothing: a request that only scores its prompt (generation.prompt_logprobs).
+    "generation.max_new_tokens": (lambda v: v >= 0, "must be 0 or more"),
     "generation.temperature": (
         lambda v: v >= 0 and _finite(v),
         "must be 0 (greedy) or more, and finite",
     ),
     "generation.top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "generation.top_k": (lambda v: v is None or v >= 1, "must be at least 1, or null for no limit"),
+    "generation.prompt_logprobs": (
+        lambda v: v is None or 0 <= v <= 20,
+        "must be in [0, 20], or null for none",
+    ),
     "generation.min_p": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
     "generation.repetition_penalty": (
         lambda v: v > 0 and _finite(v),

@@ -42,6 +42,7 @@ from lmpress.vocabulary.errors import (
     UnsupportedParamError,
     exception_line,
 )
+from lmpress.vocabulary.likelihood import LoglikelihoodRequest, LoglikelihoodResult, Tokenizer
 from lmpress.vocabulary.tools import ToolError, check_request, uses_tools
 from lmpress.vocabulary.types import (
     ErrorInfo,
@@ -207,6 +208,22 @@ class Engine(ABC):
         """One relevance score per document against the query, on an engine whose `tasks`
         include `score`. A failure of this request comes back as a ScoreResult with `error`."""
         raise UnsupportedParamError(f"engine {self.name} cannot score")
+
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer, for `/tokenize`, scoring text and lm-eval; an engine that
+        cannot tokenize (a remote API) refuses."""
+        raise UnsupportedParamError(f"engine {self.name} cannot tokenize")
+
+    async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult:
+        """Each continuation's log-likelihood after the context, its greedy flag and token
+        count (vocabulary/likelihood.py), from the prompt logprobs `stream` returns: on an
+        engine whose `supported_params` hold `prompt_logprobs`. A failure comes back as a
+        LoglikelihoodResult with `error` set."""
+        from lmpress.engines.scoring import loglikelihood
+
+        if "prompt_logprobs" not in self.supported_params:
+            raise UnsupportedParamError(f"engine {self.name} cannot score prompts")
+        return await loglikelihood(self, request)
 
     def occupancy(self) -> Occupancy | None:
         """The requests running and waiting in the backend now; None where the engine cannot

@@ -110,6 +110,10 @@ class GenerationParams:
     n: int = 1  # samples per prompt
     logprobs: bool = False  # return each token's log probability
     top_logprobs: int = 0  # and this many likeliest alternatives at each position
+    # The prompt's own tokens' log probabilities (vLLM's `prompt_logprobs`): each prompt token
+    # after the first, with this many likeliest alternatives at each position (0: the token's
+    # own only); null: none. `Result.prompt_logprobs` holds them.
+    prompt_logprobs: int | None = None
     # token id -> bias added to its logit, as OpenAI's
     logit_bias: dict[str, float] = field(default_factory=dict)
     guided_decoding: GuidedDecoding | None = None  # a mapping given here is parsed into one
@@ -214,6 +218,13 @@ class Request:
     messages: list[Message]
     params: GenerationParams = field(default_factory=GenerationParams)
     prompt: str | None = None
+    # A raw completion prompt as token ids (OpenAI's and vLLM's `prompt` as a list of ints),
+    # read as given: no chat template, no special token added. Set, it wins over `prompt`.
+    prompt_ids: list[int] | None = None
+    # With `params.prompt_logprobs`: the first prompt position whose logprob the caller reads
+    # (a log-likelihood reads only its continuation's). An engine may leave the positions
+    # before it None, and so reuse a cached prefix up to it.
+    score_from: int = 1
     # The functions the model may call, in OpenAI's form ({"type": "function", "function":
     # {"name", "description", "parameters"}}); `params.tool_choice` says whether it must.
     tools: list[dict[str, Any]] | None = None
@@ -232,9 +243,24 @@ class Delta:
 
 @dataclass
 class TokenLogprob:
+    """A token's log probability at its position, and the likeliest alternatives there (`top`,
+    most likely first). `id` and `top_ids` are the token ids where the engine knows them (a
+    local engine does; a remote API gives text)."""
+
     token: str
     logprob: float
     top: list[tuple[str, float]] = field(default_factory=list)
+    id: int | None = None
+    top_ids: list[int] = field(default_factory=list)
+
+    @property
+    def is_top(self) -> bool:
+        """Whether the token is the likeliest one at its position (lm-eval's `is_greedy`, a
+        position at a time): the first of `top` by id where ids are known, else no alternative
+        more likely. Needs `top` of one or more."""
+        if self.id is not None and self.top_ids:
+            return self.id == self.top_ids[0]
+        return not self.top or self.logprob >= self.top[0][1]
 
 
 # Why a sample ended: OpenAI's finish reasons (a remote engine reads any other a provider sends
@@ -319,6 +345,11 @@ class Result:
     structured: dict[str, Any] | None = None
     cost_usd: float | None = None  # what the tokens cost, where the config knows a price
     cached: bool = False  # answered from the response cache (lmpress/cache/), not generated
+    # With `params.prompt_logprobs`: one per prompt token, None at the first (nothing precedes
+    # it) and before `Request.score_from` where the engine skipped those.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    # The prompt's token ids, where the engine knows them (local engines): what echo returns.
+    prompt_ids: list[int] | None = None
 
     @property
     def ok(self) -> bool:

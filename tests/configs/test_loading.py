@@ -94,7 +94,7 @@ def test_wrong_type_names_the_key():
         ("generation.temperature", "-0.1", "generation.temperature"),
         ("generation.top_p", "1.5", "generation.top_p"),
         ("generation.n", "0", "generation.n"),
-        ("generation.max_new_tokens", "0", "generation.max_new_tokens"),
+        ("generation.max_new_tokens", "-1", "generation.max_new_tokens"),
         ("remote_params.num_workers", "0", "remote_params.num_workers"),
     ],
 )
