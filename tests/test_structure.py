@@ -111,8 +111,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The fronts others build on: a batch job (run by the dry run's reader, serve's Batches
     # API and LLM), and the terminal chat (infer draws with its terminal).
     ("lmpress.batch", "lmpress.chat"),
-    # The fronts built on those.
-    ("lmpress.dryrun", "lmpress.serve", "lmpress.infer", "lmpress.llm"),
+    # The fronts built on those, and other tools' APIs over the engines (integrations: lm-eval's
+    # model class, which keys its answers database as the response cache keys a model).
+    ("lmpress.dryrun", "lmpress.serve", "lmpress.infer", "lmpress.llm", "lmpress.integrations"),
     # The entry points: the commands, `python -m lmpress`, and the package root, which offers
     # the Python front (`from lmpress import LLM`).
     ("lmpress.cli", "lmpress.__main__", "lmpress"),
@@ -182,13 +183,15 @@ def test_the_engine_contract_imports_no_engine_family():
 
 
 # What the rest of lmpress may import from lmpress.engines: the interface and its checks, the
-# registry of names, what a prompt counter returns, and the remote providers' one table (names,
-# prices, tokenizers, batch limits: facts about the providers, not an engine's code).
+# registry of names, what a prompt counter returns, scoring on any engine (a text's perplexity in
+# windows), and the remote providers' one table (names, prices, tokenizers, batch limits: facts
+# about the providers, not an engine's code).
 ENGINE_CONTRACT = {
     "lmpress.engines",
     "lmpress.engines.base",
     "lmpress.engines.registry",
     "lmpress.engines.prompt_count",
+    "lmpress.engines.scoring",
     "lmpress.engines.remote.presets",
 }
 # Modules that reach further, and why.

@@ -1,7 +1,7 @@
 """The `lmpress` command: the typer app, each command registered from its own module, and
 `main`, which turns user errors into one line on stderr.
 
-One module per command (infer, batch, chat, serve; listings for engines, recipes and config
+One module per command (infer, batch, chat, serve, eval; listings for engines, recipes and config
 show), each a thin function over the modules it fronts. Those import what a command needs
 (omegaconf, asyncio, the batch runner, a backend) inside it, so `lmpress --help` loads only
 typer.
@@ -23,7 +23,7 @@ from typing import Annotated
 import click
 import typer
 
-from lmpress.cli import batch, chat, infer, listings, serve
+from lmpress.cli import batch, chat, eval, infer, listings, serve
 from lmpress.cli.cache import cache_app
 from lmpress.cli.options import OVERRIDES, OVERRIDES_HELP
 from lmpress.version import __version__
@@ -76,6 +76,7 @@ app.command(
 with_overrides(batch.batch)
 with_overrides(chat.chat)
 with_overrides(serve.serve)
+app.command("eval", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(eval.evaluate)
 app.command()(listings.engines)
 app.command()(listings.recipes)
 config_app.command("show", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(listings.config_show)

@@ -1,0 +1,171 @@
+"""lm-evaluation-harness both ways on real weights (SmolLM2-135M, float32, on NATIVE): lm-eval's
+`local-completions` and `local-chat-completions` against `lmpress serve`, and `lmpress eval`
+in-process, each matched sample by sample against lm-eval's own `hf` backend on the same
+weights, on the local tasks in tests/eval_tasks/.
+
+Rolling perplexity runs in windows of 64 tokens on every side, so a text takes several.
+One server, one `hf` run and one `lmpress eval` run are shared by the file's tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lmpress.builtin_models.packaged import SMOLLM2, resolve_packaged_name
+from lmpress.engines.common.dequantized import dequantized_copy
+from tests.conftest import REPO, run_lmpress
+from tests.serve.conftest import Served, serving
+
+TASKS = REPO / "tests" / "eval_tasks"
+SCORED = ["lmpress_mc", "lmpress_ppl"]
+LIMIT = 16  # questions of the multiple-choice task (64 choices); the 6 texts all run
+WINDOW = 64  # tokens a rolling window reads: texts of 50-70 tokens take one or two
+NATIVE_F32 = ["--engine", "NATIVE", "--model.model_name", SMOLLM2, "--model.torch_dtype_str",
+              "float32"]  # fmt: skip
+
+
+def evaluate(model: str, model_args: dict, tasks: list[str], **settings) -> dict:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    results = simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=tasks,
+        limit=LIMIT,
+        log_samples=True,
+        task_manager=TaskManager(include_path=str(TASKS)),
+        **settings,
+    )
+    assert results is not None
+    return results
+
+
+def responses(samples: list[dict]) -> dict[int, list]:
+    """Each sample's answers by doc_id: a choice's [logprob, is_greedy], a text's logprob, a
+    reply's text (tuples in memory, lists in lm-eval's sample files)."""
+    first = lambda r: list(r[0]) if isinstance(r[0], list | tuple) else r[0]  # noqa: E731
+    return {s["doc_id"]: [first(r) for r in s["resps"]] for s in samples}
+
+
+@pytest.fixture(scope="module")
+def hf_dir() -> str:
+    """SmolLM2 as a Hugging Face directory: the GGUF file dequantized, as NATIVE loads it."""
+    return str(dequantized_copy(Path(resolve_packaged_name(SMOLLM2))))
+
+
+@pytest.fixture(scope="module")
+def hf(hf_dir) -> dict:
+    args = {"pretrained": hf_dir, "dtype": "float32", "device": "cpu", "max_length": WINDOW}
+    return evaluate("hf", args, SCORED, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Served]:
+    with serving(*NATIVE_F32, "--serve.served_model_name", "smollm2") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def served(server, hf_dir) -> dict:
+    args = {
+        "model": "smollm2",
+        "base_url": f"{server.url}/v1/completions",
+        "tokenizer": hf_dir,
+        "tokenizer_backend": "huggingface",
+        "max_length": WINDOW,
+        "num_concurrent": 8,
+    }
+    return evaluate("local-completions", args, SCORED)
+
+
+@pytest.fixture(scope="module")
+def lmpress_eval(tmp_path_factory) -> dict:
+    """`lmpress eval`'s results JSON, with its samples read back from its sample files."""
+    out = tmp_path_factory.mktemp("eval")
+    tasks = ",".join(SCORED)
+    run = run_lmpress("eval", *NATIVE_F32, "--tasks", tasks, "--include-path", str(TASKS),
+                      "--limit", str(LIMIT), "--max-length", str(WINDOW), "-o", str(out))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    (results_file,) = out.glob("*/results_*.json")
+    results = json.loads(results_file.read_text())
+    results["samples"] = {
+        task: [json.loads(line) for f in out.glob(f"*/samples_{task}_*.jsonl") for line in f.open()]
+        for task in SCORED
+    }
+    results["stdout"] = run.stdout
+    results["summary"] = (out / "summary.md").read_text()
+    return results
+
+
+def assert_same_choices(ours: dict, theirs: dict) -> None:
+    got, want = responses(ours["samples"]["lmpress_mc"]), responses(theirs["samples"]["lmpress_mc"])
+    assert sorted(got) == sorted(want) == list(range(LIMIT))
+    for doc, choices in want.items():
+        assert len(got[doc]) == len(choices) == 4
+        for (logprob, greedy), (their_logprob, their_greedy) in zip(got[doc], choices, strict=True):
+            # lm-eval's sample files write the numbers as text
+            assert float(logprob) == pytest.approx(float(their_logprob), abs=1e-4), doc
+            assert str(greedy) == str(their_greedy), doc
+    metric = ours["results"]["lmpress_mc"]
+    assert metric["acc,none"] == theirs["results"]["lmpress_mc"]["acc,none"]
+    assert metric["acc_norm,none"] == theirs["results"]["lmpress_mc"]["acc_norm,none"]
+
+
+def assert_same_texts(ours: dict, theirs: dict) -> None:
+    got, want = (
+        responses(ours["samples"]["lmpress_ppl"]),
+        responses(theirs["samples"]["lmpress_ppl"]),
+    )
+    assert sorted(got) == sorted(want) == list(range(6))
+    for doc, (logprob,) in want.items():
+        assert float(got[doc][0]) == pytest.approx(float(logprob), abs=1e-4), doc
+        assert float(logprob) < -50  # a whole paragraph, scored in more than one window
+    for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
+        ppl = ours["results"]["lmpress_ppl"][metric]
+        assert ppl == pytest.approx(theirs["results"]["lmpress_ppl"][metric], rel=1e-5)
+
+
+def test_local_completions_against_serve_scores_choices_as_hf_does(served, hf):
+    assert_same_choices(served, hf)
+
+
+def test_local_completions_against_serve_scores_texts_in_windows_as_hf_does(served, hf):
+    assert_same_texts(served, hf)
+
+
+def test_lmpress_eval_scores_as_hf_and_prints_the_summary_it_writes(lmpress_eval, hf):
+    assert_same_choices(lmpress_eval, hf)
+    assert_same_texts(lmpress_eval, hf)
+    acc = hf["results"]["lmpress_mc"]["acc,none"]
+    assert f"| lmpress_mc | 1.0 | none | 0 | acc | {acc:.4f} |" in lmpress_eval["summary"]
+    assert lmpress_eval["summary"].strip() in lmpress_eval["stdout"]
+
+
+def test_lmpress_eval_gives_the_served_paths_metrics(lmpress_eval, served):
+    assert_same_choices(lmpress_eval, served)
+    assert_same_texts(lmpress_eval, served)
+
+
+def test_local_chat_completions_against_serve_replies_as_hf_with_its_chat_template(server, hf_dir):
+    chat = evaluate(
+        "local-chat-completions",
+        {"model": "smollm2", "base_url": f"{server.url}/v1/chat/completions", "num_concurrent": 4},
+        ["lmpress_capitals"],
+        apply_chat_template=True,
+    )
+    reference = evaluate(
+        "hf",
+        {"pretrained": hf_dir, "dtype": "float32", "device": "cpu"},
+        ["lmpress_capitals"],
+        apply_chat_template=True,
+        batch_size=8,
+    )
+    replies = responses(chat["samples"]["lmpress_capitals"])
+    assert replies == responses(reference["samples"]["lmpress_capitals"])
+    assert any(reply[0].strip() for reply in replies.values())
+    em = chat["results"]["lmpress_capitals"]["exact_match,strip"]
+    assert em == reference["results"]["lmpress_capitals"]["exact_match,strip"]
