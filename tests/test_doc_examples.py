@@ -84,6 +84,15 @@ SKIPPED = [
     ("BATCH_ID", "a placeholder id from an earlier answer"),
     ("$KEY", "a placeholder key"),
     ('model="think"', "a fragment of a client call (the serve examples run whole clients)"),
+    (
+        "tests/eval_tasks",
+        "a checkout's test tasks, run by tests/integrations/test_lm_eval.py, "
+        "which checks each side against lm-eval's hf backend",
+    ),
+    (
+        "--serve.served_model_name smollm2",
+        "serves the lm-eval commands after it, which tests/integrations/test_lm_eval.py runs",
+    ),
 ]
 
 

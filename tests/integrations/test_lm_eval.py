@@ -21,6 +21,7 @@ from tests.serve.conftest import Served, serving
 
 TASKS = REPO / "tests" / "eval_tasks"
 SCORED = ["lmpress_mc", "lmpress_ppl"]
+IN_PROCESS = [*SCORED, "lmpress_capitals"]  # and a generation task, greedy raw text
 LIMIT = 16  # questions of the multiple-choice task (64 choices); the 6 texts all run
 WINDOW = 64  # tokens a rolling window reads: texts of 50-70 tokens take one or two
 NATIVE_F32 = ["--engine", "NATIVE", "--model.model_name", SMOLLM2, "--model.torch_dtype_str",
@@ -60,7 +61,7 @@ def hf_dir() -> str:
 @pytest.fixture(scope="module")
 def hf(hf_dir) -> dict:
     args = {"pretrained": hf_dir, "dtype": "float32", "device": "cpu", "max_length": WINDOW}
-    return evaluate("hf", args, SCORED, batch_size=8)
+    return evaluate("hf", args, IN_PROCESS, batch_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def served(server, hf_dir) -> dict:
 def lmpress_eval(tmp_path_factory) -> dict:
     """`lmpress eval`'s results JSON, with its samples read back from its sample files."""
     out = tmp_path_factory.mktemp("eval")
-    tasks = ",".join(SCORED)
+    tasks = ",".join(IN_PROCESS)
     run = run_lmpress("eval", *NATIVE_F32, "--tasks", tasks, "--include-path", str(TASKS),
                       "--limit", str(LIMIT), "--max-length", str(WINDOW), "-o", str(out))  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -94,7 +95,7 @@ def lmpress_eval(tmp_path_factory) -> dict:
     results = json.loads(results_file.read_text())
     results["samples"] = {
         task: [json.loads(line) for f in out.glob(f"*/samples_{task}_*.jsonl") for line in f.open()]
-        for task in SCORED
+        for task in IN_PROCESS
     }
     results["stdout"] = run.stdout
     results["summary"] = (out / "summary.md").read_text()
@@ -143,6 +144,33 @@ def test_lmpress_eval_scores_as_hf_and_prints_the_summary_it_writes(lmpress_eval
     acc = hf["results"]["lmpress_mc"]["acc,none"]
     assert f"| lmpress_mc | 1.0 | none | 0 | acc | {acc:.4f} |" in lmpress_eval["summary"]
     assert lmpress_eval["summary"].strip() in lmpress_eval["stdout"]
+
+
+def test_lmpress_eval_generates_what_hf_generates(lmpress_eval, hf):
+    replies = responses(lmpress_eval["samples"]["lmpress_capitals"])
+    assert replies == responses(hf["samples"]["lmpress_capitals"])
+    assert any(reply[0].strip() for reply in replies.values())
+    metric = "exact_match,strip"
+    assert (
+        lmpress_eval["results"]["lmpress_capitals"][metric]
+        == (hf["results"]["lmpress_capitals"][metric])
+    )
+
+
+def test_lmpress_eval_refuses_an_unknown_task_in_one_line_before_loading_a_model(tmp_path):
+    run = run_lmpress("eval", "-c", "tiny-native", "--tasks", "lmpress_mc,no_such_task",
+                      "--include-path", str(TASKS), "-o", str(tmp_path))  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr == (f"lmpress: error: --tasks: no task named no_such_task under {TASKS}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lmpress_eval_without_tasks_says_how_to_name_them(tmp_path):
+    run = run_lmpress("eval", "-c", "tiny-native", "-o", str(tmp_path))
+    assert run.returncode == 2
+    assert run.stderr == (
+        "lmpress: error: --tasks: name at least one lm-eval task, e.g. --tasks hellaswag\n"
+    )
 
 
 def test_lmpress_eval_gives_the_served_paths_metrics(lmpress_eval, served):

@@ -1,0 +1,120 @@
+"""lm-eval's tasks scored through lmpress's NATIVE engine against lm-eval's own `hf` backend, on
+the same weights (SmolLM2-135M, float32) and the local tasks of tests/eval_tasks/:
+
+- multiple-choice questions/s (lmpress_mc, 40 questions of 4 choices): lmpress submits every
+  choice at once to its continuous batch, a question's choices together so its prefix is read
+  once; `hf` pads fixed batches of `--batch-size` choices. Target: >= 2x.
+- perplexity tokens/s (lmpress_ppl, rolling log-likelihood of each text). Target: >= 1.5x.
+
+Each side runs in its own process (`--side`), loads its model first, runs lm-eval's
+`simple_evaluate` `--rounds` times and times the model's own calls in it (best of the rounds);
+the ratios come from sides that ran back to back. Run from a checkout with the eval extra:
+
+    PYTHONPATH=. python benchmarks/eval_speed.py [--rounds 3] [--batch-size 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TASKS = REPO / "tests" / "eval_tasks"
+MC, PPL = "lmpress_mc", "lmpress_ppl"
+
+
+def model(side: str, batch_size: int):
+    """The side's lm-eval model, loaded: lmpress's NATIVE engine, or lm-eval's `hf`."""
+    from lmpress.builtin_models.packaged import SMOLLM2, resolve_packaged_name
+    from lmpress.engines.common.dequantized import dequantized_copy
+
+    if side == "lmpress":
+        from lmpress.configs import load_config
+        from lmpress.integrations.lm_eval import LmpressLM
+
+        overrides = {
+            "model.model_name": SMOLLM2,
+            "model.torch_dtype_str": "float32",
+            "generation.batch_size": batch_size,
+        }
+        return LmpressLM(config=load_config(overrides=overrides, engine="NATIVE"))
+    from lm_eval.models.huggingface import HFLM
+
+    weights = dequantized_copy(Path(resolve_packaged_name(SMOLLM2)))
+    return HFLM(pretrained=str(weights), dtype="float32", device="cpu", batch_size=batch_size)
+
+
+def measure(side: str, rounds: int, batch_size: int) -> dict:
+    """Seconds the model spent answering each task (its `loglikelihood` and
+    `loglikelihood_rolling` calls, lm-eval's own bookkeeping left out), best of `rounds`, and
+    the work done (questions, tokens)."""
+    import os
+
+    os.environ["TQDM_DISABLE"] = "1"
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    lm = model(side, batch_size)
+    spent = timed(lm, ("loglikelihood", "loglikelihood_rolling"))
+    manager = TaskManager(include_path=str(TASKS))
+    best = {MC: float("inf"), PPL: float("inf")}
+    for _ in range(rounds):
+        for task in (MC, PPL):
+            spent.clear()
+            simple_evaluate(
+                model=lm, tasks=[task], task_manager=manager, log_samples=False, bootstrap_iters=0
+            )
+            best[task] = min(best[task], sum(spent))
+    questions = sum(1 for line in (TASKS / "multiple_choice.jsonl").open() if line.strip())
+    texts = [json.loads(line)["text"] for line in (TASKS / "texts.jsonl").open() if line.strip()]
+    tokens = sum(len(lm.tok_encode(t)) if side == "hf" else len(lm.tokenizer.encode(t, True))
+                 for t in texts)  # fmt: skip
+    return {"mc_s": best[MC], "questions": questions, "ppl_s": best[PPL], "tokens": tokens}
+
+
+def timed(lm, methods: tuple[str, ...]) -> list[float]:
+    """Wrap the model's scoring methods so each call's seconds land in the returned list."""
+    spent: list[float] = []
+    for name in methods:
+        method = getattr(lm, name)
+
+        def wrapper(requests, method=method, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(requests, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - started)
+
+        setattr(lm, name, wrapper)
+    return spent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--side", choices=("lmpress", "hf"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args()
+    if args.side:
+        print(json.dumps(measure(args.side, args.rounds, args.batch_size)))
+        return
+    figures = {}
+    for side in ("lmpress", "hf"):
+        command = [sys.executable, __file__, "--side", side, "--rounds", str(args.rounds),
+                   "--batch-size", str(args.batch_size)]  # fmt: skip
+        run = subprocess.run(command, capture_output=True, text=True, check=True)
+        figures[side] = json.loads(run.stdout.strip().splitlines()[-1])
+    for side, f in figures.items():
+        print(f"{side:8} {f['questions'] / f['mc_s']:7.2f} questions/s  "
+              f"{f['tokens'] / f['ppl_s']:8.1f} perplexity tokens/s")  # fmt: skip
+    ours, theirs = figures["lmpress"], figures["hf"]
+    print(f"multiple choice: {theirs['mc_s'] / ours['mc_s']:.2f}x (target >= 2)")
+    print(f"perplexity:      {theirs['ppl_s'] / ours['ppl_s']:.2f}x (target >= 1.5)")
+
+
+if __name__ == "__main__":
+    main()
