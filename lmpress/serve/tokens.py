@@ -111,8 +111,6 @@ def register(app: FastAPI, server: Server) -> None:
         if body.model is not None:
             server.check_model(body.model)
         tokenizer = await server.tokens.require()
-        if any(t < 0 for t in body.tokens):
-            raise ApiError(400, "'tokens' holds a negative id", param="tokens")
         try:
             text = await asyncio.to_thread(tokenizer.decode, body.tokens)
         except (ValueError, IndexError, OverflowError, TypeError) as exc:

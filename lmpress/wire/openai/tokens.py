@@ -6,7 +6,7 @@ tokenizes through the server). The bodies and answers keep vLLM's field names an
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,7 +36,7 @@ class TokenizeBody(_Strict):
 
 class DetokenizeBody(_Strict):
     model: str | None = None
-    tokens: list[int] = Field(json_schema_extra={"items": {"minimum": 0}})
+    tokens: list[Annotated[int, Field(ge=0)]]
 
 
 def tokenize_response(ids: list[int], tokenizer: Tokenizer, token_strs: bool) -> dict[str, Any]:
