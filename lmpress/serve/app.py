@@ -121,7 +121,7 @@ class Server:
             )  # fmt: skip
         unsupported = unsupported_params(self.engine, params)
         if unsupported:
-            names = [sampling.source.get(name, name) for name in unsupported]
+            names = list(dict.fromkeys(sampling.source.get(name, name) for name in unsupported))
             raise ApiError(
                 400,
                 f"engine {self.engine.name} does not support {', '.join(repr(n) for n in names)}",
