@@ -18,6 +18,7 @@ from typing import Any
 
 from lmpress.data.messages import RowError
 from lmpress.vocabulary.errors import ErrorKind
+from lmpress.vocabulary.likelihood import Tokenizer
 from lmpress.vocabulary.types import Result
 from lmpress.wire.openai import requests
 from lmpress.wire.openai.errors import HTTP_STATUS, ApiError
@@ -71,10 +72,12 @@ def render_output(
     model: str,
     echo: str | list[int] | None = None,
     logprobs: bool = False,
+    tokenizer: Tokenizer | None = None,
 ) -> dict[str, Any]:
     """A successful output line, its body the chat.completion (or text_completion) serve
     would answer; `echo` is the prompt a completions body asked to have echoed, with its
-    tokens' logprobs where the body asked for `logprobs` too."""
+    tokens' logprobs where the body asked for `logprobs` too (their text from the engine's
+    `tokenizer`, where it has one)."""
     # Imported here: their models come from the openai package, most of a second to import,
     # which a job whose rows are not OpenAI Batch lines never needs.
     from lmpress.wire.openai import responses
@@ -82,7 +85,7 @@ def render_output(
 
     created = int(time.time())
     if url == COMPLETIONS_URL:
-        echoed = Echo() if echo is None else echo_of(echo, result, None, logprobs)
+        echoed = Echo() if echo is None else echo_of(echo, result, tokenizer, logprobs)
         body = responses.text_completion(f"cmpl-{_hex()}", created, model, [result], [echoed])
     else:
         body = responses.chat_completion(f"chatcmpl-{_hex()}", created, model, result)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -40,6 +41,7 @@ from lmpress.data.columns import RowMapping, TemplateError
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
 from lmpress.data.pooling_rows import PoolingInput
 from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult, Task
+from lmpress.vocabulary.likelihood import Tokenizer
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 from lmpress.vocabulary.types import (
     GENERATION_FIELDS,
@@ -297,8 +299,10 @@ def render_row(
     row: ParsedRow,
     result: Result | EmbedResult | ScoreResult,
     output_shape: OutputShape = OutputShape.AUTO,
+    tokenizer: Callable[[], Tokenizer | None] = lambda: None,
 ) -> dict[str, Any]:
-    """The output line for a completed row."""
+    """The output line for a completed row; an OpenAI Batch line that echoes its prompt with
+    logprobs has its tokens' text from `tokenizer` (the engine's, loaded when first asked)."""
     if row.pooling is not None:
         assert not isinstance(result, Result)
         return _render_pooled(row, row.pooling, result, output_shape)
@@ -310,8 +314,9 @@ def render_row(
         echo = (row.prompt_ids or row.prompt or "") if echoed else None
         logprobs = isinstance(body, dict) and body.get("logprobs") is not None
         line = openai_batch.render_output(
-            row.id, row.url, result, result.model or row.model or "unknown", echo, logprobs
-        )
+            row.id, row.url, result, result.model or row.model or "unknown", echo, logprobs,
+            tokenizer() if echo is not None and logprobs else None,
+        )  # fmt: skip
         return _mark_cached(line, result)
     return _render_lmpress(row, result)
 

@@ -197,6 +197,11 @@ class Server:
         limits.check_prompt_bytes(self.settings, texts, "prompt")
         self.check_model(bodies.require_model(body))
         params = self.params(sampling, len(prompts))
+        if len(texts) < len(prompts) and "prompt_logprobs" not in self.engine.supported_params:
+            raise ApiError(
+                400, f"engine {self.engine.name} takes prompts as text, not token ids; send text",
+                param="prompt", code="unsupported_parameter",
+            )  # fmt: skip
         entry = request_log(request.scope)
         entry.id = new_id("cmpl")
         if self.settings.log_content:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from lmpress.configs import load_config
 from lmpress.engines.common.checkpoints import model_source
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.likelihood import LoglikelihoodRequest
+from tests.conftest import run_lmpress
 
 TEXT = "The cat sat on the mat and looked at the door."
 MODEL = "tiny-llama"
@@ -187,6 +189,7 @@ def test_bad_scoring_requests_are_one_line(http, path, body, said):
         ("/v1/completions", {"prompt": "x", "max_tokens": 0},
          "'max_tokens' 0 only scores the prompt, which engine ECHO cannot do"),
         ("/tokenize", {"prompt": "x"}, "engine ECHO cannot tokenize"),
+        ("/v1/completions", {"prompt": [1, 2]}, "engine ECHO takes prompts as text, not token"),
     ],
 )  # fmt: skip
 def test_an_engine_that_cannot_score_refuses_in_one_line(echo_server, path, body, said):
@@ -243,3 +246,47 @@ def test_smollm2_served_scores_equal_transformers(serve_process):
         expected = sum(float(s[t]) for s, t in zip(steps, choice, strict=True))
         assert logprob == pytest.approx(expected, abs=1e-4)
     assert got[0][0] > got[1][0] and got[0][1]  # Paris, and greedily so
+
+
+def test_batch_lines_are_answered_as_serve_answers_them(http, ids, tiny_llama, tmp_path):
+    """OpenAI Batch /v1/completions lines with echo and logprobs (a text prompt, token ids, and
+    nothing generated) through `lmpress batch`: the bodies serve answers, numbers and all."""
+    bodies = {
+        "ids": {"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 0},
+        "text": {"prompt": TEXT, "echo": True, "logprobs": 1, "max_tokens": 3},
+        "vllm": {"prompt": [ids], "prompt_logprobs": 1, "max_tokens": 1},
+    }
+    lines = [
+        {"custom_id": name, "method": "POST", "url": "/v1/completions",
+         "body": {"model": MODEL, **body}}
+        for name, body in bodies.items()
+    ]  # fmt: skip
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = run_lmpress(
+        "batch", "--engine", "NATIVE", "--model.model_name", tiny_llama,
+        "--generation.max_new_tokens", "16", "-i", str(source), "-o", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    batched = {
+        line["custom_id"]: line["response"]["body"]
+        for line in map(json.loads, out.read_text().splitlines())
+    }
+    for name, body in bodies.items():
+        served = completion(http, **body)
+        for key in ("id", "created", "model"):
+            del served[key], batched[name][key]
+        assert batched[name] == approx_floats(served), name
+    assert batched["ids"]["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    assert batched["vllm"]["choices"][0]["prompt_logprobs"][0] is None
+
+
+def approx_floats(value):
+    """`value` with every float compared to 1e-5: a batch and a server batch rows apart."""
+    if isinstance(value, float):
+        return pytest.approx(value, abs=1e-5)
+    if isinstance(value, dict):
+        return {k: approx_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [approx_floats(v) for v in value]
+    return value
