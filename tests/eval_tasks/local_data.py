@@ -28,5 +28,5 @@ def texts(**metadata) -> object:
 
 
 def capitals(**metadata) -> object:
-    """Eight capital cities, asked for by name."""
+    """Eight countries, whose capital city the model names."""
     return _split("capitals.jsonl")
