@@ -5,12 +5,14 @@ lm-eval, its tasks and the engine's backend are imported once the command runs, 
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt, load_run_config
+from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt, debug_wanted, load_run_config
 from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError
 
 
@@ -67,6 +69,10 @@ def evaluate(
         raise ConfigError(f"unexpected argument '{words[0]}' (tasks go in --tasks T1,T2)")
     if limit is not None and limit <= 0:
         raise ConfigError("--limit: give a number of samples above 0, or a fraction below 1")
+    if not debug_wanted(ctx):
+        # lm-eval draws a bar for each of its own steps (building requests, reading its answers
+        # database); tqdm reads this when it is imported, so it is set before lm-eval loads.
+        os.environ.setdefault("TQDM_DISABLE", "1")
     try:
         from lmpress.integrations.lm_eval.run import run_eval
     except ModuleNotFoundError as exc:
@@ -85,5 +91,6 @@ def evaluate(
         num_fewshot=num_fewshot,
         resume=resume,
         max_length=max_length,
+        say=lambda line: print(f"lmpress: {line}", file=sys.stderr),
     )
     print(table)

@@ -197,3 +197,39 @@ def test_local_chat_completions_against_serve_replies_as_hf_with_its_chat_templa
     assert any(reply[0].strip() for reply in replies.values())
     em = chat["results"]["lmpress_capitals"]["exact_match,strip"]
     assert em == reference["results"]["lmpress_capitals"]["exact_match,strip"]
+
+
+def test_lmpress_eval_resumes_from_the_answers_an_earlier_run_into_its_output_got(tmp_path):
+    """On the tiny model: the first run answers two questions, the second, asked for four,
+    takes those two's answers from the first run's database and asks the engine the rest."""
+    args = ("eval", "-c", "tiny-native", "--tasks", "lmpress_mc", "--include-path", str(TASKS),
+            "-o", str(tmp_path))  # fmt: skip
+    first = run_lmpress(*args, "--limit", "2")
+    assert first.returncode == 0, first.stderr
+    second = run_lmpress(*args, "--limit", "4")
+    assert second.returncode == 0, second.stderr
+    note = f"lmpress: 8 of 16 requests answered by an earlier run into {tmp_path} (--no-resume asks them again)"  # fmt: skip
+    assert note in second.stderr.splitlines()
+    assert note not in first.stderr
+    runs = sorted(tmp_path.glob("*/samples_lmpress_mc_*.jsonl"))
+    assert len(runs) == 2
+    before, after = ([json.loads(line) for line in path.open()] for path in runs)
+    assert responses(after) == {**responses(after), **responses(before)}
+    assert len(after) == 4
+
+
+def test_lm_eval_finds_the_model_class_by_name_and_builds_it_from_a_model_args_string():
+    from lm_eval.api.registry import get_model
+
+    import lmpress.integrations.lm_eval  # noqa: F401  (registers the class with lm-eval)
+
+    # lm-eval adds its own batch_size and device to every model it builds; the engine's
+    # batch decides how much runs at once.
+    model = get_model("lmpress").create_from_arg_string(
+        "recipe=tiny-native,engine=NATIVE,generation.batch_size=4", {"batch_size": 1}
+    )
+    try:
+        assert (model.engine.name, model.engine.config.generation.batch_size) == ("NATIVE", 4)
+        assert model.get_model_info() == {"model": "tiny:llama", "engine": "NATIVE"}
+    finally:
+        model.close()

@@ -52,10 +52,12 @@ class LmpressLM(LM):
 
     Args:
         engine: an engine to use (the Python API); else one is built from `config`, else
-            from `recipe` and `overrides`, and closed by `close()`.
+            from `recipe` and `overrides`, and closed by `close()`. A string names the
+            engine of the recipe's run (`engine=NATIVE` in lm-eval's model_args).
         config: a RunConfig.
-        recipe: a recipe's name or path, as `lmpress batch -c` takes it; with lm-eval's
-            command line: `--model lmpress --model_args recipe=smollm2,engine=NATIVE`.
+        recipe: a recipe's name or path, as `lmpress batch -c` takes it (from lm-eval's
+            model_args string: `recipe=smollm2,engine=NATIVE`, through
+            `LmpressLM.create_from_arg_string`).
         max_length: the most tokens a window or a request reads (default: the model's
             context); lm-eval's `max_length`, which its `hf` backend takes too.
         overrides: dotted config keys (`model.model_name=PATH`), as `--section.key` sets them.
@@ -63,7 +65,7 @@ class LmpressLM(LM):
 
     def __init__(
         self,
-        engine: Engine | None = None,
+        engine: Engine | str | None = None,
         config: RunConfig | None = None,
         recipe: str | None = None,
         max_length: int | str | None = None,
@@ -72,10 +74,13 @@ class LmpressLM(LM):
         super().__init__()
         for name in LM_EVAL_ONLY:
             overrides.pop(name, None)
+        if isinstance(engine, str):
+            overrides["engine"], engine = engine, None
         self._owned = engine is None
         self.engine = engine or _build_engine(config, recipe, overrides)
         self.tokenizer = self.engine.tokenizer()
         self.max_length = int(max_length or self.tokenizer.context_length or 2048)
+        self.answered = 0  # requests the engine answered (lm-eval's answers database kept the rest)
         # What an empty context and a text's first window are scored after, as in lm-eval.
         bos = self.tokenizer.bos_id
         self.prefix_id = bos if bos is not None else self.tokenizer.eos_id
@@ -165,6 +170,7 @@ class LmpressLM(LM):
         `total` requests; the first failure stops the rest."""
         if jobs:
             asyncio.run(_bounded(jobs, self.engine.max_in_flight, ProgressBar(label), total))
+        self.answered += total
 
 
 def generation_params(settings: dict[str, Any] | None) -> GenerationParams:

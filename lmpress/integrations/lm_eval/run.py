@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +34,10 @@ def run_eval(
     num_fewshot: int | None = None,
     resume: bool = True,
     max_length: int | None = None,
+    say: Callable[[str], None] = print,
 ) -> str:
     """Evaluate the config's model on `tasks` and write the results under `output`; returns
-    the summary table."""
+    the summary table. `say` gets a line on the answers an earlier run had already got."""
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
@@ -63,6 +65,12 @@ def run_eval(
     finally:
         model.close()
     assert results is not None  # None only on another rank of a distributed run
+    asked = sum(len(sample["resps"]) for task in results["samples"].values() for sample in task)
+    if asked > model.answered:
+        say(
+            f"{asked - model.answered} of {asked} requests answered by an earlier run into "
+            f"{output} (--no-resume asks them again)"
+        )
     return write_results(results, tracker, output)
 
 
@@ -126,13 +134,10 @@ def summary_table(results: dict) -> str:
 
 
 def _quiet_lm_eval() -> None:
-    """lm-eval logs each step at INFO and its task notes as warnings, and draws a bar for each
-    of its own steps; lmpress shows its own progress and the summary, and --debug the rest."""
+    """lm-eval logs each step at INFO and its task notes as warnings; lmpress shows its own
+    progress and the summary, and --debug the rest."""
     import os
 
-    debug = bool(os.environ.get("LMPRESS_DEBUG"))
-    level = logging.DEBUG if debug else logging.ERROR
-    if not debug:  # lm-eval's own bars (building requests, reading its answers database)
-        os.environ.setdefault("TQDM_DISABLE", "1")
+    level = logging.DEBUG if os.environ.get("LMPRESS_DEBUG") else logging.ERROR
     logging.getLogger("lm_eval").setLevel(level)
     logging.getLogger("lm-eval").setLevel(level)
