@@ -19,7 +19,17 @@ TINY_GGUF = ["--model.model_name", "tiny-gguf:llama", "--generation.max_new_toke
 ECHO = ["--engine", "ECHO", "--generation.max_new_tokens", "6"]
 
 
-HEAVY = ("torch", "transformers", "llama_cpp", "vllm", "openai", "anthropic", "fastapi", "ray")
+HEAVY = (
+    "torch",
+    "transformers",
+    "llama_cpp",
+    "vllm",
+    "openai",
+    "anthropic",
+    "fastapi",
+    "ray",
+    "lm_eval",
+)
 
 
 def main_in_a_process(argv: list[str], env: dict, modules=HEAVY) -> subprocess.CompletedProcess:
