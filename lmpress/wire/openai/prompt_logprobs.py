@@ -22,13 +22,11 @@ from openai.types.completion_choice import Logprobs as CompletionLogprobs
 from lmpress.vocabulary.likelihood import Tokenizer
 from lmpress.vocabulary.types import Request, Result, TokenLogprob
 from lmpress.wire.openai.client import completion_prompt
+from lmpress.wire.openai.requests import Prompt
 from lmpress.wire.replies import MalformedResponse, Reply
 
 # What JSON writes for -inf (and OpenAI's and vLLM's floor on a logprob).
 FLOOR = -9999.0
-
-# A completions prompt as the body gave it: text, or token ids.
-Prompt = str | list[int]
 
 
 @dataclass
