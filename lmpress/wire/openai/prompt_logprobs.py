@@ -19,6 +19,7 @@ from typing import Any
 
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
 
+from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.likelihood import Tokenizer
 from lmpress.vocabulary.types import Request, Result, TokenLogprob
 from lmpress.wire.openai.client import completion_prompt
@@ -172,6 +173,12 @@ def read_scored(data: dict[str, Any], request: Request, reply: Reply) -> Reply:
             continue
         entries = _read_legacy(legacy)
         count = _prompt_length(request, prompt, reply) if echoed else 0
+        if len(entries) < count:  # not worth retrying: the server will answer the same
+            raise RequestError(
+                f"the reply echoes {len(entries)} of the prompt's {count} tokens: the server "
+                f"does not score prompts",
+                kind=ErrorKind.UNSUPPORTED_PARAM,
+            )
         if echoed and prompt is None:
             prompt = [None, *(_trimmed(e, k) for e in entries[1:count])]
         if echoed:
@@ -179,7 +186,8 @@ def read_scored(data: dict[str, Any], request: Request, reply: Reply) -> Reply:
         if p.logprobs:
             sample.logprobs = [_trimmed(e, p.top_logprobs) for e in entries[count:]]
     if p.prompt_logprobs is not None:
-        if prompt is None:
+        ids = request.prompt_ids
+        if prompt is None or (ids is not None and len(prompt) != len(ids)):
             raise MalformedResponse("the reply has no logprobs for the prompt's tokens")
         reply.prompt_logprobs = prompt
         reply.prompt_ids = request.prompt_ids or _ids(choices)
