@@ -1,7 +1,7 @@
 """A prompt's own tokens' logprobs on the wire, in the two shapes clients read them: OpenAI's
 legacy completions `logprobs` with `echo` (the prompt's tokens, then the reply's, in one list;
 lm-eval's `local-completions` scores a continuation this way), and vLLM's `prompt_logprobs`
-(a list a prompt token, token id -> {logprob, rank, decoded_token}).
+(one entry a prompt token, mapping token ids to {logprob, rank, decoded_token}).
 
 `read_scored` reads either back, for a remote engine whose server scores prompts.
 
