@@ -301,8 +301,9 @@ def render_row(
     output_shape: OutputShape = OutputShape.AUTO,
     tokenizer: Callable[[], Tokenizer | None] = lambda: None,
 ) -> dict[str, Any]:
-    """The output line for a completed row; an OpenAI Batch line that echoes its prompt with
-    logprobs has its tokens' text from `tokenizer` (the engine's, loaded when first asked)."""
+    """The output line for a completed row; an OpenAI Batch line that echoes token ids, or its
+    prompt's tokens with logprobs, has their text from `tokenizer` (the engine's, loaded when
+    first asked)."""
     if row.pooling is not None:
         assert not isinstance(result, Result)
         return _render_pooled(row, row.pooling, result, output_shape)
@@ -315,7 +316,7 @@ def render_row(
         logprobs = isinstance(body, dict) and body.get("logprobs") is not None
         line = openai_batch.render_output(
             row.id, row.url, result, result.model or row.model or "unknown", echo, logprobs,
-            tokenizer() if echo is not None and logprobs else None,
+            tokenizer() if echo is not None and (logprobs or isinstance(echo, list)) else None,
         )  # fmt: skip
         return _mark_cached(line, result)
     return _render_lmpress(row, result)

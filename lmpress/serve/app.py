@@ -214,11 +214,11 @@ class Server:
         if body.stream:
             if any(not isinstance(p, str) for p in prompts) and body.echo:
                 raise sampling.refuse("echo", "of token ids is not streamed; send 'stream': false")
-            echoes = prompts if body.echo else [""] * len(prompts)
+            echoes = [p if body.echo and isinstance(p, str) else "" for p in prompts]
             chunks = CompletionChunks(
                 entry.id, int(time.time()), self.model_name, body.include_usage
             )
-            run = self._stream(requests, chunks, entry, echoes)  # type: ignore[arg-type]
+            run = self._stream(requests, chunks, entry, echoes)
         else:
             echo = Echoing(prompts, body.echo or False, body.logprobs is not None)
             run = self._complete_text(requests, entry, echo)

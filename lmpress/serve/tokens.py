@@ -27,8 +27,8 @@ from lmpress.vocabulary.likelihood import Tokenizer
 from lmpress.vocabulary.types import Request, Result
 from lmpress.wire.openai import tokens as wire
 from lmpress.wire.openai.errors import ApiError, error_from_info
-from lmpress.wire.openai.prompt_logprobs import Echo, Prompt, echo_of
-from lmpress.wire.openai.requests import parse_body
+from lmpress.wire.openai.prompt_logprobs import Echo, echo_of
+from lmpress.wire.openai.requests import Prompt, parse_body
 
 
 class EngineTokenizer:

@@ -255,6 +255,7 @@ def test_batch_lines_are_answered_as_serve_answers_them(http, ids, tiny_llama, t
         "ids": {"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 0},
         "text": {"prompt": TEXT, "echo": True, "logprobs": 1, "max_tokens": 3},
         "vllm": {"prompt": [ids], "prompt_logprobs": 1, "max_tokens": 1},
+        "echo-ids": {"prompt": ids, "echo": True, "max_tokens": 2},
     }
     lines = [
         {"custom_id": name, "method": "POST", "url": "/v1/completions",
@@ -279,6 +280,7 @@ def test_batch_lines_are_answered_as_serve_answers_them(http, ids, tiny_llama, t
         assert batched[name] == approx_floats(served), name
     assert batched["ids"]["choices"][0]["logprobs"]["token_logprobs"][0] is None
     assert batched["vllm"]["choices"][0]["prompt_logprobs"][0] is None
+    assert batched["echo-ids"]["choices"][0]["text"].startswith(TEXT)
 
 
 def approx_floats(value):

@@ -289,6 +289,11 @@ class RemoteEngine(Engine):
             check_text(request)
             check_tools(self, request)
             check_prompt_ids(self, request)
+            if request.params.prompt_logprobs is not None:
+                raise RequestError(
+                    "prompt logprobs come with a whole reply, not a stream; do not stream",
+                    kind=ErrorKind.INVALID_REQUEST,
+                )
             self.check_request_params(request.params)
         except (RequestError, LmpressError) as exc:
             yield error_result(

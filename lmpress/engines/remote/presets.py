@@ -164,7 +164,8 @@ PROVIDERS: tuple[Provider, ...] = (
              tasks=EMBED),
     # SGLang's OpenAI-compatible API: guided_decoding.json goes as response_format.
     Provider("SGLANG", "a running SGLang server (OpenAI-compatible API)",
-             params=OPENAI_PARAMS | VLLM_PARAMS | SCORING_PARAMS, dialect=Dialect(extra_fields=VLLM_PARAMS),
+             params=OPENAI_PARAMS | VLLM_PARAMS | SCORING_PARAMS,
+             dialect=Dialect(extra_fields=VLLM_PARAMS),
              reasoning=OPENAI_EFFORT, key_required=False, model_required=False, tasks=EMBED,
              engine="lmpress.engines.remote.openai_compat:SGLangEngine"),
     Provider("SAMBANOVA", "SambaNova Cloud", "https://api.sambanova.ai/v1", "SAMBANOVA_API_KEY",

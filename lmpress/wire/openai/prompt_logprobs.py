@@ -1,7 +1,7 @@
 """A prompt's own tokens' logprobs on the wire, in the two shapes clients read them: OpenAI's
 legacy completions `logprobs` with `echo` (the prompt's tokens, then the reply's, in one list;
 lm-eval's `local-completions` scores a continuation this way), and vLLM's `prompt_logprobs`
-(a list a prompt token, token id -> {logprob, rank, decoded_token}).
+(one entry a prompt token, mapping token ids to {logprob, rank, decoded_token}).
 
 `read_scored` reads either back, for a remote engine whose server scores prompts.
 
@@ -19,16 +19,15 @@ from typing import Any
 
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
 
+from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.likelihood import Tokenizer
 from lmpress.vocabulary.types import Request, Result, TokenLogprob
 from lmpress.wire.openai.client import completion_prompt
+from lmpress.wire.openai.requests import Prompt
 from lmpress.wire.replies import MalformedResponse, Reply
 
 # What JSON writes for -inf (and OpenAI's and vLLM's floor on a logprob).
 FLOOR = -9999.0
-
-# A completions prompt as the body gave it: text, or token ids.
-Prompt = str | list[int]
 
 
 @dataclass
@@ -174,6 +173,12 @@ def read_scored(data: dict[str, Any], request: Request, reply: Reply) -> Reply:
             continue
         entries = _read_legacy(legacy)
         count = _prompt_length(request, prompt, reply) if echoed else 0
+        if len(entries) < count:  # not worth retrying: the server will answer the same
+            raise RequestError(
+                f"the reply echoes {len(entries)} of the prompt's {count} tokens: the server "
+                f"does not score prompts",
+                kind=ErrorKind.UNSUPPORTED_PARAM,
+            )
         if echoed and prompt is None:
             prompt = [None, *(_trimmed(e, k) for e in entries[1:count])]
         if echoed:
@@ -181,7 +186,8 @@ def read_scored(data: dict[str, Any], request: Request, reply: Reply) -> Reply:
         if p.logprobs:
             sample.logprobs = [_trimmed(e, p.top_logprobs) for e in entries[count:]]
     if p.prompt_logprobs is not None:
-        if prompt is None:
+        ids = request.prompt_ids
+        if prompt is None or (ids is not None and len(prompt) != len(ids)):
             raise MalformedResponse("the reply has no logprobs for the prompt's tokens")
         reply.prompt_logprobs = prompt
         reply.prompt_ids = request.prompt_ids or _ids(choices)

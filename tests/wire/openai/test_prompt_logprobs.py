@@ -244,3 +244,12 @@ def test_providers_that_cannot_score_refuse_in_one_line():
     for name in ("REMOTE", "REMOTE_VLLM", "SGLANG"):
         check_params(engine_class(name), GenerationParams(prompt_logprobs=1))
         check_prompt_ids(engine_class(name), scoring_request())
+
+
+def test_a_server_that_does_not_echo_cannot_pass_for_one_that_scores():
+    """A server that ignores `echo` answers the reply's tokens alone: that is no score."""
+    result = scored_result([DOWN])
+    data = text_completion("c", 1, "m", [result], [Echo()])
+    del data["choices"][0]["prompt_logprobs"]
+    with pytest.raises(RequestError, match="echoes 1 of the prompt's 3 tokens"):
+        read_scored(data, scoring_request(), parse_chat_completion(data))
