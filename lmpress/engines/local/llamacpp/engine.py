@@ -72,6 +72,7 @@ from lmpress.engines.local.speculation import Speculation
 from lmpress.engines.local.worker import WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
+    LIKELIHOOD_TASKS,
     SCORING_TASKS,
     EmbedRequest,
     EmbedResult,
@@ -100,7 +101,7 @@ class LlamaCppEngine(WorkerEngine):
     # Drafts by prompt lookup or a draft model (drafting.py), row by row in the batch.
     speculative_methods = frozenset({"ngram", "draft_model"})
     # One per run: the engine loads the model for the task the run does (pooling.py).
-    tasks = frozenset({"generate", "embed", "score", "rerank"})
+    tasks = frozenset({"generate", "embed", "score", "rerank", *LIKELIHOOD_TASKS})
     options = LlamaCppOptions
 
     @classmethod
