@@ -81,8 +81,10 @@ def row_input(raw: dict[str, Any], task: Task, mapping: RowMapping) -> Likelihoo
         continuation = _text(raw["continuation"], "continuation", empty=False)
         return LikelihoodInput(task, context, [continuation])
     choices = raw["choices"]
-    if not isinstance(choices, list) or not choices:
-        raise RowError(f"'choices' must be a non-empty list of texts, got {json_type(choices)}")
+    if not isinstance(choices, list):
+        raise RowError(f"'choices' must be a list of texts, got {json_type(choices)}")
+    if not choices:
+        raise RowError("'choices' is empty; give at least one text")
     texts = [_text(c, f"choices[{i}]", empty=False) for i, c in enumerate(choices)]
     gold = _gold(raw.get("gold"), len(texts))
     return LikelihoodInput(task, context, texts, single=False, gold=gold)
