@@ -146,14 +146,14 @@ async def score_text(engine: Engine, request: PerplexityRequest) -> PerplexityRe
         prefix = prefix_id(tokenizer)
         if not tokens:
             raise ValueError("the text gives no tokens; give it some text")
-        if not tokenizer.context_length or tokenizer.context_length < 3:
+        if not tokenizer.context_length:
             raise ValueError(f"engine {engine.name} does not say the model's context length")
     except (LmpressError, ValueError) as exc:
         out.error = ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc))
         return out
-    # A window's prompt is its context and its continuation, up to `max_length` + 1 tokens,
-    # and an engine reads a prompt only where it leaves room for a token after it.
-    max_length = tokenizer.context_length - 2
+    # lm-eval's windows: a window's prompt is the model's context and one token more, the
+    # last scored and never fed, which an engine takes from a request that generates nothing.
+    max_length = tokenizer.context_length
     score, whole = await perplexity(engine, request.id, tokens, prefix, max_length)
     out.usage, out.error = whole.usage, whole.error
     if score is not None:
