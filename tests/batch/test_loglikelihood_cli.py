@@ -245,3 +245,12 @@ def test_a_likelihood_task_on_an_engine_that_cannot_score_is_refused_before_any_
     assert run.returncode != 0
     assert "task: engine ANTHROPIC cannot loglikelihood" in run.stderr
     assert "Traceback" not in run.stderr and not (tmp_path / "out.jsonl").exists()
+
+
+def test_infer_points_a_likelihood_task_to_batch_and_python():
+    run = run_lmpress(
+        "infer", "--engine", "NATIVE", "--model.model_name", "tiny:llama", "--task", "perplexity",
+        "hello",
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "--task perplexity scores rows of text: run it with lmpress batch" in run.stderr
