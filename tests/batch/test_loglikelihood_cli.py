@@ -187,7 +187,7 @@ def test_perplexity_rows_score_every_token_once_in_windows_of_the_context(
 def test_a_killed_job_resumes_with_every_row_exactly_once(tiny_llama, tmp_path):
     rows = [
         {"id": f"r{i}", "context": f"Question {i}: which is right?", "choices": [" yes", " no"]}
-        for i in range(400)
+        for i in range(200)
     ]
     src = write_jsonl(tmp_path / "many.jsonl", rows)
     out = tmp_path / "many.jsonl.out"
