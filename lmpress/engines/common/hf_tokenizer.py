@@ -25,7 +25,7 @@ class HfTokenizer:
     model's end token where the tokenizer names none."""
 
     def __init__(self, tokenizer: Any, context_length: int | None, eos_id: int | None = None):
-        self.hf = tokenizer
+        self._tokenizer = tokenizer
         self.bos_id: int | None = tokenizer.bos_token_id
         self.eos_id: int | None = (
             tokenizer.eos_token_id if tokenizer.eos_token_id is not None else eos_id
@@ -36,7 +36,7 @@ class HfTokenizer:
         self._pieces: dict[int, str] = {}
 
     def encode(self, text: str, special: bool = False) -> list[int]:
-        return list(self.hf(text, add_special_tokens=special)["input_ids"])
+        return list(self._tokenizer.encode(text, add_special_tokens=special))
 
     def decode(self, ids: list[int]) -> str:
         return self._decode(ids)
@@ -55,4 +55,4 @@ class HfTokenizer:
         return text
 
     def _decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=False)
+        return self._tokenizer.decode(ids, skip_special_tokens=False)

@@ -196,6 +196,28 @@ def test_max_new_tokens_zero_generates_nothing(llama):
     assert over.error is not None and f"context is {context}" in over.error.message
 
 
+def test_perplexity_of_a_text_longer_than_the_context(llama, llama_reference):
+    """lm-eval's rolling windows: the first fills the whole context after the BOS, so its
+    prompt is the context and one token more; each token of the text is scored once."""
+    from lmpress.engines.scoring import perplexity
+    from lmpress.vocabulary.likelihood import rolling_windows
+
+    tokenizer = llama.tokenizer()
+    tokens = (tokenizer.encode(TEXT) * 40)[: tokenizer.context_length + 90]
+    args = (tokens, tokenizer.bos_id, tokenizer.context_length)
+    whole, result = run(perplexity(llama, "p", *args))
+    assert result.error is None
+    assert whole.tokens == len(tokens)
+    expected: list[float] = []
+    for context, continuation in rolling_windows(*args):
+        window = context + continuation
+        steps = reference_logprobs(llama_reference, window[:-1])[len(context) - 1 :]
+        expected += [float(s[t]) for s, t in zip(steps, continuation, strict=True)]
+    got = [lp for score in result.scores for lp in score.token_logprobs]
+    assert got == pytest.approx(expected, abs=1e-5)
+    assert whole.logprob == pytest.approx(sum(expected), abs=1e-3)
+
+
 def test_bad_token_ids_fail_their_row_in_one_line(llama):
     bad, empty, good = llama.generate([scored([5, 10**7, 6]), scored([]), scored([5, 6, 7])])
     assert "prompt_ids: 10000000 is not a token id of this model" in bad.error.message
