@@ -184,25 +184,28 @@ def test_perplexity_rows_score_every_token_once_in_windows_of_the_context(
     assert "'text' is empty; give it some text" in run.stderr
 
 
-def test_a_killed_job_resumes_with_every_row_exactly_once(tiny_llama, tmp_path):
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_killed_job_resumes_with_every_row_exactly_once(tiny_llama, tmp_path, fmt):
+    import pyarrow.parquet as pq
+
     rows = [
         {"id": f"r{i}", "context": f"Question {i}: which is right?", "choices": [" yes", " no"]}
         for i in range(200)
     ]
     src = write_jsonl(tmp_path / "many.jsonl", rows)
-    out = tmp_path / "many.jsonl.out"
-    args = ["batch", "-i", str(src), "-o", str(out), "--output-format", "lmpress",
-            "--engine", "NATIVE", "--model.model_name", tiny_llama, "--task", "loglikelihood",
-            "--cache", "off", "--generation.batch_size", "8"]  # fmt: skip
-    env = {"PYTHONPATH": str(REPO)}
+    out = tmp_path / f"scored.{fmt}"
+    record = out if fmt == "jsonl" else Path(f"{out}.journal.jsonl")  # the rows done so far
+    args = ["batch", "-i", str(src), "-o", str(out), "--engine", "NATIVE",
+            "--model.model_name", tiny_llama, "--task", "loglikelihood", "--cache", "off",
+            "--generation.batch_size", "8"]  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lmpress", *args], env={**os.environ, **env},
+        [sys.executable, "-m", "lmpress", *args], env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            if out.exists() and out.read_text().count("\n") >= 5:
+            if record.exists() and record.read_text().count("\n") >= 5:
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the job ended before the kill"
@@ -211,12 +214,14 @@ def test_a_killed_job_resumes_with_every_row_exactly_once(tiny_llama, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    done_before = out.read_text().count("\n")
+    done_before = record.read_text().count("\n")
     assert 0 < done_before < len(rows)
     run = run_lmpress(*args)
     assert run.returncode == 0, run.stderr
-    ids = [row["id"] for row in read_jsonl(out)]
+    written = read_jsonl(out) if fmt == "jsonl" else pq.read_table(out).to_pylist()
+    ids = [row["id"] for row in written]
     assert sorted(ids) == sorted(row["id"] for row in rows)  # each once, none lost
+    assert all(len(row["choice_logprobs"]) == 2 for row in written)
     summary = json.loads(Path(f"{out}.summary.json").read_text())
     assert summary["rows_skipped"] >= done_before - 1  # a torn last line is redone
 
