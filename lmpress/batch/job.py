@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from lmpress.batch.budget import Budget
 from lmpress.batch.events import STOP_SIGNALS, BatchEvents, BatchSummary, RowFailure
 from lmpress.batch.options import BatchMode, BatchOptions
-from lmpress.batch.outputs import Reorder, output_for
+from lmpress.batch.outputs import EngineTokenizer, JsonlOutput, Reorder, output_for
 from lmpress.batch.pooling import AnyRequest, AnyResult, finished, run_request
 from lmpress.batch.pricing import price_for
 from lmpress.batch.rows import RowReader
@@ -85,6 +85,8 @@ class BatchJob:
             self.target, self.files, file_format, options.output_shape, schema,
             options.mapping.id_column,
         )  # fmt: skip
+        if isinstance(self.output, JsonlOutput):  # for a line that echoes its prompt's tokens
+            self.output.tokenizer = EngineTokenizer(lambda: self.engine)
         self.selection = options.selection()
         provider_batch = options.mode is BatchMode.PROVIDER
         self.budget = Budget(

@@ -8,6 +8,7 @@ Either way the runner hands over one JSON line per row, in the order it finished
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,8 @@ from lmpress.data.parquet_out import journal_line, write_parquet
 from lmpress.data.resume import JobFiles
 from lmpress.data.row_shapes import OutputShape, ParsedRow, render_row, response_record
 from lmpress.data.targets import STDIO, OutputTarget
-from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult
+from lmpress.vocabulary.errors import UnsupportedParamError
+from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult, Tokenizer
 from lmpress.vocabulary.types import Result
 
 
@@ -31,6 +33,8 @@ class JsonlOutput:
     target: OutputTarget
     files: JobFiles
     output_shape: OutputShape
+    # The engine's tokenizer, for a line that echoes its prompt's tokens (set by the job).
+    tokenizer: Callable[[], Tokenizer | None] = lambda: None
 
     def open(self) -> JsonlWriter:
         """The output: the file (appended to, for resume), or the stream as it is."""
@@ -42,13 +46,31 @@ class JsonlOutput:
         return JsonlWriter(path, handle=open(path, "a", encoding="utf-8"))
 
     def done_line(self, row: ParsedRow, result: AnyResult) -> dict[str, Any]:
-        return render_row(row, result, self.output_shape)
+        return render_row(row, result, self.output_shape, self.tokenizer)
 
     def failed_line(self, failure: RowFailure) -> dict[str, Any] | None:
         return None  # failed rows go to OUT.errors.jsonl only
 
     def finish(self) -> str | None:
         return None
+
+
+class EngineTokenizer:
+    """The job's engine's tokenizer, loaded when a line first asks; None where the engine has
+    none (a remote API) or has not started."""
+
+    def __init__(self, engine: Callable[[], Any]):
+        self.engine = engine
+        self.loaded: Tokenizer | None | bool = None
+
+    def __call__(self) -> Tokenizer | None:
+        engine = self.engine()
+        if self.loaded is None and engine is not None:
+            try:
+                self.loaded = engine.tokenizer()
+            except UnsupportedParamError:
+                self.loaded = False
+        return self.loaded or None
 
 
 @dataclass

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -43,7 +44,7 @@ from lmpress.data.likelihood_rows import LikelihoodInput
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
 from lmpress.data.pooling_rows import PoolingInput
 from lmpress.vocabulary.embeddings import LIKELIHOOD_TASKS, EmbedResult, ScoreResult, Task
-from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult
+from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult, Tokenizer
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 from lmpress.vocabulary.types import (
     GENERATION_FIELDS,
@@ -102,9 +103,13 @@ class ParsedRow:
     tools: list[dict[str, Any]] | None = None  # the function tools the row offers
     pooling: PoolingInput | None = None  # what an embed, score or rerank row asks
     likelihood: LikelihoodInput | None = None  # what a loglikelihood or perplexity row asks
+    prompt_ids: list[int] | None = None  # a /v1/completions prompt given as token ids
 
     def request(self, params: GenerationParams) -> Request:
-        return Request(self.id, self.messages, params, prompt=self.prompt, tools=self.tools)
+        return Request(
+            self.id, self.messages, params, prompt=self.prompt, tools=self.tools,
+            prompt_ids=self.prompt_ids,
+        )  # fmt: skip
 
     @property
     def task(self) -> Task:
@@ -256,12 +261,13 @@ def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
             line, custom_id, RowShape.OPENAI_BATCH, raw, messages, overrides, None, url, model,
             sampling.tools,
         )  # fmt: skip
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise RowError("body.prompt must be a string (one prompt per line)")
+    prompt = openai_batch.body_prompt(body)
     overrides = _row_overrides(openai_batch.body_sampling(body, url).overrides)
+    if isinstance(prompt, list):  # token ids, read as given
+        return ParsedRow(
+            line, custom_id, RowShape.OPENAI_BATCH, raw, [], overrides, None, url, model,
+            prompt_ids=prompt,
+        )  # fmt: skip
     messages = [Message("user", prompt)]
     return ParsedRow(
         line, custom_id, RowShape.OPENAI_BATCH, raw, messages, overrides, prompt, url, model
@@ -305,8 +311,11 @@ def render_row(
     row: ParsedRow,
     result: Result | EmbedResult | ScoreResult | LoglikelihoodResult | PerplexityResult,
     output_shape: OutputShape = OutputShape.AUTO,
+    tokenizer: Callable[[], Tokenizer | None] = lambda: None,
 ) -> dict[str, Any]:
-    """The output line for a completed row."""
+    """The output line for a completed row; an OpenAI Batch line that echoes token ids, or its
+    prompt's tokens with logprobs, has their text from `tokenizer` (the engine's, loaded when
+    first asked)."""
     if row.likelihood is not None:
         assert isinstance(result, (LoglikelihoodResult, PerplexityResult))
         openai = output_shape_for(row, output_shape) is OutputShape.OPENAI
@@ -320,10 +329,13 @@ def render_row(
     if output_shape_for(row, output_shape) is OutputShape.OPENAI:
         # The model that generated, as vLLM's run-batch reports it, not the name requested.
         body = row.raw.get("body") if row.shape is RowShape.OPENAI_BATCH else None
-        echo = row.prompt or "" if isinstance(body, dict) and body.get("echo") else ""
+        echoed = isinstance(body, dict) and body.get("echo")
+        echo = (row.prompt_ids or row.prompt or "") if echoed else None
+        logprobs = isinstance(body, dict) and body.get("logprobs") is not None
         line = openai_batch.render_output(
-            row.id, row.url, result, result.model or row.model or "unknown", echo
-        )
+            row.id, row.url, result, result.model or row.model or "unknown", echo, logprobs,
+            tokenizer() if echo is not None and (logprobs or isinstance(echo, list)) else None,
+        )  # fmt: skip
         return _mark_cached(line, result)
     return _render_lmpress(row, result)
 

@@ -34,6 +34,7 @@ from lmpress.batch.provider.state import BatchState, Chunk
 from lmpress.engines.remote.presets import BatchApi
 from lmpress.vocabulary.embeddings import EmbedRequest
 from lmpress.vocabulary.errors import InputError
+from lmpress.wire.openai.client import completion_prompt
 from lmpress.wire.openai.pooling import EMBEDDINGS_PATH
 from lmpress.wire.replies import Reply
 
@@ -45,7 +46,8 @@ class OpenAIBatches(BatchAPI):
     async def endpoint(self, request: AnyRequest) -> str:
         if isinstance(request, EmbedRequest):
             return EMBEDDINGS_PATH
-        return "/v1/completions" if request.prompt is not None else "/v1/chat/completions"
+        raw = completion_prompt(request) is not None  # text or token ids
+        return "/v1/completions" if raw else "/v1/chat/completions"
 
     async def line(self, cid: str, request: AnyRequest) -> str:
         engine: Any = self.engine
