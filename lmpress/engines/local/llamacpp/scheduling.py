@@ -29,21 +29,20 @@ from lmpress.engines.local.llamacpp.batches import Batches, KvCacheFull
 from lmpress.engines.local.llamacpp.drafting import Drafter
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.llamacpp.projector import Projector, text_ids
+from lmpress.engines.local.llamacpp.reading import (
+    PROMPT_CHUNK,
+    prompt_chunks,
+    put_chunk,
+    score_chunk,
+)
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission, PromptChunk, SequenceRow
 from lmpress.engines.local.llamacpp.sampling import Sampling
-from lmpress.engines.local.llamacpp.sequences import Sequences
+from lmpress.engines.local.llamacpp.sequences import WAIT, Sequences
 from lmpress.engines.local.llamacpp.speculation import Candidate, plan
 from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, WorkQueue, failure_info
 from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import ErrorInfo, Result, Sample
-
-# The most tokens of one prompt read in one batch: a pass over the weights holds at most
-# loading.MICRO_BATCH tokens, which keeps llama.cpp's CPU flash attention off its tiled kernel,
-# so a prompt token's attention is computed alike however the prompt is cut and whatever is read
-# beside it: packing prompts together (or reusing a cached prefix) leaves greedy replies as they
-# are at batch size 1.
-PROMPT_CHUNK = 63
 
 
 class LlamaCppScheduler(Scheduler):
@@ -75,7 +74,9 @@ class LlamaCppScheduler(Scheduler):
         self.n_ctx = llama_cpp.llama_n_ctx(ctx.ctx)  # the KV cells all sequences share
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx.ctx)  # n_ctx, or a split cache's part
         self.reserved = 0  # cells the rows in flight hold or may grow to (SequenceRow.cells)
-        self.sequences = Sequences(llama_cpp, llama_cpp.llama_get_memory(ctx.ctx), batch_size)
+        self.sequences = Sequences(
+            llama_cpp, llama_cpp.llama_get_memory(ctx.ctx), batch_size, self.n_ctx_seq < self.n_ctx
+        )
         self.batches = Batches(llama_cpp, ctx.ctx, projector)
         self._sampling = Sampling(ctx.ctx, vocab, penalty_window or self.n_ctx)
         self.prompt_tokens_reused = 0  # prompt tokens not decoded again, thanks to the cache
@@ -143,30 +144,69 @@ class LlamaCppScheduler(Scheduler):
         """Start waiting requests, oldest first, while sequences are free and their cells fit
         beside what the requests in flight may still grow to. The oldest waits, and those
         after it with it, until rows end and free their cells: a long prompt is not passed
-        over for ever by short ones."""
-        pending = self.queue.pending
-        while pending and pending[0].request.params.n <= len(self.sequences.free):
-            submission = pending[0]
-            params, prompt = submission.request.params, submission.prompt_ids
-            seqs = self.sequences.choose(prompt, params.n)
-            if self.n_ctx_seq < self.n_ctx:  # a split cache: a row ends when its part is full
-                limit, dropped = min(params.max_new_tokens, self.n_ctx_seq - len(prompt)), []
-            else:  # a row ends when the context is full; the samples of one prompt share it
-                limit = min(params.max_new_tokens, (self.n_ctx - len(prompt)) // params.n)
-                cells = len(prompt) + params.n * limit
-                # The free sequences it does not take keep what the rest of the cache leaves.
-                dropped = self.sequences.make_room(self.n_ctx - self.reserved - cells, seqs)
-                if dropped is None:
+        over for ever by short ones. A request whose prompt begins as one being read waits
+        for it apart, without holding up the others (`_fork_source`)."""
+        pending, waiting = self.queue.pending, []
+        try:
+            while pending and pending[0].request.params.n <= len(self.sequences.free):
+                fork = self._fork_source(pending[0])
+                if fork == WAIT:
+                    waiting.append(pending.popleft())
+                elif not self._admit_first(fork):
                     return
-            self._forget(dropped)
-            pending.popleft()
-            self.sequences.take(seqs)
-            self._start(submission, seqs, limit)
+        finally:
+            pending.extendleft(reversed(waiting))
 
-    def _start(self, submission: LlamaCppSubmission, seqs: list[int], limit: int) -> None:
-        """Give an admitted request its rows, each reserving the cells it may grow to."""
+    def _admit_first(self, fork: tuple[int, int] | None) -> bool:
+        """Start the oldest waiting request if its cells fit; False: it waits."""
+        pending = self.queue.pending
+        submission = pending[0]
+        params, prompt = submission.request.params, submission.prompt_ids
+        seqs = self.sequences.choose(prompt, params.n)
+        if self.n_ctx_seq < self.n_ctx:  # a split cache: a row ends when its part is full
+            limit, dropped = min(params.max_new_tokens, self.n_ctx_seq - len(prompt)), []
+        else:  # a row ends when the context is full; the samples of one prompt share it
+            limit = min(params.max_new_tokens, (self.n_ctx - len(prompt)) // params.n)
+            cells = len(prompt) + params.n * limit
+            # The free sequences it does not take keep what the rest of the cache leaves.
+            dropped = self.sequences.make_room(self.n_ctx - self.reserved - cells, seqs)
+            if dropped is None:
+                return False
+        self._forget(dropped)
+        pending.popleft()
+        self.sequences.take(seqs)
+        self._start(submission, seqs, limit, fork)
+        return True
+
+    def _fork_source(self, submission: LlamaCppSubmission) -> tuple[int, int] | str | None:
+        """Where a request that scores its prompt may take its first KV cells from a sequence
+        in flight (Sequences.fork_source), or WAIT for one. The choices of one question
+        (engines/scoring.py submits them together) so read their context once: the first
+        reads it, the others wait a step or two and take its cells, and the requests behind
+        them start meanwhile. A request that only generates keeps to the cells free
+        sequences keep (`choose`): replies stay as they were, whatever else is in flight."""
+        if submission.prompt_logprobs is None or self.drafter is not None or submission.media:
+            return None
+        live = [(s.rows[0].seq_id, s.prompt_ids, s.fed) for s in self._prefilling if not s.media]
+        live += [(r.seq_id, r.submission.prompt_ids, r.pos) for r in self._generating if r.pos]
+        return self.sequences.fork_source(submission.prompt_ids, submission.first_logits, live)
+
+    def _start(
+        self,
+        submission: LlamaCppSubmission,
+        seqs: list[int],
+        limit: int,
+        fork: tuple[int, int] | None = None,
+    ) -> None:
+        """Give an admitted request its rows, each reserving the cells it may grow to; its
+        prompt's first cells kept from the sequence's last request, or taken from `fork`'s."""
         params = submission.request.params
-        submission.fed = self.sequences.keep_prefix(submission.prompt_ids, seqs)
+        submission.fed = self.sequences.keep_prefix(
+            submission.prompt_ids, seqs, submission.first_logits
+        )
+        if fork is not None and fork[1] > submission.fed:
+            self.sequences.fork(fork[0], seqs[0], fork[1])
+            submission.fed = fork[1]
         self.prompt_tokens_reused += submission.fed
         submission.rows = [SequenceRow(submission, i, seq, limit) for i, seq in enumerate(seqs)]
         submission.rows[0].cells = len(submission.prompt_ids)  # the prompt's, shared
@@ -214,7 +254,7 @@ class LlamaCppScheduler(Scheduler):
         self.most_in_flight = max(self.most_in_flight, len(rows))
         proposals = self._proposals(rows)
         room = self.batches.size - len(rows) - sum(map(len, proposals))
-        chunks = self._prompt_chunks(reading, room)
+        chunks = prompt_chunks(reading, room)
         if self.speculation is not None:
             self._shape(rows, proposals, chunks)
         parts = sorted(rows + chunks, key=lambda part: part.seq_id)
@@ -227,11 +267,7 @@ class LlamaCppScheduler(Scheduler):
                     n += 1
                 part.pos += 1
             else:
-                ids, last = part.submission.prompt_ids, part.end == len(part.submission.prompt_ids)
-                for pos in range(part.submission.fed, part.end):
-                    put(n, ids[pos], pos, part.seq_id, last and pos == part.end - 1)
-                    n += 1
-                part.batch_index = n - 1  # where its logits are
+                n = put_chunk(self.batches, part, n)
         if n == 0:
             return
         try:
@@ -245,6 +281,7 @@ class LlamaCppScheduler(Scheduler):
             if isinstance(part, SequenceRow):
                 self._sample(part, part.batch_index)
             else:
+                score_chunk(self._sampling, part)
                 part.submission.fed = part.end
                 if part.end == len(part.submission.prompt_ids):
                     self._start_generating(part.submission, part.batch_index)
@@ -287,27 +324,17 @@ class LlamaCppScheduler(Scheduler):
             row.carried = drafts[:count] + [row.next_token] * fillers
             row.drafted = len(drafts[:count])  # fewer where the draft model found no room
 
-    def _prompt_chunks(self, submissions: list[LlamaCppSubmission], room: int) -> list[PromptChunk]:
-        """The next chunk of each prompt's text tokens (up to its next image, if any) that
-        `room` tokens of this step's batch hold: one pass over the weights reads many prompts,
-        as llama-server packs its slots'. Each chunk is at most PROMPT_CHUNK tokens, whatever
-        the batch size, so a prompt is read the same way alone or beside others, and the
-        prompts share the room equally."""
-        share = min(PROMPT_CHUNK, max(1, room // max(1, len(submissions))))
-        chunks = []
-        for submission in submissions:
-            images = [m.start for m in submission.media or () if m.start > submission.fed]
-            end = min([submission.fed + min(share, room), len(submission.prompt_ids), *images])
-            if end == submission.fed:
-                break
-            room -= end - submission.fed
-            chunks.append(PromptChunk(submission, submission.rows[0].seq_id, end))
-        return chunks
-
     def _start_generating(self, submission: LlamaCppSubmission, index: int) -> None:
         """The prompt is in the KV cache: every sample samples its first token from the
-        prompt's last logits and joins the sequences being generated."""
+        prompt's last logits and joins the sequences being generated; a request for no new
+        tokens (one that scores its prompt) is answered now."""
         self._prefilling.remove(submission)
+        if submission.request.params.max_new_tokens == 0:
+            submission.rows[0].pos = len(submission.prompt_ids)  # the others hold no cells
+            for row in submission.rows:
+                row.finish_reason = "length"
+                self._finish_row(row)
+            return
         first = submission.rows[0].seq_id
         for row in submission.rows:
             if row.seq_id != first:  # the other samples share the prompt's KV cells
@@ -365,25 +392,7 @@ class LlamaCppScheduler(Scheduler):
             token, logprob = self._sampling.pick(
                 row.sampler, params, row.generated, index, wants_logprobs, matcher
             )
-        row.generated += 1
-        if self.vocab.is_end(token) or token in params.stop_token_ids:
-            row.finish_reason = "stop"
-        else:
-            row.tokens.append(token)
-            if logprob is not None:
-                row.logprobs.append(logprob)
-            if budget is not None:
-                budget.accept(token)
-            if row.matcher is not None and not thinking:
-                row.matcher.accept(token)
-                if row.matcher.complete:  # nothing but the end can follow: end here
-                    row.finish_reason = "stop"
-            piece = self.vocab.piece(token, special=row.special_pieces)
-            row.text += row.decoder.decode(piece)
-            if params.stop_strings:
-                row.cut_at_stop_string()
-            if row.finish_reason is None and row.generated >= row.limit:
-                row.finish_reason = "length"
+        row.add(token, logprob, self.vocab, thinking)
         return token
 
     def _finish_row(self, row: SequenceRow) -> None:
@@ -392,6 +401,8 @@ class LlamaCppScheduler(Scheduler):
             self._generating.remove(row)
         if row.finish_reason == "cancelled":
             self.sequences.clear(row.seq_id)
+            kept = []
+        elif not row.pos:  # a sample of a request for no new tokens, but the first
             kept = []
         else:  # kept for a later request that starts the same way
             kept = submission.prompt_ids + row.tokens[: row.pos - len(submission.prompt_ids)]
@@ -460,4 +471,8 @@ class LlamaCppScheduler(Scheduler):
             )
             for row in submission.rows
         ]
-        return self.result(submission, samples)
+        result = self.result(submission, samples)
+        result.prompt_logprobs = submission.prompt_logprobs
+        if not submission.media:  # an image's tokens have no ids of their own
+            result.prompt_ids = list(submission.prompt_ids)
+        return result
