@@ -28,6 +28,13 @@ A reasoning model's thinking (local/reasoning.py) is counted, bounded and kept a
 sequence by sequence: the scheduler writes the close of a row's thinking once its
 `max_reasoning_tokens` are spent, and holds its grammar until the answer starts.
 
+A request may score its prompt instead of, or before, generating (issue 52): its prompt given as
+token ids (`Request.prompt_ids`, read as given: no template, no BOS) and its tokens' logprobs
+asked for (`prompt_logprobs`); the positions it scores return their logits in the same batches
+as every other row's (reading.py), and with `max_new_tokens` 0 it is answered once its prompt
+is read. `Engine.loglikelihood` (engines/scoring.py) builds on that, and the choices of one
+context read it once (scheduling.py). `tokenizer()` is the GGUF file's (tokenizer.py).
+
 `model_kwargs.mmproj` names the model's projector GGUF: rows may then carry images, read by
 llama.cpp's multimodal library and decoded into their sequences by the same scheduler
 (projector.py).

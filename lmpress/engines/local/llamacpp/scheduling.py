@@ -13,6 +13,13 @@ embeddings, encoded by the projector when the prompt reaches it, in a batch of i
 batches.py writes and decodes them); each row then samples from its own sampler chain
 (sampling.py).
 
+A request that scores its prompt (`prompt_logprobs`) has its prompt's logits from the position
+before `Request.score_from` on, read as its chunks are decoded (reading.py). Such requests after
+one context (a question's choices) read it once: a request whose prompt begins, for at least
+KEPT_PREFIX tokens, as one in flight does waits until that one's KV cells hold the shared part,
+then takes them (sequences.py's `fork`) and reads only the rest, while the requests behind it
+start meanwhile.
+
 With `model.speculative_method: ngram` (or a draft model, drafting.py) a row being generated may
 carry drafted tokens after its next one (engines/local/speculation.py; this engine's
 speculation.py decides how many, for the batch's cost): it samples at each of their positions in turn, exactly as it would one step at a time,

@@ -29,15 +29,28 @@ CHOICES = [" Paris", " Berlin", " the city of Rome", " London"]
 CLOSE = 0.02  # llama.cpp's own logits here and in lmpress's batches differ by rounding alone
 
 
-@pytest.fixture(scope="module")
-def engine():
+def make(**model_kwargs):
     overrides = {
         "engine": "LLAMACPP",
         "model.model_name": SMOLLM2,
         "generation.batch_size": 4,
-        "model.model_kwargs": {"n_ctx": 1024},
+        "model.model_kwargs": {"n_ctx": 1024, **model_kwargs},
     }
-    eng = create_engine(load_config(overrides=overrides))
+    return create_engine(load_config(overrides=overrides))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """Each sequence in a part of the KV cache of its own (the default)."""
+    eng = make()
+    yield eng
+    asyncio.run(eng.aclose())
+
+
+@pytest.fixture(scope="module")
+def unified():
+    """The sequences sharing one KV cache (the bundled smollm2 recipe's)."""
+    eng = make(kv_unified=True)
     yield eng
     asyncio.run(eng.aclose())
 
@@ -92,9 +105,14 @@ def test_prompt_logprobs_equal_llama_cpp_pythons_own(engine, reference):
     assert first + "".join(entry.token for entry in entries[1:]) == TEXT
 
 
-def test_choices_scored_together_equal_each_alone_and_read_the_context_once(engine, reference):
+@pytest.mark.parametrize("cache", ["engine", "unified"])
+def test_choices_scored_together_equal_each_alone_and_read_the_context_once(
+    cache, request, reference
+):
     """Beside a reply being generated. The first choice reads the context; the other three
-    take its KV cells and read only the context's last token and their own."""
+    take its KV cells (copied from its part of a split cache, shared in a unified one) and read
+    only the context's last token and their own."""
+    engine = request.getfixturevalue(cache)
     tokenizer = engine.tokenizer()
     context = tokenizer.encode(CONTEXT)
     choices = [tokenizer.encode(choice) for choice in CHOICES]
