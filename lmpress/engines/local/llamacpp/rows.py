@@ -28,6 +28,8 @@ class LlamaCppSubmission(Submission):
     fed: int = 0  # prompt tokens already decoded
     # With `prompt_logprobs`: one entry per prompt token, filled as its chunks are read.
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # The request in flight whose KV cells it waits to take before it reads the rest.
+    awaiting: Fork | None = None
 
     def __post_init__(self) -> None:
         if self.request.params.prompt_logprobs is not None:
@@ -43,6 +45,16 @@ class LlamaCppSubmission(Submission):
         if self.prompt_logprobs is None:
             return last
         return min(last, max(self.request.score_from, 1) - 1)
+
+
+@dataclass(eq=False)
+class Fork:
+    """Where a request takes the first `length` KV cells of its prompt: sequence `seq` of the
+    request in flight `source`, whose prompt begins the same way (scheduling.py)."""
+
+    source: LlamaCppSubmission
+    seq: int
+    length: int
 
 
 @dataclass(eq=False)

@@ -14,11 +14,9 @@ batches.py writes and decodes them); each row then samples from its own sampler 
 (sampling.py).
 
 A request that scores its prompt (`prompt_logprobs`) has its prompt's logits from the position
-before `Request.score_from` on, read as its chunks are decoded (reading.py). Such requests after
-one context (a question's choices) read it once: a request whose prompt begins, for at least
-KEPT_PREFIX tokens, as one in flight does waits until that one's KV cells hold the shared part,
-then takes them (sequences.py's `fork`) and reads only the rest, while the requests behind it
-start meanwhile.
+before `Request.score_from` on, read as its chunks are decoded (reading.py); requests after one
+context (a question's choices) read it once, the others taking the first one's KV cells
+(forks.py).
 
 With `model.speculative_method: ngram` (or a draft model, drafting.py) a row being generated may
 carry drafted tokens after its next one (engines/local/speculation.py; this engine's
@@ -34,6 +32,7 @@ from typing import Any
 from lmpress.engines.base import Engine
 from lmpress.engines.local.llamacpp.batches import Batches, KvCacheFull
 from lmpress.engines.local.llamacpp.drafting import Drafter
+from lmpress.engines.local.llamacpp.forks import fork_source, settle
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.llamacpp.projector import Projector, text_ids
 from lmpress.engines.local.llamacpp.reading import (
@@ -44,7 +43,7 @@ from lmpress.engines.local.llamacpp.reading import (
 )
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission, PromptChunk, SequenceRow
 from lmpress.engines.local.llamacpp.sampling import Sampling
-from lmpress.engines.local.llamacpp.sequences import WAIT, Sequences
+from lmpress.engines.local.llamacpp.sequences import Sequences
 from lmpress.engines.local.llamacpp.speculation import Candidate, plan
 from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, WorkQueue, failure_info
@@ -151,75 +150,45 @@ class LlamaCppScheduler(Scheduler):
         """Start waiting requests, oldest first, while sequences are free and their cells fit
         beside what the requests in flight may still grow to. The oldest waits, and those
         after it with it, until rows end and free their cells: a long prompt is not passed
-        over for ever by short ones. A request whose prompt begins as one being read waits
-        for it apart, without holding up the others (`_fork_source`)."""
-        pending, waiting = self.queue.pending, []
-        try:
-            while pending and pending[0].request.params.n <= len(self.sequences.free):
-                fork = self._fork_source(pending[0])
-                if fork == WAIT:
-                    waiting.append(pending.popleft())
-                elif not self._admit_first(fork):
-                    return
-        finally:
-            pending.extendleft(reversed(waiting))
-
-    def _admit_first(self, fork: tuple[int, int] | None) -> bool:
-        """Start the oldest waiting request if its cells fit; False: it waits."""
+        over for ever by short ones."""
         pending = self.queue.pending
-        submission = pending[0]
-        params, prompt = submission.request.params, submission.prompt_ids
-        seqs = self.sequences.choose(prompt, params.n)
-        if self.n_ctx_seq < self.n_ctx:  # a split cache: a row ends when its part is full
-            limit, dropped = min(params.max_new_tokens, self.n_ctx_seq - len(prompt)), []
-        else:  # a row ends when the context is full; the samples of one prompt share it
-            limit = min(params.max_new_tokens, (self.n_ctx - len(prompt)) // params.n)
-            cells = len(prompt) + params.n * limit
-            # The free sequences it does not take keep what the rest of the cache leaves.
-            dropped = self.sequences.make_room(self.n_ctx - self.reserved - cells, seqs)
-            if dropped is None:
-                return False
-        self._forget(dropped)
-        pending.popleft()
-        self.sequences.take(seqs)
-        self._start(submission, seqs, limit, fork)
-        return True
+        while pending and pending[0].request.params.n <= len(self.sequences.free):
+            submission = pending[0]
+            params, prompt = submission.request.params, submission.prompt_ids
+            seqs = self.sequences.choose(prompt, params.n)
+            if self.n_ctx_seq < self.n_ctx:  # a split cache: a row ends when its part is full
+                limit, dropped = min(params.max_new_tokens, self.n_ctx_seq - len(prompt)), []
+            else:  # a row ends when the context is full; the samples of one prompt share it
+                limit = min(params.max_new_tokens, (self.n_ctx - len(prompt)) // params.n)
+                cells = len(prompt) + params.n * limit
+                # The free sequences it does not take keep what the rest of the cache leaves.
+                dropped = self.sequences.make_room(self.n_ctx - self.reserved - cells, seqs)
+                if dropped is None:
+                    return
+            self._forget(dropped)
+            pending.popleft()
+            self.sequences.take(seqs)
+            self._start(submission, seqs, limit)
 
-    def _fork_source(self, submission: LlamaCppSubmission) -> tuple[int, int] | str | None:
-        """Where a request that scores its prompt may take its first KV cells from a sequence
-        in flight (Sequences.fork_source), or WAIT for one. The choices of one question
-        (engines/scoring.py submits them together) so read their context once: the first
-        reads it, the others wait a step or two and take its cells, and the requests behind
-        them start meanwhile. A request that only generates keeps to the cells free
-        sequences keep (`choose`): replies stay as they were, whatever else is in flight."""
-        if submission.prompt_logprobs is None or self.drafter is not None or submission.media:
-            return None
-        live = [(s.rows[0].seq_id, s.prompt_ids, s.fed) for s in self._prefilling if not s.media]
-        live += [(r.seq_id, r.submission.prompt_ids, r.pos) for r in self._generating if r.pos]
-        return self.sequences.fork_source(submission.prompt_ids, submission.first_logits, live)
-
-    def _start(
-        self,
-        submission: LlamaCppSubmission,
-        seqs: list[int],
-        limit: int,
-        fork: tuple[int, int] | None = None,
-    ) -> None:
-        """Give an admitted request its rows, each reserving the cells it may grow to; its
-        prompt's first cells kept from the sequence's last request, or taken from `fork`'s."""
+    def _start(self, submission: LlamaCppSubmission, seqs: list[int], limit: int) -> None:
+        """Give an admitted request its rows, each reserving the cells it may grow to, and
+        its prompt's first cells kept from the sequence's last request or, for a request that
+        scores its prompt, taken from a request in flight (forks.py)."""
         params = submission.request.params
         submission.fed = self.sequences.keep_prefix(
             submission.prompt_ids, seqs, submission.first_logits
         )
-        if fork is not None and fork[1] > submission.fed:
-            self.sequences.fork(fork[0], seqs[0], fork[1])
-            submission.fed = fork[1]
         self.prompt_tokens_reused += submission.fed
         submission.rows = [SequenceRow(submission, i, seq, limit) for i, seq in enumerate(seqs)]
         submission.rows[0].cells = len(submission.prompt_ids)  # the prompt's, shared
         for row in submission.rows:
             row.cells += limit
             self.reserved += row.cells
+        if self.drafter is None:  # a draft model's context would not follow
+            submission.awaiting = fork_source(
+                submission, self._prefilling, self._generating, self.sequences
+            )
+            self.prompt_tokens_reused += settle(submission, self.sequences)
         # A draft model reads a row's tokens, which an image's placeholders are not.
         drafts = self.drafter is None or not submission.media
         if self.speculation is not None and drafts:
@@ -239,12 +208,20 @@ class LlamaCppScheduler(Scheduler):
             return
         self._prefilling.append(submission)
 
+    def _settle_forks(self) -> None:
+        """Requests awaiting a prefix in flight take it once it is there (forks.settle)."""
+        for submission in self._prefilling:
+            self.prompt_tokens_reused += settle(submission, self.sequences)
+
     def _step(self) -> None:
         """One batch for every sequence in flight: the next token of each one being generated
         and the next chunk of each prompt being read (an image's chunk goes in a batch of its
         own first), in sequence-id order."""
         reading = []
+        self._settle_forks()  # for a source cancelled since the last step
         for submission in sorted(self._prefilling, key=lambda s: s.rows[0].seq_id):
+            if submission.awaiting is not None:
+                continue
             image = next(
                 (m for m in submission.media or () if m.start <= submission.fed < m.end), None
             )
@@ -292,6 +269,7 @@ class LlamaCppScheduler(Scheduler):
                 part.submission.fed = part.end
                 if part.end == len(part.submission.prompt_ids):
                     self._start_generating(part.submission, part.batch_index)
+        self._settle_forks()
 
     def _proposals(self, rows: list[SequenceRow]) -> list[list[int]]:
         """Each row's drafts this step ([] for none), as many as its budget and its share of

@@ -19,8 +19,6 @@ from typing import Any, TypeVar
 # id order costs a micro-batch a step while its prompt is read.
 KEPT_PREFIX = 16
 
-WAIT = "wait"  # a request waits for a prompt in flight that begins as its own (fork_source)
-
 Prompted = TypeVar("Prompted")  # anything with `prompt_ids` and `request.params.n`
 
 
@@ -69,23 +67,6 @@ class Sequences:
     def cached_prefix(self, prompt: list[int]) -> int:
         """The longest prefix of `prompt` that a free sequence keeps."""
         return max((common_prefix(self._cached[seq], prompt) for seq in self.free), default=0)
-
-    def fork_source(
-        self, prompt: list[int], most: int, live: list[tuple[int, list[int], int]]
-    ) -> tuple[int, int] | str | None:
-        """Of the sequences in flight, `live` (each its id, its prompt and how many of that
-        prompt's tokens its KV cells hold), the one whose prompt begins as `prompt` does for
-        the most tokens, up to `most`, if at least KEPT_PREFIX and more than a free sequence
-        keeps: (its id, that many tokens) for `fork`; WAIT while it holds fewer of them than
-        that (its prompt is being read), None for none."""
-        best, length, ready = None, max(KEPT_PREFIX - 1, self.cached_prefix(prompt)), True
-        for seq, tokens, held in live:
-            common = min(common_prefix(tokens, prompt), most)
-            if common > length:
-                best, length, ready = seq, common, held >= common
-        if best is None:
-            return None
-        return (best, length) if ready else WAIT
 
     def choose(self, prompt: list[int], n: int) -> list[int]:
         """The free sequences a request of `n` samples would take (see `take`): first the one
