@@ -139,6 +139,26 @@ def test_choices_scored_together_equal_each_alone_and_read_the_context_once(
     assert together.best == 0  # Paris
 
 
+def test_questions_sent_together_each_read_their_context_once(engine):
+    """Three four-way questions at once on four sequences: each question's choices start
+    together, so none finds its first choice's sequence given to another question first."""
+    tokenizer = engine.tokenizer()
+    cities = ["France", "Spain", "Japan"]
+    contexts = [tokenizer.encode(CONTEXT.replace("France", city)) for city in cities]
+    choices = [tokenizer.encode(choice) for choice in CHOICES]
+    reused = engine.scheduler.prompt_tokens_reused
+    results = run(
+        engine,
+        *(
+            engine.loglikelihood(LoglikelihoodRequest(c, ctx, choices))
+            for c, ctx in zip(cities, contexts, strict=True)
+        ),  # fmt: skip
+    )
+    assert engine.scheduler.prompt_tokens_reused - reused >= sum(3 * (len(c) - 1) for c in contexts)
+    assert all(r.error is None and len(r.scores) == 4 for r in results)
+    assert results[0].best == 0  # Paris, for France
+
+
 def test_an_end_token_is_in_the_replys_logprobs(engine):
     eos = engine.tokenizer().eos_id
     end = engine.tokenizer().decode([eos])
