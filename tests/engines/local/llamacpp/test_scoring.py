@@ -14,7 +14,8 @@ from lmpress.builtin_models.packaged import SMOLLM2, resolve_packaged_name
 from lmpress.configs import load_config
 from lmpress.engines.local.llamacpp.loading import load_llama
 from lmpress.engines.registry import create_engine
-from lmpress.vocabulary.likelihood import LoglikelihoodRequest
+from lmpress.engines.scoring import perplexity
+from lmpress.vocabulary.likelihood import LoglikelihoodRequest, rolling_windows
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 # Over 63 tokens (scheduling.PROMPT_CHUNK): the prompt is read in two chunks.
@@ -157,6 +158,24 @@ def test_questions_sent_together_each_read_their_context_once(engine):
     assert engine.scheduler.prompt_tokens_reused - reused >= sum(3 * (len(c) - 1) for c in contexts)
     assert all(r.error is None and len(r.scores) == 4 for r in results)
     assert results[0].best == 0  # Paris, for France
+
+
+def test_a_text_longer_than_the_context_is_scored_in_rolling_windows(engine, reference):
+    """The first window fills a sequence's whole context (its prefix token and
+    `context_length` more); every token is scored once, each as llama-cpp-python scores it
+    after the same window."""
+    tokenizer = engine.tokenizer()
+    tokens = tokenizer.encode(" ".join([TEXT] * 4))
+    assert len(tokens) > tokenizer.context_length
+    prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
+    whole, windows = asyncio.run(perplexity(engine, "t", tokens, prefix, tokenizer.context_length))
+    assert windows.error is None and whole.tokens == len(tokens)
+    pairs = list(rolling_windows(tokens, prefix, tokenizer.context_length))
+    assert len(pairs[0][0]) + len(pairs[0][1]) == engine.n_ctx_seq
+    for score, (context, continuation) in zip(windows.scores, pairs, strict=True):
+        expected = reference_logprobs(reference, context + continuation)[len(context) - 1 :]
+        want = [row[t] for row, t in zip(expected, continuation, strict=False)]
+        assert score.token_logprobs == pytest.approx(want, abs=CLOSE)
 
 
 def test_an_end_token_is_in_the_replys_logprobs(engine):
