@@ -1,7 +1,8 @@
 """LLAMACPP scores prompts (issue 52) on SmolLM2-135M-Instruct in F16: each prompt token's
 logprob against llama-cpp-python's own logits on the same GGUF (`Llama(logits_all=True)`), the
-choices of a question scored together, reading their context once, as each alone; end tokens in
-a reply's logprobs; nothing generated at max_new_tokens 0; prompts given as token ids."""
+choices of a question scored together, reading their context once, as each alone; a long text
+in rolling windows; end tokens in a reply's logprobs; nothing generated at max_new_tokens 0;
+prompts given as token ids."""
 
 from __future__ import annotations
 
