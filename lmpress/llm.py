@@ -8,6 +8,10 @@
     with LLM("minilm", task="embed") as llm:
         vectors = llm.embed(["a cat", "a kitten"])  # a float32 array, one row per text
 
+    with LLM("smollm2") as llm:  # a generating model scores text it is given
+        scores = llm.loglikelihood("The capital of France is", [" Paris", " Rome"])
+        ppl = llm.perplexity(["The cat sat on the mat."])
+
 It is the same path the commands take (a RunConfig, `create_engine`, the batch runner), so a
 script gets what `lmpress infer` and `lmpress batch` give: the same recipes and checks, and
 `batch` with resume, one writer per output and failed rows set aside.
@@ -27,6 +31,7 @@ from lmpress.configs.loading import bundled_recipes, load_config
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import ModelParams, RemoteParams, RunConfig
 from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.likelihood import ContinuationScore, Perplexity
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 
 _SECTIONS: dict[str, type] = {
@@ -217,6 +222,94 @@ class LLM:
             raise RuntimeError(result.error.message)
         return result.scores
 
+    def loglikelihood(
+        self,
+        context: str | Sequence[tuple[str, str]],
+        continuations: str | Sequence[str] | None = None,
+    ) -> list[ContinuationScore]:
+        """How likely the model finds each continuation after the context: the multiple-choice
+        scoring of lm-eval's `loglikelihood`, on the same tokens (vocabulary/likelihood.py).
+
+        Args:
+            context: the text before; or a list of (context, continuation) pairs, with no
+                `continuations`.
+            continuations: the texts that may follow, each as written after the context (a
+                new word carries its leading space: `" Paris"`).
+
+        Returns:
+            One ContinuationScore per continuation (or pair), in order: `.logprob` (summed
+            over its tokens), `.is_greedy` (each token the model's likeliest), `.tokens`.
+            The likeliest choice is `max(range(len(s)), key=lambda i: s[i].logprob)`.
+
+        Raises:
+            ValueError: pairs and `continuations` both given, or neither.
+            RuntimeError: a continuation could not be scored; the message is the engine's.
+        """
+        from lmpress.vocabulary.likelihood import ChoicesRequest
+
+        pairs = _pairs(context, continuations)
+        groups: dict[str, list[int]] = {}  # choices of one context go in one request
+        for i, (before, _) in enumerate(pairs):
+            groups.setdefault(before, []).append(i)
+        requests = [
+            ChoicesRequest(str(n), before, [pairs[i][1] for i in members])
+            for n, (before, members) in enumerate(groups.items())
+        ]
+        results = self._scored(self._score_choices, requests)
+        scores: list[Any] = [None] * len(pairs)
+        for members, result in zip(groups.values(), results, strict=True):
+            for i, score in zip(members, result.scores, strict=True):
+                scores[i] = score
+        return scores
+
+    def score_text(self, texts: str | Iterable[str]) -> list[Perplexity]:
+        """Each text's log-likelihood as a whole, every token scored once, in windows of the
+        model's context where it is longer (lm-eval's `loglikelihood_rolling`).
+
+        Args:
+            texts: one text or many.
+
+        Returns:
+            One Perplexity per text, in order: `.logprob` (summed), `.tokens`, `.perplexity`.
+
+        Raises:
+            RuntimeError: a text could not be scored; the message is the engine's.
+        """
+        from lmpress.vocabulary.likelihood import PerplexityRequest
+
+        items = [texts] if isinstance(texts, str) else list(texts)
+        requests = [PerplexityRequest(str(i), text) for i, text in enumerate(items)]
+        results = self._scored(self._score_text, requests)
+        return [Perplexity(r.logprob, r.tokens) for r in results]
+
+    def perplexity(self, texts: str | Iterable[str]) -> list[float]:
+        """Each text's perplexity: exp of its tokens' mean negative logprob (`score_text`).
+
+        Args:
+            texts: one text or many.
+
+        Returns:
+            One perplexity per text, in order (lower: the model finds it likelier).
+        """
+        return [score.perplexity for score in self.score_text(texts)]
+
+    def _scored(self, call: Any, requests: list[Any]) -> list[Any]:
+        results = asyncio.run(self._all(call, requests))
+        for result in results:
+            if result.error is not None:
+                raise RuntimeError(result.error.message)
+        return results
+
+    async def _score_choices(self, request: Any) -> Any:
+        from lmpress.engines.scoring import score_choices
+
+        return await score_choices(self.engine, request)
+
+    async def _score_text(self, request: Any) -> Any:
+        from lmpress.engines.scoring import score_text
+
+        return await score_text(self.engine, request)
+
     async def _all(self, call: Any, requests: list[Any]) -> list[Any]:
         """`call` on every request, up to the engine's max_in_flight at once, in order."""
         slots = asyncio.Semaphore(self.engine.max_in_flight)
@@ -259,6 +352,20 @@ class LLM:
 
     def _params(self, settings: dict[str, Any]) -> GenerationParams:
         return generation_with_overrides(self.config.generation, settings, "LLM()")
+
+
+def _pairs(
+    context: str | Sequence[tuple[str, str]], continuations: str | Sequence[str] | None
+) -> list[tuple[str, str]]:
+    """`LLM.loglikelihood`'s arguments as (context, continuation) pairs."""
+    if isinstance(context, str):
+        if continuations is None:
+            raise ValueError("give the continuations to score after the context")
+        texts = [continuations] if isinstance(continuations, str) else list(continuations)
+        return [(context, text) for text in texts]
+    if continuations is not None:
+        raise ValueError("give (context, continuation) pairs, or a context and continuations")
+    return [(before, after) for before, after in context]
 
 
 def _is_recipe(name: str) -> bool:

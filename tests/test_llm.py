@@ -77,3 +77,26 @@ def test_a_script_that_never_closes_its_model_exits_cleanly(tiny_llama, tmp_path
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )  # fmt: skip
         assert (run.returncode, run.stdout, run.stderr) == (0, "3\n", "")
+
+
+def test_loglikelihood_and_perplexity_score_as_transformers_does(llm, tiny_llama):
+    from tests.batch.test_loglikelihood_cli import Reference
+
+    reference = Reference(tiny_llama)
+    blue, green = llm.loglikelihood("The sky is", [" blue", " green"])
+    for got, choice in ((blue, " blue"), (green, " green")):
+        logprob, greedy, tokens = reference.choice("The sky is", choice)
+        assert got.logprob == pytest.approx(logprob, abs=1e-4)
+        assert (got.is_greedy, got.tokens) == (greedy, tokens)
+    # Pairs, contexts mixed: each pair's score, in the order given.
+    pairs = llm.loglikelihood([("Hello", " world"), ("The sky is", " green")])
+    assert pairs[1].logprob == pytest.approx(green.logprob, abs=1e-6)
+    assert pairs[0].logprob == pytest.approx(reference.choice("Hello", " world")[0], abs=1e-4)
+    [whole] = llm.score_text("The cat sat on the mat.")
+    logprob, tokens = reference.text("The cat sat on the mat.")
+    assert whole.logprob == pytest.approx(logprob, abs=1e-4) and whole.tokens == tokens
+    assert llm.perplexity(["The cat sat on the mat."]) == [pytest.approx(whole.perplexity)]
+    with pytest.raises(ValueError, match="give the continuations"):
+        llm.loglikelihood("The sky is")
+    with pytest.raises(RuntimeError, match="the text gives no tokens"):
+        llm.perplexity([""])

@@ -183,9 +183,9 @@ def test_the_engine_contract_imports_no_engine_family():
 
 
 # What the rest of lmpress may import from lmpress.engines: the interface and its checks, the
-# registry of names, what a prompt counter returns, scoring on any engine (a text's perplexity in
-# windows), and the remote providers' one table (names, prices, tokenizers, batch limits: facts
-# about the providers, not an engine's code).
+# registry of names, what a prompt counter returns, scoring text on any engine that returns
+# prompt logprobs (issue 52), and the remote providers' one table (names, prices, tokenizers,
+# batch limits: facts about the providers, not an engine's code).
 ENGINE_CONTRACT = {
     "lmpress.engines",
     "lmpress.engines.base",

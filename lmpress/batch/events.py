@@ -21,7 +21,7 @@ class BatchSummary:
     input_path: str
     output_path: str
     input_unit: str = "line"  # what a failed row's number counts: "line" or "row" (Parquet)
-    task: str = "generate"  # an embed, score or rerank run writes no tokens: its rate is input
+    task: str = "generate"  # a run of another task writes no tokens: its rate is input
     rows_total: int = 0  # rows of the input in this shard
     rows_ok: int = 0
     rows_failed: int = 0

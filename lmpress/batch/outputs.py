@@ -14,7 +14,7 @@ from typing import Any
 
 from lmpress.batch.events import RowFailure
 from lmpress.batch.pooling import AnyResult
-from lmpress.data import pooling_rows
+from lmpress.data import likelihood_rows, pooling_rows
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.jsonl import JsonlWriter
 from lmpress.data.parquet_out import journal_line, write_parquet
@@ -22,7 +22,7 @@ from lmpress.data.resume import JobFiles
 from lmpress.data.row_shapes import OutputShape, ParsedRow, render_row, response_record
 from lmpress.data.targets import STDIO, OutputTarget
 from lmpress.vocabulary.errors import UnsupportedParamError
-from lmpress.vocabulary.likelihood import Tokenizer
+from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult, Tokenizer
 from lmpress.vocabulary.types import Result
 
 
@@ -88,7 +88,11 @@ class ParquetOutput:
 
     def done_line(self, row: ParsedRow, result: AnyResult) -> dict[str, Any]:
         self.wrote = True
-        if row.pooling is not None:
+        if row.likelihood is not None:
+            assert isinstance(result, (LoglikelihoodResult, PerplexityResult))
+            scores = likelihood_rows.values(row.likelihood, result)
+            record = {**scores, **likelihood_rows.meta(result)}
+        elif row.pooling is not None:
             assert not isinstance(result, Result)
             record = {**pooling_rows.values(row.pooling, result), **pooling_rows.meta(result)}
         else:

@@ -1,5 +1,6 @@
 """The part of a batch job that is the task's: an embed, score or rerank run's rows go to the
-engine's `embed` or `score` rather than `complete`, and no reply is checked against a schema.
+engine's `embed` or `score` rather than `complete`, a loglikelihood or perplexity run's to its
+scoring of text (`engines/scoring.py`), and no reply is checked against a schema.
 Everything else (resume, failures, budgets, outputs) is the job's, whatever the task.
 
 Which ways of running take which task is decided here, before any work: every task runs live
@@ -15,15 +16,22 @@ from lmpress.batch.guided_check import check_structure
 from lmpress.batch.options import BatchMode
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Engine, check_task
+from lmpress.engines.scoring import score_choices, score_text
 from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
 from lmpress.vocabulary.errors import ConfigError
+from lmpress.vocabulary.likelihood import (
+    ChoicesRequest,
+    LoglikelihoodResult,
+    PerplexityRequest,
+    PerplexityResult,
+)
 from lmpress.vocabulary.types import Request, Result
 
 if TYPE_CHECKING:
     from lmpress.cache.responses import ResponseCache
 
-AnyRequest = Request | EmbedRequest | ScoreRequest
-AnyResult = Result | EmbedResult | ScoreResult
+AnyRequest = Request | EmbedRequest | ScoreRequest | ChoicesRequest | PerplexityRequest
+AnyResult = Result | EmbedResult | ScoreResult | LoglikelihoodResult | PerplexityResult
 
 _LIVE = "remote_params.batch_completion_window where the recipe sets it"
 
@@ -40,6 +48,10 @@ async def run_request(
         result: AnyResult = await engine.embed(request)
     elif isinstance(request, ScoreRequest):
         result = await engine.score(request)
+    elif isinstance(request, ChoicesRequest):
+        result = await score_choices(engine, request)
+    elif isinstance(request, PerplexityRequest):
+        result = await score_text(engine, request)
     else:
         result = await engine.complete(request)
     if cache is not None and key is not None:

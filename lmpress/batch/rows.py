@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from lmpress.batch.events import RowFailure
 from lmpress.batch.options import BatchOptions
+from lmpress.batch.pooling import AnyRequest
 from lmpress.batch.tasks import RunTasks
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
@@ -26,11 +27,11 @@ from lmpress.data.row_shapes import (
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
 from lmpress.engines.base import Engine, check_params, check_tools
-from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest, Task
+from lmpress.vocabulary.embeddings import Task
 from lmpress.vocabulary.errors import ErrorKind, LmpressError, UnsupportedParamError
-from lmpress.vocabulary.types import GenerationParams, Request
+from lmpress.vocabulary.types import GenerationParams
 
-Read = tuple[ParsedRow, Request | EmbedRequest | ScoreRequest] | RowFailure
+Read = tuple[ParsedRow, AnyRequest] | RowFailure
 P = TypeVar("P", bound="RowParser")
 
 
@@ -86,8 +87,9 @@ class RowParser:
             return rid, RowFailure(
                 line.number, rid, ErrorKind.INVALID_ROW, refused, None, openai, columns
             )
-        if row.pooling is not None:  # no generation settings to apply
-            return rid, (row, row.pooling.request(row.id))
+        asked = row.pooling or row.likelihood
+        if asked is not None:  # no generation settings to apply
+            return rid, (row, asked.request(row.id))
         try:
             params = generation_with_overrides(self.base, row.overrides, source="generation")
             check_params(self.engine_class, params)

@@ -19,7 +19,7 @@ from lmpress.configs.schema import RunConfig
 from lmpress.data.pooling_rows import run_of
 from lmpress.data.row_shapes import ParsedRow, RowShape
 from lmpress.engines.base import Engine
-from lmpress.vocabulary.embeddings import tasks_like
+from lmpress.vocabulary.embeddings import LIKELIHOOD_TASKS, tasks_like
 
 # What a line of each task needs of the model, said when the run's cannot.
 _NEEDS = {
@@ -27,6 +27,8 @@ _NEEDS = {
     "embed": "an embedding model",
     "score": "a cross-encoder or an embedding model",
     "rerank": "a cross-encoder or an embedding model",
+    "loglikelihood": "a model that generates text, on an engine that scores prompts",
+    "perplexity": "a model that generates text, on an engine that scores prompts",
 }
 
 
@@ -43,6 +45,8 @@ class RunTasks:
     @classmethod
     def of(cls, config: RunConfig, engine_class: type[Engine]) -> RunTasks:
         answered = engine_class.answered_tasks(config)
+        if config.task in LIKELIHOOD_TASKS:  # a generating model answers it as it is
+            answered = frozenset({config.task}) & engine_class.tasks
         chosen = config.task_chosen()
         if chosen:
             answered &= tasks_like(config.task)

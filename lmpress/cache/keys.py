@@ -25,6 +25,7 @@ import orjson
 from lmpress.cache.identity import FileDigests, content_identity
 from lmpress.configs.schema import TRAINING_ONLY, RunConfig
 from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
+from lmpress.vocabulary.likelihood import ChoicesRequest, PerplexityRequest
 from lmpress.vocabulary.types import (
     SCHEDULING_FIELDS,
     ContentPart,
@@ -34,7 +35,7 @@ from lmpress.vocabulary.types import (
 )
 
 KEY_FORMAT = 1
-AnyRequest = Request | EmbedRequest | ScoreRequest
+AnyRequest = Request | EmbedRequest | ScoreRequest | ChoicesRequest | PerplexityRequest
 _TRAINING_FIELDS = {name.split(".", 1)[1] for name in TRAINING_ONLY}
 
 
@@ -138,6 +139,10 @@ class RunKey:
             return _json(["embed", request.inputs, request.dimensions, request.normalize])
         if isinstance(request, ScoreRequest):
             return _json(["score", request.query, request.documents, request.top_n])
+        if isinstance(request, ChoicesRequest):
+            return _json(["loglikelihood", request.context, request.continuations])
+        if isinstance(request, PerplexityRequest):
+            return _json(["perplexity", request.text])
         messages = [self._message(m) for m in request.messages]
         parts = ["generate", messages, request.prompt, request.tools]
         if request.prompt_ids is not None:  # a token-id prompt, scored from score_from on

@@ -16,10 +16,15 @@ from typing import Any
 import orjson
 
 from lmpress.vocabulary.embeddings import Embedding, EmbedResult, ScoreResult
+from lmpress.vocabulary.likelihood import (
+    ContinuationScore,
+    LoglikelihoodResult,
+    PerplexityResult,
+)
 from lmpress.vocabulary.types import Result, Sample, TokenLogprob, ToolCall, Usage
 
 FORMAT = 1
-AnyResult = Result | EmbedResult | ScoreResult
+AnyResult = Result | EmbedResult | ScoreResult | LoglikelihoodResult | PerplexityResult
 
 
 def dump(result: AnyResult) -> bytes:
@@ -30,6 +35,10 @@ def dump(result: AnyResult) -> bytes:
         }
     elif isinstance(result, EmbedResult):
         body = {"kind": "embed", "embeddings": [_embedding(e) for e in result.embeddings]}
+    elif isinstance(result, LoglikelihoodResult):
+        body = {"kind": "loglikelihood", "scores": [vars(s) for s in result.scores]}
+    elif isinstance(result, PerplexityResult):
+        body = {"kind": "perplexity", "logprob": result.logprob, "tokens": result.tokens}
     else:
         body = {"kind": "score", "scores": list(result.scores)}
     body.update(
@@ -71,6 +80,12 @@ def load(value: bytes, request_id: str) -> AnyResult:
             return EmbedResult(request_id, vectors, **common)
         if kind == "score":
             return ScoreResult(request_id, [float(s) for s in body["scores"]], **common)
+        if kind == "loglikelihood":
+            scores = [_known(ContinuationScore, s) for s in body["scores"]]
+            return LoglikelihoodResult(request_id, scores, **common)
+        if kind == "perplexity":
+            logprob, tokens = float(body["logprob"]), int(body["tokens"])
+            return PerplexityResult(request_id, logprob, tokens, **common)
         raise ValueError(f"record kind {kind!r}")
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"damaged record ({exc!r})") from exc

@@ -109,7 +109,10 @@ def batch(
     ] = None,
     text_column: Annotated[
         str | None,
-        typer.Option("--text-column", help="With --task embed: the column to embed."),
+        typer.Option(
+            "--text-column",
+            help="With --task embed or perplexity: the column to embed or score.",
+        ),
     ] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the first N rows.")] = None,
     sample: Annotated[
@@ -228,8 +231,10 @@ def batch(
         # missing input or an output that cannot be written is said at once.
         check_paths(config, input, output, options)
     config = with_model_task(config)  # where no task was chosen: MiniLM embeds
-    if text_column is not None and config.task != "embed":
-        raise ConfigError(f"--text-column: only an embed run reads it (task is {config.task})")
+    if text_column is not None and config.task not in ("embed", "perplexity"):
+        raise ConfigError(
+            f"--text-column: only an embed or perplexity run reads it (task is {config.task})"
+        )
     options.mode = batch_mode(config, options)  # a recipe's provider batch is one
     if status or cancel:
         from lmpress.batch.provider.control import show_or_cancel

@@ -21,6 +21,7 @@ from lmpress.cli.options import (
     declared_flags,
     load_run_config,
 )
+from lmpress.vocabulary.embeddings import LIKELIHOOD_TASKS
 from lmpress.vocabulary.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -141,6 +142,11 @@ def infer(
             raise ConfigError("no prompt: stdin was empty; give the prompt as an argument")
     import asyncio
 
+    if config.task in LIKELIHOOD_TASKS:
+        raise ConfigError(
+            f"--task {config.task} scores rows of text: run it with lmpress batch, or from "
+            f"Python with LLM.loglikelihood or LLM.perplexity"
+        )
     if config.task != "generate":
         raise typer.Exit(_run_pooled(config, prompt, documents or [], json_out, system, image))
     if documents or json_out:

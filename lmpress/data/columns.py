@@ -30,7 +30,7 @@ class RowMapping:
     prompt_template: str | None = None
     system: str | None = None
     id_column: str | None = None
-    text_column: str | None = None  # an embed run's text (`--text-column`)
+    text_column: str | None = None  # an embed or perplexity run's text (`--text-column`)
     _render: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

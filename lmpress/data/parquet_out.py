@@ -21,7 +21,8 @@ The file's schema is the same whatever happened to each row:
   `latency_s`, and `cached`: true for a reply from the response cache) and, for a row that failed, why (`error_kind`, `error_message`). An input column
   of the same name is kept as `input_<name>`;
 - then, in an embed, score or rerank run, the columns its rows have: `embedding` (a fixed-size
-  list of float32 when every vector has one size), `embeddings`, `scores`, `results` (JSON).
+  list of float32 when every vector has one size), `embeddings`, `scores`, `results` (JSON);
+  in a loglikelihood or perplexity run likewise, its scores (`data.likelihood_rows`).
 Rows are written in the order they finished (input order with `--ordered`). A job with no
 rows writes an empty file with that schema: the input's columns as its schema says (none for
 an input without one), `id` when they hold no id, and lmpress's columns.
@@ -35,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lmpress.data import likelihood_rows
 from lmpress.data.row_shapes import ID_KEYS
 
 CHUNK_ROWS = 4096  # journal lines turned into one Arrow table at a time
@@ -211,9 +213,9 @@ class _ColumnPlan:
         return pa.Table.from_arrays(arrays, schema=schema)
 
 
-# An embed, score or rerank run's columns (`data.pooling_rows`), after lmpress's, where its
-# rows have them.
-POOLED_COLUMNS = ("embedding", "embeddings", "scores", "results")
+# An embed, score or rerank run's columns (`data.pooling_rows`), and a loglikelihood or
+# perplexity run's (`data.likelihood_rows`), after lmpress's, where its rows have them.
+POOLED_COLUMNS = ("embedding", "embeddings", "scores", "results", *likelihood_rows.COLUMNS)
 RESERVED = frozenset(RESULT_COLUMNS) | frozenset(POOLED_COLUMNS)  # input columns renamed
 
 
@@ -242,6 +244,10 @@ class _PooledColumns:
             "scores": pa.list_(pa.float64()),
             "results": pa.string(),
         }
+        kinds = {"float64": pa.float64(), "int64": pa.int64(), "bool": pa.bool_(),
+                 "floats": pa.list_(pa.float64()), "ints": pa.list_(pa.int64()),
+                 "bools": pa.list_(pa.bool_())}  # fmt: skip
+        types.update({name: kinds[kind] for name, kind in likelihood_rows.COLUMN_TYPES.items()})
         return [pa.field(name, types[name]) for name in POOLED_COLUMNS if name in self.present]
 
 

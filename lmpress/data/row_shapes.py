@@ -10,6 +10,8 @@ file holding the rows is stored. Input row shapes (`RowShape`), detected row by 
 - openai_batch: {"custom_id", "method", "url", "body"}   (OpenAI Batch request lines)
 - embed, score: the rows of an embed, score or rerank run (`RunConfig.task`), read and
   written by `data.pooling_rows`; a row of a shape the run's task does not take fails alone.
+- likelihood: the rows of a loglikelihood or perplexity run, read and written by
+  `data.likelihood_rows`.
   An OpenAI Batch line is read for the task its url asks, whatever the run's task.
 Any row may carry its own `generation` overrides, a mapping of generation fields. A chat or
 Oumi row may offer `tools` (OpenAI function tools, Oumi's `Conversation.tools`) and a
@@ -36,12 +38,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from lmpress.data import openai_batch, pooling_rows
+from lmpress.data import likelihood_rows, openai_batch, pooling_rows
 from lmpress.data.columns import RowMapping, TemplateError
+from lmpress.data.likelihood_rows import LikelihoodInput
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
 from lmpress.data.pooling_rows import PoolingInput
-from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult, Task
-from lmpress.vocabulary.likelihood import Tokenizer
+from lmpress.vocabulary.embeddings import LIKELIHOOD_TASKS, EmbedResult, ScoreResult, Task
+from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult, Tokenizer
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
 from lmpress.vocabulary.types import (
     GENERATION_FIELDS,
@@ -65,6 +68,7 @@ class RowShape(str, Enum):
     OPENAI_BATCH = "openai_batch"
     EMBED = "embed"
     SCORE = "score"
+    LIKELIHOOD = "likelihood"
 
     def __str__(self) -> str:
         return self.value
@@ -98,6 +102,7 @@ class ParsedRow:
     model: str | None = None  # the model an OpenAI Batch line named
     tools: list[dict[str, Any]] | None = None  # the function tools the row offers
     pooling: PoolingInput | None = None  # what an embed, score or rerank row asks
+    likelihood: LikelihoodInput | None = None  # what a loglikelihood or perplexity row asks
     prompt_ids: list[int] | None = None  # a /v1/completions prompt given as token ids
 
     def request(self, params: GenerationParams) -> Request:
@@ -109,7 +114,8 @@ class ParsedRow:
     @property
     def task(self) -> Task:
         """What the row asks: an OpenAI Batch line by its url, any other row the run's task."""
-        return self.pooling.task if self.pooling is not None else "generate"
+        asked = self.pooling or self.likelihood
+        return asked.task if asked is not None else "generate"
 
 
 NO_MAPPING = RowMapping()
@@ -148,6 +154,10 @@ def parse_row(
         raise RowError(f"expected a JSON object, got {json_type(raw)}")
     if openai_batch.is_batch_request(raw):
         return _parse_batch_request(raw, line)
+    if task in LIKELIHOOD_TASKS:
+        rid = row_id(raw, line, mapping.id_column)
+        asked = likelihood_rows.row_input(raw, task, mapping)
+        return ParsedRow(line, rid, RowShape.LIKELIHOOD, raw, [], likelihood=asked)
     if task != "generate":
         rid = row_id(raw, line, mapping.id_column)
         pooled = pooling_rows.row_input(raw, task, mapping)
@@ -193,6 +203,8 @@ def parse_row(
             "an embed, score or rerank row in a generate run; run it with --task embed "
             "(or score, rerank)"
         )
+    elif "context" in raw:
+        raise RowError("a loglikelihood row in a generate run; run it with --task loglikelihood")
     else:
         keys = ", ".join(sorted(raw)[:12]) or "none"
         raise RowError(
@@ -297,15 +309,21 @@ def output_shape_for(row: ParsedRow, output_shape: OutputShape) -> OutputShape:
 
 def render_row(
     row: ParsedRow,
-    result: Result | EmbedResult | ScoreResult,
+    result: Result | EmbedResult | ScoreResult | LoglikelihoodResult | PerplexityResult,
     output_shape: OutputShape = OutputShape.AUTO,
     tokenizer: Callable[[], Tokenizer | None] = lambda: None,
 ) -> dict[str, Any]:
     """The output line for a completed row; an OpenAI Batch line that echoes token ids, or its
     prompt's tokens with logprobs, has their text from `tokenizer` (the engine's, loaded when
     first asked)."""
+    if row.likelihood is not None:
+        assert isinstance(result, (LoglikelihoodResult, PerplexityResult))
+        openai = output_shape_for(row, output_shape) is OutputShape.OPENAI
+        own_id = any(k in row.raw for k in ID_KEYS)
+        line = likelihood_rows.render(row.id, row.raw, own_id, row.likelihood, result, openai)
+        return _mark_cached(line, result)
     if row.pooling is not None:
-        assert not isinstance(result, Result)
+        assert isinstance(result, (EmbedResult, ScoreResult))
         return _render_pooled(row, row.pooling, result, output_shape)
     assert isinstance(result, Result)
     if output_shape_for(row, output_shape) is OutputShape.OPENAI:
@@ -345,7 +363,7 @@ def _render_pooled(
     return out
 
 
-def _mark_cached(line: dict[str, Any], result: Result | EmbedResult | ScoreResult) -> dict:
+def _mark_cached(line: dict[str, Any], result: Any) -> dict:
     """An OpenAI Batch output line answered from the response cache says so beside its
     response, where a reader of the API's own lines finds nothing unexpected in the body."""
     if result.cached:

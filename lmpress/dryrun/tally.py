@@ -35,8 +35,9 @@ from lmpress.data.resume import id_key
 from lmpress.data.row_shapes import ParsedRow
 from lmpress.dryrun.prompt_tokens import prompt_cache_tally, prompt_counter
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.embeddings import EmbedRequest, ScoreRequest
+from lmpress.vocabulary.embeddings import EmbedRequest
 from lmpress.vocabulary.errors import ErrorKind, RequestError
+from lmpress.vocabulary.likelihood import ChoicesRequest, PerplexityRequest
 from lmpress.vocabulary.types import GenerationParams, Request
 
 if TYPE_CHECKING:
@@ -132,9 +133,7 @@ class DryRun:
             price=self.price,
         )
 
-    def add(
-        self, rid: str, read: tuple[ParsedRow, Request | EmbedRequest | ScoreRequest] | RowFailed
-    ) -> None:
+    def add(self, rid: str, read: tuple[ParsedRow, Any] | RowFailed) -> None:
         """One row: its id, and its parsed row and request, or why it cannot run."""
         tally = self._summary
         tally.rows += 1
@@ -167,11 +166,16 @@ class DryRun:
         else:
             tally.output_token_bound += bound
 
-    def _add_pooled(self, request: EmbedRequest | ScoreRequest) -> None:
-        """An embed, score or rerank row: each text counted as a raw prompt (no chat
-        template), a query once per document it is scored against; nothing is generated."""
+    def _add_pooled(self, request: Any) -> None:
+        """An embed, score, rerank, loglikelihood or perplexity row: each text counted as a
+        raw prompt (no chat template), a query once per document it is scored against, a
+        context once per continuation; nothing is generated."""
         if isinstance(request, EmbedRequest):
             texts: list[str | list[int]] = list(request.inputs)
+        elif isinstance(request, ChoicesRequest):
+            texts = [request.context + text for text in request.continuations]
+        elif isinstance(request, PerplexityRequest):
+            texts = [request.text]
         else:
             pairs = zip(request.queries(), request.documents, strict=True)
             texts = [text for pair in pairs for text in pair]

@@ -18,10 +18,11 @@ from importlib.metadata import entry_points
 
 from lmpress.configs.loading import suggest
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Engine
+from lmpress.engines.base import Engine, check_task
 from lmpress.engines.options import Setting, check_model_kwargs
 from lmpress.engines.remote import presets
-from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError
+from lmpress.vocabulary.embeddings import loads_for
+from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError, UnsupportedParamError
 
 ENTRY_POINT_GROUP = "lmpress.engines"
 
@@ -180,6 +181,16 @@ def create_engine(config: RunConfig) -> Engine:
         from lmpress.engines.common.hub import check_hub_model
 
         check_hub_model(config.model.model_name)
+    if loads_for(config.task) != config.task:
+        # A likelihood run's model loads to generate: it scores with its own next-token
+        # logprobs. The run's task is checked against what the engine answers first.
+        check_task(cls, config.task)
+        if "prompt_logprobs" not in cls.supported_params:
+            raise UnsupportedParamError(
+                f"task: engine {cls.name} cannot {config.task} here: it returns no prompt "
+                f"logprobs; use NATIVE"
+            )
+        config = dataclasses.replace(config, task=loads_for(config.task))
     return cls(config)
 
 

@@ -5,6 +5,10 @@ Each continuation is one request in the engine's own batch: its context and its 
 continuation's first token on (`score_from`), with the likeliest token at each position for
 the greedy flag. The continuations of one context are submitted together, so an engine that
 reuses prefixes computes the context once; a long text's windows likewise go in together.
+
+Text (a batch row, `LLM.loglikelihood`) is split into ids by the engine's own tokenizer
+(`score_choices`, `score_text`): a failure to, like a continuation of no tokens, comes back as
+the result's `error`, as any one request's failure does.
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ import math
 import time
 from typing import Protocol
 
-from lmpress.vocabulary.errors import ErrorKind
+from lmpress.vocabulary.errors import ErrorKind, LmpressError
 from lmpress.vocabulary.likelihood import (
+    ChoicesRequest,
     LoglikelihoodRequest,
     LoglikelihoodResult,
     Perplexity,
+    PerplexityRequest,
+    PerplexityResult,
+    Tokenizer,
     continuation_score,
+    encode_pair,
+    prefix_id,
     rolling_windows,
 )
 from lmpress.vocabulary.types import ErrorInfo, GenerationParams, Request, Result, Usage
@@ -34,6 +44,8 @@ class Engine(Protocol):
     async def complete(self, request: Request) -> Result: ...
 
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult: ...
+
+    def tokenizer(self) -> Tokenizer: ...
 
 
 def scoring_request(id: str, context: list[int], continuation: list[int]) -> Request:
@@ -94,6 +106,60 @@ async def perplexity(
     whole.scores = [s for r in results for s in r.scores]
     total = math.fsum(s.logprob for s in whole.scores)
     return Perplexity(total, sum(s.tokens for s in whole.scores)), whole
+
+
+async def score_choices(engine: Engine, request: ChoicesRequest) -> LoglikelihoodResult:
+    """Each text continuation's score after the text context, split into ids as lm-eval's
+    backends split them (`encode_pair`)."""
+    try:
+        ids = choice_ids(engine.tokenizer(), request)
+    except (LmpressError, ValueError) as exc:
+        out = LoglikelihoodResult(request.id, model=engine.model_name, engine=engine.name)
+        out.error = ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc))
+        return out
+    return await engine.loglikelihood(ids)
+
+
+def choice_ids(tokenizer: Tokenizer, request: ChoicesRequest) -> LoglikelihoodRequest:
+    """The request's context and continuations as the model's token ids; ValueError for a
+    continuation that gives no tokens. A context of only spaces gives its spaces to the
+    continuations, and is scored after the prefix token as an empty one is."""
+    prefix = prefix_id(tokenizer)
+    context: list[int] = [prefix]
+    continuations = []
+    for i, text in enumerate(request.continuations):
+        own, tail = encode_pair(tokenizer.encode, request.context, text, prefix)
+        if not tail:
+            raise ValueError(f"choice {i} ({text!r}) gives no tokens; give it some text")
+        context = own or [prefix]
+        continuations.append(tail)
+    return LoglikelihoodRequest(request.id, context, continuations)
+
+
+async def score_text(engine: Engine, request: PerplexityRequest) -> PerplexityResult:
+    """A text's total logprob and token count, in windows of the model's context."""
+    started = time.perf_counter()
+    out = PerplexityResult(request.id, model=engine.model_name, engine=engine.name)
+    try:
+        tokenizer = engine.tokenizer()
+        tokens = tokenizer.encode(request.text)
+        prefix = prefix_id(tokenizer)
+        if not tokens:
+            raise ValueError("the text gives no tokens; give it some text")
+        if not tokenizer.context_length:
+            raise ValueError(f"engine {engine.name} does not say the model's context length")
+    except (LmpressError, ValueError) as exc:
+        out.error = ErrorInfo(ErrorKind.INVALID_REQUEST, str(exc))
+        return out
+    # lm-eval's windows: a window's prompt is the model's context and one token more, the
+    # last scored and never fed, which an engine takes from a request that generates nothing.
+    max_length = tokenizer.context_length
+    score, whole = await perplexity(engine, request.id, tokens, prefix, max_length)
+    out.usage, out.error = whole.usage, whole.error
+    if score is not None:
+        out.logprob, out.tokens = score.logprob, score.tokens
+    out.latency_s = time.perf_counter() - started
+    return out
 
 
 def _shape_error(request: LoglikelihoodRequest) -> str | None:

@@ -1,4 +1,5 @@
-"""The pooling tasks: embeddings, scores and reranking, beside text generation.
+"""The pooling tasks: embeddings, scores and reranking, beside text generation (and the
+likelihood tasks, which score text on a generating model: vocabulary/likelihood.py).
 
 A run's `task` (`RunConfig.task`) says which one it does; the model loads for it (NATIVE loads
 an encoder and its pooling for `embed`, a cross-encoder for `score` and `rerank`), so one run
@@ -20,10 +21,18 @@ from typing import Literal, get_args
 
 from lmpress.vocabulary.types import ErrorInfo, Usage
 
-Task = Literal["generate", "embed", "score", "rerank"]
+Task = Literal["generate", "embed", "score", "rerank", "loglikelihood", "perplexity"]
 TASKS: tuple[Task, ...] = get_args(Task)
 # The tasks an engine answers with `score` rather than `generate` or `embed`.
 SCORING_TASKS: tuple[Task, ...] = ("score", "rerank")
+# The tasks a generating model answers by scoring text it is given (vocabulary/likelihood.py):
+# the model loads as for `generate`, and nothing is generated.
+LIKELIHOOD_TASKS: tuple[Task, ...] = ("loglikelihood", "perplexity")
+
+
+def loads_for(task: str) -> str:
+    """The task a model is loaded for to answer `task`: a likelihood task's is generate."""
+    return "generate" if task in LIKELIHOOD_TASKS else task
 
 
 def tasks_like(task: str) -> frozenset[str]:

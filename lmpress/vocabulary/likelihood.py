@@ -72,7 +72,8 @@ class LoglikelihoodResult:
     engine: str = ""
     latency_s: float = 0.0
     error: ErrorInfo | None = None
-    cached: bool = False
+    cached: bool = False  # answered from the response cache (lmpress/cache/), not computed
+    cost_usd: float | None = None  # what the tokens cost, where the config knows a price
 
     @property
     def best(self) -> int | None:
@@ -80,6 +81,52 @@ class LoglikelihoodResult:
         if not self.scores:
             return None
         return max(range(len(self.scores)), key=lambda i: self.scores[i].logprob)
+
+
+@dataclass
+class ChoicesRequest:
+    """Continuations to score after a context, as text (a `--task loglikelihood` row, or
+    `LLM.loglikelihood`): split into ids by the engine's own tokenizer (`encode_pair`) when
+    scored, so a row names what it asks without knowing the model's tokens."""
+
+    id: str
+    context: str  # may be empty: the continuations are then scored after the prefix token
+    continuations: list[str]  # each must give at least one token
+
+
+@dataclass
+class PerplexityRequest:
+    """A whole text to score, every token once (`rolling_windows` over the model's context)."""
+
+    id: str
+    text: str
+
+
+@dataclass
+class PerplexityResult:
+    request_id: str
+    logprob: float = 0.0  # every token's logprob, summed
+    tokens: int = 0
+    usage: Usage = field(default_factory=Usage)  # prompt_tokens: read, all windows together
+    model: str = ""
+    engine: str = ""
+    latency_s: float = 0.0
+    error: ErrorInfo | None = None
+    cached: bool = False
+    cost_usd: float | None = None
+
+    @property
+    def perplexity(self) -> float:
+        return Perplexity(self.logprob, self.tokens).perplexity
+
+
+def prefix_id(tokenizer: Tokenizer) -> int:
+    """The token an empty context, and a text's first window, are scored after: the model's
+    BOS, else its EOS, as lm-eval's backends use."""
+    token = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
+    if token is None:
+        raise ValueError("the model's tokenizer has neither a BOS nor an EOS token")
+    return token
 
 
 def continuation_score(logprobs: list[TokenLogprob | None]) -> ContinuationScore:

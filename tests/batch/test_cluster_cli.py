@@ -514,3 +514,27 @@ def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster, echo_plu
     assert run.returncode == 2
     assert "task: engine DEEPSEEK cannot embed" in run.stderr
     assert "starting Ray" not in run.stderr and "Traceback" not in run.stderr
+
+
+def test_native_on_ray_scores_loglikelihood_rows_as_a_local_run_does(tmp_path):
+    from tests.batch.test_loglikelihood_cli import BAD, QUESTIONS
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(row) + "\n" for row in QUESTIONS + BAD))
+    local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    task = ["--model.model_name", "tiny:llama", "--task", "loglikelihood", "--cache", "off"]
+    run = run_lmpress("batch", "-i", str(src), "-o", str(local), *task)
+    assert run.returncode == 1, run.stderr[-2000:]  # the bad rows
+    run = run_lmpress(
+        "batch", "-i", str(src), "-o", str(on_ray), *task, "--ray",
+        "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "4",
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+
+    def scores(path: Path) -> dict[str, dict]:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return {r["id"]: {k: v for k, v in r.items() if k != "response"} for r in rows}
+
+    assert scores(on_ray) == scores(local) and len(scores(local)) == len(QUESTIONS)
+    assert failed_lines(on_ray) == failed_lines(local) and len(failed_lines(local)) == len(BAD)

@@ -95,8 +95,7 @@ def test_draws_at_temperature_1_follow_the_models_softmax(engine):
     if engine.name == "NATIVE":
         end_ids, label = engine.eos_ids, lambda t: engine.hf_tokenizer.decode([t])
     else:
-        params = GenerationParams()
-        end_ids, label = set(engine.vocab.end_ids()), lambda t: engine.vocab.string(t, params)
+        end_ids, label = set(engine.vocab.end_ids()), engine.vocab.string
     probs = first_token_distribution(engine, ids, end_ids)
     # One token each, sampled with its own seed; tokens are told apart by their text.
     params = GenerationParams(max_new_tokens=1, min_tokens=1, temperature=1.0, logprobs=True, n=PER_REQUEST)  # fmt: skip

@@ -28,6 +28,13 @@ A reasoning model's thinking (local/reasoning.py) is counted, bounded and kept a
 sequence by sequence: the scheduler writes the close of a row's thinking once its
 `max_reasoning_tokens` are spent, and holds its grammar until the answer starts.
 
+A request may score its prompt instead of, or before, generating (issue 52): its prompt given as
+token ids (`Request.prompt_ids`, read as given: no template, no BOS) and its tokens' logprobs
+asked for (`prompt_logprobs`); the positions it scores return their logits in the same batches
+as every other row's (reading.py), and with `max_new_tokens` 0 it is answered once its prompt
+is read. `Engine.loglikelihood` (engines/scoring.py) builds on that, and the choices of one
+context read it once (scheduling.py). `tokenizer()` is the GGUF file's (tokenizer.py).
+
 `model_kwargs.mmproj` names the model's projector GGUF: rows may then carry images, read by
 llama.cpp's multimodal library and decoded into their sequences by the same scheduler
 (projector.py).
@@ -67,11 +74,13 @@ from lmpress.engines.local.llamacpp.projector import ImageSegment, load_projecto
 from lmpress.engines.local.llamacpp.prompts import GgufPrompts
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission
 from lmpress.engines.local.llamacpp.scheduling import LlamaCppScheduler
+from lmpress.engines.local.llamacpp.tokenizer import GgufTokenizer
 from lmpress.engines.local.reasoning import ModelReasoning
 from lmpress.engines.local.speculation import Speculation
 from lmpress.engines.local.worker import WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
+    LIKELIHOOD_TASKS,
     SCORING_TASKS,
     EmbedRequest,
     EmbedResult,
@@ -94,13 +103,13 @@ class LlamaCppEngine(WorkerEngine):
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "skip_special_tokens",
-        "guided_decoding", "reasoning_effort", "max_reasoning_tokens",
+        "guided_decoding", "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
     })  # fmt: skip
     takes_tools = True
     # Drafts by prompt lookup or a draft model (drafting.py), row by row in the batch.
     speculative_methods = frozenset({"ngram", "draft_model"})
     # One per run: the engine loads the model for the task the run does (pooling.py).
-    tasks = frozenset({"generate", "embed", "score", "rerank"})
+    tasks = frozenset({"generate", "embed", "score", "rerank", *LIKELIHOOD_TASKS})
     options = LlamaCppOptions
 
     @classmethod
@@ -279,6 +288,12 @@ class LlamaCppEngine(WorkerEngine):
         the worker's own decoding)."""
         return self.vocab.decode(ids, special=True)
 
+    def tokenizer(self) -> GgufTokenizer:
+        """The GGUF tokenizer; its context length leaves room for the token a prompt is
+        scored after (a rolling window is its context and up to that many tokens)."""
+        self._check_started_for("generate")
+        return GgufTokenizer(self.llama._model, self.vocab, self.n_ctx_seq - 1)
+
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:
         """The prompt's token ids (the chat template applied, or the raw prompt), checked to
         fit the context."""
@@ -290,7 +305,9 @@ class LlamaCppEngine(WorkerEngine):
         """The prompt's token ids, checked to fit, and its image segments (None: no images)."""
         switches = self.model_reasoning.template_kwargs(request)
         ids, images = self.prompts.inputs(request, tool_plan, switches)
-        if len(ids) >= self.n_ctx_seq:
+        # A prompt that is only scored (no new tokens) may fill its context; else one token
+        # at least must follow it.
+        if len(ids) >= self.n_ctx_seq + (request.params.max_new_tokens == 0):
             where = f"the context is {self.n_ctx} (model.model_kwargs.n_ctx): raise n_ctx"
             if self.n_ctx_seq < self.n_ctx:  # a split cache
                 where = (
@@ -322,6 +339,12 @@ class LlamaCppEngine(WorkerEngine):
         self._check_started_for("generate")
         plan = self.prompts.plan(request)
         prompt_ids, images = self.inputs(request, plan)
+        if images and request.params.prompt_logprobs is not None:
+            raise RequestError(
+                "generation.prompt_logprobs: a prompt with images has no logprobs at its image "
+                "tokens on LLAMACPP; send the text alone to score it",
+                kind=ErrorKind.INVALID_REQUEST,
+            )
         logit_bias = self._logit_bias(request.params)
         check_token_settings(request.params, self.n_vocab)
         self._check_fits(request.params, len(prompt_ids))
@@ -357,7 +380,8 @@ class LlamaCppEngine(WorkerEngine):
 
     def _check_fits(self, params: GenerationParams, prompt_tokens: int) -> None:
         shared = self.n_ctx_seq == self.n_ctx
-        if shared and prompt_tokens + params.n > self.n_ctx:  # a token a sample, at least
+        new = params.n if params.max_new_tokens else 0  # a token a sample, at least
+        if shared and prompt_tokens + new > self.n_ctx:
             raise RequestError(
                 f"generation.n is {params.n} and the prompt {prompt_tokens} tokens: more than "
                 f"the context of {self.n_ctx} (model.model_kwargs.n_ctx) holds; raise n_ctx or "

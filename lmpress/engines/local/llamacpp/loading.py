@@ -20,7 +20,6 @@ from lmpress.engines.common.prompts import resolve_chat_template
 from lmpress.engines.local.llamacpp.options import LlamaCppOptions
 from lmpress.engines.options import check_passed_through
 from lmpress.vocabulary.errors import ModelLoadError
-from lmpress.vocabulary.types import GenerationParams
 
 GGUF_MAGIC = b"GGUF"
 
@@ -292,11 +291,11 @@ class Vocab:
             n = self._lc.llama_token_to_piece(self.vocab, token, buffer, -n, 0, special)
         return buffer.raw[:n], buffer
 
-    def string(self, token: int, params: GenerationParams) -> str:
-        """A token as a row reports it in its logprobs."""
-        return self.piece(token, special=not params.skip_special_tokens).decode(
-            "utf-8", errors="replace"
-        )
+    def string(self, token: int) -> str:
+        """A token as a row reports it in its logprobs: special tokens written out, so an end
+        token reads as itself (as NATIVE and vLLM write them), whatever the reply's text
+        keeps."""
+        return self.piece(token, special=True).decode("utf-8", errors="replace")
 
     def is_end(self, token: int) -> bool:
         """Whether a token ends generation (EOS, EOT and the like)."""

@@ -94,6 +94,8 @@ class GgufPrompts:
     ) -> tuple[list[int], list[ImageSegment] | None]:
         """The prompt's token ids and, for a prompt with images, its image segments (their
         tokens are negative ids in the list, see projector.py); None without images."""
+        if request.prompt_ids is not None:
+            return self._given_ids(request.prompt_ids), None
         images = []
         if request.prompt is None and any(m.has_images() for m in request.messages):
             if self.projector is None:
@@ -120,6 +122,19 @@ class GgufPrompts:
         if not ids:
             raise RequestError("the prompt is empty", kind=ErrorKind.INVALID_REQUEST)
         return list(ids), None
+
+    def _given_ids(self, ids: list[int]) -> list[int]:
+        """A prompt given as token ids, read as given (no template, no BOS), checked."""
+        if not ids:
+            raise RequestError("the prompt is empty", kind=ErrorKind.INVALID_REQUEST)
+        bad = next((t for t in ids if not 0 <= t < self.vocab.size), None)
+        if bad is not None:
+            raise RequestError(
+                f"the prompt's token id {bad} is not a token of this model (0 to "
+                f"{self.vocab.size - 1}); send ids from this model's tokenizer",
+                kind=ErrorKind.INVALID_REQUEST,
+            )
+        return list(ids)
 
     def count(self, request: Request) -> int:
         """How many tokens the prompt is, its tool plan included."""

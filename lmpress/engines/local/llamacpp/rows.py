@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmpress.engines.local.guided import Matcher
+from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.speculation import RowDrafts
 from lmpress.engines.local.stop_strings import first_stop
 from lmpress.engines.local.worker import Submission
@@ -25,6 +26,35 @@ class LlamaCppSubmission(Submission):
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
     rows: list[SequenceRow] = field(default_factory=list)
     fed: int = 0  # prompt tokens already decoded
+    # With `prompt_logprobs`: one entry per prompt token, filled as its chunks are read.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    # The request in flight whose KV cells it waits to take before it reads the rest.
+    awaiting: Fork | None = None
+
+    def __post_init__(self) -> None:
+        if self.request.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_ids)
+
+    @property
+    def first_logits(self) -> int:
+        """The first prompt position whose logits are read: the last one's, where the first
+        token is sampled, or with `prompt_logprobs` the one before `Request.score_from` (the
+        logits at a position score the token after it). The KV cells of the positions before
+        it may come from a cached or shared prefix; from it on, the prompt is decoded."""
+        last = len(self.prompt_ids) - 1
+        if self.prompt_logprobs is None:
+            return last
+        return min(last, max(self.request.score_from, 1) - 1)
+
+
+@dataclass(eq=False)
+class Fork:
+    """Where a request takes the first `length` KV cells of its prompt: sequence `seq` of the
+    request in flight `source`, whose prompt begins the same way (scheduling.py)."""
+
+    source: LlamaCppSubmission
+    seq: int
+    length: int
 
 
 @dataclass(eq=False)
@@ -35,6 +65,10 @@ class PromptChunk:
     seq_id: int
     end: int
     batch_index: int = -1  # the batch row of its last token
+    # Its first position whose logits the batch returns (`first_logits` or later), and the
+    # batch row of those logits; the positions after it follow row by row.
+    scored: int = -1
+    scored_index: int = -1
 
 
 @dataclass(eq=False)
@@ -87,6 +121,30 @@ class SequenceRow:
     @property
     def params(self) -> GenerationParams:
         return self.submission.request.params
+
+    def add(self, token: int, logprob: TokenLogprob | None, vocab: Vocab, thinking: bool) -> None:
+        """A token the row picked (its logprob entry, when it asks for them), added to its
+        reply; its `finish_reason` set if it ends the row. `thinking`: a reasoning row still
+        thinking, whose grammar waits for its answer."""
+        params = self.params
+        self.generated += 1
+        if logprob is not None:  # an end token too: it was sampled, and counted
+            self.logprobs.append(logprob)
+        if vocab.is_end(token) or token in params.stop_token_ids:
+            self.finish_reason = "stop"
+            return
+        self.tokens.append(token)
+        if self.budget is not None:
+            self.budget.accept(token)
+        if self.matcher is not None and not thinking:
+            self.matcher.accept(token)
+            if self.matcher.complete:  # nothing but the end can follow: end here
+                self.finish_reason = "stop"
+        self.text += self.decoder.decode(vocab.piece(token, special=self.special_pieces))
+        if params.stop_strings:
+            self.cut_at_stop_string()
+        if self.finish_reason is None and self.generated >= self.limit:
+            self.finish_reason = "length"
 
     def cut_at_stop_string(self) -> None:
         hit = first_stop(self.text, self.params.stop_strings)

@@ -103,8 +103,7 @@ class Sampling:
             token = self._lc.llama_sampler_sample(sampler, self._ctx, index)
         if distribution is None:
             return token, None
-        values, top = distribution
-        return token, TokenLogprob(self.vocab.string(token, params), float(values[token]), top)
+        return token, self._entry(token, *distribution)
 
     def force(
         self, sampler: Any, params: GenerationParams, index: int, logprobs: bool, token: int
@@ -114,8 +113,7 @@ class Sampling:
         log-probability entry under the model when the row asks for logprobs."""
         entry = None
         if logprobs:
-            values, top = self._logprobs(params, index)
-            entry = TokenLogprob(self.vocab.string(token, params), float(values[token]), top)
+            entry = self._entry(token, *self._logprobs(params, index))
         if sampler is not None:
             self._lc.llama_sampler_accept(sampler, token)
         return token, entry
@@ -133,23 +131,58 @@ class Sampling:
         for token in (*self.vocab.end_ids(), *params.stop_token_ids):
             logits[token] = float("-inf")
 
-    def _logprobs(
-        self, params: GenerationParams, index: int
-    ) -> tuple[Any, list[tuple[str, float]]]:
+    def _logprobs(self, params: GenerationParams, index: int) -> tuple[Any, list[int]]:
         """Log-probabilities of every token under the model's distribution (before
-        temperature, top-k/p and penalties), and the row's `top_logprobs` most likely ones."""
+        temperature, top-k/p and penalties), and the ids of the row's `top_logprobs` most
+        likely ones."""
+        values, best = log_softmax_top(self._logits(index)[None, :], params.top_logprobs)
+        return values[0], best[0]
+
+    def prompt_entries(
+        self, params: GenerationParams, index: int, targets: list[int]
+    ) -> list[TokenLogprob]:
+        """The logprob entries of prompt tokens `targets`, each scored by the logits of one
+        batch row from `index` on (the row of the token before it), with the request's
+        `prompt_logprobs` likeliest tokens at each position."""
         import numpy as np
 
-        logits = self._logits(index).astype(np.float64)
-        top = logits.max()
-        logprobs = logits - (top + np.log(np.exp(logits - top).sum()))
-        k = params.top_logprobs
-        best = []
-        if k:
-            ids = np.argpartition(-logprobs, k - 1)[:k]
-            ids = ids[np.argsort(-logprobs[ids], kind="stable")]
-            best = [(self.vocab.string(int(t), params), float(logprobs[t])) for t in ids]
-        return logprobs, best
+        logits = np.stack([self._logits(index + j) for j in range(len(targets))])
+        values, best = log_softmax_top(logits, params.prompt_logprobs or 0)
+        return [
+            self._entry(token, row, ids)
+            for token, row, ids in zip(targets, values, best, strict=True)
+        ]
+
+    def _entry(self, token: int, values: Any, top_ids: list[int]) -> TokenLogprob:
+        string = self.vocab.string
+        return TokenLogprob(
+            string(token),
+            float(values[token]),
+            [(string(t), float(values[t])) for t in top_ids],
+            id=token,
+            top_ids=top_ids,
+        )
+
+
+def log_softmax_top(logits: Any, k: int) -> tuple[Any, list[list[int]]]:
+    """Each row's log-softmax, in float64 (llama.cpp's logits are float32: a sum over a
+    vocabulary of 49k in float32 loses the last digits a log-likelihood adds up), and the ids of
+    its `k` largest, most likely first (the lowest id first among equals, as argmax picks)."""
+    import numpy as np
+
+    values = logits.astype(np.float64)
+    top = values.max(axis=1, keepdims=True)
+    values -= top + np.log(np.exp(values - top).sum(axis=1, keepdims=True))
+    if not k:
+        return values, [[] for _ in range(len(values))]
+    k = min(k, values.shape[1])
+    ids = np.argpartition(-values, k - 1, axis=1)[:, :k]
+    best = []
+    for row, candidates in zip(values, ids, strict=True):
+        candidates = np.sort(candidates)  # by id, so that the stable sort keeps low ids first
+        order = np.argsort(-row[candidates], kind="stable")
+        best.append([int(t) for t in candidates[order]])
+    return values, best
 
 
 def has_penalties(params: GenerationParams) -> bool:

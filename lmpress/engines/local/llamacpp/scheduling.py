@@ -13,6 +13,11 @@ embeddings, encoded by the projector when the prompt reaches it, in a batch of i
 batches.py writes and decodes them); each row then samples from its own sampler chain
 (sampling.py).
 
+A request that scores its prompt (`prompt_logprobs`) has its prompt's logits from the position
+before `Request.score_from` on, read as its chunks are decoded (reading.py); requests after one
+context (a question's choices) read it once, the others taking the first one's KV cells
+(forks.py).
+
 With `model.speculative_method: ngram` (or a draft model, drafting.py) a row being generated may
 carry drafted tokens after its next one (engines/local/speculation.py; this engine's
 speculation.py decides how many, for the batch's cost): it samples at each of their positions in turn, exactly as it would one step at a time,
@@ -27,8 +32,15 @@ from typing import Any
 from lmpress.engines.base import Engine
 from lmpress.engines.local.llamacpp.batches import Batches, KvCacheFull
 from lmpress.engines.local.llamacpp.drafting import Drafter
+from lmpress.engines.local.llamacpp.forks import fork_source, settle
 from lmpress.engines.local.llamacpp.loading import Vocab
 from lmpress.engines.local.llamacpp.projector import Projector, text_ids
+from lmpress.engines.local.llamacpp.reading import (
+    PROMPT_CHUNK,
+    prompt_chunks,
+    put_chunk,
+    score_chunk,
+)
 from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission, PromptChunk, SequenceRow
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.llamacpp.sequences import Sequences
@@ -37,13 +49,6 @@ from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, WorkQueue, failure_info
 from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import ErrorInfo, Result, Sample
-
-# The most tokens of one prompt read in one batch: a pass over the weights holds at most
-# loading.MICRO_BATCH tokens, which keeps llama.cpp's CPU flash attention off its tiled kernel,
-# so a prompt token's attention is computed alike however the prompt is cut and whatever is read
-# beside it: packing prompts together (or reusing a cached prefix) leaves greedy replies as they
-# are at batch size 1.
-PROMPT_CHUNK = 63
 
 
 class LlamaCppScheduler(Scheduler):
@@ -75,7 +80,9 @@ class LlamaCppScheduler(Scheduler):
         self.n_ctx = llama_cpp.llama_n_ctx(ctx.ctx)  # the KV cells all sequences share
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx.ctx)  # n_ctx, or a split cache's part
         self.reserved = 0  # cells the rows in flight hold or may grow to (SequenceRow.cells)
-        self.sequences = Sequences(llama_cpp, llama_cpp.llama_get_memory(ctx.ctx), batch_size)
+        self.sequences = Sequences(
+            llama_cpp, llama_cpp.llama_get_memory(ctx.ctx), batch_size, self.n_ctx_seq < self.n_ctx
+        )
         self.batches = Batches(llama_cpp, ctx.ctx, projector)
         self._sampling = Sampling(ctx.ctx, vocab, penalty_window or self.n_ctx)
         self.prompt_tokens_reused = 0  # prompt tokens not decoded again, thanks to the cache
@@ -164,15 +171,24 @@ class LlamaCppScheduler(Scheduler):
             self._start(submission, seqs, limit)
 
     def _start(self, submission: LlamaCppSubmission, seqs: list[int], limit: int) -> None:
-        """Give an admitted request its rows, each reserving the cells it may grow to."""
+        """Give an admitted request its rows, each reserving the cells it may grow to, and
+        its prompt's first cells kept from the sequence's last request or, for a request that
+        scores its prompt, taken from a request in flight (forks.py)."""
         params = submission.request.params
-        submission.fed = self.sequences.keep_prefix(submission.prompt_ids, seqs)
+        submission.fed = self.sequences.keep_prefix(
+            submission.prompt_ids, seqs, submission.first_logits
+        )
         self.prompt_tokens_reused += submission.fed
         submission.rows = [SequenceRow(submission, i, seq, limit) for i, seq in enumerate(seqs)]
         submission.rows[0].cells = len(submission.prompt_ids)  # the prompt's, shared
         for row in submission.rows:
             row.cells += limit
             self.reserved += row.cells
+        if self.drafter is None:  # a draft model's context would not follow
+            submission.awaiting = fork_source(
+                submission, self._prefilling, self._generating, self.sequences
+            )
+            self.prompt_tokens_reused += settle(submission, self.sequences)
         # A draft model reads a row's tokens, which an image's placeholders are not.
         drafts = self.drafter is None or not submission.media
         if self.speculation is not None and drafts:
@@ -192,12 +208,20 @@ class LlamaCppScheduler(Scheduler):
             return
         self._prefilling.append(submission)
 
+    def _settle_forks(self) -> None:
+        """Requests awaiting a prefix in flight take it once it is there (forks.settle)."""
+        for submission in self._prefilling:
+            self.prompt_tokens_reused += settle(submission, self.sequences)
+
     def _step(self) -> None:
         """One batch for every sequence in flight: the next token of each one being generated
         and the next chunk of each prompt being read (an image's chunk goes in a batch of its
         own first), in sequence-id order."""
         reading = []
+        self._settle_forks()  # for a source cancelled since the last step
         for submission in sorted(self._prefilling, key=lambda s: s.rows[0].seq_id):
+            if submission.awaiting is not None:
+                continue
             image = next(
                 (m for m in submission.media or () if m.start <= submission.fed < m.end), None
             )
@@ -214,7 +238,7 @@ class LlamaCppScheduler(Scheduler):
         self.most_in_flight = max(self.most_in_flight, len(rows))
         proposals = self._proposals(rows)
         room = self.batches.size - len(rows) - sum(map(len, proposals))
-        chunks = self._prompt_chunks(reading, room)
+        chunks = prompt_chunks(reading, room)
         if self.speculation is not None:
             self._shape(rows, proposals, chunks)
         parts = sorted(rows + chunks, key=lambda part: part.seq_id)
@@ -227,11 +251,7 @@ class LlamaCppScheduler(Scheduler):
                     n += 1
                 part.pos += 1
             else:
-                ids, last = part.submission.prompt_ids, part.end == len(part.submission.prompt_ids)
-                for pos in range(part.submission.fed, part.end):
-                    put(n, ids[pos], pos, part.seq_id, last and pos == part.end - 1)
-                    n += 1
-                part.batch_index = n - 1  # where its logits are
+                n = put_chunk(self.batches, part, n)
         if n == 0:
             return
         try:
@@ -245,9 +265,11 @@ class LlamaCppScheduler(Scheduler):
             if isinstance(part, SequenceRow):
                 self._sample(part, part.batch_index)
             else:
+                score_chunk(self._sampling, part)
                 part.submission.fed = part.end
                 if part.end == len(part.submission.prompt_ids):
                     self._start_generating(part.submission, part.batch_index)
+        self._settle_forks()
 
     def _proposals(self, rows: list[SequenceRow]) -> list[list[int]]:
         """Each row's drafts this step ([] for none), as many as its budget and its share of
@@ -287,27 +309,17 @@ class LlamaCppScheduler(Scheduler):
             row.carried = drafts[:count] + [row.next_token] * fillers
             row.drafted = len(drafts[:count])  # fewer where the draft model found no room
 
-    def _prompt_chunks(self, submissions: list[LlamaCppSubmission], room: int) -> list[PromptChunk]:
-        """The next chunk of each prompt's text tokens (up to its next image, if any) that
-        `room` tokens of this step's batch hold: one pass over the weights reads many prompts,
-        as llama-server packs its slots'. Each chunk is at most PROMPT_CHUNK tokens, whatever
-        the batch size, so a prompt is read the same way alone or beside others, and the
-        prompts share the room equally."""
-        share = min(PROMPT_CHUNK, max(1, room // max(1, len(submissions))))
-        chunks = []
-        for submission in submissions:
-            images = [m.start for m in submission.media or () if m.start > submission.fed]
-            end = min([submission.fed + min(share, room), len(submission.prompt_ids), *images])
-            if end == submission.fed:
-                break
-            room -= end - submission.fed
-            chunks.append(PromptChunk(submission, submission.rows[0].seq_id, end))
-        return chunks
-
     def _start_generating(self, submission: LlamaCppSubmission, index: int) -> None:
         """The prompt is in the KV cache: every sample samples its first token from the
-        prompt's last logits and joins the sequences being generated."""
+        prompt's last logits and joins the sequences being generated; a request for no new
+        tokens (one that scores its prompt) is answered now."""
         self._prefilling.remove(submission)
+        if submission.request.params.max_new_tokens == 0:
+            submission.rows[0].pos = len(submission.prompt_ids)  # the others hold no cells
+            for row in submission.rows:
+                row.finish_reason = "length"
+                self._finish_row(row)
+            return
         first = submission.rows[0].seq_id
         for row in submission.rows:
             if row.seq_id != first:  # the other samples share the prompt's KV cells
@@ -365,25 +377,7 @@ class LlamaCppScheduler(Scheduler):
             token, logprob = self._sampling.pick(
                 row.sampler, params, row.generated, index, wants_logprobs, matcher
             )
-        row.generated += 1
-        if self.vocab.is_end(token) or token in params.stop_token_ids:
-            row.finish_reason = "stop"
-        else:
-            row.tokens.append(token)
-            if logprob is not None:
-                row.logprobs.append(logprob)
-            if budget is not None:
-                budget.accept(token)
-            if row.matcher is not None and not thinking:
-                row.matcher.accept(token)
-                if row.matcher.complete:  # nothing but the end can follow: end here
-                    row.finish_reason = "stop"
-            piece = self.vocab.piece(token, special=row.special_pieces)
-            row.text += row.decoder.decode(piece)
-            if params.stop_strings:
-                row.cut_at_stop_string()
-            if row.finish_reason is None and row.generated >= row.limit:
-                row.finish_reason = "length"
+        row.add(token, logprob, self.vocab, thinking)
         return token
 
     def _finish_row(self, row: SequenceRow) -> None:
@@ -392,6 +386,8 @@ class LlamaCppScheduler(Scheduler):
             self._generating.remove(row)
         if row.finish_reason == "cancelled":
             self.sequences.clear(row.seq_id)
+            kept = []
+        elif not row.pos:  # a sample of a request for no new tokens, but the first
             kept = []
         else:  # kept for a later request that starts the same way
             kept = submission.prompt_ids + row.tokens[: row.pos - len(submission.prompt_ids)]
@@ -460,4 +456,8 @@ class LlamaCppScheduler(Scheduler):
             )
             for row in submission.rows
         ]
-        return self.result(submission, samples)
+        result = self.result(submission, samples)
+        result.prompt_logprobs = submission.prompt_logprobs
+        if not submission.media:  # an image's tokens have no ids of their own
+            result.prompt_ids = list(submission.prompt_ids)
+        return result

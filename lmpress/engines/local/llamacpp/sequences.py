@@ -39,10 +39,13 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Sequences:
     """The sequence ids of one llama.cpp context and their KV cells."""
 
-    def __init__(self, lc: Any, memory: Any, count: int):
+    def __init__(self, lc: Any, memory: Any, count: int, split: bool = False):
         self._lc = lc  # the llama_cpp module
         self._memory = memory  # the context's llama_memory
         self.count = count
+        # Each sequence in a part of the cache of its own (a stream): llama.cpp copies cells
+        # between parts only whole.
+        self.split = split
         self.free = list(range(count))  # least recently used first
         # The tokens whose KV cells a free sequence still holds from its last request.
         self._cached: list[list[int]] = [[] for _ in range(count)]
@@ -60,6 +63,10 @@ class Sequences:
     def cells_cached(self) -> int:
         """Positions that free sequences keep for reuse (see `take`)."""
         return sum(len(self._cached[seq]) for seq in self.free)
+
+    def cached_prefix(self, prompt: list[int]) -> int:
+        """The longest prefix of `prompt` that a free sequence keeps."""
+        return max((common_prefix(self._cached[seq], prompt) for seq in self.free), default=0)
 
     def choose(self, prompt: list[int], n: int) -> list[int]:
         """The free sequences a request of `n` samples would take (see `take`): first the one
@@ -97,12 +104,12 @@ class Sequences:
             dropped.append(seq)
         return dropped
 
-    def keep_prefix(self, prompt: list[int], seqs: list[int]) -> int:
+    def keep_prefix(self, prompt: list[int], seqs: list[int], most: int) -> int:
         """Clear a request's sequences but for the part of the first one's cached tokens that
-        begins its prompt (all but the prompt's last token at most, whose logits are needed),
-        which is not decoded again; how many tokens that is."""
+        begins its prompt, up to `most` tokens (the first position whose logits are needed,
+        at most the prompt's last), which is not decoded again; how many tokens that is."""
         first = seqs[0]
-        reused = min(common_prefix(self._cached[first], prompt), len(prompt) - 1)
+        reused = min(common_prefix(self._cached[first], prompt), most)
         lc = self._lc
         lc.llama_memory_seq_rm(self._memory, first, reused, -1)
         for seq in seqs[1:]:  # filled from the first one's cells once the prompt is read
@@ -114,6 +121,19 @@ class Sequences:
     def copy(self, source: int, seq: int) -> None:
         """Give `seq` the KV cells of `source` (another sample of the same prompt)."""
         self._lc.llama_memory_seq_cp(self._memory, source, seq, -1, -1)
+
+    def fork(self, source: int, seq: int, length: int) -> None:
+        """Give `seq` the first `length` KV cells of `source`, a sequence in flight whose
+        prompt begins the same way (another choice after the same context): in a shared cache
+        the cells are shared, in a split one the whole part is copied and the rest dropped."""
+        lc, memory = self._lc, self._memory
+        lc.llama_memory_seq_rm(memory, seq, -1, -1)
+        if self.split:
+            lc.llama_memory_seq_cp(memory, source, seq, -1, -1)
+            lc.llama_memory_seq_rm(memory, seq, length, -1)
+        else:
+            lc.llama_memory_seq_cp(memory, source, seq, 0, length)
+        self._cached[seq] = []
 
     def give_back(self, seq: int, kept: list[int]) -> None:
         """The sequence is free again; its cells hold `kept` for a request that starts the

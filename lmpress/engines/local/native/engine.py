@@ -73,6 +73,7 @@ from lmpress.engines.local.speculation import Speculation
 from lmpress.engines.local.worker import PREPARE_OFF_LOOP_CHARS, Submission, WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
+    LIKELIHOOD_TASKS,
     SCORING_TASKS,
     Embedding,
     EmbedRequest,
@@ -103,7 +104,7 @@ class NativeEngine(WorkerEngine):
     speculative_methods = frozenset({"ngram", "draft_model"})
     takes_tools = True
     takes_hub_ids = True
-    tasks = frozenset({"generate", "embed", "score", "rerank"})
+    tasks = frozenset({"generate", "embed", "score", "rerank", *LIKELIHOOD_TASKS})
     options = NativeOptions
 
     @classmethod

@@ -54,7 +54,13 @@ from lmpress.engines.local.vllm.reasoning import budget_refusal, own_chat_templa
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.embeddings import EmbedRequest, EmbedResult, ScoreRequest, ScoreResult
+from lmpress.vocabulary.embeddings import (
+    LIKELIHOOD_TASKS,
+    EmbedRequest,
+    EmbedResult,
+    ScoreRequest,
+    ScoreResult,
+)
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
@@ -83,7 +89,7 @@ class VllmEngine(Engine):
     # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
     # embedding model or a cross-encoder), started for it with `task: embed`, `score` or
     # `rerank`.
-    tasks = frozenset({"generate", "embed", "score", "rerank"})
+    tasks = frozenset({"generate", "embed", "score", "rerank", *LIKELIHOOD_TASKS})
     options = VllmOptions
 
     @classmethod
