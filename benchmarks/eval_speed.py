@@ -10,7 +10,7 @@ Each side runs in its own process (`--side`), loads its model first, runs lm-eva
 `simple_evaluate` `--rounds` times and times the model's own calls in it (best of the rounds);
 the ratios come from sides that ran back to back. Run from a checkout with the eval extra:
 
-    PYTHONPATH=. python benchmarks/eval_speed.py [--rounds 3] [--batch-size 16]
+    PYTHONPATH=. python benchmarks/eval_speed.py [--rounds 3] [--batch-size 16] [--engine LLAMACPP]
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ TASKS = REPO / "tests" / "eval_tasks"
 MC, PPL = "lmpress_mc", "lmpress_ppl"
 
 
-def model(side: str, batch_size: int):
-    """The side's lm-eval model, loaded: lmpress's NATIVE engine, or lm-eval's `hf`."""
+def model(side: str, batch_size: int, engine: str = "NATIVE"):
+    """The side's lm-eval model, loaded: lmpress on `engine` (NATIVE at float32; LLAMACPP on
+    the F16 GGUF file, as the smollm2 recipe runs it), or lm-eval's `hf`."""
     from lmpress.builtin_models.packaged import SMOLLM2, resolve_packaged_name
     from lmpress.engines.common.dequantized import dequantized_copy
 
@@ -36,19 +37,17 @@ def model(side: str, batch_size: int):
         from lmpress.configs import load_config
         from lmpress.integrations.lm_eval import LmpressLM
 
-        overrides = {
-            "model.model_name": SMOLLM2,
-            "model.torch_dtype_str": "float32",
-            "generation.batch_size": batch_size,
-        }
-        return LmpressLM(config=load_config(overrides=overrides, engine="NATIVE"))
+        overrides = {"model.model_name": SMOLLM2, "generation.batch_size": batch_size}
+        if engine == "NATIVE":
+            overrides["model.torch_dtype_str"] = "float32"
+        return LmpressLM(config=load_config("smollm2", overrides, engine=engine))
     from lm_eval.models.huggingface import HFLM
 
     weights = dequantized_copy(Path(resolve_packaged_name(SMOLLM2)))
     return HFLM(pretrained=str(weights), dtype="float32", device="cpu", batch_size=batch_size)
 
 
-def measure(side: str, rounds: int, batch_size: int) -> dict:
+def measure(side: str, rounds: int, batch_size: int, engine: str) -> dict:
     """Seconds the model spent answering each task (its `loglikelihood` and
     `loglikelihood_rolling` calls, lm-eval's own bookkeeping left out), best of `rounds`, and
     the work done (questions, tokens)."""
@@ -58,7 +57,7 @@ def measure(side: str, rounds: int, batch_size: int) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    lm = model(side, batch_size)
+    lm = model(side, batch_size, engine)
     spent = timed(lm, ("loglikelihood", "loglikelihood_rolling"))
     manager = TaskManager(include_path=str(TASKS))
     best = {MC: float("inf"), PPL: float("inf")}
@@ -98,18 +97,19 @@ def main() -> None:
     parser.add_argument("--side", choices=("lmpress", "hf"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--engine", choices=("NATIVE", "LLAMACPP"), default="NATIVE")
     args = parser.parse_args()
     if args.side:
-        print(json.dumps(measure(args.side, args.rounds, args.batch_size)))
+        print(json.dumps(measure(args.side, args.rounds, args.batch_size, args.engine)))
         return
     figures = {}
     for side in ("lmpress", "hf"):
         command = [sys.executable, __file__, "--side", side, "--rounds", str(args.rounds),
-                   "--batch-size", str(args.batch_size)]  # fmt: skip
+                   "--batch-size", str(args.batch_size), "--engine", args.engine]  # fmt: skip
         run = subprocess.run(command, capture_output=True, text=True, check=True)
         figures[side] = json.loads(run.stdout.strip().splitlines()[-1])
     for side, f in figures.items():
-        print(f"{side:8} {f['questions'] / f['mc_s']:7.2f} questions/s  "
+        print(f"{side if side == 'hf' else args.engine:8} {f['questions'] / f['mc_s']:7.2f} questions/s  "
               f"{f['tokens'] / f['ppl_s']:8.1f} perplexity tokens/s")  # fmt: skip
     ours, theirs = figures["lmpress"], figures["hf"]
     print(f"multiple choice: {theirs['mc_s'] / ours['mc_s']:.2f}x (target >= 2)")
