@@ -134,9 +134,13 @@ class VllmScheduler:
                 generation = replace(generation, guided_decoding={"grammar": plan.grammar})
             if self.reasoning is not None and self.reasoning.harmony:  # the channels' tokens
                 generation = replace(generation, skip_special_tokens=False)
-            if self.reasoning is not None and generation.guided_decoding is not None:
-                prompt["prompt"] = self.reasoning.opened_for_grammar(prompt["prompt"])
-            budget = self.thinking_budget(request, prompt["prompt"])
+            # Token ids are read as given; a reasoning model's marks are looked for in text.
+            text = prompt.get("prompt")
+            if text is None:
+                text = self.tokenizer.decode(prompt["prompt_token_ids"])
+            elif self.reasoning is not None and generation.guided_decoding is not None:
+                prompt["prompt"] = text = self.reasoning.opened_for_grammar(text)
+            budget = self.thinking_budget(request, text)
             params = sampling_params(self.api, generation, stream=deltas, thinking_budget=budget)
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", ErrorKind.INVALID_REQUEST)
@@ -149,8 +153,7 @@ class VllmScheduler:
         vllm_id = f"{request.id}-{next(self._ids)}"
         pump = self._pump(vllm_id, prompt, params, tokenization, replies)
         future = asyncio.run_coroutine_threadsafe(pump, self._loop)
-        top = request.params.top_logprobs if request.params.logprobs else None
-        assembler = OutputAssembler(request.id, top, reasoning=self.reasoning, stream=deltas)
+        assembler = self.assembler(request, deltas)
         try:
             while True:
                 item = await replies.get()
@@ -179,6 +182,19 @@ class VllmScheduler:
             if not future.done():
                 future.cancel()
 
+    def assembler(self, request: Request, deltas: bool) -> OutputAssembler:
+        """What reads this request's outputs from vLLM (translate.py)."""
+        params = request.params
+        return OutputAssembler(
+            request.id,
+            params.top_logprobs if params.logprobs else None,
+            reasoning=self.reasoning,
+            stream=deltas,
+            top_prompt=params.prompt_logprobs,
+            score_from=request.score_from,
+            generates=params.max_new_tokens > 0,
+        )
+
     def tool_plan(self, request: Request) -> ToolPlan | None:
         """How the request's tools go into the prompt and its calls come out (None: none)."""
         return tool_plan(request, self.chat_template(), self.engine.tool_call_parser)
@@ -205,6 +221,8 @@ class VllmScheduler:
             template_text(self.chat_template()), request, self.engine.model_name
         )  # reasoning_effort's, over the recipe's variables
         variables = {**(self.engine.config.model.chat_template_kwargs or {}), **switches}
+        if request.prompt_ids is not None:  # as given: no template, no special tokens added
+            return {"prompt_token_ids": list(request.prompt_ids)}, None
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
         images = load_images(request)
