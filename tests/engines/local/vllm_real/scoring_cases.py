@@ -83,3 +83,35 @@ def raw_choice_score(raw: dict, context_length: int) -> tuple[float, bool]:
     positions = range(context_length, len(ids))
     chosen = [listed(raw["prompt_logprobs"][i])[ids[i]] for i in positions]
     return sum(logprob for logprob, _, _ in chosen), all(rank == 1 for _, rank, _ in chosen)
+
+
+# `/v1/completions` bodies as lm-eval's `local-completions` sends them to score a prompt (echo
+# with logprobs, nothing generated), and with a short reply after the echo; "model" is added.
+ECHO_BODIES = [
+    {"prompt": TEXT, "echo": True, "logprobs": 2, "max_tokens": 0, "temperature": 0},
+    {"prompt": [504, 3575, 282, 4649], "echo": True, "logprobs": 1, "max_tokens": 0},
+    {"prompt": TEXT, "echo": True, "logprobs": 2, "max_tokens": 4, "temperature": 0},
+]
+
+
+def assert_same_echo(ours: dict, theirs: dict) -> None:
+    """lmpress serve's completion is vLLM's in what an evaluator reads: each choice's text,
+    finish reason and logprobs, the same keys with values of the same types, the same tokens
+    and offsets, and logprobs within 1e-3 (null where vLLM writes null)."""
+    assert ours["object"] == theirs["object"] == "text_completion"
+    assert ours["usage"]["prompt_tokens"] == theirs["usage"]["prompt_tokens"]
+    assert len(ours["choices"]) == len(theirs["choices"])
+    for mine, vllm in zip(ours["choices"], theirs["choices"], strict=True):
+        assert (mine["text"], mine["finish_reason"]) == (vllm["text"], vllm["finish_reason"])
+        a, b = mine["logprobs"], vllm["logprobs"]
+        assert set(a) == set(b) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+        assert (a["tokens"], a["text_offset"]) == (b["tokens"], b["text_offset"])
+        assert [x is None for x in a["token_logprobs"]] == [x is None for x in b["token_logprobs"]]
+        assert [x for x in a["token_logprobs"] if x is not None] == pytest.approx(
+            [x for x in b["token_logprobs"] if x is not None], abs=1e-3
+        )
+        assert [x is None for x in a["top_logprobs"]] == [x is None for x in b["top_logprobs"]]
+        for top, expected in zip(a["top_logprobs"], b["top_logprobs"], strict=True):
+            if expected is not None:
+                assert list(top) == list(expected)  # most likely first, as vLLM orders them
+                assert list(top.values()) == pytest.approx(list(expected.values()), abs=1e-3)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 
+import httpx
 import jsonschema
 import pytest
 
@@ -28,6 +29,7 @@ from tests.engines.local.vllm_real.conftest import (
     REQUIRED,
     VLLM_TEST_TIMEOUT_S,
     raw_vllm_beside,
+    vllm_server_beside,
     worker_in_the_engine_core,
 )
 from tests.engines.local.vllm_real.scoring_cases import TEXT, TOP, assert_prompt_logprobs
@@ -274,6 +276,32 @@ async def streamed(engine, request) -> list:
     return [item async for item in engine.stream(request)]
 
 
+def test_serve_echoes_prompt_logprobs_as_vllm_serve_does(engine, model_dir, tmp_path):
+    """`/v1/completions` with echo and logprobs, as lm-eval's local-completions scores with it:
+    lmpress's app over this module's engine answers as vLLM's own server (`vllm serve`, with
+    the same engine arguments) answers the same body."""
+    from fastapi.testclient import TestClient
+
+    from lmpress.serve.app import create_app
+
+    args = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager"]
+    with vllm_server_beside(model_dir, args, tmp_path) as vllm_url:
+        app = create_app(engine, engine.config.serve)  # the test owns the engine, not the app
+        served = app.state.server.model_name
+        ours = [
+            TestClient(app).post("/v1/completions", json={**body, "model": served})
+            for body in scoring_cases.ECHO_BODIES
+        ]
+        url = vllm_url()
+        theirs = [
+            httpx.post(f"{url}/v1/completions", json={**body, "model": model_dir}, timeout=120)
+            for body in scoring_cases.ECHO_BODIES
+        ]
+    for mine, vllm in zip(ours, theirs, strict=True):
+        assert (mine.status_code, vllm.status_code) == (200, 200), (mine.text, vllm.text)
+        scoring_cases.assert_same_echo(mine.json(), vllm.json())
+
+
 def test_the_tokenizer_is_the_one_vllm_reads_prompts_with(engine, reference):
     scored = reference["prompt_logprobs"][0]
     tokenizer = engine.tokenizer()
@@ -428,6 +456,20 @@ def test_a_prompt_too_long_fails_alone(engine):
         "maximum context length" in results[0].error.message or "1024" in results[0].error.message
     )
     assert results[1].ok and results[1].text.startswith("The capital of France is")
+
+
+def test_token_ids_vllm_cannot_read_fail_alone(engine):
+    scoring = GenerationParams(max_new_tokens=0, prompt_logprobs=1)
+    results = engine.generate([
+        Request("past", [], scoring, prompt_ids=[504, 10**6]),
+        Request("none", [], scoring, prompt_ids=[]),
+        Request("fine", [], scoring, prompt_ids=[504, 3575]),
+    ])  # fmt: skip
+    assert [(r.error.kind, r.error.message) for r in results[:2]] == [
+        ("invalid_request", "Token id 1000000 is out of vocabulary"),  # vLLM's own words
+        ("invalid_request", "The decoder prompt cannot be empty"),
+    ]
+    assert results[2].ok and results[2].prompt_logprobs[1].id == 3575
 
 
 # --- the fronts: each an `lmpress` process of its own, with the same engine arguments ----------
