@@ -44,7 +44,7 @@ def raw_generate(
     `eos`, each row counts its tokens up to and including its first EOS, not the batch width."""
     import torch
 
-    tokenizer, model = engine.tokenizer, engine.model
+    tokenizer, model = engine.hf_tokenizer, engine.model
     eos_ids = model.generation_config.eos_token_id
     eos_ids = torch.tensor(eos_ids if isinstance(eos_ids, list) else [eos_ids])
     produced = 0
@@ -91,7 +91,7 @@ def build_generate_batch(config, prompts: list[str], batch_size: int, new_tokens
 
     engine = create_engine(config)
     own_attention_back(engine.model)
-    tokenizer, model = engine.tokenizer, engine.model
+    tokenizer, model = engine.hf_tokenizer, engine.model
     inputs = [
         list(
             tokenizer.apply_chat_template(
@@ -125,7 +125,7 @@ def build_lmpress(
     engine = create_engine(config)
     print(f"device {engine.device}, loaded in {time.perf_counter() - started:.1f} s", flush=True)
     if system:
-        print(f"system prompt: {len(engine.tokenizer(system)['input_ids'])} tokens", flush=True)
+        print(f"system prompt: {len(engine.hf_tokenizer(system)['input_ids'])} tokens", flush=True)
     lmpress_generate(engine, prompts[:batch_size], 2, system=system)  # warm up
     return lambda: lmpress_generate(engine, prompts, new_tokens, eos, system=system)
 

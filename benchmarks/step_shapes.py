@@ -42,7 +42,7 @@ def main() -> None:
         overrides={"model.model_name": "smollm2:135m-instruct", "generation.batch_size": 16}
     )
     engine = create_engine(config)
-    scheduler, tokenizer = engine.scheduler, engine.tokenizer
+    scheduler, tokenizer = engine.scheduler, engine.hf_tokenizer
     prompts = (copy_prompts if args.workload == "copy" else chat_prompts)(16)
     timings: dict[str, list[float]] = {name: [] for name in SHAPES}
     with torch.inference_mode():

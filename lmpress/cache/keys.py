@@ -139,7 +139,10 @@ class RunKey:
         if isinstance(request, ScoreRequest):
             return _json(["score", request.query, request.documents, request.top_n])
         messages = [self._message(m) for m in request.messages]
-        body = _json(["generate", messages, request.prompt, request.tools])
+        parts = ["generate", messages, request.prompt, request.tools]
+        if request.prompt_ids is not None:  # a token-id prompt, scored from score_from on
+            parts += [request.prompt_ids, request.score_from]
+        body = _json(parts)
         return body + b"\0" + self._params_of(request.params)
 
     def _params_of(self, params: GenerationParams) -> bytes:

@@ -50,18 +50,40 @@ def body_sampling(body: dict[str, Any], url: str) -> requests.Sampling:
         raise RowError(exc.message) from exc
 
 
+def body_prompt(body: dict[str, Any]) -> str | list[int]:
+    """A completions line's one prompt: a text or token ids (or a list of just one of either),
+    read as serve reads a body's prompts."""
+    try:
+        prompts = requests.completion_prompts(
+            requests.CompletionBody.model_construct(prompt=body.get("prompt")), "body."
+        )
+    except ApiError as exc:
+        raise RowError(exc.message) from exc
+    if len(prompts) != 1:
+        raise RowError(f"body.prompt holds {len(prompts)} prompts; give one prompt per line")
+    return prompts[0]
+
+
 def render_output(
-    custom_id: str, url: str, result: Result, model: str, echo: str = ""
+    custom_id: str,
+    url: str,
+    result: Result,
+    model: str,
+    echo: str | list[int] | None = None,
+    logprobs: bool = False,
 ) -> dict[str, Any]:
     """A successful output line, its body the chat.completion (or text_completion) serve
-    would answer; `echo` is the prompt a completions body asked to have echoed."""
-    # Imported here: its models come from the openai package, most of a second to import,
+    would answer; `echo` is the prompt a completions body asked to have echoed, with its
+    tokens' logprobs where the body asked for `logprobs` too."""
+    # Imported here: their models come from the openai package, most of a second to import,
     # which a job whose rows are not OpenAI Batch lines never needs.
     from lmpress.wire.openai import responses
+    from lmpress.wire.openai.prompt_logprobs import Echo, echo_of
 
     created = int(time.time())
     if url == COMPLETIONS_URL:
-        body = responses.text_completion(f"cmpl-{_hex()}", created, model, [result], [echo])
+        echoed = Echo() if echo is None else echo_of(echo, result, None, logprobs)
+        body = responses.text_completion(f"cmpl-{_hex()}", created, model, [result], [echoed])
     else:
         body = responses.chat_completion(f"chatcmpl-{_hex()}", created, model, result)
     return render_body(custom_id, body)

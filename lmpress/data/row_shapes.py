@@ -96,9 +96,13 @@ class ParsedRow:
     model: str | None = None  # the model an OpenAI Batch line named
     tools: list[dict[str, Any]] | None = None  # the function tools the row offers
     pooling: PoolingInput | None = None  # what an embed, score or rerank row asks
+    prompt_ids: list[int] | None = None  # a /v1/completions prompt given as token ids
 
     def request(self, params: GenerationParams) -> Request:
-        return Request(self.id, self.messages, params, prompt=self.prompt, tools=self.tools)
+        return Request(
+            self.id, self.messages, params, prompt=self.prompt, tools=self.tools,
+            prompt_ids=self.prompt_ids,
+        )  # fmt: skip
 
     @property
     def task(self) -> Task:
@@ -243,12 +247,13 @@ def _parse_batch_request(raw: dict[str, Any], line: int) -> ParsedRow:
             line, custom_id, RowShape.OPENAI_BATCH, raw, messages, overrides, None, url, model,
             sampling.tools,
         )  # fmt: skip
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise RowError("body.prompt must be a string (one prompt per line)")
+    prompt = openai_batch.body_prompt(body)
     overrides = _row_overrides(openai_batch.body_sampling(body, url).overrides)
+    if isinstance(prompt, list):  # token ids, read as given
+        return ParsedRow(
+            line, custom_id, RowShape.OPENAI_BATCH, raw, [], overrides, None, url, model,
+            prompt_ids=prompt,
+        )  # fmt: skip
     messages = [Message("user", prompt)]
     return ParsedRow(
         line, custom_id, RowShape.OPENAI_BATCH, raw, messages, overrides, prompt, url, model
@@ -301,9 +306,11 @@ def render_row(
     if output_shape_for(row, output_shape) is OutputShape.OPENAI:
         # The model that generated, as vLLM's run-batch reports it, not the name requested.
         body = row.raw.get("body") if row.shape is RowShape.OPENAI_BATCH else None
-        echo = row.prompt or "" if isinstance(body, dict) and body.get("echo") else ""
+        echoed = isinstance(body, dict) and body.get("echo")
+        echo = (row.prompt_ids or row.prompt or "") if echoed else None
+        logprobs = isinstance(body, dict) and body.get("logprobs") is not None
         line = openai_batch.render_output(
-            row.id, row.url, result, result.model or row.model or "unknown", echo
+            row.id, row.url, result, result.model or row.model or "unknown", echo, logprobs
         )
         return _mark_cached(line, result)
     return _render_lmpress(row, result)

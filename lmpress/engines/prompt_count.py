@@ -117,6 +117,8 @@ def estimate_tokens(text_chars: int, messages: int = 0, images: int = 0) -> int:
 def estimate_request_tokens(request: Request) -> int:
     """A request's input tokens, roughly, before the provider counts them: its text, and the
     tools it offers (their JSON Schemas are input too)."""
+    if request.prompt_ids is not None:
+        return len(request.prompt_ids)
     if request.prompt is not None:
         return estimate_tokens(len(request.prompt))
     chars = sum(len(m.text()) for m in request.messages)

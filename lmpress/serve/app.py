@@ -29,7 +29,7 @@ from lmpress.cache.responses import CacheMode, ResponseCache, cache_mode
 from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, check_tools, unsupported_params
-from lmpress.serve import errors, limits, messages, metrics, openapi, pooling, responses_api
+from lmpress.serve import errors, limits, messages, metrics, openapi, pooling, responses_api, tokens
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -43,6 +43,7 @@ from lmpress.serve.asgi import (
 )
 from lmpress.serve.batches import add_batch_routes
 from lmpress.serve.media import AfterImages, ClientImages
+from lmpress.serve.tokens import Echoing
 from lmpress.version import __version__
 from lmpress.vocabulary.errors import ErrorKind, InputError, UnsupportedParamError
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result, Usage
@@ -74,6 +75,7 @@ class Server:
             cache = ResponseCache.open(engine.config, settings.cache, settings.cache_dir, say)
         self.answers = CachedAnswers(engine, cache)
         self.images = ClientImages(settings)
+        self.tokens = tokens.EngineTokenizer(engine)
 
     # --- checks shared by the generation routes ----------------------------------------------
 
@@ -111,9 +113,15 @@ class Server:
         does not honour and what is over the server's caps."""
         params = self.engine.config.generation.replace(**sampling.overrides)
         limits.check_samples(self.settings, params, sampling.source, prompts)
+        if params.max_new_tokens == 0 and "prompt_logprobs" not in self.engine.supported_params:
+            name = sampling.source.get("max_new_tokens", "max_tokens")
+            raise sampling.refuse(
+                name, f"0 only scores the prompt, which engine {self.engine.name} cannot do; "
+                "ask for 1 or more tokens",
+            )  # fmt: skip
         unsupported = unsupported_params(self.engine, params)
         if unsupported:
-            names = [sampling.source.get(name, name) for name in unsupported]
+            names = list(dict.fromkeys(sampling.source.get(name, name) for name in unsupported))
             raise ApiError(
                 400,
                 f"engine {self.engine.name} does not support {', '.join(repr(n) for n in names)}",
@@ -184,8 +192,9 @@ class Server:
         body = bodies.parse_body(bodies.CompletionBody, await self.read_body(request))
         sampling = bodies.completion_sampling(body)
         prompts = bodies.completion_prompts(body)
+        texts = [p for p in prompts if isinstance(p, str)]
         limits.check_prompt_count(self.settings, len(prompts), "prompt")
-        limits.check_prompt_bytes(self.settings, prompts, "prompt")
+        limits.check_prompt_bytes(self.settings, texts, "prompt")
         self.check_model(bodies.require_model(body))
         params = self.params(sampling, len(prompts))
         entry = request_log(request.scope)
@@ -193,17 +202,21 @@ class Server:
         if self.settings.log_content:
             entry.content = {"prompt": prompts}
         requests = [
-            Request(f"{entry.id}-{i}", [], params, prompt=prompt)
-            for i, prompt in enumerate(prompts)
-        ]
-        echoes = prompts if body.echo else [""] * len(prompts)
+            Request(f"{entry.id}-{i}", [], params, prompt=p if isinstance(p, str) else None,
+                    prompt_ids=None if isinstance(p, str) else p)
+            for i, p in enumerate(prompts)
+        ]  # fmt: skip
         if body.stream:
+            if any(not isinstance(p, str) for p in prompts) and body.echo:
+                raise sampling.refuse("echo", "of token ids is not streamed; send 'stream': false")
+            echoes = prompts if body.echo else [""] * len(prompts)
             chunks = CompletionChunks(
                 entry.id, int(time.time()), self.model_name, body.include_usage
             )
-            run = self._stream(requests, chunks, entry, echoes)
+            run = self._stream(requests, chunks, entry, echoes)  # type: ignore[arg-type]
         else:
-            run = self._complete_text(requests, entry, echoes)
+            echo = Echoing(prompts, body.echo or False, body.logprobs is not None)
+            run = self._complete_text(requests, entry, echo)
         return GenerationResponse(self.slots, run, entry, len(prompts) * params.n)
 
     # --- running generations -------------------------------------------------------------
@@ -222,15 +235,16 @@ class Server:
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
     async def _complete_text(
-        self, requests: list[Request], entry: RequestLog, echoes: list[str]
+        self, requests: list[Request], entry: RequestLog, echo: Echoing
     ) -> Response:
         results = list(await asyncio.gather(*(self.answers.complete(r) for r in requests)))
         self._finish_log(entry, results)
         for result in results:
             if result.error is not None:
                 raise error_from_info(result.error, entry.id)
+        tokenizer = await self.tokens.get() if echo.needs_tokenizer else None
         body = responses.text_completion(
-            entry.id, int(time.time()), self.model_name, results, echoes
+            entry.id, int(time.time()), self.model_name, results, echo.of(results, tokenizer)
         )
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
@@ -391,6 +405,7 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
                 response_model=None, responses=openapi.replies(reply, stream=stream),
             )  # fmt: skip
     messages.register(app, server)  # Anthropic's /v1/messages and its count_tokens
+    tokens.register(app, server)  # vLLM's /tokenize, /detokenize and /tokenizer_info
     app.state.batch_runs = add_batch_routes(app, engine, settings.state_dir, server.images)
     if app.state.batch_runs is not None:  # each batch line and its tokens, in /metrics
         app.state.batch_runs.line_listeners.append(server.metrics.count_batch_line)

@@ -127,6 +127,8 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "EmbeddingsBody": [{"input": "a sentence to embed"}],
     "ScoreBody": [{"text_1": "a query", "text_2": ["a passage", "another passage"]}],
     "RerankBody": [{"query": "a query", "documents": ["a passage", "another passage"]}],
+    "TokenizeBody": [{"prompt": "Once upon a time"}],
+    "DetokenizeBody": [{"tokens": [1, 2, 3]}],
     "CreateBatchBody": [
         {"input_file_id": "file-1", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     ],

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmpress.vocabulary.embeddings import Embedding
-from lmpress.vocabulary.types import Sample, Usage
+from lmpress.vocabulary.types import Sample, TokenLogprob, Usage
 
 
 class MalformedResponse(Exception):
@@ -22,6 +22,9 @@ class Reply:
     samples: list[Sample]
     usage: Usage
     model: str = ""
+    # A scored prompt's tokens' logprobs and ids (Result.prompt_logprobs, Result.prompt_ids).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_ids: list[int] | None = None
 
 
 @dataclass

@@ -11,7 +11,7 @@ from fastapi.routing import APIRoute
 from lmpress.serve.batches import CreateBatchBody
 from lmpress.serve.openapi import REF
 from lmpress.wire.anthropic import server as anthropic_server
-from lmpress.wire.openai import pooling
+from lmpress.wire.openai import pooling, tokens
 from lmpress.wire.openai import requests as bodies
 from lmpress.wire.openai.responses_api.requests import ResponsesBody
 
@@ -27,6 +27,8 @@ BODIES = {
     "/v1/messages": anthropic_server.MessagesBody,
     "/v1/messages/count_tokens": anthropic_server.CountTokensBody,
     "/v1/batches": CreateBatchBody,
+    "/tokenize": tokens.TokenizeBody,
+    "/detokenize": tokens.DetokenizeBody,
 }
 
 

@@ -146,6 +146,8 @@ class HfPrompts:
         (pixel_values and whatever else the model takes with them); None without images.
         `template_kwargs`: this request's own template variables (its reasoning_effort's),
         over the recipe's."""
+        if request.prompt_ids is not None:  # as given: no template, no special tokens added
+            return list(request.prompt_ids), None
         if request.prompt is not None:
             return list(self.tokenizer(request.prompt)["input_ids"]), None
         text = render_chat_prompt(

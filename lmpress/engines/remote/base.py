@@ -197,6 +197,7 @@ class RemoteEngine(Engine):
         try:
             check_text(request)
             check_tools(self, request)
+            check_prompt_ids(self, request)
             self.check_request_params(request.params)
         except (RequestError, LmpressError) as exc:
             return error_result(
@@ -287,6 +288,7 @@ class RemoteEngine(Engine):
         try:
             check_text(request)
             check_tools(self, request)
+            check_prompt_ids(self, request)
             self.check_request_params(request.params)
         except (RequestError, LmpressError) as exc:
             yield error_result(
@@ -395,6 +397,8 @@ class RemoteEngine(Engine):
             model=reply.model or self.model_name,
             engine=self.name,
             latency_s=time.perf_counter() - started,
+            prompt_logprobs=reply.prompt_logprobs,
+            prompt_ids=reply.prompt_ids,
         )
 
     def _failed(self, request: Request, failure: Failure, attempts: int, started: float) -> Result:
@@ -410,6 +414,17 @@ class RemoteEngine(Engine):
             detail = detail[:MESSAGE_LIMIT] + "..."
         message = f"{self.name}: {status}{detail}{tries}"
         return ErrorInfo(failure.kind, message, failure.status)
+
+
+def check_prompt_ids(engine: RemoteEngine, request: Request) -> None:
+    """Refuse a prompt of token ids where the provider takes text only: the ids are a local
+    model's, and only a server that scores prompts (one serving such a model) reads them."""
+    if request.prompt_ids is not None and "prompt_logprobs" not in engine.supported_params:
+        raise RequestError(
+            f"engine {engine.name} takes prompts as text, not token ids; send text, or use a "
+            f"server that reads token ids (REMOTE, REMOTE_VLLM, SGLANG)",
+            kind=ErrorKind.INVALID_REQUEST,
+        )
 
 
 def estimate_input_tokens(inputs: Sequence[str] | Sequence[list[int]]) -> int:

@@ -36,10 +36,12 @@ from lmpress.wire.images import inline_image_url
 from lmpress.wire.openai.client import (
     OPENAI_PARAMS,
     Dialect,
+    completion_prompt,
     embed_body,
     request_body,
     score_body,
 )
+from lmpress.wire.openai.prompt_logprobs import read_scored
 from lmpress.wire.openai.replies import (
     StreamedChoice,
     chat_usage,
@@ -140,9 +142,10 @@ class OpenAICompatEngine(RemoteEngine):
         # builds, authenticates and sends the request and raises its errors, but skips
         # re-validating a body request_body already shaped and building response models,
         # about 0.7 ms of CPU a request, which a million-row job feels.
-        path = "/completions" if request.prompt is not None else "/chat/completions"
-        data = await _post(client, path, body)
+        raw = completion_prompt(request) is not None
+        data = await _post(client, "/completions" if raw else "/chat/completions", body)
         reply = parse_chat_completion(data, self.model_name, self.reasoning.thought_tags)
+        reply = read_scored(data, request, reply)
         return keep_requested_stops(reply, request.params.stop_strings)
 
     def embed_request_body(self, request: EmbedRequest, model: str) -> dict[str, Any]:
@@ -177,7 +180,8 @@ class OpenAICompatEngine(RemoteEngine):
         await self._before_send(client)
         body = self.with_user(self.request_body(request, await self.model_for(client), stream=True))
         kwargs, extra = _split(body)
-        api = client.completions if request.prompt is not None else client.chat.completions
+        raw = completion_prompt(request) is not None
+        api = client.completions if raw else client.chat.completions
         stream = await api.create(**kwargs, extra_body=extra or None)
         choices: dict[int, StreamedChoice] = {}
         usage = Usage()

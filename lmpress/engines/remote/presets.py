@@ -19,7 +19,13 @@ from functools import cache
 from typing import Any, Literal
 
 from lmpress.engines.remote.reasoning import GOOGLE, OPENAI_EFFORT, ReasoningFields
-from lmpress.wire.openai.client import OPEN_MODEL_PARAMS, OPENAI_PARAMS, VLLM_PARAMS, Dialect
+from lmpress.wire.openai.client import (
+    OPEN_MODEL_PARAMS,
+    OPENAI_PARAMS,
+    SCORING_PARAMS,
+    VLLM_PARAMS,
+    Dialect,
+)
 
 OPENAI_COMPAT = "lmpress.engines.remote.openai_compat:OpenAICompatEngine"
 GENERATE = frozenset({"generate"})
@@ -124,9 +130,12 @@ PROVIDERS: tuple[Provider, ...] = (
              batch_discount=0.5, batch_api=BatchApi.ANTHROPIC, batch_max_requests=100_000,
              batch_max_bytes=256 * 1024 * 1024, prompt_caching="marked", cache_write_share=1.25),
     # A server of one's own may implement OpenAI's Files and Batches endpoints.
-    Provider("REMOTE", "any OpenAI-compatible server", key_required=False, model_required=False,
+    # Servers of open models score prompts (echo with logprobs, vLLM's prompt_logprobs).
+    Provider("REMOTE", "any OpenAI-compatible server", params=OPENAI_PARAMS | SCORING_PARAMS,
+             key_required=False, model_required=False,
              reasoning=OPENAI_EFFORT, batch_api=BatchApi.OPENAI, tasks=EMBED),
-    Provider("REMOTE_VLLM", "a remote vLLM server", params=OPENAI_PARAMS | VLLM_PARAMS,
+    Provider("REMOTE_VLLM", "a remote vLLM server",
+             params=OPENAI_PARAMS | VLLM_PARAMS | SCORING_PARAMS,
              dialect=Dialect(extra_fields=VLLM_PARAMS, structured_outputs=True),
              reasoning=OPENAI_EFFORT, key_required=False, model_required=False, tasks=POOLING),
     Provider("GEMINI", "Google Gemini (OpenAI-compatible)",
@@ -155,7 +164,7 @@ PROVIDERS: tuple[Provider, ...] = (
              tasks=EMBED),
     # SGLang's OpenAI-compatible API: guided_decoding.json goes as response_format.
     Provider("SGLANG", "a running SGLang server (OpenAI-compatible API)",
-             params=OPENAI_PARAMS | VLLM_PARAMS, dialect=Dialect(extra_fields=VLLM_PARAMS),
+             params=OPENAI_PARAMS | VLLM_PARAMS | SCORING_PARAMS, dialect=Dialect(extra_fields=VLLM_PARAMS),
              reasoning=OPENAI_EFFORT, key_required=False, model_required=False, tasks=EMBED,
              engine="lmpress.engines.remote.openai_compat:SGLangEngine"),
     Provider("SAMBANOVA", "SambaNova Cloud", "https://api.sambanova.ai/v1", "SAMBANOVA_API_KEY",

@@ -18,6 +18,9 @@ OPENAI_PARAMS = frozenset({
     "max_new_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty",
     "stop_strings", "seed", "n", "logprobs", "top_logprobs", "logit_bias", "guided_decoding",
 })  # fmt: skip
+# A prompt's own logprobs: servers that score prompts (vLLM, SGLang, lmpress serve) take them as
+# OpenAI's legacy `echo` with `logprobs` on completions, and as vLLM's `prompt_logprobs` on chat.
+SCORING_PARAMS = frozenset({"prompt_logprobs"})
 # Sampling fields many open-model servers add, sent under the same names as extra body fields.
 OPEN_MODEL_PARAMS = frozenset({"top_k", "min_p", "repetition_penalty"})
 VLLM_PARAMS = OPEN_MODEL_PARAMS | {"min_tokens", "stop_token_ids", "skip_special_tokens"}
@@ -63,13 +66,12 @@ def request_body(
     """
     p = request.params
     body: dict[str, Any] = {"model": model}
-    if request.prompt is not None:
-        body["prompt"] = request.prompt
+    raw = completion_prompt(request)
+    if raw is not None:
+        body["prompt"] = raw
     else:
         body["messages"] = [_message(m, image_url) for m in request.messages]
-    body["max_tokens" if request.prompt is not None else dialect.max_tokens_field] = (
-        p.max_new_tokens
-    )
+    body["max_tokens" if raw is not None else dialect.max_tokens_field] = p.max_new_tokens
     body["temperature"] = p.temperature
     if p.top_p != 1.0:
         body["top_p"] = p.top_p
@@ -84,12 +86,14 @@ def request_body(
     if p.n != 1:
         body["n"] = p.n
     if p.logprobs:
-        if request.prompt is not None:
+        if raw is not None:
             body["logprobs"] = p.top_logprobs or 1
         else:
             body["logprobs"] = True
             if p.top_logprobs:
                 body["top_logprobs"] = p.top_logprobs
+    if p.prompt_logprobs is not None:
+        _prompt_logprobs(body, p, raw is not None)
     if p.logit_bias:
         # OpenAI's type takes whole-number biases, and a config's -100 is read as -100.0.
         body["logit_bias"] = {
@@ -105,7 +109,7 @@ def request_body(
             body["structured_outputs"] = p.guided_decoding.vllm_fields()
         else:
             body["response_format"] = response_format(p.guided_decoding)
-    if request.tools and request.prompt is None:
+    if request.tools and raw is None:
         body["tools"] = [{"type": "function", "function": t["function"]} for t in request.tools]
         if p.tool_choice is not None:
             body["tool_choice"] = p.tool_choice
@@ -115,6 +119,23 @@ def request_body(
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}  # a usage chunk at the end
     return body
+
+
+def completion_prompt(request: Request) -> str | list[int] | None:
+    """The request's raw prompt, for /completions (token ids win over text); None for a chat."""
+    return request.prompt_ids if request.prompt_ids is not None else request.prompt
+
+
+def _prompt_logprobs(body: dict[str, Any], p: GenerationParams, completions: bool) -> None:
+    """A completions prompt is scored by echoing it with logprobs, which every server that
+    scores prompts answers (one `logprobs` count serves the prompt's and the reply's tokens);
+    a chat asks vLLM's `prompt_logprobs`."""
+    assert p.prompt_logprobs is not None
+    if not completions:
+        body["prompt_logprobs"] = p.prompt_logprobs
+        return
+    body["echo"] = True
+    body["logprobs"] = max(p.prompt_logprobs, p.top_logprobs if p.logprobs else 0)
 
 
 def response_format(guided: GuidedDecoding) -> dict[str, Any]:

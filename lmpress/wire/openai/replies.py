@@ -109,7 +109,7 @@ class StreamedChoice:
     def add(self, choice: Any, request: Request, index: int) -> list[Delta]:
         """The deltas one chunk's choice brings: thinking first, then answer."""
         thought = ""
-        if request.prompt is None:
+        if request.prompt is None and request.prompt_ids is None:  # a chat
             delta = choice.delta
             text = (delta.content if delta is not None else None) or ""
             thought = (message_reasoning(delta) if delta is not None else None) or ""

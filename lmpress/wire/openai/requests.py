@@ -62,6 +62,8 @@ class _Body(_Strict):
     # A reasoning model's thinking budget in tokens: lmpress's name, and vLLM's.
     max_reasoning_tokens: int | None = None
     thinking_token_budget: int | None = None
+    # vLLM's: the prompt's own tokens' logprobs, with this many alternatives at each.
+    prompt_logprobs: int | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -269,6 +271,7 @@ def chat_sampling(body: ChatCompletionBody, where: str = "") -> Sampling:
     if guided is not None:
         sampling.set("guided_decoding", guided, "response_format")
     _tools(body, sampling)
+    _prompt_logprobs(body, sampling)
     return sampling
 
 
@@ -322,8 +325,6 @@ def completion_sampling(body: CompletionBody, where: str = "") -> Sampling:
         raise ApiError(400, f"{where}suffix is not supported by lmpress", param="suffix")
     if body.best_of is not None and body.best_of != (body.n or 1):
         raise sampling.refuse("best_of", "other than 'n' is not supported")
-    if body.echo and body.logprobs is not None:
-        raise sampling.refuse("echo", "with 'logprobs' is not supported")
     sampling = _common_sampling(body, body.max_tokens, where)
     if body.logprobs is not None:
         if not 0 <= body.logprobs <= 5:
@@ -331,22 +332,66 @@ def completion_sampling(body: CompletionBody, where: str = "") -> Sampling:
         sampling.set("logprobs", True, "logprobs")
         if body.logprobs:
             sampling.set("top_logprobs", body.logprobs, "logprobs")
+    _prompt_logprobs(body, sampling)
+    if body.echo and body.logprobs is not None and body.prompt_logprobs is None:
+        # The echoed prompt's tokens come with their logprobs, as vLLM and OpenAI's legacy
+        # completions give them: the prompt's logprobs with the same alternatives.
+        sampling.set("prompt_logprobs", body.logprobs, "echo")
     return sampling
 
 
-def completion_prompts(body: CompletionBody) -> list[str]:
-    """The body's prompts. An empty one is refused, as vLLM refuses it: a model given no token
-    has nothing to continue from."""
+def _prompt_logprobs(body: ChatCompletionBody | CompletionBody, sampling: Sampling) -> None:
+    """vLLM's `prompt_logprobs`: not streamed (vLLM refuses it too), 0 to 20 alternatives."""
+    wanted = body.prompt_logprobs
+    echoed = isinstance(body, CompletionBody) and body.echo and body.logprobs is not None
+    if body.stream and (wanted is not None or echoed):
+        argument = "prompt_logprobs" if wanted is not None else "echo"
+        raise sampling.refuse(argument, "with logprobs is not available when 'stream' is true")
+    if wanted is None:
+        return
+    if not 0 <= wanted <= MAX_PROMPT_LOGPROBS:
+        raise sampling.refuse("prompt_logprobs", f"must be in [0, {MAX_PROMPT_LOGPROBS}]")
+    sampling.set("prompt_logprobs", wanted, "prompt_logprobs")
+
+
+# The most alternatives a prompt token's logprobs list (OpenAI's top_logprobs cap).
+MAX_PROMPT_LOGPROBS = 20
+
+# A completions prompt: text, or token ids read as given.
+Prompt = str | list[int]
+
+
+def completion_prompts(body: CompletionBody, where: str = "") -> list[Prompt]:
+    """The body's prompts: a text, token ids, or a list of either. An empty one is refused, as
+    vLLM refuses it: a model given no token has nothing to continue from."""
     prompt = body.prompt
-    if isinstance(prompt, str):
+    shown = f"{where}prompt"
+    if isinstance(prompt, str) or _token_ids(prompt):
         prompt = [prompt]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        if not all(prompt):
-            raise ApiError(400, "'prompt' is empty: send some text to continue", param="prompt")
-        return list(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) for p in prompt):
-        raise ApiError(400, "prompts as token ids are not supported; send text", param="prompt")
-    raise ApiError(400, "'prompt' must be a string or a non-empty list of strings", param="prompt")
+    if not isinstance(prompt, list) or not prompt:
+        raise ApiError(
+            400,
+            f"'{shown}' must be a string, a list of token ids, or a non-empty list of either",
+            param="prompt",
+        )
+    for i, item in enumerate(prompt):
+        if not isinstance(item, str) and not _token_ids(item):
+            raise ApiError(
+                400,
+                f"'{shown}' item {i}: neither a text nor a list of token ids (integers, 0 or more)",
+                param="prompt",
+            )
+        if not item:
+            raise ApiError(400, f"'{shown}' is empty: send some text to continue", param="prompt")
+    return list(prompt)
+
+
+def _token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    )
 
 
 def guided_decoding(response_format: dict[str, Any] | None, where: str = "") -> Any:

@@ -34,11 +34,11 @@ from openai.types.chat.chat_completion_token_logprob import (
     ChatCompletionTokenLogprob,
     TopLogprob,
 )
-from openai.types.completion_choice import Logprobs as CompletionLogprobs
 from openai.types.completion_usage import CompletionTokensDetails, PromptTokensDetails
 from pydantic import BaseModel
 
 from lmpress.vocabulary.types import FinishReason, Result, Sample, TokenLogprob, Usage
+from lmpress.wire.openai.prompt_logprobs import Echo, completion_logprobs, vllm_prompt_logprobs
 
 # --- response bodies -------------------------------------------------------------------------
 
@@ -144,6 +144,7 @@ def chat_completion(id: str, created: int, model: str, result: Result) -> dict[s
         )
         for i, sample in enumerate(result.samples)
     ]
+    scored = vllm_prompt_logprobs(result)
     completion = ChatCompletion(
         id=id,
         object="chat.completion",
@@ -152,23 +153,30 @@ def chat_completion(id: str, created: int, model: str, result: Result) -> dict[s
         choices=choices,
         usage=usage_model(result.usage, result.reasoned),
         system_fingerprint=None,
+        **({} if scored is None else {"prompt_logprobs": scored}),  # vLLM's, beside the choices
     )
     return _dump(completion)
 
 
 def text_completion(
-    id: str, created: int, model: str, results: list[Result], echoes: list[str]
+    id: str, created: int, model: str, results: list[Result], echoes: list[Echo]
 ) -> dict[str, Any]:
-    """One Completion for every prompt's Result; choice i*n+j is prompt i's sample j."""
+    """One Completion for every prompt's Result; choice i*n+j is prompt i's sample j. An echo
+    writes its prompt before each reply, and with logprobs its tokens before the reply's; a
+    Result with prompt logprobs gives every choice vLLM's `prompt_logprobs` too."""
     choices = []
     for result, echo in zip(results, echoes, strict=True):
+        scored = vllm_prompt_logprobs(result)
+        extra = {} if scored is None else {"prompt_logprobs": scored}
         for sample in result.samples:
+            logprobs = completion_logprobs(sample.logprobs, echo, result)
             choices.append(
                 CompletionChoice(
                     index=len(choices),
-                    text=echo + sample.text,
+                    text=echo.text + sample.text,
                     finish_reason=_text_finish(sample),
-                    logprobs=_completion_logprobs(sample.logprobs),
+                    logprobs=logprobs,
+                    **extra,
                 )
             )
     total = Usage.summed(r.usage for r in results)
@@ -182,21 +190,6 @@ def text_completion(
         system_fingerprint=None,
     )
     return _dump(completion)
-
-
-def _completion_logprobs(items: list[TokenLogprob] | None) -> CompletionLogprobs | None:
-    if items is None:
-        return None
-    offsets, at = [], 0
-    for t in items:
-        offsets.append(at)
-        at += len(t.token)
-    return CompletionLogprobs(
-        tokens=[t.token for t in items],
-        token_logprobs=[t.logprob for t in items],
-        top_logprobs=[dict(t.top) for t in items],
-        text_offset=offsets,
-    )
 
 
 def model_list(names: list[str], created: int, owner: str) -> dict[str, Any]:
@@ -336,7 +329,7 @@ class CompletionChunks:
             index=index,
             text="",
             finish_reason=_text_finish(sample),
-            logprobs=_completion_logprobs(sample.logprobs),
+            logprobs=completion_logprobs(sample.logprobs),
         )
         return sse(_dump(self._chunk([choice])))
 

@@ -71,14 +71,14 @@ def test_the_engine_loads_from_the_copy_exactly_what_the_gguf_file_holds():
         shipped = GenerationConfig.from_pretrained(copy)
         assert shipped.to_diff_dict() == model.generation_config.to_diff_dict()
         theirs = tokenizer
-        assert engine.tokenizer.get_vocab() == theirs.get_vocab()
-        assert engine.tokenizer.special_tokens_map == theirs.special_tokens_map
-        assert engine.tokenizer.chat_template == theirs.chat_template
+        assert engine.hf_tokenizer.get_vocab() == theirs.get_vocab()
+        assert engine.hf_tokenizer.special_tokens_map == theirs.special_tokens_map
+        assert engine.hf_tokenizer.chat_template == theirs.chat_template
         for text in TEXTS:
-            assert engine.tokenizer(text)["input_ids"] == theirs(text)["input_ids"]
+            assert engine.hf_tokenizer(text)["input_ids"] == theirs(text)["input_ids"]
         ids = theirs.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt")
         ids = ids["input_ids"]
-        assert torch.equal(engine.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt")["input_ids"], ids)  # fmt: skip
+        assert torch.equal(engine.hf_tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt")["input_ids"], ids)  # fmt: skip
         with torch.inference_mode():
             want = model.generate(input_ids=ids, max_new_tokens=12, do_sample=False)
         reply = theirs.decode(want[0, ids.shape[1] :], skip_special_tokens=True)

@@ -250,7 +250,7 @@ def raw_generate_one_at_a_time(engine, questions: list[str], max_new_tokens: int
     """transformers' own greedy `generate`, one prompt at a time (no padding, no batch)."""
     import torch
 
-    tokenizer, replies = engine.tokenizer, []
+    tokenizer, replies = engine.hf_tokenizer, []
     for q in questions:
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt"

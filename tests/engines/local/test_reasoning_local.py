@@ -64,7 +64,7 @@ def reference(engine):
     if engine.name == "NATIVE":
         import torch
 
-        tokenizer = engine.tokenizer
+        tokenizer = engine.hf_tokenizer
 
         def more(ids: list[int], n: int) -> list[int]:
             out = engine.model.generate(
@@ -227,7 +227,7 @@ def test_earlier_turns_thinking_is_left_out_of_the_prompt(engine):
     prompt = (
         engine.render(request)
         if engine.name == "LLAMACPP"
-        else engine.tokenizer.decode(engine.encode(request))
+        else engine.hf_tokenizer.decode(engine.encode(request))
     )
     assert "Down the hill." in prompt and "SECRETPLAN" not in prompt
 

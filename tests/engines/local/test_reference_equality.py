@@ -252,8 +252,8 @@ def test_native_greedy_text_and_logprobs_equal_transformers_generate_on_smollm2(
     requests = [chat(q, params, str(i)) for i, q in enumerate(questions)]
     results = smollm2.generate(requests)
     for question, request, result in zip(questions, requests, results, strict=True):
-        reference = transformers_greedy(smollm2.model, smollm2.tokenizer, question, NEW_TOKENS)
-        assert_equals_reference(smollm2, smollm2.tokenizer, result, request, reference)
+        reference = transformers_greedy(smollm2.model, smollm2.hf_tokenizer, question, NEW_TOKENS)
+        assert_equals_reference(smollm2, smollm2.hf_tokenizer, result, request, reference)
     assert "Paris" in results[1].text
     assert any(r.finish_reason == "stop" for r in results)  # an end token was compared too
 

@@ -93,7 +93,7 @@ def test_draws_at_temperature_1_follow_the_models_softmax(engine):
     request = Request("d", [Message("user", "Pick a word.")])
     ids = engine.encode(request)
     if engine.name == "NATIVE":
-        end_ids, label = engine.eos_ids, lambda t: engine.tokenizer.decode([t])
+        end_ids, label = engine.eos_ids, lambda t: engine.hf_tokenizer.decode([t])
     else:
         params = GenerationParams()
         end_ids, label = set(engine.vocab.end_ids()), lambda t: engine.vocab.string(t, params)

@@ -11,6 +11,7 @@ from lmpress.data.openai_batch import render_error
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import FINISH_REASONS, ErrorInfo, Result, Sample
 from lmpress.wire.openai.errors import HTTP_STATUS, error_from_info
+from lmpress.wire.openai.prompt_logprobs import Echo
 from lmpress.wire.openai.responses import (
     COMPLETION_FINISH,
     OPENAI_FINISH,
@@ -65,7 +66,7 @@ def test_every_finish_reason_is_an_openai_one_in_both_bodies(reason):
     assert reason in OPENAI_FINISH and reason in COMPLETION_FINISH
     result = Result("r", [Sample("hi", reason)])
     chat = ChatCompletion.model_validate(chat_completion("c", 0, "m", result))
-    text = Completion.model_validate(text_completion("t", 0, "m", [result], [""]))
+    text = Completion.model_validate(text_completion("t", 0, "m", [result], [Echo()]))
     assert chat.choices[0].finish_reason == OPENAI_FINISH[reason]
     assert text.choices[0].finish_reason == COMPLETION_FINISH[reason]
     if reason in ("stop", "length", "content_filter", "tool_calls"):

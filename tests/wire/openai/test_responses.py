@@ -10,6 +10,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from lmpress.vocabulary.types import Result, Sample, Usage
 from lmpress.wire.openai import responses
+from lmpress.wire.openai.prompt_logprobs import Echo
 from lmpress.wire.openai.responses import ChatChunks
 
 
@@ -44,5 +45,7 @@ def test_a_body_says_the_thinking_only_for_a_model_that_reasoned():
 
 def test_a_text_completion_counts_the_thinking_of_every_prompt():
     results = [Result(f"r{i}", [Sample("x", "stop")], Usage(1, 4, 2)) for i in range(2)]
-    body = Completion.model_validate(responses.text_completion("c", 1, "m", results, ["", ""]))
+    body = Completion.model_validate(
+        responses.text_completion("c", 1, "m", results, [Echo(), Echo()])
+    )
     assert body.usage.completion_tokens_details.reasoning_tokens == 4

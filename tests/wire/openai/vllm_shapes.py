@@ -71,3 +71,58 @@ class BatchOutputLine(_Exact):
     custom_id: str | None
     response: BatchResponse | None
     error: Any | None
+
+
+# --- completions and chat with prompt logprobs (vllm/entrypoints/openai/completion/protocol.py,
+# chat_completion/protocol.py and vllm/logprobs.py) ------------------------------------------
+
+
+class VllmLogprob(_Exact):
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, VllmLogprob] | None] | None
+
+
+class VllmCompletionLogProbs(_Exact):
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class VllmCompletionChoice(_Exact):
+    index: int
+    text: str
+    logprobs: VllmCompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs = None
+    prompt_token_ids: list[int] | None = None
+
+
+class VllmCompletionResponse(_Exact):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[VllmCompletionChoice]
+    system_fingerprint: str | None = None
+    usage: dict[str, Any]
+
+
+class VllmChatResponse(_Exact):
+    """A chat.completion: its prompt logprobs beside the choices, not in them."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    system_fingerprint: str | None = None
+    usage: dict[str, Any]
+    prompt_logprobs: PromptLogprobs = None
+    prompt_token_ids: list[int] | None = None

@@ -377,12 +377,15 @@ class PrefixStore:
     def __init__(self, slots: int = PREFIX_SLOTS):
         self.stored: deque[PromptCache] = deque(maxlen=slots)
 
-    def longest(self, ids: list[int]) -> tuple[PromptCache | None, int]:
-        """The stored prompt sharing the longest prefix with `ids`, and how many tokens; the
-        last token of `ids` is never shared, since its logits pick the first new token."""
+    def longest(self, ids: list[int], limit: int | None = None) -> tuple[PromptCache | None, int]:
+        """The stored prompt sharing the longest prefix with `ids`, and how many tokens, at
+        most `limit`: the positions whose logits are wanted must be computed (the last token's,
+        which pick the first new token, by default; a scored prompt's from its first scored
+        token's position)."""
+        limit = len(ids) - 1 if limit is None else limit
         best, best_shared = None, 0
         for stored in self.stored:
-            shared = shared_prefix(stored.ids, ids, len(ids) - 1)
+            shared = shared_prefix(stored.ids, ids, limit)
             if shared > best_shared:
                 best, best_shared = stored, shared
         if best_shared < MIN_SHARED_PREFIX:

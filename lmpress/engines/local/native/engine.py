@@ -43,6 +43,7 @@ from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Occupancy, check_token_settings, failure_info
 from lmpress.engines.common.checkpoints import context_length, load_model_config, load_tokenizer
 from lmpress.engines.common.embeddings import cosine_scores, finish_embeddings
+from lmpress.engines.common.hf_tokenizer import HfTokenizer
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
@@ -94,7 +95,7 @@ class NativeEngine(WorkerEngine):
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens", "guided_decoding",
-        "reasoning_effort", "max_reasoning_tokens",
+        "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
     })  # fmt: skip
     uses_generation_defaults = True
     # Drafts by prompt lookup or a draft model (drafting.py), verified in the batch
@@ -158,17 +159,21 @@ class NativeEngine(WorkerEngine):
         # After the weights: a packaged GGUF's tokenizer then comes from the dequantized copy
         # load_model made on first use, not from parsing the GGUF file's vocabulary again
         # (~7 s of SmolLM2's first run here).
-        self.tokenizer = load_tokenizer(config.model)
+        # transformers' own tokenizer; `tokenizer()` is the engine contract's, over it.
+        self.hf_tokenizer = load_tokenizer(config.model)
         use_row_attention(self.model)
         # model.compile packs the weights its own way (inductor's freezing).
         if switch(config.model, "pack_weights") and not config.model.compile:
             pack_linears(self.model)
-        self.processor = load_processor(config.model, model_config, self.tokenizer)
+        self.processor = load_processor(config.model, model_config, self.hf_tokenizer)
         policy = config.model.generation_defaults
         self.model_defaults = checkpoint_defaults(self.model, policy)
         self.checkpoint_processors = checkpoint_processors(self.model, policy, self.device)
-        self.eos_ids = eos_ids(self.model, self.tokenizer)
+        self.eos_ids = eos_ids(self.model, self.hf_tokenizer)
         self.context_length = context_length(self.model.config, config.model.model_max_length)
+        self._tokenizer = HfTokenizer(
+            self.hf_tokenizer, self.context_length, min(self.eos_ids, default=None)
+        )
         self.n_vocab = self.model.config.get_text_config().vocab_size  # the logits' width
         self.batch_size = config.generation.batch_size
         self.kv_budget_tokens, self.prefix_reuse = batching_settings(
@@ -178,8 +183,10 @@ class NativeEngine(WorkerEngine):
         self.max_in_flight = 2 * self.batch_size
         self._grammars: Grammars | None = None
         self.tool_call_parser = check_parser(config.model.tool_call_parser)
-        self.prompts = native_prompts(config, self.tokenizer, self.tool_call_parser, self.processor)
-        tokenizer = self.tokenizer
+        self.prompts = native_prompts(
+            config, self.hf_tokenizer, self.tool_call_parser, self.processor
+        )
+        tokenizer = self.hf_tokenizer
         self.model_reasoning = ModelReasoning(
             getattr(tokenizer, "chat_template", None),
             config.model.reasoning_parser,
@@ -194,12 +201,13 @@ class NativeEngine(WorkerEngine):
         if speculation is not None and speculation.draft_model:
             self.draft_model = load_draft_model(config.model, self.model, self.device, self.dtype)
         scheduler = NativeScheduler(
-            self._queue, self, model=self.model, tokenizer=self.tokenizer, device=self.device,
+            self._queue, self, model=self.model, tokenizer=self.hf_tokenizer, device=self.device,
             eos_ids=self.eos_ids, context_length=self.context_length, batch_size=self.batch_size,
             kv_budget_tokens=self.kv_budget_tokens, prefix_reuse=self.prefix_reuse,
             checkpoint_processors=self.checkpoint_processors,
             speculation=speculation, draft_model=self.draft_model,
             decode=compiled_decode(self.model) if config.model.compile else None,
+            token_text=self._tokenizer.piece,
         )  # fmt: skip
         if config.model.compile:
             scheduler.warm()
@@ -211,10 +219,18 @@ class NativeEngine(WorkerEngine):
             held = dataclasses.replace(held, kv_cache_usage=self.scheduler.kv_cache_usage())
         return held
 
+    def tokenizer(self) -> HfTokenizer:
+        if self.encoder is not None:
+            raise UnsupportedParamError(
+                f"engine {self.name} was loaded for {self.config.task}; run it with task: "
+                f"generate to tokenize and score text"
+            )
+        return self._tokenizer
+
     def _grammar_engine(self) -> Grammars:
         """The grammar engine over this model's tokenizer, built on the first guided row."""
         if self._grammars is None:
-            self._grammars = Grammars.for_hf_tokenizer(self.tokenizer, sorted(self.eos_ids))
+            self._grammars = Grammars.for_hf_tokenizer(self.hf_tokenizer, sorted(self.eos_ids))
         return self._grammars
 
     async def aclose(self) -> None:
@@ -303,6 +319,7 @@ class NativeEngine(WorkerEngine):
                 request, params=request.params.with_defaults(self.model_defaults)
             )
         check_token_settings(request.params, self.n_vocab)
+        check_scoring(request, self.n_vocab)
         plan = self.prompts.plan(request)
         matcher = request_matcher(
             self._grammar_engine,
@@ -329,7 +346,10 @@ class NativeEngine(WorkerEngine):
         inputs for the model (pixel_values, ...; None without images)."""
         switches = self.model_reasoning.template_kwargs(request)
         ids, images = self.prompts.inputs(request, tool_plan, switches)
-        if self.context_length and len(ids) >= self.context_length:
+        # A reply needs a place after the prompt; with none, the last token is scored but never
+        # fed (prompt_logprobs.py), so the prompt may be one token longer than the context.
+        most = (self.context_length or 0) + (1 if request.params.max_new_tokens == 0 else -1)
+        if self.context_length and len(ids) > most:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, the model's context is {self.context_length}",
                 kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
@@ -343,6 +363,28 @@ class NativeEngine(WorkerEngine):
                 kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
             )
         return ids, images
+
+
+def check_scoring(request: Request, n_vocab: int) -> None:
+    """Refuse token ids the model does not have (they would index past its embeddings) and a
+    negative prompt_logprobs, each in one line that names it."""
+    k = request.params.prompt_logprobs
+    if k is not None and not 0 <= k <= n_vocab:
+        raise RequestError(
+            f"generation.prompt_logprobs: {k} is not between 0 and the model's {n_vocab} tokens",
+            kind=ErrorKind.INVALID_REQUEST,
+        )
+    if request.prompt_ids is None:
+        return
+    if not request.prompt_ids:
+        raise RequestError("prompt_ids is empty; give at least one token id",
+                           kind=ErrorKind.INVALID_REQUEST)  # fmt: skip
+    bad = next((t for t in request.prompt_ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise RequestError(
+            f"prompt_ids: {bad} is not a token id of this model (0 to {n_vocab - 1})",
+            kind=ErrorKind.INVALID_REQUEST,
+        )
 
 
 def cut_vector(vector: Any, width: int | None) -> Any:

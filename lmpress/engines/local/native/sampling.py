@@ -210,11 +210,13 @@ class BatchControl:
             if row.logprobs is None or row.finish_reason is not None:
                 continue
             token = int(chosen[b])
-            top = []
+            top, top_ids = [], []
             if row.params.top_logprobs:
                 values, ids = logprobs[b].topk(row.params.top_logprobs)
-                top = [(decode([int(i)]), float(v)) for v, i in zip(values, ids, strict=True)]
-            row.logprobs.append(TokenLogprob(decode([token]), float(logprobs[b, token]), top))
+                top_ids = ids.tolist()
+                top = [(decode([i]), v) for v, i in zip(values.tolist(), top_ids, strict=True)]
+            lp = float(logprobs[b, token])
+            row.logprobs.append(TokenLogprob(decode([token]), lp, top, token, top_ids))
 
     def advance(self, chosen: Any) -> None:
         """Give each row the token `choose` picked for it, ending the rows it ends."""

@@ -12,6 +12,13 @@ when its last sample ends; between steps, waiting requests join while there are 
 budget. A joining prompt is prefilled on its own, starting from the longest prefix it shares
 with a recent prompt.
 
+A prompt scored for its own tokens' logprobs (`prompt_logprobs`) keeps its prefill's logits
+from its first scored position on (prompt_logprobs.py); its prefix may come from a recent
+prompt up to that position, so the choices of one question, scored one after another, compute
+their shared context once. A request that generates nothing (`max_new_tokens` 0) is answered
+right after its prefill and never joins the batch: it takes no row, and up to `batch_size` of
+them are prefilled between two steps.
+
 transformers' own continuous batching (`generate_batch` and its manager) was measured against
 this (benchmarks/README.md); it has no per-row grammar, stop strings, seeds or penalties.
 """
@@ -19,6 +26,7 @@ this (benchmarks/README.md); it has no per-row grammar, stop strings, seeds or p
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from lmpress.engines.base import Engine
@@ -30,6 +38,12 @@ from lmpress.engines.local.native.batch_cache import (
     layer_tensors,
 )
 from lmpress.engines.local.native.drafting import Drafter
+from lmpress.engines.local.native.prompt_logprobs import (
+    PrefillPlan,
+    PromptScores,
+    chunk_size,
+    prefill_plan,
+)
 from lmpress.engines.local.native.sampling import BatchControl, BatchRow, row_generator
 from lmpress.engines.local.native.speculation import STEP_COST, WIDEN, draft_counts
 from lmpress.engines.local.speculation import Speculation, SpeculationCounts
@@ -44,7 +58,7 @@ def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> 
     """max_new_tokens, or less where the model's context ends first."""
     limit = params.max_new_tokens
     if context_length:
-        limit = min(limit, context_length - prompt_tokens)
+        limit = max(0, min(limit, context_length - prompt_tokens))
     return limit
 
 
@@ -76,6 +90,7 @@ class NativeScheduler(Scheduler):
         speculation: Speculation | None = None,
         decode: Any = None,
         draft_model: Any = None,
+        token_text: Callable[[int], str] | None = None,
     ):
         super().__init__(queue, engine)
         self.model = model
@@ -95,6 +110,10 @@ class NativeScheduler(Scheduler):
         self._decode = decode or model
         self.draft_model = draft_model  # speculation's draft model (drafting.py), or None
         self._drafter: Drafter | None = None
+        # A scored prompt token's text, where it follows another (HfTokenizer.piece).
+        self.token_text = token_text or (lambda id: tokenizer.decode([id]))
+        self._chunk = chunk_size(model.config.get_text_config().vocab_size)
+        self._scores: dict[Submission, PromptScores] = {}  # scored prompts not yet answered
 
     def kv_cache_usage(self) -> float | None:
         """The fraction of the KV cache's budget (`model_kwargs.kv_cache_gb`) the rows take
@@ -115,6 +134,7 @@ class NativeScheduler(Scheduler):
         self._prefixes = PrefixStore() if self.prefix_reuse else None
         self._active: list[BatchRow] = []  # the rows in the batch, in the order of their caches
         self._rows_of: dict[Submission, list[BatchRow]] = {}  # requests in the batch, by request
+        self._scores = {}
         queue = self.queue
         while True:
             with queue.wakeup:
@@ -129,7 +149,7 @@ class NativeScheduler(Scheduler):
                         self._step()
             except Exception as exc:  # fail the rows in flight; the worker serves on
                 self.fail(list(self._rows_of), failure_info(exc))
-                self._active, self._rows_of = [], {}
+                self._active, self._rows_of, self._scores = [], {}, {}
                 self._batch = BatchCache()
                 if self._drafter is not None:
                     self._drafter.reset()
@@ -143,13 +163,25 @@ class NativeScheduler(Scheduler):
             rows = self._rows(submission)
             if not rows:
                 continue
+            request = submission.request
+            plan = prefill_plan(len(submission.prompt_ids), request.params, request.score_from)
+            replies = request.params.max_new_tokens > 0
             try:
-                prompt, logits = self._prefill(submission.prompt_ids, submission.media)
-                draft = drafter.prefill(submission.prompt_ids) if drafter else None
+                prompt, logits, scores = self._prefill(
+                    submission.prompt_ids, submission.media, plan
+                )
+                draft = drafter.prefill(submission.prompt_ids) if drafter and replies else None
             except Exception as exc:  # this prompt, not the batch, is at fault
                 self.fail([submission], failure_info(exc))
                 continue
             self._rows_of[submission] = rows
+            if scores is not None:
+                self._scores[submission] = scores
+            if not replies:
+                for row in rows:
+                    row.finish_reason = "length"
+                self._answer_finished(rows)
+                continue
             self._pick(rows, logits.repeat(len(rows), 1))
             self._settle(rows, [[] for _ in rows], [[row.last] for row in rows])
             going = [row for row in rows if row.finish_reason is None]
@@ -167,6 +199,7 @@ class NativeScheduler(Scheduler):
         """The waiting requests, in order, while their rows fit the batch and the budget."""
         taken: list[Submission] = []
         rows = len(self._active)
+        unbatched = 0  # requests taken that generate nothing, so never join the batch
         needs: list[int] = []  # the columns the rows taken may come to hold
         pending = self.queue.pending
         with self.queue.wakeup:
@@ -174,6 +207,12 @@ class NativeScheduler(Scheduler):
                 submission = pending[0]
                 if submission.cancelled:
                     pending.popleft()
+                    continue
+                if submission.request.params.max_new_tokens == 0:
+                    if unbatched == self.batch_size:
+                        break
+                    taken.append(pending.popleft())
+                    unbatched += 1
                     continue
                 n, need = submission.request.params.n, self._need(submission)
                 fits = rows + n <= self.batch_size or not rows
@@ -196,30 +235,52 @@ class NativeScheduler(Scheduler):
         )
 
     def _prefill(
-        self, ids: list[int], media: dict[str, Any] | None = None
-    ) -> tuple[PromptCache, Any]:
-        """The prompt's cache and the logits after its last token, computed from the longest
-        prefix it shares with a recent prompt. A prompt with images (`media`: the processor's
-        pixel inputs) neither reuses nor leaves a prefix: its cache depends on pixels that its
-        ids do not show."""
-        import torch
-
+        self, ids: list[int], media: dict[str, Any] | None = None, plan: PrefillPlan | None = None
+    ) -> tuple[PromptCache | None, Any, PromptScores | None]:
+        """The prompt's cache, the logits after its last token and, for a scored prompt, its
+        tokens' logprobs: computed as `plan` says (the whole prompt, for its last logits, by
+        default), from the longest prefix it shares with a recent prompt, in chunks where many
+        positions' logits are kept. A prompt with images (`media`: the processor's pixel
+        inputs) neither reuses nor leaves a prefix (its cache depends on pixels that its ids do
+        not show), and is fed in one pass, its pixels with it."""
+        plan = plan or PrefillPlan(len(ids), len(ids) - 1)
+        scores = PromptScores(ids, plan) if plan.scores else None
+        if not plan.fed:  # nothing to generate, nothing to score
+            return None, None, scores
+        fed = ids[: plan.fed]
         store = self._prefixes if media is None else None
-        stored, shared = store.longest(ids) if store else (None, 0)
+        stored, shared = store.longest(fed, plan.start) if store else (None, 0)
         prefix = [(k[:, :, :shared], v[:, :, :shared]) for k, v in stored.layers] if stored else []
-        out = self.model(
-            input_ids=torch.tensor([ids[shared:]], device=self.device),
-            attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=self.device),
-            position_ids=torch.arange(shared, len(ids), device=self.device)[None],
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_arg: dynamic_cache(prefix)},
-            **self._on_device(media or {}),
-        )
-        prompt = PromptCache(list(ids), layer_tensors(getattr(out, self._cache_arg)))
+        cache = dynamic_cache(prefix)
+        size = self._chunk if media is None else plan.fed
+        for first, end, keep in plan.chunks(shared, size):
+            logits = self._prefill_pass(
+                fed, first, end, keep, cache, media if first == shared else None
+            )
+            if scores is not None:
+                scores.add(logits[0], max(first, plan.start))
+        prompt = PromptCache(fed, layer_tensors(cache))
         if store is not None:
             store.add(prompt)
-        return prompt, out.logits[:, -1]
+        return prompt, logits[:, -1], scores
+
+    def _prefill_pass(
+        self, ids: list[int], first: int, end: int, keep: int, cache: Any, media: Any
+    ) -> Any:
+        """Feed ids[first:end] after the `first` tokens in `cache` (which grows by them), and
+        return the last `keep` positions' logits."""
+        import torch
+
+        out = self.model(
+            input_ids=torch.tensor([ids[first:end]], device=self.device),
+            attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+            position_ids=torch.arange(first, end, device=self.device)[None],
+            use_cache=True,
+            logits_to_keep=keep,
+            **{self._cache_arg: cache},
+            **self._on_device(media or {}),
+        )
+        return out.logits
 
     def _on_device(self, media: dict[str, Any]) -> dict[str, Any]:
         """Image inputs on the model's device, pixels in its dtype."""
@@ -292,7 +353,7 @@ class NativeScheduler(Scheduler):
         self._prefixes = None
         widths = (1, 2) if self.speculation else (1,)
         with torch.inference_mode():
-            prompt, _ = self._prefill([0] * WARM_PROMPT_TOKENS)
+            prompt, _, _ = self._prefill([0] * WARM_PROMPT_TOKENS)
             self._batch = BatchCache()
             self._batch.join([prompt] * 3, [2 * WARM_PROMPT_TOKENS] * 3)
             self._batch.leave([2])
@@ -351,6 +412,7 @@ class NativeScheduler(Scheduler):
             if all(row.finish_reason is not None for row in own):
                 del self._rows_of[submission]
                 submission.deliver(self._result(submission, own))
+                self._scores.pop(submission, None)
 
     def _rows(self, submission: Submission) -> list[BatchRow]:
         """A request's rows, one per sample; none when its settings fail (it is answered)."""
@@ -387,4 +449,9 @@ class NativeScheduler(Scheduler):
                     stop_sequence=row.stop_sequence,
                 )
             )
-        return self.result(submission, samples)
+        result = self.result(submission, samples)
+        result.prompt_ids = submission.prompt_ids
+        scores = self._scores.get(submission)
+        if scores is not None:
+            result.prompt_logprobs = scores.result(self.token_text)
+        return result

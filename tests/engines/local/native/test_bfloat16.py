@@ -55,9 +55,11 @@ def test_bfloat16_answers_what_float32_answers_as_transformers_generate_does(bf1
     assert not wrong
     for (question, _), result in zip(QUESTIONS[:3], results[:3], strict=True):
         _, reply, steps, ends = transformers_greedy(
-            bf16.model, bf16.tokenizer, question, NEW_TOKENS
+            bf16.model, bf16.hf_tokenizer, question, NEW_TOKENS
         )
-        text = bf16.tokenizer.decode([t for t in reply if t not in ends], skip_special_tokens=True)
+        text = bf16.hf_tokenizer.decode(
+            [t for t in reply if t not in ends], skip_special_tokens=True
+        )
         assert result.text == text
         expected = [float(step[token]) for step, token in zip(steps, reply, strict=True)]
         got = [entry.logprob for entry in result.samples[0].logprobs]

@@ -79,8 +79,8 @@ def test_compiled_greedy_text_equals_transformers_generate_on_smollm2():
     try:
         texts = greedy_texts(engine, [20] * len(QUESTIONS))
         for question, text in zip(QUESTIONS, texts, strict=True):
-            _, reply, _, ends = transformers_greedy(engine.model, engine.tokenizer, question, 20)
+            _, reply, _, ends = transformers_greedy(engine.model, engine.hf_tokenizer, question, 20)
             ids = [t for t in reply if t not in ends]
-            assert text == engine.tokenizer.decode(ids, skip_special_tokens=True)
+            assert text == engine.hf_tokenizer.decode(ids, skip_special_tokens=True)
     finally:
         asyncio.run(engine.aclose())

@@ -204,7 +204,7 @@ def test_chat_template_override(tiny_llama):
     try:
         assert (
             eng.encode(Request("t", [Message("user", "abc")]))
-            == eng.tokenizer("abc", add_special_tokens=False)["input_ids"]
+            == eng.hf_tokenizer("abc", add_special_tokens=False)["input_ids"]
         )
     finally:
         asyncio.run(eng.aclose())

@@ -78,7 +78,7 @@ def test_chat_template_kwargs_reach_the_template(tiny_llama):
             **{"model.chat_template": TEMPLATE, "model.chat_template_kwargs": {"think": think}},
         )
         try:
-            prompts[think] = engine.tokenizer.decode(engine.encode(request))
+            prompts[think] = engine.hf_tokenizer.decode(engine.encode(request))
         finally:
             asyncio.run(engine.aclose())
     assert prompts[True] == "<|user|>hi\n<|assistant|><think>"
@@ -88,12 +88,12 @@ def test_chat_template_kwargs_reach_the_template(tiny_llama):
 def test_tokenizer_pad_token_sets_the_pad_token(tiny_llama):
     engine = make(tiny_llama)
     try:
-        chosen = engine.tokenizer.convert_ids_to_tokens(5)
-        assert engine.tokenizer.pad_token != chosen
+        chosen = engine.hf_tokenizer.convert_ids_to_tokens(5)
+        assert engine.hf_tokenizer.pad_token != chosen
     finally:
         asyncio.run(engine.aclose())
     engine = make(tiny_llama, **{"model.tokenizer_pad_token": chosen})
     try:
-        assert engine.tokenizer.pad_token_id == 5
+        assert engine.hf_tokenizer.pad_token_id == 5
     finally:
         asyncio.run(engine.aclose())

@@ -102,7 +102,7 @@ def greedy_rows_on_and_off(engine, against_transformers: bool = True) -> tuple[i
     assert none == 0
     assert [r.text for r in on] == [r.text for r in off]
     assert samples(on) == samples(off)
-    tokenizer = engine.tokenizer
+    tokenizer = engine.hf_tokenizer
     checked = prompts[: len(COPY)] if against_transformers else []
     for prompt, result in zip(checked, on, strict=False):
         _, reply, _, ends = transformers_greedy(engine.model, tokenizer, prompt, GREEDY_TOKENS)
