@@ -297,9 +297,12 @@ def test_serve_echoes_prompt_logprobs_as_vllm_serve_does(engine, model_dir, tmp_
             httpx.post(f"{url}/v1/completions", json={**body, "model": model_dir}, timeout=120)
             for body in scoring_cases.ECHO_BODIES
         ]
-    for mine, vllm in zip(ours, theirs, strict=True):
+    for body, mine, vllm in zip(scoring_cases.ECHO_BODIES, ours, theirs, strict=True):
         assert (mine.status_code, vllm.status_code) == (200, 200), (mine.text, vllm.text)
         scoring_cases.assert_same_echo(mine.json(), vllm.json())
+        if body["max_tokens"] == 0:  # vLLM counts the token it generated and dropped
+            used = (mine.json()["usage"], vllm.json()["usage"])
+            assert [u["completion_tokens"] for u in used] == [0, 1]
 
 
 def test_the_tokenizer_is_the_one_vllm_reads_prompts_with(engine, reference):
