@@ -134,13 +134,11 @@ class VllmScheduler:
                 generation = replace(generation, guided_decoding={"grammar": plan.grammar})
             if self.reasoning is not None and self.reasoning.harmony:  # the channels' tokens
                 generation = replace(generation, skip_special_tokens=False)
-            # Token ids are read as given; a reasoning model's marks are looked for in text.
-            text = prompt.get("prompt")
-            if text is None:
-                text = self.tokenizer.decode(prompt["prompt_token_ids"])
-            elif self.reasoning is not None and generation.guided_decoding is not None:
-                prompt["prompt"] = text = self.reasoning.opened_for_grammar(text)
-            budget = self.thinking_budget(request, text)
+            # Token ids are read as given, never opened for a grammar.
+            guided = generation.guided_decoding is not None
+            if self.reasoning is not None and guided and "prompt" in prompt:
+                prompt["prompt"] = self.reasoning.opened_for_grammar(prompt["prompt"])
+            budget = self.thinking_budget(request, prompt)
             params = sampling_params(self.api, generation, stream=deltas, thinking_budget=budget)
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", ErrorKind.INVALID_REQUEST)
@@ -199,8 +197,9 @@ class VllmScheduler:
         """How the request's tools go into the prompt and its calls come out (None: none)."""
         return tool_plan(request, self.chat_template(), self.engine.tool_call_parser)
 
-    def thinking_budget(self, request: Request, prompt: str) -> int | None:
-        """vLLM's thinking_token_budget for the row's `max_reasoning_tokens` (reasoning.py)."""
+    def thinking_budget(self, request: Request, prompt: dict[str, Any]) -> int | None:
+        """vLLM's thinking_token_budget for the row's `max_reasoning_tokens` (reasoning.py),
+        from the prompt's text (token ids decoded: the marks are looked for in text)."""
         limit = request.params.max_reasoning_tokens
         if limit is None:
             return None
@@ -208,7 +207,10 @@ class VllmScheduler:
         refusal = budget_refusal(name, self.engine.config.model)
         if refusal is not None or self.reasoning is None:
             raise RequestError(str(refusal), kind=ErrorKind.UNSUPPORTED_PARAM)
-        return self.reasoning.budget(limit, prompt)
+        text = prompt.get("prompt")
+        if text is None:
+            text = self.tokenizer.decode(prompt["prompt_token_ids"])
+        return self.reasoning.budget(limit, text)
 
     def chat_template(self) -> Any:
         return self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
