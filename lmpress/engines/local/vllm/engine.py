@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Engine
 from lmpress.engines.common.embeddings import finish_embeddings
+from lmpress.engines.common.hf_tokenizer import HfTokenizer
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.prompts import resolve_chat_template
 from lmpress.engines.common.tool_parsers import check_parser
@@ -69,6 +70,7 @@ from lmpress.vocabulary.errors import (
     UnsupportedParamError,
     first_line,
 )
+from lmpress.vocabulary.likelihood import Tokenizer
 from lmpress.vocabulary.types import Delta, ErrorInfo, Message, Request, Result, Usage
 
 
@@ -81,7 +83,7 @@ class VllmEngine(Engine):
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "guided_decoding",
-        "skip_special_tokens", "reasoning_effort", "max_reasoning_tokens",
+        "skip_special_tokens", "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
     })  # fmt: skip
     takes_hub_ids = True
     # vLLM's own n-gram and draft-model speculation (translate.py).
@@ -200,6 +202,12 @@ class VllmEngine(Engine):
                 f"cannot score; use a cross-encoder or an embedding model"
             )
         return False
+
+    def tokenizer(self) -> Tokenizer:
+        """vLLM's own tokenizer, the one its engine reads prompts with; the context is
+        vLLM's max_model_len as it settled it at start."""
+        scheduler = self.scheduler
+        return HfTokenizer(scheduler.tokenizer, self.api.max_model_len(scheduler.llm))
 
     def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
         self._check_generates()

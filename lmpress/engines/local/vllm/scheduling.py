@@ -134,9 +134,11 @@ class VllmScheduler:
                 generation = replace(generation, guided_decoding={"grammar": plan.grammar})
             if self.reasoning is not None and self.reasoning.harmony:  # the channels' tokens
                 generation = replace(generation, skip_special_tokens=False)
-            if self.reasoning is not None and generation.guided_decoding is not None:
+            # Token ids are read as given, never opened for a grammar.
+            guided = generation.guided_decoding is not None
+            if self.reasoning is not None and guided and "prompt" in prompt:
                 prompt["prompt"] = self.reasoning.opened_for_grammar(prompt["prompt"])
-            budget = self.thinking_budget(request, prompt["prompt"])
+            budget = self.thinking_budget(request, prompt)
             params = sampling_params(self.api, generation, stream=deltas, thinking_budget=budget)
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", ErrorKind.INVALID_REQUEST)
@@ -149,8 +151,7 @@ class VllmScheduler:
         vllm_id = f"{request.id}-{next(self._ids)}"
         pump = self._pump(vllm_id, prompt, params, tokenization, replies)
         future = asyncio.run_coroutine_threadsafe(pump, self._loop)
-        top = request.params.top_logprobs if request.params.logprobs else None
-        assembler = OutputAssembler(request.id, top, reasoning=self.reasoning, stream=deltas)
+        assembler = self.assembler(request, deltas)
         try:
             while True:
                 item = await replies.get()
@@ -179,12 +180,26 @@ class VllmScheduler:
             if not future.done():
                 future.cancel()
 
+    def assembler(self, request: Request, deltas: bool) -> OutputAssembler:
+        """What reads this request's outputs from vLLM (translate.py)."""
+        params = request.params
+        return OutputAssembler(
+            request.id,
+            params.top_logprobs if params.logprobs else None,
+            reasoning=self.reasoning,
+            stream=deltas,
+            top_prompt=params.prompt_logprobs,
+            score_from=request.score_from,
+            generates=params.max_new_tokens > 0,
+        )
+
     def tool_plan(self, request: Request) -> ToolPlan | None:
         """How the request's tools go into the prompt and its calls come out (None: none)."""
         return tool_plan(request, self.chat_template(), self.engine.tool_call_parser)
 
-    def thinking_budget(self, request: Request, prompt: str) -> int | None:
-        """vLLM's thinking_token_budget for the row's `max_reasoning_tokens` (reasoning.py)."""
+    def thinking_budget(self, request: Request, prompt: dict[str, Any]) -> int | None:
+        """vLLM's thinking_token_budget for the row's `max_reasoning_tokens` (reasoning.py),
+        from the prompt's text (token ids decoded: the marks are looked for in text)."""
         limit = request.params.max_reasoning_tokens
         if limit is None:
             return None
@@ -192,7 +207,10 @@ class VllmScheduler:
         refusal = budget_refusal(name, self.engine.config.model)
         if refusal is not None or self.reasoning is None:
             raise RequestError(str(refusal), kind=ErrorKind.UNSUPPORTED_PARAM)
-        return self.reasoning.budget(limit, prompt)
+        text = prompt.get("prompt")
+        if text is None:
+            text = self.tokenizer.decode(prompt["prompt_token_ids"])
+        return self.reasoning.budget(limit, text)
 
     def chat_template(self) -> Any:
         return self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
@@ -205,6 +223,8 @@ class VllmScheduler:
             template_text(self.chat_template()), request, self.engine.model_name
         )  # reasoning_effort's, over the recipe's variables
         variables = {**(self.engine.config.model.chat_template_kwargs or {}), **switches}
+        if request.prompt_ids is not None:  # as given: no template, no special tokens added
+            return {"prompt_token_ids": list(request.prompt_ids)}, None
         if request.prompt is not None:
             return {"prompt": request.prompt}, None
         images = load_images(request)

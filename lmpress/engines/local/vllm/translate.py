@@ -230,10 +230,13 @@ def sampling_params(
             stop=list(params.stop_strings),
             stop_token_ids=list(params.stop_token_ids),
             seed=params.seed,
-            max_tokens=params.max_new_tokens,
+            # vLLM refuses max_tokens 0 ("must be at least 1"), as vLLM's own server does for
+            # echo without generation: one token is generated and OutputAssembler drops it.
+            max_tokens=params.max_new_tokens or 1,
             min_tokens=params.min_tokens,
             # vLLM returns the chosen token's logprob plus the top k; 0 means the chosen only.
             logprobs=params.top_logprobs if params.logprobs else None,
+            prompt_logprobs=params.prompt_logprobs,
             skip_special_tokens=params.skip_special_tokens,
             logit_bias=_logit_bias(params.logit_bias),
             structured_outputs=_structured_outputs(api, params.guided_decoding),
@@ -296,6 +299,11 @@ class OutputAssembler:
     `top_logprobs` is None when logprobs were not asked for. With `reasoning` (a reasoning
     model's parser, reasoning.py) each sample's thinking streams as reasoning Deltas (`stream`)
     and ends in Sample.reasoning, apart from the answer.
+
+    `top_prompt` (GenerationParams.prompt_logprobs) reads vLLM's prompt logprobs, which come
+    whole once the prompt is prefilled, from position `score_from` on. `generates` False
+    (max_new_tokens 0): the one token vLLM had to generate is dropped, and each sample is
+    empty, cut at its length.
     """
 
     request_id: str
@@ -305,18 +313,26 @@ class OutputAssembler:
     reasoning: VllmReasoning | None = None
     stream: bool = True  # False: the Deltas are not wanted (a FINAL_ONLY request)
     prompt_token_ids: list[int] | None = None
+    top_prompt: int | None = None
+    score_from: int = 1
+    generates: bool = True
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def feed(self, output: Any) -> list[Delta]:
         if output.prompt_token_ids is not None:
             self.prompt_token_ids = list(output.prompt_token_ids)
             self.prompt_tokens = len(self.prompt_token_ids)
+        if self.top_prompt is not None and output.prompt_logprobs:
+            self._read_prompt_logprobs(output.prompt_logprobs)
         deltas = []
         for completion in output.outputs:
             state = self.samples.get(completion.index)
             if state is None:
                 state = self.samples[completion.index] = _SampleState()
-                if self.reasoning is not None:
+                if self.reasoning is not None and self.generates:
                     state.reader = self.reasoning.reader(self.prompt_token_ids)
+            if not self.generates:
+                continue
             token_ids = list(completion.token_ids)
             state.text += completion.text
             state.token_ids += token_ids
@@ -347,13 +363,22 @@ class OutputAssembler:
     def _logprobs(self, completion: Any) -> list[TokenLogprob]:
         out = []
         for token_id, position in zip(completion.token_ids, completion.logprobs, strict=False):
-            chosen = position.get(token_id)
-            if chosen is None:  # not in the map: vLLM always includes the chosen token
-                continue
-            ranked = sorted(position.values(), key=lambda lp: -lp.logprob)[: self.top_logprobs]
-            top = [(lp.decoded_token or "", lp.logprob) for lp in ranked]
-            out.append(TokenLogprob(chosen.decoded_token or "", chosen.logprob, top))
+            logprob = token_logprob(token_id, position, self.top_logprobs or 0)
+            if logprob is not None:  # vLLM always includes the chosen token
+                out.append(logprob)
         return out
+
+    def _read_prompt_logprobs(self, positions: Any) -> None:
+        # vLLM's list is None at the first token (nothing precedes it); each other entry maps
+        # the prompt token and the top k likeliest to their logprobs.
+        ids = self.prompt_token_ids or []
+        read = self.prompt_logprobs = self.prompt_logprobs or []
+        for position in positions:
+            at = len(read)
+            if position is None or at < self.score_from or at >= len(ids):
+                read.append(None)
+            else:
+                read.append(token_logprob(ids[at], position, self.top_prompt or 0))
 
     def result(self, *, model: str, engine: str, latency_s: float) -> Result:
         samples = []
@@ -381,4 +406,23 @@ class OutputAssembler:
             model=model,
             engine=engine,
             latency_s=latency_s,
+            prompt_logprobs=self.prompt_logprobs,
+            prompt_ids=self.prompt_token_ids,
         )
+
+
+def token_logprob(token_id: int, position: Any, top: int) -> TokenLogprob | None:
+    """A token's logprob and the `top` likeliest at its position, from vLLM's map of token id
+    to Logprob there; None where the token is not in the map. vLLM puts the token itself first,
+    so a token tied with the likeliest stays ahead of it (the greedy flag holds)."""
+    chosen = position.get(token_id)
+    if chosen is None:
+        return None
+    ranked = sorted(position.items(), key=lambda item: -item[1].logprob)[:top]
+    return TokenLogprob(
+        chosen.decoded_token or "",
+        chosen.logprob,
+        [(lp.decoded_token or "", lp.logprob) for _, lp in ranked],
+        token_id,
+        [i for i, _ in ranked],
+    )

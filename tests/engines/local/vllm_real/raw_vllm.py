@@ -9,11 +9,13 @@ translation), with `structured_outputs` as StructuredOutputsParams' keyword argu
 `vllm.LLM(model=DIR, **engine_args)` answers the chat cases with `LLM.chat` and the prompts with
 `LLM.generate`, each list in one call, "embed" (a list of texts) with `LLM.embed`, whose vectors
 come back as lists of floats, and "score", "pairwise_score" and "default_score" (a query
-and documents, and PoolingParams' arguments) with `LLM.score`. With "lora": ADAPTER_DIR (and enable_lora in
-engine_args) each list is asked once more with that adapter's LoRARequest, as "lora_chat" and
-"lora_generate". OUT.json: {"chat": [...], "generate": [...], ...}, one entry a case: its
-samples' text, token ids, finish reason and per-token logprobs (the chosen token's text and
-logprob, then the top ones).
+and documents, and PoolingParams' arguments) with `LLM.score`, and "prompt_logprobs" (cases
+as "generate", a prompt being text or {"prompt_token_ids": [...]}) with `LLM.generate`,
+answered with the prompt's token ids and vLLM's prompt logprobs beside the samples. With
+"lora": ADAPTER_DIR (and enable_lora in engine_args) each list is asked once more with that
+adapter's LoRARequest, as "lora_chat" and "lora_generate". OUT.json: {"chat": [...],
+"generate": [...], ...}, one entry a case: its samples' text, token ids, finish reason and
+per-token logprobs (the chosen token's text and logprob, then the top ones).
 
 A script of its own, in a process of its own: this keeps lmpress out of the process entirely.
 The tests start it with VLLM_ENABLE_V1_MULTIPROCESSING=0 (conftest.py), so that vLLM runs its
@@ -59,6 +61,22 @@ def described(output) -> list[dict]:
     return sorted(samples, key=lambda s: s["index"])
 
 
+def with_prompt_logprobs(output) -> dict:
+    """An output's prompt ids and, a position each, None or [token id, logprob, rank,
+    decoded token] of every token vLLM listed there, as vLLM lists them."""
+    positions = [
+        None
+        if position is None
+        else [[i, lp.logprob, lp.rank, lp.decoded_token] for i, lp in position.items()]
+        for position in output.prompt_logprobs
+    ]
+    return {
+        "prompt_token_ids": list(output.prompt_token_ids),
+        "prompt_logprobs": positions,
+        "samples": described(output),
+    }
+
+
 def main(cases_file: str, out_file: str) -> None:
     import vllm
 
@@ -102,6 +120,13 @@ def answers(vllm, llm, cases: dict) -> dict:
                 lora_request=lora,
             )
             out[prefix + "generate"] = [described(o) for o in outputs]
+    if cases.get("prompt_logprobs"):
+        outputs = llm.generate(
+            [c["prompt"] for c in cases["prompt_logprobs"]],
+            [sampling(vllm, c["sampling"]) for c in cases["prompt_logprobs"]],
+            use_tqdm=False,
+        )
+        out["prompt_logprobs"] = [with_prompt_logprobs(o) for o in outputs]
     if cases.get("embed"):  # with runner: pooling in engine_args
         # Cut at max_model_len by the tokenizer, as sentence-transformers cuts: vLLM refuses
         # a longer prompt otherwise.

@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 
+import httpx
 import jsonschema
 import pytest
 
@@ -20,14 +21,18 @@ from lmpress.builtin_models.packaged import SMOLLM2
 from lmpress.configs import load_config
 from lmpress.engines.local.vllm import scheduling as scheduling_module
 from lmpress.engines.registry import create_engine
+from lmpress.vocabulary.likelihood import LoglikelihoodRequest
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 from tests.conftest import run_lmpress
+from tests.engines.local.vllm_real import scoring_cases
 from tests.engines.local.vllm_real.conftest import (
     REQUIRED,
     VLLM_TEST_TIMEOUT_S,
     raw_vllm_beside,
+    vllm_server_beside,
     worker_in_the_engine_core,
 )
+from tests.engines.local.vllm_real.scoring_cases import TEXT, TOP, assert_prompt_logprobs
 from tests.serve.conftest import Served
 
 MAX_MODEL_LEN = 1024
@@ -54,6 +59,7 @@ FRANCE = "What is the capital of France?"
 HAIKU = "Write a haiku about the sea."
 PARIS = 7042  # " Paris" in SmolLM2's vocabulary
 FULL_STOP = 30  # "."
+EOS = 2  # "<|im_end|>", SmolLM2-Instruct's end of sequence
 PERSON = {
     "type": "object",
     "properties": {
@@ -145,7 +151,12 @@ def model_dir() -> str:
 
 
 @pytest.fixture(scope="module")
-def raw_answers(model_dir, tmp_path_factory):
+def choices(model_dir) -> tuple[list[int], list[list[int]]]:
+    return scoring_cases.choice_tokens(model_dir)
+
+
+@pytest.fixture(scope="module")
+def raw_answers(model_dir, choices, tmp_path_factory):
     """vLLM's own answers, from a process that starts before this module's engine and runs
     beside it (each takes tens of seconds to start): call it for them."""
     cases = {
@@ -156,6 +167,7 @@ def raw_answers(model_dir, tmp_path_factory):
                 + [{"messages": m, "sampling": {"temperature": 0, "max_tokens": CHAT_MAX_TOKENS}}
                    for m in EXTRA_CHATS],
         "generate": [{"prompt": p, "sampling": s} for p, _, s in PROMPT_CASES],
+        "prompt_logprobs": scoring_cases.raw_cases(*choices),
     }  # fmt: skip
     with raw_vllm_beside(cases, tmp_path_factory.mktemp("raw-smollm2")) as answers:
         yield answers
@@ -211,6 +223,14 @@ def test_chat_replies_equal_vllm_chat(engine, reference):
     # vLLM's stop_reason names the stop string that ended a sample, and only a string.
     stopped_by = [r.samples[0].stop_sequence for r in results]
     assert stopped_by[6] == "Paris" and stopped_by[0] is None and stopped_by[7] is None
+    # A greedy reply with logprobs that ends on EOS lists it last, as a token it generated.
+    pairs = zip(results[:2], first[:2], strict=True)
+    ended = [r.samples[0] for r, raw in pairs if raw[0]["token_ids"][-1] == EOS]
+    assert ended, "no case with logprobs ends on EOS"
+    for sample in ended:
+        assert sample.finish_reason == "stop" and sample.stop_sequence is None
+        assert (sample.logprobs[-1].id, sample.logprobs[-1].token) == (EOS, "<|im_end|>")
+        assert len(sample.logprobs) == sample.completion_tokens
 
 
 def test_raw_prompts_equal_vllm_generate(engine, reference):
@@ -220,6 +240,101 @@ def test_raw_prompts_equal_vllm_generate(engine, reference):
     ]
     for result, raw in zip(engine.generate(requests), reference["generate"], strict=True):
         assert_same(result, raw, result.request_id)
+
+
+def test_prompt_logprobs_equal_vllms_own(engine, reference):
+    """A prompt scored as text and as token ids, generating nothing (vLLM's side generates one
+    token, as it must), and scored while generating, read whole and streamed."""
+    scored, generating = reference["prompt_logprobs"][:2]
+    ids = scored["prompt_token_ids"]
+    nothing = GenerationParams(max_new_tokens=0, prompt_logprobs=TOP)
+    alongside = GenerationParams(
+        max_new_tokens=8, logprobs=True, top_logprobs=3, prompt_logprobs=TOP
+    )
+    requests = [
+        Request("text", [], nothing, prompt=TEXT),
+        Request("ids", [], nothing, prompt_ids=ids),
+        Request("generating", [], alongside, prompt=TEXT),
+    ]
+    by_text, by_ids, answered = engine.generate(requests)
+    for result in (by_text, by_ids):
+        assert_prompt_logprobs(result, scored, TOP)
+        assert [(s.text, s.finish_reason, s.completion_tokens) for s in result.samples] == [
+            ("", "length", 0)
+        ]
+        assert result.usage.completion_tokens == 0
+    assert_prompt_logprobs(answered, generating, TOP)
+    assert_same(answered, generating["samples"], "generating")
+    items = asyncio.run(streamed(engine, requests[2]))
+    assert "".join(d.text for d in items if isinstance(d, Delta)) == answered.text
+    assert_prompt_logprobs(items[-1], generating, TOP)
+    # Nothing generated, nothing streamed.
+    assert [type(i) for i in asyncio.run(streamed(engine, requests[0]))] == [type(by_text)]
+
+
+async def streamed(engine, request) -> list:
+    return [item async for item in engine.stream(request)]
+
+
+def test_serve_echoes_prompt_logprobs_as_vllm_serve_does(engine, model_dir, tmp_path):
+    """`/v1/completions` with echo and logprobs, as lm-eval's local-completions scores with it:
+    lmpress's app over this module's engine answers as vLLM's own server (`vllm serve`, with
+    the same engine arguments) answers the same body."""
+    from fastapi.testclient import TestClient
+
+    from lmpress.serve.app import create_app
+
+    args = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager"]
+    with vllm_server_beside(model_dir, args, tmp_path) as vllm_url:
+        app = create_app(engine, engine.config.serve)  # the test owns the engine, not the app
+        served = app.state.server.model_name
+        ours = [
+            TestClient(app).post("/v1/completions", json={**body, "model": served})
+            for body in scoring_cases.ECHO_BODIES
+        ]
+        url = vllm_url()
+        theirs = [
+            httpx.post(f"{url}/v1/completions", json={**body, "model": model_dir}, timeout=120)
+            for body in scoring_cases.ECHO_BODIES
+        ]
+    for body, mine, vllm in zip(scoring_cases.ECHO_BODIES, ours, theirs, strict=True):
+        assert (mine.status_code, vllm.status_code) == (200, 200), (mine.text, vllm.text)
+        scoring_cases.assert_same_echo(mine.json(), vllm.json())
+        if body["max_tokens"] == 0:  # vLLM counts the token it generated and dropped
+            used = (mine.json()["usage"], vllm.json()["usage"])
+            assert [u["completion_tokens"] for u in used] == [0, 1]
+
+
+def test_the_tokenizer_is_the_one_vllm_reads_prompts_with(engine, reference):
+    scored = reference["prompt_logprobs"][0]
+    tokenizer = engine.tokenizer()
+    ids = tokenizer.encode(TEXT, special=True)
+    assert ids == scored["prompt_token_ids"] == tokenizer.encode(TEXT)  # SmolLM2 adds no BOS
+    assert tokenizer.decode(ids) == "".join(tokenizer.pieces(ids)) == TEXT
+    positions = zip(scored["prompt_logprobs"][1:], ids[1:], strict=True)
+    pieces = [scoring_cases.listed(position)[i][2] for position, i in positions]
+    assert tokenizer.pieces(ids)[1:] == pieces  # the text prompt logprobs give each token
+    assert (tokenizer.eos_id, tokenizer.context_length) == (2, MAX_MODEL_LEN)  # <|im_end|>
+
+
+def test_loglikelihood_of_four_choices_equals_each_alone_and_vllms_own(engine, reference, choices):
+    context, continuations = choices
+    together = asyncio.run(engine.loglikelihood(LoglikelihoodRequest("q", context, continuations)))
+    alone = [
+        asyncio.run(engine.loglikelihood(LoglikelihoodRequest(f"q{i}", context, [c])))
+        for i, c in enumerate(continuations)
+    ]
+    assert together.error is None and all(a.error is None for a in alone)
+    assert [s.tokens for s in together.scores] == [len(c) for c in continuations]
+    for score, one in zip(together.scores, alone, strict=True):
+        assert score.logprob == pytest.approx(one.scores[0].logprob, abs=1e-5)
+        assert score.is_greedy == one.scores[0].is_greedy
+    raw = [
+        scoring_cases.raw_choice_score(r, len(context)) for r in reference["prompt_logprobs"][2:]
+    ]
+    assert [s.logprob for s in together.scores] == pytest.approx([r[0] for r in raw], abs=1e-3)
+    assert [s.is_greedy for s in together.scores] == [r[1] for r in raw]
+    assert together.best == max(range(len(raw)), key=lambda i: raw[i][0])
 
 
 JSON_ROWS = 30
@@ -344,6 +459,20 @@ def test_a_prompt_too_long_fails_alone(engine):
         "maximum context length" in results[0].error.message or "1024" in results[0].error.message
     )
     assert results[1].ok and results[1].text.startswith("The capital of France is")
+
+
+def test_token_ids_vllm_cannot_read_fail_alone(engine):
+    scoring = GenerationParams(max_new_tokens=0, prompt_logprobs=1)
+    results = engine.generate([
+        Request("past", [], scoring, prompt_ids=[504, 10**6]),
+        Request("none", [], scoring, prompt_ids=[]),
+        Request("fine", [], scoring, prompt_ids=[504, 3575]),
+    ])  # fmt: skip
+    assert [(r.error.kind, r.error.message) for r in results[:2]] == [
+        ("invalid_request", "Token id 1000000 is out of vocabulary"),  # vLLM's own words
+        ("invalid_request", "The decoder prompt cannot be empty"),
+    ]
+    assert results[2].ok and results[2].prompt_logprobs[1].id == 3575
 
 
 # --- the fronts: each an `lmpress` process of its own, with the same engine arguments ----------
