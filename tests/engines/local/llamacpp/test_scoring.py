@@ -7,6 +7,8 @@ prompts given as token ids."""
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from lmpress.configs import load_config
 from lmpress.engines.local.llamacpp.loading import load_llama
 from lmpress.engines.registry import create_engine
 from lmpress.engines.scoring import perplexity
-from lmpress.vocabulary.likelihood import LoglikelihoodRequest, rolling_windows
+from lmpress.vocabulary.likelihood import LoglikelihoodRequest, encode_pair, rolling_windows
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 
 # Over 63 tokens (scheduling.PROMPT_CHUNK): the prompt is read in two chunks.
@@ -28,6 +30,7 @@ TEXT = (
 )
 CONTEXT = "Answer the question with the name of a city. Question: which city is the capital of France? Answer:"  # fmt: skip
 CHOICES = [" Paris", " Berlin", " the city of Rome", " London"]
+EVAL_TASKS = Path(__file__).parents[3] / "eval_tasks"
 CLOSE = 0.02  # llama.cpp's own logits here and in lmpress's batches differ by rounding alone
 
 
@@ -232,3 +235,35 @@ def test_the_tokenizer_reads_special_tokens_and_round_trips(engine):
     assert tokenizer.decode(ids) == "Hello world<|im_end|>"
     assert "".join(tokenizer.pieces(ids)) == "Hello world<|im_end|>"
     assert tokenizer.context_length == engine.n_ctx_seq - 1
+
+
+def test_a_multiple_choice_task_matches_llama_cpp_pythons_own_scores(engine, reference):
+    """The 40 questions of tests/eval_tasks/ as lm-eval asks them (`Question: ...\\nAnswer:`,
+    each choice after a space): every choice's summed logprob within 0.02 of llama-cpp-python's
+    own logits on the same file, and the same likeliest choice on at least 95% of questions
+    (a near tie may fall either way on rounding)."""
+    questions = [
+        json.loads(line) for line in (EVAL_TASKS / "multiple_choice.jsonl").read_text().splitlines()
+    ]
+    assert len(questions) == 40
+    tokenizer = engine.tokenizer()
+    requests, pairs = [], []
+    for q, question in enumerate(questions):
+        text = f"Question: {question['question']}\nAnswer:"
+        split = [encode_pair(tokenizer.encode, text, f" {c}", 0) for c in question["choices"]]
+        context = split[0][0]
+        assert all(own == context for own, _ in split)
+        pairs.append((context, [choice for _, choice in split]))
+        requests.append(engine.loglikelihood(LoglikelihoodRequest(f"q{q}", *pairs[-1])))
+    results = run(engine, *requests)
+    same = 0
+    for result, (context, choices) in zip(results, pairs, strict=True):
+        assert result.error is None
+        expected = []
+        for choice in choices:
+            rows = reference_logprobs(reference, context + choice)
+            expected.append(sum(rows[len(context) - 1 + i][t] for i, t in enumerate(choice)))
+        got = [score.logprob for score in result.scores]
+        assert got == pytest.approx(expected, abs=CLOSE)
+        same += result.best == int(np.argmax(expected))
+    assert same >= 0.95 * len(questions), f"the same likeliest choice on {same} of {len(questions)}"
