@@ -235,3 +235,51 @@ def test_lm_eval_finds_the_model_class_by_name_and_builds_it_from_a_model_args_s
         assert model.get_model_info() == {"model": "tiny:llama", "engine": "NATIVE"}
     finally:
         model.close()
+
+
+def test_local_completions_against_serve_on_llamacpp_scores_as_the_engine_does():
+    """lm-eval's local-completions, unchanged, on a LLAMACPP server (the F16 GGUF file),
+    tokenizing through the server's own tokenizer routes (lm-eval's `remote` backend): each
+    choice's log-likelihood is the engine's own for the same tokens, scored in-process."""
+    import asyncio
+
+    from lmpress.configs import load_config
+    from lmpress.engines.registry import create_engine
+    from lmpress.vocabulary.likelihood import LoglikelihoodRequest, encode_pair
+
+    engine_args = ["--engine", "LLAMACPP", "--model.model_name", SMOLLM2]
+    with serving(*engine_args, "--serve.served_model_name", "smollm2-gguf") as server:
+        args = {
+            "model": "smollm2-gguf",
+            "base_url": f"{server.url}/v1/completions",
+            "tokenizer_backend": "remote",
+            "num_concurrent": 8,
+        }
+        served = evaluate("local-completions", args, ["lmpress_mc"])
+    got = responses(served["samples"]["lmpress_mc"])
+    assert sorted(got) == list(range(LIMIT))
+    questions = [json.loads(line) for line in (TASKS / "multiple_choice.jsonl").open()][:LIMIT]
+    engine = create_engine(
+        load_config(overrides={"engine": "LLAMACPP", "model.model_name": SMOLLM2})
+    )
+    try:
+        tokenizer = engine.tokenizer()
+
+        async def score(question: dict):
+            text = f"Question: {question['question']}\nAnswer:"
+            pairs = [encode_pair(tokenizer.encode, text, f" {c}", 0) for c in question["choices"]]
+            request = LoglikelihoodRequest("q", pairs[0][0], [choice for _, choice in pairs])
+            return await engine.loglikelihood(request)
+
+        async def all_questions():
+            return await asyncio.gather(*(score(q) for q in questions))
+
+        own = asyncio.run(all_questions())
+    finally:
+        asyncio.run(engine.aclose())
+    for doc, result in enumerate(own):
+        assert result.error is None
+        # scored in other batches beside other requests: llama.cpp's rounding alone differs
+        served_logprobs = [float(logprob) for logprob, _ in got[doc]]
+        assert served_logprobs == pytest.approx([s.logprob for s in result.scores], abs=0.02)
+    assert 0 <= served["results"]["lmpress_mc"]["acc,none"] <= 1
