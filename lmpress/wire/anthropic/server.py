@@ -260,6 +260,8 @@ def request_sampling(body: CountTokensBody, thinks: bool) -> Sampling:
     thinking disabled turns its thinking off (elsewhere it asks for what already is)."""
     sampling = Sampling()
     if isinstance(body, MessagesBody):
+        if body.max_tokens < 1:  # Anthropic's API has no reply of nothing (scoring is OpenAI's)
+            raise _refuse("max_tokens", "must be at least 1")
         sampling.set("max_new_tokens", body.max_tokens, "max_tokens")
         for name in ("temperature", "top_p", "top_k"):
             value = getattr(body, name)

@@ -32,7 +32,9 @@ def test_random_weights_need_only_the_config(config_only):
         make(config_only)
     engine = make(config_only, **{"model.load_pretrained_weights": False})
     try:
-        (result,) = engine.generate(["hello"], GenerationParams(max_new_tokens=4))
+        # random weights may pick EOS at any step: held back, every reply is cut at 4
+        params = GenerationParams(max_new_tokens=4, min_tokens=4)
+        (result,) = engine.generate(["hello"], params)
         assert result.ok and result.usage.completion_tokens == 4
     finally:
         asyncio.run(engine.aclose())
