@@ -516,7 +516,7 @@ def test_what_ray_cannot_do_ends_the_job_in_one_line(tmp_path, cluster, echo_plu
     assert "starting Ray" not in run.stderr and "Traceback" not in run.stderr
 
 
-def test_native_on_ray_scores_loglikelihood_rows_as_a_local_run_does(tmp_path):
+def test_native_on_ray_scores_loglikelihood_rows_as_a_local_run_does(tmp_path, cluster):
     from tests.batch.test_loglikelihood_cli import BAD, QUESTIONS
 
     src = tmp_path / "in.jsonl"
@@ -526,7 +526,7 @@ def test_native_on_ray_scores_loglikelihood_rows_as_a_local_run_does(tmp_path):
     run = run_lmpress("batch", "-i", str(src), "-o", str(local), *task)
     assert run.returncode == 1, run.stderr[-2000:]  # the bad rows
     run = run_lmpress(
-        "batch", "-i", str(src), "-o", str(on_ray), *task, "--ray",
+        "batch", "-i", str(src), "-o", str(on_ray), *task, "--ray", "--ray.address", cluster,
         "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "4",
     )  # fmt: skip
     assert run.returncode == 1, run.stderr[-2000:]
