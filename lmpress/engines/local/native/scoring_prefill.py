@@ -2,19 +2,23 @@
 
 A scored prompt that generates nothing (`max_new_tokens` 0, `prompt_logprobs` set: a choice of
 a multiple-choice question, a perplexity window) needs its logits from its first scored
-position on (prompt_logprobs.py) and no row in the batch. Prefilled one at a time, each costs a
-forward pass of its own, and on a small model a pass costs about the same for one prompt as for
-sixteen: the scheduler's overhead, not its arithmetic, set the pace (benchmarks/README.md).
+position on (prompt_logprobs.py) and no row in the batch. Prefilled one at a time, each cost a
+forward pass of its own, about 37 ms on SmolLM2-135M for a few tokens, which made NATIVE a
+quarter of lm-eval's `hf` backend's speed on multiple choice (benchmarks/README.md).
 
-So the prompts of one round are prefilled in two kinds of pass, each over many of them:
-- their contexts (the tokens before the first scored position), each distinct context once,
-  from the longest prefix the prefix store holds of it, without logits;
-- their scored spans, each over its context's KV cache, keeping every position's logits.
-Both are steps of a `BatchCache` (batch_cache.py), whose rows may carry different numbers of
-tokens in one pass (a ragged step, one sequence with no padding in the matmuls), under the
-positions and mask it builds for each row. Passes are cut so that their rows x widest stays
-within `PASS_TOKENS` and a span pass's logits within prompt_logprobs.py's chunk; a span longer
-than a chunk is left to the one-prompt prefill, which cuts it in chunks.
+So the prompts of one round are prefilled in few passes, each over many of them:
+- prompts that feed the same ids from the same scored position (choices of one token after
+  one context, which differ only in the token nothing follows) are read once;
+- a context that several of the rest share (the tokens before the first scored position) is
+  fed once, in a pass of such contexts without logits, from the longest prefix the prefix
+  store holds of it, and kept for the prompts' spans;
+- then every prompt's row in packed passes: its span over its shared context's cache, or its
+  ids after the longest stored prefix, the logits kept at its scored positions only.
+Passes are steps of a `BatchCache` (batch_cache.py), whose rows may carry different numbers of
+tokens (a ragged step, one sequence with no padding in the matmuls), under the positions and
+mask it builds for each row. They are cut so that rows x widest stays within `PASS_TOKENS` and
+the logits kept within prompt_logprobs.py's chunk; a span longer than a chunk is left to the
+one-prompt prefill, which cuts it in chunks.
 """
 
 from __future__ import annotations
@@ -88,8 +92,8 @@ def takes_more(submission: Submission, tokens: int) -> bool:
 
 
 class ScoringPrefill:
-    """The two-pass prefill of a round's scored prompts (see the module docstring), on the
-    model's own forward."""
+    """The prefill of a round's scored prompts in few passes (see the module docstring), on
+    the model's own forward."""
 
     def __init__(self, model: Any, cache_arg: str, device: str, chunk: int):
         self.model, self.cache_arg, self.device, self.chunk = model, cache_arg, device, chunk
@@ -129,7 +133,10 @@ class ScoringPrefill:
                     prompt.scores.add(row_logits, prompt.plan.start)
 
     def _row(
-        self, prompt: ScoredPrompt, shared: dict[tuple[int, ...], PromptCache], store: Any
+        self,
+        prompt: ScoredPrompt,
+        shared: dict[tuple[int, ...], PromptCache],
+        store: PrefixStore | None,
     ) -> Row:
         """A prompt's row in the span passes: its span over its context's cache where other
         prompts share that context, else its ids after the longest stored prefix."""
@@ -155,9 +162,8 @@ class ScoringPrefill:
         caches: dict[tuple[int, ...], PromptCache] = {}
         starts = [self._start(list(c), len(c), store) for c in contexts]
         fed = [i for i, c in enumerate(contexts) if len(starts[i].ids) < len(c)]
-        for i, start in enumerate(starts):
-            if i not in fed:
-                caches[contexts[i]] = start
+        for i in set(range(len(contexts))) - set(fed):  # held whole by the store
+            caches[contexts[i]] = starts[i]
         fed.sort(key=lambda i: len(contexts[i]) - len(starts[i].ids))
         rests = [contexts[i][len(starts[i].ids) :] for i in fed]
         for group in passes([len(r) for r in rests], None, None):
