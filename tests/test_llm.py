@@ -88,9 +88,10 @@ def test_loglikelihood_and_perplexity_score_as_transformers_does(llm, tiny_llama
         logprob, greedy, tokens = reference.choice("The sky is", choice)
         assert got.logprob == pytest.approx(logprob, abs=1e-4)
         assert (got.is_greedy, got.tokens) == (greedy, tokens)
-    # Pairs, contexts mixed: each pair's score, in the order given.
+    # Pairs, contexts mixed: each pair's score, in the order given (read in passes of other
+    # shapes than above, so equal within float32's rounding, not to the last bit).
     pairs = llm.loglikelihood([("Hello", " world"), ("The sky is", " green")])
-    assert pairs[1].logprob == pytest.approx(green.logprob, abs=1e-6)
+    assert pairs[1].logprob == pytest.approx(green.logprob, abs=1e-5)
     assert pairs[0].logprob == pytest.approx(reference.choice("Hello", " world")[0], abs=1e-4)
     [whole] = llm.score_text("The cat sat on the mat.")
     logprob, tokens = reference.text("The cat sat on the mat.")

@@ -14,10 +14,10 @@ with a recent prompt.
 
 A prompt scored for its own tokens' logprobs (`prompt_logprobs`) keeps its prefill's logits
 from its first scored position on (prompt_logprobs.py); its prefix may come from a recent
-prompt up to that position, so the choices of one question, scored one after another, compute
-their shared context once. A request that generates nothing (`max_new_tokens` 0) is answered
+prompt up to that position. A request that generates nothing (`max_new_tokens` 0) is answered
 right after its prefill and never joins the batch: it takes no row, and up to `batch_size` of
-them are prefilled between two steps.
+them are prefilled between two steps, those only scored all together (scoring_prefill.py: each
+distinct context once, then every scored span in one pass).
 
 transformers' own continuous batching (`generate_batch` and its manager) was measured against
 this (benchmarks/README.md); it has no per-row grammar, stop strings, seeds or penalties.
@@ -45,6 +45,11 @@ from lmpress.engines.local.native.prompt_logprobs import (
     prefill_plan,
 )
 from lmpress.engines.local.native.sampling import BatchControl, BatchRow, row_generator
+from lmpress.engines.local.native.scoring_prefill import (
+    ScoringPrefill,
+    scored_prompt,
+    takes_more,
+)
 from lmpress.engines.local.native.speculation import STEP_COST, WIDEN, draft_counts
 from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, Submission, WorkQueue, failure_info
@@ -132,6 +137,7 @@ class NativeScheduler(Scheduler):
             n_vocab = self.model.config.get_text_config().vocab_size
             self._drafter = Drafter(self.draft_model, self.device, self._cache_arg, n_vocab)
         self._prefixes = PrefixStore() if self.prefix_reuse else None
+        self._scoring = ScoringPrefill(self.model, self._cache_arg, self.device, self._chunk)
         self._active: list[BatchRow] = []  # the rows in the batch, in the order of their caches
         self._rows_of: dict[Submission, list[BatchRow]] = {}  # requests in the batch, by request
         self._scores = {}
@@ -159,12 +165,9 @@ class NativeScheduler(Scheduler):
         joining: list[tuple[BatchRow, PromptCache]] = []
         drafts: list[tuple[PromptCache, list[int]]] = []  # the joining rows' draft caches
         drafter = self._drafter
-        for submission in self._take_fitting():
-            rows = self._rows(submission)
-            if not rows:
-                continue
+        alone = self._prefill_scored(self._take_fitting())
+        for submission, rows, plan in alone:
             request = submission.request
-            plan = prefill_plan(len(submission.prompt_ids), request.params, request.score_from)
             replies = request.params.max_new_tokens > 0
             try:
                 prompt, logits, scores = self._prefill(
@@ -195,11 +198,42 @@ class NativeScheduler(Scheduler):
         if drafter is not None:
             drafter.join(drafts, needs)
 
+    def _prefill_scored(
+        self, taken: list[Submission]
+    ) -> list[tuple[Submission, list[BatchRow], PrefillPlan]]:
+        """Prefill and answer the taken requests that are only scored, together
+        (scoring_prefill.py); the others, with their rows and plans, are left to prefill one
+        by one."""
+        left, together = [], []
+        for submission in taken:
+            request, rows = submission.request, self._rows(submission)
+            plan = prefill_plan(len(submission.prompt_ids), request.params, request.score_from)
+            prompt = scored_prompt(submission, plan, self._chunk) if rows else None
+            if prompt is not None:
+                together.append((submission, rows, prompt))
+            elif rows:
+                left.append((submission, rows, plan))
+        if not together:
+            return left
+        try:
+            self._scoring.prefill([prompt for _, _, prompt in together], self._prefixes)
+        except Exception as exc:  # these prompts, not the batch, are at fault
+            self.fail([submission for submission, _, _ in together], failure_info(exc))
+            return left
+        for submission, rows, prompt in together:
+            self._rows_of[submission] = rows
+            self._scores[submission] = prompt.scores
+            for row in rows:
+                row.finish_reason = "length"
+            self._answer_finished(rows)
+        return left
+
     def _take_fitting(self) -> list[Submission]:
         """The waiting requests, in order, while their rows fit the batch and the budget."""
         taken: list[Submission] = []
         rows = len(self._active)
         unbatched = 0  # requests taken that generate nothing, so never join the batch
+        tokens = 0  # their prompts' tokens
         needs: list[int] = []  # the columns the rows taken may come to hold
         pending = self.queue.pending
         with self.queue.wakeup:
@@ -209,7 +243,8 @@ class NativeScheduler(Scheduler):
                     pending.popleft()
                     continue
                 if submission.request.params.max_new_tokens == 0:
-                    if unbatched == self.batch_size:
+                    tokens += len(submission.prompt_ids)
+                    if unbatched >= self.batch_size and not takes_more(submission, tokens):
                         break
                     taken.append(pending.popleft())
                     unbatched += 1

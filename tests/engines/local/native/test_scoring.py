@@ -119,10 +119,11 @@ def test_choices_scored_together_equal_each_alone(llama, llama_reference):
     assert together.best == max(range(4), key=lambda i: together.scores[i].logprob)
 
 
-def test_choices_after_the_first_reuse_the_context(llama):
-    """The prefill's inputs, seen by a hook on transformers' model: the first choice feeds its
-    context and itself (but its last token, which nothing follows), each next one only the
-    context's last token (whose logits score its first token) and itself but its last."""
+def test_choices_are_prefilled_together_over_one_context(llama):
+    """The prefill's inputs, seen by a hook on transformers' model: one pass feeds the context
+    once (but its last token, whose logits score each choice's first), and one more feeds
+    every choice's span together, packed (the context's last token and the choice but its
+    last, which nothing follows)."""
     tokenizer = llama.tokenizer()
     context = tokenizer.encode("Zebras graze on the open plains while lions rest nearby. Q:", special=True)  # fmt: skip
     choices = [tokenizer.encode(c) for c in CHOICES]
@@ -136,7 +137,23 @@ def test_choices_after_the_first_reuse_the_context(llama):
     finally:
         hook.remove()
     assert result.error is None
-    assert fed == [len(context) + len(choices[0]) - 1, *(len(c) for c in choices[1:])]
+    assert fed == [len(context) - 1, sum(len(c) for c in choices)]
+
+
+def test_many_questions_scored_at_once_equal_transformers(llama, llama_reference):
+    """More scored prompts than the batch has rows, prefilled together: questions of several
+    contexts, choices of one token (whose prompts but their last token are the same), a
+    prompt scored from its first token, each as transformers' forward reads it alone."""
+    tokenizer = llama.tokenizer()
+    contexts = [tokenizer.encode(c, special=True) for c in (CONTEXT, TEXT, "Pick one:")]
+    choices = [tokenizer.encode(c) for c in (*CHOICES, " a", " b")]
+    prompts = [(c + choice, len(c)) for c in contexts for choice in choices]
+    prompts.append((tokenizer.encode(TEXT, special=True), 1))
+    results = llama.generate([scored(ids, 2, score_from=f) for ids, f in prompts])
+    assert len(prompts) > 4 * 4  # beyond batch_size's count of requests
+    for result, (ids, score_from) in zip(results, prompts, strict=True):
+        reference = reference_logprobs(llama_reference, ids)
+        assert_equals_reference(result, ids, reference, 2, abs=1e-5, score_from=score_from)
 
 
 def test_scoring_mixed_with_generation_gives_the_same_as_alone(llama):
