@@ -21,7 +21,7 @@ from typing import Any
 
 from lmpress.data import openai_batch
 from lmpress.data.columns import RowMapping
-from lmpress.data.messages import RowError, json_type
+from lmpress.data.messages import RowError, json_type, row_shape
 from lmpress.vocabulary.embeddings import Task
 from lmpress.vocabulary.likelihood import (
     ChoicesRequest,
@@ -109,11 +109,7 @@ def _gold(value: Any, choices: int) -> int | None:
 
 
 def _shape_of(raw: dict[str, Any]) -> str:
-    for key, name in (("messages", "chat"), ("prompt", "prompt"), ("input", "embed")):
-        if key in raw:
-            return f"a {name} row"
-    keys = ", ".join(sorted(raw)[:12]) or "none"
-    return f"a row with keys {keys}"
+    return row_shape(raw, (("messages", "chat"), ("prompt", "prompt"), ("input", "embed")))
 
 
 # --- output -------------------------------------------------------------------------------

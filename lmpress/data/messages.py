@@ -179,3 +179,13 @@ def json_type(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
              int: "a number", float: "a number", type(None): "null"}  # fmt: skip
     return names.get(type(value), type(value).__name__)
+
+
+def row_shape(raw: dict[str, Any], shapes: tuple[tuple[str, str], ...]) -> str:
+    """What a row looks like, for an error saying it does not fit the run's task: the first
+    of `shapes` ((key, name) pairs) whose key it has ("a chat row"), else its keys."""
+    for key, name in shapes:
+        if key in raw:
+            return f"a {name} row"
+    keys = ", ".join(sorted(raw)[:12]) or "none"
+    return f"a row with keys {keys}"

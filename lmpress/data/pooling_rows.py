@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpress.data.columns import RowMapping, TemplateError
-from lmpress.data.messages import RowError, json_type
+from lmpress.data.messages import RowError, json_type, row_shape
 from lmpress.vocabulary.embeddings import (
     EmbedRequest,
     EmbedResult,
@@ -170,11 +170,7 @@ def _single(value: Any) -> bool:
 
 
 def _shape_of(raw: dict[str, Any]) -> str:
-    for key, name in (("messages", "chat"), ("prompt", "prompt"), ("text", "text")):
-        if key in raw:
-            return f"a {name} row"
-    keys = ", ".join(sorted(raw)[:12]) or "none"
-    return f"a row with keys {keys}"
+    return row_shape(raw, (("messages", "chat"), ("prompt", "prompt"), ("text", "text")))
 
 
 def _validate(model: Any, body: dict[str, Any], where: str) -> Any:
