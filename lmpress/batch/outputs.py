@@ -91,7 +91,7 @@ class ParquetOutput:
         if row.likelihood is not None:
             assert isinstance(result, (LoglikelihoodResult, PerplexityResult))
             scores = likelihood_rows.values(row.likelihood, result)
-            record = {**scores, **likelihood_rows.meta(result)}
+            record = {**scores, **pooling_rows.meta(result)}
         elif row.pooling is not None:
             assert not isinstance(result, Result)
             record = {**pooling_rows.values(row.pooling, result), **pooling_rows.meta(result)}

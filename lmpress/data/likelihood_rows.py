@@ -22,6 +22,7 @@ from typing import Any
 from lmpress.data import openai_batch
 from lmpress.data.columns import RowMapping
 from lmpress.data.messages import RowError, json_type, row_shape
+from lmpress.data.pooling_rows import meta as response_record
 from lmpress.vocabulary.embeddings import Task
 from lmpress.vocabulary.likelihood import (
     ChoicesRequest,
@@ -29,7 +30,6 @@ from lmpress.vocabulary.likelihood import (
     PerplexityRequest,
     PerplexityResult,
 )
-from lmpress.vocabulary.types import round_usd
 
 # The output values of a row, as a Parquet column of each is typed.
 COLUMN_TYPES = {
@@ -148,19 +148,7 @@ def render(
     """A finished row's line: the input row (with `id` where it had none of its own) with its
     scores and a `response` record; or (`--output-format openai`) an OpenAI Batch output line
     whose body holds the same, there being no OpenAI endpoint that scores."""
-    scores, record = values(asked, result), meta(result)
+    scores, record = values(asked, result), response_record(result)
     if openai:
         return openai_batch.render_body(rid, {"object": asked.task, **scores, **record})
     return {**({} if own_id else {"id": rid}), **raw, **scores, "response": record}
-
-
-def meta(result: LoglikelihoodResult | PerplexityResult) -> dict[str, Any]:
-    """The `response` record beside them: usage, who made it, at what cost."""
-    tokens = result.usage.prompt_tokens
-    record: dict[str, Any] = {"usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-    record.update(model=result.model, engine=result.engine, latency_s=round(result.latency_s, 4))
-    if result.cost_usd is not None:
-        record["cost_usd"] = round_usd(result.cost_usd)
-    if result.cached:
-        record["cached"] = True
-    return record

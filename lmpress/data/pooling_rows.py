@@ -30,6 +30,7 @@ from lmpress.vocabulary.embeddings import (
     ScoreResult,
     Task,
 )
+from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult
 from lmpress.vocabulary.types import round_usd
 from lmpress.wire.openai import pooling as wire
 from lmpress.wire.openai.errors import ApiError
@@ -198,8 +199,11 @@ def values(pooled: PoolingInput, result: EmbedResult | ScoreResult) -> dict[str,
     return {"scores": list(result.scores)}
 
 
-def meta(result: EmbedResult | ScoreResult) -> dict[str, Any]:
-    """The `response` record beside them: usage, truncation, who made it, at what cost."""
+def meta(
+    result: EmbedResult | ScoreResult | LoglikelihoodResult | PerplexityResult,
+) -> dict[str, Any]:
+    """The `response` record beside a pooling or likelihood row's values: usage, truncation
+    (an embedding's), who made it, at what cost."""
     tokens = result.usage.prompt_tokens
     record: dict[str, Any] = {"usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
     if isinstance(result, EmbedResult):
