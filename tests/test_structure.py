@@ -113,7 +113,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lmpress.batch", "lmpress.chat"),
     # The fronts built on those, and other tools' APIs over the engines (integrations: lm-eval's
     # model class, which keys its answers database as the response cache keys a model).
-    ("lmpress.dryrun", "lmpress.serve", "lmpress.infer", "lmpress.llm", "lmpress.integrations"),
+    # pipeline: steps over rows, each step's model through the response cache.
+    (
+        "lmpress.dryrun",
+        "lmpress.serve",
+        "lmpress.infer",
+        "lmpress.llm",
+        "lmpress.integrations",
+        "lmpress.pipeline",
+    ),
     # The entry points: the commands, `python -m lmpress`, and the package root, which offers
     # the Python front (`from lmpress import LLM`).
     ("lmpress.cli", "lmpress.__main__", "lmpress"),

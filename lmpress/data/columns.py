@@ -122,3 +122,16 @@ def _format_string(template: str) -> Any:
 def _columns(row: dict[str, Any]) -> str:
     names = ", ".join(sorted(row)[:12]) + (", ..." if len(row) > 12 else "")
     return f" (columns: {names or 'none'})"
+
+
+def template_columns(template: str) -> set[str]:
+    """The columns a prompt template names (Jinja's undeclared variables, or a format string's
+    field names), so a pipeline can refuse one no earlier step makes before any work."""
+    _compile(template)  # a template that does not compile is refused as --prompt-template is
+    if "{{" in template or "{%" in template:
+        from jinja2 import meta
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        return set(meta.find_undeclared_variables(ImmutableSandboxedEnvironment().parse(template)))
+    names = (name for _, name, _, _ in string.Formatter().parse(template) if name is not None)
+    return {name.split(".")[0].split("[")[0] for name in names}
