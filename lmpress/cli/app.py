@@ -23,7 +23,7 @@ from typing import Annotated
 import click
 import typer
 
-from lmpress.cli import batch, chat, eval, infer, listings, serve
+from lmpress.cli import batch, chat, eval, infer, listings, run, serve
 from lmpress.cli.cache import cache_app
 from lmpress.cli.options import OVERRIDES, OVERRIDES_HELP
 from lmpress.version import __version__
@@ -74,6 +74,7 @@ app.command(
     context_settings=OVERRIDES, epilog=OVERRIDES_HELP, options_metavar="[OPTIONS] [PROMPT]"
 )(infer.infer)
 with_overrides(batch.batch)
+app.command("run")(run.run)
 with_overrides(chat.chat)
 with_overrides(serve.serve)
 app.command("eval", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(eval.evaluate)

@@ -1,0 +1,47 @@
+"""`lmpress run`: a pipeline file (lmpress/pipeline/) over an input, into an output directory;
+the flags go into one `RunOptions` and `pipeline/job.py` does the rest."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from lmpress.cli.options import FLAG, CacheOpt
+
+
+def run(
+    pipeline: Annotated[str, typer.Argument(help="The pipeline file (YAML).", metavar="PIPELINE")],
+    input: Annotated[
+        str,
+        typer.Option("-i", "--input", help="Input rows: JSONL, Parquet, CSV/TSV or a dataset."),
+    ],
+    output: Annotated[str, typer.Option("-o", "--output", help="The output directory.")],
+    format: Annotated[
+        str, typer.Option("--format", help="The dataset's format: jsonl, parquet or hf.")
+    ] = "jsonl",
+    rerun_from: Annotated[
+        str | None,
+        typer.Option("--from", help="Run this step and every later one again.", metavar="STEP"),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Only the first N input rows.", min=0)
+    ] = None,
+    keep_steps: Annotated[
+        bool,
+        typer.Option("--keep-steps", help="Write each step's rows to OUT/steps/.", metavar=FLAG),
+    ] = False,
+    cache: CacheOpt = "on",
+) -> None:
+    """Run a pipeline of steps (generate, judge, filter, map, dedupe) over a dataset.
+
+    [bold]lmpress run pipeline.yaml -i topics.jsonl -o out/[/bold]
+
+    Rows stream from step to step; each step journals what it did in OUT/.lmpress, so the same
+    command after a kill, or after editing a step, redoes only what is unfinished or changed.
+    Writes OUT/data.jsonl (or --format parquet|hf), OUT/rejects.jsonl and OUT/README.md.
+    """
+    from lmpress.pipeline.job import RunOptions, run_pipeline
+
+    options = RunOptions(pipeline, input, output, format, rerun_from, limit, keep_steps, cache)
+    run_pipeline(options)

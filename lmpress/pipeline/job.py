@@ -1,0 +1,187 @@
+"""One `lmpress run`: the pipeline checked against the input's columns, the output locked, the
+journal opened (cleared where steps changed), the steps run, and the outputs written from the
+journal in key order: the dataset (JSONL, Parquet or a `save_to_disk` directory), the rejects,
+each step's rows on request, and the dataset card.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmpress.vocabulary.errors import ConfigError, Terminated
+
+FORMATS = ("jsonl", "parquet", "hf")
+
+
+@dataclass
+class RunOptions:
+    pipeline: str
+    input: str
+    output: str
+    format: str = "jsonl"
+    rerun_from: str | None = None
+    limit: int | None = None
+    keep_steps: bool = False
+    cache: str = "on"
+
+
+def run_pipeline(options: RunOptions) -> dict[str, Any]:
+    """Run the pipeline; returns the facts the dataset card records."""
+    from lmpress.data.output_lock import OutputLock
+    from lmpress.data.sources import open_source
+    from lmpress.pipeline.journal import Journal
+    from lmpress.pipeline.models import Models
+    from lmpress.pipeline.spec import load_pipeline
+
+    if options.format not in FORMATS:
+        raise ConfigError(f"--format {options.format}: one of {', '.join(FORMATS)}")
+    source = open_source(options.input)
+    spec = load_pipeline(options.pipeline, _first_columns(source))
+    rerun_from = None
+    if options.rerun_from is not None:
+        rerun_from = spec.steps.index(spec.step(options.rerun_from))
+    models = Models(spec, options.cache)
+    fingerprints, previous = [], ""
+    for step in spec.steps:
+        ref = spec.model_of(step)
+        previous = step.fingerprint(models.identity(ref) if ref else None, previous)
+        fingerprints.append((step.name, previous))
+    out = Path(options.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ".lmpress").mkdir(exist_ok=True)
+    with OutputLock.take(out / ".lmpress" / "lock", out):
+        journal = Journal(out / ".lmpress" / "pipeline.sqlite")
+        try:
+            barriers = {s.name for s in spec.steps if s.kind == "dedupe"}
+            cleared = journal.start(fingerprints, rerun_from, barriers)
+            if cleared:
+                print(f"lmpress: re-running steps {', '.join(cleared)}", file=sys.stderr)
+            started = time.monotonic()
+            _run_steps(spec, models, journal, source, options.limit)
+            seconds = round(time.monotonic() - started, 3)
+            facts = _write_outputs(spec, models, journal, out, options, seconds)
+        finally:
+            journal.close()
+    for step in facts["steps"]:
+        print(
+            f"lmpress: step {step['name']}: {step['rows_in']} in, {step['rows_out']} out, "
+            f"{sum(step['dropped'].values())} dropped, {step['failed']} failed",
+            file=sys.stderr,
+        )
+    print(f"lmpress: wrote {out} in {facts['seconds']} s", file=sys.stderr)
+    return facts
+
+
+def _first_columns(source: Any) -> set[str] | None:
+    """The input's columns from its first row; None when it cannot be read ahead (a pipe)."""
+    if source.stream:
+        return None
+    lines = source.lines()
+    try:
+        for line in lines:
+            return set(line.value) if isinstance(line.value, dict) else None
+    finally:
+        close = getattr(lines, "close", None)
+        if close is not None:
+            close()
+    return set()
+
+
+def _run_steps(spec: Any, models: Any, journal: Any, source: Any, limit: int | None) -> Any:
+    from lmpress.pipeline.runner import Runner, numbered
+    from lmpress.pipeline.steps import build_steps
+
+    async def main() -> Any:
+        stopped = False
+        task = asyncio.current_task()
+        assert task is not None
+
+        def stop() -> None:
+            nonlocal stopped
+            stopped = True
+            task.cancel()
+
+        loop = asyncio.get_running_loop()
+        previous = signal.getsignal(signal.SIGTERM)
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        try:
+            runner = Runner(build_steps(spec, models), journal)
+            await runner.run(numbered(source.lines(), limit))
+            return runner.tallies
+        except asyncio.CancelledError:
+            if stopped:
+                raise Terminated from None
+            raise
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, previous)
+            await models.aclose()
+
+    return asyncio.run(main())
+
+
+def _write_outputs(spec: Any, models: Any, journal: Any, out: Path, options: RunOptions,
+                   seconds: float) -> dict[str, Any]:  # fmt: skip
+    names = [step.name for step in spec.steps]
+    last = names[-1]
+    _write_dataset(journal.rows(last), out, options.format)
+    _write_jsonl(out / "rejects.jsonl", journal.rejects(["input", *names]))
+    if options.keep_steps:
+        (out / "steps").mkdir(exist_ok=True)
+        for name in names:
+            _write_jsonl(out / "steps" / f"{name}.jsonl", journal.rows(name))
+    facts = {
+        "pipeline": spec.source,
+        "pipeline_file": str(options.pipeline),
+        "input": options.input,
+        "models": models.described(),
+        "steps": [
+            {"name": step.name, "kind": step.kind, **journal.tally(step.name)}
+            for step in spec.steps
+        ],
+        "seconds": seconds,
+        "format": options.format,
+    }
+    from lmpress.pipeline.card import write_card
+
+    write_card(out / "README.md", facts)
+    return facts
+
+
+def _write_jsonl(path: Path, rows: Any) -> int:
+    """Rows to a JSONL file through a temporary one, so a file there is always whole."""
+    count = 0
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    partial.replace(path)
+    return count
+
+
+def _write_dataset(rows: Any, out: Path, format: str) -> None:
+    if format == "jsonl":
+        _write_jsonl(out / "data.jsonl", rows)
+        return
+    staged = out / ".lmpress" / "data.jsonl"
+    _write_jsonl(staged, rows)  # streamed to disk first: neither writer needs it in memory
+    if format == "parquet":
+        import pyarrow as pa
+        import pyarrow.json as pj
+        import pyarrow.parquet as pq
+
+        table = pj.read_json(staged) if staged.stat().st_size else pa.table({})
+        pq.write_table(table, out / "data.parquet")
+        return
+    import datasets
+
+    dataset = datasets.Dataset.from_json(str(staged), cache_dir=str(out / ".lmpress" / "hf"))
+    dataset.save_to_disk(str(out / "data"))

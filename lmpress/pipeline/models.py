@@ -1,0 +1,100 @@
+"""The pipeline's models: each distinct model config loaded once and shared by every step that
+names it (a writer and a judge on one local model hold one copy of its weights), each step's
+own generation settings going in its requests' params. Answers go through the response cache,
+so an unchanged request costs nothing on a rerun whose journal was cleared.
+
+Configs are loaded and checked when the pipeline loads (a recipe that does not exist is refused
+before any work); the engines are made when a step first needs one, and all closed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from lmpress.pipeline.spec import ModelRef, PipelineSpec
+from lmpress.vocabulary.errors import ConfigError, LmpressError
+
+
+class Models:
+    def __init__(self, spec: PipelineSpec, cache: str = "on", cache_dir: str | None = None):
+        self._refs: dict[str, ModelRef] = {}
+        self._configs: dict[str, Any] = {}
+        self._answers: dict[str, Any] = {}
+        self._cache, self._cache_dir = cache, cache_dir
+        for step in spec.steps:
+            ref = spec.model_of(step)
+            if ref is not None:
+                self._configs.setdefault(_key(ref), _config(ref, step.name))
+                self._refs.setdefault(_key(ref), ref)
+
+    def config(self, ref: ModelRef) -> Any:
+        return self._configs[_key(ref)]
+
+    def identity(self, ref: ModelRef) -> dict[str, Any]:
+        """What names the model in a step's fingerprint: the reference as written, and the
+        engine and model name it loaded as."""
+        config = self.config(ref)
+        return {**ref.identity(), "_engine": config.engine, "_name": config.model.model_name}
+
+    def answers(self, ref: ModelRef) -> Any:
+        """The model's engine behind the response cache (`cache.answers.CachedAnswers`)."""
+        key = _key(ref)
+        if key not in self._answers:
+            from lmpress.cache.answers import CachedAnswers
+            from lmpress.cache.responses import ResponseCache
+            from lmpress.engines.registry import create_engine
+
+            config = self._configs[key]
+            engine = create_engine(config)
+
+            def say(message: str) -> None:
+                print(f"lmpress: {message}", file=sys.stderr)
+
+            cache = ResponseCache.open(config, self._cache, self._cache_dir, say)
+            self._answers[key] = CachedAnswers(engine, cache)
+        return self._answers[key]
+
+    def described(self) -> list[dict[str, Any]]:
+        """Each model's identity for the dataset card: as written, its engine and name, and
+        the content digest the response cache names it by, where it was loaded."""
+        out = []
+        for key, ref in self._refs.items():
+            config = self._configs[key]
+            entry: dict[str, Any] = {"ref": ref.identity(), "engine": config.engine,
+                                     "model": config.model.model_name}  # fmt: skip
+            answers = self._answers.get(key)
+            if answers is not None and answers.cache is not None:
+                entry["digest"] = answers.cache.keys.model
+            out.append(entry)
+        return out
+
+    async def aclose(self) -> None:
+        for answers in self._answers.values():
+            try:
+                await answers.engine.aclose()
+            finally:
+                answers.close()
+        self._answers.clear()
+
+
+def _key(ref: ModelRef) -> str:
+    return json.dumps(ref.identity(), sort_keys=True, default=str)
+
+
+def _config(ref: ModelRef, step: str) -> Any:
+    from lmpress.configs.loading import load_config
+    from lmpress.engines.registry import check_engine
+
+    overrides: list[tuple[str, Any]] = list(ref.overrides.items())
+    if ref.model is not None:
+        overrides.append(("model.model_name", ref.model))
+    if ref.api_url is not None:
+        overrides.append(("remote_params.api_url", ref.api_url))
+    try:
+        config = load_config(ref.recipe, overrides, ref.engine)
+        check_engine(config)
+    except LmpressError as exc:
+        raise ConfigError(f"step '{step}': model: {exc}") from None
+    return config

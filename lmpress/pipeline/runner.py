@@ -1,0 +1,173 @@
+"""The streaming runner: every step a stage in one asyncio task group, a bounded queue between
+each two, so a row goes on the moment its step finishes it, the steps overlap, and memory
+stays flat whatever the input's size (a full queue makes the stage before it wait).
+
+Each stage keeps up to its step's `concurrency` rows in flight. For each row it first asks the
+journal: a row this step finished from the same input is re-emitted without running the step;
+any other runs, and its outcome is journaled (one transaction) before its rows go on. A dedupe
+is a barrier: it takes all its input, then decides in key order, so what it keeps does not
+depend on timing.
+
+Keys: an input row's key is its index, zero-padded to 9 digits; a step that can fan out gives
+each row it makes the input's key + "/" + its index padded to 4. String order is input order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmpress.pipeline.journal import Journal, digest, dumps
+from lmpress.pipeline.steps.base import Outcome, Step
+from lmpress.vocabulary.types import Usage
+
+DONE = None  # what a stage puts in its outbox when its input is over
+QUEUE_FLOOR = 16  # rows a queue holds at least, so a fast stage is not stalled row by row
+
+
+def input_key(index: int) -> str:
+    return f"{index:09d}"
+
+
+def child_key(key: str, index: int) -> str:
+    return f"{key}/{index:04d}"
+
+
+@dataclass
+class Tally:
+    """One step's counts in this run, for the progress lines and the summary."""
+
+    rows_in: int = 0
+    rows_out: int = 0
+    dropped: int = 0
+    failed: int = 0
+    replayed: int = 0  # rows answered from the journal
+    usage: Usage = field(default_factory=Usage)
+
+    def line(self, name: str) -> str:
+        replayed = f", {self.replayed} from the journal" if self.replayed else ""
+        return (
+            f"step {name}: {self.rows_in} in, {self.rows_out} out, {self.dropped} dropped, "
+            f"{self.failed} failed{replayed}"
+        )
+
+
+class Runner:
+    def __init__(self, steps: list[Step], journal: Journal, progress_s: float = 5.0):
+        self.steps = steps
+        self.journal = journal
+        self.tallies = {step.name: Tally() for step in steps}
+        self.progress_s = progress_s
+
+    async def run(self, rows: Iterable[tuple[str, dict[str, Any] | None, str | None]]) -> None:
+        """Run every step over `rows`: (key, row, or why the input line cannot be read)."""
+        queues = [asyncio.Queue(maxsize=max(QUEUE_FLOOR, 2 * s.concurrency)) for s in self.steps]
+        queues.append(asyncio.Queue(maxsize=QUEUE_FLOOR))
+        ticker = asyncio.create_task(self._ticker())
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._source(rows, queues[0]))
+                for index, step in enumerate(self.steps):
+                    stage = self._barrier if step.barrier else self._stage
+                    group.create_task(stage(step, queues[index], queues[index + 1]))
+                group.create_task(self._sink(queues[-1]))
+        finally:
+            ticker.cancel()
+
+    async def _source(self, rows: Iterable, outbox: asyncio.Queue) -> None:
+        for key, row, error in rows:
+            if error is not None:
+                self.journal.finish("input", key, "", [], ("failed", error, "null"), None)
+                continue
+            await outbox.put((key, row))
+        await outbox.put(DONE)
+
+    async def _stage(self, step: Step, inbox: asyncio.Queue, outbox: asyncio.Queue) -> None:
+        slots = asyncio.Semaphore(step.concurrency)
+        async with asyncio.TaskGroup() as group:
+            while (item := await inbox.get()) is not DONE:
+                await slots.acquire()
+                group.create_task(self._one(step, *item, outbox, slots))
+        await outbox.put(DONE)
+
+    async def _barrier(self, step: Step, inbox: asyncio.Queue, outbox: asyncio.Queue) -> None:
+        held = []
+        while (item := await inbox.get()) is not DONE:
+            held.append(item)
+        held.sort(key=lambda item: item[0])
+        for key, row in held:
+            await self._one(step, key, row, outbox, None)
+        await outbox.put(DONE)
+
+    async def _one(self, step: Step, key: str, row: dict[str, Any], outbox: asyncio.Queue,
+                   slots: asyncio.Semaphore | None) -> None:  # fmt: skip
+        tally = self.tallies[step.name]
+        tally.rows_in += 1
+        try:
+            row_digest = digest(row)
+            out = self.journal.replay(step.name, key, row_digest)
+            if out is not None:
+                tally.replayed += 1
+            else:
+                out = self._record(step, key, row, row_digest, await step.run(key, row))
+        finally:
+            if slots is not None:
+                slots.release()
+        tally.rows_out += len(out)
+        for item in out:
+            await outbox.put(item)
+
+    def _record(self, step: Step, key: str, row: dict[str, Any], row_digest: str,
+                outcome: Outcome) -> list[tuple[str, dict]]:  # fmt: skip
+        """Journal one row's outcome; the rows that go on, keyed."""
+        tally = self.tallies[step.name]
+        if outcome.usage is not None:
+            tally.usage = Usage.summed([tally.usage, outcome.usage])
+        keyed = [
+            (child_key(key, i) if step.fans_out else key, new) for i, new in enumerate(outcome.rows)
+        ]
+        reject = None
+        try:
+            texts = [(out_key, dumps(new)) for out_key, new in keyed]
+        except (TypeError, ValueError) as exc:
+            keyed, texts = [], []
+            outcome = Outcome(error=f"a row JSON cannot hold ({exc})")
+        if outcome.error is not None:
+            keyed, texts, reject = [], [], ("failed", outcome.error, dumps(row))
+            tally.failed += 1
+        elif outcome.dropped is not None:
+            keyed, texts, reject = [], [], ("dropped", outcome.dropped, dumps(row))
+            tally.dropped += 1
+        self.journal.finish(step.name, key, row_digest, texts, reject, outcome.usage)
+        return keyed
+
+    async def _sink(self, inbox: asyncio.Queue) -> None:
+        while await inbox.get() is not DONE:
+            pass
+
+    async def _ticker(self) -> None:
+        """A progress line per step every few seconds, when its counts moved."""
+        shown: dict[str, str] = {}
+        while True:
+            await asyncio.sleep(self.progress_s)
+            for name, tally in self.tallies.items():
+                line = tally.line(name)
+                if shown.get(name) != line:
+                    print(f"lmpress: {line}", file=sys.stderr, flush=True)
+                    shown[name] = line
+
+
+def numbered(lines: Iterable[Any], limit: int | None) -> Iterable[tuple[str, Any, str | None]]:
+    """The input's rows keyed by index (`data.jsonl.Line`s: a value, or why not)."""
+    for index, line in enumerate(lines):
+        if limit is not None and index >= limit:
+            return
+        if line.error is not None:
+            yield input_key(index), None, line.error
+        elif not isinstance(line.value, dict):
+            yield input_key(index), None, f"a row is an object of columns, got {line.value!r:.40}"
+        else:
+            yield input_key(index), line.value, None

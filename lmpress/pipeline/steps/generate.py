@@ -1,0 +1,76 @@
+"""A generate step: the row's columns through a prompt template (and a system prompt) to the
+model, `n` samples, each reply kept as text in one column or parsed into columns, a list
+column exploded into one row per item."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmpress.pipeline.steps.base import Outcome, Step, exploded
+from lmpress.vocabulary.types import GenerationParams, Message, Request, Result
+
+
+class Generate(Step):
+    def __init__(self, spec: Any, answers: Any, params: GenerationParams, schema: Any,
+                 concurrency: int):  # fmt: skip
+        from lmpress.data.columns import RowMapping
+
+        super().__init__(spec.name, concurrency)
+        self.answers = answers
+        self.params = params
+        self.schema = schema  # None: the reply is kept as text in `output_column`
+        self.output = spec.output_column
+        self.explode = spec.explode
+        self.fans_out = params.n > 1 or spec.explode is not None
+        self._prompt = RowMapping(prompt_template=spec.prompt)
+        self._system = RowMapping(prompt_template=spec.system) if spec.system else None
+
+    async def run(self, key: str, row: dict[str, Any]) -> Outcome:
+        from lmpress.data.columns import TemplateError
+
+        try:
+            messages = [Message("user", self._prompt.prompt(row))]
+            if self._system is not None:
+                messages.insert(0, Message("system", self._system.prompt(row)))
+        except TemplateError as exc:
+            return Outcome(error=str(exc))
+        result = await ask(self.answers, Request(key, messages, self.params))
+        if isinstance(result, str):
+            return Outcome(error=result)
+        rows = []
+        for sample in result.samples:
+            if self.schema is None:
+                rows.append({**row, self.output: sample.text})
+                continue
+            from lmpress.pipeline.reply_columns import parse_reply
+
+            try:
+                rows.append({**row, **parse_reply(sample.text, self.schema)})
+            except ValueError as exc:
+                return Outcome(error=str(exc), usage=result.usage)
+        return Outcome(rows=exploded(rows, self.explode), usage=result.usage)
+
+
+async def ask(answers: Any, request: Request) -> Result | str:
+    """The model's Result, or why the request failed, in one line."""
+    result = await answers.complete(request)
+    if result.error is not None:
+        return f"{result.error.kind}: {result.error.message}"
+    if not result.samples:
+        return "the engine returned no reply"
+    return result
+
+
+def step_params(base: GenerationParams, generation: dict[str, Any], where: str, **more: Any
+                ) -> GenerationParams:  # fmt: skip
+    """The model's generation settings with the step's own over them."""
+    from lmpress.vocabulary.errors import ConfigError
+    from lmpress.vocabulary.guided import GuidedDecoding
+
+    changes = {**generation, **more}
+    if isinstance(changes.get("guided_decoding"), dict):
+        changes["guided_decoding"] = GuidedDecoding(**changes["guided_decoding"])
+    try:
+        return base.replace(**changes)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: generation: {exc}") from None
