@@ -1,0 +1,133 @@
+"""`lmpress run` end to end on the loopback OpenAI server: rows fan out, are filtered, mapped
+and judged, failures are set aside without stopping the job, and the journal makes a rerun
+cost only what is unfinished or changed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+from tests.conftest import REPO
+from tests.pipeline.helpers import KEY_ENV, read_jsonl, remote_model, run, write
+from tests.servers.llm_server import Faults, LLMServer, reply_text
+
+TOPICS = [{"topic": t} for t in ("cats", "dogs", "owls", "cats")]
+
+FUNCTIONS = """
+def first_words(row):
+    row["words"] = row["answer"].split()[2:4]
+    return row
+
+
+def refuse_owls(row):
+    if "owls" in row["topic"]:
+        raise ValueError("no owls here")
+    return row
+"""
+
+
+def steps(server, third: str = "Judge {answer}") -> str:
+    return f"""models:
+  m: {remote_model(server)}
+steps:
+  - {{name: answer, kind: generate, model: m, prompt: "Tell me about {{topic}}", n: 2}}
+  - {{name: first, kind: filter, expr: "'#1' not in answer"}}
+  - {{name: words, kind: generate, model: m, prompt: "{third}", output: verdict}}
+  - {{name: owls, kind: map, function: "fns:refuse_owls"}}
+  - {{name: split, kind: map, function: "fns:first_words", makes: [words], explode: words}}
+"""
+
+
+def test_rows_fan_out_filter_map_and_fail_alone(tmp_path):
+    (tmp_path / "fns.py").write_text(FUNCTIONS)
+    with LLMServer() as server:
+        write(tmp_path, steps(server), TOPICS)
+        result = run(tmp_path, "out", "--keep-steps")
+    assert result.returncode == 0, result.stderr
+    rows = read_jsonl(tmp_path / "out" / "data.jsonl")
+    # n=2 fans out, the filter keeps sample 0, owls fail in the map, the explode splits in two.
+    expected = []
+    for topic in ("cats", "dogs", "cats"):
+        answer = reply_text(f"Tell me about {topic}")
+        verdict = reply_text(f"Judge {answer}")
+        for word in ("Tell", "me"):
+            expected.append({"topic": topic, "answer": answer, "verdict": verdict, "words": word})
+    assert rows == expected
+    rejects = read_jsonl(tmp_path / "out" / "rejects.jsonl")
+    dropped = [r["key"] for r in rejects if r["step"] == "first"]
+    assert dropped == ["000000000/0001", "000000001/0001", "000000002/0001", "000000003/0001"]
+    [failed] = [r for r in rejects if r["step"] == "owls"]
+    assert failed["key"] == "000000002/0000"
+    assert failed["failed"] == "fns:refuse_owls raised ValueError: no owls here"
+    assert len(read_jsonl(tmp_path / "out" / "steps" / "answer.jsonl")) == 8
+    assert "step owls: 4 in, 3 out, 0 dropped, 1 failed" in result.stderr
+
+
+def test_an_edited_step_reruns_from_there_on(tmp_path):
+    (tmp_path / "fns.py").write_text(FUNCTIONS)
+    with LLMServer() as server:
+        write(tmp_path, steps(server), TOPICS)
+        first = run(tmp_path, "out", "--cache", "off")
+        assert first.returncode == 0, first.stderr
+        server.reset()
+        write(tmp_path, steps(server, third="Weigh {answer}"), TOPICS)
+        second = run(tmp_path, "out", "--cache", "off")
+        asked = [body["messages"][-1]["content"] for _, body in server.stats.bodies]
+    assert second.returncode == 0, second.stderr
+    assert len(asked) == 4 and all(text.startswith("Weigh Reply-") for text in asked)
+    rows = read_jsonl(tmp_path / "out" / "data.jsonl")
+    assert [r["verdict"] for r in rows[::2]] == [
+        reply_text(f"Weigh {reply_text(f'Tell me about {t}')}") for t in ("cats", "dogs", "cats")
+    ]
+
+
+def test_kill_9_mid_run_then_the_same_command_finishes_the_same_dataset(tmp_path):
+    (tmp_path / "fns.py").write_text(FUNCTIONS)
+    topics = [{"topic": f"topic {i}"} for i in range(40)]
+    with LLMServer() as server:
+        write(tmp_path, steps(server), topics)
+        whole = run(tmp_path, "whole", "--cache", "off")
+        assert whole.returncode == 0, whole.stderr
+    with LLMServer(Faults(hold_after=30)) as server:
+        write(tmp_path, steps(server), topics)
+        args = ["run", "pipe.yaml", "-i", "in.jsonl", "-o", "killed", "--cache", "off"]
+        env = {**os.environ, **KEY_ENV, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], cwd=tmp_path, env=env,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            assert server.holding.wait(120)
+            journal = tmp_path / "killed" / ".lmpress" / "pipeline.sqlite"
+            deadline = time.monotonic() + 60
+            while _done_rows(journal) < 10 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _done_rows(journal) >= 10
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        server.release()
+        assert not (tmp_path / "killed" / "data.jsonl").exists()
+        before = server.stats.requests
+        rerun = run(tmp_path, "killed", "--cache", "off")
+        asked_again = server.stats.requests - before
+    assert rerun.returncode == 0, rerun.stderr
+    assert asked_again <= 80 - 10  # what the journal held was not asked again
+    assert (tmp_path / "killed" / "data.jsonl").read_text() == (
+        tmp_path / "whole" / "data.jsonl"
+    ).read_text()
+    assert (tmp_path / "killed" / "rejects.jsonl").read_text() == (
+        tmp_path / "whole" / "rejects.jsonl"
+    ).read_text()
+
+
+def _done_rows(journal) -> int:
+    if not journal.exists():
+        return 0
+    try:
+        with sqlite3.connect(journal) as db:
+            return db.execute("SELECT COUNT(*) FROM done").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
