@@ -40,8 +40,11 @@ def run(
     Rows stream from step to step; each step journals what it did in OUT/.lmpress, so the same
     command after a kill, or after editing a step, redoes only what is unfinished or changed.
     Writes OUT/data.jsonl (or --format parquet|hf), OUT/rejects.jsonl and OUT/README.md.
+    Exit 1 when a row failed (the rejects say why; the same command tries it again).
     """
     from lmpress.pipeline.job import RunOptions, run_pipeline
 
     options = RunOptions(pipeline, input, output, format, rerun_from, limit, keep_steps, cache)
-    run_pipeline(options)
+    facts = run_pipeline(options)
+    if any(step["failed"] for step in facts["steps"]):
+        raise typer.Exit(1)

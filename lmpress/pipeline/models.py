@@ -16,6 +16,8 @@ from typing import Any
 from lmpress.pipeline.spec import ModelRef, PipelineSpec
 from lmpress.vocabulary.errors import ConfigError, LmpressError
 
+LOCAL_IN_FLIGHT = 64
+
 
 class Models:
     def __init__(self, spec: PipelineSpec, cache: str = "on", cache_dir: str | None = None):
@@ -38,8 +40,19 @@ class Models:
         config = self.config(ref)
         return {**ref.identity(), "_engine": config.engine, "_name": config.model.model_name}
 
+    def concurrency(self, ref: ModelRef) -> int:
+        """Rows a step on this model keeps in flight unless it says: what a remote engine keeps
+        in flight (4 per worker), or enough to keep a local engine's batch full."""
+        from lmpress.engines.registry import get_spec
+
+        config = self.config(ref)
+        if get_spec(config.engine).preset:
+            return 4 * config.remote_params.num_workers
+        return max(LOCAL_IN_FLIGHT, config.generation.batch_size)
+
     def answers(self, ref: ModelRef) -> Any:
-        """The model's engine behind the response cache (`cache.answers.CachedAnswers`)."""
+        """The model's engine behind the response cache (`cache.answers.CachedAnswers`),
+        made the first time a step needs it: a rerun the journal answers loads no model."""
         key = _key(ref)
         if key not in self._answers:
             from lmpress.cache.answers import CachedAnswers

@@ -40,7 +40,8 @@ def fields_schema(fields: dict[str, str], where: str) -> dict[str, Any]:
                 f"{where}: parse.{name}: unknown type '{kind}' (one of {', '.join(JSON_TYPES)})"
             )
         properties[name] = JSON_TYPES[spelled]
-    return {"type": "object", "properties": properties, "required": list(fields)}
+    return {"type": "object", "properties": properties, "required": list(fields),
+            "additionalProperties": False}  # fmt: skip
 
 
 def schema_columns(schema: dict[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import REPO
+from tests.conftest import REPO, CliRun
 from tests.pipeline.helpers import KEY_ENV, read_jsonl, remote_model, run, write
 from tests.servers.llm_server import Faults, LLMServer, reply_text
 
@@ -47,7 +47,7 @@ def test_rows_fan_out_filter_map_and_fail_alone(tmp_path):
     with LLMServer() as server:
         write(tmp_path, steps(server), TOPICS)
         result = run(tmp_path, "out", "--keep-steps")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # a row failed: said by the exit code
     rows = read_jsonl(tmp_path / "out" / "data.jsonl")
     # n=2 fans out, the filter keeps sample 0, owls fail in the map, the explode splits in two.
     expected = []
@@ -67,17 +67,38 @@ def test_rows_fan_out_filter_map_and_fail_alone(tmp_path):
     assert "step owls: 4 in, 3 out, 0 dropped, 1 failed" in result.stderr
 
 
+def test_a_judge_on_a_second_model_scores_and_a_filter_keeps_the_good(tmp_path):
+    # The stand-in judge asks with the rubric first, which the loopback server echoes: a
+    # rubric "Score: 8 ..." gets a reply holding "Score: 8", one without gets no score.
+    with LLMServer() as server:
+        write(tmp_path, f"""models:
+  writer: {remote_model(server)}
+  judge: {{engine: OPENAI, model: judge-model, api_url: '{server.openai_url}'}}
+steps:
+  - {{name: answer, kind: generate, model: writer, prompt: "About {{topic}}"}}
+  - {{name: judge, kind: judge, model: judge, rubric: "Score: 8 if it is", columns: [answer]}}
+  - {{name: good, kind: filter, expr: "score >= 7"}}
+""", TOPICS[:2])  # fmt: skip
+        result = run(tmp_path, "out")
+        models = {body["model"] for _, body in server.stats.bodies}
+    assert result.returncode == 0, result.stderr
+    assert models == {"test-model", "judge-model"}
+    rows = read_jsonl(tmp_path / "out" / "data.jsonl")
+    assert [(r["topic"], r["score"]) for r in rows] == [("cats", 8.0), ("dogs", 8.0)]
+    assert "README.md" in os.listdir(tmp_path / "out")
+
+
 def test_an_edited_step_reruns_from_there_on(tmp_path):
     (tmp_path / "fns.py").write_text(FUNCTIONS)
     with LLMServer() as server:
         write(tmp_path, steps(server), TOPICS)
         first = run(tmp_path, "out", "--cache", "off")
-        assert first.returncode == 0, first.stderr
+        assert first.returncode == 1, first.stderr
         server.reset()
         write(tmp_path, steps(server, third="Weigh {answer}"), TOPICS)
         second = run(tmp_path, "out", "--cache", "off")
         asked = [body["messages"][-1]["content"] for _, body in server.stats.bodies]
-    assert second.returncode == 0, second.stderr
+    assert second.returncode == 1, second.stderr
     assert len(asked) == 4 and all(text.startswith("Weigh Reply-") for text in asked)
     rows = read_jsonl(tmp_path / "out" / "data.jsonl")
     assert [r["verdict"] for r in rows[::2]] == [
@@ -86,6 +107,26 @@ def test_an_edited_step_reruns_from_there_on(tmp_path):
 
 
 def test_kill_9_mid_run_then_the_same_command_finishes_the_same_dataset(tmp_path):
+    whole, killed, asked_again, _ = interrupted(tmp_path, signal.SIGKILL)
+    assert killed.returncode == 0, killed.stderr
+    assert asked_again <= 80 - 10  # what the journal held was not asked again
+    for name in ("data.jsonl", "rejects.jsonl"):
+        assert (tmp_path / "killed" / name).read_text() == (tmp_path / "whole" / name).read_text()
+
+
+def test_sigterm_stops_cleanly_and_the_rerun_resumes(tmp_path):
+    _, resumed, _, stopped = interrupted(tmp_path, signal.SIGTERM)
+    assert stopped.returncode == 143
+    assert stopped.stderr.strip().splitlines()[-1] == "lmpress: stopped by SIGTERM"
+    assert resumed.returncode == 0, resumed.stderr
+    assert (tmp_path / "killed" / "data.jsonl").read_text() == (
+        tmp_path / "whole" / "data.jsonl"
+    ).read_text()
+
+
+def interrupted(tmp_path, sig):
+    """An uninterrupted run into whole/, and a run into killed/ sent `sig` once its journal
+    holds rows, then run again: (whole, rerun, requests the rerun made, interrupted run)."""
     (tmp_path / "fns.py").write_text(FUNCTIONS)
     topics = [{"topic": f"topic {i}"} for i in range(40)]
     with LLMServer() as server:
@@ -97,7 +138,7 @@ def test_kill_9_mid_run_then_the_same_command_finishes_the_same_dataset(tmp_path
         args = ["run", "pipe.yaml", "-i", "in.jsonl", "-o", "killed", "--cache", "off"]
         env = {**os.environ, **KEY_ENV, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], cwd=tmp_path, env=env,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
         try:
             assert server.holding.wait(120)
             journal = tmp_path / "killed" / ".lmpress" / "pipeline.sqlite"
@@ -106,21 +147,14 @@ def test_kill_9_mid_run_then_the_same_command_finishes_the_same_dataset(tmp_path
                 time.sleep(0.1)
             assert _done_rows(journal) >= 10
         finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+            proc.send_signal(sig)
+            _, stderr = proc.communicate(timeout=60)
+        stopped = CliRun(proc.returncode, "", stderr)
         server.release()
         assert not (tmp_path / "killed" / "data.jsonl").exists()
         before = server.stats.requests
         rerun = run(tmp_path, "killed", "--cache", "off")
-        asked_again = server.stats.requests - before
-    assert rerun.returncode == 0, rerun.stderr
-    assert asked_again <= 80 - 10  # what the journal held was not asked again
-    assert (tmp_path / "killed" / "data.jsonl").read_text() == (
-        tmp_path / "whole" / "data.jsonl"
-    ).read_text()
-    assert (tmp_path / "killed" / "rejects.jsonl").read_text() == (
-        tmp_path / "whole" / "rejects.jsonl"
-    ).read_text()
+        return whole, rerun, server.stats.requests - before, stopped
 
 
 def _done_rows(journal) -> int:

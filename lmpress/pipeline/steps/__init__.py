@@ -31,10 +31,10 @@ def _build(spec: PipelineSpec, step: Any, models: Any) -> Step:
         from lmpress.pipeline.steps.generate import step_params
         from lmpress.pipeline.steps.judge import Judge
 
-        answers = models.answers(ref)
         params = step_params(models.config(ref).generation, step.generation, where)
-        concurrency = step.concurrency or answers.engine.max_in_flight
-        return Judge(step.name, build_step_judge(step, where), answers, params, concurrency)
+        concurrency = step.concurrency or models.concurrency(ref)
+        judge = build_step_judge(step, where)
+        return Judge(step.name, judge, lambda: models.answers(ref), params, concurrency)
     if isinstance(step, FilterStep):
         from lmpress.pipeline.steps.functions import Filter
 
@@ -61,9 +61,8 @@ def _generate(step: GenerateStep, ref: Any, models: Any, where: str) -> Step:
     if schema is not None and "guided_decoding" not in step.generation:
         more["guided_decoding"] = {"json": schema}
     params = step_params(models.config(ref).generation, step.generation, where, **more)
-    answers = models.answers(ref)
-    concurrency = step.concurrency or answers.engine.max_in_flight
-    return Generate(step, answers, params, schema, concurrency)
+    concurrency = step.concurrency or models.concurrency(ref)
+    return Generate(step, lambda: models.answers(ref), params, schema, concurrency)
 
 
 def _dedupe(step: DedupeStep, ref: Any, models: Any, where: str) -> Step:
@@ -76,7 +75,7 @@ def _dedupe(step: DedupeStep, ref: Any, models: Any, where: str) -> Step:
     if settings.get("method") == "embedding":
         if ref is None:
             raise ConfigError(f"{where}: method embedding needs a `model` that embeds")
-        embed = embedder(models.answers(ref), step.name)
+        embed = embedder(lambda: models.answers(ref), step.name)
     try:
         return Dedupe(step.name, build_deduplicator(settings, embed))
     except ConfigError as exc:

@@ -24,14 +24,15 @@ class Dedupe(Step):
 
 
 def embedder(answers: Any, step: str) -> Any:
-    """The async function a deduplicator embeds texts with: the step's model's vectors."""
+    """The async function a deduplicator embeds texts with: the step's model's vectors
+    (`answers`: the model behind the cache, made on first use)."""
     import numpy as np
 
     from lmpress.vocabulary.embeddings import EmbedRequest
     from lmpress.vocabulary.errors import LmpressError
 
     async def embed(texts: list[str]) -> Any:
-        result = await answers.embed(EmbedRequest(f"{step}-embed", list(texts)))
+        result = await answers().embed(EmbedRequest(f"{step}-embed", list(texts)))
         if result.error is not None:
             raise LmpressError(f"step '{step}': embedding failed: {result.error.message}")
         return np.asarray([e.vector for e in result.embeddings], dtype=np.float32)

@@ -16,7 +16,7 @@ class Generate(Step):
         from lmpress.data.columns import RowMapping
 
         super().__init__(spec.name, concurrency)
-        self.answers = answers
+        self.answers = answers  # made on first use: see Models.answers
         self.params = params
         self.schema = schema  # None: the reply is kept as text in `output_column`
         self.output = spec.output_column
@@ -34,7 +34,7 @@ class Generate(Step):
                 messages.insert(0, Message("system", self._system.prompt(row)))
         except TemplateError as exc:
             return Outcome(error=str(exc))
-        result = await ask(self.answers, Request(key, messages, self.params))
+        result = await ask(self.answers(), Request(key, messages, self.params))
         if isinstance(result, str):
             return Outcome(error=result)
         rows = []
@@ -47,7 +47,8 @@ class Generate(Step):
             try:
                 rows.append({**row, **parse_reply(sample.text, self.schema)})
             except ValueError as exc:
-                return Outcome(error=str(exc), usage=result.usage)
+                cut = " (cut at max_new_tokens)" if sample.finish_reason == "length" else ""
+                return Outcome(error=f"{exc}{cut}", usage=result.usage)
         return Outcome(rows=exploded(rows, self.explode), usage=result.usage)
 
 

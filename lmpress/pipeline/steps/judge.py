@@ -16,7 +16,7 @@ class Judge(Step):
                  concurrency: int):  # fmt: skip
         super().__init__(name, concurrency)
         self.judge = judge
-        self.answers = answers
+        self.answers = answers  # made on first use: see Models.answers
         self.params = params
 
     async def run(self, key: str, row: dict[str, Any]) -> Outcome:
@@ -24,7 +24,7 @@ class Judge(Step):
             messages = self.judge.messages(row)
         except (KeyError, ValueError) as exc:
             return Outcome(error=f"the judge cannot read this row ({exc})")
-        result = await ask(self.answers, Request(key, messages, self.params))
+        result = await ask(self.answers(), Request(key, messages, self.params))
         if isinstance(result, str):
             return Outcome(error=result)
         try:

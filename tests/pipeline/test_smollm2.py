@@ -1,0 +1,36 @@
+"""A generate step on real weights (SmolLM2-135M-Instruct, NATIVE): a Jinja template over the
+row's columns, the reply guided to the JSON the step's `parse` names, parsed into columns."""
+
+from __future__ import annotations
+
+import json
+
+from tests.pipeline.helpers import read_jsonl, run, write
+
+PIPELINE = """models:
+  smol: {engine: NATIVE, model: "smollm2:135m-instruct"}
+steps:
+  - name: ask
+    kind: generate
+    model: smol
+    prompt: "What is the capital of {{ country }}? Reply in JSON with the question and its answer."
+    generation: {max_new_tokens: 64, temperature: 0}
+    parse: {question: str, answer: str}
+"""
+
+
+def test_generate_parses_the_reply_into_columns(tmp_path):
+    write(tmp_path, PIPELINE, [{"country": "France"}, {"country": "Germany"}])
+    result = run(tmp_path, "out", "--keep-steps")
+    assert result.returncode == 0, result.stderr
+    rows = read_jsonl(tmp_path / "out" / "data.jsonl")
+    assert [r["country"] for r in rows] == ["France", "Germany"]
+    for row in rows:
+        assert set(row) == {"country", "question", "answer"}
+        assert row["country"] in row["question"]
+    assert rows[0]["answer"] == "Paris"
+    # The same command again answers from the journal: the same rows, no model call needed.
+    again = run(tmp_path, "out")
+    assert again.returncode == 0, again.stderr
+    assert read_jsonl(tmp_path / "out" / "data.jsonl") == rows
+    assert json.loads((tmp_path / "out" / "steps" / "ask.jsonl").read_text().splitlines()[0])
