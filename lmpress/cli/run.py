@@ -46,5 +46,5 @@ def run(
 
     options = RunOptions(pipeline, input, output, format, rerun_from, limit, keep_steps, cache)
     facts = run_pipeline(options)
-    if any(step["failed"] for step in facts["steps"]):
+    if any(step.failed for step in facts.steps):
         raise typer.Exit(1)

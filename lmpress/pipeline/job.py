@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmpress.vocabulary.errors import ConfigError, Terminated
-
-FORMATS = ("jsonl", "parquet", "hf")
+from lmpress.vocabulary.errors import Terminated
 
 
 @dataclass
@@ -32,16 +30,16 @@ class RunOptions:
     cache: str = "on"
 
 
-def run_pipeline(options: RunOptions) -> dict[str, Any]:
-    """Run the pipeline; returns the facts the dataset card records."""
+def run_pipeline(options: RunOptions) -> Any:
+    """Run the pipeline; returns the facts the dataset card records (`card.CardFacts`)."""
     from lmpress.data.output_lock import OutputLock
     from lmpress.data.sources import open_source
+    from lmpress.pipeline.export import dataset_format
     from lmpress.pipeline.journal import Journal
     from lmpress.pipeline.models import Models
     from lmpress.pipeline.spec import load_pipeline
 
-    if options.format not in FORMATS:
-        raise ConfigError(f"--format {options.format}: one of {', '.join(FORMATS)}")
+    dataset_format(options.format)
     source = open_source(options.input)
     spec = load_pipeline(options.pipeline, _first_columns(source))
     rerun_from = None
@@ -64,18 +62,18 @@ def run_pipeline(options: RunOptions) -> dict[str, Any]:
             if cleared:
                 print(f"lmpress: re-running steps {', '.join(cleared)}", file=sys.stderr)
             started = time.monotonic()
-            _run_steps(spec, models, journal, source, options.limit)
+            tallies = _run_steps(spec, models, journal, source, options.limit)
             seconds = round(time.monotonic() - started, 3)
-            facts = _write_outputs(spec, models, journal, out, options, seconds)
+            facts = _write_outputs(spec, models, journal, out, options, tallies, seconds)
         finally:
             journal.close()
-    for step in facts["steps"]:
+    for step in facts.steps:
         print(
-            f"lmpress: step {step['name']}: {step['rows_in']} in, {step['rows_out']} out, "
-            f"{sum(step['dropped'].values())} dropped, {step['failed']} failed",
+            f"lmpress: step {step.name}: {step.rows_in} in, {step.rows_out} out, "
+            f"{sum(step.dropped.values())} dropped, {step.failed} failed",
             file=sys.stderr,
         )
-    print(f"lmpress: wrote {out} in {facts['seconds']} s", file=sys.stderr)
+    print(f"lmpress: wrote {facts.rows} rows to {out} in {facts.seconds} s", file=sys.stderr)
     return facts
 
 
@@ -128,31 +126,63 @@ def _run_steps(spec: Any, models: Any, journal: Any, source: Any, limit: int | N
 
 
 def _write_outputs(spec: Any, models: Any, journal: Any, out: Path, options: RunOptions,
-                   seconds: float) -> dict[str, Any]:  # fmt: skip
+                   tallies: dict[str, Any], seconds: float) -> Any:  # fmt: skip
+    from lmpress.pipeline.card import CardFacts, write_card
+    from lmpress.pipeline.export import write_dataset
+
     names = [step.name for step in spec.steps]
-    last = names[-1]
-    _write_dataset(journal.rows(last), out, options.format)
+    counted = _Counted(journal.rows(names[-1]))
+    data = write_dataset(counted, out, options.format)
     _write_jsonl(out / "rejects.jsonl", journal.rejects(["input", *names]))
     if options.keep_steps:
         (out / "steps").mkdir(exist_ok=True)
         for name in names:
             _write_jsonl(out / "steps" / f"{name}.jsonl", journal.rows(name))
-    facts = {
-        "pipeline": spec.source,
-        "pipeline_file": str(options.pipeline),
-        "input": options.input,
-        "models": models.described(),
-        "steps": [
-            {"name": step.name, "kind": step.kind, **journal.tally(step.name)}
-            for step in spec.steps
-        ],
-        "seconds": seconds,
-        "format": options.format,
-    }
-    from lmpress.pipeline.card import write_card
-
-    write_card(out / "README.md", facts)
+    facts = CardFacts(
+        pipeline_path=str(options.pipeline),
+        pipeline_text=spec.source,
+        command=" ".join(["lmpress", *sys.argv[1:]]),
+        data_path=data.name,
+        data_format=options.format,
+        rows=counted.count,
+        steps=[_step_facts(spec, step, models, journal, tallies) for step in spec.steps],
+        models=models.facts(),
+        input_path=options.input,
+        rejects_path="rejects.jsonl",
+        seconds=seconds,
+    )
+    write_card(out, facts)
     return facts
+
+
+def _step_facts(spec: Any, step: Any, models: Any, journal: Any, tallies: dict) -> Any:
+    from lmpress.pipeline.card import StepFacts, step_cost
+
+    counts = journal.tally(step.name)
+    ref = spec.model_of(step)
+    facts = StepFacts(name=step.name, kind=step.kind, seconds=tallies[step.name].seconds,
+                      **counts)  # fmt: skip
+    if ref is not None:
+        config = models.config(ref)
+        facts.model = models.name(ref)
+        generation = getattr(step, "generation", {})
+        facts.settings = {**config.generation.changed_fields(), **generation}
+        facts.seed = facts.settings.get("seed")
+        facts.cost_usd = step_cost(config, counts["prompt_tokens"], counts["completion_tokens"])
+    return facts
+
+
+class _Counted:
+    """Rows passed through, counted: the dataset's size for the card, without a second read."""
+
+    def __init__(self, rows: Any):
+        self.rows = rows
+        self.count = 0
+
+    def __iter__(self) -> Any:
+        for row in self.rows:
+            self.count += 1
+            yield row
 
 
 def _write_jsonl(path: Path, rows: Any) -> int:
@@ -165,23 +195,3 @@ def _write_jsonl(path: Path, rows: Any) -> int:
             count += 1
     partial.replace(path)
     return count
-
-
-def _write_dataset(rows: Any, out: Path, format: str) -> None:
-    if format == "jsonl":
-        _write_jsonl(out / "data.jsonl", rows)
-        return
-    staged = out / ".lmpress" / "data.jsonl"
-    _write_jsonl(staged, rows)  # streamed to disk first: neither writer needs it in memory
-    if format == "parquet":
-        import pyarrow as pa
-        import pyarrow.json as pj
-        import pyarrow.parquet as pq
-
-        table = pj.read_json(staged) if staged.stat().st_size else pa.table({})
-        pq.write_table(table, out / "data.parquet")
-        return
-    import datasets
-
-    dataset = datasets.Dataset.from_json(str(staged), cache_dir=str(out / ".lmpress" / "hf"))
-    dataset.save_to_disk(str(out / "data"))

@@ -21,7 +21,7 @@ LOCAL_IN_FLIGHT = 64
 
 class Models:
     def __init__(self, spec: PipelineSpec, cache: str = "on", cache_dir: str | None = None):
-        self._refs: dict[str, ModelRef] = {}
+        self._names: dict[str, str] = {}
         self._configs: dict[str, Any] = {}
         self._answers: dict[str, Any] = {}
         self._cache, self._cache_dir = cache, cache_dir
@@ -29,16 +29,19 @@ class Models:
             ref = spec.model_of(step)
             if ref is not None:
                 self._configs.setdefault(_key(ref), _config(ref, step.name))
-                self._refs.setdefault(_key(ref), ref)
+                named = step.model if isinstance(step.model, str) else step.name
+                self._names.setdefault(_key(ref), named)
 
     def config(self, ref: ModelRef) -> Any:
         return self._configs[_key(ref)]
 
     def identity(self, ref: ModelRef) -> dict[str, Any]:
         """What names the model in a step's fingerprint: the reference as written, and the
-        engine and model name it loaded as."""
+        engine, model name and generation settings it loaded as (a recipe file edited since
+        changes what the step's rows would be)."""
         config = self.config(ref)
-        return {**ref.identity(), "_engine": config.engine, "_name": config.model.model_name}
+        return {**ref.identity(), "_engine": config.engine, "_name": config.model.model_name,
+                "_generation": config.generation.changed_fields()}  # fmt: skip
 
     def concurrency(self, ref: ModelRef) -> int:
         """Rows a step on this model keeps in flight unless it says: what a remote engine keeps
@@ -69,19 +72,15 @@ class Models:
             self._answers[key] = CachedAnswers(engine, cache)
         return self._answers[key]
 
-    def described(self) -> list[dict[str, Any]]:
-        """Each model's identity for the dataset card: as written, its engine and name, and
-        the content digest the response cache names it by, where it was loaded."""
-        out = []
-        for key, ref in self._refs.items():
-            config = self._configs[key]
-            entry: dict[str, Any] = {"ref": ref.identity(), "engine": config.engine,
-                                     "model": config.model.model_name}  # fmt: skip
-            answers = self._answers.get(key)
-            if answers is not None and answers.cache is not None:
-                entry["digest"] = answers.cache.keys.model
-            out.append(entry)
-        return out
+    def name(self, ref: ModelRef) -> str:
+        """The model's name under `models:`, or for one a step sets inline, that step's."""
+        return self._names[_key(ref)]
+
+    def facts(self) -> list[Any]:
+        """Each model as the dataset card names it (`card.model_facts`)."""
+        from lmpress.pipeline.card import model_facts
+
+        return [model_facts(self._names[key], self._configs[key]) for key in self._configs]
 
     async def aclose(self) -> None:
         for answers in self._answers.values():

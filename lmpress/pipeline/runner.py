@@ -1,6 +1,7 @@
-"""The streaming runner: every step a stage in one asyncio task group, a bounded queue between
-each two, so a row goes on the moment its step finishes it, the steps overlap, and memory
-stays flat whatever the input's size (a full queue makes the stage before it wait).
+"""The streaming runner: every step a stage, all run as one group of asyncio tasks (one that
+fails stops all), a bounded queue between each two, so a row goes on the moment its step
+finishes it, the steps overlap, and memory stays flat whatever the input's size (a full queue
+makes the stage before it wait).
 
 Each stage keeps up to its step's `concurrency` rows in flight. For each row it first asks the
 journal: a row this step finished from the same input is re-emitted without running the step;
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +48,14 @@ class Tally:
     failed: int = 0
     replayed: int = 0  # rows answered from the journal
     usage: Usage = field(default_factory=Usage)
+    first_in: float | None = None  # monotonic times: the step's first row in, last row out
+    last_out: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        if self.first_in is None or self.last_out is None:
+            return 0.0
+        return round(self.last_out - self.first_in, 3)
 
     def line(self, name: str) -> str:
         replayed = f", {self.replayed} from the journal" if self.replayed else ""
@@ -66,14 +76,14 @@ class Runner:
         """Run every step over `rows`: (key, row, or why the input line cannot be read)."""
         queues = [asyncio.Queue(maxsize=max(QUEUE_FLOOR, 2 * s.concurrency)) for s in self.steps]
         queues.append(asyncio.Queue(maxsize=QUEUE_FLOOR))
+        stages = [self._source(rows, queues[0])]
+        for index, step in enumerate(self.steps):
+            stage = self._barrier if step.barrier else self._stage
+            stages.append(stage(step, queues[index], queues[index + 1]))
+        stages.append(self._sink(queues[-1]))
         ticker = asyncio.create_task(self._ticker())
         try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._source(rows, queues[0]))
-                for index, step in enumerate(self.steps):
-                    stage = self._barrier if step.barrier else self._stage
-                    group.create_task(stage(step, queues[index], queues[index + 1]))
-                group.create_task(self._sink(queues[-1]))
+            await all_or_none([asyncio.create_task(stage) for stage in stages])
         finally:
             ticker.cancel()
 
@@ -87,10 +97,16 @@ class Runner:
 
     async def _stage(self, step: Step, inbox: asyncio.Queue, outbox: asyncio.Queue) -> None:
         slots = asyncio.Semaphore(step.concurrency)
-        async with asyncio.TaskGroup() as group:
+        rows: set[asyncio.Task] = set()
+        try:
             while (item := await inbox.get()) is not DONE:
                 await slots.acquire()
-                group.create_task(self._one(step, *item, outbox, slots))
+                _raise_failed(rows)
+                rows.add(asyncio.create_task(self._one(step, *item, outbox, slots)))
+            await all_or_none(list(rows))
+        finally:
+            for task in rows:
+                task.cancel()
         await outbox.put(DONE)
 
     async def _barrier(self, step: Step, inbox: asyncio.Queue, outbox: asyncio.Queue) -> None:
@@ -106,6 +122,8 @@ class Runner:
                    slots: asyncio.Semaphore | None) -> None:  # fmt: skip
         tally = self.tallies[step.name]
         tally.rows_in += 1
+        if tally.first_in is None:
+            tally.first_in = time.monotonic()
         try:
             row_digest = digest(row)
             out = self.journal.replay(step.name, key, row_digest)
@@ -119,6 +137,7 @@ class Runner:
         tally.rows_out += len(out)
         for item in out:
             await outbox.put(item)
+        tally.last_out = time.monotonic()
 
     def _record(self, step: Step, key: str, row: dict[str, Any], row_digest: str,
                 outcome: Outcome) -> list[tuple[str, dict]]:  # fmt: skip
@@ -158,6 +177,30 @@ class Runner:
                 if shown.get(name) != line:
                     print(f"lmpress: {line}", file=sys.stderr, flush=True)
                     shown[name] = line
+
+
+async def all_or_none(tasks: list[asyncio.Task]) -> None:
+    """Wait for every task; the first to fail cancels the rest and its exception is raised
+    (asyncio.TaskGroup's rule, which Python 3.10 lacks), as is a cancellation of this wait."""
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
+def _raise_failed(tasks: set[asyncio.Task]) -> None:
+    """Forget the finished row tasks, raising the first that failed (a bug, not a row's
+    failure: those are Outcomes)."""
+    for task in [t for t in tasks if t.done()]:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
 
 def numbered(lines: Iterable[Any], limit: int | None) -> Iterable[tuple[str, Any, str | None]]:

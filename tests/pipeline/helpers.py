@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lmpress.data.file_formats import FileFormat
+from lmpress.pipeline.export import DATASET_NAMES
 from tests.conftest import run_lmpress
+
+DATA = DATASET_NAMES[FileFormat.JSONL]  # the dataset's file in the output directory
 
 KEY_ENV = {"OPENAI_API_KEY": "test-key"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.pipeline.helpers import remote_model, run, write
+from tests.pipeline.helpers import DATA, remote_model, run, write
 from tests.servers.llm_server import LLMServer
 
 
@@ -24,7 +24,7 @@ def refused(tmp_path, server, steps: str, rows=({"topic": "cats"},)) -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith("lmpress: error")]
     assert len(lines) == 1, result.stderr
     assert server.stats.requests == before
-    assert not (tmp_path / "out" / "data.jsonl").exists()
+    assert not (tmp_path / "out" / DATA).exists()
     return lines[0]
 
 

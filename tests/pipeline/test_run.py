@@ -12,7 +12,7 @@ import sys
 import time
 
 from tests.conftest import REPO, CliRun
-from tests.pipeline.helpers import KEY_ENV, read_jsonl, remote_model, run, write
+from tests.pipeline.helpers import DATA, KEY_ENV, read_jsonl, remote_model, run, write
 from tests.servers.llm_server import Faults, LLMServer, reply_text
 
 TOPICS = [{"topic": t} for t in ("cats", "dogs", "owls", "cats")]
@@ -48,7 +48,7 @@ def test_rows_fan_out_filter_map_and_fail_alone(tmp_path):
         write(tmp_path, steps(server), TOPICS)
         result = run(tmp_path, "out", "--keep-steps")
     assert result.returncode == 1, result.stderr  # a row failed: said by the exit code
-    rows = read_jsonl(tmp_path / "out" / "data.jsonl")
+    rows = read_jsonl(tmp_path / "out" / DATA)
     # n=2 fans out, the filter keeps sample 0, owls fail in the map, the explode splits in two.
     expected = []
     for topic in ("cats", "dogs", "cats"):
@@ -83,7 +83,7 @@ steps:
         models = {body["model"] for _, body in server.stats.bodies}
     assert result.returncode == 0, result.stderr
     assert models == {"test-model", "judge-model"}
-    rows = read_jsonl(tmp_path / "out" / "data.jsonl")
+    rows = read_jsonl(tmp_path / "out" / DATA)
     assert [(r["topic"], r["score"]) for r in rows] == [("cats", 8.0), ("dogs", 8.0)]
     assert "README.md" in os.listdir(tmp_path / "out")
 
@@ -100,7 +100,7 @@ def test_an_edited_step_reruns_from_there_on(tmp_path):
         asked = [body["messages"][-1]["content"] for _, body in server.stats.bodies]
     assert second.returncode == 1, second.stderr
     assert len(asked) == 4 and all(text.startswith("Weigh Reply-") for text in asked)
-    rows = read_jsonl(tmp_path / "out" / "data.jsonl")
+    rows = read_jsonl(tmp_path / "out" / DATA)
     assert [r["verdict"] for r in rows[::2]] == [
         reply_text(f"Weigh {reply_text(f'Tell me about {t}')}") for t in ("cats", "dogs", "cats")
     ]
@@ -110,7 +110,7 @@ def test_kill_9_mid_run_then_the_same_command_finishes_the_same_dataset(tmp_path
     whole, killed, asked_again, _ = interrupted(tmp_path, signal.SIGKILL)
     assert killed.returncode == 0, killed.stderr
     assert asked_again <= 80 - 10  # what the journal held was not asked again
-    for name in ("data.jsonl", "rejects.jsonl"):
+    for name in (DATA, "rejects.jsonl"):
         assert (tmp_path / "killed" / name).read_text() == (tmp_path / "whole" / name).read_text()
 
 
@@ -119,9 +119,7 @@ def test_sigterm_stops_cleanly_and_the_rerun_resumes(tmp_path):
     assert stopped.returncode == 143
     assert stopped.stderr.strip().splitlines()[-1] == "lmpress: stopped by SIGTERM"
     assert resumed.returncode == 0, resumed.stderr
-    assert (tmp_path / "killed" / "data.jsonl").read_text() == (
-        tmp_path / "whole" / "data.jsonl"
-    ).read_text()
+    assert (tmp_path / "killed" / DATA).read_text() == (tmp_path / "whole" / DATA).read_text()
 
 
 def interrupted(tmp_path, sig):
@@ -151,7 +149,7 @@ def interrupted(tmp_path, sig):
             _, stderr = proc.communicate(timeout=60)
         stopped = CliRun(proc.returncode, "", stderr)
         server.release()
-        assert not (tmp_path / "killed" / "data.jsonl").exists()
+        assert not (tmp_path / "killed" / DATA).exists()
         before = server.stats.requests
         rerun = run(tmp_path, "killed", "--cache", "off")
         return whole, rerun, server.stats.requests - before, stopped

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.pipeline.helpers import read_jsonl, run, write
+from tests.pipeline.helpers import DATA, read_jsonl, run, write
 
 PIPELINE = """models:
   smol: {engine: NATIVE, model: "smollm2:135m-instruct"}
@@ -23,7 +23,7 @@ def test_generate_parses_the_reply_into_columns(tmp_path):
     write(tmp_path, PIPELINE, [{"country": "France"}, {"country": "Germany"}])
     result = run(tmp_path, "out", "--keep-steps")
     assert result.returncode == 0, result.stderr
-    rows = read_jsonl(tmp_path / "out" / "data.jsonl")
+    rows = read_jsonl(tmp_path / "out" / DATA)
     assert [r["country"] for r in rows] == ["France", "Germany"]
     for row in rows:
         assert set(row) == {"country", "question", "answer"}
@@ -32,5 +32,5 @@ def test_generate_parses_the_reply_into_columns(tmp_path):
     # The same command again answers from the journal: the same rows, no model call needed.
     again = run(tmp_path, "out")
     assert again.returncode == 0, again.stderr
-    assert read_jsonl(tmp_path / "out" / "data.jsonl") == rows
+    assert read_jsonl(tmp_path / "out" / DATA) == rows
     assert json.loads((tmp_path / "out" / "steps" / "ask.jsonl").read_text().splitlines()[0])
