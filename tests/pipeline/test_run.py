@@ -163,3 +163,37 @@ def _done_rows(journal) -> int:
             return db.execute("SELECT COUNT(*) FROM done").fetchone()[0]
     except sqlite3.OperationalError:
         return 0
+
+
+def test_limit_from_dedupe_and_the_dataset_formats(tmp_path):
+    import datasets
+    import pyarrow.parquet as pq
+
+    from lmpress.data.file_formats import FileFormat
+    from lmpress.pipeline.export import DATASET_NAMES
+
+    with LLMServer() as server:
+        write(tmp_path, f"""models:
+  m: {remote_model(server)}
+steps:
+  - {{name: answer, kind: generate, model: m, prompt: "About {{topic}}"}}
+  - {{name: uniq, kind: dedupe, method: exact, columns: [answer]}}
+""", TOPICS)  # fmt: skip
+        first = run(tmp_path, "out", "--limit", "2", "--cache", "off", "--format", "parquet")
+        assert first.returncode == 0, first.stderr
+        parquet = tmp_path / "out" / DATASET_NAMES[FileFormat.PARQUET]
+        assert [r["topic"] for r in pq.read_table(parquet).to_pylist()] == ["cats", "dogs"]
+        assert server.stats.requests == 2
+        whole = run(tmp_path, "out", "--cache", "off")  # two more rows: two more requests
+        assert whole.returncode == 0, whole.stderr
+        assert server.stats.requests == 4
+        rows = read_jsonl(tmp_path / "out" / DATA)
+        assert [r["topic"] for r in rows] == ["cats", "dogs", "owls"]  # the second cats: a copy
+        [copy] = read_jsonl(tmp_path / "out" / "rejects.jsonl")
+        assert copy["key"] == "000000003" and copy["step"] == "uniq"
+        assert "000000000" in copy["dropped"]
+        again = run(tmp_path, "out", "--cache", "off", "--from", "answer", "--format", "hf")
+        assert again.returncode == 0, again.stderr
+        assert server.stats.requests == 8  # --from: every row asked again
+    saved = datasets.load_from_disk(str(tmp_path / "out" / DATASET_NAMES[FileFormat.HF]))
+    assert saved.to_list() == rows
