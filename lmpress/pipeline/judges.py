@@ -26,14 +26,15 @@ class SingleScore:
 
     def messages(self, row: dict[str, Any]) -> list[Message]:
         shown = "\n".join(f"{c}: {row[c]}" for c in self.columns)
-        ask = f"{self.rubric}\n\n{shown}\n\nAnswer 'Score: N' (1-10), then why."
-        return [Message("user", ask)]
+        ask = 'Answer {"explanation": "...", "score": N} with N from 1 to 10.'
+        return [Message("user", f"Rubric:\n{self.rubric}\n\n{shown}\n\n{ask}")]
 
     def parse(self, text: str) -> dict[str, Any]:
-        found = re.search(r"score\s*[:=]\s*(\d+(?:\.\d+)?)", text, re.IGNORECASE)
+        found = re.search(r'"score"\s*:\s*(\d+)', text)
         if found is None:
-            raise JudgeReplyError(f"no 'Score: N' in the reply: {text[:60]!r}")
-        return {"score": float(found.group(1)), "explanation": text[found.end() :].strip()}
+            raise JudgeReplyError(f"no score in the reply: {text[:60]!r}")
+        why = re.search(r'"explanation"\s*:\s*"([^"]*)"', text)
+        return {"score": int(found.group(1)), "explanation": why.group(1) if why else ""}
 
 
 def build_judge(settings: dict[str, Any]) -> SingleScore:

@@ -7,7 +7,7 @@ Each stage keeps up to its step's `concurrency` rows in flight. For each row it 
 journal: a row this step finished from the same input is re-emitted without running the step;
 any other runs, and its outcome is journaled (one transaction) before its rows go on. A dedupe
 is a barrier: it takes all its input, then decides in key order, so what it keeps does not
-depend on timing.
+depend on timing; it is decided again on each run (its journal cleared), from its input.
 
 Keys: an input row's key is its index, zero-padded to 9 digits; a step that can fan out gives
 each row it makes the input's key + "/" + its index padded to 4. String order is input order.
@@ -114,8 +114,16 @@ class Runner:
         while (item := await inbox.get()) is not DONE:
             held.append(item)
         held.sort(key=lambda item: item[0])
-        for key, row in held:
-            await self._one(step, key, row, outbox, None)
+        tally = self.tallies[step.name]
+        tally.rows_in += len(held)
+        tally.first_in = time.monotonic()
+        rows = dict(held)
+        async for key, outcome in step.run_all(held):
+            out = self._record(step, key, rows[key], digest(rows[key]), outcome)
+            tally.rows_out += len(out)
+            for item in out:
+                await outbox.put(item)
+        tally.last_out = time.monotonic()
         await outbox.put(DONE)
 
     async def _one(self, step: Step, key: str, row: dict[str, Any], outbox: asyncio.Queue,
@@ -182,6 +190,8 @@ class Runner:
 async def all_or_none(tasks: list[asyncio.Task]) -> None:
     """Wait for every task; the first to fail cancels the rest and its exception is raised
     (asyncio.TaskGroup's rule, which Python 3.10 lacks), as is a cancellation of this wait."""
+    if not tasks:
+        return
     try:
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:

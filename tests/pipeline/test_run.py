@@ -68,15 +68,15 @@ def test_rows_fan_out_filter_map_and_fail_alone(tmp_path):
 
 
 def test_a_judge_on_a_second_model_scores_and_a_filter_keeps_the_good(tmp_path):
-    # The stand-in judge asks with the rubric first, which the loopback server echoes: a
-    # rubric "Score: 8 ..." gets a reply holding "Score: 8", one without gets no score.
+    # The judge's question starts with the rubric, whose first words the loopback server's
+    # reply echoes: a rubric that is a verdict in the judge's JSON gets a reply holding it.
     with LLMServer() as server:
         write(tmp_path, f"""models:
   writer: {remote_model(server)}
   judge: {{engine: OPENAI, model: judge-model, api_url: '{server.openai_url}'}}
 steps:
   - {{name: answer, kind: generate, model: writer, prompt: "About {{topic}}"}}
-  - {{name: judge, kind: judge, model: judge, rubric: "Score: 8 if it is", columns: [answer]}}
+  - {{name: judge, kind: judge, model: judge, rubric: '{{"explanation": "ok", "score": 8}}', columns: [answer]}}
   - {{name: good, kind: filter, expr: "score >= 7"}}
 """, TOPICS[:2])  # fmt: skip
         result = run(tmp_path, "out")
@@ -84,7 +84,7 @@ steps:
     assert result.returncode == 0, result.stderr
     assert models == {"test-model", "judge-model"}
     rows = read_jsonl(tmp_path / "out" / DATA)
-    assert [(r["topic"], r["score"]) for r in rows] == [("cats", 8.0), ("dogs", 8.0)]
+    assert [(r["topic"], r["score"]) for r in rows] == [("cats", 8), ("dogs", 8)]
     assert "README.md" in os.listdir(tmp_path / "out")
 
 

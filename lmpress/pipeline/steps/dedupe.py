@@ -4,6 +4,7 @@ which arrived first; then the kept rows go on."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from lmpress.pipeline.steps.base import Outcome, Step
@@ -17,10 +18,30 @@ class Dedupe(Step):
         self.deduplicator = deduplicator
 
     async def run(self, key: str, row: dict[str, Any]) -> Outcome:
-        reason = await self.deduplicator.duplicate_of(key, row)
-        if reason is None:
-            return Outcome(rows=[row])
-        return Outcome(dropped=reason)
+        return _outcome(row, await self.deduplicator.duplicate_of(key, row))
+
+    async def run_all(
+        self, items: list[tuple[str, dict[str, Any]]]
+    ) -> AsyncIterator[tuple[str, Outcome]]:
+        """Through the deduplicator's `decide_all` where it has one (the embedding method
+        embeds a batch of rows a call there), else a row at a time."""
+        decide_all = getattr(self.deduplicator, "decide_all", None)
+        if decide_all is None:
+            async for decided in super().run_all(items):
+                yield decided
+            return
+
+        async def rows() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+            for item in items:
+                yield item
+
+        rows_by_key = dict(items)
+        async for key, reason in decide_all(rows()):
+            yield key, _outcome(rows_by_key[key], reason)
+
+
+def _outcome(row: dict[str, Any], reason: str | None) -> Outcome:
+    return Outcome(rows=[row]) if reason is None else Outcome(dropped=reason)
 
 
 def embedder(answers: Any, step: str) -> Any:

@@ -1,5 +1,5 @@
 """STAND-IN (branch core only): exact deduplication, to be replaced by the `dedupe` helper's
-module of the same name and contract."""
+package of the same name and contract (theirs is a package too: the merge takes theirs)."""
 
 from __future__ import annotations
 
