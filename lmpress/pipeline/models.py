@@ -28,7 +28,8 @@ class Models:
         for step in spec.steps:
             ref = spec.model_of(step)
             if ref is not None:
-                self._configs.setdefault(_key(ref), _config(ref, step.name))
+                where = f"{spec.path}: step '{step.name}'"
+                self._configs.setdefault(_key(ref), _config(ref, where))
                 named = step.model if isinstance(step.model, str) else step.name
                 self._names.setdefault(_key(ref), named)
 
@@ -52,6 +53,17 @@ class Models:
         if get_spec(config.engine).preset:
             return 4 * config.remote_params.num_workers
         return max(LOCAL_IN_FLIGHT, config.generation.batch_size)
+
+    def check(self, ref: ModelRef, params: Any, where: str) -> None:
+        """Refuse, before any work, a step's generation setting its engine does not honour
+        (the engine's class says; no model is loaded for it)."""
+        from lmpress.engines.base import check_params
+        from lmpress.engines.registry import load_engine_class
+
+        try:
+            check_params(load_engine_class(self.config(ref).engine), params)
+        except LmpressError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
     def answers(self, ref: ModelRef) -> Any:
         """The model's engine behind the response cache (`cache.answers.CachedAnswers`),
@@ -95,7 +107,7 @@ def _key(ref: ModelRef) -> str:
     return json.dumps(ref.identity(), sort_keys=True, default=str)
 
 
-def _config(ref: ModelRef, step: str) -> Any:
+def _config(ref: ModelRef, where: str) -> Any:
     from lmpress.configs.loading import load_config
     from lmpress.engines.registry import check_engine
 
@@ -108,5 +120,5 @@ def _config(ref: ModelRef, step: str) -> Any:
         config = load_config(ref.recipe, overrides, ref.engine)
         check_engine(config)
     except LmpressError as exc:
-        raise ConfigError(f"step '{step}': model: {exc}") from None
+        raise ConfigError(f"{where}: model: {exc}") from None
     return config

@@ -59,9 +59,12 @@ class Tally:
 
     def line(self, name: str) -> str:
         replayed = f", {self.replayed} from the journal" if self.replayed else ""
+        rate = ""
+        if self.first_in is not None and self.rows_in:
+            rate = f", {self.rows_in / max(time.monotonic() - self.first_in, 1e-3):.1f} rows/s"
         return (
             f"step {name}: {self.rows_in} in, {self.rows_out} out, {self.dropped} dropped, "
-            f"{self.failed} failed{replayed}"
+            f"{self.failed} failed{replayed}{rate}"
         )
 
 

@@ -124,6 +124,7 @@ class PipelineSpec(_Strict):
     models: dict[str, ModelRef] = Field(default_factory=dict)
     steps: list[StepSpec] = Field(min_length=1)
     source: str = Field(default="", exclude=True)  # the file's text, for the dataset card
+    path: str = Field(default="", exclude=True)  # the file, for messages
 
     def step(self, name: str) -> StepSpec:
         for step in self.steps:
@@ -156,9 +157,12 @@ def load_pipeline(path: str | Path, input_columns: set[str] | None = None) -> Pi
         raise ConfigError(f"{path}: not valid YAML{line}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a pipeline is a mapping with `models` and `steps`")
+    for key in ("source", "path"):  # filled in here, never read from the file
+        if key in data:
+            raise ConfigError(f"{path}: {key}: unknown key (a pipeline has models and steps)")
     _check_kinds(path, data)
     try:
-        spec = PipelineSpec.model_validate({**data, "source": text})
+        spec = PipelineSpec.model_validate({**data, "source": text, "path": str(path)})
     except ValidationError as exc:
         raise ConfigError(_one_line(path, data, exc)) from None
     _check_names(path, spec)

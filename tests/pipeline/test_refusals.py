@@ -59,3 +59,11 @@ def test_an_unknown_key_and_an_undefined_model(tmp_path, server):
     assert "step 'g'" in line and "nn: unknown key" in line
     line = refused(tmp_path, server, "  - {name: g, kind: generate, model: w, prompt: x}\n")
     assert "step 'g'" in line and "model 'w' is not defined" in line
+
+
+def test_a_generation_setting_the_engine_does_not_honour(tmp_path, server):
+    line = refused(
+        tmp_path, server,
+        "  - {name: g, kind: generate, model: m, prompt: x, generation: {min_p: 0.1}}\n",
+    )  # fmt: skip
+    assert "step 'g'" in line and "generation.min_p" in line

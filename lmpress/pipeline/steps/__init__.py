@@ -22,7 +22,7 @@ def build_steps(spec: PipelineSpec, models: Any) -> list[Step]:
 
 
 def _build(spec: PipelineSpec, step: Any, models: Any) -> Step:
-    where = f"step '{step.name}'"
+    where = f"{spec.path}: step '{step.name}'"
     ref = spec.model_of(step)
     if isinstance(step, GenerateStep):
         return _generate(step, ref, models, where)
@@ -32,6 +32,7 @@ def _build(spec: PipelineSpec, step: Any, models: Any) -> Step:
         from lmpress.pipeline.steps.judge import Judge
 
         params = step_params(models.config(ref).generation, step.generation, where)
+        models.check(ref, params, where)
         concurrency = step.concurrency or models.concurrency(ref)
         judge = build_step_judge(step, where)
         return Judge(step.name, judge, lambda: models.answers(ref), params, concurrency)
@@ -61,6 +62,7 @@ def _generate(step: GenerateStep, ref: Any, models: Any, where: str) -> Step:
     if schema is not None and "guided_decoding" not in step.generation:
         more["guided_decoding"] = {"json": schema}
     params = step_params(models.config(ref).generation, step.generation, where, **more)
+    models.check(ref, params, where)
     concurrency = step.concurrency or models.concurrency(ref)
     return Generate(step, lambda: models.answers(ref), params, schema, concurrency)
 
