@@ -14,18 +14,26 @@ def run(
     pipeline: Annotated[str, typer.Argument(help="The pipeline file (YAML).", metavar="PIPELINE")],
     input: Annotated[
         str,
-        typer.Option("-i", "--input", help="Input rows: JSONL, Parquet, CSV/TSV or a dataset."),
+        typer.Option(
+            "-i",
+            "--input",
+            help="Input rows: JSONL, Parquet, CSV/TSV or a dataset.",
+            metavar="PATH",
+        ),
     ],
-    output: Annotated[str, typer.Option("-o", "--output", help="The output directory.")],
+    output: Annotated[
+        str, typer.Option("-o", "--output", help="The output directory.", metavar="DIR")
+    ],
     format: Annotated[
-        str, typer.Option("--format", help="The dataset's format: jsonl, parquet or hf.")
+        str,
+        typer.Option("--format", help="The dataset's format: jsonl, parquet or hf.", metavar="FMT"),
     ] = "jsonl",
     rerun_from: Annotated[
         str | None,
         typer.Option("--from", help="Run this step and every later one again.", metavar="STEP"),
     ] = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", help="Only the first N input rows.", min=0)
+        int | None, typer.Option("--limit", help="Only the first N input rows.", min=0, metavar="N")
     ] = None,
     keep_steps: Annotated[
         bool,
@@ -39,8 +47,8 @@ def run(
 
     Rows stream from step to step; each step journals what it did in OUT/.lmpress, so the same
     command after a kill, or after editing a step, redoes only what is unfinished or changed.
-    Writes OUT/data.jsonl (or --format parquet|hf), OUT/rejects.jsonl and OUT/README.md.
-    Exit 1 when a row failed (the rejects say why; the same command tries it again).
+    Writes the dataset (JSONL, or --format parquet|hf), OUT/rejects.jsonl (dropped and failed
+    rows, with the step and why) and the dataset card, OUT/README.md. Exit 1 when a row failed (the rejects say why; the same command tries it again).
     """
     from lmpress.pipeline.job import RunOptions, run_pipeline
 
