@@ -82,3 +82,17 @@ def import_function(target: str, where: str) -> Callable[[dict[str, Any]], Any]:
     if not callable(function):
         raise ConfigError(f"{where}: module '{module_name}' has no function '{attr}'")
     return function
+
+
+def function_digest(target: str, where: str) -> str:
+    """A digest of the source of the module `module:function` lives in, so that editing the
+    function re-runs its step as editing a step's settings does."""
+    import hashlib
+    import inspect
+
+    function = import_function(target, where)
+    try:
+        source = inspect.getsource(inspect.getmodule(function) or function)
+    except (OSError, TypeError):  # no source to read (a C extension, a frozen module)
+        return target
+    return hashlib.sha256(source.encode()).hexdigest()[:16]

@@ -35,6 +35,7 @@ def run_pipeline(options: RunOptions) -> Any:
     from lmpress.data.output_lock import OutputLock
     from lmpress.data.sources import open_source
     from lmpress.pipeline.export import dataset_format
+    from lmpress.pipeline.expressions import function_digest
     from lmpress.pipeline.journal import Journal
     from lmpress.pipeline.models import Models
     from lmpress.pipeline.spec import load_pipeline
@@ -49,7 +50,10 @@ def run_pipeline(options: RunOptions) -> Any:
     fingerprints, previous = [], ""
     for step in spec.steps:
         ref = spec.model_of(step)
-        previous = step.fingerprint(models.identity(ref) if ref else None, previous)
+        code = None
+        if getattr(step, "function", None):
+            code = function_digest(step.function, f"{spec.path}: step '{step.name}': function")
+        previous = step.fingerprint(models.identity(ref) if ref else None, previous, code)
         fingerprints.append((step.name, previous))
     out = Path(options.output)
     out.mkdir(parents=True, exist_ok=True)

@@ -53,11 +53,13 @@ class _Step(_Strict):
     # fingerprint, so changing them re-runs nothing.
     concurrency: int | None = Field(default=None, ge=1)
 
-    def fingerprint(self, model: dict[str, Any] | None, previous: str) -> str:
-        """What decides this step's rows: its settings, its model's identity and the previous
-        step's fingerprint (so an edit upstream re-runs everything after it)."""
+    def fingerprint(self, model: dict[str, Any] | None, previous: str, code: str | None = None
+                    ) -> str:  # fmt: skip
+        """What decides this step's rows: its settings, its model's identity, the source of
+        the function it calls (`code`) and the previous step's fingerprint (so an edit
+        upstream re-runs everything after it)."""
         settings = self.model_dump(exclude={"concurrency"}, by_alias=True)
-        text = json.dumps([settings, model, previous], sort_keys=True, default=str)
+        text = json.dumps([settings, model, code, previous], sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

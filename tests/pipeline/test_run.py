@@ -197,3 +197,22 @@ steps:
         assert server.stats.requests == 8  # --from: every row asked again
     saved = datasets.load_from_disk(str(tmp_path / "out" / DATASET_NAMES[FileFormat.HF]))
     assert saved.to_list() == rows
+
+
+def test_an_edited_map_function_reruns_its_step_only(tmp_path):
+    (tmp_path / "fns.py").write_text(FUNCTIONS)
+    with LLMServer() as server:
+        write(tmp_path, f"""models:
+  m: {remote_model(server)}
+steps:
+  - {{name: answer, kind: generate, model: m, prompt: "Tell me about {{topic}}"}}
+  - {{name: split, kind: map, function: "fns:first_words", makes: [words]}}
+""", TOPICS[:2])  # fmt: skip
+        assert run(tmp_path, "out", "--cache", "off").returncode == 0
+        (tmp_path / "fns.py").write_text(FUNCTIONS.replace("[2:4]", "[2:3]"))
+        server.reset()
+        again = run(tmp_path, "out", "--cache", "off")
+        assert server.stats.requests == 0  # the generate step's rows came from the journal
+    assert again.returncode == 0, again.stderr
+    assert "re-running steps split" in again.stderr
+    assert [r["words"] for r in read_jsonl(tmp_path / "out" / DATA)] == [["Tell"], ["Tell"]]
