@@ -67,6 +67,7 @@ def run_pipeline(options: RunOptions) -> Any:
                 print(f"lmpress: re-running steps {', '.join(cleared)}", file=sys.stderr)
             started = time.monotonic()
             tallies = _run_steps(spec, models, journal, source, options.limit)
+            journal.settle()
             seconds = round(time.monotonic() - started, 3)
             facts = _write_outputs(spec, models, journal, out, options, tallies, seconds)
         finally:
