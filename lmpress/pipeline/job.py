@@ -83,7 +83,8 @@ def run_pipeline(options: RunOptions) -> Any:
 
 
 def _first_columns(source: Any) -> set[str] | None:
-    """The input's columns from its first row; None when it cannot be read ahead (a pipe)."""
+    """The input's columns from its first row; None when it cannot be read ahead (a pipe) or
+    has none (an empty input checks nothing)."""
     if source.stream:
         return None
     lines = source.lines()
@@ -94,7 +95,7 @@ def _first_columns(source: Any) -> set[str] | None:
         close = getattr(lines, "close", None)
         if close is not None:
             close()
-    return set()
+    return None
 
 
 def _run_steps(spec: Any, models: Any, journal: Any, source: Any, limit: int | None) -> Any:
@@ -113,7 +114,11 @@ def _run_steps(spec: Any, models: Any, journal: Any, source: Any, limit: int | N
 
         loop = asyncio.get_running_loop()
         previous = signal.getsignal(signal.SIGTERM)
-        loop.add_signal_handler(signal.SIGTERM, stop)
+        try:
+            loop.add_signal_handler(signal.SIGTERM, stop)
+            handled = True
+        except (ValueError, RuntimeError, NotImplementedError):
+            handled = False  # not the main thread (a Python caller's), or no signals here
         try:
             runner = Runner(build_steps(spec, models), journal)
             await runner.run(numbered(source.lines(), limit))
@@ -123,8 +128,10 @@ def _run_steps(spec: Any, models: Any, journal: Any, source: Any, limit: int | N
                 raise Terminated from None
             raise
         finally:
-            loop.remove_signal_handler(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, previous)
+            if handled:
+                loop.remove_signal_handler(signal.SIGTERM)
+                if previous is not None:  # None: set outside Python, not ours to put back
+                    signal.signal(signal.SIGTERM, previous)
             await models.aclose()
 
     return asyncio.run(main())

@@ -142,13 +142,15 @@ class Runner:
                 tally.replayed += 1
             else:
                 out = self._record(step, key, row, row_digest, await step.run(key, row))
+            tally.rows_out += len(out)
+            for item in out:
+                await outbox.put(item)
+            tally.last_out = time.monotonic()
         finally:
+            # Held until the rows are handed on: a stage whose next one is slow waits with
+            # `concurrency` rows at most, so memory stays flat however far behind it falls.
             if slots is not None:
                 slots.release()
-        tally.rows_out += len(out)
-        for item in out:
-            await outbox.put(item)
-        tally.last_out = time.monotonic()
 
     def _record(self, step: Step, key: str, row: dict[str, Any], row_digest: str,
                 outcome: Outcome) -> list[tuple[str, dict]]:  # fmt: skip
