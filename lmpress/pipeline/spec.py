@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from lmpress.vocabulary.errors import ConfigError
 
 KINDS = ("generate", "judge", "filter", "map", "dedupe")
+STEP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 class _Strict(BaseModel):
@@ -208,6 +210,12 @@ def _one_line(path: Path, data: dict[str, Any], exc: ValidationError) -> str:
 def _check_names(path: Path, spec: PipelineSpec) -> None:
     seen: set[str] = set()
     for step in spec.steps:
+        if not STEP_NAME.fullmatch(step.name) or step.name == "input":
+            raise ConfigError(
+                f"{path}: step '{step.name}': name a step with letters, digits, '_', '-' or '.' "
+                f"(it names a file under OUT/steps/), and not 'input' (the rejects' name for "
+                f"input lines that cannot be read)"
+            )
         if step.name in seen:
             raise ConfigError(f"{path}: step '{step.name}': a second step of that name")
         seen.add(step.name)
