@@ -112,8 +112,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # API and LLM), and the terminal chat (infer draws with its terminal).
     ("lmpress.batch", "lmpress.chat"),
     # The fronts built on those, and other tools' APIs over the engines (integrations: lm-eval's
-    # model class, which keys its answers database as the response cache keys a model), and
-    # pipelines, whose steps run engines as a batch job does.
+    # model class, which keys its answers database as the response cache keys a model).
+    # pipeline: steps over rows, each step's model through the response cache.
     (
         "lmpress.dryrun",
         "lmpress.serve",
