@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from lmpress.configs.loading import suggest
 from lmpress.data.columns import TemplateError
@@ -63,7 +63,8 @@ def build_judge(
     kind, model and generation).
 
     Args:
-        settings: `judge:` (single, pairwise or oumi) and that judge's keys.
+        settings: `judge:` (single, pairwise or oumi; single when not given) and that
+            judge's keys.
         where: put in front of an error's line ("pipeline.yaml: step 'score': ").
         base_dir: where a relative path in the settings (an Oumi config) is found; the
             current directory when None.
@@ -71,9 +72,8 @@ def build_judge(
     Raises:
         ConfigError: one line naming the key that is wrong.
     """
-    kind = settings.get("judge")
-    if kind is None:
-        raise ConfigError(f"{where}'judge' is required: one of {', '.join(KINDS)}")
+    settings = {"judge": "single", **settings}
+    kind = settings["judge"]
     if kind not in KINDS:
         hint = suggest(str(kind), KINDS) or f" (one of {', '.join(KINDS)})"
         raise ConfigError(f"{where}judge: unknown judge {kind!r}{hint}")
@@ -111,11 +111,17 @@ SINGLE_SYSTEM = (
 class SingleSettings(StepSettings):
     judge: Literal["single"]
     rubric: str = Field(min_length=1)
-    # The judge's name for each input (shown to the model) -> the row column holding it.
-    columns: dict[str, str] = Field(min_length=1)
+    # The judge's name for each input (shown to the model) -> the row column holding it; a
+    # list of columns shows each under its own name.
+    columns: dict[str, str] | list[str] = Field(min_length=1)
     scale: list[int] = Field(default=[1, 10], min_length=2, max_length=2)
     prefix: str = ""  # put before the output columns: judge_ -> judge_score
     system: str | None = None  # the system turn, instead of SINGLE_SYSTEM
+
+    @field_validator("columns", mode="after")
+    @classmethod
+    def _named(cls, columns: dict[str, str] | list[str]) -> dict[str, str]:
+        return columns if isinstance(columns, dict) else {column: column for column in columns}
 
     @model_validator(mode="after")
     def _scale_rises(self) -> SingleSettings:

@@ -104,6 +104,13 @@ def test_a_score_outside_a_custom_scale_is_refused():
         single(scale=[1, 5]).parse("Score: 7")
 
 
+def test_a_judge_is_single_unless_named_and_a_list_of_columns_shows_each_under_its_name():
+    judge = build_judge({"rubric": "Is it polite?", "columns": ["reply"]})
+    assert "<reply>\nThanks!\n</reply>" in judge.messages({"reply": "Thanks!"})[1].content
+    assert judge.needs() == {"reply"}
+    assert judge.makes == ("score", "explanation")
+
+
 def test_values_that_are_not_text_are_shown_as_json_and_a_missing_column_is_the_rows_error():
     judge = build_judge({**QA, "columns": {"items": "list"}})
     assert '<items>\n["a", "é"]\n</items>' in judge.messages({"list": ["a", "é"]})[1].content
@@ -179,14 +186,15 @@ def test_a_tie_is_refused_where_ties_are_off_and_a_verdict_of_neither_letter_fai
 @pytest.mark.parametrize(
     ("settings", "error"),
     [
-        ({"rubric": "x"}, "'judge' is required: one of single, pairwise, oumi"),
+        ({"judge": None}, "judge: unknown judge None (one of single, pairwise, oumi)"),
         ({"judge": "singel"}, "judge: unknown judge 'singel' (did you mean 'single'?)"),
         ({"judge": "panel"}, "judge: unknown judge 'panel' (one of single, pairwise, oumi)"),
         ({"judge": "single", "columns": {"a": "a"}}, "'rubric' is required"),
         ({**QA, "scal": [1, 5]}, "unknown key 'scal' (did you mean 'scale'?)"),
         ({**QA, "scale": [5, 1]}, "scale: [5, 1] must rise (e.g. [1, 10])"),
         ({**QA, "scale": ["1", "5"]}, "scale.0: Input should be a valid integer (got '1')"),
-        ({**QA, "columns": {}}, "columns: Dictionary should have at least 1 item after validation, not 0 (got {})"),
+        ({**QA, "columns": {}}, "columns: Value should have at least 1 item after validation, not 0 (got {})"),
+        ({**QA, "columns": "answer"}, "columns: Input should be a valid dictionary (got 'answer')"),
         ({"judge": "pairwise", "columns": {"question": "q", "a": "x"}}, "'columns.b' is required"),
         ({"judge": "pairwise", "columns": {"question": "q", "a": "x", "b": "y"}, "order": "yx"},
          "order: Input should be 'ab' or 'ba' (got 'yx')"),
