@@ -256,7 +256,8 @@ class PairwiseJudge:
     def parse(self, text: str) -> dict[str, Any]:
         value, explanation = _verdict(text, "winner", WINNER)
         if value is None:
-            brackets = replies.labelled(text, "verdict", WINNER) or _double_brackets(text)
+            reply = replies.strip_thinking(text)
+            brackets = replies.labelled(reply, "verdict", WINNER) or _double_brackets(reply)
             value = brackets.group(1) if brackets else None
         if value is None:
             raise JudgeReplyError(f"no winner in the judge's reply {replies.quote(text)}")

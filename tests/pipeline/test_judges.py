@@ -164,6 +164,7 @@ def test_the_order_ba_shows_b_first_and_still_names_the_winner_by_column():
         ('{"winner": "Response A", "explanation": "x"}', "a"),
         ("Both are wrong in the same way. [[C]]", "tie"),
         ("My verdict: [[B]]", "b"),
+        ("<think>Maybe [[A]]?</think>On reflection, [[B]].", "b"),
         ('{"explanation": "Same.", "winner": "tie"}', "tie"),
     ],
 )
