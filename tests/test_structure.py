@@ -112,8 +112,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # API and LLM), and the terminal chat (infer draws with its terminal).
     ("lmpress.batch", "lmpress.chat"),
     # The fronts built on those, and other tools' APIs over the engines (integrations: lm-eval's
-    # model class, which keys its answers database as the response cache keys a model).
-    ("lmpress.dryrun", "lmpress.serve", "lmpress.infer", "lmpress.llm", "lmpress.integrations"),
+    # model class, which keys its answers database as the response cache keys a model; pipeline:
+    # steps over rows, each step's requests run as a batch job's are).
+    (
+        "lmpress.dryrun",
+        "lmpress.serve",
+        "lmpress.infer",
+        "lmpress.llm",
+        "lmpress.integrations",
+        "lmpress.pipeline",
+    ),
     # The entry points: the commands, `python -m lmpress`, and the package root, which offers
     # the Python front (`from lmpress import LLM`).
     ("lmpress.cli", "lmpress.__main__", "lmpress"),

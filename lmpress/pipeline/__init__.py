@@ -1,0 +1,1 @@
+"""Pipelines: named steps (generate, judge, filter, map, dedupe) over rows of columns."""
