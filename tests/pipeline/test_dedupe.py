@@ -250,6 +250,10 @@ def test_embedding_with_minilm_drops_paraphrases_and_keeps_other_topics(minilm):
             "'threshold': Input should be less than or equal to 1",
         ),
         ({"method": "minhash", "num_perm": "64"}, "'num_perm': Input should be a valid integer"),
+        (
+            {"method": "minhash", "threshold": 0.99},
+            "'threshold' 0.99 is too high for 'num_perm' 128 (MinHash LSH needs 2 bands or more)",
+        ),
         ({"method": "exact", "columns": "text"}, "'columns': Input should be a valid list"),
         ({"method": "embedding"}, "method embedding needs an embedding model"),
     ],
@@ -262,6 +266,8 @@ def test_bad_settings_are_one_line_naming_the_step_and_the_key(settings, message
     assert "\n" not in text
 
 
-def test_exact_and_minhash_take_no_embedding_function():
-    with pytest.raises(ConfigError, match="^dedupe step: method exact takes no embedding model$"):
+def test_without_where_the_line_starts_at_the_key_for_the_caller_to_place():
+    with pytest.raises(ConfigError, match="^method exact takes no embedding model$"):
         build_deduplicator({"method": "exact"}, table_embed([]))
+    with pytest.raises(ConfigError, match="^'num_perm' does not apply to method embedding$"):
+        build_deduplicator({"method": "embedding", "num_perm": 64}, table_embed([]))

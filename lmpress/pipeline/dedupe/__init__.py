@@ -38,13 +38,14 @@ def build_deduplicator(
     settings: dict[str, Any] | DedupeSettings, embed: Embed | None = None, *, where: str = ""
 ) -> RowDeduplicator:
     """The deduplicator a dedupe step's settings describe. `embed` is required for method
-    embedding and refused for the others. `where` (the file and the step) starts each error."""
-    where = where or "dedupe step"
+    embedding and refused for the others. `where` (the file and the step) starts each error's
+    line; without it the line starts at the key, for a caller that adds them itself."""
     if not isinstance(settings, DedupeSettings):
         settings = dedupe_settings(settings, where)
     if (settings.method == "embedding") != (embed is not None):
         need = "needs an" if embed is None else "takes no"
-        raise ConfigError(f"{where}: method {settings.method} {need} embedding model")
+        problem = f"method {settings.method} {need} embedding model"
+        raise ConfigError(f"{where}: {problem}" if where else problem)
     if settings.method == "exact":
         return ExactDeduplicator(settings)
     if settings.method == "minhash":

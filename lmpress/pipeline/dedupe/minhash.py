@@ -4,6 +4,7 @@ proposing the kept rows worth comparing, so a row costs about the same at any co
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,17 +16,27 @@ if TYPE_CHECKING:
     from datasketch import MinHash
 
 
+def _band_digest(band: bytes) -> bytes:
+    """What the LSH index stores for a band: 8 bytes rather than the band's r x 8 (a band
+    collision that the digest adds is checked away by the Jaccard estimate after)."""
+    return hashlib.blake2b(band, digest_size=8).digest()
+
+
 class MinHashDeduplicator(RowDeduplicator):
     """A row is a near-duplicate of the kept row whose estimated Jaccard similarity is highest,
     when that is at or above the threshold. LSH proposes the candidates; each is then estimated
     from the kept signatures, so the reason gives the figure."""
 
     def __init__(self, settings: DedupeSettings) -> None:
-        from datasketch import MinHashLSH
+        from datasketch import MinHash, MinHashLSH
 
         super().__init__(settings)
         assert settings.threshold is not None
-        self._lsh = MinHashLSH(threshold=settings.threshold, num_perm=settings.num_perm)
+        self._lsh = MinHashLSH(
+            threshold=settings.threshold, num_perm=settings.num_perm, hashfunc=_band_digest
+        )
+        # Copied for each row: a new MinHash draws the seed's permutations again, half its cost.
+        self._empty = MinHash(num_perm=settings.num_perm, seed=settings.seed)
         # datasketch's hash values fit 32 bits; kept as uint32 they take half the memory.
         self._signatures: dict[str, np.ndarray] = {}
 
@@ -38,9 +49,7 @@ class MinHashDeduplicator(RowDeduplicator):
         return {joiner.join(units[i : i + size]) for i in range(len(units) - size + 1)}
 
     def signature(self, row: dict) -> MinHash:
-        from datasketch import MinHash
-
-        minhash = MinHash(num_perm=self.settings.num_perm, seed=self.settings.seed)
+        minhash = self._empty.copy()
         minhash.update_batch([s.encode() for s in sorted(self.shingles(self.text(row)))])
         return minhash
 

@@ -64,17 +64,34 @@ class DedupeSettings(BaseModel):
                 )
         if self.shingle_size is None:
             self.shingle_size = 3 if self.shingle == "words" else 5
+        if self.method == "minhash":
+            self._check_bands()
         return self
 
+    def _check_bands(self) -> None:
+        """datasketch's LSH chooses its bands from the threshold and num_perm; a high threshold
+        over few permutations leaves it one band, which it refuses (0.99 at 128, 0.9 at 16)."""
+        from datasketch import MinHashLSH
 
-def dedupe_settings(settings: dict[str, Any], where: str = "dedupe step") -> DedupeSettings:
-    """The settings checked, or a ConfigError in one line: `where` (the file and the step),
-    the key and what is wrong with it."""
+        try:
+            MinHashLSH(threshold=self.threshold, num_perm=self.num_perm)
+        except ValueError:
+            raise ValueError(
+                f"'threshold' {self.threshold:g} is too high for 'num_perm' {self.num_perm}"
+                " (MinHash LSH needs 2 bands or more): lower it, or raise num_perm"
+            ) from None
+
+
+def dedupe_settings(settings: dict[str, Any], where: str = "") -> DedupeSettings:
+    """The settings checked, or a ConfigError in one line: `where` (the file and the step, when
+    the caller does not add them itself), the key and what is wrong with it."""
     given = {k: v for k, v in settings.items() if k not in STEP_KEYS}
     try:
         return DedupeSettings.model_validate(given)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {_first_problem(exc)}") from None
+        raise ConfigError(
+            f"{where}: {_first_problem(exc)}" if where else _first_problem(exc)
+        ) from None
 
 
 def _first_problem(exc: ValidationError) -> str:
