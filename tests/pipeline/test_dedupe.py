@@ -19,7 +19,7 @@ def key(i: int) -> str:
 
 
 def decide(dedupe, rows: list[dict]) -> list[str | None]:
-    """Each row's reason (None: kept), fed in key order as the core's barrier does."""
+    """Each row's reason (None: kept), fed in key order as the dedupe step's barrier does."""
 
     async def run() -> list[str | None]:
         return [await dedupe.duplicate_of(key(i), row) for i, row in enumerate(rows)]

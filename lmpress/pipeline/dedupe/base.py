@@ -9,7 +9,7 @@ from typing import Any
 
 from lmpress.pipeline.dedupe.settings import DedupeSettings
 
-# The core's embedding function: texts -> a float32 array, a row a text (unit length or not).
+# The step's embedding function (its model's vectors): texts -> a float32 array, a row a text (unit length or not).
 Embed = Callable[[list[str]], Awaitable[Any]]
 
 

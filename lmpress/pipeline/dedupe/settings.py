@@ -21,8 +21,6 @@ METHOD_KEYS: dict[str, frozenset[str]] = {
     ),
     "embedding": frozenset({"columns", "normalize", "threshold", "batch_size"}),
 }
-# Keys of the step itself, which a caller may leave in the settings it hands over.
-STEP_KEYS = frozenset({"name", "kind"})
 
 
 class DedupeSettings(BaseModel):
@@ -85,9 +83,8 @@ class DedupeSettings(BaseModel):
 def dedupe_settings(settings: dict[str, Any], where: str = "") -> DedupeSettings:
     """The settings checked, or a ConfigError in one line: `where` (the file and the step, when
     the caller does not add them itself), the key and what is wrong with it."""
-    given = {k: v for k, v in settings.items() if k not in STEP_KEYS}
     try:
-        return DedupeSettings.model_validate(given)
+        return DedupeSettings.model_validate(settings)
     except ValidationError as exc:
         raise ConfigError(
             f"{where}: {_first_problem(exc)}" if where else _first_problem(exc)
