@@ -112,8 +112,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # API and LLM), and the terminal chat (infer draws with its terminal).
     ("lmpress.batch", "lmpress.chat"),
     # The fronts built on those, and other tools' APIs over the engines (integrations: lm-eval's
-    # model class, which keys its answers database as the response cache keys a model).
-    ("lmpress.dryrun", "lmpress.serve", "lmpress.infer", "lmpress.llm", "lmpress.integrations"),
+    # model class, which keys its answers database as the response cache keys a model);
+    # pipelines, whose dataset card names each model as the response cache does and prices its
+    # tokens as a batch's budgets do.
+    (
+        "lmpress.dryrun",
+        "lmpress.serve",
+        "lmpress.infer",
+        "lmpress.llm",
+        "lmpress.integrations",
+        "lmpress.pipeline",
+    ),  # fmt: skip
     # The entry points: the commands, `python -m lmpress`, and the package root, which offers
     # the Python front (`from lmpress import LLM`).
     ("lmpress.cli", "lmpress.__main__", "lmpress"),
