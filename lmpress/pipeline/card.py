@@ -34,6 +34,7 @@ MARK = "<!-- lmpress dataset card"
 MARK_LINE = f"{MARK}: lmpress rewrites this file on each run; delete this line to keep it. -->"
 CARD_NAME = "README.md"
 FALLBACK_NAME = "DATASET_CARD.md"  # where the card goes when README.md is the user's
+_ABSENT = object()  # a setting ModelParams has no default for: always shown
 
 
 @dataclass
@@ -163,9 +164,6 @@ def model_facts(name: str, config: RunConfig) -> ModelFacts:
         endpoint=endpoint_of(config),
         price=priced,
     )
-
-
-_ABSENT = object()
 
 
 def step_cost(config: RunConfig, prompt_tokens: int, completion_tokens: int) -> float | None:

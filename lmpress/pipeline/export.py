@@ -43,7 +43,7 @@ def dataset_format(fmt: str | FileFormat) -> FileFormat:
         chosen = None
     if chosen not in DATASET_FORMATS:
         names = ", ".join(f.value for f in DATASET_FORMATS)
-        raise ConfigError(f"dataset format {fmt!r}: a pipeline writes one of {names}")
+        raise ConfigError(f"dataset format '{fmt}': a pipeline writes one of {names}")
     return chosen
 
 
