@@ -80,9 +80,9 @@ def write_parquet(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    plan = _ColumnPlan(input_schema, id_column)
+    plan = ColumnPlan(input_schema, id_column)
     pooled = _PooledColumns()
-    for rows in _chunks(journal):
+    for rows in chunks(journal):
         plan.observe(rows)
         pooled.observe(rows)
     schema = pa.schema([*plan.fields(), *_result_fields(), *pooled.fields()])
@@ -90,7 +90,7 @@ def write_parquet(
     written = 0
     try:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-            for rows in _chunks(journal):
+            for rows in chunks(journal):
                 writer.write_table(plan.table(rows, schema))
                 written += len(rows)
             if written == 0:
@@ -101,7 +101,8 @@ def write_parquet(
     return written
 
 
-def _chunks(journal: Path) -> Iterator[list[dict[str, Any]]]:
+def chunks(journal: Path) -> Iterator[list[dict[str, Any]]]:
+    """The journal's lines, CHUNK_ROWS at a time."""
     rows: list[dict[str, Any]] = []
     with journal.open("rb") as handle:
         for raw in handle:
@@ -115,10 +116,20 @@ def _chunks(journal: Path) -> Iterator[list[dict[str, Any]]]:
         yield rows
 
 
-class _ColumnPlan:
-    """The input columns' names and types, settled over the whole journal."""
+class ColumnPlan:
+    """The input columns' names and types, settled over the whole journal. A pipeline's
+    dataset (pipeline/export.py) is planned by it too, with its own columns kept as they are
+    (`renamed`: none) and no `id` column added (`ids`: False)."""
 
-    def __init__(self, input_schema: Any | None, id_column: str | None):
+    def __init__(
+        self,
+        input_schema: Any | None,
+        id_column: str | None,
+        renamed: frozenset[str] | None = None,
+        ids: bool = True,
+    ):
+        self.renamed = RESERVED if renamed is None else renamed  # written as input_<name>
+        self.ids = ids  # an `id` column is added where the rows have none
         self.wanted = (
             {f.name: f.type for f in input_schema} if input_schema is not None else {}
         )  # the input's own types, kept where every value casts to them
@@ -135,7 +146,7 @@ class _ColumnPlan:
         for row in rows:
             columns = row["columns"]
             names.update(dict.fromkeys(columns))
-            if not any(k in columns for k in self.id_keys):
+            if self.ids and not any(k in columns for k in self.id_keys):
                 self.add_id = True
         for name in names:
             values = [row["columns"].get(name) for row in rows]
@@ -173,10 +184,10 @@ class _ColumnPlan:
 
         if not self.observed:  # no row: the input's columns where it has a schema, else none
             self.types = dict(self.wanted)
-            self.add_id = not any(k in self.wanted for k in self.id_keys)
+            self.add_id = self.ids and not any(k in self.wanted for k in self.id_keys)
         fields = [pa.field("id", pa.string())] if self.add_id and "id" not in self.types else []
         for name, kind in self.types.items():
-            out = f"input_{name}" if name in RESERVED else name
+            out = f"input_{name}" if name in self.renamed else name
             if kind is None:
                 kind = pa.string()
             elif name in self.wanted:
@@ -189,19 +200,7 @@ class _ColumnPlan:
     def table(self, rows: list[dict[str, Any]], schema: Any) -> Any:
         import pyarrow as pa
 
-        arrays = []
-        if self.add_id and "id" not in self.types:
-            arrays.append(pa.array([row["id"] for row in rows], pa.string()))
-        for name, kind in self.types.items():
-            values = [row["columns"].get(name) for row in rows]
-            field = schema.field(f"input_{name}" if name in RESERVED else name)
-            if kind is None:
-                arrays.append(pa.array([_as_json(v) for v in values], pa.string()))
-            elif pa.types.is_null(kind):
-                arrays.append(pa.nulls(len(rows), field.type))
-            else:
-                array = pa.array(values, kind) if kind == field.type else pa.array(values)
-                arrays.append(array.cast(field.type))
+        arrays = self.column_arrays(rows, schema)
         for name, values in _result_values(rows).items():
             arrays.append(pa.array(values, schema.field(name).type))
         for name in POOLED_COLUMNS:
@@ -211,6 +210,27 @@ class _ColumnPlan:
                     values = [_as_json(v) for v in values]
                 arrays.append(pa.array(values, schema.field(name).type))
         return pa.Table.from_arrays(arrays, schema=schema)
+
+    def column_arrays(self, rows: list[dict[str, Any]], schema: Any) -> list[Any]:
+        """The rows' columns as arrays of `schema`'s types: the `id` column where one is
+        added, then the columns in their first-seen order; a column of mixed types as JSON
+        text."""
+        import pyarrow as pa
+
+        arrays = []
+        if self.add_id and "id" not in self.types:
+            arrays.append(pa.array([row["id"] for row in rows], pa.string()))
+        for name, kind in self.types.items():
+            values = [row["columns"].get(name) for row in rows]
+            field = schema.field(f"input_{name}" if name in self.renamed else name)
+            if kind is None:
+                arrays.append(pa.array([_as_json(v) for v in values], pa.string()))
+            elif pa.types.is_null(kind):
+                arrays.append(pa.nulls(len(rows), field.type))
+            else:
+                array = pa.array(values, kind) if kind == field.type else pa.array(values)
+                arrays.append(array.cast(field.type))
+        return arrays
 
 
 # An embed, score or rerank run's columns (`data.pooling_rows`), and a loglikelihood or
