@@ -1,0 +1,235 @@
+"""Issue 53's figures: a four-step pipeline (topics -> 10 questions each -> answers -> a judge's
+score -> keep the good ones) as `lmpress run` against Bespoke Curator running the same steps one
+after another, and the pipeline against its slowest step run alone.
+
+    python benchmarks/pipeline_speed.py [--topics 200] [--latency 0.2] [--workers 32] [--repeats 3]
+
+The loopback OpenAI server (tests/servers/llm_server.py) runs in this process and answers every
+request after --latency seconds, each step's prompt in the shape that step reads (`answer`), so
+the run is latency-bound: what it measures is how each side keeps requests in flight, not the
+2 cores' speed. Each side is a process of its own, timed end to end (start-up included):
+
+- Curator: benchmarks/pipeline_curator.py with .venv-curator's Python (made here on first use:
+  `bespokelabs-curator` pinned, from the package index), each step a `curator.LLM` subclass,
+  `max_concurrent_requests` = --workers, its rate limits set out of the way, its cache in a
+  fresh directory each run;
+- lmpress: `lmpress run benchmarks/pipeline_speed.yaml` with `remote_params.num_workers` =
+  --workers, and each of its steps again alone (a one-step pipeline over the rows the step got
+  in the whole run, kept with --keep-steps).
+
+Both sides hold --workers requests in flight per step: Curator runs one step at a time, lmpress
+its steps at once. Printed: a table of wall times per repeat, their medians, and the two ratios
+(issue 53's targets: Curator / lmpress >= 1.5; pipeline / slowest step alone <= 1.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+from tests.servers.llm_server import Faults, LLMServer  # noqa: E402
+
+PIPELINE = REPO / "benchmarks" / "pipeline_speed.yaml"
+CURATOR_SCRIPT = REPO / "benchmarks" / "pipeline_curator.py"
+CURATOR_VENV = REPO / ".venv-curator"
+CURATOR_PIN = "bespokelabs-curator==0.1.31"
+QUESTIONS = re.compile(r"Write 10 questions about (.+?)\. Reply")
+ANSWERED = re.compile(r"Answer-([0-9a-f]{8})")
+
+
+def answer(last_user: str) -> str:
+    """The server's reply to each step's prompt, deterministic and cheap: the questions as a
+    JSON list of 10, an answer as text carrying a digest of its question, and a judge's JSON
+    whose score comes from the answer's digest, so both sides keep the same rows whatever the
+    judge's own wording."""
+    judged = ANSWERED.search(last_user)
+    if judged:
+        score = int(judged.group(1), 16) % 10 + 1
+        return json.dumps({"explanation": f"The answer scores {score}.", "score": score})
+    asked = QUESTIONS.search(last_user)
+    if asked:
+        topic = asked.group(1)
+        questions = [f"Question {j} on {topic}: what matters most?" for j in range(10)]
+        return json.dumps({"question": questions})
+    digest = hashlib.sha256(last_user.encode("utf-8")).hexdigest()[:8]
+    return f"Answer-{digest}: the short answer to {last_user[-60:]!r}."
+
+
+def write_topics(path: Path, count: int) -> None:
+    with path.open("w") as out:
+        for i in range(count):
+            out.write(json.dumps({"topic": f"topic {i}"}) + "\n")
+
+
+def ensure_curator() -> Path:
+    """.venv-curator's Python, the environment made (and Curator installed) on first use."""
+    python = CURATOR_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"making {CURATOR_VENV} with {CURATOR_PIN} (once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(CURATOR_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", CURATOR_PIN], check=True)
+    return python
+
+
+def run_curator(python: Path, server: LLMServer, topics: Path, workers: int) -> tuple[float, dict]:
+    """Curator's whole process: its wall time, and what it printed (its own step times)."""
+    work = Path(tempfile.mkdtemp(prefix="lmpress-curator-"))
+    env = {
+        **os.environ,
+        "CURATOR_CACHE_DIR": str(work / "cache"),  # a fresh cache: every run does the work
+        "CURATOR_DISABLE_CACHE": "true",
+        "HF_DATASETS_CACHE": str(work / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "TELEMETRY_ENABLED": "false",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm would fetch its price list
+        "OPENAI_API_KEY": "bench",
+    }
+    cmd = [str(python), str(CURATOR_SCRIPT), "--base-url", server.openai_url,
+           "--input", str(topics), "--workers", str(workers), "--out", str(work / "out")]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)
+    wall = time.perf_counter() - started
+    shutil.rmtree(work, ignore_errors=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the Curator side failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def lmpress_has_run() -> bool:
+    """Whether this checkout's CLI has `lmpress run` yet (issue 53's command)."""
+    probe = subprocess.run([sys.executable, "-m", "lmpress", "run", "--help"], cwd=REPO,
+                           capture_output=True, env=_lmpress_env())  # fmt: skip
+    return probe.returncode == 0
+
+
+def _lmpress_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def pipeline_file(where: Path, url: str, workers: int, only: str | None = None) -> Path:
+    """pipeline_speed.yaml pointed at the server with `workers` in flight; `only`: that step
+    alone."""
+    spec = yaml.safe_load(PIPELINE.read_text())
+    for model in spec["models"].values():
+        model["remote_params"].update(api_url=url, num_workers=workers)
+    if only is not None:
+        spec["steps"] = [step for step in spec["steps"] if step["name"] == only]
+    path = where / f"pipeline-{only or 'all'}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def run_lmpress(pipeline: Path, rows: Path, out: Path, keep_steps: bool = False) -> float:
+    """`lmpress run` in a process of its own, with a response cache of its own (empty, so that
+    every request goes to the server); its wall time."""
+    shutil.rmtree(out, ignore_errors=True)
+    cache = Path(tempfile.mkdtemp(prefix="lmpress-bench-cache-"))
+    cmd = [sys.executable, "-m", "lmpress", "run", str(pipeline), "-i", str(rows), "-o", str(out),
+           *(["--keep-steps"] if keep_steps else [])]  # fmt: skip
+    env = {**_lmpress_env(), "LMPRESS_RESPONSE_CACHE": str(cache)}
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    wall = time.perf_counter() - started
+    shutil.rmtree(cache, ignore_errors=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"lmpress run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall
+
+
+def count_rows(path: Path) -> int:
+    with path.open() as rows:
+        return sum(1 for line in rows if line.strip())
+
+
+def lmpress_repeat(server: LLMServer, tmp: Path, topics: Path, workers: int) -> dict[str, float]:
+    """One repeat of the lmpress side: the whole pipeline, then each step alone on the rows
+    that step got in the whole run. Wall times by name ("pipeline", then the steps)."""
+    names = [step["name"] for step in yaml.safe_load(PIPELINE.read_text())["steps"]]
+    whole = tmp / "lmpress-all"
+    times = {"pipeline": run_lmpress(pipeline_file(tmp, server.openai_url, workers), topics,
+                                     whole, keep_steps=True)}  # fmt: skip
+    times["rows"] = count_rows(whole / "data.jsonl")
+    rows = topics
+    for name in names:
+        alone = pipeline_file(tmp, server.openai_url, workers, only=name)
+        times[name] = run_lmpress(alone, rows, tmp / f"lmpress-{name}")
+        rows = whole / "steps" / f"{name}.jsonl"  # what the next step got
+    return times
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
+def report(curator: list[tuple[float, dict]], lmpress: list[dict[str, float]]) -> None:
+    steps = list(curator[0][1]["steps"])
+    print("\nwall seconds (each side a process of its own, start-up included):")
+    print(f"{'repeat':>6}  {'curator':>8}  {'lmpress':>8}  " + "  ".join(
+        f"{name + ' alone':>15}" for name in steps if lmpress))  # fmt: skip
+    for i, (wall, inner) in enumerate(curator):
+        line = f"{i + 1:>6}  {wall:8.2f}  "
+        if lmpress:
+            run = lmpress[i]
+            line += f"{run['pipeline']:8.2f}  " + "  ".join(f"{run[s]:15.2f}" for s in steps)
+        print(line)
+        print("        curator's steps inside its process: " + ", ".join(
+            f"{name} {step['seconds']:.2f} s ({step['rows']} rows)"
+            for name, step in inner["steps"].items()))  # fmt: skip
+    curator_wall = statistics.median(wall for wall, _ in curator)
+    print(f"\nCurator, median: {curator_wall:.2f} s, {curator[0][1]['rows']} rows kept")
+    if not lmpress:
+        return
+    pipeline = _median(lmpress, "pipeline")
+    slowest = max(steps, key=lambda name: _median(lmpress, name))
+    alone = _median(lmpress, slowest)
+    print(f"lmpress, median: {pipeline:.2f} s, {int(lmpress[0]['rows'])} rows kept")
+    print(f"Curator / lmpress: {curator_wall / pipeline:.2f}x (target >= 1.5)")
+    print(f"lmpress pipeline / its slowest step alone ({slowest}, {alone:.2f} s): "
+          f"{pipeline / alone:.2f} (target <= 1.2)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topics", type=int, default=200)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    python = ensure_curator()
+    has_run = lmpress_has_run()
+    if not has_run:
+        print("this checkout has no `lmpress run` yet: the Curator side only", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="lmpress-pipeline-bench-"))
+    topics = tmp / "topics.jsonl"
+    write_topics(topics, args.topics)
+    curator, lmpress = [], []
+    with LLMServer(Faults(latency_s=args.latency, answer=answer)) as server:
+        for i in range(args.repeats):
+            curator.append(run_curator(python, server, topics, args.workers))
+            print(f"repeat {i + 1}: Curator {curator[-1][0]:.2f} s", flush=True)
+            if has_run:
+                lmpress.append(lmpress_repeat(server, tmp, topics, args.workers))
+                print(f"repeat {i + 1}: lmpress {lmpress[-1]['pipeline']:.2f} s", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{args.topics} topics, {args.latency:g} s latency, {args.workers} requests in "
+          f"flight per step, {args.repeats} repeats")  # fmt: skip
+    report(curator, lmpress)
+
+
+if __name__ == "__main__":
+    main()
