@@ -3,6 +3,7 @@ score -> keep the good ones) as `lmpress run` against Bespoke Curator running th
 after another, and the pipeline against its slowest step run alone.
 
     python benchmarks/pipeline_speed.py [--topics 200] [--latency 0.2] [--workers 32] [--repeats 3]
+        [--shared] [--checkout PATH]
 
 The loopback OpenAI server (tests/servers/llm_server.py) runs in this process and answers every
 request after --latency seconds, each step's prompt in the shape that step reads (`answer`), so
@@ -13,13 +14,17 @@ the run is latency-bound: what it measures is how each side keeps requests in fl
   `bespokelabs-curator` pinned, from the package index), each step a `curator.LLM` subclass,
   `max_concurrent_requests` = --workers, its rate limits set out of the way, its cache in a
   fresh directory each run;
-- lmpress: `lmpress run benchmarks/pipeline_speed.yaml` with `remote_params.num_workers` =
-  --workers, and each of its steps again alone (a one-step pipeline over the rows the step got
-  in the whole run, kept with --keep-steps).
+- lmpress: `lmpress run benchmarks/pipeline_speed.yaml --cache off` (from --checkout, by
+  default this one), and each of its steps again alone (a one-step pipeline over the rows the
+  step got in the whole run, kept with --keep-steps).
 
 Both sides hold --workers requests in flight per step: Curator runs one step at a time, lmpress
-its steps at once. Printed: a table of wall times per repeat, their medians, and the two ratios
-(issue 53's targets: Curator / lmpress >= 1.5; pipeline / slowest step alone <= 1.2).
+its steps at once (each step's `concurrency` = --workers, the one engine they share
+`remote_params.num_workers` = --workers times the steps that call it). With --shared, lmpress's
+whole pipeline holds --workers in flight (num_workers = --workers, the steps taking what the
+engine gives them), as many as Curator at any moment. Printed: a table of wall times per repeat,
+their medians, and the two ratios (issue 53's targets: Curator / lmpress >= 1.5; pipeline /
+slowest step alone <= 1.2).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -60,7 +66,7 @@ def answer(last_user: str) -> str:
     judged = ANSWERED.search(last_user)
     if judged:
         score = int(judged.group(1), 16) % 10 + 1
-        return json.dumps({"explanation": f"The answer scores {score}.", "score": score})
+        return json.dumps({"explanation": f"Score: {score}, by the digest.", "score": score})
     asked = QUESTIONS.search(last_user)
     if asked:
         topic = asked.group(1)
@@ -110,45 +116,55 @@ def run_curator(python: Path, server: LLMServer, topics: Path, workers: int) -> 
     return wall, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def lmpress_has_run() -> bool:
-    """Whether this checkout's CLI has `lmpress run` yet (issue 53's command)."""
-    probe = subprocess.run([sys.executable, "-m", "lmpress", "run", "--help"], cwd=REPO,
-                           capture_output=True, env=_lmpress_env())  # fmt: skip
-    return probe.returncode == 0
+class Lmpress(NamedTuple):
+    """How the lmpress side runs: which checkout, how many in flight, shared or per step."""
 
+    checkout: Path
+    url: str
+    workers: int
+    shared: bool
 
-def _lmpress_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
+    def has_run(self) -> bool:
+        """Whether the checkout's CLI has `lmpress run` yet (issue 53's command)."""
+        probe = subprocess.run([sys.executable, "-m", "lmpress", "run", "--help"],
+                               cwd=self.checkout, capture_output=True, env=self.env())  # fmt: skip
+        return probe.returncode == 0
 
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": str(self.checkout)}
 
-def pipeline_file(where: Path, url: str, workers: int, only: str | None = None) -> Path:
-    """pipeline_speed.yaml pointed at the server with `workers` in flight; `only`: that step
-    alone."""
-    spec = yaml.safe_load(PIPELINE.read_text())
-    for model in spec["models"].values():
-        model["remote_params"].update(api_url=url, num_workers=workers)
-    if only is not None:
-        spec["steps"] = [step for step in spec["steps"] if step["name"] == only]
-    path = where / f"pipeline-{only or 'all'}.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
+    def pipeline(self, where: Path, only: str | None = None) -> Path:
+        """pipeline_speed.yaml pointed at the server with the concurrency asked for; `only`:
+        that step alone."""
+        spec = yaml.safe_load(PIPELINE.read_text())
+        calling = [step for step in spec["steps"] if "model" in step]
+        for step in calling:
+            step.pop("concurrency", None)
+            if not self.shared:
+                step["concurrency"] = self.workers
+        for model in spec["models"].values():
+            model["api_url"] = self.url
+            workers = self.workers if self.shared else self.workers * len(calling)
+            model.setdefault("overrides", {})["remote_params.num_workers"] = workers
+        if only is not None:
+            spec["steps"] = [step for step in spec["steps"] if step["name"] == only]
+        path = where / f"pipeline-{only or 'all'}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return path
 
-
-def run_lmpress(pipeline: Path, rows: Path, out: Path, keep_steps: bool = False) -> float:
-    """`lmpress run` in a process of its own, with a response cache of its own (empty, so that
-    every request goes to the server); its wall time."""
-    shutil.rmtree(out, ignore_errors=True)
-    cache = Path(tempfile.mkdtemp(prefix="lmpress-bench-cache-"))
-    cmd = [sys.executable, "-m", "lmpress", "run", str(pipeline), "-i", str(rows), "-o", str(out),
-           *(["--keep-steps"] if keep_steps else [])]  # fmt: skip
-    env = {**_lmpress_env(), "LMPRESS_RESPONSE_CACHE": str(cache)}
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    wall = time.perf_counter() - started
-    shutil.rmtree(cache, ignore_errors=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"lmpress run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall
+    def run(self, pipeline: Path, rows: Path, out: Path, keep_steps: bool = False) -> float:
+        """`lmpress run` in a process of its own, the response cache off (every request goes
+        to the server, as Curator's cache is off); its wall time."""
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [sys.executable, "-m", "lmpress", "run", str(pipeline), "-i", str(rows), "-o",
+               str(out), "--cache", "off", *(["--keep-steps"] if keep_steps else [])]  # fmt: skip
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env(),
+                              cwd=self.checkout)  # fmt: skip
+        wall = time.perf_counter() - started
+        if proc.returncode != 0:
+            raise SystemExit(f"lmpress run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        return wall
 
 
 def count_rows(path: Path) -> int:
@@ -156,18 +172,16 @@ def count_rows(path: Path) -> int:
         return sum(1 for line in rows if line.strip())
 
 
-def lmpress_repeat(server: LLMServer, tmp: Path, topics: Path, workers: int) -> dict[str, float]:
+def lmpress_repeat(side: Lmpress, tmp: Path, topics: Path) -> dict[str, float]:
     """One repeat of the lmpress side: the whole pipeline, then each step alone on the rows
     that step got in the whole run. Wall times by name ("pipeline", then the steps)."""
     names = [step["name"] for step in yaml.safe_load(PIPELINE.read_text())["steps"]]
     whole = tmp / "lmpress-all"
-    times = {"pipeline": run_lmpress(pipeline_file(tmp, server.openai_url, workers), topics,
-                                     whole, keep_steps=True)}  # fmt: skip
+    times = {"pipeline": side.run(side.pipeline(tmp), topics, whole, keep_steps=True)}
     times["rows"] = count_rows(whole / "data.jsonl")
     rows = topics
     for name in names:
-        alone = pipeline_file(tmp, server.openai_url, workers, only=name)
-        times[name] = run_lmpress(alone, rows, tmp / f"lmpress-{name}")
+        times[name] = side.run(side.pipeline(tmp, only=name), rows, tmp / f"lmpress-{name}")
         rows = whole / "steps" / f"{name}.jsonl"  # what the next step got
     return times
 
@@ -191,13 +205,15 @@ def report(curator: list[tuple[float, dict]], lmpress: list[dict[str, float]]) -
             f"{name} {step['seconds']:.2f} s ({step['rows']} rows)"
             for name, step in inner["steps"].items()))  # fmt: skip
     curator_wall = statistics.median(wall for wall, _ in curator)
-    print(f"\nCurator, median: {curator_wall:.2f} s, {curator[0][1]['rows']} rows kept")
+    print(f"\nCurator, median: {curator_wall:.2f} s, {curator[0][1]['rows']} rows kept, at most "
+          f"{max(inner['in_flight'] for _, inner in curator)} requests in flight")  # fmt: skip
     if not lmpress:
         return
     pipeline = _median(lmpress, "pipeline")
     slowest = max(steps, key=lambda name: _median(lmpress, name))
     alone = _median(lmpress, slowest)
-    print(f"lmpress, median: {pipeline:.2f} s, {int(lmpress[0]['rows'])} rows kept")
+    print(f"lmpress, median: {pipeline:.2f} s, {int(lmpress[0]['rows'])} rows kept, at most "
+          f"{max(int(run['in_flight']) for run in lmpress)} requests in flight")  # fmt: skip
     print(f"Curator / lmpress: {curator_wall / pipeline:.2f}x (target >= 1.5)")
     print(f"lmpress pipeline / its slowest step alone ({slowest}, {alone:.2f} s): "
           f"{pipeline / alone:.2f} (target <= 1.2)")  # fmt: skip
@@ -209,25 +225,44 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="lmpress's steps share --workers in flight (default: each step)",
+    )
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        default=REPO,
+        help="the lmpress tree whose `lmpress run` is timed (default: this one)",
+    )
     args = parser.parse_args()
     python = ensure_curator()
-    has_run = lmpress_has_run()
-    if not has_run:
-        print("this checkout has no `lmpress run` yet: the Curator side only", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="lmpress-pipeline-bench-"))
     topics = tmp / "topics.jsonl"
     write_topics(topics, args.topics)
     curator, lmpress = [], []
     with LLMServer(Faults(latency_s=args.latency, answer=answer)) as server:
+        side = Lmpress(args.checkout.resolve(), server.openai_url, args.workers, args.shared)
+        has_run = side.has_run()
+        if not has_run:
+            print(f"{side.checkout} has no `lmpress run` yet: the Curator side only", flush=True)
         for i in range(args.repeats):
+            server.reset()
             curator.append(run_curator(python, server, topics, args.workers))
+            curator[-1][1]["in_flight"] = server.stats.max_in_flight
             print(f"repeat {i + 1}: Curator {curator[-1][0]:.2f} s", flush=True)
             if has_run:
-                lmpress.append(lmpress_repeat(server, tmp, topics, args.workers))
-                print(f"repeat {i + 1}: lmpress {lmpress[-1]['pipeline']:.2f} s", flush=True)
+                server.reset()
+                lmpress.append(lmpress_repeat(side, tmp, topics))
+                lmpress[-1]["in_flight"] = server.stats.max_in_flight
+                alone = ", ".join(f"{k} {v:.2f}" for k, v in list(lmpress[-1].items())[2:-1])
+                print(f"repeat {i + 1}: lmpress {lmpress[-1]['pipeline']:.2f} s; its steps alone: "
+                      f"{alone} s", flush=True)  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)
+    held = "in all, lmpress's steps sharing them" if args.shared else "per step"
     print(f"\n{args.topics} topics, {args.latency:g} s latency, {args.workers} requests in "
-          f"flight per step, {args.repeats} repeats")  # fmt: skip
+          f"flight {held}, {args.repeats} repeats")  # fmt: skip
     report(curator, lmpress)
 
 
