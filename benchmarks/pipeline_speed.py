@@ -92,8 +92,18 @@ def ensure_curator() -> Path:
     return python
 
 
-def run_curator(python: Path, server: LLMServer, topics: Path, workers: int) -> tuple[float, dict]:
-    """Curator's whole process: its wall time, and what it printed (its own step times)."""
+class Timed(NamedTuple):
+    """One side's repeat: its pipeline's wall time, each step's seconds (Curator's inside its
+    process; lmpress's each alone, a process of its own), rows kept, the server's peak in flight."""
+
+    wall: float
+    steps: dict[str, float]
+    rows: int
+    in_flight: int = 0
+
+
+def run_curator(python: Path, server: LLMServer, topics: Path, workers: int) -> Timed:
+    """Curator's whole process, timed end to end, with the step times it printed."""
     work = Path(tempfile.mkdtemp(prefix="lmpress-curator-"))
     env = {
         **os.environ,
@@ -113,7 +123,9 @@ def run_curator(python: Path, server: LLMServer, topics: Path, workers: int) -> 
     shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0:
         raise SystemExit(f"the Curator side failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall, json.loads(proc.stdout.strip().splitlines()[-1])
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    steps = {name: step["seconds"] for name, step in said["steps"].items()}
+    return Timed(wall, steps, said["rows"])
 
 
 class Lmpress(NamedTuple):
@@ -172,51 +184,84 @@ def count_rows(path: Path) -> int:
         return sum(1 for line in rows if line.strip())
 
 
-def lmpress_repeat(side: Lmpress, tmp: Path, topics: Path) -> dict[str, float]:
+def step_names() -> list[str]:
+    return [step["name"] for step in yaml.safe_load(PIPELINE.read_text())["steps"]]
+
+
+def lmpress_repeat(side: Lmpress, tmp: Path, topics: Path) -> Timed:
     """One repeat of the lmpress side: the whole pipeline, then each step alone on the rows
-    that step got in the whole run. Wall times by name ("pipeline", then the steps)."""
-    names = [step["name"] for step in yaml.safe_load(PIPELINE.read_text())["steps"]]
+    that step got in the whole run."""
     whole = tmp / "lmpress-all"
-    times = {"pipeline": side.run(side.pipeline(tmp), topics, whole, keep_steps=True)}
-    times["rows"] = count_rows(whole / "data.jsonl")
-    rows = topics
-    for name in names:
-        times[name] = side.run(side.pipeline(tmp, only=name), rows, tmp / f"lmpress-{name}")
+    wall = side.run(side.pipeline(tmp), topics, whole, keep_steps=True)
+    alone, rows = {}, topics
+    for name in step_names():
+        alone[name] = side.run(side.pipeline(tmp, only=name), rows, tmp / f"lmpress-{name}")
         rows = whole / "steps" / f"{name}.jsonl"  # what the next step got
-    return times
+    return Timed(wall, alone, count_rows(whole / "data.jsonl"))
 
 
-def _median(runs: list[dict], key: str) -> float:
-    return statistics.median(run[key] for run in runs)
+def measure(args: argparse.Namespace, server: LLMServer, tmp: Path) -> tuple[list, list]:
+    """The repeats, Curator then lmpress each time: (Curator's, lmpress's), lmpress's empty
+    when the checkout has no `lmpress run`."""
+    python = ensure_curator()
+    topics = tmp / "topics.jsonl"
+    write_topics(topics, args.topics)
+    side = Lmpress(args.checkout.resolve(), server.openai_url, args.workers, args.shared)
+    has_run = side.has_run()
+    if not has_run:
+        print(f"{side.checkout} has no `lmpress run` yet: the Curator side only", flush=True)
+    curator: list[Timed] = []
+    lmpress: list[Timed] = []
+    for i in range(args.repeats):
+        server.reset()
+        run = run_curator(python, server, topics, args.workers)
+        curator.append(run._replace(in_flight=server.stats.max_in_flight))
+        print(f"repeat {i + 1}: Curator {run.wall:.2f} s ({_seconds(run.steps)})", flush=True)
+        if has_run:
+            server.reset()
+            run = lmpress_repeat(side, tmp, topics)
+            lmpress.append(run._replace(in_flight=server.stats.max_in_flight))
+            print(f"repeat {i + 1}: lmpress {run.wall:.2f} s (alone: {_seconds(run.steps)})",
+                  flush=True)  # fmt: skip
+    return curator, lmpress
 
 
-def report(curator: list[tuple[float, dict]], lmpress: list[dict[str, float]]) -> None:
-    steps = list(curator[0][1]["steps"])
+def _seconds(steps: dict[str, float]) -> str:
+    return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in steps.items())
+
+
+def report(curator: list[Timed], lmpress: list[Timed]) -> None:
     print("\nwall seconds (each side a process of its own, start-up included):")
-    print(f"{'repeat':>6}  {'curator':>8}  {'lmpress':>8}  " + "  ".join(
-        f"{name + ' alone':>15}" for name in steps if lmpress))  # fmt: skip
-    for i, (wall, inner) in enumerate(curator):
-        line = f"{i + 1:>6}  {wall:8.2f}  "
+    head = [f"{'repeat':>6}", f"{'Curator':>8}"]
+    if lmpress:
+        head += [f"{'lmpress':>8}", *(f"{name + ' alone':>15}" for name in step_names())]
+    print("  ".join(head))
+    for i, run in enumerate(curator):
+        line = f"{i + 1:>6}  {run.wall:8.2f}"
         if lmpress:
-            run = lmpress[i]
-            line += f"{run['pipeline']:8.2f}  " + "  ".join(f"{run[s]:15.2f}" for s in steps)
+            line += f"  {lmpress[i].wall:8.2f}  " + "  ".join(
+                f"{seconds:15.2f}" for seconds in lmpress[i].steps.values())  # fmt: skip
         print(line)
-        print("        curator's steps inside its process: " + ", ".join(
-            f"{name} {step['seconds']:.2f} s ({step['rows']} rows)"
-            for name, step in inner["steps"].items()))  # fmt: skip
-    curator_wall = statistics.median(wall for wall, _ in curator)
-    print(f"\nCurator, median: {curator_wall:.2f} s, {curator[0][1]['rows']} rows kept, at most "
-          f"{max(inner['in_flight'] for _, inner in curator)} requests in flight")  # fmt: skip
+    print("Curator's steps inside its process, medians: " + _seconds(
+        {name: statistics.median(run.steps[name] for run in curator) for name in curator[0].steps}
+    ))  # fmt: skip
+    curator_wall = _summary("Curator", curator)
     if not lmpress:
         return
-    pipeline = _median(lmpress, "pipeline")
-    slowest = max(steps, key=lambda name: _median(lmpress, name))
-    alone = _median(lmpress, slowest)
-    print(f"lmpress, median: {pipeline:.2f} s, {int(lmpress[0]['rows'])} rows kept, at most "
-          f"{max(int(run['in_flight']) for run in lmpress)} requests in flight")  # fmt: skip
+    pipeline = _summary("lmpress", lmpress)
+    alone = {name: statistics.median(run.steps[name] for run in lmpress) for name in step_names()}
+    slowest = max(alone, key=alone.__getitem__)
     print(f"Curator / lmpress: {curator_wall / pipeline:.2f}x (target >= 1.5)")
-    print(f"lmpress pipeline / its slowest step alone ({slowest}, {alone:.2f} s): "
-          f"{pipeline / alone:.2f} (target <= 1.2)")  # fmt: skip
+    print(f"lmpress pipeline / its slowest step alone ({slowest}, {alone[slowest]:.2f} s): "
+          f"{pipeline / alone[slowest]:.2f} (target <= 1.2)")  # fmt: skip
+
+
+def _summary(side: str, runs: list[Timed]) -> float:
+    """Print a side's median wall time, rows kept and peak in flight; return the median."""
+    wall = statistics.median(run.wall for run in runs)
+    print(f"{side}, median: {wall:.2f} s, {runs[0].rows} rows kept, at most "
+          f"{max(run.in_flight for run in runs)} requests in flight")  # fmt: skip
+    return wall
 
 
 def main() -> None:
@@ -237,29 +282,12 @@ def main() -> None:
         help="the lmpress tree whose `lmpress run` is timed (default: this one)",
     )
     args = parser.parse_args()
-    python = ensure_curator()
     tmp = Path(tempfile.mkdtemp(prefix="lmpress-pipeline-bench-"))
-    topics = tmp / "topics.jsonl"
-    write_topics(topics, args.topics)
-    curator, lmpress = [], []
-    with LLMServer(Faults(latency_s=args.latency, answer=answer)) as server:
-        side = Lmpress(args.checkout.resolve(), server.openai_url, args.workers, args.shared)
-        has_run = side.has_run()
-        if not has_run:
-            print(f"{side.checkout} has no `lmpress run` yet: the Curator side only", flush=True)
-        for i in range(args.repeats):
-            server.reset()
-            curator.append(run_curator(python, server, topics, args.workers))
-            curator[-1][1]["in_flight"] = server.stats.max_in_flight
-            print(f"repeat {i + 1}: Curator {curator[-1][0]:.2f} s", flush=True)
-            if has_run:
-                server.reset()
-                lmpress.append(lmpress_repeat(side, tmp, topics))
-                lmpress[-1]["in_flight"] = server.stats.max_in_flight
-                alone = ", ".join(f"{k} {v:.2f}" for k, v in list(lmpress[-1].items())[2:-1])
-                print(f"repeat {i + 1}: lmpress {lmpress[-1]['pipeline']:.2f} s; its steps alone: "
-                      f"{alone} s", flush=True)  # fmt: skip
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with LLMServer(Faults(latency_s=args.latency, answer=answer)) as server:
+            curator, lmpress = measure(args, server, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     held = "in all, lmpress's steps sharing them" if args.shared else "per step"
     print(f"\n{args.topics} topics, {args.latency:g} s latency, {args.workers} requests in "
           f"flight {held}, {args.repeats} repeats")  # fmt: skip
