@@ -1,10 +1,10 @@
 """A test server on 127.0.0.1 that speaks OpenAI chat completions (and completions, embeddings
 and /models, and vLLM's /v1/score) and Anthropic Messages, streaming (SSE) and not, with knobs for latency and injected faults.
 
-Replies depend on the request: the reply to a conversation is `reply_text(last user message)`,
-so a test can check that every row got its own answer; a request with tools gets a call, and
-one that ends with a tool's result `reply_text(that result)` (`tool_replies`). Faults are
-chosen by content, so a run is reproducible: `transient_rate` of the distinct conversations
+Replies depend on the request: the reply to a conversation is `reply_text(last user message)`
+(or `Faults.answer`'s), so a test can check that every row got its own answer; a request with
+tools gets a call, and one that ends with a tool's result `reply_text(that result)`
+(`tool_replies`). Faults are chosen by content, so a run is reproducible: `transient_rate` of the distinct conversations
 fail their first attempt (429 with Retry-After, 500, a hang past the client's timeout, a dropped
 connection, a malformed body; repeat a kind in `transient_kinds` to weight it), and conversations
 containing a `permanent` marker always fail with that status. Load-driven pushback comes from
@@ -37,6 +37,7 @@ import json
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -94,6 +95,9 @@ class Faults:
     # The shortest prefix its prompt caches keep, in words (`prompt_cache`): Anthropic's
     # minimum for most models, and OpenAI's.
     prompt_cache_min: int = 1024
+    # The reply text to a conversation's last user message: a benchmark whose steps parse the
+    # replies (benchmarks/pipeline_speed.py) answers each step's prompt in the shape it reads.
+    answer: Callable[[str], str] = reply_text
 
 
 @dataclass
@@ -411,7 +415,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, embeddings.reply(body, f.model))
         if path.endswith("/score"):
             return self._json(200, embeddings.score_reply(body, f.model))
-        reply = Reply.of(body, anthropic, f.model, f.reasoning, app.prompt_cache)
+        reply = Reply.of(body, anthropic, f.model, f.reasoning, app.prompt_cache, f.answer)
         if body.get("stream"):
             broken = fault if fault in ("drop", "malformed") else None
             return self._stream(reply, body, anthropic, broken)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +41,7 @@ class Reply:
     @classmethod
     def of(
         cls, body: dict[str, Any], anthropic: bool, model: str, reasoning: str | None = None,
-        prompt_cache: PromptCache | None = None,
+        prompt_cache: PromptCache | None = None, answer: Callable[[str], str] = reply_text,
     ) -> Reply:  # fmt: skip
         messages = body.get("messages")
         if messages is None:
@@ -57,7 +58,7 @@ class Reply:
         stops = [stops] if isinstance(stops, str) else stops
         samples, stopped_by = [], []
         for i in range(int(body.get("n") or 1)):
-            text = reply_text(last_user) + (f" #{i}" if i else "")
+            text = answer(last_user) + (f" #{i}" if i else "")
             finish, stopped = "stop", None
             for stop in stops:  # the last to cut is the one that appears first
                 if stop in text:
