@@ -68,6 +68,7 @@ SKIPPED = [
     (".venv-vllm/", "needs vLLM's venv (make test-vllm)"),
     ("vllm-qwen2.5-7b-tp2", "needs two GPUs"),
     ("pip install", "installs packages"),
+    ("cd examples/pipelines && lmpress", "tests/pipeline/test_examples.py runs it"),
     ("HuggingFaceTB/SmolLM2-135M-Instruct", "downloads from the hub; no network in tests"),
     ("--ray", "starts Ray (tests/batch/cluster run --ray)"),
     ("--engine OPENAI", "needs an OpenAI key"),

@@ -7,4 +7,5 @@ def measure(row: dict) -> dict:
     """The summary's length in words, and how much shorter it is than the document: a later
     filter or a reader can spot a "summary" that merely copies its document."""
     words = len(row["summary"].split())
-    return {**row, "summary_words": words, "compression": round(words / len(row["text"].split()), 2)}
+    compression = round(words / len(row["text"].split()), 2)
+    return {**row, "summary_words": words, "compression": compression}
