@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from lmpress.builtin_models.tiny import cache_root
 from tests.conftest import REPO
 
 # The page's commands: `cd examples/pipelines && lmpress run X.yaml -i ... -o ~/pipelines/X`.
@@ -29,11 +30,13 @@ def test_the_page_shows_a_command_for_each_example():
 
 def _run(tmp_path_factory, example: str) -> Path:
     """The page's command, run as a reader would from a clone: `lmpress` on the PATH, HOME a
-    scratch folder (the `~` of its output)."""
+    scratch folder (the `~` of its output), the model caches where they are (SmolLM2's F16
+    copy is written once, not per test)."""
     home = tmp_path_factory.mktemp(example)
     (home / "examples").symlink_to(REPO / "examples")
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "HOME": str(home), "PATH": path, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "HOME": str(home), "PATH": path, "PYTHONPATH": str(REPO),
+           "LMPRESS_CACHE": str(cache_root())}  # fmt: skip
     done = subprocess.run(
         ["bash", "-c", COMMANDS[example]], cwd=home, env=env, capture_output=True, text=True,
         timeout=300,
