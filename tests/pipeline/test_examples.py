@@ -29,11 +29,15 @@ def test_the_page_shows_a_command_for_each_example():
 
 
 def _run(tmp_path_factory, example: str) -> Path:
+    return _command(tmp_path_factory.mktemp(example), example)
+
+
+def _command(home: Path, example: str) -> Path:
     """The page's command, run as a reader would from a clone: `lmpress` on the PATH, HOME a
     scratch folder (the `~` of its output), the model caches where they are (SmolLM2's F16
     copy is written once, not per test)."""
-    home = tmp_path_factory.mktemp(example)
-    (home / "examples").symlink_to(REPO / "examples")
+    if not (home / "examples").exists():
+        (home / "examples").symlink_to(REPO / "examples")
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "HOME": str(home), "PATH": path, "PYTHONPATH": str(REPO),
            "LMPRESS_CACHE": str(cache_root())}  # fmt: skip
@@ -96,3 +100,10 @@ def test_two_models_grades_every_tip_on_its_scale(two_models):
         assert 1 <= row["score"] <= 5
     card = (two_models / "README.md").read_text()
     assert "smollm2:135m-instruct-q4_1" in card
+
+
+def test_the_same_command_again_writes_the_same_dataset(summaries):
+    """As the page says: run again, the journal answers and the outputs are the same."""
+    before = [(summaries / name).read_text() for name in ("dataset.jsonl", "rejects.jsonl")]
+    again = _command(summaries.parent.parent, "summaries")
+    assert [(again / name).read_text() for name in ("dataset.jsonl", "rejects.jsonl")] == before
