@@ -19,11 +19,13 @@ from lmpress.vocabulary.errors import ConfigError
 
 
 class PipelineBudget:
-    def __init__(self, max_cost: float, prices: dict[str, Any]):
-        """`prices`: each step with a model, by name, to its `pricing.Price` (None: unknown)."""
+    def __init__(self, max_cost: float):
+        if max_cost <= 0:
+            raise ConfigError(f"--max-cost {max_cost:g}: must be more than 0")
         self.max_cost = max_cost
-        # One uncapped Budget per step prices its rows; the cap is on their sum.
-        self.steps = {name: Budget(price=price) for name, price in prices.items()}
+        # An uncapped Budget per model (by its loaded config) prices its answers.
+        self.models: dict[int, Budget] = {}
+        self.model_steps: set[str] = set()
         self.stopped_because: str | None = None
 
     @classmethod
@@ -31,7 +33,7 @@ class PipelineBudget:
         """Refused in one line, before any work, where a step's model has no known price."""
         from lmpress.batch.pricing import price_for
 
-        prices = {}
+        budget = cls(max_cost)
         for step in spec.steps:
             ref = spec.model_of(step)
             if ref is None:
@@ -41,36 +43,36 @@ class PipelineBudget:
                 Budget(max_cost, price=price)
             except ConfigError as exc:
                 raise ConfigError(f"{spec.path}: step '{step.name}': {exc}") from None
-            prices[step.name] = price
-        if not prices:
-            Budget(max_cost)  # still refuses a cap of 0 or less
-        return cls(max_cost, prices)
+            budget.models[id(models.config(ref))] = Budget(price=price)
+            budget.model_steps.add(step.name)
+        return budget
 
     @property
     def spent(self) -> float:
-        return sum(budget.spent for budget in self.steps.values())
+        return sum(budget.spent for budget in self.models.values())
 
-    def watch(self, steps: list[Any]) -> None:
-        """Charge each model step's rows as they finish. Done at the step, not in the runner,
-        so a row the journal replays (no `run` call) is free, as it is."""
+    def watch(self, steps: list[Any], models: Any) -> None:
+        """Charge every answer a model generates (a response-cache hit costs nothing, as in
+        batch), and fail a model step's row not yet started once the cap is reached."""
+        answers = models.answers
+
+        def charged(ref: Any) -> Any:
+            return _Charged(answers(ref), self.models[id(models.config(ref))])
+
+        models.answers = charged
         for step in steps:
-            if step.name in self.steps:
-                step.run = self._charging(step.name, step.run)
+            if step.name in self.model_steps:
+                step.run = self._refusing(step.run)
 
-    def _charging(self, name: str, run: Any) -> Any:
-        budget = self.steps[name]
-
-        async def charged(key: str, row: dict[str, Any]) -> Any:
+    def _refusing(self, run: Any) -> Any:
+        async def refusing(key: str, row: dict[str, Any]) -> Any:
             if self.reached():
-                # Taken from the input but not started: failed, so the rejects say why and
+                # Read from the input but not started: failed, so the rejects say why and
                 # the same command runs it again (the journal retries a failed row).
                 return Outcome(error=f"not run: {self.stopped_because}; re-run to resume")
-            outcome = await run(key, row)
-            if outcome.usage is not None and budget.price is not None:
-                budget.spent += budget.price_of(outcome.usage)
-            return outcome
+            return await run(key, row)
 
-        return charged
+        return refusing
 
     def reached(self) -> bool:
         """Whether the cap is reached; said once, when it first is."""
@@ -89,3 +91,29 @@ class PipelineBudget:
             if self.reached():
                 return
             yield item
+
+
+class _Charged:
+    """A model's answers (`cache.answers.CachedAnswers`) whose generated results are priced
+    into `budget` as they arrive."""
+
+    def __init__(self, answers: Any, budget: Budget):
+        self._answers = answers
+        self._budget = budget
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._answers, name)
+
+    async def complete(self, request: Any) -> Any:
+        return self._charge(await self._answers.complete(request))
+
+    async def embed(self, request: Any) -> Any:
+        return self._charge(await self._answers.embed(request))
+
+    async def score(self, request: Any) -> Any:
+        return self._charge(await self._answers.score(request))
+
+    def _charge(self, result: Any) -> Any:
+        if not result.cached and self._budget.price is not None:
+            self._budget.charge(result)
+        return result

@@ -133,7 +133,7 @@ def _run_steps(spec: Any, models: Any, journal: Any, source: Any, limit: int | N
         try:
             steps, rows = build_steps(spec, models), numbered(source.lines(), limit)
             if budget is not None:
-                budget.watch(steps)
+                budget.watch(steps, models)
                 rows = budget.gate(rows)
             runner = Runner(steps, journal)
             await runner.run(rows)

@@ -94,8 +94,13 @@ def test_max_cost_stops_the_pipeline_and_the_same_command_resumes(tmp_path):
         rejects = read_jsonl(tmp_path / "out" / "rejects.jsonl")
         assert any("not run: spent $" in r.get("failed", "") for r in rejects)
         resumed = run(tmp_path, "out", "--cache", "off")
-    assert resumed.returncode == 0, resumed.stderr
-    assert read_jsonl(tmp_path / "out" / DATA) == full
+        assert resumed.returncode == 0, resumed.stderr
+        assert read_jsonl(tmp_path / "out" / DATA) == full
+        # Answers from the response cache cost nothing, so they spend none of the budget.
+        assert run(tmp_path, "warm", "--cache", "all").returncode == 0
+        cached = run(tmp_path, "cached", "--cache", "all", "--max-cost", "0.5")
+    assert cached.returncode == 0, cached.stderr
+    assert read_jsonl(tmp_path / "cached" / DATA) == full
 
 
 def test_max_cost_without_a_price_is_refused_naming_the_step(tmp_path):
