@@ -113,9 +113,11 @@ def _estimate(spec: Any, step: Any, models: Any, rows_in: float, sample: list[di
         if out.basis == "default":
             out.basis = "measured"
     else:
-        generation = getattr(step, "generation", {})
-        bound = generation.get("max_new_tokens", config.generation.max_new_tokens)
-        out.completion_tokens = rows_in * bound * getattr(step, "n", 1)
+        out.completion_tokens = 0.0  # a dedupe's embeddings make none
+        if step.kind in ("generate", "judge"):
+            generation = getattr(step, "generation", {})
+            bound = generation.get("max_new_tokens", config.generation.max_new_tokens)
+            out.completion_tokens = rows_in * bound * getattr(step, "n", 1)
         if sample and step.kind in ("generate", "judge"):
             counted = _prompt_tokens(spec, step, config, sample)
             out.prompt_tokens = rows_in * counted / len(sample)
