@@ -78,8 +78,9 @@ def run(
             "--ray: a pipeline's steps cannot run on Ray replicas yet; run without --ray, or "
             "put a step's model behind a server (`lmpress serve`) and point its api_url there"
         )
-    options = RunOptions(pipeline, input, output, format, rerun_from, limit, keep_steps, cache)
-    options.max_cost = max_cost
+    options = RunOptions(
+        pipeline, input, output, format, rerun_from, limit, keep_steps, cache, max_cost=max_cost
+    )
     if dry_run:
         from lmpress.pipeline.dryrun import dry_run_pipeline
 
