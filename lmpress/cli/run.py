@@ -40,6 +40,24 @@ def run(
         typer.Option("--keep-steps", help="Write each step's rows to OUT/steps/.", metavar=FLAG),
     ] = False,
     cache: CacheOpt = "on",
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print each step's estimated rows, tokens and cost; load no model, send nothing.",
+            metavar=FLAG,
+        ),
+    ] = False,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(
+            "--max-cost", help="Stop once this run's steps have spent USD.", metavar="USD"
+        ),
+    ] = None,
+    ray: Annotated[
+        bool,
+        typer.Option("--ray", help="Not supported by `lmpress run` yet (refused).", metavar=FLAG),
+    ] = False,
 ) -> None:
     """Run a pipeline of steps (generate, judge, filter, map, dedupe) over a dataset.
 
@@ -48,11 +66,26 @@ def run(
     Rows stream from step to step; each step journals what it did in OUT/.lmpress, so the same
     command after a kill, or after editing a step, redoes only what is unfinished or changed.
     Writes the dataset (JSONL, or --format parquet|hf), OUT/rejects.jsonl (dropped and failed
-    rows, with the step and why) and the dataset card, OUT/README.md. Exit 1 when a row failed (the rejects say why; the same command tries it again).
+    rows, with the step and why) and the dataset card, OUT/README.md. Exit 1 when a row failed (the rejects say why; the same command tries it again) or --max-cost stopped the run.
+    --dry-run prints each step's estimated rows, tokens and cost (rates from a step's
+    `estimate: {fan_out, keep}`, or measured from an earlier run into OUT).
     """
     from lmpress.pipeline.job import RunOptions, run_pipeline
+    from lmpress.vocabulary.errors import ConfigError
 
-    options = RunOptions(pipeline, input, output, format, rerun_from, limit, keep_steps, cache)
+    if ray:
+        raise ConfigError(
+            "--ray: a pipeline's steps cannot run on Ray replicas yet; run without --ray, or "
+            "put a step's model behind a server (`lmpress serve`) and point its api_url there"
+        )
+    options = RunOptions(
+        pipeline, input, output, format, rerun_from, limit, keep_steps, cache, max_cost=max_cost
+    )
+    if dry_run:
+        from lmpress.pipeline.dryrun import dry_run_pipeline
+
+        dry_run_pipeline(options)
+        return
     facts = run_pipeline(options)
-    if any(step.failed for step in facts.steps):
+    if facts.stopped_because or any(step.failed for step in facts.steps):
         raise typer.Exit(1)

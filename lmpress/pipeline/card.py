@@ -89,6 +89,7 @@ class CardFacts:
     created: str = field(
         default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")
     )
+    stopped_because: str | None = None  # why the run stopped early (--max-cost): rows left
 
 
 def write_card(path: Path, facts: CardFacts) -> Path | None:

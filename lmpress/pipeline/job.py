@@ -28,6 +28,7 @@ class RunOptions:
     limit: int | None = None
     keep_steps: bool = False
     cache: str = "on"
+    max_cost: float | None = None  # USD, the whole pipeline's spend (`pipeline/budget.py`)
 
 
 def run_pipeline(options: RunOptions) -> Any:
@@ -55,6 +56,11 @@ def run_pipeline(options: RunOptions) -> Any:
             code = function_digest(step.function, f"{spec.path}: step '{step.name}': function")
         previous = step.fingerprint(models.identity(ref) if ref else None, previous, code)
         fingerprints.append((step.name, previous))
+    budget = None
+    if options.max_cost is not None:
+        from lmpress.pipeline.budget import PipelineBudget
+
+        budget = PipelineBudget.for_pipeline(options.max_cost, spec, models)
     out = Path(options.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / ".lmpress").mkdir(exist_ok=True)
@@ -66,10 +72,11 @@ def run_pipeline(options: RunOptions) -> Any:
             if cleared:
                 print(f"lmpress: re-running steps {', '.join(cleared)}", file=sys.stderr)
             started = time.monotonic()
-            tallies = _run_steps(spec, models, journal, source, options.limit)
+            tallies = _run_steps(spec, models, journal, source, options.limit, budget)
             journal.settle()
             seconds = round(time.monotonic() - started, 3)
             facts = _write_outputs(spec, models, journal, out, options, tallies, seconds)
+            facts.stopped_because = budget.stopped_because if budget else None
         finally:
             journal.close()
     for step in facts.steps:
@@ -79,6 +86,9 @@ def run_pipeline(options: RunOptions) -> Any:
             file=sys.stderr,
         )
     print(f"lmpress: wrote {facts.rows} rows to {out} in {facts.seconds} s", file=sys.stderr)
+    if facts.stopped_because:
+        print(f"lmpress: stopped: {facts.stopped_because}; re-run the same command to resume",
+              file=sys.stderr)  # fmt: skip
     return facts
 
 
@@ -98,7 +108,8 @@ def _first_columns(source: Any) -> set[str] | None:
     return None
 
 
-def _run_steps(spec: Any, models: Any, journal: Any, source: Any, limit: int | None) -> Any:
+def _run_steps(spec: Any, models: Any, journal: Any, source: Any, limit: int | None,
+               budget: Any = None) -> Any:  # fmt: skip
     from lmpress.pipeline.runner import Runner, numbered
     from lmpress.pipeline.steps import build_steps
 
@@ -120,8 +131,12 @@ def _run_steps(spec: Any, models: Any, journal: Any, source: Any, limit: int | N
         except (ValueError, RuntimeError, NotImplementedError):
             handled = False  # not the main thread (a Python caller's), or no signals here
         try:
-            runner = Runner(build_steps(spec, models), journal)
-            await runner.run(numbered(source.lines(), limit))
+            steps, rows = build_steps(spec, models), numbered(source.lines(), limit)
+            if budget is not None:
+                budget.watch(steps, models)
+                rows = budget.gate(rows)
+            runner = Runner(steps, journal)
+            await runner.run(rows)
             return runner.tallies
         except asyncio.CancelledError:
             if stopped:

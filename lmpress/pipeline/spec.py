@@ -49,18 +49,28 @@ class ModelRef(_Strict):
         return self.model_dump(exclude_defaults=True)
 
 
+class Estimate(_Strict):
+    """What `lmpress run --dry-run` assumes of a step (`pipeline/dryrun.py`): rows it makes of
+    each row (a generate's n, an explode's items) and the share of them it keeps (a filter's,
+    a dedupe's pass rate)."""
+
+    fan_out: float = Field(default=1.0, gt=0)
+    keep: float = Field(default=1.0, ge=0, le=1)
+
+
 class _Step(_Strict):
     name: str
-    # Settings that decide nothing a row gets (how many rows at once) stay out of the
-    # fingerprint, so changing them re-runs nothing.
+    # Settings that decide nothing a row gets (how many rows at once, the dry run's guesses)
+    # stay out of the fingerprint, so changing them re-runs nothing.
     concurrency: int | None = Field(default=None, ge=1)
+    estimate: Estimate | None = None
 
     def fingerprint(self, model: dict[str, Any] | None, previous: str, code: str | None = None
                     ) -> str:  # fmt: skip
         """What decides this step's rows: its settings, its model's identity, the source of
         the function it calls (`code`) and the previous step's fingerprint (so an edit
         upstream re-runs everything after it)."""
-        settings = self.model_dump(exclude={"concurrency"}, by_alias=True)
+        settings = self.model_dump(exclude={"concurrency", "estimate"}, by_alias=True)
         text = json.dumps([settings, model, code, previous], sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
