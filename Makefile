@@ -64,7 +64,14 @@ demo: install
 # adds pytest options to both, e.g. PYTEST_ARGS=--random-order. Stopped early (Ctrl-C, a failed
 # install), it stops the vLLM side too: its install, or its pytest, which tears down on SIGTERM
 # as on Ctrl-C (tests/suite_checks.py), so its fixtures stop vLLM's engines.
+# Three workers were slower than two here (main suite 17:23 against 16:18; the vLLM suite beside
+# it 13:45 against 7:49): the machine is busy throughout, so a third only adds contention. For
+# the same reason the main suite's processes run torch and OpenMP on one thread each
+# (TEST_THREADS): with two workers, their subprocesses and the vLLM suite sharing 2 cores, a
+# second thread per process adds synchronisation, not throughput (SmolLM2 and tiny-model files:
+# 3-6% less CPU, the same results).
 TEST_WORKERS ?= 2
+TEST_THREADS ?= 1
 PYTEST_ARGS  ?=
 test:
 	@vllm_log=$$(mktemp); vllm_tmp=$$(mktemp -d); \
@@ -78,7 +85,7 @@ test:
 	echo "mkdocs build --strict (the docs site, into site/)"; \
 	$(MKDOCS) build --strict --quiet --site-dir site || exit $$?; \
 	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the real-vLLM suite runs beside it)"; \
-	main=0; $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || main=$$?; \
+	main=0; OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || main=$$?; \
 	vllm_rc=0; wait $$vllm || vllm_rc=$$?; \
 	echo "--- the vLLM environment's install and the real-vLLM suite ($(VLLM_TESTS)), run beside the main one ---"; \
 	cat $$vllm_log; \
