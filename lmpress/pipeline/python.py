@@ -102,11 +102,7 @@ def generate(name: str, model: str | dict[str, Any] | ModelRef, prompt: str | Ca
     if not callable(prompt) and not callable(parse):
         return _made(GenerateStep, fields | {"prompt": prompt, "parse": parse}, name)
     said = {"prompt": _said(prompt)}
-    if callable(parse):
-        said["output"] = settings.get("output") or name
-        said["parse"] = None
-    else:
-        said["parse"] = parse
+    said["parse"] = None if callable(parse) else parse
     step = _made(PythonGenerate, fields | said, name)
     step._prompt = prompt if callable(prompt) else None
     step._parse = parse if callable(parse) else None
@@ -348,13 +344,20 @@ def _source(spec: PipelineSpec) -> str:
 
     data = {
         "models": {name: ref.identity() for name, ref in spec.models.items()},
-        "steps": [
-            step.model_dump(by_alias=True, exclude_defaults=True, exclude={"concurrency"})
-            | {"name": step.name, "kind": step.kind}
-            for step in spec.steps
-        ],
+        "steps": [_step_source(step) for step in spec.steps],
     }
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def _step_source(step: Any) -> dict[str, Any]:
+    data = {"name": step.name, "kind": step.kind}
+    data |= step.model_dump(by_alias=True, exclude_defaults=True, exclude={"concurrency"})
+    parse = getattr(step, "_parse", None)
+    if parse is not None:  # a parse function lives outside the spec's fields
+        data["parse"] = _said(parse)
+        if step._makes is not None:
+            data["makes"] = step._makes
+    return data
 
 
 def _write_rows(rows: Iterable[dict[str, Any]], output: Path) -> Path:

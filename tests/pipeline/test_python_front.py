@@ -139,3 +139,33 @@ def test_bad_steps_are_refused_in_one_line_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match=r"step 'long': column 'uppers' is made by no earlier"):
         missing.run(input=TOPICS, output=tmp_path / "b")
     assert not (tmp_path / "b" / DATA).exists()
+
+
+def test_on_smollm2_the_same_dataset_as_the_pipeline_file(tmp_path):
+    """Real weights: a prompt function and parsed fields (the reply guided to their JSON)."""
+    from tests.pipeline.test_smollm2 import PIPELINE
+
+    countries = [{"country": "France"}, {"country": "Germany"}]
+    write(tmp_path, PIPELINE, countries)
+    from_file = run(tmp_path, "yaml")
+    assert from_file.returncode == 0, from_file.stderr
+
+    def prompt(row: dict) -> str:
+        return f"What is the capital of {row['country']}? Reply in JSON with the question and its answer."
+
+    pipeline = Pipeline(
+        models={"smol": {"engine": "NATIVE", "model": "smollm2:135m-instruct"}},
+        steps=[
+            generate(
+                "ask",
+                model="smol",
+                prompt=prompt,
+                generation={"max_new_tokens": 64, "temperature": 0},
+                parse={"question": "str", "answer": "str"},
+            )
+        ],
+    )
+    pipeline.run(input=countries, output=tmp_path / "py", cache="off")  # run, not recalled
+    rows = list(pipeline.rows(tmp_path / "py"))
+    assert rows == read_jsonl(tmp_path / "yaml" / DATA)
+    assert rows[0]["answer"] == "Paris"
