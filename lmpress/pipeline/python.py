@@ -116,9 +116,10 @@ def judge(name: str, model: str | dict[str, Any] | ModelRef, **settings: Any) ->
                  name)  # fmt: skip
 
 
-def filter(name: str, keep: str | Callable[[dict[str, Any]], Any], **settings: Any
-           ) -> FilterStep:  # fmt: skip
-    """A filter step: `keep` an expression over the columns, or a function row -> truthy."""
+def filter(name: str, keep: str | Callable[[dict[str, Any]], Any] | None = None,
+           **settings: Any) -> FilterStep:  # fmt: skip
+    """A filter step: `keep` an expression over the columns, or a function row -> truthy
+    (or `function="module:function"`, as in the file)."""
     if not callable(keep):
         return _made(FilterStep, {"name": name, "kind": "filter", "expr": keep, **settings},
                      name)  # fmt: skip
