@@ -1,17 +1,25 @@
 """lmpress: run language models over data, on any engine.
 
 Importing this package imports no backend library; engines load theirs on first use.
-`from lmpress import LLM` is the Python front (lmpress/llm.py).
+`from lmpress import LLM` is the Python front (lmpress/llm.py); `Pipeline` and its step
+builders (`generate`, `judge`, `filter`, `map`, `dedupe`) build pipelines in Python
+(lmpress/pipeline/python.py).
 """
 
 from typing import TYPE_CHECKING
 
 from lmpress.version import __version__
 
-__all__ = ["LLM", "__version__"]
+# `filter` and `map` are left out of __all__ so that `from lmpress import *` does not hide
+# Python's own; import them by name.
+__all__ = ["LLM", "Pipeline", "__version__", "dedupe", "generate", "judge"]
+PIPELINE_NAMES = ("Pipeline", "generate", "judge", "filter", "map", "dedupe")
 
 if TYPE_CHECKING:
     from lmpress.llm import LLM
+    from lmpress.pipeline.python import Pipeline, dedupe, generate, judge
+    from lmpress.pipeline.python import filter as filter
+    from lmpress.pipeline.python import map as map
 
 
 def __getattr__(name: str):
@@ -19,4 +27,8 @@ def __getattr__(name: str):
         from lmpress.llm import LLM
 
         return LLM
+    if name in PIPELINE_NAMES:
+        from lmpress.pipeline import python
+
+        return getattr(python, name)
     raise AttributeError(f"module 'lmpress' has no attribute {name!r}")

@@ -37,6 +37,8 @@ def check_columns(path: Path, spec: Any, input_columns: set[str] | None) -> None
 
 def step_columns(step: Any, where: str) -> tuple[set[str], set[str] | None]:
     """(the columns a step reads, those it makes; None: it can make anything)."""
+    if hasattr(type(step), "own_columns"):  # a Python-front step says its own (python.py)
+        return step.own_columns(where)
     if step.kind == "generate":
         return _generate_columns(step, where)
     if step.kind == "judge":

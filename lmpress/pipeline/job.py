@@ -29,21 +29,28 @@ class RunOptions:
     keep_steps: bool = False
     cache: str = "on"
     max_cost: float | None = None  # USD, the whole pipeline's spend (`pipeline/budget.py`)
+    command: str | None = None  # what made the run, for the card (default: this command line)
 
 
 def run_pipeline(options: RunOptions) -> Any:
     """Run the pipeline; returns the facts the dataset card records (`card.CardFacts`)."""
-    from lmpress.data.output_lock import OutputLock
     from lmpress.data.sources import open_source
     from lmpress.pipeline.export import dataset_format
-    from lmpress.pipeline.expressions import function_digest
-    from lmpress.pipeline.journal import Journal
-    from lmpress.pipeline.models import Models
     from lmpress.pipeline.spec import load_pipeline
 
     dataset_format(options.format)
     source = open_source(options.input)
-    spec = load_pipeline(options.pipeline, _first_columns(source))
+    spec = load_pipeline(options.pipeline, first_columns(source))
+    return run_spec(spec, source, options)
+
+
+def run_spec(spec: Any, source: Any, options: RunOptions) -> Any:
+    """Run a checked pipeline over an opened source: the part the file and the Python front
+    (`pipeline/python.py`) share, so both keep the same journal, outputs and card."""
+    from lmpress.data.output_lock import OutputLock
+    from lmpress.pipeline.journal import Journal
+    from lmpress.pipeline.models import Models
+
     rerun_from = None
     if options.rerun_from is not None:
         rerun_from = spec.steps.index(spec.step(options.rerun_from))
@@ -51,9 +58,7 @@ def run_pipeline(options: RunOptions) -> Any:
     fingerprints, previous = [], ""
     for step in spec.steps:
         ref = spec.model_of(step)
-        code = None
-        if getattr(step, "function", None):
-            code = function_digest(step.function, f"{spec.path}: step '{step.name}': function")
+        code = _code(spec, step)
         previous = step.fingerprint(models.identity(ref) if ref else None, previous, code)
         fingerprints.append((step.name, previous))
     budget = None
@@ -92,7 +97,19 @@ def run_pipeline(options: RunOptions) -> Any:
     return facts
 
 
-def _first_columns(source: Any) -> set[str] | None:
+def _code(spec: Any, step: Any) -> str | None:
+    """The digest of the code a step calls, for its fingerprint: a Python-front step's
+    callables (its `code`), or the module a `function: module:function` lives in."""
+    from lmpress.pipeline.expressions import function_digest
+
+    if hasattr(type(step), "own_code"):  # on the class: a judge's settings are attributes
+        return step.own_code()
+    if getattr(step, "function", None):
+        return function_digest(step.function, f"{spec.path}: step '{step.name}': function")
+    return None
+
+
+def first_columns(source: Any) -> set[str] | None:
     """The input's columns from its first row; None when it cannot be read ahead (a pipe) or
     has none (an empty input checks nothing)."""
     if source.stream:
@@ -168,7 +185,7 @@ def _write_outputs(spec: Any, models: Any, journal: Any, out: Path, options: Run
     facts = CardFacts(
         pipeline_path=str(options.pipeline),
         pipeline_text=spec.source,
-        command=" ".join(["lmpress", *sys.argv[1:]]),
+        command=options.command or " ".join(["lmpress", *sys.argv[1:]]),
         data_path=data.name,
         data_format=options.format,
         rows=counted.count,

@@ -157,7 +157,6 @@ class PipelineSpec(_Strict):
 def load_pipeline(path: str | Path, input_columns: set[str] | None = None) -> PipelineSpec:
     """Read and check a pipeline file; `input_columns`: the input's (None: unknown, and the
     columns the input must hold go unchecked). Every error is one ConfigError line."""
-    from lmpress.pipeline.columns import check_columns
 
     path = Path(path)
     try:
@@ -179,9 +178,17 @@ def load_pipeline(path: str | Path, input_columns: set[str] | None = None) -> Pi
         spec = PipelineSpec.model_validate({**data, "source": text, "path": str(path)})
     except ValidationError as exc:
         raise ConfigError(_one_line(path, data, exc)) from None
-    _check_names(path, spec)
-    check_columns(path, spec, input_columns)
+    check_spec(path, spec, input_columns)
     return spec
+
+
+def check_spec(path: str | Path, spec: PipelineSpec, input_columns: set[str] | None) -> None:
+    """The checks past pydantic's (names, models, the columns each step reads), shared by the
+    file and the Python front (`pipeline/python.py`) so both refuse the same pipelines."""
+    from lmpress.pipeline.columns import check_columns
+
+    _check_names(Path(path), spec)
+    check_columns(Path(path), spec, input_columns)
 
 
 def _check_kinds(path: Path, data: dict[str, Any]) -> None:

@@ -24,8 +24,10 @@ def build_steps(spec: PipelineSpec, models: Any) -> list[Step]:
 def _build(spec: PipelineSpec, step: Any, models: Any) -> Step:
     where = f"{spec.path}: step '{step.name}'"
     ref = spec.model_of(step)
+    if hasattr(type(step), "own_step"):  # a Python-front step holds a callable (python.py)
+        return step.own_step(ref, models, where)
     if isinstance(step, GenerateStep):
-        return _generate(step, ref, models, where)
+        return build_generate(step, ref, models, where)
     if isinstance(step, JudgeStep):
         from lmpress.pipeline.columns import build_step_judge
         from lmpress.pipeline.steps.generate import step_params
@@ -53,7 +55,9 @@ def _build(spec: PipelineSpec, step: Any, models: Any) -> Step:
     raise AssertionError(step)
 
 
-def _generate(step: GenerateStep, ref: Any, models: Any, where: str) -> Step:
+def build_generate(step: GenerateStep, ref: Any, models: Any, where: str, make: Any = None
+                   ) -> Step:  # fmt: skip
+    """A generate step; `make`: its class where not `Generate` (the Python front's)."""
     from lmpress.pipeline.columns import reply_schema
     from lmpress.pipeline.steps.generate import Generate, step_params
 
@@ -64,7 +68,8 @@ def _generate(step: GenerateStep, ref: Any, models: Any, where: str) -> Step:
     params = step_params(models.config(ref).generation, step.generation, where, **more)
     models.check(ref, params, where)
     concurrency = step.concurrency or models.concurrency(ref)
-    return Generate(step, lambda: models.answers(ref), params, schema, concurrency)
+    make = make or Generate
+    return make(step, lambda: models.answers(ref), params, schema, concurrency)
 
 
 def _dedupe(step: DedupeStep, ref: Any, models: Any, where: str) -> Step:

@@ -26,6 +26,25 @@ class Generate(Step):
         self._system = RowMapping(prompt_template=spec.system) if spec.system else None
 
     async def run(self, key: str, row: dict[str, Any]) -> Outcome:
+        try:
+            messages = self.messages(row)
+        except ValueError as exc:  # a template naming a column the row lacks
+            return Outcome(error=str(exc))
+        result = await ask(self.answers(), Request(key, messages, self.params))
+        if isinstance(result, str):
+            return Outcome(error=result)
+        rows = []
+        for sample in result.samples:
+            try:
+                rows.extend(self.reply_rows(sample.text, row))
+            except ValueError as exc:
+                cut = " (cut at max_new_tokens)" if sample.finish_reason == "length" else ""
+                return Outcome(error=f"{exc}{cut}", usage=result.usage)
+        return Outcome(rows=exploded(rows, self.explode), usage=result.usage)
+
+    def messages(self, row: dict[str, Any]) -> list[Message]:
+        """The conversation for a row; raises ValueError in one line. The Python front
+        (`pipeline/python.py`) overrides this and `reply_rows` with the user's callables."""
         from lmpress.data.columns import TemplateError
 
         try:
@@ -33,23 +52,17 @@ class Generate(Step):
             if self._system is not None:
                 messages.insert(0, Message("system", self._system.prompt(row)))
         except TemplateError as exc:
-            return Outcome(error=str(exc))
-        result = await ask(self.answers(), Request(key, messages, self.params))
-        if isinstance(result, str):
-            return Outcome(error=result)
-        rows = []
-        for sample in result.samples:
-            if self.schema is None:
-                rows.append({**row, self.output: sample.text})
-                continue
-            from lmpress.pipeline.reply_columns import parse_reply
+            raise ValueError(str(exc)) from None
+        return messages
 
-            try:
-                rows.append({**row, **parse_reply(sample.text, self.schema)})
-            except ValueError as exc:
-                cut = " (cut at max_new_tokens)" if sample.finish_reason == "length" else ""
-                return Outcome(error=f"{exc}{cut}", usage=result.usage)
-        return Outcome(rows=exploded(rows, self.explode), usage=result.usage)
+    def reply_rows(self, text: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The rows one reply makes: the text in the output column, or its parsed fields;
+        raises ValueError (one line) on a reply that does not parse."""
+        if self.schema is None:
+            return [{**row, self.output: text}]
+        from lmpress.pipeline.reply_columns import parse_reply
+
+        return [{**row, **parse_reply(text, self.schema)}]
 
 
 async def ask(answers: Any, request: Request) -> Result | str:
