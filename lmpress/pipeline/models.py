@@ -65,6 +65,12 @@ class Models:
         except LmpressError as exc:
             raise ConfigError(f"{where}: {exc}") from None
 
+    def guides(self, ref: ModelRef) -> bool:
+        """Whether the model's engine takes guided decoding (its class says; none is made)."""
+        from lmpress.engines.registry import load_engine_class
+
+        return "guided_decoding" in load_engine_class(self.config(ref).engine).supported_params
+
     def answers(self, ref: ModelRef) -> Any:
         """The model's engine behind the response cache (`cache.answers.CachedAnswers`),
         made the first time a step needs it: a rerun the journal answers loads no model."""
