@@ -263,3 +263,24 @@ steps:
     assert again.returncode == 0, again.stderr
     assert "re-running steps split" in again.stderr
     assert [r["words"] for r in read_jsonl(tmp_path / "out" / DATA)] == [["Tell"], ["Tell"]]
+
+
+def test_steps_sharing_a_remote_model_get_the_requests_in_flight_they_ask_for(tmp_path):
+    # One engine serves both steps, its pacer letting num_workers (32 by default) out in all:
+    # sized to the steps' 40 + 8, the first step's 40 rows are all asked at once (the server
+    # answers none until 40 are in flight).
+    with LLMServer(Faults(gather=40)) as server:
+        write(tmp_path, f"""models:
+  m: {remote_model(server)}
+steps:
+  - {{name: answer, kind: generate, model: m, prompt: "About {{topic}}", concurrency: 40}}
+  - {{name: again, kind: generate, model: m, prompt: "Again {{answer}}", concurrency: 8, output: more}}
+""", KILL_TOPICS)  # fmt: skip
+        result = run(tmp_path, "out", "--cache", "off")
+        peak = server.stats.max_in_flight
+    assert result.returncode == 0, result.stderr
+    assert "model m: remote_params.num_workers 48, the sum of its steps' concurrency" in (
+        result.stderr
+    )
+    assert peak >= 40
+    assert len(read_jsonl(tmp_path / "out" / DATA)) == 40
