@@ -284,3 +284,22 @@ steps:
     )
     assert peak >= 40
     assert len(read_jsonl(tmp_path / "out" / DATA)) == 40
+
+
+def test_an_embedding_dedupe_decides_again_on_a_rerun_from_the_response_cache(tmp_path):
+    with LLMServer() as server:
+        write(tmp_path, f"""models:
+  m: {remote_model(server)}
+steps:
+  - {{name: uniq, kind: dedupe, method: embedding, model: m, columns: [topic], threshold: 0.99}}
+""", TOPICS)  # fmt: skip
+        first = run(tmp_path, "out")
+        embedded = [path for path, _ in server.stats.bodies if path.endswith("/embeddings")]
+        server.reset()
+        again = run(tmp_path, "out")
+        asked_again = len(server.stats.bodies)
+    assert first.returncode == 0, first.stderr
+    assert again.returncode == 0, again.stderr
+    assert embedded  # the first run embedded the rows; the rerun's embeddings were all kept
+    assert asked_again == 0
+    assert [r["topic"] for r in read_jsonl(tmp_path / "out" / DATA)] == ["cats", "dogs", "owls"]
