@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,6 +157,22 @@ class Journal:
         for (text,) in cursor:
             yield json.loads(text)
 
+    def keyed_rows(self, step: str, page: int = 1000) -> Iterator[tuple[str, dict[str, Any]]]:
+        """As `rows`, with each row's key, read a page at a time: no statement stays open
+        while the reader journals rows of its own (a barrier step reading its input)."""
+        after = ""
+        while True:
+            found = self.db.execute(
+                "SELECT e.key, e.row FROM emitted e JOIN reached r ON r.step = e.step "
+                "AND r.key = e.in_key WHERE e.step = ? AND e.key > ? ORDER BY e.key LIMIT ?",
+                (step, after, page),
+            ).fetchall()
+            for key, text in found:
+                yield key, json.loads(text)
+            if len(found) < page:
+                return
+            after = found[-1][0]
+
     def rejects(self, steps: list[str]) -> Iterator[dict[str, Any]]:
         """This run's rejects, step by step in pipeline order, each in key order."""
         for step in steps:
@@ -174,11 +191,13 @@ class Journal:
             return self.db.execute(sql, (step,)).fetchone()
 
         join = "JOIN reached r ON r.step = t.step AND r.key = t.key WHERE t.step = ?"
-        dropped = self.db.execute(
-            f"SELECT t.reason, COUNT(*) FROM rejects t {join} AND t.kind = 'dropped' "
-            "GROUP BY t.reason ORDER BY t.reason",
-            (step,),
-        ).fetchall()
+        dropped = _reasons(
+            self.db.execute(
+                f"SELECT t.reason, COUNT(*) FROM rejects t {join} AND t.kind = 'dropped' "
+                "GROUP BY t.reason",
+                (step,),
+            )
+        )
         tokens = one(f"SELECT SUM(prompt_tokens), SUM(completion_tokens) FROM done t {join}")
         return {
             "rows_in": one("SELECT COUNT(*) FROM reached WHERE step = ?")[0],
@@ -186,7 +205,7 @@ class Journal:
                 "SELECT COUNT(*) FROM emitted e JOIN reached r ON r.step = e.step "
                 "AND r.key = e.in_key WHERE e.step = ?"
             )[0],
-            "dropped": dict(dropped),
+            "dropped": dropped,
             "failed": one(f"SELECT COUNT(*) FROM rejects t {join} AND t.kind = 'failed'")[0],
             "prompt_tokens": tokens[0] or 0,
             "completion_tokens": tokens[1] or 0,
@@ -195,3 +214,23 @@ class Journal:
     def close(self) -> None:
         self.settle()
         self.db.close()
+
+
+ROW_KEY = re.compile(r"\b\d{9}(?:/\d{4})*\b")
+MOST_REASONS = 20  # the card lists this many reasons a step dropped rows for, then the rest
+
+
+def _reasons(counts: Iterator[tuple[str, int]]) -> dict[str, int]:
+    """Drops counted by reason, a row key in a reason read as "a kept row": a dedupe's
+    reasons each name the row kept, and a dict (and a card line) per dropped row would grow
+    with the input. The most common `MOST_REASONS`, then the rest as one."""
+    merged: dict[str, int] = {}
+    for reason, count in counts:
+        reason = ROW_KEY.sub("a kept row", reason)
+        merged[reason] = merged.get(reason, 0) + count
+    ranked = sorted(merged.items(), key=lambda item: (-item[1], item[0]))
+    kept = dict(ranked[:MOST_REASONS])
+    rest = sum(count for _, count in ranked[MOST_REASONS:])
+    if rest:
+        kept["other reasons"] = rest
+    return kept

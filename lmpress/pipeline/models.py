@@ -32,6 +32,31 @@ class Models:
                 self._configs.setdefault(_key(ref), _config(ref, where))
                 named = step.model if isinstance(step.model, str) else step.name
                 self._names.setdefault(_key(ref), named)
+        self._size_workers(spec)
+
+    def _size_workers(self, spec: PipelineSpec) -> None:
+        """A remote model's engine is shared by the steps on it, and its pacer lets
+        `remote_params.num_workers` requests out in all: left at its default, it is raised to
+        the sum of the `concurrency` those steps set, so each step gets the requests in flight
+        it asked for (and the choice is said)."""
+        import dataclasses
+
+        from lmpress.configs.schema import RemoteParams
+        from lmpress.engines.registry import get_spec
+
+        asked: dict[str, int] = {}
+        for step in spec.steps:
+            ref = spec.model_of(step)
+            if ref is not None and getattr(step, "concurrency", None):
+                asked[_key(ref)] = asked.get(_key(ref), 0) + step.concurrency
+        default = RemoteParams().num_workers
+        for key, total in asked.items():
+            config = self._configs[key]
+            workers = config.remote_params.num_workers
+            if get_spec(config.engine).preset and workers == default and total > workers:
+                config.remote_params = dataclasses.replace(config.remote_params, num_workers=total)
+                print(f"lmpress: model {self._names[key]}: remote_params.num_workers {total}, "
+                      "the sum of its steps' concurrency", file=sys.stderr)  # fmt: skip
 
     def config(self, ref: ModelRef) -> Any:
         return self._configs[_key(ref)]
@@ -64,6 +89,12 @@ class Models:
             check_params(load_engine_class(self.config(ref).engine), params)
         except LmpressError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+
+    def guides(self, ref: ModelRef) -> bool:
+        """Whether the model's engine takes guided decoding (its class says; none is made)."""
+        from lmpress.engines.registry import load_engine_class
+
+        return "guided_decoding" in load_engine_class(self.config(ref).engine).supported_params
 
     def answers(self, ref: ModelRef) -> Any:
         """The model's engine behind the response cache (`cache.answers.CachedAnswers`),

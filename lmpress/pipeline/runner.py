@@ -6,8 +6,9 @@ makes the stage before it wait).
 Each stage keeps up to its step's `concurrency` rows in flight. For each row it first asks the
 journal: a row this step finished from the same input is re-emitted without running the step;
 any other runs, and its outcome is journaled (one transaction) before its rows go on. A dedupe
-is a barrier: it takes all its input, then decides in key order, so what it keeps does not
-depend on timing; it is decided again on each run (its journal cleared), from its input.
+is a barrier: it waits for all its input, then decides in key order, so what it keeps does not
+depend on timing; it is decided again on each run (its journal cleared), from its input, which
+it reads back from the journal rather than holding it.
 
 Keys: an input row's key is its index, zero-padded to 9 digits; a step that can fan out gives
 each row it makes the input's key + "/" + its index padded to 4. String order is input order.
@@ -81,8 +82,11 @@ class Runner:
         queues.append(asyncio.Queue(maxsize=QUEUE_FLOOR))
         stages = [self._source(rows, queues[0])]
         for index, step in enumerate(self.steps):
-            stage = self._barrier if step.barrier else self._stage
-            stages.append(stage(step, queues[index], queues[index + 1]))
+            if step.barrier:
+                before = self.steps[index - 1].name if index else None
+                stages.append(self._barrier(step, queues[index], queues[index + 1], before))
+            else:
+                stages.append(self._stage(step, queues[index], queues[index + 1]))
         stages.append(self._sink(queues[-1]))
         ticker = asyncio.create_task(self._ticker())
         try:
@@ -112,17 +116,24 @@ class Runner:
                 task.cancel()
         await outbox.put(DONE)
 
-    async def _barrier(self, step: Step, inbox: asyncio.Queue, outbox: asyncio.Queue) -> None:
-        held = []
+    async def _barrier(self, step: Step, inbox: asyncio.Queue, outbox: asyncio.Queue,
+                       before: str | None) -> None:  # fmt: skip
+        """Wait for all the input, then decide it in key order. The input is read back from
+        the journal (what the step `before` emitted in this run), not held, so memory stays
+        flat at any size; only a first step's input, which nothing journals, is held."""
+        held, tally = [], self.tallies[step.name]
         while (item := await inbox.get()) is not DONE:
-            held.append(item)
-        held.sort(key=lambda item: item[0])
-        tally = self.tallies[step.name]
-        tally.rows_in += len(held)
-        tally.first_in = time.monotonic()
-        rows = dict(held)
-        async for key, outcome in step.run_all(held):
-            out = self._record(step, key, rows[key], digest(rows[key]), outcome)
+            tally.rows_in += 1
+            if tally.first_in is None:
+                tally.first_in = time.monotonic()
+            if before is None:
+                held.append(item)
+        if before is None:
+            items: Iterable[tuple[str, dict[str, Any]]] = sorted(held, key=lambda i: i[0])
+        else:
+            items = self.journal.keyed_rows(before)
+        async for key, row, outcome in step.run_all(items):
+            out = self._record(step, key, row, digest(row), outcome)
             tally.rows_out += len(out)
             for item in out:
                 await outbox.put(item)

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.conftest import REPO, CliRun
 from tests.pipeline.helpers import DATA, KEY_ENV, read_jsonl, remote_model, run, write
 from tests.servers.llm_server import Faults, LLMServer, reply_text
@@ -114,6 +116,37 @@ def test_kill_9_mid_run_then_the_same_command_finishes_the_same_dataset(tmp_path
         assert (tmp_path / "killed" / name).read_text() == (tmp_path / "whole" / name).read_text()
 
 
+# Each step's kill: the server holds replies after the first few (3: the writer's first rows
+# only, none yet asked the second question; 50: the 40 first questions and 10 second ones),
+# and the kill comes once the journal shows rows done in that step, not all of them.
+EACH_STEP = [("answer", 3), ("first", 3), ("words", 50), ("owls", 50), ("split", 50)]
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory):
+    """The uninterrupted run's dataset and rejects, shared by the kills of each step."""
+    tmp = tmp_path_factory.mktemp("whole")
+    (tmp / "fns.py").write_text(FUNCTIONS)
+    with LLMServer() as server:
+        write(tmp, steps(server), KILL_TOPICS)
+        whole = run(tmp, "whole", "--cache", "off")
+    assert whole.returncode == 0, whole.stderr
+    return {name: (tmp / "whole" / name).read_text() for name in (DATA, "rejects.jsonl")}
+
+
+@pytest.mark.parametrize(("step", "hold_after"), EACH_STEP)
+def test_kill_9_during_each_step_then_the_rerun_finishes_the_same_dataset(
+    tmp_path, whole_run, step, hold_after
+):
+    def partly_done(journal) -> bool:
+        return 0 < _done_rows(journal, step) < 40
+
+    rerun, _, _ = kill_and_rerun(tmp_path, signal.SIGKILL, hold_after, partly_done)
+    assert rerun.returncode == 0, rerun.stderr
+    for name, text in whole_run.items():
+        assert (tmp_path / "killed" / name).read_text() == text
+
+
 def test_sigterm_stops_cleanly_and_the_rerun_resumes(tmp_path):
     _, resumed, _, stopped = interrupted(tmp_path, signal.SIGTERM)
     assert stopped.returncode == 143
@@ -122,17 +155,29 @@ def test_sigterm_stops_cleanly_and_the_rerun_resumes(tmp_path):
     assert (tmp_path / "killed" / DATA).read_text() == (tmp_path / "whole" / DATA).read_text()
 
 
+KILL_TOPICS = [{"topic": f"topic {i}"} for i in range(40)]
+
+
 def interrupted(tmp_path, sig):
     """An uninterrupted run into whole/, and a run into killed/ sent `sig` once its journal
     holds rows, then run again: (whole, rerun, requests the rerun made, interrupted run)."""
     (tmp_path / "fns.py").write_text(FUNCTIONS)
-    topics = [{"topic": f"topic {i}"} for i in range(40)]
     with LLMServer() as server:
-        write(tmp_path, steps(server), topics)
+        write(tmp_path, steps(server), KILL_TOPICS)
         whole = run(tmp_path, "whole", "--cache", "off")
         assert whole.returncode == 0, whole.stderr
-    with LLMServer(Faults(hold_after=30)) as server:
-        write(tmp_path, steps(server), topics)
+    rerun, asked, stopped = kill_and_rerun(
+        tmp_path, sig, 30, lambda journal: _done_rows(journal) >= 10
+    )
+    return whole, rerun, asked, stopped
+
+
+def kill_and_rerun(tmp_path, sig, hold_after: int, ready):
+    """A run into killed/ sent `sig` once the server holds replies after `hold_after` and
+    `ready(journal)`, then run again: (rerun, requests the rerun made, interrupted run)."""
+    (tmp_path / "fns.py").write_text(FUNCTIONS)
+    with LLMServer(Faults(hold_after=hold_after)) as server:
+        write(tmp_path, steps(server), KILL_TOPICS)
         args = ["run", "pipe.yaml", "-i", "in.jsonl", "-o", "killed", "--cache", "off"]
         env = {**os.environ, **KEY_ENV, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], cwd=tmp_path, env=env,
@@ -141,9 +186,9 @@ def interrupted(tmp_path, sig):
             assert server.holding.wait(120)
             journal = tmp_path / "killed" / ".lmpress" / "pipeline.sqlite"
             deadline = time.monotonic() + 60
-            while _done_rows(journal) < 10 and time.monotonic() < deadline:
+            while not ready(journal) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert _done_rows(journal) >= 10
+            assert ready(journal)
         finally:
             proc.send_signal(sig)
             _, stderr = proc.communicate(timeout=60)
@@ -152,15 +197,17 @@ def interrupted(tmp_path, sig):
         assert not (tmp_path / "killed" / DATA).exists()
         before = server.stats.requests
         rerun = run(tmp_path, "killed", "--cache", "off")
-        return whole, rerun, server.stats.requests - before, stopped
+        return rerun, server.stats.requests - before, stopped
 
 
-def _done_rows(journal) -> int:
+def _done_rows(journal, step: str | None = None) -> int:
+    """Rows the journal shows done (in `step`, or in any)."""
     if not journal.exists():
         return 0
+    where, args = ("WHERE step = ?", (step,)) if step else ("", ())
     try:
         with sqlite3.connect(journal) as db:
-            return db.execute("SELECT COUNT(*) FROM done").fetchone()[0]
+            return db.execute(f"SELECT COUNT(*) FROM done {where}", args).fetchone()[0]
     except sqlite3.OperationalError:
         return 0
 
@@ -216,3 +263,43 @@ steps:
     assert again.returncode == 0, again.stderr
     assert "re-running steps split" in again.stderr
     assert [r["words"] for r in read_jsonl(tmp_path / "out" / DATA)] == [["Tell"], ["Tell"]]
+
+
+def test_steps_sharing_a_remote_model_get_the_requests_in_flight_they_ask_for(tmp_path):
+    # One engine serves both steps, its pacer letting num_workers (32 by default) out in all:
+    # sized to the steps' 40 + 8, the first step's 40 rows are all asked at once (the server
+    # answers none until 40 are in flight).
+    with LLMServer(Faults(gather=40)) as server:
+        write(tmp_path, f"""models:
+  m: {remote_model(server)}
+steps:
+  - {{name: answer, kind: generate, model: m, prompt: "About {{topic}}", concurrency: 40}}
+  - {{name: again, kind: generate, model: m, prompt: "Again {{answer}}", concurrency: 8, output: more}}
+""", KILL_TOPICS)  # fmt: skip
+        result = run(tmp_path, "out", "--cache", "off")
+        peak = server.stats.max_in_flight
+    assert result.returncode == 0, result.stderr
+    assert "model m: remote_params.num_workers 48, the sum of its steps' concurrency" in (
+        result.stderr
+    )
+    assert peak >= 40
+    assert len(read_jsonl(tmp_path / "out" / DATA)) == 40
+
+
+def test_an_embedding_dedupe_decides_again_on_a_rerun_from_the_response_cache(tmp_path):
+    with LLMServer() as server:
+        write(tmp_path, f"""models:
+  m: {remote_model(server)}
+steps:
+  - {{name: uniq, kind: dedupe, method: embedding, model: m, columns: [topic], threshold: 0.99}}
+""", TOPICS)  # fmt: skip
+        first = run(tmp_path, "out")
+        embedded = [path for path, _ in server.stats.bodies if path.endswith("/embeddings")]
+        server.reset()
+        again = run(tmp_path, "out")
+        asked_again = len(server.stats.bodies)
+    assert first.returncode == 0, first.stderr
+    assert again.returncode == 0, again.stderr
+    assert embedded  # the first run embedded the rows; the rerun's embeddings were all kept
+    assert asked_again == 0
+    assert [r["topic"] for r in read_jsonl(tmp_path / "out" / DATA)] == ["cats", "dogs", "owls"]

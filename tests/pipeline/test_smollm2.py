@@ -34,3 +34,27 @@ def test_generate_parses_the_reply_into_columns(tmp_path):
     assert again.returncode == 0, again.stderr
     assert read_jsonl(tmp_path / "out" / DATA) == rows
     assert json.loads((tmp_path / "out" / "steps" / "ask.jsonl").read_text().splitlines()[0])
+
+
+JUDGED = """models:
+  smol: {engine: NATIVE, model: "smollm2:135m-instruct"}
+steps:
+  - name: judge
+    kind: judge
+    model: smol
+    judge: single
+    rubric: Score how well the answer answers the question.
+    columns: {question: question, answer: answer}
+    generation: {max_new_tokens: 96, temperature: 0}
+"""
+
+
+def test_a_judge_on_a_small_model_answers_a_verdict_it_can_parse(tmp_path):
+    # No guided decoding set: the step guides the reply to the judge's schema, so a 135M
+    # model gives a score and an explanation, not prose the judge cannot read.
+    write(tmp_path, JUDGED, [{"question": "What is the capital of France?", "answer": "Paris"}])
+    result = run(tmp_path, "out")
+    assert result.returncode == 0, result.stderr
+    [row] = read_jsonl(tmp_path / "out" / DATA)
+    assert isinstance(row["score"], int) and 1 <= row["score"] <= 10
+    assert isinstance(row["explanation"], str)

@@ -33,10 +33,16 @@ def _build(spec: PipelineSpec, step: Any, models: Any) -> Step:
         from lmpress.pipeline.steps.generate import step_params
         from lmpress.pipeline.steps.judge import Judge
 
-        params = step_params(models.config(ref).generation, step.generation, where)
+        judge = build_step_judge(step, where)
+        # Guided to the reply's schema unless the step guides it otherwise: a small model
+        # then answers a verdict the judge can parse, not prose around one.
+        more: dict[str, Any] = {}
+        schema = getattr(judge, "reply_schema", None)
+        if schema is not None and "guided_decoding" not in step.generation and models.guides(ref):
+            more["guided_decoding"] = {"json": schema}
+        params = step_params(models.config(ref).generation, step.generation, where, **more)
         models.check(ref, params, where)
         concurrency = step.concurrency or models.concurrency(ref)
-        judge = build_step_judge(step, where)
         return Judge(step.name, judge, lambda: models.answers(ref), params, concurrency)
     if isinstance(step, FilterStep):
         from lmpress.pipeline.steps.functions import Filter

@@ -8,7 +8,7 @@ rejects and the job goes on, as a failed request does in `lmpress batch`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,12 +42,13 @@ class Step(ABC):
         """The step's outcome for one row; exceptions only for bugs."""
 
     async def run_all(
-        self, items: list[tuple[str, dict[str, Any]]]
-    ) -> AsyncIterator[tuple[str, Outcome]]:
-        """A barrier's (key, outcome) for each of its rows, decided in their (key) order: one
-        at a time unless the step does better (a dedupe embedding many rows a call)."""
+        self, items: Iterable[tuple[str, dict[str, Any]]]
+    ) -> AsyncIterator[tuple[str, dict[str, Any], Outcome]]:
+        """A barrier's (key, row, outcome) for each of its rows, decided in their (key) order:
+        one at a time unless the step does better (a dedupe embedding many rows a call).
+        `items` is streamed (read from the journal): a step keeps only what it must."""
         for key, row in items:
-            yield key, await self.run(key, row)
+            yield key, row, await self.run(key, row)
 
 
 def exploded(rows: list[dict[str, Any]], column: str | None) -> list[dict[str, Any]]:

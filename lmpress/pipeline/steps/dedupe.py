@@ -1,10 +1,10 @@
-"""A dedupe step: a barrier. It takes all its input, then the deduplicator
-(`pipeline/dedupe.py`) decides each row in key order, so which copy is kept never depends on
-which arrived first; then the kept rows go on."""
+"""A dedupe step: a barrier. It waits for all its input, then the deduplicator
+(`pipeline/dedupe/`) decides each row in key order (read back from the journal), so which copy
+is kept never depends on which arrived first; then the kept rows go on."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from lmpress.pipeline.steps.base import Outcome, Step
@@ -21,23 +21,26 @@ class Dedupe(Step):
         return _outcome(row, await self.deduplicator.duplicate_of(key, row))
 
     async def run_all(
-        self, items: list[tuple[str, dict[str, Any]]]
-    ) -> AsyncIterator[tuple[str, Outcome]]:
+        self, items: Iterable[tuple[str, dict[str, Any]]]
+    ) -> AsyncIterator[tuple[str, dict[str, Any], Outcome]]:
         """Through the deduplicator's `decide_all` where it has one (the embedding method
-        embeds a batch of rows a call there), else a row at a time."""
+        embeds a batch of rows a call there), else a row at a time. Only the rows fed and
+        not yet decided (a batch at most) are held."""
         decide_all = getattr(self.deduplicator, "decide_all", None)
         if decide_all is None:
             async for decided in super().run_all(items):
                 yield decided
             return
+        pending: dict[str, dict[str, Any]] = {}
 
         async def rows() -> AsyncIterator[tuple[str, dict[str, Any]]]:
-            for item in items:
-                yield item
+            for key, row in items:
+                pending[key] = row
+                yield key, row
 
-        rows_by_key = dict(items)
         async for key, reason in decide_all(rows()):
-            yield key, _outcome(rows_by_key[key], reason)
+            row = pending.pop(key)
+            yield key, row, _outcome(row, reason)
 
 
 def _outcome(row: dict[str, Any], reason: str | None) -> Outcome:
