@@ -197,7 +197,7 @@ def lmpress_repeat(side: Lmpress, tmp: Path, topics: Path) -> Timed:
     for name in step_names():
         alone[name] = side.run(side.pipeline(tmp, only=name), rows, tmp / f"lmpress-{name}")
         rows = whole / "steps" / f"{name}.jsonl"  # what the next step got
-    return Timed(wall, alone, count_rows(whole / "data.jsonl"))
+    return Timed(wall, alone, count_rows(whole / "dataset.jsonl"))
 
 
 def measure(args: argparse.Namespace, server: LLMServer, tmp: Path) -> tuple[list, list]:
