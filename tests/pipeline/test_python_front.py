@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lmpress import Pipeline, dedupe, filter, generate, map
+from lmpress import Pipeline, dedupe, filter, generate, judge, map
 from lmpress.vocabulary.errors import ConfigError
 from tests.pipeline.helpers import DATA, read_jsonl, remote_model, run, write
 from tests.servers.llm_server import LLMServer, reply_text
@@ -142,7 +142,8 @@ def test_bad_steps_are_refused_in_one_line_before_any_work(tmp_path):
 
 
 def test_on_smollm2_the_same_dataset_as_the_pipeline_file(tmp_path):
-    """Real weights: a prompt function and parsed fields (the reply guided to their JSON)."""
+    """Real weights: a prompt function and parsed fields (the reply guided to their JSON), then
+    the judge of tests/pipeline/test_smollm2.py's pipeline file, built in Python."""
     from tests.pipeline.test_smollm2 import PIPELINE
 
     countries = [{"country": "France"}, {"country": "Germany"}]
@@ -162,7 +163,15 @@ def test_on_smollm2_the_same_dataset_as_the_pipeline_file(tmp_path):
                 prompt=prompt,
                 generation={"max_new_tokens": 64, "temperature": 0},
                 parse={"question": "str", "answer": "str"},
-            )
+            ),
+            judge(
+                "judge",
+                model="smol",
+                judge="single",
+                rubric="Score how well the answer answers the question.",
+                columns={"question": "question", "answer": "answer"},
+                generation={"max_new_tokens": 96, "temperature": 0},
+            ),
         ],
     )
     pipeline.run(input=countries, output=tmp_path / "py", cache="off")  # run, not recalled
