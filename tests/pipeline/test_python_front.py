@@ -52,6 +52,10 @@ def fns(tmp_path, monkeypatch):
     """The user's module of functions, importable, rewritten by `edit` as a user would."""
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    # No cached bytecode: an edit of the same size within the same second as the first write
+    # would otherwise be reloaded from the old .pyc (Python checks the source's size and mtime
+    # to the second), and the old function would run under the new source's fingerprint.
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     (tmp_path / "fns.py").write_text(FUNCTIONS)
     sys.modules.pop("fns", None)
     module = importlib.import_module("fns")
