@@ -9,8 +9,9 @@ that row's failure, never the job's.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from lmpress.pipeline.replies import json_object
 
 JSON_TYPES: dict[str, dict[str, Any]] = {
     "str": {"type": "string"},
@@ -73,17 +74,10 @@ def _is_bool_as(item: Any, rule: dict[str, Any]) -> bool:
 
 
 def _first_object(text: str) -> dict[str, Any]:
-    """The first JSON object in the text: models wrap theirs in prose or a code fence."""
-    decoder = json.JSONDecoder()
-    start = text.find("{")
-    while start != -1:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except ValueError:
-            start = text.find("{", start + 1)
-            continue
-        if isinstance(value, dict):
-            return value
-        start = text.find("{", start + 1)
-    shown = text.strip().replace("\n", " ")
-    raise ValueError(f"the reply holds no JSON object: {shown[:80]!r}")
+    """The first JSON object in the text (models wrap theirs in prose or a code fence), found
+    as the judges find theirs (`replies.json_object`)."""
+    value = json_object(text)
+    if value is None:
+        shown = text.strip().replace("\n", " ")
+        raise ValueError(f"the reply holds no JSON object: {shown[:80]!r}")
+    return value
