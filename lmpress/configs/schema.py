@@ -30,6 +30,10 @@ SPECULATIVE_METHODS: tuple[SpeculativeMethod, ...] = get_args(SpeculativeMethod)
 class ModelParams:
     model_name: str = ""  # a model directory, a .gguf file, a hub id, or a packaged/tiny name
     adapter_model: str | None = None  # a PEFT LoRA directory or hub id (NATIVE, VLLM)
+    # LoRA adapters a row or request chooses by name (its `adapter` column, or the `model` of
+    # an OpenAI Batch line or server request); a row that names none runs on the base model.
+    # PEFT LoRA directories; for LLAMACPP also GGUF LoRA files (engines/adapters.py).
+    adapters: dict[str, str] = field(default_factory=dict)
     tokenizer_name: str | None = None  # another tokenizer; remote engines count prompts with it
     tokenizer_pad_token: str | None = None  # the pad token, where the tokenizer has none
     # passed to the tokenizer when it loads

@@ -228,6 +228,8 @@ class Request:
     # The functions the model may call, in OpenAI's form ({"type": "function", "function":
     # {"name", "description", "parameters"}}); `params.tool_choice` says whether it must.
     tools: list[dict[str, Any]] | None = None
+    # The LoRA adapter to generate with, one of `model.adapters`' names; None: the base model.
+    adapter: str | None = None
 
 
 @dataclass
