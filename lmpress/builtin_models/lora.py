@@ -1,0 +1,82 @@
+"""LoRA adapters for SmolLM2-135M-Instruct, made offline, for tests, examples and benchmarks.
+
+Each is a PEFT LoRA directory (rank 8 on the attention's q_proj and v_proj, PEFT's default for
+the llama architecture) with random weights from a fixed seed: both halves keep nn.Linear's
+initial weights, where PEFT's own initialisation would leave B zero, so each adapter changes
+the model's replies (asked for three colours, one lists "red, blue, green, blue, ...", the
+other talks of a colour wheel) while they stay words. Made once into lmpress's cache.
+
+    python -m lmpress.builtin_models.lora          # prints each adapter's directory
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+# Bump when the recipe changes, so cached adapters are rebuilt.
+BUILDER_VERSION = 1
+RANK = 8
+ALPHA = 16
+TARGETS = ("q_proj", "v_proj")
+SEEDS = {"lora-a": 1, "lora-b": 2}  # the adapters' names, and the seed each is drawn from
+
+
+def smollm2_adapters(cache_dir: Path | None = None) -> dict[str, Path]:
+    """Every adapter's directory, by name, made on first use."""
+    return {name: smollm2_adapter(name, cache_dir) for name in SEEDS}
+
+
+def smollm2_adapter(name: str, cache_dir: Path | None = None) -> Path:
+    from lmpress.builtin_models.tiny import cache_root
+
+    root = (cache_dir or cache_root()) / "lora"
+    target = root / f"smollm2-{name}-v{BUILDER_VERSION}"
+    if (target / "adapter_config.json").exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{target.name}-"))
+    try:
+        _build(SEEDS[name], scratch)
+        try:
+            scratch.rename(target)
+        except OSError:  # made by another process meanwhile
+            if not (target / "adapter_config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def base_model_dir(cache_dir: Path | None = None) -> Path:
+    """The Hugging Face directory of SmolLM2-135M-Instruct that NATIVE loads (the packaged
+    GGUF, in F16, dequantized): the base the adapters are made on."""
+    from lmpress.builtin_models.packaged import SMOLLM2_Q4_1, f16_copy
+    from lmpress.engines.common.dequantized import dequantized_copy
+
+    return dequantized_copy(f16_copy(SMOLLM2_Q4_1, cache_dir), cache_dir)
+
+
+def _build(seed: int, out: Path) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir(), dtype=torch.float32)
+    config = LoraConfig(
+        r=RANK,
+        lora_alpha=ALPHA,
+        target_modules=list(TARGETS),
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
+    torch.manual_seed(seed)
+    get_peft_model(base, config).save_pretrained(out)
+
+
+if __name__ == "__main__":
+    for adapter_name, path in smollm2_adapters().items():
+        print(adapter_name, path)
+    sys.exit(0)
