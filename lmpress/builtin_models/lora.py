@@ -21,6 +21,7 @@ BUILDER_VERSION = 1
 RANK = 8
 ALPHA = 16
 TARGETS = ("q_proj", "v_proj")
+BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # as the adapters' config names their base
 SEEDS = {"lora-a": 1, "lora-b": 2}  # the adapters' names, and the seed each is drawn from
 
 
@@ -50,21 +51,22 @@ def smollm2_adapter(name: str, cache_dir: Path | None = None) -> Path:
     return target
 
 
-def base_model_dir(cache_dir: Path | None = None) -> Path:
-    """The Hugging Face directory of SmolLM2-135M-Instruct that NATIVE loads (the packaged
-    GGUF, in F16, dequantized): the base the adapters are made on."""
-    from lmpress.builtin_models.packaged import SMOLLM2_Q4_1, f16_copy
-    from lmpress.engines.common.dequantized import dequantized_copy
-
-    return dequantized_copy(f16_copy(SMOLLM2_Q4_1, cache_dir), cache_dir)
-
-
 def _build(seed: int, out: Path) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(base_model_dir(), dtype=torch.float32)
+    # An adapter's weights depend on the base's shapes only, not its weights: a model of
+    # SmolLM2-135M's shape (its vocabulary cut, since no adapter touches the embeddings).
+    shape = LlamaConfig(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=64,
+    )
+    base = LlamaForCausalLM(shape)
     config = LoraConfig(
         r=RANK,
         lora_alpha=ALPHA,
@@ -73,7 +75,9 @@ def _build(seed: int, out: Path) -> None:
         task_type="CAUSAL_LM",
     )
     torch.manual_seed(seed)
-    get_peft_model(base, config).save_pretrained(out)
+    model = get_peft_model(base, config)
+    model.peft_config["default"].base_model_name_or_path = BASE
+    model.save_pretrained(out)
 
 
 if __name__ == "__main__":
