@@ -69,8 +69,9 @@ demo: install
 # the same reason the main suite's processes run torch and OpenMP on one thread each
 # (TEST_THREADS): with two workers, their subprocesses and the vLLM suite sharing 2 cores, a
 # second thread per process adds synchronisation, not throughput (SmolLM2 and tiny-model files:
-# 3-6% less CPU, the same results). Files go to the workers longest first (tests/file_order.py),
-# not by xdist's default of most tests first, which left the longest files for the end.
+# 3-6% less CPU, the same results). Files go to the workers in the order tests/file_order.py sets,
+# not by xdist's default of most tests first, which left the longest files for the end; nor
+# first, where they overlapped the vLLM suite and memory ran short.
 TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
 PYTEST_ARGS  ?=
