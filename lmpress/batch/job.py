@@ -298,7 +298,7 @@ class BatchJob:
         route, message = self.line_models.route(row.model)
         if route is Route.RUN_OTHER:
             self.summary.rows_naming_other_model += 1
-        if route is not Route.NOT_FOUND:
+        if route is not Route.UNKNOWN:
             return route, None
         openai = output_shape_for(row, self.options.output_shape) is OutputShape.OPENAI
         kind = ErrorKind.NOT_FOUND

@@ -23,7 +23,7 @@ class Route(str, Enum):
     RUN = "run"  # this job's model answers the line
     RUN_OTHER = "run_other"  # answered here, though the line named another model
     ELSEWHERE = "elsewhere"  # another model of a --models job answers it
-    NOT_FOUND = "not_found"  # no model of the job has that name: vLLM's 404
+    UNKNOWN = "unknown"  # no model of the job has that name: vLLM's 404 (NOT_FOUND)
 
 
 @dataclass
@@ -39,7 +39,7 @@ class LineModels:
     first: bool = True
 
     def route(self, name: str | None) -> tuple[Route, str]:
-        """Where a line naming `name` runs, and for NOT_FOUND the error's message."""
+        """Where a line naming `name` runs, and for UNKNOWN the error's message."""
         if not name or self.answers(name):
             return Route.RUN, ""
         several = self.label is not None
@@ -49,7 +49,7 @@ class LineModels:
             return Route.RUN_OTHER, ""
         if several and not self.first:
             return Route.ELSEWHERE, ""
-        return Route.NOT_FOUND, self._not_found(name)
+        return Route.UNKNOWN, self._not_found(name)
 
     def answers(self, name: str) -> bool:
         """Whether `name` is one of this model's (its label, a name of its base, an adapter)."""

@@ -115,7 +115,7 @@ class SeveralModelsJob:
 
         from lmpress.batch.model_parts import parts_folder
 
-        settings = {"models": [run.label for run in self.runs]}
+        settings = {"task": self.total.task, "models": [run.label for run in self.runs]}
         folder = parts_folder(self.options.output_path)
         if self.options.overwrite:
             self.files.remove_all()

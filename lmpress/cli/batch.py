@@ -286,15 +286,29 @@ def several(
     compare: bool,
     dry_run: bool,
 ) -> int:
-    """`--models A,B,C`: the job across several models (cli/batch_models.py)."""
-    from lmpress.cli.batch_models import check_several, dry_run_models, model_runs, run_models_file
+    """`--models A,B,C`: the job across several models (cli/batch_models.py), or its dry run:
+    each model's table."""
+    import asyncio
+    import sys
+
+    from lmpress.batch.several import run_several
+    from lmpress.cli.batch_models import check_several, model_runs, write_comparison
+    from lmpress.cli.report import BatchReport, models_table
 
     check_several(input, output, options.recipe, dry_run)
     runs = model_runs(ctx, models, engine)
     if dry_run:
-        return dry_run_models(runs, input, options)
-    assert input is not None and output is not None
-    return run_models_file(runs, input, output, options, compare)
+        for run in runs:
+            print(f"lmpress: model {run.label}", file=sys.stderr)
+            dry_run_file(run.config, input, options)
+        return 0
+    check_paths(runs[0].config, input, output, options)
+    report = BatchReport()
+    summary = asyncio.run(run_several(runs, options, events=report))
+    models_table(summary, report.stream)
+    if compare:
+        write_comparison(summary, options)
+    return summary.exit_code
 
 
 def run_file(

@@ -1,6 +1,6 @@
-"""`lmpress batch --models A,B,C`: the models read and checked before any work, the job run
-across them (lmpress/batch/several.py), its summary per model and, with `--compare`, the
-report on how their replies compare (lmpress/batch/compare.py)."""
+"""`lmpress batch --models A,B,C`: the models read and checked before any work, and with
+`--compare` the report on how their replies compare (lmpress/batch/compare.py), read from the
+merged output. cli/batch.py runs the job (lmpress/batch/several.py)."""
 
 from __future__ import annotations
 
@@ -60,35 +60,18 @@ def check_several(
         )
 
 
-def run_models_file(
-    runs: list[ModelRun], input: str, output: str, options: BatchOptions, compare: bool
-) -> int:
-    import asyncio
-
-    from lmpress.batch.several import run_several
-    from lmpress.cli.batch import check_paths
-    from lmpress.cli.report import BatchReport, models_table
-
-    check_paths(runs[0].config, input, output, options)
-    report = BatchReport()
-    summary = asyncio.run(run_several(runs, options, events=report))
-    models_table(summary, report.stream)
-    if compare:
-        text = comparison(summary, options)
-        path = Path(options.output_path).expanduser()
-        report_path = path.with_name(f"{path.name}.compare.md")
-        report_path.write_text(text, encoding="utf-8")
-        print(text, end="")
-        print(f"lmpress: wrote {report_path}", file=sys.stderr)
-    return summary.exit_code
-
-
-def comparison(summary: SeveralSummary, options: BatchOptions) -> str:
-    """The --compare report, read from the merged output a row at a time."""
+def write_comparison(summary: SeveralSummary, options: BatchOptions) -> None:
+    """--compare: the report, read from the merged output a row at a time, written beside it
+    (OUT.compare.md) and printed."""
     from lmpress.batch.compare import compare
 
     labels = [label for label, _ in summary.models]
-    return compare(labels, merged_rows(options)).markdown()
+    text = compare(labels, merged_rows(options)).markdown()
+    path = Path(options.output_path).expanduser()
+    report = path.with_name(f"{path.name}.compare.md")
+    report.write_text(text, encoding="utf-8")
+    print(text, end="")
+    print(f"lmpress: wrote {report}", file=sys.stderr)
 
 
 def merged_rows(options: BatchOptions):
@@ -119,13 +102,3 @@ def _body_model(line: dict) -> str | None:
     response = line.get("response")
     body = response.get("body") if isinstance(response, dict) else None
     return body.get("model") if isinstance(body, dict) else None
-
-
-def dry_run_models(runs: list[ModelRun], input: str | None, options: BatchOptions) -> int:
-    """The dry run's table for each model: its tokens and its cost."""
-    from lmpress.cli.batch import dry_run_file
-
-    for run in runs:
-        print(f"lmpress: model {run.label}", file=sys.stderr)
-        dry_run_file(run.config, input, options)
-    return 0
