@@ -157,3 +157,35 @@ def test_one_model_job_counts_lines_naming_another_and_strict_fails_them(tmp_pat
     assert sorted(e["custom_id"] for e in errors) == ["b", "c"]
     for error in errors:  # vLLM's run-batch line for a model it does not serve
         assert error["response"]["status_code"] == 404 and "gpt-4o" in error["error"]["message"]
+
+
+def test_remote_models_run_side_by_side_within_one_budget(tmp_path):
+    """Two models on one loopback OpenAI server, one request at a time each: the server holds
+    its replies until two requests are in flight together, which only models side by side
+    reach; --max-tokens counts both models' tokens against one cap."""
+    from tests.servers.llm_server import Faults, LLMServer
+
+    rows = [{"id": f"q{i}", "prompt": f"Question {i}?"} for i in range(40)]
+    source = write_input(tmp_path / "in.jsonl", rows)
+    with LLMServer(Faults(gather=2)) as server:
+        labels = []
+        for name in ("first", "second"):
+            recipe = tmp_path / f"{name}.yaml"
+            recipe.write_text(
+                f"engine: REMOTE\nmodel:\n  model_name: {name}-model\nremote_params:\n"
+                f"  api_url: {server.openai_url}\n  num_workers: 1\n"
+            )
+            labels.append(str(recipe))
+        out = tmp_path / "out.jsonl"
+        done = run_lmpress("batch", "-i", str(source), "-o", str(out), "--models",
+                           ",".join(labels), "--max-tokens", "200")  # fmt: skip
+        assert server.gathered.is_set()
+    assert done.returncode == 1, done.stderr  # stopped by the budget: resumable
+    summary = json.loads((tmp_path / "out.jsonl.summary.json").read_text())
+    used = summary["prompt_tokens"] + summary["completion_tokens"]
+    per_model = [m["prompt_tokens"] + m["completion_tokens"] for m in summary["models"]]
+    assert all(tokens > 0 for tokens in per_model) and sum(per_model) == used
+    # Rows in flight when the cap is reached still finish; two caps of their own would have
+    # let each model reach 200.
+    assert 200 <= used < 400
+    assert "--max-tokens 200" in summary["stopped_because"]
