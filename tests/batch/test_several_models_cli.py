@@ -130,6 +130,11 @@ def test_models_to_parquet_summary_per_model_and_bad_names(tmp_path, env, recipe
     assert "lmpress batch --models" in done.stderr  # the table of models
     summary = json.loads((tmp_path / "out.parquet.summary.json").read_text())
     assert [(m["model"], m["rows_ok"]) for m in summary["models"]] == [(long, 4), (short, 4)]
+    dry = run_lmpress("batch", "-i", str(source), "-o", str(tmp_path / "d.jsonl"), "--models",
+                      f"{long},{short}", "--dry-run", env=env)  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert f"model {long}" in dry.stderr and f"model {short}" in dry.stderr
+    assert dry.stderr.count("lmpress batch --dry-run") == 2  # a table per model
     bad = run_lmpress("batch", "-i", str(source), "-o", str(tmp_path / "x.jsonl"), "--models",
                       f"{long},no-such-recipe", env=env)  # fmt: skip
     assert bad.returncode == 2
