@@ -16,8 +16,8 @@ answered with the prompt's token ids and vLLM's prompt logprobs beside the sampl
 adapter's LoRARequest, as "lora_chat" and "lora_generate". With "adapters": {NAME: DIR}
 (and enable_lora, max_loras in engine_args), the "adapter_chat" cases, each naming its
 "adapter" (a name, or null for the base model), are asked in one `LLM.chat` call with a
-LoRARequest a prompt, and again in one call per adapter with that adapter's cases only, as
-"adapter_chat" and "adapter_chat_alone" (both in the cases' order). OUT.json: {"chat": [...],
+LoRARequest a prompt ("adapter_chat", in the cases' order), and the base model's cases again
+in one call of their own, with no adapter in the batch ("adapter_chat_base"). OUT.json: {"chat": [...],
 "generate": [...], ...}, one entry a case: its samples' text, token ids, finish reason and
 per-token logprobs (the chosen token's text and logprob, then the top ones).
 
@@ -171,12 +171,10 @@ def adapter_answers(vllm, llm, cases: dict) -> dict:
         return dict(zip(indices, map(described, outputs), strict=True))
 
     mixed = ask(list(range(len(chats))))
-    alone: dict[int, list[dict]] = {}
-    for name in {c["adapter"] for c in chats}:
-        alone.update(ask([i for i, c in enumerate(chats) if c["adapter"] == name]))
+    base = ask([i for i, c in enumerate(chats) if c["adapter"] is None])
     return {
         "adapter_chat": [mixed[i] for i in range(len(chats))],
-        "adapter_chat_alone": [alone[i] for i in range(len(chats))],
+        "adapter_chat_base": list(base.values()),
     }
 
 
