@@ -201,6 +201,9 @@ ENGINE_CONTRACT = {
     "lmpress.engines.prompt_count",
     "lmpress.engines.scoring",
     "lmpress.engines.remote.presets",
+    # The names a run answers to (its model's and its adapters'): what a row, a line and a
+    # request choose by, for every front (issue 54).
+    "lmpress.engines.adapters",
 }
 # Modules that reach further, and why.
 ENGINE_CONTRACT_EXCEPTIONS = {

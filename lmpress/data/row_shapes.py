@@ -103,11 +103,14 @@ class ParsedRow:
     pooling: PoolingInput | None = None  # what an embed, score or rerank row asks
     likelihood: LikelihoodInput | None = None  # what a loglikelihood or perplexity row asks
     prompt_ids: list[int] | None = None  # a /v1/completions prompt given as token ids
+    # The adapter the row generates with (None: the base model), as `batch.rows` chose it from
+    # the row's `adapter` column or its line's `model` (engines/adapters.py).
+    adapter: str | None = None
 
     def request(self, params: GenerationParams) -> Request:
         return Request(
             self.id, self.messages, params, prompt=self.prompt, tools=self.tools,
-            prompt_ids=self.prompt_ids,
+            prompt_ids=self.prompt_ids, adapter=self.adapter,
         )  # fmt: skip
 
     @property
