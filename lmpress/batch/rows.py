@@ -126,8 +126,9 @@ class RowParser:
         serves. An unknown name raises vLLM's 404 (RequestError)."""
         if self.config is None:
             return None
+        served = self.config.serve.served_model_name  # serve's /v1/batches answers to it too
         if row.shape is RowShape.OPENAI_BATCH:
-            chosen = adapter_for(self.config, row.model)
+            chosen = adapter_for(self.config, row.model, served)
         else:
             name = row.raw.get(ADAPTER_COLUMN)
             if name is not None and not isinstance(name, str):
@@ -135,7 +136,7 @@ class RowParser:
                     f"'{ADAPTER_COLUMN}' must be a string, the name of one of model.adapters "
                     f"(or null for the base model), got {json_type(name)}"
                 )
-            chosen = adapter_for(self.config, name, strict=True)
+            chosen = adapter_for(self.config, name, served, strict=True)
         if chosen is not None and (row.pooling or row.likelihood) is not None:
             raise RowError(
                 f"adapter '{chosen}': only generated replies run on an adapter, this "
