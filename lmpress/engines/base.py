@@ -104,6 +104,10 @@ class Engine(ABC):
     # after the config loads (`registry.check_engine`); None: it reads none, and the config's
     # model_kwargs are not checked.
     options: ClassVar[type[EngineOptions] | None] = None
+    # Whether rows may choose one of `model.adapters` (LoRA adapters over the base model) by
+    # `Request.adapter`. `check_adapters_taken` refuses a config that names adapters, before
+    # any work, on an engine that cannot.
+    takes_adapters: ClassVar[bool] = False
 
     @classmethod
     def model_task(cls, config: RunConfig) -> str:
@@ -122,6 +126,7 @@ class Engine(ABC):
         self.config = config
         check_task(self, config.task)
         check_params(self, config.generation)
+        check_adapters_taken(self, config)
         if config.model.generation_defaults == "use" and not self.uses_generation_defaults:
             raise UnsupportedParamError(
                 f"model.generation_defaults: engine {self.name} cannot read a checkpoint's "
@@ -225,6 +230,22 @@ class Engine(ABC):
             raise UnsupportedParamError(f"engine {self.name} cannot score prompts")
         return await loglikelihood(self, request)
 
+    @property
+    def adapter_names(self) -> frozenset[str]:
+        """The adapters a request may choose now (`check_adapter`): those the config names,
+        unless the engine loads and unloads them at run time and says otherwise."""
+        return frozenset(self.config.model.adapters)
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load the LoRA adapter at `path` under `name`, while the engine runs (serve's
+        /v1/load_lora_adapter); requests may choose it once this returns."""
+        raise UnsupportedParamError(f"engine {self.name} cannot load adapters at run time")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Drop the adapter `name` (serve's /v1/unload_lora_adapter); requests choosing it
+        afterwards fail with not_found."""
+        raise UnsupportedParamError(f"engine {self.name} cannot unload adapters at run time")
+
     def occupancy(self) -> Occupancy | None:
         """The requests running and waiting in the backend now; None where the engine cannot
         tell (a remote API queues on the provider's side). Called from the event loop while
@@ -323,6 +344,29 @@ def check_params(engine: Engine | type[Engine], params: GenerationParams) -> Non
             f"engine {engine.name} does not support {listed}; remove it from the recipe or "
             f"overrides, or pick an engine that does ('lmpress engines' lists them)"
         )
+
+
+def check_adapters_taken(engine: Engine | type[Engine], config: RunConfig) -> None:
+    """Refuse, before any work, `model.adapters` on an engine that cannot run them."""
+    if config.model.adapters and not engine.takes_adapters:
+        raise UnsupportedParamError(
+            f"model.adapters: engine {engine.name} cannot run LoRA adapters chosen per row; "
+            f"remove them, or use a local engine that can (NATIVE, VLLM, LLAMACPP)"
+        )
+
+
+def check_adapter(engine: Engine, request: Request) -> None:
+    """Fail a request whose adapter the engine does not hold (now: serve may have unloaded
+    it) alone, with vLLM's 404 for an unknown model."""
+    if request.adapter is None or request.adapter in engine.adapter_names:
+        return
+    held = sorted(engine.adapter_names)
+    raise RequestError(
+        f"The model '{request.adapter}' does not exist: engine {engine.name} holds "
+        + (f"the adapters {', '.join(repr(n) for n in held)}" if held else "no adapters"),
+        ErrorKind.NOT_FOUND,
+        status=404,
+    )
 
 
 def check_tools(engine: Engine | type[Engine], request: Request) -> None:

@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 
 from lmpress.configs.loading import suggest
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Engine, check_task
+from lmpress.engines.base import Engine, check_adapters_taken, check_task
 from lmpress.engines.options import Setting, check_model_kwargs
 from lmpress.engines.remote import presets
 from lmpress.vocabulary.embeddings import loads_for
@@ -135,7 +135,8 @@ def _engine_class(spec: EngineSpec) -> type[Engine]:
 def check_engine(config: RunConfig) -> None:
     """Refuse, right after the config loads and before any backend is imported, an engine name
     no engine answers to and `model.model_kwargs` that the engine's typed settings
-    (`Engine.options`) refuse: a typo, a wrong type. Every front calls it on the config it
+    (`Engine.options`) refuse: a typo, a wrong type; and `model.adapters` on an engine that
+    cannot run them (`Engine.takes_adapters`). Every front calls it on the config it
     loaded (the commands through `cli.options.load_run_config`, serve, `LLM`), and
     `create_engine` on the config it is given."""
     names = engine_names()
@@ -145,9 +146,11 @@ def check_engine(config: RunConfig) -> None:
             f"Run 'lmpress engines' to see them all."
         )
     try:
-        options = engine_class(config.engine).options
+        cls = engine_class(config.engine)
     except ImportError:  # a broken plugin: creating the engine says so
         return
+    check_adapters_taken(cls, config)
+    options = cls.options
     if options is not None:
         check_model_kwargs(options, config.model.model_kwargs)
 

@@ -14,7 +14,7 @@ from lmpress.engines.registry import (
     load_engine_class,
     missing_modules,
 )
-from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError
+from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError, UnsupportedParamError
 from tests.conftest import run_lmpress, with_plugin
 
 RESERVED = ["NATIVE", "VLLM", "LLAMACPP", "OPENAI", "ANTHROPIC", "REMOTE", "REMOTE_VLLM", "GEMINI",
@@ -84,3 +84,9 @@ def test_the_engines_settings_are_checked_once_the_config_loads(engine, key, val
 def test_unknown_engine_is_refused_with_a_suggestion():
     with pytest.raises(ConfigError, match=r"unknown engine 'NATIV'.*did you mean 'NATIVE'"):
         check_engine(load_config(engine="nativ"))
+
+
+def test_adapters_on_an_engine_that_cannot_run_them_are_refused_once_the_config_loads():
+    config = load_config(overrides=[("model.adapters.lora-a", "/adapters/a")], engine="OPENAI")
+    with pytest.raises(UnsupportedParamError, match=r"^model.adapters: engine OPENAI cannot"):
+        check_engine(config)

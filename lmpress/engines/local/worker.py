@@ -37,7 +37,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Engine, Occupancy, check_text, error_result, failure_info
+from lmpress.engines.base import (
+    Engine,
+    Occupancy,
+    check_adapter,
+    check_text,
+    error_result,
+    failure_info,
+)
 from lmpress.vocabulary.errors import ErrorKind, RequestError
 from lmpress.vocabulary.types import Delta, ErrorInfo, Request, Result, Sample, Usage
 
@@ -288,6 +295,7 @@ class WorkerEngine(Engine):
             raise RuntimeError(f"the {self.name} engine is closed")
         try:
             check_text(request)
+            check_adapter(self, request)
             submission = await self._prepared(request, started)
         except RequestError as exc:
             yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)

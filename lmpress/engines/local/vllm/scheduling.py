@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lmpress.engines.base import Engine, check_text, error_result
+from lmpress.engines.base import Engine, check_adapter, check_text, error_result
 from lmpress.engines.common.embeddings import cosine_scores
 from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
@@ -127,6 +127,7 @@ class VllmScheduler:
         started = time.perf_counter()
         try:
             check_text(request)
+            check_adapter(engine, request)
             plan = self.tool_plan(request)
             prompt, tokenization = self.render(request, plan)
             generation = request.params
