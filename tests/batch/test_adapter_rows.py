@@ -113,32 +113,29 @@ def test_rows_choose_adapters_fail_alone_on_unknown_names_and_cache_by_content(t
         "the base model), got a number",
     }
 
-    # Run again: every reply from the cache, as it was.
-    batch(tmp_path, "again.jsonl", adapters)
-    again, _ = outputs(tmp_path / "again.jsonl")
-    assert all(row.get("cached") or row["response"].get("cached") for row in again.values())
-    assert {rid: text(row) for rid, row in again.items()} == {
-        rid: text(row) for rid, row in done.items()
-    }
-
-    # A third adapter keeps every kept reply; lora-a's changed weights miss on its rows alone.
-    weights = adapters["lora-a"] / "adapter_model.safetensors"
+    # Run again with a third adapter, lora-c (lora-b's files under a new name), and lora-b's
+    # weights changed: the base and lora-a rows are answered as they were, lora-b's generated
+    # again, and lora-c's row finds lora-b's old reply, a row being keyed on its adapter's
+    # content.
+    third = {**adapters, "lora-c": Path(shutil.copytree(adapters["lora-b"], tmp_path / "c"))}
+    weights = adapters["lora-b"] / "adapter_model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1  # one bit of one weight
     weights.write_bytes(bytes(data))
-    third = {**adapters, "lora-c": adapters["lora-b"]}
-    batch(tmp_path, "third.jsonl", third)
-    later, failed = outputs(tmp_path / "third.jsonl")
-    hits = {rid for rid, row in later.items() if row.get("cached") or row["response"].get("cached")}
-    # lora-c holds lora-b's files under a new name: a row is keyed on its adapter's content.
-    assert hits == {"base", "named-base", "b", "typo"}
-    assert text(later["typo"]) == text(done["b"])
+    batch(tmp_path, "again.jsonl", third)
+    again, failed = outputs(tmp_path / "again.jsonl")
+    hits = {rid for rid, row in again.items() if row.get("cached") or row["response"].get("cached")}
+    assert hits == {"base", "named-base", "a", "line-a", "typo"}
+    assert {rid: text(again[rid]) for rid in hits - {"typo"}} == {
+        rid: text(done[rid]) for rid in hits - {"typo"}
+    }
+    assert text(again["typo"]) == text(done["b"])
     assert set(failed) == {"bad", "line-x"}
 
-    # The first output was made with lora-a's old weights: resuming it is refused, in a line.
+    # The first output was made with lora-b's old weights: resuming it is refused, in a line.
     resumed = batch(tmp_path, "first.jsonl", adapters)
     assert resumed.returncode != 0
-    assert "model.adapters.lora-a was" in resumed.stderr
+    assert "model.adapters.lora-b was" in resumed.stderr
     assert len(resumed.stderr.strip().splitlines()) == 1, resumed.stderr
 
 
