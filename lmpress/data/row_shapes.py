@@ -13,7 +13,9 @@ file holding the rows is stored. Input row shapes (`RowShape`), detected row by 
 - likelihood: the rows of a loglikelihood or perplexity run, read and written by
   `data.likelihood_rows`.
   An OpenAI Batch line is read for the task its url asks, whatever the run's task.
-Any row may carry its own `generation` overrides, a mapping of generation fields. A chat or
+Any row may carry its own `generation` overrides, a mapping of generation fields, and a
+generating row an `adapter`, one of `model.adapters` (chosen in `batch.rows`, which knows the
+run's names, as an OpenAI Batch line's `model` is). A chat or
 Oumi row may offer `tools` (OpenAI function tools, Oumi's `Conversation.tools`) and a
 `tool_choice`, which overrides `generation.tool_choice` for that row.
 
