@@ -407,6 +407,41 @@ def _messages(item: str | Sequence[Any]) -> list[Message]:
     return [Message("user", item)] if isinstance(item, str) else parse_messages(list(item))
 
 
+@dataclasses.dataclass
+class Compared:
+    """`compare`'s answer: each model's replies, in prompt order, and the --compare report."""
+
+    replies: dict[str, list[Result]]
+    report: str  # markdown: agreement, length and refusal rates per model
+
+
+def compare(prompts: str | Iterable[str], models: Sequence[str], **settings: Any) -> Compared:
+    """Every prompt through every model, one model loaded at a time, and the report that
+    `lmpress batch --models ... --compare` writes.
+
+    Args:
+        prompts: one prompt or many.
+        models: recipes or model names, as `LLM` takes them.
+        **settings: config fields for every model, as `LLM` takes them (`max_new_tokens=32`).
+    """
+    from lmpress.batch.compare import compare as comparison
+
+    items = [prompts] if isinstance(prompts, str) else list(prompts)
+    if len(set(models)) != len(models):
+        raise ConfigError("compare(): name each model once")
+    replies: dict[str, list[Result]] = {}
+    for model in models:
+        with LLM(model, **settings) as llm:
+            replies[model] = llm.generate(items)
+    rows = (
+        (model, str(i), {"response": {"text": r.text, "finish_reason": r.finish_reason}})
+        for model, results in replies.items()
+        for i, r in enumerate(results)
+        if r.error is None
+    )
+    return Compared(replies, comparison(list(models), rows).markdown())
+
+
 def _pairs(
     context: str | Sequence[tuple[str, str]], continuations: str | Sequence[str] | None
 ) -> list[tuple[str, str]]:

@@ -121,14 +121,14 @@ class RowParser:
         return rid, (row, request)
 
     def _adapter(self, row: ParsedRow) -> str | None:
-        """The adapter a row chose: its line's `model` (in a run of one model any name is that
-        model's, as it always was), or its `adapter` column, which must name one this run
-        serves. An unknown name raises vLLM's 404 (RequestError)."""
+        """The adapter a row chose: its line's `model` where that names one (any other name is
+        routed by the job, `batch.line_models`), or its `adapter` column, which must name one
+        this run serves: an unknown name raises vLLM's 404 (RequestError)."""
         if self.config is None:
             return None
-        served = self.config.serve.served_model_name  # serve's /v1/batches answers to it too
-        if row.shape is RowShape.OPENAI_BATCH:
-            chosen = adapter_for(self.config, row.model, served)
+        if row.shape is RowShape.OPENAI_BATCH:  # another name is the job's to route or refuse
+            adapters = self.config.model.adapters  # (batch.line_models: --models, the 404)
+            chosen = row.model if row.model in adapters else None
         else:
             name = row.raw.get(ADAPTER_COLUMN)
             if name is not None and not isinstance(name, str):
@@ -136,6 +136,7 @@ class RowParser:
                     f"'{ADAPTER_COLUMN}' must be a string, the name of one of model.adapters "
                     f"(or null for the base model), got {json_type(name)}"
                 )
+            served = self.config.serve.served_model_name  # serve's /v1/batches answers to it
             chosen = adapter_for(self.config, name, served, strict=True)
         if chosen is not None and (row.pooling or row.likelihood) is not None:
             raise RowError(
