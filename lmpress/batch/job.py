@@ -207,7 +207,10 @@ class BatchJob:
         return None if self.target.stream else self.files.errors
 
     def _fingerprint(self) -> dict[str, Any]:
-        return fingerprint(self.config, self.options.output_settings())
+        from lmpress.cache.keys import adapter_identities  # by content, as the cache keys them
+
+        adapters = adapter_identities(self.config)
+        return fingerprint(self.config, self.options.output_settings(), adapters)
 
     def _read_earlier_run(self) -> EarlierRun:
         if self.target.stream:  # nothing to resume from, nothing to start over

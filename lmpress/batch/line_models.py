@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.adapters import adapter_for, base_names
+from lmpress.engines.adapters import adapter_for, base_names, serves_several
 from lmpress.vocabulary.errors import RequestError
 
 
@@ -45,7 +45,7 @@ class LineModels:
         several = self.label is not None
         if several and name in self.others:
             return Route.ELSEWHERE, ""
-        if not (self.strict or several):
+        if not (self.strict or several or serves_several(self.config)):  # adapters: must name
             return Route.RUN_OTHER, ""
         if several and not self.first:
             return Route.ELSEWHERE, ""
@@ -55,8 +55,9 @@ class LineModels:
         """Whether `name` is one of this model's (its label, a name of its base, an adapter)."""
         if name == self.label:
             return True
+        served = self.config.serve.served_model_name  # serve's /v1/batches: its name too
         try:
-            adapter_for(self.config, name, strict=True)
+            adapter_for(self.config, name, served, strict=True)
         except RequestError:
             return False
         return True
