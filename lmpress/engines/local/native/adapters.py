@@ -1,13 +1,14 @@
 """NATIVE's LoRA adapters (`model.adapters`), chosen row by row inside one batch.
 
-PEFT injects every adapter into the model's own layers (one LoRA layer wrapping each target
-linear, holding each adapter's A and B), and a LoRA layer given `adapter_names`, one name per
-row of its input, adds each row's own adapter: PEFT's mixed-adapter batch, its name
-"__base__" for a row of the base model. The scheduler's calls keep the engine's layout: a
-decoding step is [rows, 1 token] and a prefill one prompt, so a step's rows map one to one on
-the names. `RowAdapters.rows` sets the names for one forward call and a pre-hook on every LoRA
-layer hands them over; outside it no adapter is active, so a forward that names none runs the
-base model.
+PEFT loads every adapter into the model's own layers (one LoRA layer wrapping each target
+linear, holding each adapter's A and B); lmpress leaves none of them active, so PEFT's own path
+returns the base layer's output, and adds each row's own adapter itself: `StackedLora` keeps a
+layer's adapters side by side and a forward hook adds their product, masked row by row. The
+scheduler's calls keep the engine's layout: a decoding step is [rows, 1 token] and a prefill
+one prompt, so a step's rows map one to one on the adapters `RowAdapters.rows` names for that
+call. PEFT's own mixed-adapter batches (`adapter_names`) give the same tokens, but picking each
+adapter's rows out and back in every layer made a mixed job slower than three jobs of one
+adapter each on a CPU (benchmarks/multi_adapter.py: 1.2x against 1.5x).
 
 What cannot combine is refused before any weight loads (`check_settings`): a ragged step
 (speculative decoding packs its rows into one sequence, so one row of the batch is no longer
@@ -15,7 +16,7 @@ one row of the input), `model.compile` (its graph would bake in one set of hooks
 task, and `model.adapter_model` (an adapter merged over the base: name it under
 `model.adapters` instead).
 
-Adapters load and unload while the engine runs (`add`, `remove`), on a thread of their own
+Adapters load and unload while the engine runs (`load`, `unload`), on a thread of their own
 under the scheduler's step lock, so the model's layers never change inside a batch step.
 """
 
@@ -33,8 +34,6 @@ from lmpress.configs.schema import RunConfig, speculative_method
 from lmpress.engines.local.native.batch_cache import PrefixStore
 from lmpress.vocabulary.errors import ErrorKind, ModelLoadError, UnsupportedParamError, first_line
 from lmpress.vocabulary.types import ErrorInfo, Request
-
-BASE = "__base__"  # PEFT's name for a row of the base model in a mixed batch
 
 
 def check_settings(config: RunConfig) -> None:
@@ -158,25 +157,36 @@ class RowAdapters:
         return ErrorInfo(ErrorKind.NOT_FOUND, line, 404)
 
     def _settle(self) -> None:
-        """After a load or unload: no adapter active by default, and every LoRA layer (an
-        adapter may target layers the others do not) hooked to take the names."""
+        """After a load or unload: no adapter active in PEFT's own path (a LoRA layer then
+        returns its base layer's output), each LoRA layer's adapters stacked anew, and every
+        LoRA layer hooked to add its rows' products (an adapter may target layers the others
+        do not)."""
         from peft.tuners.lora import LoraLayer
 
         for module in self.model.modules():
             if not isinstance(module, LoraLayer):
                 continue
             module.set_adapter([], inference_mode=True)
+            module.lmpress_stack = StackedLora.of(module)
             if id(module) not in self._hooked:
-                module.register_forward_pre_hook(self._hand_names, with_kwargs=True)
+                module.register_forward_hook(self._add_rows)
                 self._hooked.add(id(module))
+        self._masks = {}
 
-    def _hand_names(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def _add_rows(self, module: Any, args: tuple, output: Any) -> Any:
         names = self._names
-        if names is not None:
-            rows = len(args[0]) if args else len(kwargs["x"])
+        stack = module.lmpress_stack
+        if names is None or stack is None:
+            return output
+        x = args[0]
+        key = (stack.layout, len(x))
+        mask = self._masks.get(key)
+        if mask is None:
             # A prompt's images pass through the vision tower image by image.
-            kwargs["adapter_names"] = names if len(names) == rows else [names[0]] * rows
-        return args, kwargs
+            rows = names if len(names) == len(x) else [names[0]] * len(x)
+            mask = self._masks[key] = stack.mask(rows, x.dim())
+        delta = ((x.to(stack.a.dtype) @ stack.a.T) * mask) @ stack.b.T
+        return output + delta.to(output.dtype)
 
     @contextlib.contextmanager
     def rows(self, adapters: list[str | None]) -> Iterator[None]:
@@ -184,8 +194,55 @@ class RowAdapters:
         if self.peft is None or all(a is None for a in adapters):
             yield
             return
-        self._names = [a or BASE for a in adapters]
+        self._names, self._masks = list(adapters), {}
         try:
             yield
         finally:
             self._names = None
+
+
+class StackedLora:
+    """One LoRA layer's adapters side by side: their A matrices stacked into one, their B
+    matrices joined, so that a batch's rows, each with its own adapter or none, take one
+    product: x @ A.T, times a mask that keeps each row's own adapter's part (scaled by its
+    scaling, zero elsewhere), @ B.T. Two small matmuls a layer whatever the adapters in the
+    batch, where picking each adapter's rows out and back (PEFT's mixed batch) costs a
+    gather and a scatter per adapter."""
+
+    def __init__(self, a: Any, b: Any, spans: dict[str, tuple[int, int, float]]):
+        self.a, self.b, self.spans = a, b, spans  # spans: name -> (first, end, scaling)
+        self.layout = tuple(sorted(spans.items()))
+
+    @classmethod
+    def of(cls, module: Any) -> StackedLora | None:
+        import torch
+
+        names = [n for n in module.lora_A if n in module.scaling]
+        if getattr(module, "lora_embedding_A", None) and any(module.lora_embedding_A):
+            raise ModelLoadError("a LoRA adapter on embeddings is not supported by NATIVE")
+        for name in names:
+            if name in getattr(module, "lora_variant", {}) or module.lora_B[name].bias is not None:
+                raise ModelLoadError(
+                    f"adapter '{name}': NATIVE runs plain LoRA adapters (no DoRA, no bias)"
+                )
+        if not names:
+            return None
+        spans, first = {}, 0
+        for name in names:
+            rank = module.lora_A[name].weight.shape[0]
+            spans[name] = (first, first + rank, float(module.scaling[name]))
+            first += rank
+        a = torch.cat([module.lora_A[n].weight for n in names]).detach()
+        b = torch.cat([module.lora_B[n].weight for n in names], dim=1).detach()
+        return cls(a, b, spans)
+
+    def mask(self, rows: list[str | None], dims: int) -> Any:
+        """[rows, 1.., stacked rank]: each row's adapter's scaling over its own span."""
+        import torch
+
+        mask = torch.zeros(len(rows), self.a.shape[0], dtype=self.a.dtype)
+        for i, name in enumerate(rows):
+            span = self.spans.get(name) if name else None
+            if span is not None:
+                mask[i, span[0] : span[1]] = span[2]
+        return mask.view(len(rows), *[1] * (dims - 2), -1).to(self.a.device)
