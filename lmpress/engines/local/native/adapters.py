@@ -6,9 +6,9 @@ returns the base layer's output, and adds each row's own adapter itself: `Stacke
 layer's adapters side by side and a forward hook adds their product, masked row by row. The
 scheduler's calls keep the engine's layout: a decoding step is [rows, 1 token] and a prefill
 one prompt, so a step's rows map one to one on the adapters `RowAdapters.rows` names for that
-call. PEFT's own mixed-adapter batches (`adapter_names`) give the same tokens, but picking each
-adapter's rows out and back in every layer made a mixed job slower than three jobs of one
-adapter each on a CPU (benchmarks/multi_adapter.py: 1.2x against 1.5x).
+call. PEFT's own mixed-adapter batches (`adapter_names`) give the same tokens, but pick each
+adapter's rows out and put them back in every layer, a gather and a scatter per adapter where
+this takes two small matmuls a layer whatever the adapters in the batch.
 
 What cannot combine is refused before any weight loads (`check_settings`): a ragged step
 (speculative decoding packs its rows into one sequence, so one row of the batch is no longer
