@@ -21,6 +21,7 @@ prefix and computes only the rest.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,14 @@ class PromptCache:
 
     ids: list[int]
     layers: list[tuple[Any, Any]]
+
+
+def cache_argument(model: Any) -> str:
+    """The name the model's forward takes and returns its KV cache by: `cache` from
+    transformers 5.24 on, where `past_key_values` is deprecated (and goes in 5.40);
+    `past_key_values` before it."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def layer_tensors(cache: Any) -> list[tuple[Any, Any]]:

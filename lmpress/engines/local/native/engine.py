@@ -48,6 +48,7 @@ from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.native import prompt_count
+from lmpress.engines.local.native.adapters import RowAdapters, check_settings
 from lmpress.engines.local.native.batch_cache import give_freed_caches_back
 from lmpress.engines.local.native.embedding import PoolingScheduler, PoolingSubmission
 from lmpress.engines.local.native.encoders import Encoder, EncoderRow, made_for
@@ -106,6 +107,8 @@ class NativeEngine(WorkerEngine):
     takes_hub_ids = True
     tasks = frozenset({"generate", "embed", "score", "rerank", *LIKELIHOOD_TASKS})
     options = NativeOptions
+    # Every row its own adapter, in one batch (adapters.py).
+    takes_adapters = True
 
     @classmethod
     def model_task(cls, config: RunConfig) -> str:
@@ -134,6 +137,7 @@ class NativeEngine(WorkerEngine):
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
+        check_settings(config)
         import torch
         from transformers.utils import logging as hf_logging
 
@@ -157,6 +161,10 @@ class NativeEngine(WorkerEngine):
             give_freed_caches_back()
         model_config = load_model_config(config.model)
         self.model = load_model(config.model, self.device, self.dtype, model_config)
+        self.adapters = RowAdapters(self.model)
+        for name, path in config.model.adapters.items():
+            self.adapters.add(name, path, f"model.adapters.{name}")
+        self._adapter_names = set(config.model.adapters)  # what a request may choose now
         # After the weights: a packaged GGUF's tokenizer then comes from the dequantized copy
         # load_model made on first use, not from parsing the GGUF file's vocabulary again
         # (~7 s of SmolLM2's first run here).
@@ -208,7 +216,7 @@ class NativeEngine(WorkerEngine):
             checkpoint_processors=self.checkpoint_processors,
             speculation=speculation, draft_model=self.draft_model,
             decode=compiled_decode(self.model) if config.model.compile else None,
-            token_text=self._tokenizer.piece,
+            token_text=self._tokenizer.piece, adapters=self.adapters,
         )  # fmt: skip
         if config.model.compile:
             scheduler.warm()
@@ -219,6 +227,30 @@ class NativeEngine(WorkerEngine):
         if isinstance(self.scheduler, NativeScheduler):
             held = dataclasses.replace(held, kv_cache_usage=self.scheduler.kv_cache_usage())
         return held
+
+    @property
+    def adapter_names(self) -> frozenset[str]:
+        return frozenset(getattr(self, "_adapter_names", ()))
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load an adapter between two batch steps; a name already held is refused."""
+        model = dataclasses.replace(self.config.model, adapters={name: path})
+        check_settings(dataclasses.replace(self.config, model=model))
+        if name in self.adapter_names:
+            raise RequestError(f"adapter '{name}' is already loaded; unload it first",
+                               ErrorKind.INVALID_REQUEST, status=400)  # fmt: skip
+        await self.adapters.load(name, path)
+        self._adapter_names.add(name)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop taking requests for the adapter at once, wait for those in flight to end,
+        then drop it between two batch steps."""
+        if name not in self.adapter_names:
+            raise RequestError(f"adapter '{name}' is not loaded", ErrorKind.NOT_FOUND, status=404)
+        self._adapter_names.discard(name)
+        while any(s.request.adapter == name for s in self._live):
+            await asyncio.sleep(0.05)
+        await self.adapters.unload(name)
 
     def tokenizer(self) -> HfTokenizer:
         if self.encoder is not None:

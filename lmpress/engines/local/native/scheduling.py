@@ -10,7 +10,7 @@ token by its own settings. A row that ends leaves the batch at once and its requ
 when its last sample ends; between steps, waiting requests join while there are free rows
 (`generation.batch_size`, a request with n samples counting n) and room in the KV cache's memory
 budget. A joining prompt is prefilled on its own, starting from the longest prefix it shares
-with a recent prompt.
+with a recent prompt. Each row runs with its own LoRA adapter, or none (adapters.py).
 
 A prompt scored for its own tokens' logprobs (`prompt_logprobs`) keeps its prefill's logits
 from its first scored position on (prompt_logprobs.py); its prefix may come from a recent
@@ -25,15 +25,16 @@ this (benchmarks/README.md); it has no per-row grammar, stop strings, seeds or p
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 from lmpress.engines.base import Engine
+from lmpress.engines.local.native.adapters import RowAdapters
 from lmpress.engines.local.native.batch_cache import (
     BatchCache,
     PrefixStore,
     PromptCache,
+    cache_argument,
     dynamic_cache,
     layer_tensors,
 )
@@ -67,14 +68,6 @@ def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> 
     return limit
 
 
-def cache_argument(model: Any) -> str:
-    """The name the model's forward takes and returns its KV cache by: `cache` from
-    transformers 5.24 on, where `past_key_values` is deprecated (and goes in 5.40);
-    `past_key_values` before it."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 class NativeScheduler(Scheduler):
     """NATIVE's worker loop over one loaded model (see the module docstring)."""
 
@@ -96,6 +89,7 @@ class NativeScheduler(Scheduler):
         decode: Any = None,
         draft_model: Any = None,
         token_text: Callable[[int], str] | None = None,
+        adapters: RowAdapters | None = None,
     ):
         super().__init__(queue, engine)
         self.model = model
@@ -119,6 +113,7 @@ class NativeScheduler(Scheduler):
         self.token_text = token_text or (lambda id: tokenizer.decode([id]))
         self._chunk = chunk_size(model.config.get_text_config().vocab_size)
         self._scores: dict[Submission, PromptScores] = {}  # scored prompts not yet answered
+        self.adapters = adapters or RowAdapters(model)  # a row's LoRA adapter (adapters.py)
 
     def kv_cache_usage(self) -> float | None:
         """The fraction of the KV cache's budget (`model_kwargs.kv_cache_gb`) the rows take
@@ -148,8 +143,8 @@ class NativeScheduler(Scheduler):
                     queue.wakeup.wait()
                 if queue.closed:
                     return
-            try:
-                with torch.inference_mode():
+            try:  # adapters load and unload between steps, under the same lock
+                with self.adapters.lock, torch.inference_mode():
                     self._admit()
                     if self._active:
                         self._step()
@@ -171,7 +166,7 @@ class NativeScheduler(Scheduler):
             replies = request.params.max_new_tokens > 0
             try:
                 prompt, logits, scores = self._prefill(
-                    submission.prompt_ids, submission.media, plan
+                    submission.prompt_ids, submission.media, plan, request.adapter
                 )
                 draft = drafter.prefill(submission.prompt_ids) if drafter and replies else None
             except Exception as exc:  # this prompt, not the batch, is at fault
@@ -208,7 +203,8 @@ class NativeScheduler(Scheduler):
         for submission in taken:
             request, rows = submission.request, self._rows(submission)
             plan = prefill_plan(len(submission.prompt_ids), request.params, request.score_from)
-            prompt = scored_prompt(submission, plan, self._chunk) if rows else None
+            alone = request.adapter is not None  # a packed pass runs no adapter of its own
+            prompt = scored_prompt(submission, plan, self._chunk) if rows and not alone else None
             if prompt is not None:
                 together.append((submission, rows, prompt))
             elif rows:
@@ -270,28 +266,34 @@ class NativeScheduler(Scheduler):
         )
 
     def _prefill(
-        self, ids: list[int], media: dict[str, Any] | None = None, plan: PrefillPlan | None = None
+        self,
+        ids: list[int],
+        media: dict[str, Any] | None = None,
+        plan: PrefillPlan | None = None,
+        adapter: str | None = None,
     ) -> tuple[PromptCache | None, Any, PromptScores | None]:
         """The prompt's cache, the logits after its last token and, for a scored prompt, its
         tokens' logprobs: computed as `plan` says (the whole prompt, for its last logits, by
         default), from the longest prefix it shares with a recent prompt, in chunks where many
         positions' logits are kept. A prompt with images (`media`: the processor's pixel
         inputs) neither reuses nor leaves a prefix (its cache depends on pixels that its ids do
-        not show), and is fed in one pass, its pixels with it."""
+        not show), and is fed in one pass, its pixels with it. A prompt with an adapter runs
+        with it, and shares prefixes only with prompts of the same adapter."""
         plan = plan or PrefillPlan(len(ids), len(ids) - 1)
         scores = PromptScores(ids, plan) if plan.scores else None
         if not plan.fed:  # nothing to generate, nothing to score
             return None, None, scores
         fed = ids[: plan.fed]
-        store = self._prefixes if media is None else None
+        store = self.adapters.prefixes(self._prefixes, adapter) if media is None else None
         stored, shared = store.longest(fed, plan.start) if store else (None, 0)
         prefix = [(k[:, :, :shared], v[:, :, :shared]) for k, v in stored.layers] if stored else []
         cache = dynamic_cache(prefix)
         size = self._chunk if media is None else plan.fed
         for first, end, keep in plan.chunks(shared, size):
-            logits = self._prefill_pass(
-                fed, first, end, keep, cache, media if first == shared else None
-            )
+            with self.adapters.rows([adapter]):
+                logits = self._prefill_pass(
+                    fed, first, end, keep, cache, media if first == shared else None
+                )
             if scores is not None:
                 scores.add(logits[0], max(first, plan.start))
         prompt = PromptCache(fed, layer_tensors(cache))
@@ -332,7 +334,8 @@ class NativeScheduler(Scheduler):
         verifies; the rows that end leave it."""
         rows = self._active
         drafts = self._drafts(rows)
-        logits = self._forward([[row.last, *d] for row, d in zip(rows, drafts, strict=True)])
+        with self.adapters.rows([row.submission.request.adapter for row in rows]):
+            logits = self._forward([[row.last, *d] for row, d in zip(rows, drafts, strict=True)])
         if logits.shape[1] == 1:
             self._pick(rows, logits[:, -1])
             emitted = [[row.last] for row in rows]
@@ -452,6 +455,10 @@ class NativeScheduler(Scheduler):
     def _rows(self, submission: Submission) -> list[BatchRow]:
         """A request's rows, one per sample; none when its settings fail (it is answered)."""
         params = submission.request.params
+        gone = self.adapters.missing(submission.request)  # unloaded since it was checked
+        if gone is not None:
+            self.fail([submission], gone)
+            return []
         try:
             rows = [BatchRow(submission, i, row_generator(params.seed, i)) for i in range(params.n)]
             for row in rows:
