@@ -42,7 +42,12 @@ class Server(pooling.Server, Protocol):
     """What these routes use of `serve.app.Server`."""
 
     def engine_request(
-        self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
+        self,
+        http: HttpRequest,
+        id: str,
+        messages: list[Message],
+        sampling: Sampling,
+        adapter: str | None = None,
     ) -> tuple[Request, RequestLog]: ...
 
     async def take_images(self, request: Request, param: str = "messages") -> None: ...
@@ -126,9 +131,9 @@ class MessagesRoutes:
     ) -> tuple[Request, RequestLog]:
         server = self.server
         messages = wire.request_messages(body)
-        server.check_model(body.model)
+        adapter = server.check_model(body.model)
         sampling = wire.request_sampling(body, thinks(server.engine))
-        return server.engine_request(http, id, messages, sampling)
+        return server.engine_request(http, id, messages, sampling, adapter)
 
     async def _prompt_counter(self) -> PromptCounter:
         """The engine's prompt counter, loaded (a tokenizer, never weights) on first use."""
