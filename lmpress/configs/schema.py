@@ -167,8 +167,9 @@ class ServeParams:
     # Checked from the image's header, before it is decoded: 4096 x 4096, a 16 MP photo.
     max_image_pixels: int = 4096 * 4096
     max_images_per_request: int = 8
-    # Several models behind one server (serve/router.py): each loads on first use; past
-    # max_loaded_models (None: no limit) the least recently used idle one is unloaded.
+    # Several models behind one server (serve/router.py), each {name, recipe, overrides}
+    # (docs/many-models.md): each loads on first use; past max_loaded_models (None: no limit)
+    # the least recently used idle one is unloaded.
     models: list[ServedModel] = field(default_factory=list)
     max_loaded_models: int | None = None
     # /v1/load_lora_adapter and /v1/unload_lora_adapter read a path a client names from the

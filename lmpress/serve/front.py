@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from starlette.responses import Response as StarletteResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from lmpress.configs.schema import ServeParams
 from lmpress.engines.base import Engine
@@ -48,7 +48,6 @@ def create_front_app(
         lambda: [(e.name, e.server.engine, e.server.slots) for e in router.loaded()],  # type: ignore[union-attr]
         several=True,
     )
-    apps: dict[str, ASGIApp] = {}
 
     def open_server(entry: ModelEntry, engine: Engine) -> Server:
         own = dataclasses.replace(settings, served_model_name=entry.name)
@@ -56,7 +55,7 @@ def create_front_app(
         inner = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
         add_model_routes(inner, server)
         errors.install(inner)
-        apps[entry.name] = inner
+        entry.app = inner
         return server
 
     router = ModelRouter(entries, settings, open_server)
@@ -85,7 +84,7 @@ def create_front_app(
     async def forward(request: HttpRequest) -> Forwarded:
         body = await read_body(request, settings.max_body_bytes)
         entry = router.find(_named_model(body, router))
-        return Forwarded(router, entry, body, apps)
+        return Forwarded(router, entry, body)
 
     errors.install(app)
     app.add_middleware(RequireKey, api_key=api_key)
@@ -115,13 +114,10 @@ class Forwarded(StarletteResponse):
     """A request handed to its model's app: the model loaded first if it is not (waiting as
     long as the client does), held until the answer's last byte is sent."""
 
-    def __init__(
-        self, router: ModelRouter, entry: ModelEntry, body: bytes, apps: dict[str, ASGIApp]
-    ):
+    def __init__(self, router: ModelRouter, entry: ModelEntry, body: bytes):
         self.router = router
         self.entry = entry
         self.body = body
-        self.apps = apps
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -131,7 +127,7 @@ class Forwarded(StarletteResponse):
             loaded = await self._loaded(scope, receive)
             if loaded:
                 request_log(scope).model = entry.name
-                await self.apps[entry.name](scope, self._replay(receive), send)
+                await entry.app(scope, self._replay(receive), send)
         except ApiError as exc:
             if scope["path"].startswith(MESSAGES_PATH):
                 exc = anthropic_error(exc)

@@ -81,8 +81,12 @@ def register(app: FastAPI, router: ModelRouter) -> None:
             )
         if not Path(body.lora_path).expanduser().exists():
             raise ApiError(400, f"lora_path '{body.lora_path}' does not exist", param="lora_path")
-        if entry.server is not None:
-            await _engine_call(entry.server.engine.load_adapter(body.lora_name, body.lora_path))
+        router.take(entry)  # loaded first if it is not, so the engine checks the adapter now
+        try:
+            server = await router.hold(entry)
+            await _engine_call(server.engine.load_adapter(body.lora_name, body.lora_path))
+        finally:
+            router.release(entry)
         entry.adapters[body.lora_name] = body.lora_path  # and on every later load of the model
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
@@ -136,5 +140,5 @@ async def _engine_call(call: Any) -> None:
     adapter of this model) is the client's 400."""
     try:
         await call
-    except LmpressError as exc:
+    except (LmpressError, ValueError, OSError) as exc:  # OSError, ValueError: PEFT's reading
         raise ApiError(400, str(exc), param="lora_path") from exc

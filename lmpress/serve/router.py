@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from lmpress.cache.answers import CachedAnswers
 from lmpress.configs.schema import RunConfig, ServeParams
@@ -51,6 +51,7 @@ class ModelEntry:
     name: str
     config: RunConfig
     server: Server | None = None
+    app: Any = None  # the ASGI app of the server's routes, where the front keeps one
     # The model's LoRA adapters, name -> path: the config's and those loaded at run time, so
     # that a model unloaded and loaded again holds the same ones.
     adapters: dict[str, str] = field(default_factory=dict)
@@ -216,7 +217,7 @@ class ModelRouter:
 
     async def unload(self, entry: ModelEntry) -> None:
         """Close `entry`'s engine and give its memory back to the system."""
-        server, entry.server = entry.server, None
+        server, entry.server, entry.app = entry.server, None, None
         if server is None:
             return
         server.answers.close()
