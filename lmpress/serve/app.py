@@ -93,6 +93,12 @@ class Server:
         self.images = ClientImages(settings)
         self.tokens = tokens.EngineTokenizer(engine)
 
+    def drop_engine(self) -> None:
+        """Let go of the engine, once closed, and of all that holds it: FastAPI keeps each
+        route's endpoint (this server's methods) in a process-wide cache, so the server of an
+        unloaded model outlives its unloading, and must not keep the model's memory."""
+        del self.engine, self.answers, self.tokens
+
     # --- checks shared by the generation routes ----------------------------------------------
 
     async def read_body(self, request: HttpRequest) -> bytes:

@@ -43,6 +43,8 @@ class Server(Protocol):
     model_name: str
     answers: CachedAnswers
 
+    def drop_engine(self) -> None: ...
+
 
 @dataclass
 class ModelEntry:
@@ -222,6 +224,7 @@ class ModelRouter:
             return
         server.answers.close()
         await server.engine.aclose()
+        server.drop_engine()
         del server
         gc.collect()
         _trim_heap()
