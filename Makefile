@@ -69,8 +69,7 @@ demo: install
 # the same reason the main suite's processes run torch and OpenMP on one thread each
 # (TEST_THREADS): with two workers, their subprocesses and the vLLM suite sharing 2 cores, a
 # second thread per process adds synchronisation, not throughput (SmolLM2 and tiny-model files:
-# 3-6% less CPU, the same results). Files go to the workers longest first (tests/file_order.py),
-# not by xdist's default of most tests first, which left the longest files for the end.
+# 3-6% less CPU, the same results).
 TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
 PYTEST_ARGS  ?=
@@ -85,8 +84,8 @@ test:
 	$(MAKE) --no-print-directory install || exit $$?; \
 	echo "mkdocs build --strict (the docs site, into site/)"; \
 	$(MKDOCS) build --strict --quiet --site-dir site || exit $$?; \
-	echo "pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) (the real-vLLM suite runs beside it)"; \
-	main=0; OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || main=$$?; \
+	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the real-vLLM suite runs beside it)"; \
+	main=0; OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || main=$$?; \
 	vllm_rc=0; wait $$vllm || vllm_rc=$$?; \
 	echo "--- the vLLM environment's install and the real-vLLM suite ($(VLLM_TESTS)), run beside the main one ---"; \
 	cat $$vllm_log; \

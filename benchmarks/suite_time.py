@@ -8,13 +8,6 @@ the wall time, the time by test file, by fixture (model loads, server starts, a 
 every fixture's setup, with its scope), by kind of wait (`lmpress` and other subprocesses,
 `time.sleep` on the test's own thread, polling), and the 40 slowest tests.
 
-    .venv/bin/python benchmarks/suite_time.py --times tests/file_times.json --from suite-time.json
-
-writes each test file's time (its tests' setup, call and teardown, summed) from a run's
-records: the suite starts the longest files first (tests/conftest.py), so refresh it when
-files grow or shrink by much. Runs under load give the same proportions, which is all the
-order needs.
-
 The same file is the plugin (`-p suite_time`, with benchmarks/ on the path): each process of
 the run, xdist's workers too, appends its records to the file named by SUITE_TIME_RECORDS.
 The wrappers around subprocess and time.sleep only add up time; they change no behaviour.
@@ -246,12 +239,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="suite-time", help="writes OUT.json and OUT.md")
     parser.add_argument("--python", default=sys.executable, help="the Python whose pytest runs")
-    parser.add_argument("--times", help="write each test file's time here, and stop")
-    parser.add_argument("--from", dest="records", help="with --times: a run's OUT.json")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments")
     args = parser.parse_args()
-    if args.times:
-        return write_file_times(Path(args.records or "suite-time.json"), Path(args.times))
 
     out = Path(args.out)
     records_path = out.with_suffix(".json")
@@ -278,19 +267,6 @@ def main() -> int:
         f"suite_time: {len(records)} tests, {_minutes(wall)} wall, {_minutes(cpu)} CPU; wrote {out.with_suffix('.md')}"
     )
     return rc
-
-
-def write_file_times(records_path: Path, out: Path) -> int:
-    """Each test file's time in a run, longest first, as tests/conftest.py reads it."""
-    times: dict[str, float] = defaultdict(float)
-    for line in records_path.read_text().splitlines():
-        if line:
-            record = json.loads(line)
-            times[record["file"]] += record["setup"] + record["call"] + record["teardown"]
-    ordered = dict(sorted(((f, round(t, 1)) for f, t in times.items()), key=lambda i: -i[1]))
-    out.write_text(json.dumps(ordered, indent=0) + "\n")
-    print(f"suite_time: {len(ordered)} files' times from {records_path} into {out}")
-    return 0
 
 
 if __name__ == "__main__":

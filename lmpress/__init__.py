@@ -1,9 +1,9 @@
 """lmpress: run language models over data, on any engine.
 
 Importing this package imports no backend library; engines load theirs on first use.
-`from lmpress import LLM` is the Python front (lmpress/llm.py); `Pipeline` and its step
-builders (`generate`, `judge`, `filter`, `map`, `dedupe`) build pipelines in Python
-(lmpress/pipeline/python.py).
+`from lmpress import LLM` is the Python front (lmpress/llm.py), with `compare` (prompts
+through several models); `Pipeline` and its step builders (`generate`, `judge`, `filter`,
+`map`, `dedupe`) build pipelines in Python (lmpress/pipeline/python.py).
 """
 
 from typing import TYPE_CHECKING
@@ -12,21 +12,21 @@ from lmpress.version import __version__
 
 # `filter` and `map` are left out of __all__ so that `from lmpress import *` does not hide
 # Python's own; import them by name.
-__all__ = ["LLM", "Pipeline", "__version__", "dedupe", "generate", "judge"]
+__all__ = ["LLM", "Pipeline", "__version__", "compare", "dedupe", "generate", "judge"]
 PIPELINE_NAMES = ("Pipeline", "generate", "judge", "filter", "map", "dedupe")
 
 if TYPE_CHECKING:
-    from lmpress.llm import LLM
+    from lmpress.llm import LLM, compare
     from lmpress.pipeline.python import Pipeline, dedupe, generate, judge
     from lmpress.pipeline.python import filter as filter
     from lmpress.pipeline.python import map as map
 
 
 def __getattr__(name: str):
-    if name == "LLM":  # loaded on use, so `lmpress --help` stays light
-        from lmpress.llm import LLM
+    if name in ("LLM", "compare"):  # loaded on use, so `lmpress --help` stays light
+        from lmpress import llm
 
-        return LLM
+        return getattr(llm, name)
     if name in PIPELINE_NAMES:
         from lmpress.pipeline import python
 

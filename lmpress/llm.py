@@ -12,6 +12,9 @@
         scores = llm.loglikelihood("The capital of France is", [" Paris", " Rome"])
         ppl = llm.perplexity(["The cat sat on the mat."])
 
+    with LLM("smollm2", adapters={"terse": "loras/terse"}) as llm:  # LoRA adapters by name
+        replies = llm.generate(["Hi", "Hi"], adapter=["terse", None])  # None: the base model
+
 It is the same path the commands take (a RunConfig, `create_engine`, the batch runner), so a
 script gets what `lmpress infer` and `lmpress batch` give: the same recipes and checks, and
 `batch` with resume, one writer per output and failed rows set aside.
@@ -30,7 +33,8 @@ from typing import Any
 from lmpress.configs.loading import bundled_recipes, load_config
 from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import ModelParams, RemoteParams, RunConfig
-from lmpress.vocabulary.errors import ConfigError
+from lmpress.engines.adapters import adapter_for
+from lmpress.vocabulary.errors import ConfigError, RequestError
 from lmpress.vocabulary.likelihood import ContinuationScore, Perplexity
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 
@@ -82,29 +86,46 @@ class LLM:
         return self._engine
 
     def generate(
-        self, prompts: str | Iterable[str], *, progress: bool = False, **settings: Any
+        self,
+        prompts: str | Iterable[str],
+        *,
+        adapter: str | Sequence[str | None] | None = None,
+        progress: bool = False,
+        **settings: Any,
     ) -> list[Result]:
         """Complete each prompt (chat turns, the model's template applied), in order.
 
         Args:
             prompts: one prompt or many.
+            adapter: the LoRA adapter (a name in `adapters=`) every prompt runs on, or one a
+                prompt; None: the base model. Prompts on different adapters batch together.
             progress: draw a progress bar.
             **settings: generation settings for these prompts only (`temperature=0.7`).
 
         Returns:
-            One Result per prompt: `.text`, `.samples` (with n > 1), `.usage`, `.error`.
+            One Result per prompt: `.text`, `.samples` (with n > 1), `.usage`, `.error`;
+            `.model` names the adapter that answered.
+
+        Raises:
+            ValueError: an adapter this model does not have, or a list of another length.
         """
         items = [prompts] if isinstance(prompts, str) else list(prompts)
-        return self.engine.generate(items, self._params(settings), progress=progress)
+        return self._generate(items, self._params(settings), adapter, progress)
 
     def chat(
-        self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]], **settings
+        self,
+        messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
+        *,
+        adapter: str | Sequence[str | None] | None = None,
+        **settings: Any,
     ) -> Result | list[Result]:
         """The assistant's reply to one conversation, or the replies to many.
 
         Args:
             messages: one conversation (a list of OpenAI-style messages: `role`, `content`,
                 and `tool_calls` where the engine takes tools), or a list of conversations.
+            adapter: the LoRA adapter to reply with, for all or one a conversation (as
+                `generate` takes it).
             **settings: generation settings for this call only.
 
         Returns:
@@ -112,14 +133,43 @@ class LLM:
         """
         many = bool(messages) and not isinstance(messages[0], dict)
         conversations = list(messages) if many else [messages]
-        results = self.engine.generate(conversations, self._params(settings))
+        results = self._generate(conversations, self._params(settings), adapter)
         return results if many else results[0]
 
-    def stream(self, prompt: str | Sequence[dict[str, Any]], **settings: Any) -> Iterator[str]:
+    def _generate(
+        self, items: list[Any], params: GenerationParams, adapter: Any, progress: bool = False
+    ) -> list[Result]:
+        """Each prompt or conversation on its adapter; a reply from one is named for it."""
+        chosen = self._adapters(adapter, len(items))
+        if not any(chosen):
+            return self.engine.generate(items, params, progress=progress)
+        requests = [
+            Request(str(i), _messages(item), params, adapter=name)
+            for i, (item, name) in enumerate(zip(items, chosen, strict=True))
+        ]
+        results = self.engine.generate(requests, progress=progress)
+        for result, name in zip(results, chosen, strict=True):
+            result.model = name or result.model
+        return results
+
+    def _adapters(self, adapter: Any, count: int) -> list[str | None]:
+        """The adapter of each of `count` prompts: `adapter` for all, or one each."""
+        names = [adapter] * count if adapter is None or isinstance(adapter, str) else list(adapter)
+        if len(names) != count:
+            raise ValueError(f"{len(names)} adapters for {count} prompts: give one, or one each")
+        try:
+            return [adapter_for(self.config, name, strict=True) for name in names]
+        except RequestError as exc:  # an adapter is named on purpose: a typo is refused
+            raise ValueError(f"adapter: {exc}") from None
+
+    def stream(
+        self, prompt: str | Sequence[dict[str, Any]], *, adapter: str | None = None, **settings: Any
+    ) -> Iterator[str]:
         """The reply to one prompt or conversation as it is generated, a piece of text at a time.
 
         Args:
             prompt: a prompt, or one conversation as a list of OpenAI-style messages.
+            adapter: the LoRA adapter to reply with (a name in `adapters=`); None: the base.
             **settings: generation settings for this call only.
 
         Yields:
@@ -129,12 +179,8 @@ class LLM:
         Raises:
             RuntimeError: the request failed; the message is the engine's.
         """
-        from lmpress.data.messages import parse_messages
-
-        messages = [Message("user", prompt)] if isinstance(prompt, str) else None
-        request = Request(
-            "stream", messages or parse_messages(list(prompt)), self._params(settings)
-        )
+        (chosen,) = self._adapters(adapter, 1)
+        request = Request("stream", _messages(prompt), self._params(settings), adapter=chosen)
         loop = asyncio.new_event_loop()
         pieces = self.engine.stream(request)
         try:
@@ -352,6 +398,48 @@ class LLM:
 
     def _params(self, settings: dict[str, Any]) -> GenerationParams:
         return generation_with_overrides(self.config.generation, settings, "LLM()")
+
+
+def _messages(item: str | Sequence[Any]) -> list[Message]:
+    """A prompt as one user turn, or a conversation's OpenAI-style messages, read."""
+    from lmpress.data.messages import parse_messages
+
+    return [Message("user", item)] if isinstance(item, str) else parse_messages(list(item))
+
+
+@dataclasses.dataclass
+class Compared:
+    """`compare`'s answer: each model's replies, in prompt order, and the --compare report."""
+
+    replies: dict[str, list[Result]]
+    report: str  # markdown: agreement, length and refusal rates per model
+
+
+def compare(prompts: str | Iterable[str], models: Sequence[str], **settings: Any) -> Compared:
+    """Every prompt through every model, one model loaded at a time, and the report that
+    `lmpress batch --models ... --compare` writes.
+
+    Args:
+        prompts: one prompt or many.
+        models: recipes or model names, as `LLM` takes them.
+        **settings: config fields for every model, as `LLM` takes them (`max_new_tokens=32`).
+    """
+    from lmpress.batch.compare import compare as comparison
+
+    items = [prompts] if isinstance(prompts, str) else list(prompts)
+    if len(set(models)) != len(models):
+        raise ConfigError("compare(): name each model once")
+    replies: dict[str, list[Result]] = {}
+    for model in models:
+        with LLM(model, **settings) as llm:
+            replies[model] = llm.generate(items)
+    rows = (
+        (model, str(i), {"response": {"text": r.text, "finish_reason": r.finish_reason}})
+        for model, results in replies.items()
+        for i, r in enumerate(results)
+        if r.error is None
+    )
+    return Compared(replies, comparison(list(models), rows).markdown())
 
 
 def _pairs(

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-# The suite's checks on itself (the per-test budget, no process left behind), and its order.
-pytest_plugins = ["tests.suite_checks", "tests.file_order"]
+# The suite's checks on itself: the per-test budget, and no process left behind.
+pytest_plugins = ["tests.suite_checks"]
 
 # OpenMP's threads (llama.cpp's, torch's) sleep while they wait for work instead of spinning,
 # here and in every process a test starts: set before anything loads an OpenMP runtime. The

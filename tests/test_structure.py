@@ -193,9 +193,11 @@ def test_the_engine_contract_imports_no_engine_family():
 # What the rest of lmpress may import from lmpress.engines: the interface and its checks, the
 # registry of names, what a prompt counter returns, scoring text on any engine that returns
 # prompt logprobs (issue 52), and the remote providers' one table (names, prices, tokenizers,
-# batch limits: facts about the providers, not an engine's code).
+# batch limits: facts about the providers, not an engine's code), and the names a run's model
+# and its adapters answer to (a line, a row or a request chooses by them).
 ENGINE_CONTRACT = {
     "lmpress.engines",
+    "lmpress.engines.adapters",
     "lmpress.engines.base",
     "lmpress.engines.registry",
     "lmpress.engines.prompt_count",

@@ -11,7 +11,7 @@ pass the cap by those rows' cost.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult
@@ -28,6 +28,9 @@ class Budget:
     spent: float = 0.0
     live_spent: float = 0.0  # what the same tokens cost at the live price
     tokens: int = 0
+    # The budgets of jobs that share the caps (a --models job's models side by side), self
+    # among them; empty: this one alone.
+    peers: list[Budget] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_cost is not None and self.max_cost <= 0:
@@ -62,8 +65,10 @@ class Budget:
 
     def exceeded(self) -> str | None:
         """Why the run must stop taking rows, or None."""
-        if self.max_cost is not None and self.spent >= self.max_cost:
-            return f"spent ${self.spent:.4f} of --max-cost ${self.max_cost:g}"
-        if self.max_tokens is not None and self.tokens >= self.max_tokens:
-            return f"used {self.tokens} tokens of --max-tokens {self.max_tokens}"
+        shared = self.peers or [self]
+        spent, tokens = sum(b.spent for b in shared), sum(b.tokens for b in shared)
+        if self.max_cost is not None and spent >= self.max_cost:
+            return f"spent ${spent:.4f} of --max-cost ${self.max_cost:g}"
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return f"used {tokens} tokens of --max-tokens {self.max_tokens}"
         return None

@@ -27,6 +27,8 @@ class BatchSummary:
     rows_failed: int = 0
     rows_skipped: int = 0  # done (or set aside) by an earlier run
     rows_left: int = 0  # not reached: a stop (a signal, a budget, --max-errors) came first
+    rows_elsewhere: int = 0  # a --models job's lines that name another of its models
+    rows_naming_other_model: int = 0  # answered by this model, though they named another
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # of completion_tokens, a reasoning model's thinking
@@ -73,7 +75,8 @@ class BatchSummary:
         """Count the rows a stop left: every row of the job is done, failed, skipped or left.
         A job whose counts do not add up lost rows somewhere; it says so (RowCountError)
         rather than report success."""
-        self.rows_left = self.rows_total - (self.rows_ok + self.rows_failed + self.rows_skipped)
+        counted = self.rows_ok + self.rows_failed + self.rows_skipped + self.rows_elsewhere
+        self.rows_left = self.rows_total - counted
         stopped = self.interrupted or self.stopped_because is not None
         if self.rows_left < 0 or (self.rows_left and not stopped):
             error = RowCountError(self)
@@ -89,6 +92,13 @@ class BatchSummary:
             "rows_failed": self.rows_failed,
             "rows_skipped": self.rows_skipped,
             "rows_left": self.rows_left,
+            # Only where lines named a model, so other runs' summaries stay as they were.
+            **({"rows_elsewhere": self.rows_elsewhere} if self.rows_elsewhere else {}),
+            **(
+                {"rows_naming_other_model": self.rows_naming_other_model}
+                if self.rows_naming_other_model
+                else {}
+            ),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             # Only where a model reasoned, so other runs' summaries stay as they were.

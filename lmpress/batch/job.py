@@ -6,20 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 from lmpress.batch.budget import Budget
-from lmpress.batch.events import STOP_SIGNALS, BatchEvents, BatchSummary, RowFailure
+from lmpress.batch.events import BatchEvents, BatchSummary, RowFailure
+from lmpress.batch.line_models import LineModels, Route
 from lmpress.batch.options import BatchMode, BatchOptions
 from lmpress.batch.outputs import EngineTokenizer, JsonlOutput, Reorder, output_for
 from lmpress.batch.pooling import AnyRequest, AnyResult, finished, run_request
 from lmpress.batch.pricing import price_for
 from lmpress.batch.rows import RowReader
+from lmpress.batch.signals import install_stop_signals, nothing
 from lmpress.configs.schema import RunConfig
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.idkeys import IdKeys
@@ -102,6 +103,8 @@ class BatchJob:
         self.stopping = False  # no new rows: Ctrl-C, --on-error fail, --max-errors, a budget
         self._interrupts = 0
         self.cache: ResponseCache | None = None
+        # Who answers a line that names a model (a --models job sets its own).
+        self.line_models = LineModels(config, strict=options.strict_model)
 
     # --- the whole job ---------------------------------------------------------------------
 
@@ -146,7 +149,7 @@ class BatchJob:
         # Ctrl-C is the job's from before the fingerprint is written: whoever sees the job's
         # files can stop it the job's way.
         restore_signals = (
-            _install_stop_signals(loop, self._on_interrupt) if self.owns_signals else _nothing
+            install_stop_signals(loop, self._on_interrupt) if self.owns_signals else nothing
         )
         if earlier.fresh:
             try:
@@ -204,7 +207,10 @@ class BatchJob:
         return None if self.target.stream else self.files.errors
 
     def _fingerprint(self) -> dict[str, Any]:
-        return fingerprint(self.config, self.options.output_settings())
+        from lmpress.cache.keys import adapter_identities  # by content, as the cache keys them
+
+        adapters = adapter_identities(self.config)
+        return fingerprint(self.config, self.options.output_settings(), adapters)
 
     def _read_earlier_run(self) -> EarlierRun:
         if self.target.stream:  # nothing to resume from, nothing to start over
@@ -251,7 +257,11 @@ class BatchJob:
                 seq += 1
                 continue
             row, request = read
-            if (refused := self._refused(row)) is not None:
+            route, refused = self._routed(row)
+            if route is Route.ELSEWHERE:
+                self.summary.rows_elsewhere += 1
+                continue
+            if refused is not None or (refused := self._refused(row)) is not None:
                 self._fail(refused, reorder, seq)
                 seq += 1
                 continue
@@ -285,6 +295,17 @@ class BatchJob:
         """Why this job will not run a row it could read (None: it runs it). Every row runs
         here; a server's batch refuses a line for another endpoint than the batch's."""
         return None
+
+    def _routed(self, row: ParsedRow) -> tuple[Route, RowFailure | None]:
+        """Where a line that names a model runs (`batch.line_models`); its 404 failure."""
+        route, message = self.line_models.route(row.model)
+        if route is Route.RUN_OTHER:
+            self.summary.rows_naming_other_model += 1
+        if route is not Route.UNKNOWN:
+            return route, None
+        openai = output_shape_for(row, self.options.output_shape) is OutputShape.OPENAI
+        kind = ErrorKind.NOT_FOUND
+        return route, RowFailure(row.line, row.id, kind, message, 404, openai, row.raw)
 
     def _refused(self, row: ParsedRow) -> RowFailure | None:
         reason = self.refuse(row)
@@ -465,31 +486,3 @@ class BatchJob:
 
     def _say(self, message: str) -> None:
         self.events.notice(message)
-
-
-def _nothing() -> None:
-    pass
-
-
-def _install_stop_signals(
-    loop: asyncio.AbstractEventLoop, handler: Callable[[str], None]
-) -> Callable[[], None]:
-    """Hand Ctrl-C and SIGTERM to `handler` (called with the signal's name) while the job
-    runs; returns what puts back the handlers there were before."""
-    installed: list[tuple[signal.Signals, Any]] = []
-    for name in STOP_SIGNALS:
-        sig = signal.Signals[name]
-        previous = signal.getsignal(sig)
-        try:
-            loop.add_signal_handler(sig, handler, name)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, Windows
-            continue
-        installed.append((sig, previous))
-
-    def restore() -> None:
-        for sig, previous in installed:
-            loop.remove_signal_handler(sig)  # which sets the default, not what was there
-            if previous is not None:
-                signal.signal(sig, previous)
-
-    return restore

@@ -100,6 +100,9 @@ class BatchOptions:
     # would give, so neither changes what the output holds.
     cache: str = "on"
     cache_dir: str | None = None
+    # --strict-model: a line naming another model than the job's fails with vLLM's 404 line
+    # (else it is answered by the job's model, and counted).
+    strict_model: bool = output_setting("strict_model", omit_empty=True, default=False)
 
     def selection(self) -> RowSelection:
         return RowSelection(self.shard, self.limit, self.sample, self.seed)

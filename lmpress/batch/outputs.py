@@ -18,8 +18,9 @@ from lmpress.data import likelihood_rows, pooling_rows
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.jsonl import JsonlWriter
 from lmpress.data.parquet_out import journal_line, write_parquet
+from lmpress.data.response_records import response_record
 from lmpress.data.resume import JobFiles
-from lmpress.data.row_shapes import OutputShape, ParsedRow, render_row, response_record
+from lmpress.data.row_shapes import OutputShape, ParsedRow, render_row
 from lmpress.data.targets import STDIO, OutputTarget
 from lmpress.vocabulary.errors import UnsupportedParamError
 from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult, Tokenizer

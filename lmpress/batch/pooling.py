@@ -61,9 +61,12 @@ async def run_request(
 
 def finished(request: AnyRequest, result: AnyResult) -> AnyResult:
     """A reply as a row gets it, generated or from the cache: text checked against the
-    structure the request asked for."""
+    structure the request asked for, and named for the adapter that answered where one did
+    (vLLM answers a LoRA's request with the adapter's name as its model)."""
     if isinstance(request, Request):
         assert isinstance(result, Result)
+        if request.adapter is not None:
+            result.model = request.adapter
         return check_structure(request, result)
     return result
 

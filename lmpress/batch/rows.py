@@ -15,23 +15,27 @@ from lmpress.configs.overrides import generation_with_overrides
 from lmpress.configs.schema import RunConfig
 from lmpress.data.columns import RowMapping
 from lmpress.data.jsonl import Line
+from lmpress.data.messages import json_type
 from lmpress.data.openai_batch import is_batch_request
 from lmpress.data.row_shapes import (
     OutputShape,
     ParsedRow,
     RowError,
+    RowShape,
     output_shape_for,
     parse_row,
     row_id,
 )
 from lmpress.data.selection import RowSelection
 from lmpress.data.sources import Source
+from lmpress.engines.adapters import adapter_for
 from lmpress.engines.base import Engine, check_params, check_tools
 from lmpress.vocabulary.embeddings import Task
-from lmpress.vocabulary.errors import ErrorKind, LmpressError, UnsupportedParamError
+from lmpress.vocabulary.errors import ErrorKind, LmpressError, RequestError, UnsupportedParamError
 from lmpress.vocabulary.types import GenerationParams
 
 Read = tuple[ParsedRow, AnyRequest] | RowFailure
+ADAPTER_COLUMN = "adapter"  # the column a row chooses its adapter by (model.adapters' names)
 P = TypeVar("P", bound="RowParser")
 
 
@@ -46,6 +50,7 @@ class RowParser:
     output_shape: OutputShape = OutputShape.AUTO  # how failed rows are recorded
     task: Task = "generate"  # the run's (vocabulary/embeddings.py): which row shapes it takes
     tasks: RunTasks | None = None  # the tasks its rows may ask (`for_job` sets it)
+    config: RunConfig | None = None  # the run's: the adapters a row may choose (`for_job`)
 
     @classmethod
     def for_job(
@@ -59,7 +64,9 @@ class RowParser:
         shape = options.output_shape
         task: Task = config.task  # type: ignore[assignment]  # checked by configs.loading
         tasks = RunTasks.of(config, engine_class)
-        return cls(options.mapping, config.generation, engine_class, shape, task, tasks, **more)
+        return cls(
+            options.mapping, config.generation, engine_class, shape, task, tasks, config, **more
+        )
 
     def read(self, line: Line) -> tuple[str, Read]:
         if line.error:
@@ -87,6 +94,15 @@ class RowParser:
             return rid, RowFailure(
                 line.number, rid, ErrorKind.INVALID_ROW, refused, None, openai, columns
             )
+        try:
+            row.adapter = self._adapter(row)
+        except RowError as exc:
+            kind, message = ErrorKind.INVALID_ROW, str(exc)
+            return rid, RowFailure(line.number, rid, kind, message, None, openai, columns)
+        except RequestError as exc:  # a name this run does not serve: vLLM's 404
+            return rid, RowFailure(
+                line.number, rid, exc.kind, str(exc), exc.status, openai, columns
+            )
         asked = row.pooling or row.likelihood
         if asked is not None:  # no generation settings to apply
             return rid, (row, asked.request(row.id))
@@ -103,6 +119,31 @@ class RowParser:
             )
             return rid, RowFailure(line.number, rid, kind, str(exc), None, openai, columns)
         return rid, (row, request)
+
+    def _adapter(self, row: ParsedRow) -> str | None:
+        """The adapter a row chose: its line's `model` where that names one (any other name is
+        routed by the job, `batch.line_models`), or its `adapter` column, which must name one
+        this run serves: an unknown name raises vLLM's 404 (RequestError)."""
+        if self.config is None:
+            return None
+        if row.shape is RowShape.OPENAI_BATCH:  # another name is the job's to route or refuse
+            adapters = self.config.model.adapters  # (batch.line_models: --models, the 404)
+            chosen = row.model if row.model in adapters else None
+        else:
+            name = row.raw.get(ADAPTER_COLUMN)
+            if name is not None and not isinstance(name, str):
+                raise RowError(
+                    f"'{ADAPTER_COLUMN}' must be a string, the name of one of model.adapters "
+                    f"(or null for the base model), got {json_type(name)}"
+                )
+            served = self.config.serve.served_model_name  # serve's /v1/batches answers to it
+            chosen = adapter_for(self.config, name, served, strict=True)
+        if chosen is not None and (row.pooling or row.likelihood) is not None:
+            raise RowError(
+                f"adapter '{chosen}': only generated replies run on an adapter, this "
+                f"{row.task} row runs on the base model; drop its adapter"
+            )
+        return chosen
 
     def _refusal(self, row: ParsedRow) -> str | None:
         return self.tasks.refusal(row) if self.tasks is not None else None

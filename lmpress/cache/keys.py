@@ -3,10 +3,14 @@
 A key is the sha256 of two parts:
 - the run's part, made once per run (`RunKey`): the engine, the task, the model by the content of
   its files (or a remote model by its endpoint and name), and every model setting but those that
-  only train (`TRAINING_ONLY`);
+  only train (`TRAINING_ONLY`) and the adapters a row may choose (`model.adapters`);
 - the request's part: the conversation or prompt (images by the hash of their bytes), the tools,
-  and every generation setting but those that only schedule work (`SCHEDULING_FIELDS`:
-  batch_size, use_cache, exclude_prompt_from_response), the seed included.
+  every generation setting but those that only schedule work (`SCHEDULING_FIELDS`:
+  batch_size, use_cache, exclude_prompt_from_response), the seed included, and the adapter it
+  chose by the content of its files (none for the base model).
+
+So a row keys on its own adapter only: adding an adapter to a run keeps every cached reply,
+and changing one adapter's weights misses on that adapter's rows alone.
 
 So num_workers, timeouts, retries, the output path and the batch size change no key, and a
 changed prompt, temperature, seed, max_new_tokens, chat template or model file changes it.
@@ -57,6 +61,7 @@ def _digest(data: bytes) -> str:
 def model_identity(config: RunConfig, digests: FileDigests) -> dict[str, Any]:
     """The run's model and its settings, with every file named by its content."""
     model = {k: v for k, v in dataclasses.asdict(config.model).items() if k not in _TRAINING_FIELDS}
+    del model["adapters"]  # a request keys on the one it chose (`RunKey.of`)
     if _remote(config):  # a remote model: its name at its endpoint
         return model
     revision = config.model.model_revision
@@ -69,6 +74,22 @@ def model_identity(config: RunConfig, digests: FileDigests) -> dict[str, Any]:
     if template and "\n" not in template and Path(template).expanduser().is_file():
         model["chat_template"] = "sha256:" + digests.of_file(Path(template).expanduser())
     return model
+
+
+def adapter_identities(config: RunConfig, digests: FileDigests | None = None) -> dict[str, str]:
+    """Each of `model.adapters` by the content of its files (as given, where they are not on
+    this machine), hashed once a run: the digests table keeps them across runs until a file
+    changes."""
+    adapters = config.model.adapters
+    if not adapters or _remote(config):
+        return dict(adapters)
+    hub = _takes_hub_ids(config.engine)
+    table = digests or FileDigests()
+    try:
+        return {name: content_identity(path, table, hub=hub) for name, path in adapters.items()}
+    finally:
+        if digests is None:
+            table.close()
 
 
 def _remote(config: RunConfig) -> bool:
@@ -104,16 +125,15 @@ class RunKey:
     """Keys for one run's requests."""
 
     def __init__(self, config: RunConfig, digests: FileDigests | None = None):
-        if digests is not None:
-            self.model = model_identity(config, digests)
-        elif _remote(config):  # no files to hash: no table of digests opened
-            self.model = model_identity(config, None)  # type: ignore[arg-type]
-        else:
-            digests = FileDigests()
-            try:
-                self.model = model_identity(config, digests)
-            finally:
-                digests.close()
+        # A remote model has no files to hash: no table of digests is opened for it.
+        own = digests is None and not _remote(config)
+        table = FileDigests() if own else digests
+        try:
+            self.model = model_identity(config, table)  # type: ignore[arg-type]
+            self.adapters = adapter_identities(config, table)
+        finally:
+            if own:
+                table.close()  # type: ignore[union-attr]
         self.engine = config.engine
         self.label = config.model.model_name or ""
         run = {
@@ -147,6 +167,8 @@ class RunKey:
         parts = ["generate", messages, request.prompt, request.tools]
         if request.prompt_ids is not None:  # a token-id prompt, scored from score_from on
             parts += [request.prompt_ids, request.score_from]
+        if request.adapter is not None:  # the base model's rows key as in a run without any
+            parts.append({"adapter": self.adapters.get(request.adapter, request.adapter)})
         body = _json(parts)
         return body + b"\0" + self._params_of(request.params)
 

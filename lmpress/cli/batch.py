@@ -160,6 +160,32 @@ def batch(
     stop_grace: StopGraceOpt = STOP_GRACE_S,
     cache: CacheOpt = "on",
     cache_dir: CacheDirOpt = None,
+    models: Annotated[
+        str | None,
+        typer.Option(
+            "--models",
+            help="Run every row through each of these models (recipe names or paths, A,B,C; "
+            "instead of -c): one output row per row and model, with a model column.",
+        ),
+    ] = None,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="With --models: write OUT.compare.md (and print it): replies that agree, "
+            "length and refusal rates, scored rows' metrics per model.",
+            metavar=FLAG,
+        ),
+    ] = False,
+    strict_model: Annotated[
+        bool,
+        typer.Option(
+            "--strict-model",
+            help="A line naming another model than the job's fails with a 404 error line, "
+            "as vLLM's run-batch does (else the job's model answers it, and it is counted).",
+            metavar=FLAG,
+        ),
+    ] = False,
     status: Annotated[
         str | None,
         typer.Option(
@@ -223,7 +249,12 @@ def batch(
         grace_s=stop_grace,
         cache=check_cache_mode(cache),
         cache_dir=cache_dir,
+        strict_model=strict_model,
     )
+    if models is not None:
+        raise typer.Exit(several(ctx, models, engine, input, output, options, compare, dry_run))
+    if compare:
+        raise ConfigError("--compare compares the models of a --models job: add --models A,B")
     if ray and provider_batch:
         raise ConfigError(RAY_WITH_PROVIDER)
     if not (status or cancel or dry_run):
@@ -243,6 +274,41 @@ def batch(
     if dry_run:
         raise typer.Exit(dry_run_file(config, input, options))
     raise typer.Exit(run_file(config, input, output, options))
+
+
+def several(
+    ctx: typer.Context,
+    models: str,
+    engine: str | None,
+    input: str | None,
+    output: str | None,
+    options: BatchOptions,
+    compare: bool,
+    dry_run: bool,
+) -> int:
+    """`--models A,B,C`: the job across several models (cli/batch_models.py), or its dry run:
+    each model's table."""
+    import asyncio
+    import sys
+
+    from lmpress.batch.several import run_several
+    from lmpress.cli.batch_models import check_several, model_runs, write_comparison
+    from lmpress.cli.report import BatchReport, models_table
+
+    check_several(input, output, options.recipe, dry_run)
+    runs = model_runs(ctx, models, engine)
+    if dry_run:
+        for run in runs:
+            print(f"lmpress: model {run.label}", file=sys.stderr)
+            dry_run_file(run.config, input, options)
+        return 0
+    check_paths(runs[0].config, input, output, options)
+    report = BatchReport()
+    summary = asyncio.run(run_several(runs, options, events=report))
+    models_table(summary, report.stream)
+    if compare:
+        write_comparison(summary, options)
+    return summary.exit_code
 
 
 def run_file(

@@ -15,6 +15,7 @@ from lmpress.progress import ProgressBar
 SHOWN_FAILURES = 5
 
 if TYPE_CHECKING:
+    from lmpress.batch.several import SeveralSummary
     from lmpress.dryrun.tally import DryRunSummary
 
 
@@ -99,6 +100,10 @@ class BatchReport(BatchEvents):
             table.add_row("cost", _usd(summary.cost_usd))
         if summary.cost_live_usd is not None and summary.cost_live_usd != summary.cost_usd:
             table.add_row("cost had it run live", _usd(summary.cost_live_usd))
+        if summary.rows_naming_other_model:
+            table.add_row(
+                "lines naming another model", f"{summary.rows_naming_other_model} (answered)"
+            )
         table.add_row("output", summary.output_path)
         if summary.rows_failed:
             table.add_row("failed rows", summary.errors_path or "listed above (stderr)")
@@ -107,6 +112,34 @@ class BatchReport(BatchEvents):
         if summary.interrupted:
             table.add_row("to resume", "re-run the same command")
         Console(file=self.stream).print(table)
+
+
+def models_table(summary: SeveralSummary, stream: TextIO | None = None) -> None:
+    """A --models job's summary: a line per model, then the totals."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="lmpress batch --models", title_justify="left")
+    for name in ("model", "ok", "failed", "skipped", "tokens in / out", "tokens/s", "cost"):
+        table.add_column(name, justify="left" if name == "model" else "right")
+    total = summary.total
+    for label, s in [*summary.models, ("all", total)]:
+        cost = "-" if s.cost_usd is None else _usd(s.cost_usd)
+        rate = "-" if s is total else f"{s.tokens_per_s:.1f}"
+        table.add_row(
+            escape(label), str(s.rows_ok), str(s.rows_failed), str(s.rows_skipped),
+            f"{s.prompt_tokens} / {s.completion_tokens}", rate, cost,
+        )  # fmt: skip
+    console = Console(file=stream or sys.stderr)
+    console.print(table)
+    console.print(f"output: {escape(total.output_path)}  wall time: {total.wall_s:.2f} s")
+    if total.rows_failed:
+        console.print(f"failed rows: {escape(total.errors_path or '')}")
+    if total.stopped_because:
+        console.print(
+            f"stopped: {escape(total.stopped_because)}; re-run the same command to resume"
+        )
 
 
 def dry_run_table(summary: DryRunSummary, stream: TextIO | None = None) -> None:

@@ -237,13 +237,22 @@ def read_earlier_run(
     return EarlierRun(done, set_aside, fresh=False)
 
 
-def fingerprint(config: RunConfig, job_settings: dict[str, Any]) -> dict[str, Any]:
+def fingerprint(
+    config: RunConfig, job_settings: dict[str, Any], adapters: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The settings that decide what the output holds: the config's, and the job's own
-    (`BatchOptions.output_settings()`, read from the fields marked as changing the output)."""
+    (`BatchOptions.output_settings()`, read from the fields marked as changing the output).
+    `adapters`: `model.adapters` by the content of their files (the job hashes them), so a
+    moved adapter resumes and a changed one is refused; a run with none records none, as
+    outputs started before adapters existed did."""
+    model = dataclasses.asdict(config.model)
+    model["adapters"] = adapters if adapters is not None else model["adapters"]
+    if not model["adapters"]:
+        del model["adapters"]
     return {
         "engine": config.engine,
         "task": config.task,
-        "model": dataclasses.asdict(config.model),
+        "model": model,
         "generation": _results_only(dataclasses.asdict(config.generation)),
         "remote_params": {"api_url": config.remote_params.api_url},
         **job_settings,

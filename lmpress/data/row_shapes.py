@@ -13,7 +13,9 @@ file holding the rows is stored. Input row shapes (`RowShape`), detected row by 
 - likelihood: the rows of a loglikelihood or perplexity run, read and written by
   `data.likelihood_rows`.
   An OpenAI Batch line is read for the task its url asks, whatever the run's task.
-Any row may carry its own `generation` overrides, a mapping of generation fields. A chat or
+Any row may carry its own `generation` overrides, a mapping of generation fields, and a
+generating row an `adapter`, one of `model.adapters` (chosen in `batch.rows`, which knows the
+run's names, as an OpenAI Batch line's `model` is). A chat or
 Oumi row may offer `tools` (OpenAI function tools, Oumi's `Conversation.tools`) and a
 `tool_choice`, which overrides `generation.tool_choice` for that row.
 
@@ -30,7 +32,6 @@ does not reason writes neither, so its rows are what they were.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from lmpress.data.columns import RowMapping, TemplateError
 from lmpress.data.likelihood_rows import LikelihoodInput
 from lmpress.data.messages import RowError, json_type, parse_messages, regenerate_last_turn
 from lmpress.data.pooling_rows import PoolingInput
+from lmpress.data.response_records import reply_message, response_record
 from lmpress.vocabulary.embeddings import LIKELIHOOD_TASKS, EmbedResult, ScoreResult, Task
 from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult, Tokenizer
 from lmpress.vocabulary.tools import ToolError, check_tool_choice, check_tools
@@ -53,7 +55,6 @@ from lmpress.vocabulary.types import (
     Request,
     Result,
     Sample,
-    round_usd,
 )
 
 
@@ -104,11 +105,14 @@ class ParsedRow:
     pooling: PoolingInput | None = None  # what an embed, score or rerank row asks
     likelihood: LikelihoodInput | None = None  # what a loglikelihood or perplexity row asks
     prompt_ids: list[int] | None = None  # a /v1/completions prompt given as token ids
+    # The adapter the row generates with (None: the base model), as `batch.rows` chose it from
+    # the row's `adapter` column or its line's `model` (engines/adapters.py).
+    adapter: str | None = None
 
     def request(self, params: GenerationParams) -> Request:
         return Request(
             self.id, self.messages, params, prompt=self.prompt, tools=self.tools,
-            prompt_ids=self.prompt_ids,
+            prompt_ids=self.prompt_ids, adapter=self.adapter,
         )  # fmt: skip
 
     @property
@@ -423,76 +427,3 @@ def _render_lmpress(row: ParsedRow, result: Result) -> dict[str, Any]:
         out["messages"] = [m.to_openai() for m in row.messages] + [reply]
     out["response"] = response_record(result)
     return out
-
-
-def reply_message(sample: Sample) -> dict[str, Any]:
-    """The assistant message a reply appends, as OpenAI and Oumi write it: one that only calls
-    tools has `content: null` beside its `tool_calls`."""
-    if not sample.tool_calls:
-        return {"role": "assistant", "content": sample.text}
-    calls = [call.to_openai() for call in sample.tool_calls]
-    return {"role": "assistant", "content": sample.text or None, "tool_calls": calls}
-
-
-def _sample_record(sample: Sample) -> dict[str, Any]:
-    record: dict[str, Any] = {"text": sample.text}
-    if sample.reasoning is not None:  # only a reasoning model's rows have it
-        record["reasoning"] = sample.reasoning
-    record["finish_reason"] = sample.finish_reason
-    if sample.reasoning_details:
-        record["reasoning_details"] = sample.reasoning_details
-    if sample.tool_calls:
-        record["tool_calls"] = [call.to_openai() for call in sample.tool_calls]
-    return record
-
-
-def usage_record(result: Result) -> dict[str, Any]:
-    """A row's `usage`; `reasoning_tokens` (of the completion tokens) only where the model
-    reasoned, and `cached_tokens` and `cache_creation_tokens` (of the prompt tokens: read from
-    and written to the provider's prompt cache) only where there were some, so other rows stay
-    as they were."""
-    usage = result.usage
-    record = {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-    }
-    if result.reasoned:
-        record["reasoning_tokens"] = usage.reasoning_tokens
-    if usage.cached_tokens:
-        record["cached_tokens"] = usage.cached_tokens
-    if usage.cache_creation_tokens:
-        record["cache_creation_tokens"] = usage.cache_creation_tokens
-    return record
-
-
-def response_record(result: Result) -> dict[str, Any]:
-    first = result.samples[0] if result.samples else Sample("", "stop")
-    record: dict[str, Any] = {
-        **_sample_record(first),
-        "finish_reason": result.finish_reason,
-        "usage": usage_record(result),
-        "model": result.model,
-        "engine": result.engine,
-        "latency_s": round(result.latency_s, 4),
-    }
-    if len(result.samples) > 1:
-        record["samples"] = [_sample_record(s) for s in result.samples]
-    if result.samples and result.samples[0].logprobs is not None:
-        record["logprobs"] = [
-            {
-                "token": t.token,
-                "logprob": t.logprob,
-                "top_logprobs": [{"token": tok, "logprob": lp} for tok, lp in t.top],
-            }
-            for t in result.samples[0].logprobs
-        ]
-    if result.structured is not None:
-        record["structured"] = result.structured
-    if result.cost_usd is not None:
-        record["cost_usd"] = round_usd(result.cost_usd)
-    if result.cached:  # only on a reply from the response cache, so live rows stay as they were
-        record["cached"] = True
-    if result.error is not None:
-        record["error"] = dataclasses.asdict(result.error)
-    return record

@@ -26,15 +26,18 @@ def serves_several(config: RunConfig) -> bool:
     return bool(config.model.adapters)
 
 
-def adapter_for(config: RunConfig, name: str | None, served_name: str | None = None) -> str | None:
+def adapter_for(
+    config: RunConfig, name: str | None, served_name: str | None = None, *, strict: bool = False
+) -> str | None:
     """The adapter `name` chooses: an adapter's name, or None for the base model (a name of
     it, or no name at all). Raises RequestError (NOT_FOUND, as vLLM's 404) for a name that is
-    neither, where the run serves several; a run of one model answers any name with it."""
+    neither, where the run serves several or is `strict` (`batch --strict-model`); a run of
+    one model otherwise answers any name with it."""
     if not name or name in base_names(config, served_name):
         return None
     if name in config.model.adapters:
         return name
-    if not serves_several(config):
+    if not (strict or serves_several(config)):
         return None
     known = sorted(base_names(config, served_name) | set(config.model.adapters))
     raise RequestError(

@@ -70,6 +70,11 @@ def import_function(target: str, where: str) -> Callable[[dict[str, Any]], Any]:
     cwd = str(Path.cwd())
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
+    # A step's fingerprint is its module's source (function_digest), so the code that runs must
+    # be that source, never bytecode Python cached for an earlier version: it checks only the
+    # source's size and its mtime to the second, so an edit of the same size within a second of
+    # the last run would run the old code under the new fingerprint. lmpress writes none.
+    writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -78,6 +83,8 @@ def import_function(target: str, where: str) -> Callable[[dict[str, Any]], Any]:
         raise ConfigError(
             f"{where}: importing '{module_name}' failed ({type(exc).__name__}: {exc})"
         ) from None
+    finally:
+        sys.dont_write_bytecode = writes_bytecode
     function = getattr(module, attr, None)
     if not callable(function):
         raise ConfigError(f"{where}: module '{module_name}' has no function '{attr}'")

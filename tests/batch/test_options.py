@@ -30,6 +30,7 @@ OTHER = {
     "shard": (1, 2),
     "output_shape": OutputShape.OPENAI,
     "mapping": RowMapping(system="Answer in French."),
+    "strict_model": True,
 }
 # Options that change how the job runs, not what it writes: a resume may change them.
 NOT_OUTPUT = {"limit": 1, "ordered": True, "max_errors": 3, "grace_s": 1.0, "seed": 7}

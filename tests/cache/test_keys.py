@@ -160,3 +160,40 @@ def test_pooling_requests_are_keyed_by_their_inputs(digests):
     assert run.of(EmbedRequest("a", ["hello"], dimensions=8)) != run.of(
         EmbedRequest("a", ["hello"])
     )
+
+
+def test_a_request_keys_on_its_own_adapter_by_content(tmp_path, tiny_llama, digests):
+    """Adding an adapter keeps every kept reply; moving one keeps its own; changing one's
+    weights changes its rows' keys alone (issue 54)."""
+    from lmpress.builtin_models.lora import smollm2_adapters
+
+    made = smollm2_adapters()
+    paths = {name: shutil.copytree(path, tmp_path / name) for name, path in made.items()}
+    config = RunConfig(engine="NATIVE")
+    config.model.model_name = tiny_llama
+    config.model.adapters = {name: str(path) for name, path in paths.items()}
+
+    def keys(config: RunConfig) -> dict:
+        run = RunKey(config, digests)
+        return {name: run.of(dataclasses.replace(ask(), adapter=name)) for name in made} | {
+            None: run.of(ask())
+        }
+
+    before = keys(config)
+    assert len(set(before.values())) == 3  # the base and each adapter: three replies
+    bare = RunConfig(engine="NATIVE")
+    bare.model.model_name = tiny_llama
+    assert RunKey(bare, digests).of(ask()) == before[None]  # the base as in a run without any
+    config.model.adapters["lora-c"] = str(shutil.copytree(paths["lora-a"], tmp_path / "moved"))
+    assert keys(config) == before  # a third adapter changes none
+    config.model.adapters["lora-a"] = config.model.adapters.pop("lora-c")
+    assert keys(config) == before  # lora-a's same files elsewhere
+    weights = tmp_path / "moved" / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    after = keys(config)
+    assert after["lora-a"] != before["lora-a"]
+    assert {k: v for k, v in after.items() if k != "lora-a"} == {
+        k: v for k, v in before.items() if k != "lora-a"
+    }

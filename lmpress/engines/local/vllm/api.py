@@ -181,6 +181,14 @@ class VllmApi:
         return "auto"
 
     @staticmethod
+    def spare_lora_slot() -> bool:
+        """Whether base-model rows need an empty LoRA slot beside adapter rows (lora.py): on
+        vLLM's CPU build, whose LoRA kernels (0.32) read "no adapter" as the last slot."""
+        from vllm.platforms import current_platform
+
+        return getattr(current_platform, "device_type", "") == "cpu"
+
+    @staticmethod
     async def tokenizer(llm: Any) -> Any:
         """AsyncLLM.get_tokenizer() is a coroutine in some vLLM versions and a plain method in
         later ones."""

@@ -47,9 +47,11 @@ from lmpress.engines.local.vllm.api import (
     INSTALL_HINT,
     VllmApi,
     accelerator_reason,
+    describe,
     visible_gpus,
     vllm_version,
 )
+from lmpress.engines.local.vllm.lora import loadable_path
 from lmpress.engines.local.vllm.options import VllmOptions
 from lmpress.engines.local.vllm.reasoning import budget_refusal, own_chat_template, parser_name
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
@@ -86,6 +88,9 @@ class VllmEngine(Engine):
         "skip_special_tokens", "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
     })  # fmt: skip
     takes_hub_ids = True
+    # Each row's adapter (model.adapters) is its request's LoRARequest, and vLLM batches rows
+    # of every adapter and the base model together (lora.py).
+    takes_adapters = True
     # vLLM's own n-gram and draft-model speculation (translate.py).
     speculative_methods = frozenset({"ngram", "draft_model"})
     # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
@@ -115,7 +120,12 @@ class VllmEngine(Engine):
     def __init__(self, config: RunConfig):
         super().__init__(config)
         self.api = VllmApi.load()
-        self.settings = engine_settings(config, self.api.engine_arg_names(), self.api.auto_dtype())
+        self.settings = engine_settings(
+            config,
+            self.api.engine_arg_names(),
+            self.api.auto_dtype(),
+            spare_lora_slot=self.api.spare_lora_slot(),
+        )
         if config.task != "generate":
             self.settings.args.update(self.api.pooling_runner(config.task))
         sampling_params(self.api, config.generation, stream=False)  # refuse bad settings now
@@ -202,6 +212,36 @@ class VllmEngine(Engine):
                 f"cannot score; use a cross-encoder or an embedding model"
             )
         return False
+
+    @property
+    def adapter_names(self) -> frozenset[str]:
+        return frozenset(self.scheduler.loras.by_name)
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """vLLM's own loading at run time (AsyncLLM.add_lora, what `vllm serve` answers
+        /v1/load_lora_adapter with), checked first (lora.py)."""
+        loras, scheduler = self.scheduler.loras, self.scheduler
+        if loras.default is not None:
+            raise UnsupportedParamError(
+                "model.adapter_model runs on every row, so engine VLLM loads no other adapter"
+            )
+        spare = self.api.spare_lora_slot()
+        path = loadable_path(self.settings.args, set(loras.by_name), name, path, spare=spare)
+        request = loras.new(name, path)
+        try:
+            loaded = await scheduler.on_engine_loop(scheduler.llm.add_lora(request))
+        except Exception as exc:
+            raise RequestError(f"vLLM could not load adapter '{name}': {describe(exc)}") from exc
+        if loaded is False:
+            raise RequestError(f"vLLM did not load adapter '{name}' from {path}")
+        loras.by_name[name] = request
+
+    async def unload_adapter(self, name: str) -> None:
+        """vLLM's own unloading (AsyncLLM.remove_lora); rows naming it fail with 404 after."""
+        request = self.scheduler.loras.by_name.pop(name, None)
+        if request is None:
+            raise RequestError(f"adapter '{name}' is not loaded", ErrorKind.NOT_FOUND, 404)
+        await self.scheduler.on_engine_loop(self.scheduler.llm.remove_lora(request.lora_int_id))
 
     def tokenizer(self) -> Tokenizer:
         """vLLM's own tokenizer, the one its engine reads prompts with; the context is

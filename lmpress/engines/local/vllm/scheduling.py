@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from lmpress.engines.base import Engine, check_adapter, check_text, error_result
@@ -26,6 +25,7 @@ from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
 from lmpress.engines.local.reasoning import template_switches, template_text
 from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_request_error
 from lmpress.engines.local.vllm.logs import children_print_to_log
+from lmpress.engines.local.vllm.lora import LoraRequests
 from lmpress.engines.local.vllm.reasoning import VllmReasoning, budget_refusal
 from lmpress.engines.local.vllm.translate import EngineSettings, OutputAssembler, sampling_params
 from lmpress.engines.local.worker import CallerQueue
@@ -68,13 +68,7 @@ class VllmScheduler:
         labelled with."""
         self.engine = engine
         self.api = api
-        self.lora_request = None
-        if settings.adapter:
-            self.lora_request = self.api.LoRARequest(
-                lora_name=Path(settings.adapter).name or "adapter",
-                lora_int_id=1,
-                lora_path=settings.adapter,
-            )
+        self.loras = LoraRequests(api.LoRARequest, settings.adapter, settings.adapters)
         self._ids = itertools.count(1)
         self.reasoning: VllmReasoning | None = None  # read_reasoning sets it once started
         self._loop = asyncio.new_event_loop()
@@ -128,6 +122,7 @@ class VllmScheduler:
         try:
             check_text(request)
             check_adapter(engine, request)
+            lora = self.loras.for_request(request)
             plan = self.tool_plan(request)
             prompt, tokenization = self.render(request, plan)
             generation = request.params
@@ -143,14 +138,16 @@ class VllmScheduler:
             params = sampling_params(self.api, generation, stream=deltas, thinking_budget=budget)
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", ErrorKind.INVALID_REQUEST)
-            yield error_result(request, engine, ErrorInfo(kind, str(exc)), started)
+            # The status where the error has one: an adapter the engine does not hold, 404.
+            info = ErrorInfo(kind, str(exc), getattr(exc, "status", None))
+            yield error_result(request, engine, info, started)
             return
         except Exception as exc:  # vLLM refused this request's settings: it fails alone
             yield error_result(request, engine, _error_info(exc), started)
             return
         replies = CallerQueue()
         vllm_id = f"{request.id}-{next(self._ids)}"
-        pump = self._pump(vllm_id, prompt, params, tokenization, replies)
+        pump = self._pump(vllm_id, prompt, params, tokenization, lora, replies)
         future = asyncio.run_coroutine_threadsafe(pump, self._loop)
         assembler = self.assembler(request, deltas)
         try:
@@ -253,6 +250,7 @@ class VllmScheduler:
         prompt: dict[str, Any],
         params: Any,
         tokenization: dict[str, Any] | None,
+        lora: Any,
         replies: CallerQueue,
     ) -> None:
         # A put that finds the caller's loop closed is dropped: nobody is listening.
@@ -261,7 +259,7 @@ class VllmScheduler:
                 prompt,
                 params,
                 vllm_id,
-                lora_request=self.lora_request,
+                lora_request=lora,
                 tokenization_kwargs=tokenization,
             ):
                 replies.put(output)
@@ -274,6 +272,10 @@ class VllmScheduler:
             replies.put(_Failure(exc, self.api.is_dead(self.llm)))
             return
         replies.put(_End())
+
+    async def on_engine_loop(self, call: Any) -> Any:
+        """Await a coroutine of AsyncLLM's (add_lora, remove_lora) on the engine's loop."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, self._loop))
 
     # --- embeddings: one vLLM request an input, as LLM.embed makes them --------------------
 
@@ -378,7 +380,7 @@ class VllmScheduler:
         final = None
         try:
             async for output in self.llm.encode(
-                prompt, params, vllm_id, lora_request=self.lora_request
+                prompt, params, vllm_id, lora_request=self.loras.default
             ):
                 final = output
         except asyncio.CancelledError:

@@ -12,7 +12,6 @@ Nothing here imports vLLM; the classes come in through `VllmApi` (api.py).
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from lmpress.configs.schema import RunConfig, speculative_method
 from lmpress.engines.common.dequantized import dequantized_copy
 from lmpress.engines.common.models import DTYPE_CHOICES, dtype_name, local_or_hub
 from lmpress.engines.local.vllm.api import is_request_error
+from lmpress.engines.local.vllm.lora import adapter_paths, lora_args
 from lmpress.engines.local.vllm.options import DOCUMENTED_ARGS, VllmOptions
 from lmpress.vocabulary.errors import ConfigError, ModelLoadError, first_line
 from lmpress.vocabulary.guided import GuidedDecoding
@@ -39,9 +39,6 @@ if TYPE_CHECKING:
     from lmpress.engines.local.vllm.api import VllmApi
     from lmpress.engines.local.vllm.reasoning import ReplyReader, VllmReasoning
 
-# The LoRA ranks vLLM accepts (vllm.config.lora.MaxLoRARanks); an adapter's rank is rounded up.
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
 # --- engine arguments -------------------------------------------------------------------------
 
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -57,6 +54,7 @@ class EngineSettings:
 
     args: dict[str, Any]  # AsyncEngineArgs keyword arguments
     adapter: str | None = None  # model.adapter_model, as vLLM should load it
+    adapters: dict[str, str] = field(default_factory=dict)  # model.adapters, paths checked
 
     @property
     def max_num_seqs(self) -> int:
@@ -74,13 +72,18 @@ class EngineSettings:
 
 
 def engine_settings(
-    config: RunConfig, known_args: set[str] | None = None, auto: str = "auto"
+    config: RunConfig,
+    known_args: set[str] | None = None,
+    auto: str = "auto",
+    *,
+    spare_lora_slot: bool = False,
 ) -> EngineSettings:
     """The AsyncEngineArgs keyword arguments a run config asks for.
 
     `known_args` (the field names of vLLM's AsyncEngineArgs) catches a misspelt key in
     `model.model_kwargs` before vLLM starts. `auto` is the dtype `model.torch_dtype_str: auto`
     stands for on this machine (`VllmApi.auto_dtype`, the rule NATIVE follows too).
+    `spare_lora_slot`: vLLM's CPU build, which needs an empty LoRA slot for base rows (lora.py).
     """
     model = config.model
     kwargs = dict(model.model_kwargs)
@@ -134,14 +137,13 @@ def engine_settings(
             "model": model_directory(model.draft_model, "model.draft_model"),
             "num_speculative_tokens": model.num_speculative_tokens,
         }
+    adapters = adapter_paths(model)
     adapter = None
     if model.adapter_model:
         adapter = local_or_hub(model.adapter_model, "model.adapter_model")
-        args["enable_lora"] = True
-        if "max_lora_rank" not in kwargs:
-            args["max_lora_rank"] = lora_rank(adapter)
     args.update(kwargs)
-    return EngineSettings(args, adapter)
+    args.update(lora_args(adapter, adapters, kwargs, spare_slot=spare_lora_slot))
+    return EngineSettings(args, adapter, adapters)
 
 
 def model_directory(name: str, key: str) -> str:
@@ -158,39 +160,6 @@ def model_directory(name: str, key: str) -> str:
             f"{key}: cannot write the dequantized copy of '{name}' ({path}) into lmpress's "
             f"cache: {first_line(exc)}"
         ) from exc
-
-
-def lora_rank(adapter: str) -> int:
-    """The LoRA rank vLLM must reserve for an adapter (its `r`, rounded up to a rank vLLM
-    accepts), read from the adapter's adapter_config.json."""
-    path = Path(adapter)
-    config_file = path / "adapter_config.json"
-    if not path.exists():
-        try:
-            from huggingface_hub import hf_hub_download
-
-            config_file = Path(hf_hub_download(adapter, "adapter_config.json"))
-        except Exception as exc:
-            raise ModelLoadError(
-                f"model.adapter_model: cannot read the adapter's rank from '{adapter}' "
-                f"({first_line(exc)}); give a local adapter directory or set "
-                f"model.model_kwargs.max_lora_rank"
-            ) from exc
-    try:
-        peft = json.loads(config_file.read_text(encoding="utf-8"))
-        ranks = [int(peft["r"]), *(int(r) for r in (peft.get("rank_pattern") or {}).values())]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(
-            f"model.adapter_model: {config_file} is not a PEFT LoRA config with a rank 'r' "
-            f"({first_line(exc)})"
-        ) from exc
-    rank = max(ranks)
-    for allowed in LORA_RANKS:
-        if rank <= allowed:
-            return allowed
-    raise ModelLoadError(
-        f"model.adapter_model: LoRA rank {rank} is above the {LORA_RANKS[-1]} vLLM supports"
-    )
 
 
 # --- GenerationParams -> SamplingParams -------------------------------------------------------

@@ -28,7 +28,6 @@ from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 from lmpress.vocabulary.errors import (
     ConfigError,
     EngineUnavailableError,
-    ModelLoadError,
     UnsupportedParamError,
 )
 from lmpress.vocabulary.types import (
@@ -386,41 +385,6 @@ def test_documented_engine_arguments_are_checked(model_dir, key, value, message)
 def test_unknown_dtype(model_dir):
     with pytest.raises(ConfigError, match="model.torch_dtype_str: unknown dtype 'int3' for VLLM"):
         engine_settings(config_with(model_dir, torch_dtype_str="int3"))
-
-
-def write_adapter(path: Path, **peft) -> str:
-    path.mkdir(parents=True)
-    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", **peft}))
-    return str(path)
-
-
-def test_adapter_enables_lora_with_its_rank_rounded_up(tmp_path, model_dir):
-    adapter = write_adapter(tmp_path / "my-lora", r=4)
-    settings = engine_settings(config_with(model_dir, adapter_model=adapter))
-    assert (settings.args["enable_lora"], settings.args["max_lora_rank"]) == (True, 8)
-    assert settings.adapter == adapter
-    patterned = write_adapter(tmp_path / "patterned", r=16, rank_pattern={"q_proj": 64})
-    assert (
-        engine_settings(config_with(model_dir, adapter_model=patterned)).args["max_lora_rank"] == 64
-    )
-
-
-def test_adapter_rank_set_by_hand_wins(tmp_path, model_dir):
-    adapter = write_adapter(tmp_path / "lora", r=4)
-    config = config_with(model_dir, adapter_model=adapter, model_kwargs={"max_lora_rank": 32})
-    assert engine_settings(config).args["max_lora_rank"] == 32
-
-
-def test_unusable_adapters(tmp_path, model_dir):
-    huge = write_adapter(tmp_path / "huge", r=1024)
-    with pytest.raises(ModelLoadError, match="LoRA rank 1024 is above the 512 vLLM supports"):
-        engine_settings(config_with(model_dir, adapter_model=huge))
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    with pytest.raises(ModelLoadError, match="adapter_config.json is not a PEFT LoRA config"):
-        engine_settings(config_with(model_dir, adapter_model=str(empty)))
-    with pytest.raises(ModelLoadError, match="model.adapter_model: './nowhere' does not exist"):
-        engine_settings(config_with(model_dir, adapter_model="./nowhere"))
 
 
 # --- the engine against the stand-in --------------------------------------------------------------

@@ -13,7 +13,11 @@ and documents, and PoolingParams' arguments) with `LLM.score`, and "prompt_logpr
 as "generate", a prompt being text or {"prompt_token_ids": [...]}) with `LLM.generate`,
 answered with the prompt's token ids and vLLM's prompt logprobs beside the samples. With
 "lora": ADAPTER_DIR (and enable_lora in engine_args) each list is asked once more with that
-adapter's LoRARequest, as "lora_chat" and "lora_generate". OUT.json: {"chat": [...],
+adapter's LoRARequest, as "lora_chat" and "lora_generate". With "adapters": {NAME: DIR}
+(and enable_lora, max_loras in engine_args), the "adapter_chat" cases, each naming its
+"adapter" (a name, or null for the base model), are asked in one `LLM.chat` call with a
+LoRARequest a prompt ("adapter_chat", in the cases' order), and the base model's cases again
+in one call of their own, with no adapter in the batch ("adapter_chat_base"). OUT.json: {"chat": [...],
 "generate": [...], ...}, one entry a case: its samples' text, token ids, finish reason and
 per-token logprobs (the chosen token's text and logprob, then the top ones).
 
@@ -120,6 +124,8 @@ def answers(vllm, llm, cases: dict) -> dict:
                 lora_request=lora,
             )
             out[prefix + "generate"] = [described(o) for o in outputs]
+    if cases.get("adapters"):
+        out.update(adapter_answers(vllm, llm, cases))
     if cases.get("prompt_logprobs"):
         outputs = llm.generate(
             [c["prompt"] for c in cases["prompt_logprobs"]],
@@ -146,6 +152,30 @@ def answers(vllm, llm, cases: dict) -> dict:
             )
             out[key] = [o.outputs.score for o in outputs]
     return out
+
+
+def adapter_answers(vllm, llm, cases: dict) -> dict:
+    from vllm.lora.request import LoRARequest
+
+    adapters = cases["adapters"].items()
+    loras = {name: LoRARequest(name, i, path) for i, (name, path) in enumerate(adapters, 1)}
+    chats = cases["adapter_chat"]
+
+    def ask(indices: list[int]) -> dict[int, list[dict]]:
+        outputs = llm.chat(
+            [chats[i]["messages"] for i in indices],
+            [sampling(vllm, chats[i]["sampling"]) for i in indices],
+            use_tqdm=False,
+            lora_request=[loras.get(chats[i]["adapter"]) for i in indices],
+        )
+        return dict(zip(indices, map(described, outputs), strict=True))
+
+    mixed = ask(list(range(len(chats))))
+    base = ask([i for i, c in enumerate(chats) if c["adapter"] is None])
+    return {
+        "adapter_chat": [mixed[i] for i in range(len(chats))],
+        "adapter_chat_base": list(base.values()),
+    }
 
 
 if __name__ == "__main__":

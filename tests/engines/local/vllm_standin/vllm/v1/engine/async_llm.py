@@ -1,5 +1,6 @@
 """Stand-in for vllm/v1/engine/async_llm.py: AsyncLLM with vLLM's signatures for
-from_engine_args, generate, abort, get_tokenizer, get_supported_tasks, shutdown and errored.
+from_engine_args, generate, abort, add_lora, remove_lora, get_tokenizer, get_supported_tasks,
+shutdown and errored.
 
 Its "model" echoes the prompt's words, one per token, then EOS. It honours what lmpress sends:
 n, max_tokens, stop, stop_token_ids, logprobs, structured outputs (a choice's first option, or
@@ -93,6 +94,7 @@ class AsyncLLM:
             pooler_config=None,
         )
         self.requests: list[RecordedRequest] = []
+        self.loras: dict[int, Any] = {}  # loaded at run time (add_lora), by id
         self.aborted: list[str] = []
         self.running: set[str] = set()
         self.is_shut_down = False
@@ -134,6 +136,17 @@ class AsyncLLM:
     @property
     def errored(self) -> bool:
         return self._dead
+
+    async def add_lora(self, lora_request: Any) -> bool:
+        if not self.engine_args.enable_lora:
+            raise ValueError("LoRA is not enabled. Use --enable-lora to enable LoRA.")
+        self.loras[lora_request.lora_int_id] = lora_request
+        log("add_lora", name=lora_request.lora_name, id=lora_request.lora_int_id)
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        log("remove_lora", id=lora_id)
+        return self.loras.pop(lora_id, None) is not None
 
     def get_tokenizer(self) -> StandinTokenizer:
         return self.tokenizer
