@@ -198,7 +198,8 @@ class Server:
             request, new_id("chatcmpl"), messages, sampling, adapter
         )
         if body.stream:
-            chunks = ChatChunks(entry.id, int(time.time()), self.model_name, body.include_usage)
+            named = engine_request.adapter or self.model_name  # the name the client sent
+            chunks = ChatChunks(entry.id, int(time.time()), named, body.include_usage)
             run = self._stream([engine_request], chunks, entry, [""])
         else:
             run = self._complete_chat(engine_request, entry)
@@ -234,7 +235,7 @@ class Server:
                 raise sampling.refuse("echo", "of token ids is not streamed; send 'stream': false")
             echoes = [p if body.echo and isinstance(p, str) else "" for p in prompts]
             chunks = CompletionChunks(
-                entry.id, int(time.time()), self.model_name, body.include_usage
+                entry.id, int(time.time()), adapter or self.model_name, body.include_usage
             )
             run = self._stream(requests, chunks, entry, echoes)
         else:
@@ -254,7 +255,8 @@ class Server:
         self._finish_log(entry, [result])
         if result.error is not None:
             raise error_from_info(result.error, entry.id)
-        body = responses.chat_completion(entry.id, int(time.time()), self.model_name, result)
+        named = request.adapter or self.model_name
+        body = responses.chat_completion(entry.id, int(time.time()), named, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
     async def _complete_text(
@@ -267,7 +269,11 @@ class Server:
                 raise error_from_info(result.error, entry.id)
         tokenizer = await self.tokens.get() if echo.needs_tokenizer else None
         body = responses.text_completion(
-            entry.id, int(time.time()), self.model_name, results, echo.of(results, tokenizer)
+            entry.id,
+            int(time.time()),
+            requests[0].adapter or self.model_name,
+            results,
+            echo.of(results, tokenizer),
         )
         return JSONResponse(body, headers={"x-request-id": entry.id})
 

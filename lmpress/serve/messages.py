@@ -155,7 +155,7 @@ class MessagesRoutes:
         self._finish_log(entry, result)
         if result.error is not None:
             raise error_from_info(result.error, entry.id)
-        body = wire.message_body(entry.id, self.server.model_name, result)
+        body = wire.message_body(entry.id, request.adapter or self.server.model_name, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
     async def _stream(self, request: Request, entry: RequestLog) -> Response:
@@ -167,7 +167,7 @@ class MessagesRoutes:
             await items.aclose()
             self._finish_log(entry, first)
             raise error_from_info(first.error, entry.id)
-        events = MessageEvents(entry.id, self.server.model_name)
+        events = MessageEvents(entry.id, request.adapter or self.server.model_name)
         return EventStream(self._events(first, items, events, entry), items, entry.id)
 
     async def _events(

@@ -68,7 +68,7 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
     engine_request, entry = server.engine_request(
         request, new_id("resp"), messages, sampling, adapter
     )
-    head = ResponseHead(entry.id, server.model_name, body)
+    head = ResponseHead(entry.id, adapter or server.model_name, body)
     head.check()
     if body.stream:
         run = _stream(server, engine_request, head, entry)
