@@ -121,6 +121,17 @@ class RemoteParams:
 
 
 @dataclass
+class ServedModel:
+    """One of several models behind `lmpress serve` (`serve.models`, or `--model NAME=RECIPE`):
+    the name clients send, the recipe (a bundled name or a path, as `-c` takes) and overrides
+    of its keys (`{"generation.max_new_tokens": 64}`)."""
+
+    name: str = ""
+    recipe: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ServeParams:
     """`lmpress serve`: where it listens and what it refuses. The API key is never config: it
     comes from --api-key or LMPRESS_API_KEY, so `config show` cannot print it."""
@@ -156,6 +167,14 @@ class ServeParams:
     # Checked from the image's header, before it is decoded: 4096 x 4096, a 16 MP photo.
     max_image_pixels: int = 4096 * 4096
     max_images_per_request: int = 8
+    # Several models behind one server (serve/router.py), each {name, recipe, overrides}
+    # (docs/many-models.md): each loads on first use; past max_loaded_models (None: no limit)
+    # the least recently used idle one is unloaded.
+    models: list[ServedModel] = field(default_factory=list)
+    max_loaded_models: int | None = None
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter read a path a client names from the
+    # server's disk, so they are off unless this (or --allow-runtime-lora) turns them on.
+    allow_runtime_lora: bool = False
 
 
 @dataclass
@@ -334,6 +353,10 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "serve.max_body_bytes": (lambda v: v >= 1, "must be at least 1"),
     "serve.queue_limit": (lambda v: v >= 1, "must be at least 1"),
     "serve.max_n": (lambda v: v >= 1, "must be at least 1"),
+    "serve.max_loaded_models": (
+        lambda v: v is None or v >= 1,
+        "must be at least 1, or null for no limit",
+    ),
     "serve.max_new_tokens_per_request": (lambda v: v >= 1, "must be at least 1"),
     "serve.max_prompts_per_request": (lambda v: v >= 1, "must be at least 1"),
     "serve.max_prompt_bytes": (lambda v: v >= 1, "must be at least 1"),

@@ -20,7 +20,6 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
 from openai.types import Completion
-from openai.types import Model as OpenAIModel
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response as ApiResponse
 
@@ -29,7 +28,17 @@ from lmpress.cache.responses import CacheMode, ResponseCache, cache_mode
 from lmpress.configs.schema import ServeParams
 from lmpress.data.messages import RowError, parse_messages, regenerate_last_turn
 from lmpress.engines.base import Engine, check_tools, unsupported_params
-from lmpress.serve import errors, limits, messages, metrics, openapi, pooling, responses_api, tokens
+from lmpress.serve import (
+    errors,
+    limits,
+    messages,
+    metrics,
+    model_routes,
+    openapi,
+    pooling,
+    responses_api,
+    tokens,
+)
 from lmpress.serve.asgi import (
     EventStream,
     GenerationResponse,
@@ -39,13 +48,15 @@ from lmpress.serve.asgi import (
     Response,
     Slots,
     new_id,
+    read_body,
     request_log,
 )
 from lmpress.serve.batches import add_batch_routes
 from lmpress.serve.media import AfterImages, ClientImages
+from lmpress.serve.router import ModelRouter
 from lmpress.serve.tokens import Echoing
 from lmpress.version import __version__
-from lmpress.vocabulary.errors import ErrorKind, InputError, UnsupportedParamError
+from lmpress.vocabulary.errors import InputError, UnsupportedParamError
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result, Usage
 from lmpress.wire.openai import pooling as wire
 from lmpress.wire.openai import requests as bodies
@@ -61,13 +72,18 @@ log = logging.getLogger("lmpress.serve")
 class Server:
     """One engine behind the OpenAI routes, with the settings of `lmpress serve`."""
 
-    def __init__(self, engine: Engine, settings: ServeParams):
+    def __init__(
+        self, engine: Engine, settings: ServeParams, shared: metrics.ServeMetrics | None = None
+    ):
         self.engine = engine
         self.settings = settings
         self.model_name = settings.served_model_name or engine.model_name or engine.name.lower()
         self.created = int(time.time())
         self.slots = Slots(settings.queue_limit)
-        self.metrics = metrics.ServeMetrics(self.model_name, engine, self.slots)
+        # One server's metrics, or a router's shared by its models (serve/router.py).
+        self.metrics = shared or metrics.ServeMetrics(
+            self.model_name, lambda: [(self.model_name, engine, self.slots)]
+        )
         # Generation goes through `answers`: the response cache where --cache asks for it.
         cache = None
         if cache_mode(settings.cache) is not CacheMode.OFF:
@@ -77,36 +93,31 @@ class Server:
         self.images = ClientImages(settings)
         self.tokens = tokens.EngineTokenizer(engine)
 
+    def drop_engine(self) -> None:
+        """Let go of the engine, once closed, and of all that holds it: FastAPI keeps each
+        route's endpoint (this server's methods) in a process-wide cache, so the server of an
+        unloaded model outlives its unloading, and must not keep the model's memory."""
+        del self.engine, self.answers, self.tokens
+
     # --- checks shared by the generation routes ----------------------------------------------
 
     async def read_body(self, request: HttpRequest) -> bytes:
-        limit = self.settings.max_body_bytes
-        too_large = ApiError(
-            413,
-            f"the request body is larger than this server's limit of {limit} bytes "
-            f"(serve.max_body_bytes)",
-            code=str(ErrorKind.REQUEST_TOO_LARGE),
-            headers={"connection": "close"},  # not read on, to be thrown away
-        )
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > limit:
-            raise too_large
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_body(request, self.settings.max_body_bytes)
 
-    def check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise ApiError(
-                404,
-                f"The model '{model}' does not exist; this server serves '{self.model_name}'",
-                param="model",
-                code="model_not_found",
-            )
+    def check_model(self, model: str) -> str | None:
+        """The adapter `model` names (None: the base model), or 404 for a name not served."""
+        if model == self.model_name:
+            return None
+        if model in self.engine.adapter_names:
+            return model
+        served = [self.model_name, *sorted(self.engine.adapter_names)]
+        raise ApiError(
+            404,
+            f"The model '{model}' does not exist; this server serves "
+            + ", ".join(f"'{name}'" for name in served),
+            param="model",
+            code="model_not_found",
+        )
 
     def params(self, sampling: Sampling, prompts: int = 1) -> GenerationParams:
         """The server's generation settings with the request's, refusing what the engine
@@ -131,18 +142,23 @@ class Server:
         return params
 
     def engine_request(
-        self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
+        self,
+        http: HttpRequest,
+        id: str,
+        messages: list[Message],
+        sampling: Sampling,
+        adapter: str | None = None,
     ) -> tuple[Request, RequestLog]:
-        """A generation route's request for the engine, its settings and tools checked against
-        the engine's; and the route's request log, named `id` and, with --log-content, given
-        the conversation."""
+        """A generation route's request for the engine (with `adapter`, from `check_model`),
+        its settings and tools checked against the engine's; and the route's request log,
+        named `id` and, with --log-content, given the conversation."""
         limits.check_prompt_bytes(self.settings, ["".join(m.text() for m in messages)], "messages")
         params = self.params(sampling)
         entry = request_log(http.scope)
         entry.id = id
         if self.settings.log_content:
             entry.content = {"messages": [m.to_openai() for m in messages]}
-        request = Request(id, messages, params, tools=sampling.tools)
+        request = Request(id, messages, params, tools=sampling.tools, adapter=adapter)
         self.check_tools(request)
         return request, entry
 
@@ -177,10 +193,13 @@ class Server:
             messages = regenerate_last_turn(parse_messages(body.messages))
         except RowError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
-        self.check_model(bodies.require_model(body))
-        engine_request, entry = self.engine_request(request, new_id("chatcmpl"), messages, sampling)
+        adapter = self.check_model(bodies.require_model(body))
+        engine_request, entry = self.engine_request(
+            request, new_id("chatcmpl"), messages, sampling, adapter
+        )
         if body.stream:
-            chunks = ChatChunks(entry.id, int(time.time()), self.model_name, body.include_usage)
+            named = engine_request.adapter or self.model_name  # the name the client sent
+            chunks = ChatChunks(entry.id, int(time.time()), named, body.include_usage)
             run = self._stream([engine_request], chunks, entry, [""])
         else:
             run = self._complete_chat(engine_request, entry)
@@ -195,7 +214,7 @@ class Server:
         texts = [p for p in prompts if isinstance(p, str)]
         limits.check_prompt_count(self.settings, len(prompts), "prompt")
         limits.check_prompt_bytes(self.settings, texts, "prompt")
-        self.check_model(bodies.require_model(body))
+        adapter = self.check_model(bodies.require_model(body))
         params = self.params(sampling, len(prompts))
         if len(texts) < len(prompts) and "prompt_logprobs" not in self.engine.supported_params:
             raise ApiError(
@@ -208,7 +227,7 @@ class Server:
             entry.content = {"prompt": prompts}
         requests = [
             Request(f"{entry.id}-{i}", [], params, prompt=p if isinstance(p, str) else None,
-                    prompt_ids=None if isinstance(p, str) else p)
+                    prompt_ids=None if isinstance(p, str) else p, adapter=adapter)
             for i, p in enumerate(prompts)
         ]  # fmt: skip
         if body.stream:
@@ -216,7 +235,7 @@ class Server:
                 raise sampling.refuse("echo", "of token ids is not streamed; send 'stream': false")
             echoes = [p if body.echo and isinstance(p, str) else "" for p in prompts]
             chunks = CompletionChunks(
-                entry.id, int(time.time()), self.model_name, body.include_usage
+                entry.id, int(time.time()), adapter or self.model_name, body.include_usage
             )
             run = self._stream(requests, chunks, entry, echoes)
         else:
@@ -236,7 +255,8 @@ class Server:
         self._finish_log(entry, [result])
         if result.error is not None:
             raise error_from_info(result.error, entry.id)
-        body = responses.chat_completion(entry.id, int(time.time()), self.model_name, result)
+        named = request.adapter or self.model_name
+        body = responses.chat_completion(entry.id, int(time.time()), named, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
     async def _complete_text(
@@ -249,7 +269,11 @@ class Server:
                 raise error_from_info(result.error, entry.id)
         tokenizer = await self.tokens.get() if echo.needs_tokenizer else None
         body = responses.text_completion(
-            entry.id, int(time.time()), self.model_name, results, echo.of(results, tokenizer)
+            entry.id,
+            int(time.time()),
+            requests[0].adapter or self.model_name,
+            results,
+            echo.of(results, tokenizer),
         )
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
@@ -387,15 +411,22 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
             "requests_in_flight": server.slots.in_use,
         }
 
-    @app.get("/v1/models", response_model=None, responses=openapi.replies(openapi.ModelList))
-    async def list_models() -> dict[str, Any]:
-        return responses.model_list([server.model_name], server.created, "lmpress")
+    model_routes.register(app, ModelRouter.of_one(server))
+    add_model_routes(app, server)
+    app.state.batch_runs = add_batch_routes(app, engine, settings.state_dir, server.images)
+    if app.state.batch_runs is not None:  # each batch line and its tokens, in /metrics
+        app.state.batch_runs.line_listeners.append(server.metrics.count_batch_line)
+    errors.install(app)
+    openapi.install(app, server.model_name, api_key)
+    app.add_middleware(RequireKey, api_key=api_key)
+    metrics.install(app, server.metrics)  # GET /metrics, and the count of every request
+    app.add_middleware(LogRequests)  # added last, so outermost: it sees every answer
+    return app
 
-    @app.get("/v1/models/{model:path}", response_model=None, responses=openapi.replies(OpenAIModel))
-    async def get_model(model: str) -> dict[str, Any]:
-        server.check_model(model)
-        return responses.model_card(model, server.created, "lmpress")
 
+def add_model_routes(app: FastAPI, server: Server) -> None:
+    """The routes that answer with one model: generation, pooling, Anthropic's Messages and
+    the tokenizer's. A server of several models has an app of these per model (serve/front.py)."""
     for paths, route, body, reply, stream in (
         ((bodies.CHAT_PATH,), server.chat_completions, bodies.ChatCompletionBody, ChatCompletion, True),
         ((bodies.COMPLETIONS_PATH,), server.completions, bodies.CompletionBody, Completion, True),
@@ -411,12 +442,3 @@ def create_app(engine: Engine, settings: ServeParams, api_key: str | None = None
             )  # fmt: skip
     messages.register(app, server)  # Anthropic's /v1/messages and its count_tokens
     tokens.register(app, server)  # vLLM's /tokenize, /detokenize and /tokenizer_info
-    app.state.batch_runs = add_batch_routes(app, engine, settings.state_dir, server.images)
-    if app.state.batch_runs is not None:  # each batch line and its tokens, in /metrics
-        app.state.batch_runs.line_listeners.append(server.metrics.count_batch_line)
-    errors.install(app)
-    openapi.install(app, server.model_name, api_key)
-    app.add_middleware(RequireKey, api_key=api_key)
-    metrics.install(app, server.metrics)  # GET /metrics, and the count of every request
-    app.add_middleware(LogRequests)  # added last, so outermost: it sees every answer
-    return app

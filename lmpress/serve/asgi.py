@@ -14,10 +14,12 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.responses import Response as StarletteResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from lmpress.vocabulary.errors import ErrorKind
 from lmpress.vocabulary.types import Usage
 from lmpress.wire.anthropic.server import MESSAGES_PATH, anthropic_error
 from lmpress.wire.openai.errors import ApiError
@@ -38,6 +40,7 @@ class RequestLog:
     usage: Usage | None = None
     cancelled: bool = False
     content: dict[str, Any] | None = None
+    model: str | None = None  # the model that answered, on a server of several (its metrics)
     started: float = field(default_factory=time.perf_counter)
     # When the first delta of a stream went out, and the gaps between deltas (for /metrics).
     first_token: float | None = None
@@ -198,6 +201,27 @@ class GenerationResponse(StarletteResponse):
 async def wait_for_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def read_body(request: HttpRequest, limit: int) -> bytes:
+    """A request's body, or 413 as soon as it is past `limit` bytes (serve.max_body_bytes)."""
+    too_large = ApiError(
+        413,
+        f"the request body is larger than this server's limit of {limit} bytes "
+        f"(serve.max_body_bytes)",
+        code=str(ErrorKind.REQUEST_TOO_LARGE),
+        headers={"connection": "close"},  # not read on, to be thrown away
+    )
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def error_response(error: ApiError) -> JSONResponse:

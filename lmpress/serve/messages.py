@@ -42,7 +42,12 @@ class Server(pooling.Server, Protocol):
     """What these routes use of `serve.app.Server`."""
 
     def engine_request(
-        self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
+        self,
+        http: HttpRequest,
+        id: str,
+        messages: list[Message],
+        sampling: Sampling,
+        adapter: str | None = None,
     ) -> tuple[Request, RequestLog]: ...
 
     async def take_images(self, request: Request, param: str = "messages") -> None: ...
@@ -126,9 +131,9 @@ class MessagesRoutes:
     ) -> tuple[Request, RequestLog]:
         server = self.server
         messages = wire.request_messages(body)
-        server.check_model(body.model)
+        adapter = server.check_model(body.model)
         sampling = wire.request_sampling(body, thinks(server.engine))
-        return server.engine_request(http, id, messages, sampling)
+        return server.engine_request(http, id, messages, sampling, adapter)
 
     async def _prompt_counter(self) -> PromptCounter:
         """The engine's prompt counter, loaded (a tokenizer, never weights) on first use."""
@@ -150,7 +155,7 @@ class MessagesRoutes:
         self._finish_log(entry, result)
         if result.error is not None:
             raise error_from_info(result.error, entry.id)
-        body = wire.message_body(entry.id, self.server.model_name, result)
+        body = wire.message_body(entry.id, request.adapter or self.server.model_name, result)
         return JSONResponse(body, headers={"x-request-id": entry.id})
 
     async def _stream(self, request: Request, entry: RequestLog) -> Response:
@@ -162,7 +167,7 @@ class MessagesRoutes:
             await items.aclose()
             self._finish_log(entry, first)
             raise error_from_info(first.error, entry.id)
-        events = MessageEvents(entry.id, self.server.model_name)
+        events = MessageEvents(entry.id, request.adapter or self.server.model_name)
         return EventStream(self._events(first, items, events, entry), items, entry.id)
 
     async def _events(

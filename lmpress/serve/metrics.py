@@ -17,7 +17,7 @@ and `metrics.count_usage(usage)` for the tokens of lines that no HTTP request ca
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, get_args
 
 from fastapi import FastAPI
@@ -45,6 +45,8 @@ METRICS_PATH = "/metrics"
 UNMATCHED = "unmatched"
 
 BatchLineOutcome = Literal["completed", "failed"]
+# A loaded model as the gauges read it: its name, its engine and its server's queue.
+Loaded = tuple[str, Engine, Slots]
 
 # vLLM's buckets (vllm/v1/metrics/buckets.py), so that its dashboards' quantiles read the same.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -62,9 +64,15 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 class ServeMetrics:
     """The metrics of one `lmpress serve` app, in a registry of its own."""
 
-    def __init__(self, model_name: str, engine: Engine, slots: Slots):
+    def __init__(
+        self, model_name: str, loaded: Callable[[], Iterable[Loaded]], several: bool = False
+    ):
+        """`model_name`: the model a series is labelled with where the request names none
+        (on a server of `several`, a request that reached no model is counted under "");
+        `loaded`: the models loaded now, read when scraped (one, or a router's)."""
         self.registry = CollectorRegistry()
         self.model_name = model_name
+        self.unnamed = "" if several else model_name
         model = ["model_name"]
 
         def counter(name: str, doc: str, labels: Sequence[str] = model) -> Counter:
@@ -75,9 +83,9 @@ class ServeMetrics:
 
         self.requests = counter(
             "lmpress_http_requests",
-            "HTTP requests answered, by route (path template), method and status "
+            "HTTP requests answered, by model, route (path template), method and status "
             "(499: the client went away first).",
-            ["route", "method", "status"],
+            [*model, "route", "method", "status"],
         )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter(
@@ -105,73 +113,75 @@ class ServeMetrics:
         self._batch_lines = counter(
             "lmpress_batch_lines", "Batch lines done, by outcome.", [*model, "outcome"]
         )
-        self.registry.register(_LoadCollector(model_name, engine, slots))
-        # Every series of the model from the start, at 0, so that rate() counts the first
-        # requests too.
+        self.registry.register(_LoadCollector(loaded))
+        self.add_model(model_name)
+
+    def add_model(self, model: str) -> None:
+        """Every series of `model` from the start, at 0, so that rate() counts its first
+        requests too."""
         for metric in (self.prompt_tokens, self.generation_tokens, self.reasoning_tokens,
                        self.ttft, self.inter_token, self.e2e):  # fmt: skip
-            self.labels(metric)
+            self.labels(metric, model)
         for outcome in get_args(BatchLineOutcome):
-            self.batch_lines(outcome)
+            self.batch_lines(outcome, model)
 
-    def labels(self, metric: Counter | Histogram) -> Any:
-        return metric.labels(model_name=self.model_name)
+    def labels(self, metric: Counter | Histogram, model: str | None = None) -> Any:
+        return metric.labels(model_name=model or self.model_name)
 
-    def batch_lines(self, outcome: BatchLineOutcome) -> Counter:
+    def batch_lines(self, outcome: BatchLineOutcome, model: str | None = None) -> Counter:
         """The counter of batch lines done with `outcome`: call `.inc()` on it."""
-        return self._batch_lines.labels(model_name=self.model_name, outcome=outcome)
+        return self._batch_lines.labels(model_name=model or self.model_name, outcome=outcome)
 
     def count_batch_line(self, outcome: BatchLineOutcome, usage: Usage) -> None:
         """Count a batch line that ended, and the tokens it used."""
         self.batch_lines(outcome).inc()
         self.count_usage(usage)
 
-    def count_usage(self, usage: Usage) -> None:
+    def count_usage(self, usage: Usage, model: str | None = None) -> None:
         """Count the tokens of a request (or batch line) that the engine processed."""
-        self.labels(self.prompt_tokens).inc(usage.prompt_tokens)
-        self.labels(self.generation_tokens).inc(usage.completion_tokens)
-        self.labels(self.reasoning_tokens).inc(usage.reasoning_tokens)
+        self.labels(self.prompt_tokens, model).inc(usage.prompt_tokens)
+        self.labels(self.generation_tokens, model).inc(usage.completion_tokens)
+        self.labels(self.reasoning_tokens, model).inc(usage.reasoning_tokens)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class _LoadCollector(Collector):
-    """The gauges, read when scraped: requests running and waiting in the engine (where it
-    cannot tell, those in flight at the routes count as running), the KV cache's use where
-    the engine bounds one, and the requests in flight at the routes."""
+    """The gauges, read when scraped, one series per loaded model: requests running and
+    waiting in the engine (where it cannot tell, those in flight at the routes count as
+    running), the KV cache's use where the engine bounds one, and the requests in flight at
+    the routes."""
 
-    def __init__(self, model_name: str, engine: Engine, slots: Slots):
-        self.model_name = model_name
-        self.engine = engine
-        self.slots = slots
+    def __init__(self, loaded: Callable[[], Iterable[Loaded]]):
+        self.loaded = loaded
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=["model_name"])
-            family.add_metric([self.model_name], value)
-            return family
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["model_name"])
 
-        held = self.engine.occupancy()
-        running = held.running if held is not None else self.slots.in_use
-        yield gauge("vllm:num_requests_running", "Requests generating now.", running)
-        if held is not None:
-            yield gauge(
-                "vllm:num_requests_waiting",
-                "Requests waiting for a place in the engine's batch.",
-                held.waiting,
-            )
-            if held.kv_cache_usage is not None:
-                yield gauge(
-                    "vllm:kv_cache_usage_perc",
-                    "KV-cache usage. 1 means 100 percent usage.",
-                    held.kv_cache_usage,
-                )
-        yield gauge(
+        running = gauge("vllm:num_requests_running", "Requests generating now.")
+        waiting = gauge(
+            "vllm:num_requests_waiting", "Requests waiting for a place in the engine's batch."
+        )
+        kv = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        in_flight = gauge(
             "lmpress_requests_in_flight",
             "Places held in the server's queue (serve.queue_limit): one a sequence or text.",
-            self.slots.in_use,
         )
+        for name, engine, slots in self.loaded():
+            held = engine.occupancy()
+            running.add_metric([name], held.running if held is not None else slots.in_use)
+            if held is not None:
+                waiting.add_metric([name], held.waiting)
+                if held.kv_cache_usage is not None:
+                    kv.add_metric([name], held.kv_cache_usage)
+            in_flight.add_metric([name], slots.in_use)
+        for family in (running, waiting, kv, in_flight):
+            if family.samples:
+                yield family
+        if not in_flight.samples:  # no model loaded: nothing is in flight
+            yield in_flight
 
 
 class CountRequests:
@@ -208,17 +218,20 @@ class CountRequests:
         metrics = self.metrics
         route = self._route(scope)
         method = scope["method"] if scope["method"] in METHODS else "other"
-        metrics.requests.labels(route=route, method=method, status=str(status)).inc()
+        model_name = entry.model or metrics.unnamed
+        labels = {"route": route, "method": method, "status": str(status)}
+        metrics.requests.labels(model_name=model_name, **labels).inc()
         if entry.usage is None:  # not a generation, or one that never reached the engine
             return
-        metrics.count_usage(entry.usage)
+        model = entry.model  # None on a one-model server: its model
+        metrics.count_usage(entry.usage, model)
         if entry.first_token is not None:
-            metrics.labels(metrics.ttft).observe(entry.first_token - entry.started)
-            inter_token = metrics.labels(metrics.inter_token)
+            metrics.labels(metrics.ttft, model).observe(entry.first_token - entry.started)
+            inter_token = metrics.labels(metrics.inter_token, model)
             for gap in entry.token_gaps:
                 inter_token.observe(gap)
         if status < 400:
-            metrics.labels(metrics.e2e).observe(time.perf_counter() - entry.started)
+            metrics.labels(metrics.e2e, model).observe(time.perf_counter() - entry.started)
 
     def _route(self, scope: Scope) -> str:
         """The path template of the route that answered (or would have, behind a 401)."""

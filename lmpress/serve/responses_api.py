@@ -41,7 +41,12 @@ class Server(pooling.Server, Protocol):
     """What this route uses of `serve.app.Server`."""
 
     def engine_request(
-        self, http: HttpRequest, id: str, messages: list[Message], sampling: Sampling
+        self,
+        http: HttpRequest,
+        id: str,
+        messages: list[Message],
+        sampling: Sampling,
+        adapter: str | None = None,
     ) -> tuple[Request, RequestLog]: ...
 
     def with_images(
@@ -59,9 +64,11 @@ async def responses(server: Server, request: HttpRequest) -> GenerationResponse:
         raise ApiError(400, str(exc), param="input") from exc
     if body.model is None:
         raise ApiError(400, "Missing required parameter: 'model'", param="model")
-    server.check_model(body.model)
-    engine_request, entry = server.engine_request(request, new_id("resp"), messages, sampling)
-    head = ResponseHead(entry.id, server.model_name, body)
+    adapter = server.check_model(body.model)
+    engine_request, entry = server.engine_request(
+        request, new_id("resp"), messages, sampling, adapter
+    )
+    head = ResponseHead(entry.id, adapter or server.model_name, body)
     head.check()
     if body.stream:
         run = _stream(server, engine_request, head, entry)

@@ -18,21 +18,60 @@ from lmpress.configs.schema import RunConfig
 from lmpress.vocabulary.errors import LmpressError, Terminated
 
 
-def run_server(config: RunConfig, api_key: str | None = None, stop_grace_s: float = 10.0) -> int:
-    """Serve `config`'s engine until Ctrl-C or SIGTERM (exit 0), giving requests in flight
-    `stop_grace_s` to finish. The port is bound before the model loads, so a port in use
-    fails at once."""
-    import uvicorn
-
-    from lmpress.engines.registry import create_engine
-    from lmpress.serve.app import create_app
-
+def run_server(
+    config: RunConfig,
+    api_key: str | None = None,
+    stop_grace_s: float = 10.0,
+    models: list[tuple[str, RunConfig]] | None = None,
+) -> int:
+    """Serve `config`'s engine (or, given `models`, those models by name, each loaded on first
+    use: serve/router.py) until Ctrl-C or SIGTERM (exit 0), giving requests in flight
+    `stop_grace_s` to finish. The port is bound before any model loads, so a port in use fails
+    at once."""
     settings = config.serve
     sock = listen(settings.host, settings.port)
     _setup_logging()
-    engine = create_engine(config)
-    app = create_app(engine, settings, api_key)
-    server = _stopping_server()(
+    if models:
+        from lmpress.serve.front import create_front_app
+        from lmpress.serve.router import ModelEntry
+
+        app = create_front_app([ModelEntry(n, c) for n, c in models], settings, api_key)
+        served = ", ".join(f"{name} on {model.engine}" for name, model in models)
+        opened, closed = app.state.router.start, app.state.router.close
+    else:
+        from lmpress.engines.registry import create_engine
+        from lmpress.serve.app import create_app
+
+        engine = create_engine(config)
+        app = create_app(engine, settings, api_key)
+        served = f"{app.state.server.model_name} on {engine.name}"
+        opened, closed = _nothing, engine.aclose
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    auth = "API key required" if api_key else "no API key"
+    banner = (
+        f"lmpress serve: {served}, listening on http://{shown}:{port}/v1 ({auth}; Ctrl-C stops)"
+    )
+    batch_runs = getattr(app.state, "batch_runs", None)
+    try:
+        asyncio.run(_serve(_uvicorn(app, stop_grace_s), sock, opened, closed, banner, batch_runs))
+    except (KeyboardInterrupt, Terminated):  # how a server is stopped: not an error
+        pass
+    finally:
+        if not models:
+            app.state.server.answers.close()  # the replies kept last are written
+    print("lmpress serve: stopped", file=sys.stderr)
+    return 0
+
+
+async def _nothing() -> None:
+    pass
+
+
+def _uvicorn(app, stop_grace_s: float):
+    import uvicorn
+
+    return _stopping_server()(
         uvicorn.Config(
             app,
             log_config=None,  # our handler, below; uvicorn's access log is replaced by ours
@@ -41,21 +80,6 @@ def run_server(config: RunConfig, api_key: str | None = None, stop_grace_s: floa
             timeout_graceful_shutdown=stop_grace_s,  # type: ignore[arg-type]  # a float works
         )
     )
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    auth = "API key required" if api_key else "no API key"
-    banner = (
-        f"lmpress serve: {app.state.server.model_name} on {engine.name}, "
-        f"listening on http://{shown}:{port}/v1 ({auth}; Ctrl-C stops)"
-    )
-    try:
-        asyncio.run(_serve(server, sock, engine, banner, app.state.batch_runs))
-    except (KeyboardInterrupt, Terminated):  # how a server is stopped: not an error
-        pass
-    finally:
-        app.state.server.answers.close()  # the replies kept last are written
-    print("lmpress serve: stopped", file=sys.stderr)
-    return 0
 
 
 def _stopping_server():
@@ -80,7 +104,10 @@ def _stopping_server():
     return Server
 
 
-async def _serve(server, sock: socket.socket, engine, banner: str, batch_runs=None) -> None:
+async def _serve(server, sock: socket.socket, opened, closed, banner: str, batch_runs=None):
+    """Serve until stopped: `opened` first (a router's remote models), `closed` last (the
+    engines)."""
+    await opened()
     task = asyncio.create_task(server.serve(sockets=[sock]))
     if batch_runs is not None:
         batch_runs.resume()  # the batches a server stopped or killed left unfinished
@@ -93,7 +120,7 @@ async def _serve(server, sock: socket.socket, engine, banner: str, batch_runs=No
     finally:
         if batch_runs is not None:
             await batch_runs.stop()  # before the engine closes, so no line fails for it
-        await engine.aclose()
+        await closed()
 
 
 def listen(host: str, port: int) -> socket.socket:

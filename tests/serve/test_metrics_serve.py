@@ -33,7 +33,7 @@ def value(samples, name: str, **labels: str) -> float:
 
 
 def requests_total(samples, route: str, method: str, status: int) -> float:
-    labels = {"route": route, "method": method, "status": str(status)}
+    labels = {"model_name": MODEL, "route": route, "method": method, "status": str(status)}
     return value(samples, "lmpress_http_requests_total", **labels)
 
 
@@ -270,8 +270,8 @@ def test_two_apps_in_one_process_keep_their_own_metrics():
         def occupancy(self):
             return None
 
-    first = ServeMetrics("a", Unknown(), Slots(4))  # type: ignore[arg-type]
-    second = ServeMetrics("b", Unknown(), Slots(4))  # type: ignore[arg-type]
+    first = ServeMetrics("a", lambda: [("a", Unknown(), Slots(4))])  # type: ignore[list-item]
+    second = ServeMetrics("b", lambda: [("b", Unknown(), Slots(4))])  # type: ignore[list-item]
     first.count_usage(Usage(5, 7, 2))
     first.batch_lines("completed").inc()
 

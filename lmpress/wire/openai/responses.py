@@ -196,8 +196,13 @@ def model_list(names: list[str], created: int, owner: str) -> dict[str, Any]:
     return {"object": "list", "data": [model_card(name, created, owner) for name in names]}
 
 
-def model_card(name: str, created: int, owner: str) -> dict[str, Any]:
-    return _dump(Model(id=name, object="model", created=created, owned_by=owner))
+def model_card(
+    name: str, created: int, owner: str, root: str | None = None, parent: str | None = None
+) -> dict[str, Any]:
+    """A model's card; with vLLM's `root` (its files) and `parent` (a LoRA adapter's base)
+    where given, as vLLM lists LoRA modules."""
+    extra = {key: value for key, value in (("root", root), ("parent", parent)) if value}
+    return _dump(Model(id=name, object="model", created=created, owned_by=owner, **extra))
 
 
 # --- stream chunks ---------------------------------------------------------------------------
