@@ -8,7 +8,8 @@ adapters (builtin_models/lora.py, converted to GGUF and cached before timing) an
 rows, mixed at random. Side "three jobs": three processes one after the other, each loading
 the model with one adapter (or none) and answering that adapter's rows. Each job is timed from
 before its engine loads to its last reply, as a user waits for it; generation alone is printed
-too. Greedy, EOS honoured: both sides generate the same tokens.
+too, and per CPU-second of generating (less moved by other work on a shared machine). Greedy,
+EOS honoured: both sides generate the same tokens.
 
     .venv/bin/python benchmarks/multi_adapter_llamacpp.py [--rows 64] [--new-tokens 64]
         [--batch-size 16] [--rounds 2] [--threads N]
@@ -49,18 +50,19 @@ def job(
         }
     )
     engine = create_engine(config)
-    loaded = time.perf_counter()
+    loaded, cpu = time.perf_counter(), time.process_time()
     params = GenerationParams(max_new_tokens=settings["new_tokens"])
     requests = [
         Request(str(i), [Message("user", prompt)], params, adapter=adapter)
         for i, (prompt, adapter) in enumerate(rows)
     ]
     results = engine.generate(requests)
-    done = time.perf_counter()
+    done, cpu = time.perf_counter(), time.process_time() - cpu
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
     switches = engine.scheduler.turns.switches
     asyncio.run(engine.aclose())
     tokens = sum(r.usage.completion_tokens for r in results)
+    print(f"  {len(rows)} rows: {tokens / cpu:.1f} tok/CPU-s generating", flush=True)
     return tokens, loaded - started, done - loaded, switches
 
 
