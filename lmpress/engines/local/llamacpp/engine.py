@@ -35,6 +35,10 @@ as every other row's (reading.py), and with `max_new_tokens` 0 it is answered on
 is read. `Engine.loglikelihood` (engines/scoring.py) builds on that, and the choices of one
 context read it once (scheduling.py). `tokenizer()` is the GGUF file's (tokenizer.py).
 
+`model.adapters` are LoRA adapters a row chooses by name: GGUF LoRA files, or PEFT directories
+converted once (lora_gguf.py), loaded onto the model (loras.py); llama.cpp applies one to the
+whole context, so rows take turns by adapter (turns.py).
+
 `model_kwargs.mmproj` names the model's projector GGUF: rows may then carry images, read by
 llama.cpp's multimodal library and decoded into their sequences by the same scheduler
 (projector.py).
@@ -42,6 +46,7 @@ llama.cpp's multimodal library and decoded into their sequences by the same sche
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -62,6 +67,8 @@ from lmpress.engines.local.llamacpp.loading import (
     oumi_gguf_file,
     parallel_sequences,
 )
+from lmpress.engines.local.llamacpp.lora_gguf import BaseFacts, lora_file
+from lmpress.engines.local.llamacpp.loras import Loras, adapter_files
 from lmpress.engines.local.llamacpp.options import LlamaCppOptions
 from lmpress.engines.local.llamacpp.pooling import (
     PooledSubmission,
@@ -106,6 +113,7 @@ class LlamaCppEngine(WorkerEngine):
         "guided_decoding", "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
     })  # fmt: skip
     takes_tools = True
+    takes_adapters = True  # model.adapters: GGUF LoRA files or PEFT directories (loras.py)
     # Drafts by prompt lookup or a draft model (drafting.py), row by row in the batch.
     speculative_methods = frozenset({"ngram", "draft_model"})
     # One per run: the engine loads the model for the task the run does (pooling.py).
@@ -127,6 +135,8 @@ class LlamaCppEngine(WorkerEngine):
             )
         speculation = Speculation.of(config.model)  # checked before anything is loaded
         self.path = gguf_path(oumi_gguf_file(config.model) or config.model.model_name)
+        lora_files = adapter_files(config, self.path)  # model.adapters (loras.py)
+        self.loras: Loras | None = None
         own = ("filename", "mmproj")  # lmpress's keys, not Llama()'s
         model_kwargs = {k: v for k, v in config.model.model_kwargs.items() if k not in own}
         kwargs = llama_kwargs(model_kwargs, llama_cpp.Llama)
@@ -180,25 +190,27 @@ class LlamaCppEngine(WorkerEngine):
             split=not unified or speculation is not None,
         )  # fmt: skip
         drafter = None
-        if speculation is not None and speculation.draft_model:
-            try:
+        try:
+            self.loras = Loras(self.llama.model, lora_files)
+            if speculation is not None and speculation.draft_model:
                 drafter = load_drafter(config.model, kwargs, self.llama, ctx, batch_size)
-            except Exception:
-                ctx.close()
-                self.llama.close()
-                raise
+        except Exception:
+            ctx.close()
+            self.llama.close()
+            raise
         scheduler = LlamaCppScheduler(
             self._queue, self, ctx=ctx, vocab=self.vocab, projector=self.projector,
             batch_size=batch_size,
             # The penalty window: the whole sequence unless the recipe says otherwise.
             penalty_window=kwargs.get("last_n_tokens_size"),
-            speculation=speculation, drafter=drafter,
+            speculation=speculation, drafter=drafter, loras=self.loras,
         )  # fmt: skip
         self.batch_size = batch_size
         self.n_ctx, self.n_ctx_seq = scheduler.n_ctx, scheduler.n_ctx_seq
         self._n_batch = scheduler.batches.size  # the most tokens llama.cpp decodes at once
-        # Two batches' worth, so a finished sequence's place is taken at once.
-        self.max_in_flight = 2 * batch_size
+        # Two batches' worth, so a finished sequence's place is taken at once; as much for
+        # each adapter, so that each group's turn has a batch's worth waiting (turns.py).
+        self.max_in_flight = 2 * batch_size * (1 + len(lora_files))
         self._start_worker(scheduler, "lmpress-llamacpp")
         self._grammars: Grammars | None = None
         check_recipe_guided(self._grammar_engine, config.generation.guided_decoding, self.name)
@@ -216,7 +228,26 @@ class LlamaCppEngine(WorkerEngine):
         self.scheduler.close()
         if self.projector is not None:
             self.projector.close()
+        if self.loras is not None:
+            self.loras.close()
         self.llama.close()
+
+    # --- LoRA adapters (loras.py) ------------------------------------------------------------
+
+    @property
+    def adapter_names(self) -> frozenset[str]:
+        return self.loras.names if self.loras is not None else frozenset()
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Convert (where need be) and load an adapter while the engine runs."""
+        self._check_started_for("generate")
+        base = BaseFacts.of(self.metadata)
+        self.loras.add(name, await asyncio.to_thread(lora_file, name, path, base))
+
+    async def unload_adapter(self, name: str) -> None:
+        """New requests may not choose it; it is freed once none of its requests is left."""
+        self._check_started_for("generate")
+        self.loras.retire(name)
 
     # --- the pooling tasks (pooling.py) ----------------------------------------------------
 
@@ -337,6 +368,7 @@ class LlamaCppEngine(WorkerEngine):
 
     def _prepare(self, request: Request, started: float) -> LlamaCppSubmission:
         self._check_started_for("generate")
+        self.loras.check(request.adapter)
         plan = self.prompts.plan(request)
         prompt_ids, images = self.inputs(request, plan)
         if images and request.params.prompt_logprobs is not None:

@@ -21,10 +21,10 @@ REFUSED_KWARGS = {
     "embedding": "the LLAMACPP engine generates text; it does not compute embeddings",
     "vocab_only": "the LLAMACPP engine needs the model's weights",
     "logits_all": "not needed: generation.logprobs works without it",
-    "lora_path": "LoRA adapters are not supported by the LLAMACPP engine yet; merge the adapter "
-    "into the GGUF file (llama.cpp's llama-export-lora)",
-    "lora_base": "LoRA adapters are not supported by the LLAMACPP engine yet",
-    "lora_scale": "LoRA adapters are not supported by the LLAMACPP engine yet",
+    "lora_path": "name LoRA adapters in model.adapters instead (GGUF files or PEFT directories; "
+    "each row chooses one)",
+    "lora_base": "name LoRA adapters in model.adapters instead",
+    "lora_scale": "name LoRA adapters in model.adapters instead (each applies at PEFT's scale)",
     "spm_infill": "infill is not supported by the LLAMACPP engine",
 }
 

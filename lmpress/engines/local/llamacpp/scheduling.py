@@ -6,12 +6,13 @@ owns everything that changes while the worker runs. The context's KV cache is sh
 cells for a request that starts the same way). A request starts when the cells its rows may
 grow to (its prompt and `max_new_tokens` a sample, up to the whole context) fit beside what
 the rows in flight may grow to, cells kept for reuse giving way; so a step never runs out of
-room, and one conversation may use the whole context while short rows batch. Each step decodes one
-token of every sequence being generated in one `llama_batch`, and the next chunk of every
-prompt being read in one more, as llama-server packs its slots' prompts (an image's chunk is its
-embeddings, encoded by the projector when the prompt reaches it, in a batch of its own:
-batches.py writes and decodes them); each row then samples from its own sampler chain
-(sampling.py).
+room, and one conversation may use the whole context while short rows batch; rows that choose
+LoRA adapters take turns by adapter (turns.py), as llama.cpp applies one to a whole context.
+Each step decodes one token of every sequence being generated in one `llama_batch`, and the
+next chunk of every prompt being read in one more, as llama-server packs its slots' prompts (an
+image's chunk is its embeddings, encoded by the projector when the prompt reaches it, in a
+batch of its own: batches.py writes and decodes them); each row then samples from its own
+sampler chain (sampling.py).
 
 A request that scores its prompt (`prompt_logprobs`) has its prompt's logits from the position
 before `Request.score_from` on, read as its chunks are decoded (reading.py); requests after one
@@ -34,6 +35,7 @@ from lmpress.engines.local.llamacpp.batches import Batches, KvCacheFull
 from lmpress.engines.local.llamacpp.drafting import Drafter
 from lmpress.engines.local.llamacpp.forks import fork_source, settle
 from lmpress.engines.local.llamacpp.loading import Vocab
+from lmpress.engines.local.llamacpp.loras import Loras
 from lmpress.engines.local.llamacpp.projector import Projector, text_ids
 from lmpress.engines.local.llamacpp.reading import (
     PROMPT_CHUNK,
@@ -45,6 +47,7 @@ from lmpress.engines.local.llamacpp.rows import LlamaCppSubmission, PromptChunk,
 from lmpress.engines.local.llamacpp.sampling import Sampling
 from lmpress.engines.local.llamacpp.sequences import Sequences
 from lmpress.engines.local.llamacpp.speculation import Candidate, plan
+from lmpress.engines.local.llamacpp.turns import Turns
 from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, WorkQueue, failure_info
 from lmpress.vocabulary.errors import ErrorKind
@@ -66,11 +69,13 @@ class LlamaCppScheduler(Scheduler):
         penalty_window: int | None,
         speculation: Speculation | None = None,
         drafter: Drafter | None = None,
+        loras: Loras | None = None,
     ):
         """Take over `ctx` (a context holding `batch_size` sequences). `penalty_window`: the
         tokens penalties look back over; None for the whole sequence. `speculation`: the
         model's drafting settings, None when off; `drafter`: its draft model's (drafting.py),
-        None for prompt lookup."""
+        None for prompt lookup. `loras`: the model's adapters, which rows take turns at
+        (turns.py), None for none."""
         super().__init__(queue, engine)
         import llama_cpp
 
@@ -92,6 +97,7 @@ class LlamaCppScheduler(Scheduler):
         self._prefilling: list[LlamaCppSubmission] = []
         self._generating: list[SequenceRow] = []
         self.most_in_flight = 0  # the most sequences decoded in one step so far
+        self.turns = Turns(batch_size, loras, ctx.ctx, self.sequences)
 
     def kv_cache_usage(self) -> float:
         """The fraction of the context's KV cells that the requests in flight hold; the cells
@@ -147,13 +153,15 @@ class LlamaCppScheduler(Scheduler):
             self._finish_row(row)
 
     def _admit(self) -> None:
-        """Start waiting requests, oldest first, while sequences are free and their cells fit
-        beside what the requests in flight may still grow to. The oldest waits, and those
-        after it with it, until rows end and free their cells: a long prompt is not passed
-        over for ever by short ones."""
+        """Start waiting requests, oldest first (of the adapter whose turn it is: turns.py),
+        while sequences are free and their cells fit beside what the requests in flight may
+        still grow to. The oldest waits, and those after it with it, until rows end and free
+        their cells: a long prompt is not passed over for ever by short ones."""
         pending = self.queue.pending
-        while pending and pending[0].request.params.n <= len(self.sequences.free):
-            submission = pending[0]
+        while True:
+            submission = self.turns.next(pending, self._busy())  # by adapter (turns.py)
+            if submission is None or submission.request.params.n > len(self.sequences.free):
+                return
             params, prompt = submission.request.params, submission.prompt_ids
             seqs = self.sequences.choose(prompt, params.n)
             if self.n_ctx_seq < self.n_ctx:  # a split cache: a row ends when its part is full
@@ -166,7 +174,8 @@ class LlamaCppScheduler(Scheduler):
                 if dropped is None:
                     return
             self._forget(dropped)
-            pending.popleft()
+            pending.remove(submission)
+            self.turns.admitted()
             self.sequences.take(seqs)
             self._start(submission, seqs, limit)
 

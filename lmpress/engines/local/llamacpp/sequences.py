@@ -47,8 +47,11 @@ class Sequences:
         # between parts only whole.
         self.split = split
         self.free = list(range(count))  # least recently used first
-        # The tokens whose KV cells a free sequence still holds from its last request.
+        # The tokens whose KV cells a free sequence still holds from its last request, and the
+        # LoRA adapter they were computed with (turns.py): they serve that adapter's rows only.
         self._cached: list[list[int]] = [[] for _ in range(count)]
+        self._made_with: list[str | None] = [None] * count
+        self.adapter: str | None = None  # the adapter the context applies now
 
     def in_flight(self) -> int:
         """Sequences holding a slot in the KV cache right now (0 when idle)."""
@@ -64,9 +67,13 @@ class Sequences:
         """Positions that free sequences keep for reuse (see `take`)."""
         return sum(len(self._cached[seq]) for seq in self.free)
 
+    def _kept(self, seq: int) -> list[int]:
+        """The tokens a sequence keeps that a row of the current adapter may reuse."""
+        return self._cached[seq] if self._made_with[seq] == self.adapter else []
+
     def cached_prefix(self, prompt: list[int]) -> int:
         """The longest prefix of `prompt` that a free sequence keeps."""
-        return max((common_prefix(self._cached[seq], prompt) for seq in self.free), default=0)
+        return max((common_prefix(self._kept(seq), prompt) for seq in self.free), default=0)
 
     def choose(self, prompt: list[int], n: int) -> list[int]:
         """The free sequences a request of `n` samples would take (see `take`): first the one
@@ -75,7 +82,7 @@ class Sequences:
         see `keep_prefix`), then the least recently used ones."""
         best, kept = None, KEPT_PREFIX - 1
         for seq in self.free:
-            common = common_prefix(self._cached[seq], prompt)
+            common = common_prefix(self._kept(seq), prompt)
             if common > kept:
                 best, kept = seq, common
         rest = [seq for seq in self.free if seq != best]
@@ -109,7 +116,7 @@ class Sequences:
         begins its prompt, up to `most` tokens (the first position whose logits are needed,
         at most the prompt's last), which is not decoded again; how many tokens that is."""
         first = seqs[0]
-        reused = min(common_prefix(self._cached[first], prompt), most)
+        reused = min(common_prefix(self._kept(first), prompt), most)
         lc = self._lc
         lc.llama_memory_seq_rm(self._memory, first, reused, -1)
         for seq in seqs[1:]:  # filled from the first one's cells once the prompt is read
@@ -139,6 +146,7 @@ class Sequences:
         """The sequence is free again; its cells hold `kept` for a request that starts the
         same way."""
         self._cached[seq] = kept
+        self._made_with[seq] = self.adapter
         self.free.append(seq)
 
     def trim(self, seq: int, pos: int) -> None:
