@@ -108,6 +108,9 @@ class Engine(ABC):
     # `Request.adapter`. `check_adapters_taken` refuses a config that names adapters, before
     # any work, on an engine that cannot.
     takes_adapters: ClassVar[bool] = False
+    # Whether it merges `model.adapter_model`, one adapter for every request, into its model.
+    # An engine that cannot refuses it before any work, rather than answer from the base.
+    merges_adapter_model: ClassVar[bool] = False
 
     @classmethod
     def model_task(cls, config: RunConfig) -> str:
@@ -347,7 +350,17 @@ def check_params(engine: Engine | type[Engine], params: GenerationParams) -> Non
 
 
 def check_adapters_taken(engine: Engine | type[Engine], config: RunConfig) -> None:
-    """Refuse, before any work, `model.adapters` on an engine that cannot run them."""
+    """Refuse, before any work, `model.adapters` or `model.adapter_model` on an engine that
+    cannot run them."""
+    if config.model.adapter_model and not engine.merges_adapter_model:
+        raise UnsupportedParamError(
+            f"model.adapter_model: engine {engine.name} cannot merge an adapter into its model; "
+            + (
+                "name it under model.adapters and choose it per row (its `adapter` column)"
+                if engine.takes_adapters
+                else "remove it, or use NATIVE or VLLM"
+            )
+        )
     if config.model.adapters and not engine.takes_adapters:
         raise UnsupportedParamError(
             f"model.adapters: engine {engine.name} cannot run LoRA adapters chosen per row; "

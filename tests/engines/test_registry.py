@@ -90,3 +90,17 @@ def test_adapters_on_an_engine_that_cannot_run_them_are_refused_once_the_config_
     config = load_config(overrides=[("model.adapters.lora-a", "/adapters/a")], engine="OPENAI")
     with pytest.raises(UnsupportedParamError, match=r"^model.adapters: engine OPENAI cannot"):
         check_engine(config)
+
+
+def test_an_adapter_model_an_engine_would_ignore_is_refused_once_the_config_loads():
+    # LLAMACPP chooses adapters per row instead: it says so; a remote API merges none.
+    config = load_config(overrides=[("model.adapter_model", "/adapters/a")], engine="LLAMACPP")
+    with pytest.raises(UnsupportedParamError) as refused:
+        check_engine(config)
+    assert str(refused.value) == (
+        "model.adapter_model: engine LLAMACPP cannot merge an adapter into its model; name it "
+        "under model.adapters and choose it per row (its `adapter` column)"
+    )
+    config = load_config(overrides=[("model.adapter_model", "/adapters/a")], engine="OPENAI")
+    with pytest.raises(UnsupportedParamError, match=r"^model.adapter_model: engine OPENAI"):
+        check_engine(config)

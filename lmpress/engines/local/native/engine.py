@@ -109,6 +109,7 @@ class NativeEngine(WorkerEngine):
     options = NativeOptions
     # Every row its own adapter, in one batch (adapters.py).
     takes_adapters = True
+    merges_adapter_model = True
 
     @classmethod
     def model_task(cls, config: RunConfig) -> str:

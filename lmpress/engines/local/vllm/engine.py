@@ -91,6 +91,7 @@ class VllmEngine(Engine):
     # Each row's adapter (model.adapters) is its request's LoRARequest, and vLLM batches rows
     # of every adapter and the base model together (lora.py).
     takes_adapters = True
+    merges_adapter_model = True
     # vLLM's own n-gram and draft-model speculation (translate.py).
     speculative_methods = frozenset({"ngram", "draft_model"})
     # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
