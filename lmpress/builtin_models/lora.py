@@ -11,9 +11,7 @@ other talks of a colour wheel) while they stay words. Made once into lmpress's c
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 # Bump when the recipe changes, so cached adapters are rebuilt.
@@ -31,24 +29,10 @@ def smollm2_adapters(cache_dir: Path | None = None) -> dict[str, Path]:
 
 
 def smollm2_adapter(name: str, cache_dir: Path | None = None) -> Path:
-    from lmpress.builtin_models.tiny import cache_root
+    from lmpress.builtin_models.tiny import built_once, cache_root
 
-    root = (cache_dir or cache_root()) / "lora"
-    target = root / f"smollm2-{name}-v{BUILDER_VERSION}"
-    if (target / "adapter_config.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{target.name}-"))
-    try:
-        _build(SEEDS[name], scratch)
-        try:
-            scratch.rename(target)
-        except OSError:  # made by another process meanwhile
-            if not (target / "adapter_config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+    target = (cache_dir or cache_root()) / "lora" / f"smollm2-{name}-v{BUILDER_VERSION}"
+    return built_once(target, lambda out: _build(SEEDS[name], out), "adapter_config.json")
 
 
 def _build(seed: int, out: Path) -> None:

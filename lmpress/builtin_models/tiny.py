@@ -152,11 +152,13 @@ def tiny_model(name: str = "llama", cache_dir: Path | None = None) -> Path:
     return built_once(target, lambda out: build(spec, out))
 
 
-def built_once(target: Path, build_into: Callable[[Path], None]) -> Path:
-    """The model directory `target`, made by `build_into` on first use. Processes that make it
-    at once each build a scratch directory of their own and rename it into place, so a reader
-    never sees half of one."""
-    if (target / "config.json").exists():
+def built_once(
+    target: Path, build_into: Callable[[Path], None], marker: str = "config.json"
+) -> Path:
+    """The model directory `target` (one holding `marker`), made by `build_into` on first use.
+    Processes that make it at once each build a scratch directory of their own and rename it
+    into place, so a reader never sees half of one."""
+    if (target / marker).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
@@ -165,7 +167,7 @@ def built_once(target: Path, build_into: Callable[[Path], None]) -> Path:
         try:
             scratch.rename(target)
         except OSError:  # made by another process meanwhile
-            if not (target / "config.json").exists():
+            if not (target / marker).exists():
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
