@@ -237,6 +237,22 @@ def test_lm_eval_finds_the_model_class_by_name_and_builds_it_from_a_model_args_s
         model.close()
 
 
+def test_lm_eval_keeps_its_own_models_once_lmpress_registers_its_class():
+    """lm-eval fills its model registry only when it is empty: lmpress's class, registered
+    first in a fresh process, must not hide `hf` and the others (a random test order found it)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import lmpress.integrations.lm_eval\n"
+        "from lm_eval.api.registry import get_model\n"
+        "print(get_model('hf').__name__, get_model('local-completions').__name__)"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["HFLM", "LocalCompletionsAPI"]
+
+
 def test_local_completions_against_serve_on_llamacpp_scores_as_the_engine_does():
     """lm-eval's local-completions, unchanged, on a LLAMACPP server (the F16 GGUF file),
     tokenizing through the server's own tokenizer routes (lm-eval's `remote` backend): each

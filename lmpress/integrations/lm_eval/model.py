@@ -22,6 +22,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+# lm-eval's own models (hf, local-completions, ...), as lazy entries: its registry fills itself
+# only when empty, so registering "lmpress" into an empty one hid every other model from
+# `get_model` (lm-eval's `hf` failed once lmpress's class was imported first).
+import lm_eval.models  # noqa: F401
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
