@@ -23,6 +23,9 @@ from tests.serve.conftest import Served, serving
 from tests.servers.llm_server import LLMServer, reply_text
 
 QUESTION = "Name three colours."
+# The tests walk one server through loads and unloads, each following from the requests
+# before it: `--random-order` keeps this file's order (it still shuffles the files).
+pytestmark = pytest.mark.random_order(disabled=True)
 
 
 def native_takes_adapters() -> bool:
