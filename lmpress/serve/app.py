@@ -61,7 +61,7 @@ from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, 
 from lmpress.wire.openai import pooling as wire
 from lmpress.wire.openai import requests as bodies
 from lmpress.wire.openai import responses
-from lmpress.wire.openai.errors import ApiError, error_from_info
+from lmpress.wire.openai.errors import ApiError, error_from_info, model_not_found
 from lmpress.wire.openai.requests import Sampling
 from lmpress.wire.openai.responses import ChatChunks, CompletionChunks
 from lmpress.wire.openai.responses_api.requests import RESPONSES_PATH, ResponsesBody
@@ -110,14 +110,7 @@ class Server:
             return None
         if model in self.engine.adapter_names:
             return model
-        served = [self.model_name, *sorted(self.engine.adapter_names)]
-        raise ApiError(
-            404,
-            f"The model '{model}' does not exist; this server serves "
-            + ", ".join(f"'{name}'" for name in served),
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(model, [self.model_name, *sorted(self.engine.adapter_names)])
 
     def params(self, sampling: Sampling, prompts: int = 1) -> GenerationParams:
         """The server's generation settings with the request's, refusing what the engine

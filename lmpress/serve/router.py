@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from lmpress.cache.answers import CachedAnswers
 from lmpress.configs.schema import RunConfig, ServeParams
 from lmpress.engines.base import Engine
-from lmpress.wire.openai.errors import ApiError
+from lmpress.wire.openai.errors import ApiError, model_not_found
 
 log = logging.getLogger("lmpress.serve")
 
@@ -113,14 +113,7 @@ class ModelRouter:
         for entry in self.entries.values():
             if model in entry.adapters:
                 return entry
-        known = [name for entry in self.entries.values() for name in entry.names()]
-        raise ApiError(
-            404,
-            f"The model '{model}' does not exist; this server serves "
-            + ", ".join(f"'{name}'" for name in known),
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(model, [n for entry in self.entries.values() for n in entry.names()])
 
     def loaded(self) -> list[ModelEntry]:
         return [entry for entry in self.entries.values() if entry.server is not None]

@@ -4,6 +4,7 @@ kind of failed request earns (serve's answer, the status of an OpenAI Batch erro
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from lmpress.vocabulary.errors import ErrorKind
@@ -92,3 +93,14 @@ def error_from_info(error: ErrorInfo, request_id: str) -> ApiError:
             f"the engine failed on this request; the server's log has the details ({request_id})"
         )
     return ApiError(status, message, type=type_, code=str(error.kind))
+
+
+def model_not_found(model: str, served: Iterable[str]) -> ApiError:
+    """The 404 for a request naming a model the server does not serve, naming those it does."""
+    return ApiError(
+        404,
+        f"The model '{model}' does not exist; this server serves "
+        + ", ".join(f"'{name}'" for name in served),
+        param="model",
+        code="model_not_found",
+    )

@@ -51,7 +51,7 @@ import dataclasses
 import time
 
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Occupancy, check_token_settings
+from lmpress.engines.base import Occupancy, check_adapter, check_token_settings
 from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
@@ -368,7 +368,8 @@ class LlamaCppEngine(WorkerEngine):
 
     def _prepare(self, request: Request, started: float) -> LlamaCppSubmission:
         self._check_started_for("generate")
-        self.loras.check(request.adapter)
+        # Again after the worker's check: an unload may have come in the await between them.
+        check_adapter(self, request)
         plan = self.prompts.plan(request)
         prompt_ids, images = self.inputs(request, plan)
         if images and request.params.prompt_logprobs is not None:

@@ -96,16 +96,6 @@ class Loras:
         for name in [n for n in self._retired if n not in held]:
             self._lc.llama_adapter_lora_free(self._retired.pop(name))
 
-    def check(self, name: str | None) -> None:
-        """A request's adapter must be one of the model's: else it fails alone, as vLLM's 404."""
-        if name is not None and name not in self._loaded:
-            served = ", ".join(repr(n) for n in sorted(self._loaded)) or "none"
-            raise RequestError(
-                f"the adapter '{name}' does not exist; this model's adapters are {served}",
-                ErrorKind.NOT_FOUND,
-                status=404,
-            )
-
     def apply(self, ctx: Any, name: str | None) -> None:
         """Give the context the adapter `name` (None: the base model alone)."""
         lc = self._lc
