@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked_cli
+
 # The suite's checks on itself: the per-test budget, and no process left behind.
 pytest_plugins = ["tests.suite_checks"]
 
@@ -152,8 +154,14 @@ def run_lmpress(
     cwd: str | Path | None = None,
     timeout: float = 300,
 ) -> CliRun:
-    """Run the real CLI (`python -m lmpress ...`) with this checkout first on the path."""
+    """Run the real CLI (`python -m lmpress ...`) with this checkout first on the path, in a
+    process of its own: forked from this worker's warm interpreter where that is the same as
+    a fresh one (tests/forked_cli.py), exec'd otherwise."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    warm = forked_cli.zygote()
+    if warm is not None and warm.takes(args, full_env):
+        done = warm.run(args, input=input, env=full_env, cwd=cwd, timeout=timeout)
+        return CliRun(done.returncode, done.stdout, done.stderr)
     proc = subprocess.run(
         [sys.executable, "-m", "lmpress", *args],
         input=input,
@@ -164,6 +172,25 @@ def run_lmpress(
         timeout=timeout,
     )
     return CliRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+def lmpress_process(
+    *args: str, env: dict | None = None, cwd: str | Path | None = None, **popen
+) -> subprocess.Popen | forked_cli.Forked:
+    """`python -m lmpress ARGS` started in the background, as `subprocess.Popen` starts it
+    (`env` the whole environment; stdin, stdout, stderr and text as Popen takes them): forked
+    from this worker's warm interpreter where that is the same as a fresh one, exec'd
+    otherwise. Either answers Popen's pid, poll, wait, communicate and signals."""
+    full_env = env if env is not None else {**os.environ, "PYTHONPATH": str(REPO)}
+    warm = forked_cli.zygote()
+    # A forked child dies with the zygote, which dies with this process: dies_with_its_parent.
+    own_preexec = popen.get("preexec_fn") not in (None, dies_with_its_parent)
+    if warm is not None and not own_preexec and warm.takes(args, full_env):
+        popen.pop("preexec_fn", None)
+        return forked_cli.Forked(warm, args, env=full_env, cwd=cwd, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lmpress", *args], env=full_env, cwd=cwd, **popen
+    )
 
 
 @pytest.fixture

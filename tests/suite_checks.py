@@ -18,6 +18,8 @@ from collections import defaultdict
 import psutil
 import pytest
 
+from tests import forked_cli
+
 BUDGET_ENV = "LMPRESS_TEST_BUDGET_S"
 DEFAULT_BUDGET_S = 60.0
 # A child still stopping when the session ends (a server told to stop by the test's own
@@ -113,8 +115,11 @@ INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.fork
 
 def running_children() -> list[psutil.Process]:
     children = []
+    warm = forked_cli.zygote_pid()
     for child in psutil.Process().children(recursive=True):
         try:
+            if child.pid == warm:
+                continue  # stopped after the check, so that its children count in it
             if child.status() == psutil.STATUS_ZOMBIE:
                 continue
             if not any(helper in " ".join(child.cmdline()) for helper in INTERPRETER_HELPERS):
@@ -134,6 +139,13 @@ def described(process: psutil.Process) -> str:
 @pytest.fixture(scope="session", autouse=True)
 def _no_process_outlives_the_suite():
     yield
+    try:
+        check_no_process_left()
+    finally:
+        forked_cli.stop()
+
+
+def check_no_process_left() -> None:
     _, alive = psutil.wait_procs(running_children(), timeout=EXIT_GRACE_S)
     if not alive:
         return

@@ -1,0 +1,70 @@
+"""The suite's `lmpress` runs forked from a warm interpreter (tests/forked_cli.py) are the runs
+an exec gives: the same exit status, stdout and stderr, stdin read, a timeout kills the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from tests import forked_cli
+from tests.conftest import REPO
+
+TINY = ["--cache", "off", "--engine", "NATIVE", "--model.model_name", "tiny:llama"]
+CASES = {
+    "help": (["--help"], None),
+    "a bad key": (["infer", "--engine", "NATIVE", "--model.bogus", "1", "hi"], None),
+    "a prompt on stdin": (["infer", *TINY, "--generation.max_new_tokens", "6"], "hello there\n"),
+    "a reply on stdout": (["infer", *TINY, "--generation.max_new_tokens", "6", "hi"], None),
+    "a plugin on PYTHONPATH": (["infer", "--cache", "off", "--engine", "ECHO", "hi"], None),
+}
+
+
+@pytest.fixture(scope="module")
+def warm():
+    zygote = forked_cli.Zygote()
+    yield zygote
+    zygote.stop()
+
+
+def env(plugin: str = "") -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{plugin}" if plugin else str(REPO)}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_forked_run_prints_and_exits_as_an_execd_one(warm, case, tmp_path, echo_plugin):
+    args, stdin = CASES[case]
+    run_env = env(echo_plugin if "ECHO" in args else "")
+    execd = subprocess.run(
+        [sys.executable, "-m", "lmpress", *args],
+        input=stdin, capture_output=True, text=True, env=run_env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    forked = warm.run(tuple(args), input=stdin, env=run_env, cwd=tmp_path, timeout=120)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        execd.returncode,
+        execd.stdout,
+        execd.stderr,
+    )
+    assert execd.stdout or execd.stderr  # each case prints something
+
+
+def test_a_run_past_its_timeout_is_killed(warm, tmp_path):
+    args = ("serve", *TINY, "--port", "0")
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm.run(args, input=None, env=env(), cwd=tmp_path, timeout=3)
+    zygote = psutil.Process(warm.proc.pid)
+    psutil.wait_procs(zygote.children(), timeout=10)
+    assert not [c for c in zygote.children() if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_runs_whose_start_a_fresh_interpreter_would_read_differently_are_execd(warm):
+    same = env()
+    assert warm.takes(("batch",), {**same, "LMPRESS_RESPONSE_CACHE": "/elsewhere"})
+    assert not warm.takes(("batch",), {**same, "HF_HOME": "/elsewhere"})
+    assert not warm.takes(("batch",), {**same, "OMP_NUM_THREADS": "7"})
+    # The child puts PYTHONPATH's folders on its sys.path, as the interpreter would.
+    assert warm.takes(("batch",), {**same, "PYTHONPATH": f"{REPO}{os.pathsep}/plugins"})
+    assert not warm.takes(("eval",), same)
