@@ -14,13 +14,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import with_plugin
+from tests.conftest import lmpress_process, with_plugin
 from tests.growing_files import whole_lines
 
 ROWS = 48
@@ -84,8 +83,7 @@ class Job:
             self.args += ["--shard", shard]
 
     def start(self) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-m", "lmpress", *self.args],
+        return lmpress_process(*self.args,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env,
         )  # fmt: skip
 

@@ -13,14 +13,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.batch.test_provider_batch_cli import by_id, kill_at_random_moments
-from tests.conftest import REPO, run_lmpress
+from tests.conftest import REPO, lmpress_process, run_lmpress
 from tests.servers.llm_server import BatchFaults, Faults, LLMServer
 
 pytest.importorskip("google.genai")
@@ -185,7 +184,7 @@ def test_sigkill_at_random_moments_writes_every_row_once_and_submits_none_twice(
 def started_until_submitted(args: list[str], log: Path) -> subprocess.Popen:
     """`lmpress ARGS` in a process of its own, once its state log says a batch was submitted."""
     env = {**os.environ, **KEYS, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
+    proc = lmpress_process(*args, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.time() + 60
     while b'"submitted"' not in (log.read_bytes() if log.exists() else b""):

@@ -8,14 +8,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from lmpress.cli.report import SHOWN_FAILURES
-from tests.conftest import REPO, run_lmpress, with_plugin
+from tests.conftest import REPO, lmpress_process, run_lmpress, with_plugin
 from tests.growing_files import whole_lines
 
 TINY = [
@@ -77,8 +76,7 @@ def echo(echo_plugin) -> dict[str, str]:
 
 def spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.Popen(
-        [sys.executable, "-m", "lmpress", *args],
+    return lmpress_process(*args,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
     )  # fmt: skip
 

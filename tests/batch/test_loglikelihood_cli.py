@@ -10,14 +10,13 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from lmpress.vocabulary.likelihood import encode_pair, rolling_windows
-from tests.conftest import REPO, run_lmpress
+from tests.conftest import REPO, lmpress_process, run_lmpress
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -198,8 +197,7 @@ def test_a_killed_job_resumes_with_every_row_exactly_once(tiny_llama, tmp_path, 
     args = ["batch", "-i", str(src), "-o", str(out), "--engine", "NATIVE",
             "--model.model_name", tiny_llama, "--task", "loglikelihood", "--cache", "off",
             "--generation.batch_size", "8"]  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lmpress", *args], env={**os.environ, "PYTHONPATH": str(REPO)},
+    proc = lmpress_process(*args, env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

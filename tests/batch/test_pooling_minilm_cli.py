@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lmpress.builtin_models.packaged import resolve_packaged_name
-from tests.conftest import REPO, run_lmpress
+from tests.conftest import REPO, lmpress_process, run_lmpress
 from tests.growing_files import whole_lines
 from tests.serve.conftest import Served
 
@@ -88,7 +87,7 @@ def test_kill_9_mid_job_then_resume_writes_every_row_once(tmp_path):
     # One text a batch, so the job writes row by row and a kill lands between two rows.
     args = ["batch", "-i", str(src), "-o", str(out), *NATIVE_MINILM, "--generation.batch_size", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], env=env,
+    proc = lmpress_process(*args, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

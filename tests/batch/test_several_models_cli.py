@@ -10,14 +10,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, run_lmpress, with_plugin
+from tests.conftest import REPO, lmpress_process, run_lmpress, with_plugin
 from tests.growing_files import whole_lines
 
 ROWS = 24
@@ -72,8 +71,7 @@ def test_models_killed_mid_job_resume_with_every_pair_once(tmp_path, env, recipe
     kills = 0
     full_env = {**os.environ, **env, "ECHO_DELAY_S": "0.01"}
     for target in (5, 14, 30):  # whole lines across the parts: kills in one part or both
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lmpress", *args], env=full_env, cwd=REPO,
+        proc = lmpress_process(*args, env=full_env, cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.time() + 60

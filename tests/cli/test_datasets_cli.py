@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, run_lmpress, with_plugin
+from tests.conftest import REPO, lmpress_process, run_lmpress, with_plugin
 from tests.growing_files import whole_lines
 
 ROWS = 48
@@ -41,8 +40,7 @@ def kill_and_resume(args: list[str], record: Path, env: dict[str, str]) -> int:
     kills = 0
     for attempt in range(12):
         target = len(whole_lines(record)) + 3 + attempt % 4
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lmpress", "batch", *args], env=full_env, cwd=REPO,
+        proc = lmpress_process("batch", *args, env=full_env, cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         deadline = time.time() + 60

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 
 from lmpress.data.output_lock import OutputLock
 from lmpress.data.resume import JobFiles
-from tests.conftest import REPO, run_lmpress, with_plugin
+from tests.conftest import REPO, lmpress_process, run_lmpress, with_plugin
 
 ROWS = 30
 ECHO = ["--engine", "ECHO", "--generation.max_new_tokens", "4", "--generation.batch_size", "4"]
@@ -45,8 +44,7 @@ class Gated:
 
     def __init__(self, tmp: Path, args: list[str], env: dict[str, str]):
         self.gate = tmp / f"gate-{id(self)}"  # appears when the gate opens
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lmpress", "batch", *args],
+        self.proc = lmpress_process("batch", *args,
             env={**os.environ, **env, "ECHO_GATE": str(self.gate)}, cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

@@ -10,13 +10,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_lmpress
+from tests.conftest import REPO, lmpress_process, run_lmpress
 from tests.growing_files import whole_lines
 from tests.servers.llm_server import Faults, LLMServer, reply_text
 
@@ -40,8 +39,7 @@ def batch_args(server: LLMServer, rows: Path, out: Path, *extra: str) -> list[st
 
 
 def spawn(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "lmpress", *args], stdout=subprocess.PIPE,
+    return lmpress_process(*args, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
 

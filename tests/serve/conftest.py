@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +15,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.conftest import REPO, dies_with_its_parent, with_plugin
+from tests.conftest import REPO, dies_with_its_parent, lmpress_process, with_plugin
 
 LISTENING = re.compile(r"listening on (http://\S+)/v1")
 
@@ -28,8 +27,11 @@ class Served:
         inherited = {k: v for k, v in os.environ.items() if k != "LMPRESS_API_KEY"}
         full_env = {**inherited, "PYTHONPATH": str(REPO), **(env or {})}
         self.args = args
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lmpress", "serve", "--port", "0", *args],
+        self.proc = lmpress_process(
+            "serve",
+            "--port",
+            "0",
+            *args,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
