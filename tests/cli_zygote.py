@@ -7,7 +7,8 @@ working directory, and passes three file descriptors (stdin, stdout, stderr). Th
 the child takes those descriptors, that environment and directory, and runs `python -m lmpress`
 as the interpreter would (lmpress imported afresh, `__main__`, atexit, non-daemon threads
 joined), then exits with its status. The zygote answers the child's pid at once and its exit
-status when it ends (negative: the signal that killed it, as subprocess reports it).
+status when it ends (negative: the signal that killed it, as subprocess reports it) with its
+CPU time.
 
 What a child does not get afresh is the preloaded libraries' import-time state: tests/forked_cli.py
 runs `lmpress` by exec instead whenever the environment differs where those libraries read it.
@@ -177,7 +178,7 @@ def serve(path: str) -> None:
 def reap(children: dict[int, socket.socket], conns: set, selector) -> None:
     while children:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
@@ -186,7 +187,11 @@ def reap(children: dict[int, socket.socket], conns: set, selector) -> None:
         if conn is None:
             continue
         try:
-            conn.send(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode())
+            done = {
+                "returncode": os.waitstatus_to_exitcode(status),
+                "cpu": usage.ru_utime + usage.ru_stime,  # with its children waited for
+            }
+            conn.send(json.dumps(done).encode())
         except OSError:
             pass  # the client gave up on it (a timeout) and closed its end
         conns.discard(conn)
