@@ -207,7 +207,10 @@ def test_client_disconnect_mid_stream_frees_the_request(llama_server):
     stream.close()  # the client goes away mid-reply
 
     line = llama_server.request_line(first.id)
-    assert " POST /v1/chat/completions 499 " in line  # logged as cancelled by the client
+    # Logged as cancelled by the client; or done, where the tiny model wrote all 400 tokens
+    # before the server saw the client go, as a loaded machine can let it (the cancelling
+    # itself is proven on a reply too slow to finish first, in test_errors.py).
+    assert " POST /v1/chat/completions 499 " in line or " 200 tokens=" in line, line
     llama_server.wait_until_idle()  # its place in the engine is given back
     reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     assert reply.choices[0].finish_reason in ("stop", "length")

@@ -111,8 +111,9 @@ def ask(client: OpenAI, i: int) -> str:
     return reply.choices[0].message.content
 
 
-async def stream_one(client: AsyncOpenAI, i: int) -> str | None:
-    """The streamed reply's text; None for a client that leaves after its first chunk."""
+async def stream_one(client: AsyncOpenAI, i: int) -> str:
+    """The streamed reply's text; for a client that leaves after its first chunk, the id of
+    the request it left."""
     leaving = i in LEAVING
     stream = await client.chat.completions.create(
         model=MODEL,
@@ -125,7 +126,7 @@ async def stream_one(client: AsyncOpenAI, i: int) -> str | None:
     async for chunk in stream:
         if leaving:
             await stream.close()  # the client goes away mid-reply
-            return None
+            return chunk.id
         text += "".join(c.delta.content or "" for c in chunk.choices)
     return text
 
@@ -155,9 +156,14 @@ def test_64_streaming_clients_a_third_leaving_get_the_sequential_replies(server)
 
     texts = asyncio.run(everyone())
     assert {i: texts[i] for i in staying} == alone
-    # Each leaving client's request was cancelled (logged 499), and a full batch of new
-    # requests then runs beside whatever the cancelled ones still held.
-    server.log.wait_for(len(LEAVING), " 499 ")
+    # Each leaving client's request ended: cancelled (logged 499) or, where the tiny model
+    # wrote the whole reply before the server saw the client go (a loaded machine has let
+    # it), done (200, up to the context's end). A full batch of new requests then runs
+    # beside whatever the cancelled ones still held. (The cancelling itself is proven where
+    # a reply is too slow to finish first: tests/serve/test_errors.py.)
+    for request_id in (texts[i] for i in LEAVING):
+        [line] = server.log.wait_for(1, f"{request_id} ")
+        assert " 499 tokens=- " in line or " 200 tokens=" in line, line
     with server.client() as client:
         follow_up = [ask(client, i) for i in staying[:BATCH]]
     assert follow_up == [alone[i] for i in staying[:BATCH]]
