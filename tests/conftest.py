@@ -33,6 +33,7 @@ PACKAGE = str(REPO / "lmpress") + os.sep
 # directory of this session's (each test gets its own, below), never in the user's cache, so no
 # test is answered by a reply an earlier test or an earlier run of the suite kept.
 os.environ["LMPRESS_RESPONSE_CACHE"] = tempfile.mkdtemp(prefix="lmpress-responses-")
+forked_cli.keep_session_environment()  # the warm interpreter's, whatever the first test patches
 
 
 @pytest.fixture(autouse=True)

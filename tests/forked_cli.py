@@ -74,7 +74,7 @@ class Zygote:
     def __init__(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="lmpress-zygote-")
         self.path = os.path.join(self._dir, "socket")
-        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.env = {**(_session_env or os.environ), "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "cli_zygote.py"), self.path],
             env=self.env,
@@ -348,6 +348,15 @@ def kill(pid: int) -> None:
 VLLM = importlib.util.find_spec("vllm") is not None
 _zygote: Zygote | None = None
 _failed = False
+# The environment the zygote starts in: the session's, as tests/conftest.py leaves it. Copied
+# at the first run instead, it would hold whatever that test had patched, and every later run
+# would differ from it and be exec'd.
+_session_env: dict[str, str] | None = None
+
+
+def keep_session_environment() -> None:
+    global _session_env
+    _session_env = dict(os.environ)
 
 
 def zygote() -> Zygote | None:

@@ -68,3 +68,16 @@ def test_runs_whose_start_a_fresh_interpreter_would_read_differently_are_execd(w
     # The child puts PYTHONPATH's folders on its sys.path, as the interpreter would.
     assert warm.takes(("batch",), {**same, "PYTHONPATH": f"{REPO}{os.pathsep}/plugins"})
     assert not warm.takes(("eval",), same)
+
+
+def test_the_zygote_starts_in_the_sessions_environment_not_the_first_tests(monkeypatch):
+    """A test that patches a variable read at start (HF_HUB_OFFLINE) and makes the first run
+    of its worker leaves the zygote as the session had it: later runs are still forked."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "patched-by-this-test")
+    zygote = forked_cli.Zygote()
+    try:
+        assert zygote.env.get("HF_HUB_OFFLINE") != "patched-by-this-test"
+        monkeypatch.undo()
+        assert zygote.takes(("batch",), env())
+    finally:
+        zygote.stop()
