@@ -42,6 +42,12 @@ KEY_FORMAT = 1
 AnyRequest = Request | EmbedRequest | ScoreRequest | ChoicesRequest | PerplexityRequest
 _TRAINING_FIELDS = {name.split(".", 1)[1] for name in TRAINING_ONLY}
 
+# Generation fields added after the cache's keys were first written: keyed only when set, so
+# that a row that leaves them at their default keeps the key it had, and what earlier versions
+# cached still answers it.
+KEYED_WHEN_SET = frozenset({"ignore_eos", "bad_words"})
+DEFAULTS = dataclasses.asdict(GenerationParams())
+
 
 def _json(value: Any) -> bytes:
     """`value` as JSON, keys sorted: by orjson (a key is made for every row), else by json for
@@ -177,7 +183,11 @@ class RunKey:
         known = self._params.get(id(params))
         if known is not None and known[0] is params:
             return known[1]
-        fields = {k: v for k, v in dataclasses.asdict(params).items() if k not in SCHEDULING_FIELDS}
+        fields = {
+            k: v
+            for k, v in dataclasses.asdict(params).items()
+            if k not in SCHEDULING_FIELDS and not (k in KEYED_WHEN_SET and v == DEFAULTS[k])
+        }
         made = _json(fields)
         if len(self._params) > 1024:  # rows with their own settings: each is new
             self._params.clear()

@@ -40,7 +40,7 @@ from lmpress.data.sources import Source
 from lmpress.data.targets import COMPRESSED, is_compressed, write_text_atomically
 from lmpress.version import __version__
 from lmpress.vocabulary.errors import InputError, OutputWriteError
-from lmpress.vocabulary.types import SCHEDULING_FIELDS
+from lmpress.vocabulary.types import SCHEDULING_FIELDS, GenerationParams
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,9 @@ def check_fingerprint(files: JobFiles, current: dict[str, Any]) -> None:
     try:
         stored = json.loads(files.fingerprint.read_text(encoding="utf-8"))["settings"]
         if isinstance(stored.get("generation"), dict):  # older versions kept some of them
-            stored["generation"] = _results_only(stored["generation"])
+            # A setting added since had its default when the output was started.
+            defaults = _results_only(dataclasses.asdict(GenerationParams()))
+            stored["generation"] = {**defaults, **_results_only(stored["generation"])}
         stored.setdefault("task", "generate")  # older versions generated, and said nothing
     except (OSError, ValueError, KeyError, AttributeError) as exc:
         raise InputError(f"{files.fingerprint}: unreadable ({exc}); use --overwrite") from exc

@@ -179,6 +179,11 @@ def test_scheduling_settings_do_not_block_a_resume(tmp_path, echo):
     fingerprint = tmp_path / "out.jsonl.fingerprint.json"
     record = json.loads(fingerprint.read_text())
     record["settings"]["generation"]["use_cache"] = True
+    # ... and written before ignore_eos and bad_words existed: they had their defaults then.
+    del (
+        record["settings"]["generation"]["ignore_eos"],
+        record["settings"]["generation"]["bad_words"],
+    )
     fingerprint.write_text(json.dumps(record))
     again = run_lmpress(
         "batch", "-i", str(src), "-o", str(out), *ECHO[:-1], "2",

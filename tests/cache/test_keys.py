@@ -97,6 +97,8 @@ def test_what_decides_the_reply_changes_the_key(changes, digests):
         {"logprobs": True},
         {"guided_decoding": {"json": {"type": "object"}}},
         {"reasoning_effort": "low"},
+        {"ignore_eos": True},
+        {"bad_words": ["Paris"]},
     ],
     ids=lambda p: next(iter(p)),
 )
@@ -104,6 +106,16 @@ def test_each_generation_setting_is_in_the_key(params, digests):
     run = RunKey(remote(), digests)
     assert run.of(ask(**params)) != run.of(ask())
     assert run.of(ask(**params)) == run.of(ask(**params))  # and the same one each time
+
+
+def test_a_setting_added_later_keeps_the_keys_of_rows_that_leave_it_unset(digests):
+    """A row at the defaults keys as it did before ignore_eos and bad_words existed: the
+    fields are not in its key at all, so what an earlier version cached still answers it."""
+    run = RunKey(remote(), digests)
+    hashed = run._request(ask())  # what the key hashes after the run's part
+    assert b"ignore_eos" not in hashed and b"bad_words" not in hashed
+    assert b"min_tokens" in hashed  # a field the key has always held, default or not
+    assert b"ignore_eos" in run._request(ask(ignore_eos=True))
 
 
 def test_the_conversation_tools_and_prompt_are_in_the_key(digests):
