@@ -1,13 +1,15 @@
-"""Write the docs' two generated pages from the code, so that they cannot drift from it:
+"""Write the docs' generated pages from the code, so that they cannot drift from it:
 
 - docs/reference/config.md: every config key, from the dataclasses of lmpress/configs/schema.py
   (and `GenerationParams` in lmpress/vocabulary/types.py): its type and default from the field,
   what it is from the comment on or above the field, the values allowed from `RANGE_CHECKS`;
   then each engine's typed `model.model_kwargs` settings, as `lmpress engines NAME` lists them.
+- docs/reference/generation.md: each `generation.*` setting and the engines that take it, from
+  the engines' `supported_params`.
 - docs/reference/cli.md: the `--help` of every command, as `lmpress ... --help` prints it at a
   width of 100 columns.
 
-`python docs/generate.py` rewrites both; `python docs/generate.py --check` exits 1 naming each
+`python docs/generate.py` rewrites them; `python docs/generate.py --check` exits 1 naming each
 page that differs from what it would write (tests/test_doc_examples.py runs the same check).
 """
 
@@ -26,6 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 CONFIG_PAGE = REPO / "docs" / "reference" / "config.md"
+GENERATION_PAGE = REPO / "docs" / "reference" / "generation.md"
 CLI_PAGE = REPO / "docs" / "reference" / "cli.md"
 HELP_WIDTH = 100
 
@@ -172,6 +175,43 @@ def config_page() -> str:
     return "\n".join(out) + "\n"
 
 
+def generation_page() -> str:
+    """Each generation setting and the engines that take it, from their `supported_params`."""
+    from lmpress.engines.registry import LOCAL, REMOTE, engine_class
+    from lmpress.vocabulary import types
+
+    comments = field_comments(Path(types.__file__), "GenerationParams")
+    local = [spec.name for spec in LOCAL]
+    taken = {spec.name: engine_class(spec.name).supported_params for spec in LOCAL + REMOTE}
+    out = [
+        "# Generation settings by engine",
+        "",
+        "<!-- Written by `python docs/generate.py` from GenerationParams and each engine's"
+        " supported_params; edit those, not this page. -->",
+        "",
+        "Every `generation.*` setting and the engines that take it. A setting an engine does not",
+        "take, set away from its default, is refused before any row runs, in one line naming",
+        "the engine and the setting; `lmpress engines NAME` lists what one engine takes. The",
+        "scheduling fields (`batch_size`, `use_cache`, `exclude_prompt_from_response`),",
+        "`use_sampling` (which acts through the temperature) and the tool fields (refused with",
+        "the tools by an engine that cannot call them) are never refused, and not listed.",
+        "[Config keys](config.md) gives each setting's type, default and allowed values.",
+        "",
+        f"| setting | what it is | {' | '.join(local)} | remote engines that take it |",
+        "|---|---|" + "---|" * len(local) + "---|",
+    ]
+    for field in dataclasses.fields(types.GenerationParams):
+        if field.name in types.NEVER_REFUSED:
+            continue
+        marks = ["yes" if field.name in taken[name] else "no" for name in local]
+        remote = [spec.name for spec in REMOTE if field.name in taken[spec.name]]
+        out.append(
+            f"| `generation.{field.name}` | {cell(comments.get(field.name, ''))} "
+            f"| {' | '.join(marks)} | {', '.join(remote) or 'none'} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def help_text(args: list[str]) -> str:
     """What `lmpress ARGS --help` prints at HELP_WIDTH columns, without colour, each line's
     trailing spaces dropped."""
@@ -225,7 +265,11 @@ def cli_page() -> str:
 
 
 def pages() -> dict[Path, str]:
-    return {CONFIG_PAGE: config_page(), CLI_PAGE: cli_page()}
+    return {
+        CONFIG_PAGE: config_page(),
+        GENERATION_PAGE: generation_page(),
+        CLI_PAGE: cli_page(),
+    }
 
 
 def stale() -> list[Path]:
