@@ -304,6 +304,10 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
         lambda v: all(v),
         "holds an empty stop string, which would stop at once; remove it",
     ),
+    "generation.bad_words": (
+        lambda v: all(w.strip() for w in v),
+        "holds an empty word, which bans nothing; remove it",
+    ),
     "generation.stop_token_ids": (
         lambda v: all(t >= 0 for t in v),
         "must be token ids (0 or more)",

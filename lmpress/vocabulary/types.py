@@ -106,6 +106,13 @@ class GenerationParams:
     stop_strings: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)  # the reply ends at any of these tokens
     min_tokens: int = 0  # no end of reply before this many tokens
+    # The model's end-of-sequence tokens do not end the reply: it runs to max_new_tokens (stop
+    # strings and stop_token_ids still end it), as vLLM's ignore_eos; benchmarks use it.
+    ignore_eos: bool = False
+    # Words the reply never writes, as vLLM's bad_words: each word's tokens (as the reply's
+    # first word and after a space), the last of them banned where the reply ends with the
+    # ones before it.
+    bad_words: list[str] = field(default_factory=list)
     seed: int | None = None  # a row's own random generator (seed + i for its i-th sample)
     n: int = 1  # samples per prompt
     logprobs: bool = False  # return each token's log probability

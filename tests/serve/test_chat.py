@@ -214,3 +214,22 @@ def test_client_disconnect_mid_stream_frees_the_request(llama_server):
     llama_server.wait_until_idle()  # its place in the engine is given back
     reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_vllms_bad_words_and_ignore_eos_are_taken_from_the_body(llama_server):
+    """As a vLLM server takes them (the openai client's extra_body): a word the free reply
+    wrote is never written once banned, and ignore_eos runs the reply to max_tokens."""
+    client = llama_server.client()
+    free = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, logprobs=True)
+    # A word the free reply writes, a token of letters alone (with its space, if any).
+    word = next(t.token for t in free.choices[0].logprobs.content if t.token.strip().isalpha())
+    banned = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=12, logprobs=True,
+        extra_body={"bad_words": [word.strip()]},
+    )  # fmt: skip
+    assert banned.choices[0].message.content != free.choices[0].message.content
+    assert word not in [t.token for t in banned.choices[0].logprobs.content]
+    ran_on = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=40, extra_body={"ignore_eos": True}
+    )
+    assert ran_on.usage.completion_tokens == 40 and ran_on.choices[0].finish_reason == "length"

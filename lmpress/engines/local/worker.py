@@ -104,6 +104,8 @@ class Submission:
     # gets a copy.
     matcher: Any = None
     tool_plan: Any = None  # a request with tools: how its calls are read from the text
+    # generation.bad_words as token sequences (lmpress/engines/local/bad_words.py).
+    bad_words: list[list[int]] = field(default_factory=list)
     # A prompt with images: what the model takes with its ids to prefill it (NATIVE: the
     # processor's pixel_values and the like). None for text.
     media: Any = None

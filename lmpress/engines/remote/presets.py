@@ -40,6 +40,7 @@ GOOGLE_PARAMS = frozenset({
 # Hosts of open models take their extra sampling fields, and no logit_bias (token ids differ).
 OPEN_MODEL_HOST_PARAMS = (OPENAI_PARAMS - {"logit_bias"}) | OPEN_MODEL_PARAMS
 OPEN_MODEL_HOST = Dialect(extra_fields=OPEN_MODEL_PARAMS)
+SGLANG_PARAMS = VLLM_PARAMS - {"bad_words"}
 
 
 PromptCaching = Literal["marked", "automatic"]
@@ -163,9 +164,10 @@ PROVIDERS: tuple[Provider, ...] = (
              "FIREWORKS_API_KEY", OPEN_MODEL_HOST_PARAMS, OPEN_MODEL_HOST, OPENAI_EFFORT,
              tasks=EMBED),
     # SGLang's OpenAI-compatible API: guided_decoding.json goes as response_format.
+    # Its sampling takes vLLM's names but has no bad_words.
     Provider("SGLANG", "a running SGLang server (OpenAI-compatible API)",
-             params=OPENAI_PARAMS | VLLM_PARAMS | SCORING_PARAMS,
-             dialect=Dialect(extra_fields=VLLM_PARAMS),
+             params=OPENAI_PARAMS | SGLANG_PARAMS | SCORING_PARAMS,
+             dialect=Dialect(extra_fields=SGLANG_PARAMS),
              reasoning=OPENAI_EFFORT, key_required=False, model_required=False, tasks=EMBED,
              engine="lmpress.engines.remote.openai_compat:SGLangEngine"),
     Provider("SAMBANOVA", "SambaNova Cloud", "https://api.sambanova.ai/v1", "SAMBANOVA_API_KEY",

@@ -23,7 +23,9 @@ OPENAI_PARAMS = frozenset({
 SCORING_PARAMS = frozenset({"prompt_logprobs"})
 # Sampling fields many open-model servers add, sent under the same names as extra body fields.
 OPEN_MODEL_PARAMS = frozenset({"top_k", "min_p", "repetition_penalty"})
-VLLM_PARAMS = OPEN_MODEL_PARAMS | {"min_tokens", "stop_token_ids", "skip_special_tokens"}
+VLLM_PARAMS = OPEN_MODEL_PARAMS | {
+    "min_tokens", "stop_token_ids", "skip_special_tokens", "ignore_eos", "bad_words",
+}  # fmt: skip
 # The guided-decoding forms OpenAI's response_format can say.
 RESPONSE_FORMAT_FORMS: frozenset[GuidedForm] = frozenset({"json", "json_object"})
 

@@ -59,6 +59,8 @@ class _Body(_Strict):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
+    ignore_eos: bool | None = None  # vLLM's: the reply runs past the model's end tokens
+    bad_words: list[str] | None = None  # vLLM's: words the reply never writes
     # A reasoning model's thinking budget in tokens: lmpress's name, and vLLM's.
     max_reasoning_tokens: int | None = None
     thinking_token_budget: int | None = None
@@ -214,7 +216,7 @@ def _common_sampling(body: _Body, max_tokens: int | None, where: str) -> Samplin
         )
     same = ("temperature", "top_p", "n", "seed", "presence_penalty", "frequency_penalty",
             "logit_bias", "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
-            "skip_special_tokens")  # fmt: skip
+            "skip_special_tokens", "ignore_eos", "bad_words")  # fmt: skip
     for name in same:
         value = getattr(body, name)
         if value is not None:

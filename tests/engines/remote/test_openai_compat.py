@@ -139,6 +139,13 @@ def test_vllm_dialect_sends_its_own_fields_and_structured_outputs():
     assert body["skip_special_tokens"] is False
     assert body["structured_outputs"] == {"regex": "[0-9]+"}  # vLLM's own field names
     assert "top_k" not in request_body(ask("hi"), "m", BY_NAME["REMOTE_VLLM"].dialect)
+    ending = ask("hi", ignore_eos=True, bad_words=["Paris", "New York"])
+    body = request_body(ending, "m", BY_NAME["REMOTE_VLLM"].dialect)
+    assert body["ignore_eos"] is True and body["bad_words"] == ["Paris", "New York"]
+    # SGLang takes vLLM's ignore_eos but has no bad_words: it is refused, never dropped.
+    assert "ignore_eos" in BY_NAME["SGLANG"].params
+    assert "bad_words" not in BY_NAME["SGLANG"].params | BY_NAME["OPENAI"].params
+    assert "ignore_eos" not in BY_NAME["OPENAI"].params
 
 
 def test_raw_prompt_and_local_images_are_translated(tmp_path):

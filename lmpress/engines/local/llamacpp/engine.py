@@ -54,6 +54,7 @@ from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import Occupancy, check_adapter, check_token_settings
 from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
+from lmpress.engines.local.bad_words import word_sequences
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.llamacpp import prompt_count
 from lmpress.engines.local.llamacpp.drafting import load_drafter
@@ -111,6 +112,7 @@ class LlamaCppEngine(WorkerEngine):
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "skip_special_tokens",
         "guided_decoding", "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
+        "ignore_eos", "bad_words",
     })  # fmt: skip
     takes_tools = True
     takes_adapters = True  # model.adapters: GGUF LoRA files or PEFT directories (loras.py)
@@ -390,9 +392,10 @@ class LlamaCppEngine(WorkerEngine):
         reasoning = self.model_reasoning.for_request(
             prompt_ids, request.params, matcher is not None
         )
+        bad_words = word_sequences(request.params.bad_words, self.tokenizer().encode)
         return LlamaCppSubmission(
             request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher, tool_plan=plan,
-            media=images, reasoning=reasoning,
+            media=images, reasoning=reasoning, bad_words=bad_words,
         )  # fmt: skip
 
     def _logit_bias(self, params: GenerationParams) -> list[tuple[int, float]]:

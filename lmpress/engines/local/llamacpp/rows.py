@@ -85,7 +85,7 @@ class SequenceRow:
     pos: int = 0  # tokens of this sequence in the KV cache
     next_token: int = -1  # sampled, to be decoded at the next step
     batch_index: int = -1  # its row in the step's batch
-    tokens: list[int] = field(default_factory=list)  # generated, end tokens left out
+    tokens: list[int] = field(default_factory=list)  # generated, the ending token left out
     generated: int = 0  # tokens generated, end tokens included
     text: str = ""
     emitted: int = 0  # characters already sent as deltas
@@ -130,7 +130,7 @@ class SequenceRow:
         self.generated += 1
         if logprob is not None:  # an end token too: it was sampled, and counted
             self.logprobs.append(logprob)
-        if vocab.is_end(token) or token in params.stop_token_ids:
+        if (vocab.is_end(token) and not params.ignore_eos) or token in params.stop_token_ids:
             self.finish_reason = "stop"
             return
         self.tokens.append(token)

@@ -88,13 +88,17 @@ class Sampling:
         index: int,
         logprobs: bool,
         matcher: Matcher | None = None,
+        banned: list[int] = (),
     ) -> tuple[int, TokenLogprob | None]:
         """The next token of the row whose logits sit at `index` of the last batch, and its
         log-probability entry when the row asks for logprobs. A row under a grammar picks
-        among the tokens the grammar allows next; its log-probabilities stay the model's."""
+        among the tokens the grammar allows next, and never one of `banned` (its bad words');
+        its log-probabilities stay the model's."""
         if generated < params.min_tokens:
             self._forbid_end(params, index)
         distribution = self._logprobs(params, index) if logprobs else None
+        if banned:
+            self._logits(index)[list(banned)] = float("-inf")
         if matcher is not None:
             matcher.mask_logits(self._logits(index))
         if sampler is None:  # plain greedy: the first of the most likely, as llama.cpp picks

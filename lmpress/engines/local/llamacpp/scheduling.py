@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmpress.engines.base import Engine
+from lmpress.engines.local.bad_words import banned_next
 from lmpress.engines.local.llamacpp.batches import Batches, KvCacheFull
 from lmpress.engines.local.llamacpp.drafting import Drafter
 from lmpress.engines.local.llamacpp.forks import fork_source, settle
@@ -383,9 +384,11 @@ class LlamaCppScheduler(Scheduler):
             )
         else:
             matcher = None if thinking else row.matcher
+            bad_words = row.submission.bad_words
             token, logprob = self._sampling.pick(
-                row.sampler, params, row.generated, index, wants_logprobs, matcher
-            )
+                row.sampler, params, row.generated, index, wants_logprobs, matcher,
+                banned_next(bad_words, row.tokens) if bad_words else [],
+            )  # fmt: skip
         row.add(token, logprob, self.vocab, thinking)
         return token
 

@@ -46,6 +46,7 @@ from lmpress.engines.common.embeddings import cosine_scores, finish_embeddings
 from lmpress.engines.common.hf_tokenizer import HfTokenizer
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
+from lmpress.engines.local.bad_words import word_sequences
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.native import prompt_count
 from lmpress.engines.local.native.adapters import RowAdapters, check_settings
@@ -97,7 +98,7 @@ class NativeEngine(WorkerEngine):
         "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens", "guided_decoding",
-        "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
+        "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs", "ignore_eos", "bad_words",
     })  # fmt: skip
     uses_generation_defaults = True
     # Drafts by prompt lookup or a draft model (drafting.py), verified in the batch
@@ -366,6 +367,7 @@ class NativeEngine(WorkerEngine):
         return Submission(
             request, ids, started, matcher=matcher, tool_plan=plan, media=images,
             reasoning=reasoning,
+            bad_words=word_sequences(request.params.bad_words, self._tokenizer.encode),
         )  # fmt: skip
 
     def encode(self, request: Request, tool_plan: ToolPlan | None = None) -> list[int]:

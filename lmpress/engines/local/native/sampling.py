@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmpress.engines.local.bad_words import banned_next
 from lmpress.engines.local.speculation import RowDrafts
 from lmpress.engines.local.stop_strings import first_stop
 from lmpress.engines.local.worker import Submission
@@ -27,7 +28,7 @@ class BatchRow:
     submission: Submission
     index: int
     generator: Any
-    tokens: list[int] = field(default_factory=list)  # generated, EOS and stop ids left out
+    tokens: list[int] = field(default_factory=list)  # generated, the ending EOS or stop id left out
     generated: int = 0  # tokens generated, EOS included
     limit: int = 0  # max_new_tokens, or less where the model's context ends first
     finish_reason: str | None = None
@@ -92,6 +93,13 @@ class BatchControl:
             p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params
         )
         self.min_tokens = any(p.min_tokens for p in params)
+        # generation.bad_words: each row's tokens banned at this step.
+        self.banned = {
+            b: ids
+            for b, row in enumerate(rows)
+            if row.submission.bad_words
+            and (ids := banned_next(row.submission.bad_words, row.tokens))
+        }
         self.want_logprobs = any(p.logprobs for p in params)
         # A reasoning row's grammar waits for its thinking to end; meanwhile the engine may
         # write the tokens that close the thinking in place of sampling.
@@ -112,8 +120,14 @@ class BatchControl:
             or self.want_logprobs
             or self.guided
             or self.processors
+            or self.banned
         )
-        self.stop_ids = [set(eos_ids) | set(p.stop_token_ids) for p in params]
+        # ignore_eos: the model's end tokens are written like any other token.
+        self.stop_ids = [
+            (set() if p.ignore_eos else set(eos_ids)) | set(p.stop_token_ids) for p in params
+        ]
+        # min_tokens holds off the model's end tokens, ignored or not, as vLLM does.
+        self.end_ids = [set(eos_ids) | set(p.stop_token_ids) for p in params]
 
     def choose(self, scores: Any) -> Any:
         """Each row's next token, from its logits (one row of `scores` each)."""
@@ -125,10 +139,10 @@ class BatchControl:
         if self.min_tokens:
             for b, row in enumerate(rows):
                 if row.generated < row.params.min_tokens:
-                    scores[b, list(self.stop_ids[b])] = float("-inf")
+                    scores[b, list(self.end_ids[b])] = float("-inf")
         # Log-probabilities are the model's own distribution, before the checkpoint's
         # processors, penalties and any grammar, as LLAMACPP and VLLM report them.
-        reshaped = self.processors or self.penalised or self.guided
+        reshaped = self.processors or self.penalised or self.guided or self.banned
         model_scores = scores.clone() if self.want_logprobs and reshaped else scores
         if self.processors:  # as generate applies them: on the row's prompt and reply so far
             for b, row in enumerate(rows):
@@ -136,6 +150,8 @@ class BatchControl:
                 scores[b : b + 1] = self.processors(ids, scores[b : b + 1])
         if self.penalised:
             scores = self._penalise(scores)
+        for b, ids in self.banned.items():
+            scores[b, ids] = float("-inf")
         for b in self.guided:
             if rows[b].finish_reason is None:
                 self._constrain(scores[b], rows[b].matcher)

@@ -86,6 +86,7 @@ class VllmEngine(Engine):
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "guided_decoding",
         "skip_special_tokens", "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
+        "ignore_eos", "bad_words",
     })  # fmt: skip
     takes_hub_ids = True
     # Each row's adapter (model.adapters) is its request's LoRARequest, and vLLM batches rows

@@ -186,6 +186,10 @@ def sampling_params(
         thinking_budget = params.max_reasoning_tokens
     # Only where set: a vLLM without reasoning support takes no such field.
     extra = {} if thinking_budget is None else {"thinking_token_budget": thinking_budget}
+    if params.ignore_eos:
+        extra["ignore_eos"] = True
+    if params.bad_words:
+        extra["bad_words"] = list(params.bad_words)
     try:
         return api.SamplingParams(
             n=params.n,

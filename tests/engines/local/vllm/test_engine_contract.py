@@ -125,7 +125,7 @@ CHANGED = {
     "stop_strings": ["x"], "stop_token_ids": [3], "min_tokens": 2, "seed": 5, "n": 2,
     "logprobs": True, "top_logprobs": 2, "logit_bias": {"5": 1.0},
     "guided_decoding": {"regex": "[a-z]+"}, "skip_special_tokens": False,
-    "max_reasoning_tokens": 5, "prompt_logprobs": 2,
+    "max_reasoning_tokens": 5, "prompt_logprobs": 2, "ignore_eos": True, "bad_words": ["x"],
 }  # fmt: skip
 # Fields honoured in the prompt rather than in SamplingParams: reasoning_effort sets the chat
 # template's switches (local/reasoning.py; vllm_real/test_reasoning.py runs it on VLLM).

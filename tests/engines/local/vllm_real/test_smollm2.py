@@ -112,6 +112,12 @@ CHAT_CASES = [
     (FRANCE, {"guided_decoding": {"choice": ["London", "Paris", "Berlin"]}, "max_new_tokens": 8},
      {"temperature": 0, "structured_outputs": {"choice": ["London", "Paris", "Berlin"]},
       "max_tokens": 8}),
+    # vLLM's bad_words and ignore_eos, passed through: the reply routes round " Paris", and
+    # one that would end after a few words runs on to max_tokens.
+    (FRANCE, {"bad_words": ["Paris"], "max_new_tokens": 24},
+     {"temperature": 0, "bad_words": ["Paris"], "max_tokens": 24}),
+    ("Say hi.", {"ignore_eos": True, "max_new_tokens": 24},
+     {"temperature": 0, "ignore_eos": True, "max_tokens": 24}),
 ]  # fmt: skip
 # Conversations asked of raw vLLM beside CHAT_CASES, greedy, with lmpress's default length.
 # PARIS_REPLY is vLLM's first reply to FRANCE (asserted below), so CHAT_FOLLOW_UP is the
@@ -220,6 +226,10 @@ def test_chat_replies_equal_vllm_chat(engine, reference):
     assert first[6][0]["text"] == "The capital of France is "  # stop string, not shown
     assert "Paris" not in first[10][0]["text"]  # logit_bias -100 on " Paris"
     assert first[4][0]["text"] != first[4][1]["text"]  # n=2 samples differ
+    bad_words, ignored = first[len(CHAT_CASES) - 2][0], first[len(CHAT_CASES) - 1][0]
+    assert "Paris" not in bad_words["text"]
+    assert len(ignored["token_ids"]) == 24 and ignored["finish_reason"] == "length"
+    assert results[-1].samples[0].completion_tokens == 24  # ignore_eos
     # vLLM's stop_reason names the stop string that ended a sample, and only a string.
     stopped_by = [r.samples[0].stop_sequence for r in results]
     assert stopped_by[6] == "Paris" and stopped_by[0] is None and stopped_by[7] is None
