@@ -209,6 +209,22 @@ def generation_page() -> str:
             f"| `generation.{field.name}` | {cell(comments.get(field.name, ''))} "
             f"| {' | '.join(marks)} | {', '.join(remote) or 'none'} |"
         )
+    out += [
+        "",
+        "## The KV cache's precision (`model.kv_cache_dtype`)",
+        "",
+        "A model setting rather than a generation one, taken or refused the same way: `auto` is",
+        "each engine's own precision; the others are the engine's quantized caches",
+        "(`benchmarks/kv_cache.py` measures what they cost and buy: [LLAMACPP](../engines/llamacpp.md)).",
+        "",
+        "| engine | takes |",
+        "|---|---|",
+    ]
+    for spec in LOCAL + REMOTE:
+        held = sorted(engine_class(spec.name).kv_cache_dtypes)
+        if held:
+            out.append(f"| {spec.name} | auto, {', '.join(held)} |")
+    out += ["", "Every other engine takes `auto` only."]
     return "\n".join(out) + "\n"
 
 

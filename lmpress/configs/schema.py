@@ -26,6 +26,10 @@ SpeculativeMethod = Literal["off", "ngram", "draft_model"]
 SPECULATIVE_METHODS: tuple[SpeculativeMethod, ...] = get_args(SpeculativeMethod)
 
 
+# model.kv_cache_dtype's values; each engine takes those in its `kv_cache_dtypes`.
+KV_CACHE_DTYPES = ("auto", "int8", "int4", "fp8")
+
+
 @dataclass
 class ModelParams:
     model_name: str = ""  # a model directory, a .gguf file, a hub id, or a packaged/tiny name
@@ -46,6 +50,9 @@ class ModelParams:
     # variables the chat template reads, e.g. enable_thinking
     chat_template_kwargs: dict[str, Any] | None = None
     torch_dtype_str: str = "auto"  # auto: float32 on a CPU, bfloat16 on CUDA (NATIVE, VLLM)
+    # The KV cache's precision: auto (the engine's own), int8 or int4 (LLAMACPP's q8_0 and
+    # q4_0), fp8 (VLLM's); an engine refuses one it cannot hold.
+    kv_cache_dtype: str = "auto"
     device_map: str | None = "auto"  # auto: cuda where present, else cpu (NATIVE)
     attn_implementation: str | None = None  # transformers' attention implementation (NATIVE)
     trust_remote_code: bool = False  # run a checkpoint's own modelling code
@@ -317,6 +324,10 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
         "values must be in [-100, 100], as in OpenAI's API",
     ),
     "generation.n": (lambda v: v >= 1, "must be at least 1"),
+    "model.kv_cache_dtype": (
+        lambda v: v in KV_CACHE_DTYPES,
+        f"must be one of {', '.join(KV_CACHE_DTYPES)}",
+    ),
     "generation.reasoning_effort": (
         lambda v: v is None or v in REASONING_EFFORTS,
         f"must be one of {', '.join(REASONING_EFFORTS)}, or null for the model's own",

@@ -108,6 +108,9 @@ class Engine(ABC):
     # `Request.adapter`. `check_adapters_taken` refuses a config that names adapters, before
     # any work, on an engine that cannot.
     takes_adapters: ClassVar[bool] = False
+    # The `model.kv_cache_dtype` values besides auto that it can hold its KV cache in;
+    # `check_kv_cache_dtype` refuses another before any work.
+    kv_cache_dtypes: ClassVar[frozenset[str]] = frozenset()
     # Whether it merges `model.adapter_model`, one adapter for every request, into its model.
     # An engine that cannot refuses it before any work, rather than answer from the base.
     merges_adapter_model: ClassVar[bool] = False
@@ -347,6 +350,18 @@ def check_params(engine: Engine | type[Engine], params: GenerationParams) -> Non
             f"engine {engine.name} does not support {listed}; remove it from the recipe or "
             f"overrides, or pick an engine that does ('lmpress engines' lists them)"
         )
+
+
+def check_kv_cache_dtype(engine: Engine | type[Engine], config: RunConfig) -> None:
+    """Refuse, before any work, a `model.kv_cache_dtype` the engine cannot hold."""
+    wanted = config.model.kv_cache_dtype
+    if wanted == "auto" or wanted in engine.kv_cache_dtypes:
+        return
+    takes = ", ".join(sorted(engine.kv_cache_dtypes))
+    raise UnsupportedParamError(
+        f"model.kv_cache_dtype: engine {engine.name} cannot hold its KV cache as {wanted}; "
+        + (f"it takes {takes} (or auto)" if takes else "set it to auto")
+    )
 
 
 def check_adapters_taken(engine: Engine | type[Engine], config: RunConfig) -> None:

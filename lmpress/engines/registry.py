@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 
 from lmpress.configs.loading import suggest
 from lmpress.configs.schema import RunConfig
-from lmpress.engines.base import Engine, check_adapters_taken, check_task
+from lmpress.engines.base import Engine, check_adapters_taken, check_kv_cache_dtype, check_task
 from lmpress.engines.options import Setting, check_model_kwargs
 from lmpress.engines.remote import presets
 from lmpress.vocabulary.embeddings import loads_for
@@ -150,6 +150,7 @@ def check_engine(config: RunConfig) -> None:
     except ImportError:  # a broken plugin: creating the engine says so
         return
     check_adapters_taken(cls, config)
+    check_kv_cache_dtype(cls, config)
     options = cls.options
     if options is not None:
         check_model_kwargs(options, config.model.model_kwargs)

@@ -104,6 +104,32 @@ from lmpress.vocabulary.errors import (
 )
 from lmpress.vocabulary.types import ErrorInfo, GenerationParams, Request
 
+# model.kv_cache_dtype on llama.cpp: its K and V cells in blocks of 8 or 4 bits.
+KV_CACHE_TYPES = {"int8": "GGML_TYPE_Q8_0", "int4": "GGML_TYPE_Q4_0"}
+
+
+def kv_cache_kwargs(kv_cache_dtype: str, kwargs: dict) -> None:
+    """`Llama()`'s type_k and type_v for `model.kv_cache_dtype`, with the flash attention a
+    quantized V cache needs in llama.cpp (a context without it is refused)."""
+    import llama_cpp
+
+    if kv_cache_dtype == "auto":
+        return
+    own = sorted(k for k in ("type_k", "type_v") if k in kwargs)
+    if own:
+        raise ConfigError(
+            f"model.kv_cache_dtype: {kv_cache_dtype} sets llama.cpp's type_k and type_v; "
+            f"remove model.model_kwargs.{', '.join(own)} or set kv_cache_dtype to auto"
+        )
+    if kwargs.get("flash_attn") is False:
+        raise ConfigError(
+            f"model.kv_cache_dtype: {kv_cache_dtype} needs flash attention on LLAMACPP "
+            f"(llama.cpp quantizes the V cache only under it); remove "
+            f"model.model_kwargs.flash_attn: false"
+        )
+    kind = getattr(llama_cpp, KV_CACHE_TYPES[kv_cache_dtype])
+    kwargs.update(type_k=kind, type_v=kind, flash_attn=True)
+
 
 class LlamaCppEngine(WorkerEngine):
     name = "LLAMACPP"
@@ -116,6 +142,7 @@ class LlamaCppEngine(WorkerEngine):
     })  # fmt: skip
     takes_tools = True
     takes_adapters = True  # model.adapters: GGUF LoRA files or PEFT directories (loras.py)
+    kv_cache_dtypes = frozenset(KV_CACHE_TYPES)  # llama.cpp's q8_0 and q4_0 K and V cells
     # Drafts by prompt lookup or a draft model (drafting.py), row by row in the batch.
     speculative_methods = frozenset({"ngram", "draft_model"})
     # One per run: the engine loads the model for the task the run does (pooling.py).
@@ -144,6 +171,7 @@ class LlamaCppEngine(WorkerEngine):
         kwargs = llama_kwargs(model_kwargs, llama_cpp.Llama)
         kwargs.setdefault("verbose", False)
         kwargs.setdefault("n_ctx", 0)  # 0: the model's own context length
+        kv_cache_kwargs(config.model.kv_cache_dtype, kwargs)
         if config.task != "generate":
             pooling_kwargs(kwargs, self.path)
         extra_bufts = kwargs.pop("use_extra_bufts", None)

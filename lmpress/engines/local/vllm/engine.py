@@ -89,6 +89,7 @@ class VllmEngine(Engine):
         "ignore_eos", "bad_words",
     })  # fmt: skip
     takes_hub_ids = True
+    kv_cache_dtypes = frozenset({"fp8"})  # vLLM's kv_cache_dtype, by the same name
     # Each row's adapter (model.adapters) is its request's LoRARequest, and vLLM batches rows
     # of every adapter and the base model together (lora.py).
     takes_adapters = True

@@ -119,6 +119,12 @@ def engine_settings(
         args["revision"] = model.model_revision
     if model.model_max_length:
         args["max_model_len"] = model.model_max_length
+    if model.kv_cache_dtype != "auto":
+        if "kv_cache_dtype" in kwargs:
+            raise ConfigError(
+                "model.kv_cache_dtype: set it or model.model_kwargs.kv_cache_dtype, not both"
+            )
+        args["kv_cache_dtype"] = model.kv_cache_dtype  # vLLM's own name for fp8
     if model.processor_kwargs:
         args["mm_processor_kwargs"] = dict(model.processor_kwargs)
     if not model.load_pretrained_weights:

@@ -23,7 +23,7 @@ from lmpress.configs import load_config
 from lmpress.engines.local.vllm.api import VllmApi
 from lmpress.engines.local.vllm.engine import VllmEngine
 from lmpress.engines.local.vllm.translate import OutputAssembler, engine_settings, sampling_params
-from lmpress.engines.registry import create_engine
+from lmpress.engines.registry import check_engine, create_engine
 from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 from lmpress.vocabulary.errors import (
     ConfigError,
@@ -309,6 +309,16 @@ def test_model_section_and_model_kwargs_become_engine_arguments(model_dir):
         **kwargs,  # max_model_len from model_kwargs wins over model.model_max_length
     }  # fmt: skip
     assert (settings.data_parallel_size, settings.gpus) == (1, 2)
+
+
+def test_the_kv_cache_dtype_becomes_vllms_and_one_vllm_lacks_is_refused(model_dir):
+    assert (
+        engine_settings(config_with(model_dir, kv_cache_dtype="fp8")).args["kv_cache_dtype"]
+        == "fp8"
+    )
+    assert "kv_cache_dtype" not in engine_settings(config_with(model_dir)).args
+    with pytest.raises(UnsupportedParamError, match="engine VLLM cannot hold .* as int8"):
+        check_engine(config_with(model_dir, kv_cache_dtype="int8"))
 
 
 def test_ngram_speculation_becomes_vllms_speculative_config(model_dir):

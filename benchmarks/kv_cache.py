@@ -1,0 +1,148 @@
+"""What `model.kv_cache_dtype` costs and buys on this CPU, on SmolLM2: each engine's cache at
+auto against its quantized ones (LLAMACPP int8 and int4, llama.cpp's q8_0 and q4_0; VLLM fp8),
+each side in a process of its own.
+
+For each side:
+- KV per token: the cache's bytes per token of context, from the engine's own account (the
+  cache llama.cpp says it allocated, over its cells; the tokens vLLM says its cache of
+  VLLM_CPU_KVCACHE_SPACE GiB holds);
+- tokens per GiB: the context, or rows times their lengths, that one GiB of cache holds;
+- tok/s: `--rows` chat rows, greedy, `--max-new-tokens` each (ignore_eos, so every row runs its
+  full length), `--in-flight` at once, generation alone timed, median of `--rounds`;
+- match: the rows whose greedy text equals the auto side's of the same engine.
+
+    python benchmarks/kv_cache.py [--rows 64] [--max-new-tokens 64] [--in-flight 16]
+        [--rounds 2] [--sides LLAMACPP:auto,LLAMACPP:int8,...] [--vllm-python PY]
+
+Run it with the main venv's Python; the VLLM sides run with `--vllm-python`
+(default .venv-vllm/bin/python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "smollm2:135m-instruct"
+SIDES = ["LLAMACPP:auto", "LLAMACPP:int8", "LLAMACPP:int4", "VLLM:auto", "VLLM:fp8"]
+TOPICS = ["rain", "the sea", "cats", "roads", "bread", "music", "trees", "the moon"]
+LLAMA_KV = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells")
+VLLM_KV = re.compile(r"KV cache size: ([\d,]+) tokens")
+VLLM_SPACE_GIB = 1
+
+
+def kv_bytes_per_token(engine: str, dtype: str) -> float:
+    """The engine's own account of its cache, read from its log in a process of its own."""
+    args = ["infer", "--engine", engine, "--model.model_name", MODEL, "--cache", "off",
+            "--model.kv_cache_dtype", dtype, "--generation.max_new_tokens", "1", "Hi"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if engine == "LLAMACPP":
+        args += ["--model.model_kwargs.verbose", "true", "--model.model_kwargs.n_ctx", "4096"]
+    else:
+        args += ["--debug", "--model.model_kwargs.enforce_eager", "true"]
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(VLLM_SPACE_GIB)
+        model = json.loads(subprocess.check_output(
+            [sys.executable, "-c", "from lmpress.engines.local.vllm.translate import "
+             f"model_directory; import json; print(json.dumps(model_directory({MODEL!r}, 'm')))"],
+            env=env, text=True))  # fmt: skip
+        args[args.index(MODEL)] = model
+    run = subprocess.run([sys.executable, "-m", "lmpress", *args], capture_output=True,
+                         text=True, env=env)  # fmt: skip
+    if run.returncode != 0:
+        raise SystemExit(f"{engine} {dtype}: {run.stderr[-2000:]}")
+    if engine == "LLAMACPP":
+        size, cells = (float(x) for x in LLAMA_KV.findall(run.stderr)[-1])
+        return size * 2**20 / cells
+    tokens = int(VLLM_KV.findall(run.stderr)[-1].replace(",", ""))
+    return VLLM_SPACE_GIB * 2**30 / tokens
+
+
+def side(engine: str, dtype: str, args: argparse.Namespace) -> dict:
+    """In the side's own process: its texts and its tok/s in each round."""
+    from lmpress.configs import load_config
+    from lmpress.engines.registry import create_engine
+    from lmpress.vocabulary.types import GenerationParams, Message, Request
+
+    model = MODEL
+    kwargs: dict = {}
+    if engine == "VLLM":
+        from lmpress.engines.local.vllm.translate import model_directory
+
+        model = model_directory(MODEL, "model")
+        kwargs = {"enforce_eager": True, "max_num_seqs": args.in_flight}
+    overrides = {"engine": engine, "model.model_name": model, "model.kv_cache_dtype": dtype,
+                 "generation.batch_size": args.in_flight, "model.model_kwargs": kwargs}  # fmt: skip
+    engine_ = create_engine(load_config(overrides=overrides))
+    params = GenerationParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    requests = [
+        Request(
+            f"r{i}", [Message("user", f"Tell me one fact about {TOPICS[i % 8]} ({i}).")], params
+        )
+        for i in range(args.rows)
+    ]
+    rates, texts = [], []
+    try:
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            results = engine_.generate(requests)
+            elapsed = time.perf_counter() - start
+            rates.append(sum(r.usage.completion_tokens for r in results) / elapsed)
+            texts = [r.text for r in results]
+    finally:
+        asyncio.run(engine_.aclose())
+    return {"rates": rates, "texts": texts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--in-flight", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # ENGINE:DTYPE, in its own process
+    args = parser.parse_args()
+    if args.side:
+        engine, dtype = args.side.split(":")
+        print(json.dumps({**side(engine, dtype, args),
+                          "kv": kv_bytes_per_token(engine, dtype)}))  # fmt: skip
+        return
+    found: dict[str, dict] = {}
+    for name in args.sides.split(","):
+        python = args.vllm_python if name.startswith("VLLM") else sys.executable
+        command = [python, __file__, "--side", name, "--rows", str(args.rows),
+                   "--max-new-tokens", str(args.max_new_tokens), "--in-flight",
+                   str(args.in_flight), "--rounds", str(args.rounds)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "2"}
+        out = subprocess.run(command, capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            print(f"{name}: failed: {out.stderr[-1500:]}", file=sys.stderr)
+            continue
+        found[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"SmolLM2, {args.rows} rows x {args.max_new_tokens} new tokens (ignore_eos), "
+          f"{args.in_flight} in flight, median of {args.rounds} rounds\n")  # fmt: skip
+    print(
+        "| side | KV bytes/token | tokens per GiB | tok/s | tok/s vs auto | greedy match vs auto |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, data in found.items():
+        auto = found.get(name.split(":")[0] + ":auto")
+        rate = statistics.median(data["rates"])
+        ratio = rate / statistics.median(auto["rates"]) if auto else float("nan")
+        same = sum(a == b for a, b in zip(auto["texts"], data["texts"], strict=True)) if auto else 0
+        print(f"| {name} | {data['kv']:.0f} | {2**30 / data['kv']:,.0f} | {rate:.1f} "
+              f"| {ratio:.2f} | {same} of {len(data['texts'])} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
