@@ -63,6 +63,11 @@ ENV_READ_AT_START = (
     "ARROW_",
     "NUMPY_",
 )
+# Under those prefixes but read when used, not at start: a forked child that sets them reads them
+# as a fresh one would. Libraries set them in the test process as they run (transformers'
+# generate sets TOKENIZERS_PARALLELISM where it compiles, Ray's init PYTHONBREAKPOINT): held
+# against the zygote's, they made every later run of that worker an exec.
+ENV_READ_AT_USE = {"TOKENIZERS_PARALLELISM", "PYTHONBREAKPOINT"}
 # `lmpress eval` sets TQDM_DISABLE before lm-eval imports tqdm, which a preloaded tqdm would
 # already have read.
 EXEC_COMMANDS = {"eval"}
@@ -91,7 +96,9 @@ class Zygote:
     def takes(self, args: tuple[str, ...], env: dict[str, str]) -> bool:
         if args and args[0] in EXEC_COMMANDS:
             return False
-        keys = (set(env) | set(self.env)) - {"PYTHONPATH"}  # the child sets its sys.path
+        keys = (
+            (set(env) | set(self.env)) - {"PYTHONPATH"} - ENV_READ_AT_USE
+        )  # (the child sets sys.path)
         return not any(
             key.startswith(ENV_READ_AT_START) and env.get(key) != self.env.get(key) for key in keys
         )

@@ -68,6 +68,9 @@ def test_runs_whose_start_a_fresh_interpreter_would_read_differently_are_execd(w
     # The child puts PYTHONPATH's folders on its sys.path, as the interpreter would.
     assert warm.takes(("batch",), {**same, "PYTHONPATH": f"{REPO}{os.pathsep}/plugins"})
     assert not warm.takes(("eval",), same)
+    # Read when used, and set by libraries in the test process as it runs (transformers'
+    # compiled generate): the worker's later runs are still forked.
+    assert warm.takes(("batch",), {**same, "TOKENIZERS_PARALLELISM": "0"})
 
 
 def test_the_zygote_starts_in_the_sessions_environment_not_the_first_tests(monkeypatch):
