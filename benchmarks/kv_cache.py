@@ -35,7 +35,9 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL = "smollm2:135m-instruct"
 SIDES = ["LLAMACPP:auto", "LLAMACPP:int8", "LLAMACPP:int4", "VLLM:auto", "VLLM:fp8"]
 TOPICS = ["rain", "the sea", "cats", "roads", "bread", "music", "trees", "the moon"]
-LLAMA_KV = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells")
+# "llama_kv_cache: size = 90.00 MiB (512 cells, 30 layers, 8/8 seqs), ...": a split cache
+# gives each sequence's cells.
+LLAMA_KV = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +\d+ layers, +(\d+)/")
 VLLM_KV = re.compile(r"KV cache size: ([\d,]+) tokens")
 VLLM_SPACE_GIB = 1
 
@@ -60,8 +62,8 @@ def kv_bytes_per_token(engine: str, dtype: str) -> float:
     if run.returncode != 0:
         raise SystemExit(f"{engine} {dtype}: {run.stderr[-2000:]}")
     if engine == "LLAMACPP":
-        size, cells = (float(x) for x in LLAMA_KV.findall(run.stderr)[-1])
-        return size * 2**20 / cells
+        size, cells, seqs = (float(x) for x in LLAMA_KV.findall(run.stderr)[-1])
+        return size * 2**20 / (cells * seqs)
     tokens = int(VLLM_KV.findall(run.stderr)[-1].replace(",", ""))
     return VLLM_SPACE_GIB * 2**30 / tokens
 
@@ -142,6 +144,9 @@ def main() -> None:
         same = sum(a == b for a, b in zip(auto["texts"], data["texts"], strict=True)) if auto else 0
         print(f"| {name} | {data['kv']:.0f} | {2**30 / data['kv']:,.0f} | {rate:.1f} "
               f"| {ratio:.2f} | {same} of {len(data['texts'])} |")  # fmt: skip
+    print("\nThe first row's reply on each side:")
+    for name, data in found.items():
+        print(f"- {name}: {data['texts'][0][:160]!r}")
 
 
 if __name__ == "__main__":

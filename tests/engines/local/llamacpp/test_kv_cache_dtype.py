@@ -18,9 +18,9 @@ from lmpress.vocabulary.errors import ConfigError, UnsupportedParamError
 from lmpress.vocabulary.types import GenerationParams, Message, Request
 from tests.conftest import run_lmpress
 
-# llama.cpp's line for the cache it allocated, e.g.
-# "llama_kv_cache: size = 22.50 MiB (1024 cells, 30 layers, 1/1 seqs), K (q8_0): 11.25 MiB, ..."
-KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells")
+# llama.cpp's line for the cache it allocated, e.g. "llama_kv_cache: size = 90.00 MiB (512
+# cells, 30 layers, 8/8 seqs), K (f16): 45.00 MiB, ...": a split cache gives each sequence's cells.
+KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +\d+ layers, +(\d+)/")
 
 
 def kv_mib_per_cell(kv_cache_dtype: str) -> float:
@@ -31,8 +31,8 @@ def kv_mib_per_cell(kv_cache_dtype: str) -> float:
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     # The last cache made is the batched context's; Llama()'s own one-sequence cache is freed.
-    size, cells = (float(x) for x in KV_LINE.findall(run.stderr)[-1])
-    return size / cells
+    size, cells, seqs = (float(x) for x in KV_LINE.findall(run.stderr)[-1])
+    return size / (cells * seqs)
 
 
 def test_a_quantized_cache_holds_twice_the_tokens_and_more_in_the_same_memory():
