@@ -38,6 +38,7 @@ forked_cli.keep_session_environment()  # the warm interpreter's, whatever the fi
 
 @pytest.fixture(autouse=True)
 def _own_response_cache(tmp_path_factory, monkeypatch) -> None:
+    forked_cli.adopt_drift()  # before this test patches anything
     monkeypatch.setenv(
         "LMPRESS_RESPONSE_CACHE", str(tmp_path_factory.mktemp("response-cache", numbered=True))
     )

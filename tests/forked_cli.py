@@ -145,6 +145,16 @@ class Zygote:
             command, returncode, text(out, encoding), text(err, encoding)
         )
 
+    def busy(self) -> bool:
+        """Whether a run it forked is still going (it would die with its zygote)."""
+        import psutil
+
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.NoSuchProcess:
+            return False
+        return any(c.status() != psutil.STATUS_ZOMBIE for c in children if c.is_running())
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -359,11 +369,43 @@ _failed = False
 # at the first run instead, it would hold whatever that test had patched, and every later run
 # would differ from it and be exec'd.
 _session_env: dict[str, str] | None = None
+_retired: list[Zygote] = []  # zygotes of an environment since moved, kept for their runs
 
 
 def keep_session_environment() -> None:
     global _session_env
     _session_env = dict(os.environ)
+
+
+def adopt_drift() -> list[str]:
+    """Take the process's environment as the session's where it has moved since in a variable
+    read at start, and retire the zygote started in the old one (the next run starts
+    another). Called as each test starts, before its own patches: what moved there was set
+    for longer than a test, by a library as it ran (torch.compile sets KMP_DUPLICATE_LIB_OK
+    and TORCH_WARM_POOL) or by a module's fixture, and every later run of the worker would
+    otherwise be exec'd. A retired zygote stays while runs it forked do (a module's server),
+    since they die with it. Returns the variables that moved."""
+    global _session_env, _zygote
+    for old in [z for z in _retired if not z.busy()]:
+        _retired.remove(old)
+        old.stop()
+    if _session_env is None:
+        return []
+    current = {**os.environ}
+    moved = sorted(
+        key
+        for key in (set(current) | set(_session_env)) - {"PYTHONPATH"} - ENV_READ_AT_USE
+        if key.startswith(ENV_READ_AT_START) and current.get(key) != _session_env.get(key)
+    )
+    if moved:
+        _session_env = current
+        if _zygote is not None:
+            if _zygote.busy():
+                _retired.append(_zygote)
+            else:
+                _zygote.stop()
+            _zygote = None
+    return moved
 
 
 def zygote() -> Zygote | None:
@@ -378,13 +420,17 @@ def zygote() -> Zygote | None:
     return _zygote
 
 
-def zygote_pid() -> int | None:
-    return _zygote.proc.pid if _zygote is not None else None
+def zygote_pids() -> set[int]:
+    """This process's zygote and the retired ones still held by their runs."""
+    return {z.proc.pid for z in (_zygote, *_retired) if z is not None}
 
 
 def stop() -> None:
     """Stop this process's zygote (at the session's end, before its leftover check)."""
     global _zygote
+    for old in _retired:
+        old.stop()
+    _retired.clear()
     if _zygote is not None:
         _zygote.stop()
         _zygote = None

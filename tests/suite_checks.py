@@ -115,10 +115,10 @@ INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.fork
 
 def running_children() -> list[psutil.Process]:
     children = []
-    warm = forked_cli.zygote_pid()
+    warm = forked_cli.zygote_pids()
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.pid == warm:
+            if child.pid in warm:
                 continue  # stopped after the check, so that its children count in it
             if child.status() == psutil.STATUS_ZOMBIE:
                 continue
