@@ -73,6 +73,13 @@ ENV_READ_AT_USE = {"TOKENIZERS_PARALLELISM", "PYTHONBREAKPOINT"}
 EXEC_COMMANDS = {"eval"}
 
 
+def read_at_start_differ(env: dict[str, str], other: dict[str, str]) -> list[str]:
+    """The variables read at start whose values the two environments differ in (PYTHONPATH
+    aside: the child sets its sys.path from it)."""
+    keys = (set(env) | set(other)) - {"PYTHONPATH"} - ENV_READ_AT_USE
+    return sorted(k for k in keys if k.startswith(ENV_READ_AT_START) and env.get(k) != other.get(k))
+
+
 class Zygote:
     """One warm interpreter for this process's runs, started at the first."""
 
@@ -96,12 +103,7 @@ class Zygote:
     def takes(self, args: tuple[str, ...], env: dict[str, str]) -> bool:
         if args and args[0] in EXEC_COMMANDS:
             return False
-        keys = (
-            (set(env) | set(self.env)) - {"PYTHONPATH"} - ENV_READ_AT_USE
-        )  # (the child sets sys.path)
-        return not any(
-            key.startswith(ENV_READ_AT_START) and env.get(key) != self.env.get(key) for key in keys
-        )
+        return not read_at_start_differ(env, self.env)
 
     def run(
         self,
@@ -392,11 +394,7 @@ def adopt_drift() -> list[str]:
     if _session_env is None:
         return []
     current = {**os.environ}
-    moved = sorted(
-        key
-        for key in (set(current) | set(_session_env)) - {"PYTHONPATH"} - ENV_READ_AT_USE
-        if key.startswith(ENV_READ_AT_START) and current.get(key) != _session_env.get(key)
-    )
+    moved = read_at_start_differ(current, _session_env)
     if moved:
         _session_env = current
         if _zygote is not None:

@@ -420,7 +420,8 @@ class LlamaCppEngine(WorkerEngine):
         reasoning = self.model_reasoning.for_request(
             prompt_ids, request.params, matcher is not None
         )
-        bad_words = word_sequences(request.params.bad_words, self.tokenizer().encode)
+        words = request.params.bad_words
+        bad_words = word_sequences(words, self.tokenizer().encode) if words else []
         return LlamaCppSubmission(
             request, prompt_ids, started, logit_bias=logit_bias, matcher=matcher, tool_plan=plan,
             media=images, reasoning=reasoning, bad_words=bad_words,
