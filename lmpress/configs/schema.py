@@ -194,6 +194,9 @@ class RayParams:
     gpus_per_replica: float = 0.0  # VLLM: tensor x pipeline parallel size; NATIVE on CUDA: 1
     batch_size: int = 32  # rows sent to a replica in one call
     calls_per_replica: int = 4  # calls in flight at a replica: the engine sees up to 4 x 32 rows
+    # Once a replica has run, how long the job waits with none running (Ray restarting one
+    # that died, or unable to) before it ends, leaving the rows not done to the next run.
+    restart_timeout_s: float = 600.0
 
 
 @dataclass
@@ -393,6 +396,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "ray.gpus_per_replica": (lambda v: v >= 0, "must be 0 or more"),
     "ray.batch_size": (lambda v: v >= 1, "must be at least 1"),
     "ray.calls_per_replica": (lambda v: v >= 1, "must be at least 1"),
+    "ray.restart_timeout_s": (lambda v: v > 0, "must be more than 0"),
 }
 
 

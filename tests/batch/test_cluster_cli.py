@@ -3,7 +3,7 @@ local run on NATIVE and REMOTE, and every row exactly once when a replica or the
 killed mid-job.
 
 Most tests join one cluster the module starts (`ray start --head`), as a user joins theirs;
-the NATIVE test lets `lmpress batch --ray` start a local Ray of its own.
+the NATIVE test and the restart test let `lmpress batch --ray` start a local Ray of their own.
 """
 
 from __future__ import annotations
@@ -549,3 +549,67 @@ def test_native_on_ray_scores_loglikelihood_rows_as_a_local_run_does(tmp_path, c
         for key in (k for k in row if "logprob" in k):
             assert theirs[key] == pytest.approx(row[key], abs=1e-5), (id, key)
     assert failed_lines(on_ray) == failed_lines(local) and len(failed_lines(local)) == len(BAD)
+
+
+def test_a_replica_whose_restart_never_ends_stops_the_job_and_the_next_run_finishes_it(
+    tmp_path, echo_plugin
+):
+    # A replica dies and Ray's restart of it never finishes (in a loaded run, a vLLM replica
+    # killed for memory, whose restart Ray could not complete): without a watch, Ray Data
+    # waits for it forever. ECHO holds its replies until `gate` exists, and an ECHO started
+    # while `hang` exists never finishes starting. No --ray.address: the replicas must carry
+    # this test's environment, so lmpress starts a local Ray of its own.
+    rows, gate, hang = 160, tmp_path / "gate", tmp_path / "hang"
+    src = write_input(tmp_path / "in.jsonl", prompt_rows(rows))
+    out = tmp_path / "out.jsonl"
+    env = {**os.environ, **with_plugin(echo_plugin), "ECHO_GATE": str(gate),
+           "ECHO_HANG_START": str(hang)}  # fmt: skip
+    args = [sys.executable, "-m", "lmpress", "batch", "-i", str(src), "-o", str(out),
+            "--engine", "ECHO", "--model.model_name", "echo", "--ray",
+            "--ray.cpus_per_replica", "0.5", "--ray.batch_size", "8",
+            "--ray.calls_per_replica", "1"]  # fmt: skip
+    proc = subprocess.Popen(
+        [*args, "--ray.restart_timeout_s", "3"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        gate.touch()  # let a call through: the replica has started and runs rows
+        deadline = time.monotonic() + 120 * load_factor()
+        while len(whole_rows(out)) < 8:
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            assert time.monotonic() < deadline, "the job wrote no row"
+            time.sleep(0.05)
+        gate.unlink()
+        hang.touch()
+        victims = [p for p in _carrying_value("ECHO_HANG_START", str(hang))
+                   if b"MapBatches(Replica)" in Path(f"/proc/{p.pid}/cmdline").read_bytes()]  # fmt: skip
+        assert len(victims) == 1, victims
+        victims[0].kill()
+        _, stderr = proc.communicate(timeout=120 * load_factor())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr[-2000:]
+    assert "no Ray replica has run for 3s" in stderr and "ray.restart_timeout_s" in stderr
+    assert "Traceback" not in stderr
+    stopped = summary(out)
+    assert stopped["stopped_because"].startswith("no Ray replica has run for 3s")
+    done = replies(out)  # whole rows, none twice
+    assert 8 <= len(done) == stopped["rows_ok"] < rows
+    assert stopped["rows_left"] == rows - len(done)
+    hang.unlink()
+    gate.touch()
+    rerun = run_lmpress(*args[3:], env={**with_plugin(echo_plugin), "ECHO_GATE": str(gate)})
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert sorted(replies(out)) == sorted(f"row-{i}" for i in range(rows))
+
+
+def _carrying_value(name: str, value: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(name) == value:
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found

@@ -11,6 +11,7 @@ import pickle
 import queue
 import re
 import threading
+import time
 from collections.abc import AsyncIterator
 
 from lmpress.batch.cluster.connect import Cluster, cluster_address, import_ray
@@ -61,6 +62,78 @@ class Puller:
     def stop(self, wait_s: float = 10.0) -> None:
         self.halt.set()
         self.thread.join(wait_s)
+
+
+class ReplicaWatch:
+    """Whether the job's replicas can still finish it. Ray restarts a replica that dies and
+    retries its rows, but a restart can fail or never end (a machine out of memory; Ray issue
+    53727), and Ray Data then waits for the replica forever. Once a replica has run, a job
+    with none running and no row back for `timeout_s` is ended by the driver, leaving the
+    rows not written to the next run. Replicas that have not yet started (a cluster still
+    making room) are waited for."""
+
+    every_s = 2.0  # between looks at Ray's actor table
+
+    def __init__(self, ray, timeout_s: float):
+        self.ray, self.timeout_s = ray, timeout_s
+        self.job = ray.get_runtime_context().get_job_id()
+        self.ran = False  # a replica has run: seen running, or rows came back
+        self.none_since: float | None = None  # when the last running replica stopped
+        self.last_row = self.looked = time.monotonic()
+
+    def rows_back(self) -> None:
+        self.ran, self.last_row = True, time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.looked >= self.every_s
+
+    def why_stuck(self) -> str | None:
+        """Why the job cannot go on; None: it can, or that cannot be told."""
+        now = self.looked = time.monotonic()
+        replicas = self._replicas()
+        if replicas is None:
+            return None
+        if any(state == "ALIVE" for state, _ in replicas):
+            self.ran, self.none_since = True, None
+            return None
+        if not self.ran:
+            return None
+        if self.none_since is None:
+            self.none_since = now
+        if now - max(self.none_since, self.last_row) < self.timeout_s:
+            return None
+        causes = [cause for state, cause in replicas if cause]
+        why = f" (the last to die: {causes[-1]})" if causes else ""
+        return (
+            f"no Ray replica has run for {self.timeout_s:g}s{why}; raise "
+            f"ray.restart_timeout_s to wait longer for Ray to restart one"
+        )
+
+    def _replicas(self) -> list[tuple[str, str]] | None:
+        """Each replica's state and, for one that died, why in a line. From Ray's own actor
+        table: the public state API needs Ray's dashboard, which lmpress does not start."""
+        try:
+            from ray._private import state
+
+            table = state.actors(job_id=self.ray.JobID.from_hex(self.job))
+        except Exception:  # a Ray without that table: the job is not watched
+            return None
+        return [
+            (actor["State"], _death_cause(actor.get("DeathCause")))
+            for actor in table.values()
+            if "MapWorker" in actor["ActorClassName"]  # Ray Data's actor around `Replica`
+        ]
+
+
+def _death_cause(cause) -> str:
+    """The first line of Ray's account of an actor's death, or "" where it has none."""
+    try:
+        context = cause.WhichOneof("context")
+        message = getattr(getattr(cause, context), "error_message", "") if context else ""
+    except (AttributeError, TypeError, ValueError):
+        return ""
+    lines = str(message).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 class RayBatchJob(BatchJob):
@@ -122,10 +195,17 @@ class RayBatchJob(BatchJob):
         of its own, so that Ctrl-C is heard while a call is running; when the job stops early
         that thread closes Ray's iterator before Ray is shut down."""
         self._puller = Puller(self._dataset(done, set_aside))
+        watch = ReplicaWatch(import_ray(), self.config.ray.restart_timeout_s)
         while True:
             try:
                 kind, item = self._puller.results.get_nowait()
             except queue.Empty:
+                if (
+                    not self.stopping
+                    and watch.due()
+                    and (stuck := await asyncio.to_thread(watch.why_stuck))
+                ):
+                    self._stop(stuck)
                 if self.stopping:
                     # Rows the replicas still hold are abandoned: none was written, so the
                     # next run does them. Rows already back are written. Ray Data keeps
@@ -140,6 +220,7 @@ class RayBatchJob(BatchJob):
                 return
             if kind == "error":
                 raise _job_error(item)
+            watch.rows_back()
             for pickled in item:
                 yield pickle.loads(pickled)
 

@@ -11,6 +11,8 @@ local engines stream a thinking block (`Delta.reasoning`), and counts it in the 
 `generation.max_reasoning_tokens` cuts it to that many words, `reasoning_effort: none` drops
 it, and an earlier turn's thinking shows in the transcript as that message's `reasoning`.
 ECHO_RAISE makes every reply raise RuntimeError with that text, as an engine's bug would.
+ECHO_HANG_START, a file path, makes an engine created while that file exists never finish
+starting (as a Ray replica whose restart cannot end).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import warnings
 
 from lmpress.engines.base import Engine
@@ -30,6 +33,12 @@ class EchoEngine(Engine):
         {"max_new_tokens", "temperature", "seed", "n", "stop_strings", "reasoning_effort",
          "max_reasoning_tokens"}
     )  # fmt: skip
+
+    def __init__(self, config):
+        super().__init__(config)
+        hang = os.environ.get("ECHO_HANG_START")
+        while hang and os.path.exists(hang):
+            time.sleep(0.1)
 
     async def stream(self, request: Request):
         if os.environ.get("ECHO_RAISE"):
