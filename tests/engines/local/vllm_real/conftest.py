@@ -131,6 +131,7 @@ def vllm_server_beside(
     with log_file.open("w") as log:  # a file, not a pipe: vLLM logs more than a pipe holds
         proc = subprocess.Popen(
             [*command, "--host", "127.0.0.1", "--port", str(port), *args],
+            env={**os.environ, **RAW_VLLM_ENV},  # the reference: its worker in-process
             stdout=log,
             stderr=subprocess.STDOUT,
         )
