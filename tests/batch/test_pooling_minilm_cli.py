@@ -1,7 +1,8 @@
 """What issue 34 promised a user of real weights: `lmpress batch --task embed` on MiniLM (NATIVE)
 writes sentence-transformers' own vectors, to JSONL and to Parquet; a job killed with kill -9
-resumes with every row once; and `lmpress serve --task embed` answers the openai client with the
-same vectors. Everything goes through the real commands, each in a process of its own."""
+resumes with every row once; and `lmpress serve`, with no --task, answers the openai client with
+the same vectors and turns chat away. Everything goes through the real commands, each in a process
+of its own."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import openai
 import pyarrow.parquet as pq
 import pytest
 
@@ -109,7 +111,9 @@ def test_kill_9_mid_job_then_resume_writes_every_row_once(tmp_path):
 
 
 def test_serve_answers_the_openai_client_with_the_same_vectors(expected):
-    served = Served(["--serve.served_model_name", "minilm", *NATIVE_MINILM])
+    # No --task: MiniLM is an embedding model, so serve picks the embed task itself.
+    served = Served(["--engine", "NATIVE", "--model.model_name", "minilm",
+                     "--serve.served_model_name", "minilm"])  # fmt: skip
     try:
         client = served.client(api_key="unused")
         reply = client.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
@@ -118,5 +122,12 @@ def test_serve_answers_the_openai_client_with_the_same_vectors(expected):
         # The client's default asks for base64 and decodes it itself.
         decoded = client.embeddings.create(model="minilm", input=TEXTS[1])
         assert np.allclose(decoded.data[0].embedding, got[1], atol=1e-6)
+        with pytest.raises(openai.BadRequestError) as chat:
+            client.chat.completions.create(
+                model="minilm", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert chat.value.body["message"].startswith(
+            "/v1/chat/completions: this server runs the embed task"
+        )
     finally:
         served.stop()

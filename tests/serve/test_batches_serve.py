@@ -55,15 +55,6 @@ def start_batch(client: OpenAI, path: Path) -> Batch:
     )
 
 
-@pytest.fixture(scope="module")
-def llama_batches(serve_process, tiny_llama, tmp_path_factory) -> Served:
-    return serve_process(
-        "--engine", "NATIVE", "--model.model_name", tiny_llama,
-        "--serve.served_model_name", "tiny-llama", "--generation.batch_size", "8",
-        "--state-dir", str(tmp_path_factory.mktemp("state")),
-    )  # fmt: skip
-
-
 def batch_lines_counted(served: Served) -> dict[str, float]:
     """`lmpress_batch_lines_total` of /metrics, by outcome."""
     text = served.http().get("/metrics").text
@@ -76,9 +67,9 @@ def batch_lines_counted(served: Served) -> dict[str, float]:
     }
 
 
-def test_the_sdk_flow_answers_what_chat_completions_answers(llama_batches, tmp_path):
-    client = llama_batches.client()
-    counted = batch_lines_counted(llama_batches)
+def test_the_sdk_flow_answers_what_chat_completions_answers(llama_server, tmp_path):
+    client = llama_server.client()
+    counted = batch_lines_counted(llama_server)
     bodies = [chat_body("tiny-llama", i) for i in range(6)]
     upload = client.files.create(file=batch_file(tmp_path / "in.jsonl", bodies), purpose="batch")
     assert upload.purpose == "batch" and upload.bytes == (tmp_path / "in.jsonl").stat().st_size
@@ -93,7 +84,7 @@ def test_the_sdk_flow_answers_what_chat_completions_answers(llama_batches, tmp_p
     assert batch.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
     assert batch.error_file_id is None
-    now = batch_lines_counted(llama_batches)
+    now = batch_lines_counted(llama_server)
     assert (now["completed"] - counted["completed"], now["failed"] - counted["failed"]) == (6, 0)
     with pytest.raises(ConflictError, match="Cannot cancel a batch with status 'completed'"):
         client.batches.cancel(batch.id)
@@ -112,8 +103,8 @@ def test_the_sdk_flow_answers_what_chat_completions_answers(llama_batches, tmp_p
         client.files.retrieve(upload.id)
 
 
-def test_a_malformed_line_fails_alone_into_the_error_file(llama_batches, tmp_path):
-    client = llama_batches.client()
+def test_a_malformed_line_fails_alone_into_the_error_file(llama_server, tmp_path):
+    client = llama_server.client()
     path = batch_file(tmp_path / "in.jsonl", [chat_body("tiny-llama", i) for i in range(3)])
     text = path.read_text().splitlines()
     text.insert(1, '{"custom_id": "broken", "method": "POST", "url": "/v1/chat/completions", '

@@ -170,25 +170,6 @@ def test_vllm_s_current_score_body_and_every_score_and_rerank_path(serve_process
         )
 
 
-def test_an_embedding_model_serves_embeddings_without_task(serve_process):
-    served = serve_process(
-        "--engine", "NATIVE", "--model.model_name", "minilm",
-        "--serve.served_model_name", "minilm",
-    )  # fmt: skip
-    http = served.http()
-    embedded = http.post("/v1/embeddings", json={"model": "minilm", "input": "The sky is blue."})
-    assert embedded.status_code == 200, embedded.text
-    assert len(embedded.json()["data"][0]["embedding"]) == 384
-    chat = http.post(
-        "/v1/chat/completions",
-        json={"model": "minilm", "messages": [{"role": "user", "content": "hi"}]},
-    )
-    assert chat.status_code == 400
-    assert chat.json()["error"]["message"].startswith(
-        "/v1/chat/completions: this server runs the embed task"
-    )
-
-
 def test_one_openai_batch_file_through_batch_and_through_serve_gives_the_same_vectors(
     embed_server, backend, tmp_path
 ):

@@ -26,15 +26,22 @@ def upstream():
         yield server
 
 
-@pytest.fixture(scope="module", params=["REMOTE", "ANTHROPIC"])
-def served(request, serve_process, upstream):
-    anthropic = request.param == "ANTHROPIC"
-    url = upstream.anthropic_url if anthropic else upstream.openai_url
+@pytest.fixture(scope="module")
+def anthropic_server(serve_process, upstream):
     return serve_process(
-        "--engine", request.param, "--remote_params.api_url", url,
+        "--engine", "ANTHROPIC", "--remote_params.api_url", upstream.anthropic_url,
         "--model.model_name", "test-model", "--remote_params.max_retries", "0",
-        env={"ANTHROPIC_API_KEY": "sk-ant-test"} if anthropic else None,
+        env={"ANTHROPIC_API_KEY": "sk-ant-test"},
     )  # fmt: skip
+
+
+# REMOTE is the session's `remote_server` (the same arguments): a worker starts it once for
+# every file that needs it.
+@pytest.fixture(
+    scope="module", params=["remote_server", "anthropic_server"], ids=["REMOTE", "ANTHROPIC"]
+)
+def served(request):
+    return request.getfixturevalue(request.param)
 
 
 def test_the_official_client_gets_the_call(served):
