@@ -1,6 +1,7 @@
 """The Python front (`lmpress.Pipeline`): the same steps as a pipeline file, with functions
 where the file names `module:function` or an expression, make the same dataset through the
-same journal; editing one function re-runs from its step; bad steps are one line."""
+same journal; editing one function re-runs from its step; bad steps are one line. On real
+weights, beside the pipeline file's run it compares with: tests/pipeline/test_smollm2.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from lmpress import Pipeline, dedupe, filter, generate, judge, map
+from lmpress import Pipeline, dedupe, filter, generate, map
 from lmpress.vocabulary.errors import ConfigError
 from tests.pipeline.helpers import DATA, read_jsonl, remote_model, run, write
 from tests.servers.llm_server import LLMServer, reply_text
@@ -143,42 +144,3 @@ def test_bad_steps_are_refused_in_one_line_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match=r"step 'long': column 'uppers' is made by no earlier"):
         missing.run(input=TOPICS, output=tmp_path / "b")
     assert not (tmp_path / "b" / DATA).exists()
-
-
-def test_on_smollm2_the_same_dataset_as_the_pipeline_file(tmp_path):
-    """Real weights: a prompt function and parsed fields (the reply guided to their JSON), then
-    the judge of tests/pipeline/test_smollm2.py's pipeline file, built in Python."""
-    from tests.pipeline.test_smollm2 import PIPELINE
-
-    countries = [{"country": "France"}, {"country": "Germany"}]
-    write(tmp_path, PIPELINE, countries)
-    from_file = run(tmp_path, "yaml")
-    assert from_file.returncode == 0, from_file.stderr
-
-    def prompt(row: dict) -> str:
-        return f"What is the capital of {row['country']}? Reply in JSON with the question and its answer."
-
-    pipeline = Pipeline(
-        models={"smol": {"engine": "NATIVE", "model": "smollm2:135m-instruct"}},
-        steps=[
-            generate(
-                "ask",
-                model="smol",
-                prompt=prompt,
-                generation={"max_new_tokens": 64, "temperature": 0},
-                parse={"question": "str", "answer": "str"},
-            ),
-            judge(
-                "judge",
-                model="smol",
-                judge="single",
-                rubric="Score how well the answer answers the question.",
-                columns={"question": "question", "answer": "answer"},
-                generation={"max_new_tokens": 96, "temperature": 0},
-            ),
-        ],
-    )
-    pipeline.run(input=countries, output=tmp_path / "py", cache="off")  # run, not recalled
-    rows = list(pipeline.rows(tmp_path / "py"))
-    assert rows == read_jsonl(tmp_path / "yaml" / DATA)
-    assert rows[0]["answer"] == "Paris"
