@@ -94,6 +94,14 @@ SKIPPED = [
         "--serve.served_model_name smollm2",
         "serves the lm-eval commands after it, which tests/integrations/test_lm_eval.py runs",
     ),
+    # The reasoning page's block: tests/cli/test_reasoning_cli.py runs its three commands.
+    (
+        "tiny:think",
+        "tests/cli/test_reasoning_cli.py runs the reasoning page's command as written and "
+        "checks that the line it writes is the one the page shows",
+    ),
+    ("> q.jsonl", "the reasoning page's row, which tests/cli/test_reasoning_cli.py writes"),
+    ("cat out.jsonl", "the reasoning page's line, which tests/cli/test_reasoning_cli.py reads"),
 ]
 
 
@@ -235,7 +243,7 @@ def test_every_skip_rule_matches_an_example():
     unused = [piece for piece, _ in SKIPPED if not any(piece in t for t in texts)]
     assert not unused, f"skip rules that match no command in README.md or docs/: {unused}"
     assert len(RUNNABLE) >= 20  # the extraction found the examples
-    assert {b.path.name for b in RUNNABLE} >= {"README.md", "index.md", "reasoning.md"}
+    assert {b.path.name for b in RUNNABLE} >= {"README.md", "index.md", "python.md"}
 
 
 def test_the_generated_pages_are_what_the_code_writes():
@@ -250,53 +258,58 @@ def test_the_generated_pages_are_what_the_code_writes():
 
 
 class Server:
-    """One `lmpress serve` from the docs at a time, on a free port, kept for the blocks that
-    follow it, and for a later page that starts the same command (README's serve example is
-    the serve page's, so one server answers both)."""
+    """The docs' `lmpress serve` commands, each on a free port of its own, started when a block
+    first needs it and kept while a later block does: README's serve example is the serve
+    page's, and the many-models page's server runs between them, so one server answers both."""
 
     def __init__(self) -> None:
-        self.command: Command | None = None
-        self.process: subprocess.Popen | None = None
-        self.port = ""
+        self.running: dict[str, tuple[subprocess.Popen, str]] = {}  # by command: process, port
 
     def ensure(self, command: Command, env: dict[str, str], cwd: Path) -> str:
-        same = self.command is not None and self.command.text == command.text
-        if same and self.process and self.process.poll() is None:
-            return self.port
-        self.stop()
-        self.port = str(_free_port())
+        process, port = self.running.get(command.text, (None, ""))
+        if process is not None and process.poll() is None:
+            return port
+        port = str(_free_port())
         log = (cwd / "serve.log").open("w")
-        self.process = subprocess.Popen(
-            ["bash", "-c", _on_port(command.text, self.port)],
+        process = subprocess.Popen(
+            ["bash", "-c", _on_port(command.text, port)],
             env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        self.command = command
+        self.running[command.text] = process, port
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            assert self.process.poll() is None, (cwd / "serve.log").read_text()
+            assert process.poll() is None, (cwd / "serve.log").read_text()
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
-                    return self.port
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    return port
             except OSError:
                 time.sleep(0.3)
         raise AssertionError(f"{command.text} did not answer /health in 180 s")
 
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.process = None
+    def keep(self, commands: set[str]) -> None:
+        """Stop the servers of every other command."""
+        for text in [text for text in self.running if text not in commands]:
+            process, _ = self.running.pop(text)
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
 
 
 @pytest.fixture(scope="module")
 def server():
     running = Server()
     yield running
-    running.stop()
+    running.keep(set())
+
+
+def _serves_from(block: Block) -> set[str]:
+    """The serve commands that this block and the ones after it talk to."""
+    later = RUNNABLE[RUNNABLE.index(block) :]
+    return {serve.text for b in later if (serve := _serve_command(b)) is not None}
 
 
 def _free_port() -> int:
@@ -328,6 +341,7 @@ def _env(home: Path) -> dict[str, str]:
 def test_doc_example_runs_as_written(block: Block, tmp_path, server):
     (tmp_path / "examples").symlink_to(REPO / "examples")
     env = _env(tmp_path)
+    server.keep(_serves_from(block))  # no more than two servers up at once (a smollm2 is 0.6 GB)
     serve = _serve_command(block)
     printed = ""
     for command in block.commands:
