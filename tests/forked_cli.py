@@ -65,9 +65,10 @@ ENV_READ_AT_START = (
 )
 # Under those prefixes but read when used, not at start: a forked child that sets them reads them
 # as a fresh one would. Libraries set them in the test process as they run (transformers'
-# generate sets TOKENIZERS_PARALLELISM where it compiles, Ray's init PYTHONBREAKPOINT): held
+# generate sets TOKENIZERS_PARALLELISM where it compiles, Ray's init PYTHONBREAKPOINT, and
+# torch.compile TORCHINDUCTOR_CACHE_DIR to its default, read again at each compile): held
 # against the zygote's, they made every later run of that worker an exec.
-ENV_READ_AT_USE = {"TOKENIZERS_PARALLELISM", "PYTHONBREAKPOINT"}
+ENV_READ_AT_USE = {"TOKENIZERS_PARALLELISM", "PYTHONBREAKPOINT", "TORCHINDUCTOR_CACHE_DIR"}
 # `lmpress eval` sets TQDM_DISABLE before lm-eval imports tqdm, which a preloaded tqdm would
 # already have read.
 EXEC_COMMANDS = {"eval"}
