@@ -341,6 +341,10 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     ),
     "generation.top_logprobs": (lambda v: 0 <= v <= 20, "must be in [0, 20]"),
     "generation.num_beams": (lambda v: v >= 1, "must be at least 1"),
+    "generation.early_stopping": (
+        lambda v: v in (True, False, "never"),
+        'must be true, false or "never"',
+    ),
     "generation.batch_size": (lambda v: v >= 1, "must be at least 1"),
     "remote_params.num_workers": (lambda v: v >= 1, "must be at least 1"),
     "remote_params.max_retries": (lambda v: v >= 0, "must be 0 or more"),

@@ -125,7 +125,12 @@ class GenerationParams:
     logit_bias: dict[str, float] = field(default_factory=dict)
     guided_decoding: GuidedDecoding | None = None  # a mapping given here is parsed into one
     skip_special_tokens: bool = True  # leave special tokens out of the text
-    num_beams: int = 1  # beam search: no engine does it, so only 1 is taken
+    # Beam search: the num_beams likeliest continuations run on at each step, and `n` returns
+    # the best n; as transformers' generate (length_penalty divides a finished beam's score by
+    # its length to this power; early_stopping: true, false or "never").
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
     # Scheduling, not sampling: how many sequences a local engine decodes together.
     batch_size: int = 8
     # Accepted so Oumi recipes load unchanged; lmpress always returns only the new text and
@@ -153,6 +158,10 @@ class GenerationParams:
             raise ValueError(
                 f"reasoning_effort '{self.reasoning_effort}' is not one of "
                 f"{', '.join(REASONING_EFFORTS)}"
+            )
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(
+                f"early_stopping {self.early_stopping!r} is not one of true, false, never"
             )
         if self.max_reasoning_tokens is not None and self.max_reasoning_tokens < 0:
             raise ValueError("max_reasoning_tokens must be 0 or more")

@@ -273,6 +273,20 @@ class BatchCache:
             self.layers, self._cache = [], None  # an empty batch gives its memory back
         return order
 
+    def reorder(self, moves: list[tuple[int, int]]) -> None:
+        """Each (slot, source) pair: the slot now holds what the source slot holds (a beam
+        search's beams continuing others; beams.py). Every source is read before any slot is
+        written."""
+        import torch
+
+        device = self.layers[0][0].device
+        to = torch.tensor([slot for slot, _ in moves], device=device)
+        source = torch.tensor([source for _, source in moves], device=device)
+        width = max(self.lengths[source] for _, source in moves)
+        for keys, values in self.layers:
+            keys[to, :, :width] = keys[source, :, :width]  # indexing copies the sources first
+            values[to, :, :width] = values[source, :, :width]
+
     def keep(self, counts: list[int]) -> None:
         """Each row keeps this many of the step's new tokens."""
         self.lengths = [length + count for length, count in zip(self.lengths, counts, strict=True)]

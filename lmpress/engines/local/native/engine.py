@@ -51,6 +51,7 @@ from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_
 from lmpress.engines.local.native import prompt_count
 from lmpress.engines.local.native.adapters import RowAdapters, check_settings
 from lmpress.engines.local.native.batch_cache import give_freed_caches_back
+from lmpress.engines.local.native.beams import beams_refusal
 from lmpress.engines.local.native.embedding import PoolingScheduler, PoolingSubmission
 from lmpress.engines.local.native.encoders import Encoder, EncoderRow, made_for
 from lmpress.engines.local.native.loading import (
@@ -99,6 +100,7 @@ class NativeEngine(WorkerEngine):
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "skip_special_tokens", "guided_decoding",
         "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs", "ignore_eos", "bad_words",
+        "num_beams", "length_penalty", "early_stopping",
     })  # fmt: skip
     uses_generation_defaults = True
     # Drafts by prompt lookup or a draft model (drafting.py), verified in the batch
@@ -140,6 +142,8 @@ class NativeEngine(WorkerEngine):
     def __init__(self, config: RunConfig):
         super().__init__(config)
         check_settings(config)
+        if config.task == "generate" and (refusal := beams_refusal(config.generation)):
+            raise UnsupportedParamError(refusal)
         import torch
         from transformers.utils import logging as hf_logging
 
@@ -349,7 +353,11 @@ class NativeEngine(WorkerEngine):
                 f"task: engine {self.name} was loaded for {self.config.task}, not generate",
                 kind=ErrorKind.UNSUPPORTED_PARAM,
             )
-        if self.model_defaults:
+        if refusal := beams_refusal(request.params):
+            raise RequestError(refusal, kind=ErrorKind.UNSUPPORTED_PARAM)
+        # A beam search is greedy by its own settings: a checkpoint's sampling defaults (its
+        # temperature, its penalties) are not for it.
+        if self.model_defaults and request.params.num_beams == 1:
             request = dataclasses.replace(
                 request, params=request.params.with_defaults(self.model_defaults)
             )

@@ -38,6 +38,7 @@ from lmpress.engines.local.native.batch_cache import (
     dynamic_cache,
     layer_tensors,
 )
+from lmpress.engines.local.native.beams import BeamGroup, rows_of
 from lmpress.engines.local.native.drafting import Drafter
 from lmpress.engines.local.native.prompt_logprobs import (
     PrefillPlan,
@@ -54,7 +55,7 @@ from lmpress.engines.local.native.scoring_prefill import (
 from lmpress.engines.local.native.speculation import STEP_COST, WIDEN, draft_counts
 from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, Submission, WorkQueue, failure_info
-from lmpress.vocabulary.types import Result, Sample
+from lmpress.vocabulary.types import Delta, Result, Sample
 
 # The dummy prompt `NativeScheduler.warm` compiles the decoding step on.
 WARM_PROMPT_TOKENS = 8
@@ -113,6 +114,7 @@ class NativeScheduler(Scheduler):
         self.token_text = token_text or (lambda id: tokenizer.decode([id]))
         self._chunk = chunk_size(model.config.get_text_config().vocab_size)
         self._scores: dict[Submission, PromptScores] = {}  # scored prompts not yet answered
+        self._beams: dict[Submission, BeamGroup] = {}  # beam searches in the batch (beams.py)
         self.adapters = adapters or RowAdapters(model)  # a row's LoRA adapter (adapters.py)
 
     def kv_cache_usage(self) -> float | None:
@@ -135,7 +137,7 @@ class NativeScheduler(Scheduler):
         self._scoring = ScoringPrefill(self.model, self._cache_arg, self.device, self._chunk)
         self._active: list[BatchRow] = []  # the rows in the batch, in the order of their caches
         self._rows_of: dict[Submission, list[BatchRow]] = {}  # requests in the batch, by request
-        self._scores = {}
+        self._scores, self._beams = {}, {}
         queue = self.queue
         while True:
             with queue.wakeup:
@@ -150,7 +152,7 @@ class NativeScheduler(Scheduler):
                         self._step()
             except Exception as exc:  # fail the rows in flight; the worker serves on
                 self.fail(list(self._rows_of), failure_info(exc))
-                self._active, self._rows_of, self._scores = [], {}, {}
+                self._active, self._rows_of, self._scores, self._beams = [], {}, {}, {}
                 self._batch = BatchCache()
                 if self._drafter is not None:
                     self._drafter.reset()
@@ -180,7 +182,12 @@ class NativeScheduler(Scheduler):
                     row.finish_reason = "length"
                 self._answer_finished(rows)
                 continue
-            self._pick(rows, logits.repeat(len(rows), 1))
+            group = self._beams.get(submission)
+            if group is None:
+                self._pick(rows, logits.repeat(len(rows), 1))
+            else:  # every beam continues the prompt, whose cache each row starts from
+                group.step(logits.repeat(len(rows), 1))
+                self._end_if_done(submission, group)
             self._settle(rows, [[] for _ in rows], [[row.last] for row in rows])
             going = [row for row in rows if row.finish_reason is None]
             joining += [(row, prompt) for row in going]
@@ -245,7 +252,7 @@ class NativeScheduler(Scheduler):
                     taken.append(pending.popleft())
                     unbatched += 1
                     continue
-                n, need = submission.request.params.n, self._need(submission)
+                n, need = rows_of(submission.request.params), self._need(submission)
                 fits = rows + n <= self.batch_size or not rows
                 budget = self.kv_budget_tokens
                 if not fits or (
@@ -337,11 +344,14 @@ class NativeScheduler(Scheduler):
         with self.adapters.rows([row.submission.request.adapter for row in rows]):
             logits = self._forward([[row.last, *d] for row, d in zip(rows, drafts, strict=True)])
         if logits.shape[1] == 1:
-            self._pick(rows, logits[:, -1])
+            moves = self._pick_or_search(rows, logits[:, -1])
             emitted = [[row.last] for row in rows]
         else:
+            moves = []
             emitted = self._verify(rows, drafts, logits)
         self._batch.keep([len(e) for e in emitted])
+        if moves:  # after the step's own column is kept: it moves with its beam
+            self._batch.reorder(moves)
         kept = self._settle(rows, drafts, emitted)
         if self._drafter is not None:
             self._drafter.settle(drafts, kept, emitted)
@@ -356,6 +366,8 @@ class NativeScheduler(Scheduler):
         """Each row's drafts this step ([] for none): as many as its acceptance asks for and
         its budget leaves, cut to the counts that pay for their place in the step
         (`draft_counts`)."""
+        if self._beams:  # a beam's row moves slots, which a verified draft cannot follow
+            return [[] for _ in rows]
         rooms = [row.limit - row.generated - 1 for row in rows]
         chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
         if self._drafter is not None:
@@ -436,6 +448,44 @@ class NativeScheduler(Scheduler):
             counts.add(len(d), kept)
         return kept_all
 
+    def _pick_or_search(self, rows: list[BatchRow], logits: Any) -> list[tuple[int, int]]:
+        """`_pick` for the rows that sample, a beam search's step for each group's; returns
+        the (slot, slot it now continues) of each beam whose row took another's place."""
+        if not self._beams:
+            self._pick(rows, logits)
+            return []
+        slot = {id(row): b for b, row in enumerate(rows)}
+        plain = [b for b, row in enumerate(rows) if row.submission not in self._beams]
+        if plain:
+            self._pick([rows[b] for b in plain], logits[plain])
+        moves = []
+        for submission, group in list(self._beams.items()):
+            if submission not in self._rows_of:  # its prefill failed: it never joined
+                del self._beams[submission]
+                continue
+            if submission.cancelled:
+                for row in group.rows:
+                    row.finish_reason = "cancelled"
+                del self._beams[submission]
+                continue
+            slots = [slot[id(row)] for row in group.rows]
+            continues = group.step(logits[slots])
+            moves += [(slots[i], slots[c]) for i, c in enumerate(continues) if c != i]
+            self._end_if_done(submission, group)
+        return moves
+
+    def _end_if_done(self, submission: Submission, group: BeamGroup) -> None:
+        """Give a finished search's best hypotheses to its first rows, as their samples."""
+        if not group.done:
+            return
+        del self._beams[submission]
+        replies = group.replies(submission.request.params.n)
+        for row, (tokens, reason) in zip(group.rows, replies, strict=False):
+            row.tokens, row.finish_reason = tokens, reason
+            row.generated = len(tokens) + (reason == "stop")
+        for row in group.rows[len(replies) :]:
+            row.finish_reason = "length"  # a beam beyond n: it only leaves the batch
+
     def _pick(self, rows: list[BatchRow], logits: Any) -> None:
         control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)
         chosen = control.choose(logits)
@@ -455,12 +505,14 @@ class NativeScheduler(Scheduler):
     def _rows(self, submission: Submission) -> list[BatchRow]:
         """A request's rows, one per sample; none when its settings fail (it is answered)."""
         params = submission.request.params
+        beams = params.num_beams > 1
         gone = self.adapters.missing(submission.request)  # unloaded since it was checked
         if gone is not None:
             self.fail([submission], gone)
             return []
         try:
-            rows = [BatchRow(submission, i, row_generator(params.seed, i)) for i in range(params.n)]
+            count = rows_of(params)
+            rows = [BatchRow(submission, i, row_generator(params.seed, i)) for i in range(count)]
             for row in rows:
                 row.limit = self._limit(submission)
                 row.logprobs = [] if params.logprobs else None
@@ -470,8 +522,13 @@ class NativeScheduler(Scheduler):
                     row.budget = submission.reasoning.budget()
             # Sibling samples and the checkpoint's own processors (which read the whole
             # history at every pick) decode a token a step.
-            if self.speculation and params.n == 1 and not self.checkpoint_processors:
+            if self.speculation and params.n == 1 and not beams and not self.checkpoint_processors:
                 rows[0].drafts = self.speculation.row(submission.prompt_ids)
+            if beams:
+                model_ends = set() if params.ignore_eos else set(self.eos_ids)
+                ends = model_ends | set(params.stop_token_ids)
+                group = BeamGroup(rows, self._limit(submission), ends, params)
+                self._beams[submission] = group
             return rows
         except Exception as exc:  # this request's settings, not the batch, are at fault
             self.fail([submission], failure_info(exc))
@@ -479,8 +536,13 @@ class NativeScheduler(Scheduler):
 
     def _result(self, submission: Submission, rows: list[BatchRow]) -> Result:
         samples = []
+        beams = submission.request.params.num_beams > 1
+        if beams:
+            rows = rows[: submission.request.params.n]  # the best n of the beams
         for row in rows:
             row.finish(self.tokenizer)
+            if beams and row.text and submission.wants_deltas:  # a beam's text, whole at its end
+                submission.deliver(Delta(submission.request.id, row.text, row.index))
             samples.append(
                 Sample(
                     text=row.text,

@@ -211,11 +211,11 @@ def test_chat_template_override(tiny_llama):
 
 
 def test_unsupported_param_is_refused_before_loading():
-    with pytest.raises(
-        UnsupportedParamError, match=r"NATIVE does not support generation.num_beams"
-    ):
+    with pytest.raises(UnsupportedParamError, match=r"NATIVE does not support generation.logit"):
         create_engine(
-            load_config(overrides={"model.model_name": "tiny:llama", "generation.num_beams": 2})
+            load_config(
+                overrides={"model.model_name": "tiny:llama", "generation.logit_bias": {"5": 1}}
+            )
         )
 
 
