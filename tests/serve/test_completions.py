@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import openai
+import pytest
+
 MODEL = "tiny-llama"
 
 
@@ -87,3 +90,42 @@ def test_logprobs_in_the_completions_shape(llama_server):
     assert all(1 <= len(top) <= 2 for top in logprobs.top_logprobs)  # tokens may decode alike
     assert all(lp <= 0 for lp in logprobs.token_logprobs)
     assert logprobs.text_offset == sorted(logprobs.text_offset)
+
+
+def test_use_beam_search_returns_the_best_n_of_best_of_beams_as_transformers_does(
+    llama_server, tiny_llama
+):
+    """vLLM's body: `use_beam_search` with `best_of` beams and the best `n` back, equal to
+    transformers' `generate(num_beams=best_of, num_return_sequences=n)`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    client = llama_server.client()
+    prompt, beams = "The cat sat on the", {"use_beam_search": True, "best_of": 4}
+    reply = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, n=2, extra_body=beams
+    )
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, max_new_tokens=8, do_sample=False, num_beams=4,
+            num_return_sequences=2,
+        )  # fmt: skip
+    expected = [tokenizer.decode(o[ids.shape[1] :], skip_special_tokens=True) for o in out]
+    assert [c.text for c in reply.choices] == expected
+    assert len(set(expected)) == 2
+    # Streamed, each beam's text comes whole when the search ends.
+    chunks = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, n=2, extra_body=beams, stream=True
+    )
+    streamed = ["", ""]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == expected
+    # best_of fewer than n is refused, as is best_of without beams.
+    for extra in ({"use_beam_search": True, "best_of": 1}, {"best_of": 4}):
+        with pytest.raises(openai.BadRequestError, match="best_of"):
+            client.completions.create(model=MODEL, prompt=prompt, n=2, extra_body=extra)

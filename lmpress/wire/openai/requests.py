@@ -61,6 +61,10 @@ class _Body(_Strict):
     skip_special_tokens: bool | None = None
     ignore_eos: bool | None = None  # vLLM's: the reply runs past the model's end tokens
     bad_words: list[str] | None = None  # vLLM's: words the reply never writes
+    # vLLM's beam search: `best_of` beams (a completion's; else `n`), the best `n` returned.
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | str | None = None
     # A reasoning model's thinking budget in tokens: lmpress's name, and vLLM's.
     max_reasoning_tokens: int | None = None
     thinking_token_budget: int | None = None
@@ -230,7 +234,24 @@ def _common_sampling(body: _Body, max_tokens: int | None, where: str) -> Samplin
         if stops:
             sampling.set("stop_strings", stops, "stop")
     _reasoning_budget(body, sampling)
+    _beam_search(body, sampling)
     return sampling
+
+
+def _beam_search(body: _Body, sampling: Sampling) -> None:
+    """vLLM's `use_beam_search`: `best_of` beams where a completion gives it, else `n`; the
+    best `n` of them come back."""
+    for name in ("length_penalty", "early_stopping"):
+        value = getattr(body, name)
+        if value is not None:
+            sampling.set(name, value, name)
+    if not body.use_beam_search:
+        return
+    best_of = getattr(body, "best_of", None)
+    n = body.n or 1
+    if best_of is not None and best_of < n:
+        raise sampling.refuse("best_of", f"must be at least 'n' ({n})")
+    sampling.set("num_beams", best_of or n, "best_of" if best_of else "n")
 
 
 def _reasoning_budget(body: _Body, sampling: Sampling) -> None:
@@ -325,8 +346,8 @@ def completion_sampling(body: CompletionBody, where: str = "") -> Sampling:
     sampling = Sampling(where)
     if body.suffix:
         raise ApiError(400, f"{where}suffix is not supported by lmpress", param="suffix")
-    if body.best_of is not None and body.best_of != (body.n or 1):
-        raise sampling.refuse("best_of", "other than 'n' is not supported")
+    if body.best_of is not None and body.best_of != (body.n or 1) and not body.use_beam_search:
+        raise sampling.refuse("best_of", "other than 'n' is taken with 'use_beam_search' only")
     sampling = _common_sampling(body, body.max_tokens, where)
     if body.logprobs is not None:
         if not 0 <= body.logprobs <= 5:
