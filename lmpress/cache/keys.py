@@ -45,7 +45,7 @@ _TRAINING_FIELDS = {name.split(".", 1)[1] for name in TRAINING_ONLY}
 # Generation fields added after the cache's keys were first written: keyed only when set, so
 # that a row that leaves them at their default keeps the key it had, and what earlier versions
 # cached still answers it.
-KEYED_WHEN_SET = frozenset({"ignore_eos", "bad_words"})
+KEYED_WHEN_SET = frozenset({"ignore_eos", "bad_words", "length_penalty", "early_stopping"})
 DEFAULTS = dataclasses.asdict(GenerationParams())
 
 

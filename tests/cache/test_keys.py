@@ -99,6 +99,9 @@ def test_what_decides_the_reply_changes_the_key(changes, digests):
         {"reasoning_effort": "low"},
         {"ignore_eos": True},
         {"bad_words": ["Paris"]},
+        {"num_beams": 2},
+        {"length_penalty": 0.5},
+        {"early_stopping": "never"},
     ],
     ids=lambda p: next(iter(p)),
 )
@@ -109,11 +112,13 @@ def test_each_generation_setting_is_in_the_key(params, digests):
 
 
 def test_a_setting_added_later_keeps_the_keys_of_rows_that_leave_it_unset(digests):
-    """A row at the defaults keys as it did before ignore_eos and bad_words existed: the
-    fields are not in its key at all, so what an earlier version cached still answers it."""
+    """A row at the defaults keys as it did before ignore_eos, bad_words and the beam search's
+    settings existed: the fields are not in its key at all, so what an earlier version cached
+    still answers it."""
     run = RunKey(remote(), digests)
     hashed = run._request(ask())  # what the key hashes after the run's part
-    assert b"ignore_eos" not in hashed and b"bad_words" not in hashed
+    for added in (b"ignore_eos", b"bad_words", b"length_penalty", b"early_stopping"):
+        assert added not in hashed
     assert b"min_tokens" in hashed  # a field the key has always held, default or not
     assert b"ignore_eos" in run._request(ask(ignore_eos=True))
 
