@@ -47,11 +47,11 @@ from lmpress.engines.common.hf_tokenizer import HfTokenizer
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.bad_words import word_sequences
+from lmpress.engines.local.beams import beams_refusal
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.native import prompt_count
 from lmpress.engines.local.native.adapters import RowAdapters, check_settings
 from lmpress.engines.local.native.batch_cache import give_freed_caches_back
-from lmpress.engines.local.native.beams import beams_refusal
 from lmpress.engines.local.native.embedding import PoolingScheduler, PoolingSubmission
 from lmpress.engines.local.native.encoders import Encoder, EncoderRow, made_for
 from lmpress.engines.local.native.loading import (

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lmpress.engines.base import Engine
+from lmpress.engines.local.beams import BeamGroup, rows_of
 from lmpress.engines.local.native.adapters import RowAdapters
 from lmpress.engines.local.native.batch_cache import (
     BatchCache,
@@ -38,7 +39,6 @@ from lmpress.engines.local.native.batch_cache import (
     dynamic_cache,
     layer_tensors,
 )
-from lmpress.engines.local.native.beams import BeamGroup, rows_of
 from lmpress.engines.local.native.drafting import Drafter
 from lmpress.engines.local.native.prompt_logprobs import (
     PrefillPlan,
@@ -67,6 +67,14 @@ def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> 
     if context_length:
         limit = max(0, min(limit, context_length - prompt_tokens))
     return limit
+
+
+def beam_log_probs(logits: Any) -> Any:
+    """A beam search's log-probabilities as transformers' takes them: torch's log_softmax of
+    the float32 logits (a float32 array, beams.py's)."""
+    import torch
+
+    return torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
 
 
 class NativeScheduler(Scheduler):
@@ -186,7 +194,9 @@ class NativeScheduler(Scheduler):
             if group is None:
                 self._pick(rows, logits.repeat(len(rows), 1))
             else:  # every beam continues the prompt, whose cache each row starts from
-                group.step(logits.repeat(len(rows), 1))
+                _, tokens = group.step(beam_log_probs(logits.repeat(len(rows), 1)))
+                for row, token in zip(rows, tokens, strict=True):
+                    row.last, row.generated = token, group.generated
                 self._end_if_done(submission, group)
             self._settle(rows, [[] for _ in rows], [[row.last] for row in rows])
             going = [row for row in rows if row.finish_reason is None]
@@ -469,7 +479,9 @@ class NativeScheduler(Scheduler):
                 del self._beams[submission]
                 continue
             slots = [slot[id(row)] for row in group.rows]
-            continues = group.step(logits[slots])
+            continues, tokens = group.step(beam_log_probs(logits[slots]))
+            for row, token in zip(group.rows, tokens, strict=True):
+                row.last, row.generated = token, group.generated
             moves += [(slots[i], slots[c]) for i, c in enumerate(continues) if c != i]
             self._end_if_done(submission, group)
         return moves

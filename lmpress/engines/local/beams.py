@@ -1,17 +1,20 @@
-"""Beam search for NATIVE: a request with `num_beams` k > 1 holds k rows of the batch, and
-each step keeps the k likeliest continuations of its beams rather than sampling each row.
+"""Beam search for the local engines that run their own (NATIVE, LLAMACPP; VLLM runs
+vLLM's): a request with `num_beams` k > 1 holds k rows of the batch, and each step keeps the k
+likeliest continuations of its beams rather than sampling each row.
 
 It is transformers' beam search (`GenerationMixin._beam_search`), step for step, so that a
 request's beams equal `generate(num_beams=k)`'s on the same model: the 2k (more with several
 end tokens) likeliest continuations over all beams; those ending (an end token, or the reply's
 last token) go to the finished hypotheses with their score over `length ** length_penalty`,
 the best k others run on; `early_stopping` (True, False or "never") decides when the finished
-ones can no longer be beaten. `n` returns the best n hypotheses.
+ones can no longer be beaten. `n` returns the best n hypotheses. The arithmetic is float32, as
+transformers'.
 
-Beam rows share the batch's steps with every other row: the scheduler hands a group its rows'
-logits, and moves each row's KV cache to the slot of the beam that continues it
-(`BatchCache.reorder`). Nothing is sampled, so a group has no seed or temperature; it writes its
-replies when the search ends, not as it goes (a beam's text may be dropped at any step).
+Beam rows share the batch's steps with every other row: the engine hands a group its rows'
+log-probabilities, and gives each row the cache of the beam it continues (NATIVE moves KV
+slots, LLAMACPP sequences). Nothing is sampled, so a group has no seed or temperature; it
+writes its replies when the search ends, not as it goes (a beam's text may be dropped at any
+step).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 from lmpress.vocabulary.types import GenerationParams
 
 # transformers' stand-in for minus infinity in its beam bookkeeping; the same value keeps ties
-# and orderings the same.
+# and orderings the same (a Python float keeps the float32 arrays it is added to float32).
 NEG = -1.0e9
 
 # The settings a beam search cannot honour here: each changes how a row picks its next token,
@@ -61,15 +64,34 @@ def rows_of(params: GenerationParams) -> int:
     return params.num_beams if params.num_beams > 1 else params.n
 
 
+def top(values: Any, k: int) -> Any:
+    """The indices of the k largest values, largest first (ties: the lower index first)."""
+    import numpy as np
+
+    if k >= len(values):
+        chosen = np.arange(len(values))
+    else:
+        chosen = np.sort(np.argpartition(-values, k - 1)[:k])
+    return chosen[np.argsort(-values[chosen], kind="stable")]
+
+
+def log_softmax(logits: Any) -> Any:
+    """Each row's log-probabilities, in float32."""
+    import numpy as np
+
+    logits = logits.astype(np.float32, copy=False)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
 class BeamGroup:
     """One request's beam search: its k rows, their running beams and the finished
     hypotheses."""
 
-    def __init__(self, rows: list[Any], limit: int, end_ids: set[int], params: GenerationParams):
-        import torch
+    def __init__(self, rows: list, limit: int, end_ids: set[int], params: GenerationParams):
+        import numpy as np
 
-        self.torch = torch
-        self.rows = rows  # beam i runs on rows[i]
+        self.rows = rows  # beam i runs on rows[i] (the engine's; the search only counts them)
         self.k = k = len(rows)
         self.limit = limit  # tokens a hypothesis may have, its end token included
         self.end_ids = end_ids
@@ -79,58 +101,59 @@ class BeamGroup:
         self.keep = max(2, 1 + len(end_ids)) * k
         self.generated = 0  # tokens each running beam has
         self.running: list[list[int]] = [[] for _ in range(k)]
-        self.scores = torch.full((k,), NEG)  # the running beams' summed log-probabilities
+        self.scores = np.full(k, NEG, dtype=np.float32)  # the running beams' summed logprobs
         self.scores[0] = 0.0  # one beam runs at first: the others would repeat it
         self.hypotheses: list[list[int]] = [[] for _ in range(k)]  # finished, best first
-        self.hypothesis_scores = torch.full((k,), NEG)
-        self.finished = torch.zeros(k, dtype=torch.bool)
+        self.hypothesis_scores = np.full(k, NEG, dtype=np.float32)
+        self.finished = np.zeros(k, dtype=bool)
         self.improvable = True  # a running beam could still beat the worst hypothesis
         self.done = False
 
-    def step(self, logits: Any) -> list[int]:
-        """Advance every beam by one token from its logits ([k, vocabulary]); returns, for
-        each beam, the beam it continues (whose KV cache its row must now hold). The new
-        tokens are the rows' `last`."""
-        torch, k = self.torch, self.k
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
+    def step(self, log_probs: Any) -> tuple[list[int], list[int]]:
+        """Advance every beam by one token from its log-probabilities ([k, vocabulary],
+        float32); returns, for each beam, the beam it continues (whose cache its row must now
+        hold) and its new token. Every beam has `generated` tokens then."""
+        import numpy as np
+
+        k = self.k
         vocabulary = log_probs.shape[-1]
         summed = (log_probs + self.scores[:, None]).reshape(-1)
-        top_scores, top = torch.topk(summed, self.keep)
-        parents, tokens = (top // vocabulary).tolist(), (top % vocabulary).tolist()
+        best = top(summed, self.keep)
+        top_scores = summed[best]
+        parents, tokens = (best // vocabulary).tolist(), (best % vocabulary).tolist()
         length = self.generated + 1
         candidates = [[*self.running[p], t] for p, t in zip(parents, tokens, strict=True)]
-        ends = torch.tensor([t in self.end_ids or length >= self.limit for t in tokens])
+        ends = np.array([t in self.end_ids or length >= self.limit for t in tokens])
         # The k best that did not end run on.
-        running_scores = top_scores + ends.float() * NEG
-        chosen = torch.topk(running_scores, k).indices.tolist()
+        running_scores = top_scores + ends.astype(np.float32) * NEG
+        chosen = top(running_scores, k).tolist()
         self._finish(candidates, top_scores, ends, length)
         self.running = [candidates[c] for c in chosen]
         self.scores = running_scores[chosen]
         self.generated = length
-        continues = [parents[c] for c in chosen]
-        for row, c in zip(self.rows, chosen, strict=True):
-            row.last = tokens[c]
-            row.generated = length
         self._check_improvable()
         open_beam = not (bool(self.finished.all()) and self.early_stopping is True)
         self.done = not (self.improvable and open_beam and not bool(ends.all()))
-        return continues
+        return [parents[c] for c in chosen], [tokens[c] for c in chosen]
 
-    def _finish(self, candidates: list[list[int]], scores: Any, ends: Any, length: int) -> None:
+    def _finish(self, candidates: list[list[int]], scores: Any, ends: Any,
+                length: int) -> None:  # fmt: skip
         """Add the candidates that ended among the k best to the hypotheses, as
         `_update_finished_beams` does."""
-        torch, k = self.torch, self.k
-        just_ended = ends & (torch.arange(self.keep) < k)
+        import numpy as np
+
+        k = self.k
+        just_ended = ends & (np.arange(self.keep) < k)
         scores = scores / (length**self.length_penalty)
         if bool(self.finished.all()) and self.early_stopping is True:
             scores = scores + NEG
         if not self.improvable:
             scores = scores + NEG
-        scores = scores + (~just_ended).float() * NEG
-        merged_scores = torch.cat((self.hypothesis_scores, scores))
+        scores = scores + (~just_ended).astype(np.float32) * NEG
+        merged_scores = np.concatenate((self.hypothesis_scores, scores.astype(np.float32)))
         merged = [*self.hypotheses, *candidates]
-        merged_finished = torch.cat((self.finished, just_ended))
-        best = torch.topk(merged_scores, k).indices
+        merged_finished = np.concatenate((self.finished, just_ended))
+        best = top(merged_scores, k)
         self.hypotheses = [merged[i] for i in best.tolist()]
         self.hypothesis_scores = merged_scores[best]
         self.finished = merged_finished[best]
@@ -138,11 +161,12 @@ class BeamGroup:
     def _check_improvable(self) -> None:
         """`_check_early_stop_heuristic`: whether the best running beam, at its best possible
         length, can still beat the worst finished hypothesis."""
-        torch = self.torch
+        import numpy as np
+
         never = self.early_stopping == "never" and self.length_penalty > 0.0
         best_length = self.limit if never else self.generated
-        best_running = self.scores[0] / (best_length**self.length_penalty)
-        worst = torch.where(self.finished, self.hypothesis_scores.min(), torch.tensor(NEG))
+        best_running = self.scores[0] / np.float32(best_length**self.length_penalty)
+        worst = np.where(self.finished, self.hypothesis_scores.min(), NEG)
         self.improvable = self.improvable and bool((best_running > worst).any())
 
     def replies(self, n: int) -> list[tuple[list[int], str]]:
