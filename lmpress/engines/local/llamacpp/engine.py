@@ -55,6 +55,7 @@ from lmpress.engines.base import Occupancy, check_adapter, check_token_settings
 from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.bad_words import word_sequences
+from lmpress.engines.local.beams import beams_refusal
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.llamacpp import prompt_count
 from lmpress.engines.local.llamacpp.drafting import load_drafter
@@ -138,7 +139,7 @@ class LlamaCppEngine(WorkerEngine):
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "skip_special_tokens",
         "guided_decoding", "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
-        "ignore_eos", "bad_words",
+        "ignore_eos", "bad_words", "num_beams", "length_penalty", "early_stopping",
     })  # fmt: skip
     takes_tools = True
     takes_adapters = True  # model.adapters: GGUF LoRA files or PEFT directories (loras.py)
@@ -163,6 +164,8 @@ class LlamaCppEngine(WorkerEngine):
                 "file; random weights need the NATIVE or VLLM engine"
             )
         speculation = Speculation.of(config.model)  # checked before anything is loaded
+        if config.task == "generate" and (refusal := beams_refusal(config.generation)):
+            raise UnsupportedParamError(refusal)
         self.path = gguf_path(oumi_gguf_file(config.model) or config.model.model_name)
         lora_files = adapter_files(config, self.path)  # model.adapters (loras.py)
         self.loras: Loras | None = None
@@ -408,6 +411,8 @@ class LlamaCppEngine(WorkerEngine):
                 "tokens on LLAMACPP; send the text alone to score it",
                 kind=ErrorKind.INVALID_REQUEST,
             )
+        if refusal := beams_refusal(request.params):
+            raise RequestError(refusal, kind=ErrorKind.UNSUPPORTED_PARAM)
         logit_bias = self._logit_bias(request.params)
         check_token_settings(request.params, self.n_vocab)
         self._check_fits(request.params, len(prompt_ids))
@@ -445,17 +450,20 @@ class LlamaCppEngine(WorkerEngine):
 
     def _check_fits(self, params: GenerationParams, prompt_tokens: int) -> None:
         shared = self.n_ctx_seq == self.n_ctx
-        new = params.n if params.max_new_tokens else 0  # a token a sample, at least
+        beams = params.num_beams > 1
+        rows, name = (params.num_beams, "num_beams") if beams else (params.n, "n")
+        new = rows if params.max_new_tokens else 0  # a token a sample, at least
         if shared and prompt_tokens + new > self.n_ctx:
             raise RequestError(
-                f"generation.n is {params.n} and the prompt {prompt_tokens} tokens: more than "
+                f"generation.{name} is {rows} and the prompt {prompt_tokens} tokens: more than "
                 f"the context of {self.n_ctx} (model.model_kwargs.n_ctx) holds; raise n_ctx or "
-                f"lower n",
+                f"lower {name}",
                 kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
             )
-        if params.n > self.batch_size:
+        if rows > self.batch_size:
+            what = "beam" if beams else "sample"
             raise RequestError(
-                f"generation.n is {params.n} but generation.batch_size is {self.batch_size}: "
-                f"each sample is a sequence in flight; raise batch_size to at least n",
+                f"generation.{name} is {rows} but generation.batch_size is {self.batch_size}: "
+                f"each {what} is a sequence in flight; raise batch_size to at least {name}",
                 kind=ErrorKind.INVALID_REQUEST,
             )

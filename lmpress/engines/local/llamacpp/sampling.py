@@ -98,11 +98,11 @@ class Sampling:
             self._forbid_end(params, index)
         distribution = self._logprobs(params, index) if logprobs else None
         if banned:
-            self._logits(index)[list(banned)] = float("-inf")
+            self.logits(index)[list(banned)] = float("-inf")
         if matcher is not None:
-            matcher.mask_logits(self._logits(index))
+            matcher.mask_logits(self.logits(index))
         if sampler is None:  # plain greedy: the first of the most likely, as llama.cpp picks
-            token = int(self._logits(index).argmax())
+            token = int(self.logits(index).argmax())
         else:
             token = self._lc.llama_sampler_sample(sampler, self._ctx, index)
         if distribution is None:
@@ -122,7 +122,7 @@ class Sampling:
             self._lc.llama_sampler_accept(sampler, token)
         return token, entry
 
-    def _logits(self, index: int) -> Any:
+    def logits(self, index: int) -> Any:
         """The logits of batch row `index`, as a numpy array over llama.cpp's own buffer."""
         import numpy as np
 
@@ -139,7 +139,7 @@ class Sampling:
         """Log-probabilities of every token under the model's distribution (before
         temperature, top-k/p and penalties), and the ids of the row's `top_logprobs` most
         likely ones."""
-        values, best = log_softmax_top(self._logits(index)[None, :], params.top_logprobs)
+        values, best = log_softmax_top(self.logits(index)[None, :], params.top_logprobs)
         return values[0], best[0]
 
     def prompt_entries(
@@ -150,7 +150,7 @@ class Sampling:
         `prompt_logprobs` likeliest tokens at each position."""
         import numpy as np
 
-        logits = np.stack([self._logits(index + j) for j in range(len(targets))])
+        logits = np.stack([self.logits(index + j) for j in range(len(targets))])
         values, best = log_softmax_top(logits, params.prompt_logprobs or 0)
         return [
             self._entry(token, row, ids)

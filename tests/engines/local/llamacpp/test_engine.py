@@ -587,9 +587,10 @@ def test_truncated_gguf_is_a_load_error(tmp_path):
         make(str(broken))
 
 
-def test_unsupported_param_is_refused_before_loading():
-    with pytest.raises(UnsupportedParamError, match=r"LLAMACPP does not support generation.num_beams"):  # fmt: skip
-        make("./not/even/loaded.gguf", num_beams=2)
+def test_settings_that_cannot_run_together_are_refused_before_loading():
+    # LLAMACPP takes every generation setting; a beam search refuses a temperature.
+    with pytest.raises(UnsupportedParamError, match=r"generation.temperature does not go with generation.num_beams 2"):  # fmt: skip
+        make("./not/even/loaded.gguf", num_beams=2, temperature=0.7)
 
 
 def test_the_module_imports_no_backend():
