@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import os
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +203,28 @@ class VllmApi:
         """The most tokens a prompt may have, as the started engine settled it (for a
         sentence-transformers directory, its `max_seq_length`)."""
         return int(llm.model_config.max_model_len)
+
+    @staticmethod
+    def beam_search(
+        llm: Any, ids: list[int], request_id: str, params: Any, lora: Any
+    ) -> AsyncIterator[Any]:
+        """vLLM's own online beam search (the one `vllm serve` answers `use_beam_search`
+        with) over the started engine: `params.num_beams` beams of `ids`, its final
+        RequestOutput holding every beam, best first."""
+        from vllm.entrypoints.generate.beam_search.online import BeamSearchOnlineMixin
+        from vllm.inputs import tokens_input
+        from vllm.sampling_params import BeamSearchParams
+
+        search = BeamSearchOnlineMixin()
+        search.engine_client, search.renderer = llm, llm.renderer
+        beams = BeamSearchParams(
+            beam_width=params.num_beams,
+            max_tokens=params.max_new_tokens,
+            ignore_eos=params.ignore_eos,
+            length_penalty=params.length_penalty,
+            skip_special_tokens=params.skip_special_tokens,
+        )
+        return search.beam_search(tokens_input(ids), request_id, beams, lora_request=lora)
 
     @staticmethod
     def is_dead(llm: Any) -> bool:

@@ -86,7 +86,7 @@ class VllmEngine(Engine):
         "presence_penalty", "frequency_penalty", "stop_strings", "stop_token_ids", "min_tokens",
         "seed", "n", "logprobs", "top_logprobs", "logit_bias", "guided_decoding",
         "skip_special_tokens", "reasoning_effort", "max_reasoning_tokens", "prompt_logprobs",
-        "ignore_eos", "bad_words",
+        "ignore_eos", "bad_words", "num_beams", "length_penalty",
     })  # fmt: skip
     takes_hub_ids = True
     kv_cache_dtypes = frozenset({"fp8"})  # vLLM's kv_cache_dtype, by the same name

@@ -22,6 +22,7 @@ from lmpress.engines.base import Engine, check_adapter, check_text, error_result
 from lmpress.engines.common.embeddings import cosine_scores
 from lmpress.engines.common.prompts import render_chat_prompt
 from lmpress.engines.common.tool_parsers import ToolPlan, tool_plan
+from lmpress.engines.local.beams import beams_refusal
 from lmpress.engines.local.reasoning import template_switches, template_text
 from lmpress.engines.local.vllm.api import VllmApi, describe, failure, is_request_error
 from lmpress.engines.local.vllm.logs import children_print_to_log
@@ -134,8 +135,14 @@ class VllmScheduler:
             guided = generation.guided_decoding is not None
             if self.reasoning is not None and guided and "prompt" in prompt:
                 prompt["prompt"] = self.reasoning.opened_for_grammar(prompt["prompt"])
-            budget = self.thinking_budget(request, prompt)
-            params = sampling_params(self.api, generation, stream=deltas, thinking_budget=budget)
+            ids, params = [], None  # a beam search's prompt as token ids; or its sampling
+            if generation.num_beams > 1:
+                ids = self._beam_prompt(generation, prompt, tokenization)
+            else:
+                budget = self.thinking_budget(request, prompt)
+                params = sampling_params(
+                    self.api, generation, stream=deltas, thinking_budget=budget
+                )
         except (RequestError, ConfigError) as exc:
             kind = getattr(exc, "kind", ErrorKind.INVALID_REQUEST)
             # The status where the error has one: an adapter the engine does not hold, 404.
@@ -147,7 +154,10 @@ class VllmScheduler:
             return
         replies = CallerQueue()
         vllm_id = f"{request.id}-{next(self._ids)}"
-        pump = self._pump(vllm_id, prompt, params, tokenization, lora, replies)
+        if generation.num_beams > 1:
+            pump = self._pump_beams(vllm_id, ids, generation, lora, replies)
+        else:
+            pump = self._pump(vllm_id, prompt, params, tokenization, lora, replies)
         future = asyncio.run_coroutine_threadsafe(pump, self._loop)
         assembler = self.assembler(request, deltas)
         try:
@@ -210,6 +220,23 @@ class VllmScheduler:
             text = self.tokenizer.decode(prompt["prompt_token_ids"])
         return self.reasoning.budget(limit, text)
 
+    def _beam_prompt(
+        self, generation: Any, prompt: dict[str, Any], tokenization: dict[str, Any] | None
+    ) -> list[int]:
+        """A beam search's prompt as token ids, which vLLM's search extends beam by beam;
+        what it cannot take is refused in a line."""
+        if refusal := beams_refusal(generation):
+            raise RequestError(refusal, kind=ErrorKind.UNSUPPORTED_PARAM)
+        if "multi_modal_data" in prompt:
+            raise RequestError(
+                "generation.num_beams: vLLM's beam search takes no images",
+                kind=ErrorKind.UNSUPPORTED_PARAM,
+            )
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        special = (tokenization or {}).get("add_special_tokens", True)
+        return self.tokenizer.encode(prompt["prompt"], add_special_tokens=special)
+
     def chat_template(self) -> Any:
         return self.engine.chat_template or getattr(self.tokenizer, "chat_template", None)
 
@@ -268,6 +295,21 @@ class VllmScheduler:
             # and frees the sequence whatever the version does.
             await self.llm.abort(vllm_id)
             raise
+        except Exception as exc:
+            replies.put(_Failure(exc, self.api.is_dead(self.llm)))
+            return
+        replies.put(_End())
+
+    async def _pump_beams(
+        self, vllm_id: str, ids: list[int], generation: Any, lora: Any, replies: CallerQueue
+    ) -> None:
+        """`_pump` for a beam search: vLLM's own, whose one output holds every beam, best
+        first; the best `n` are the reply's samples."""
+        try:
+            search = self.api.beam_search(self.llm, ids, vllm_id, generation, lora)
+            async for output in search:
+                output.outputs = output.outputs[: generation.n]
+                replies.put(output)
         except Exception as exc:
             replies.put(_Failure(exc, self.api.is_dead(self.llm)))
             return

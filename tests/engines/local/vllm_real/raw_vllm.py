@@ -7,7 +7,8 @@ CASES.json: {"model": DIR, "engine_args": {...}, "chat": [{"messages": [...], "s
 SamplingParams keyword arguments, written by hand in the test (never made by lmpress's own
 translation), with `structured_outputs` as StructuredOutputsParams' keyword arguments.
 `vllm.LLM(model=DIR, **engine_args)` answers the chat cases with `LLM.chat` and the prompts with
-`LLM.generate`, each list in one call, "embed" (a list of texts) with `LLM.embed`, whose vectors
+`LLM.generate`, each list in one call, "beam_search" (a prompt and BeamSearchParams' keyword
+arguments a case) with `LLM.beam_search`, "embed" (a list of texts) with `LLM.embed`, whose vectors
 come back as lists of floats, and "score", "pairwise_score" and "default_score" (a query
 and documents, and PoolingParams' arguments) with `LLM.score`, and "prompt_logprobs" (cases
 as "generate", a prompt being text or {"prompt_token_ids": [...]}) with `LLM.generate`,
@@ -141,6 +142,22 @@ def answers(vllm, llm, cases: dict) -> dict:
         outputs = llm.embed(cases["embed"], use_tqdm=False, tokenization_kwargs=tokenization)
         out["embed"] = [list(o.outputs.embedding) for o in outputs]
         out["max_model_len"] = limit
+    # {"prompt": ..., "params": BeamSearchParams' arguments}: LLM.beam_search, a case a call;
+    # each beam's generated token ids and their text, best first (LLM.beam_search's own text
+    # holds the prompt too).
+    if cases.get("beam_search"):
+        from vllm.sampling_params import BeamSearchParams
+
+        tokenizer = llm.get_tokenizer()
+        out["beam_search"] = []
+        for case in cases["beam_search"]:
+            [searched] = llm.beam_search([case["prompt"]], BeamSearchParams(**case["params"]))
+            prompt_length = len(tokenizer.encode(case["prompt"]))
+            generated = [beam.tokens[prompt_length:] for beam in searched.sequences]
+            out["beam_search"].append([
+                {"text": tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids}
+                for ids in generated
+            ])  # fmt: skip
     # {"query": ..., "documents": [...]}: LLM.score, one query to many, or with "query" a
     # list, pairwise; "pooling" is PoolingParams' keyword arguments, where the case gives it.
     for key in ("score", "pairwise_score", "default_score"):

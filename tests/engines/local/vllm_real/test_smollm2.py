@@ -148,6 +148,14 @@ PROMPT_CASES = [
     ("def fibonacci(n):", {"max_new_tokens": 24}, {"temperature": 0, "max_tokens": 24}),
 ]  # fmt: skip
 
+# Beam searches, lmpress's settings and vLLM's BeamSearchParams: n returns the best n beams.
+BEAM_CASES = [
+    ("The capital of France is", {"max_new_tokens": 16, "num_beams": 4, "n": 2},
+     {"beam_width": 4, "max_tokens": 16}),
+    ("def fibonacci(n):", {"max_new_tokens": 16, "num_beams": 3, "n": 3, "length_penalty": 0.5},
+     {"beam_width": 3, "max_tokens": 16, "length_penalty": 0.5}),
+]  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
@@ -173,6 +181,7 @@ def raw_answers(model_dir, choices, tmp_path_factory):
                 + [{"messages": m, "sampling": {"temperature": 0, "max_tokens": CHAT_MAX_TOKENS}}
                    for m in EXTRA_CHATS],
         "generate": [{"prompt": p, "sampling": s} for p, _, s in PROMPT_CASES],
+        "beam_search": [{"prompt": p, "params": s} for p, _, s in BEAM_CASES],
         "prompt_logprobs": scoring_cases.raw_cases(*choices),
     }  # fmt: skip
     with raw_vllm_beside(cases, tmp_path_factory.mktemp("raw-smollm2")) as answers:
@@ -250,6 +259,23 @@ def test_raw_prompts_equal_vllm_generate(engine, reference):
     ]
     for result, raw in zip(engine.generate(requests), reference["generate"], strict=True):
         assert_same(result, raw, result.request_id)
+
+
+def test_beam_search_equals_vllms_own(engine, reference):
+    requests = [
+        Request(f"b{i}", [], GenerationParams(**p), prompt=text)
+        for i, (text, p, _) in enumerate(BEAM_CASES)
+    ]
+    for request, result, raw in zip(
+        requests, engine.generate(requests), reference["beam_search"], strict=True
+    ):
+        assert result.ok, result.error
+        best = raw[: request.params.n]
+        assert [s.text for s in result.samples] == [b["text"] for b in best], request.id
+        # vLLM's online search leaves a beam's end token out of its ids, the offline one not.
+        generated = [len([t for t in b["token_ids"] if t != EOS]) for b in best]
+        assert [s.completion_tokens for s in result.samples] == generated
+        assert len({b["text"] for b in best}) == len(best)  # the beams differ
 
 
 def test_prompt_logprobs_equal_vllms_own(engine, reference):
