@@ -477,7 +477,10 @@ MALFORMED = [
     ('{"prompt": "x", "generation": {"temperature": -1}}', "generation.temperature"),
     ('{"prompt": "x", "generation": {"top_p": "high"}}', "top_p"),
     ('{"prompt": "x", "generation": {"tempreture": 1}}', "unknown key 'tempreture'"),
-    ('{"prompt": "x", "generation": {"num_beams": 3}}', "does not support generation.num_beams"),
+    (
+        '{"prompt": "x", "generation": {"num_beams": 3, "temperature": 0.5}}',
+        "generation.temperature does not go with generation.num_beams 3",
+    ),
     (
         '{"custom_id": "a1", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}}',
         "is not supported",

@@ -100,8 +100,15 @@ def test_bundled_recipe_runs():
             "did you mean 'n_ctx'?",
         ),
         (
-            ["--model.model_name", "tiny-gguf:llama", "--generation.num_beams", "2"],
-            "engine LLAMACPP does not support generation.num_beams",
+            [
+                "--model.model_name",
+                "tiny-gguf:llama",
+                "--generation.num_beams",
+                "2",
+                "--generation.temperature",
+                "0.7",
+            ],
+            "generation.temperature does not go with generation.num_beams 2",
         ),
     ],
 )
