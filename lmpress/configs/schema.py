@@ -341,6 +341,8 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     ),
     "generation.top_logprobs": (lambda v: 0 <= v <= 20, "must be in [0, 20]"),
     "generation.num_beams": (lambda v: v >= 1, "must be at least 1"),
+    # A beam's length to this power divides its score: beyond these it overflows a float.
+    "generation.length_penalty": (lambda v: -10 <= v <= 10, "must be between -10 and 10"),
     "generation.early_stopping": (
         lambda v: v in (True, False, "never"),
         'must be true, false or "never"',
