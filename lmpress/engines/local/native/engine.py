@@ -370,6 +370,12 @@ class NativeEngine(WorkerEngine):
             plan,
             self.name,
         )
+        if matcher is not None and request.params.num_beams > 1:  # a required tool call's
+            raise RequestError(
+                "generation.num_beams: a beam follows no grammar, and this request's tool_choice "
+                "needs one; ask without beams",
+                kind=ErrorKind.UNSUPPORTED_PARAM,
+            )
         ids, images = self.inputs(request, plan)
         reasoning = self.model_reasoning.for_request(ids, request.params, matcher is not None)
         return Submission(

@@ -12,6 +12,7 @@ from lmpress.configs import load_config
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.errors import UnsupportedParamError
 from lmpress.vocabulary.types import GenerationParams, Message, Request
+from tests.engines.local.test_reasoning_local import WEATHER
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -105,11 +106,17 @@ def test_what_a_beam_search_cannot_take_is_refused_in_one_line(engine):
         GenerationParams(num_beams=2, n=3),
         GenerationParams(num_beams=3, stop_strings=["."]),
     ]
-    results = engine.generate(
-        [Request(str(i), [Message("user", "Hi")], p) for i, p in enumerate(asks)]
+    requests = [Request(str(i), [Message("user", "Hi")], p) for i, p in enumerate(asks)]
+    # A required tool call is generated under a grammar, which no beam follows.
+    required = GenerationParams(num_beams=2, tool_choice="required")
+    requests.append(
+        Request("tool", [Message("user", "Weather in Oslo?")], required, tools=[WEATHER])
     )
+    results = engine.generate(requests)
     assert [(r.error.kind, r.error.message) for r in results] == [
         ("unsupported_param", "generation.n 3 is more than generation.num_beams 2: n returns beams"),
         ("unsupported_param", "generation.stop_strings does not go with generation.num_beams 3: "
          "stop_token_ids end a beam instead"),
+        ("unsupported_param", "generation.num_beams: a beam follows no grammar, and this "
+         "request's tool_choice needs one; ask without beams"),
     ]  # fmt: skip
