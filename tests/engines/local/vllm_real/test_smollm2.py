@@ -261,6 +261,32 @@ def test_raw_prompts_equal_vllm_generate(engine, reference):
         assert_same(result, raw, result.request_id)
 
 
+def kv_cache_tokens(engine) -> int:
+    """The tokens vLLM's KV cache holds, as it sized it in its memory (VLLM_CPU_KVCACHE_SPACE,
+    the same for every engine here)."""
+    cache = engine.scheduler.llm.vllm_config.cache_config
+    return cache.num_gpu_blocks * cache.block_size
+
+
+def test_an_fp8_kv_cache_holds_four_times_the_tokens_in_the_same_memory(engine):
+    """`model.kv_cache_dtype: fp8` against this module's float32 cache: a quarter of the bytes
+    a token, so four times the context in the same space; and it answers."""
+    with worker_in_the_engine_core():
+        fp8 = create_engine(load_config(overrides={
+            "engine": "VLLM", **LMPRESS_MODEL, "model.kv_cache_dtype": "fp8",
+        }))  # fmt: skip
+    try:
+        assert fp8.scheduler.llm.vllm_config.cache_config.cache_dtype == "fp8"
+        ratio = kv_cache_tokens(fp8) / kv_cache_tokens(engine)
+        assert ratio == pytest.approx(4, rel=0.01)  # whole blocks: a rounding at most
+        [result] = fp8.generate(
+            [Request("f", [Message("user", FRANCE)], GenerationParams(max_new_tokens=12))]
+        )
+        assert result.ok and "Paris" in result.text
+    finally:
+        asyncio.run(fp8.aclose())
+
+
 def test_beam_search_equals_vllms_own(engine, reference):
     requests = [
         Request(f"b{i}", [], GenerationParams(**p), prompt=text)
