@@ -189,8 +189,8 @@ def validate(config: RunConfig) -> None:
     sit below engines and know no engine."""
     if config.task not in TASKS:
         raise ConfigError(
-            f"task: unknown task '{config.task}'{suggest(config.task, list(TASKS))} "
-            f"Use one of {', '.join(TASKS)}."
+            f"task: unknown task '{config.task}'{suggest(config.task, list(TASKS))}; use one "
+            f"of {', '.join(TASKS)}"
         )
     for section in ("model", "generation", "remote_params", "serve", "ray"):
         _check_ranges(getattr(config, section), section)

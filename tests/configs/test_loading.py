@@ -96,6 +96,10 @@ def test_wrong_type_names_the_key():
         ("generation.n", "0", "generation.n"),
         ("generation.max_new_tokens", "-1", "generation.max_new_tokens"),
         ("remote_params.num_workers", "0", "remote_params.num_workers"),
+        ("generation.length_penalty", "50", "generation.length_penalty: 50.0 must be between"),
+        ("generation.early_stopping", "soon", "generation.early_stopping: 'soon' must be true"),
+        ("task", "classify", "task: unknown task 'classify'; use one of generate, embed"),
+        ("task", "embedd", r"task: unknown task 'embedd' \(did you mean 'embed'\?\); use one"),
     ],
 )
 def test_impossible_values(key, value, expected):
