@@ -130,9 +130,14 @@ CHANGED = {
 # Fields honoured in the prompt rather than in SamplingParams: reasoning_effort sets the chat
 # template's switches (local/reasoning.py; vllm_real/test_reasoning.py runs it on VLLM).
 IN_THE_PROMPT = {"reasoning_effort"}
+# Fields that send the request to vLLM's own beam search rather than into SamplingParams
+# (vllm_real/test_smollm2.py::test_beam_search_equals_vllms_own runs it).
+IN_THE_BEAM_SEARCH = {"num_beams", "length_penalty"}
 
 
-@pytest.mark.parametrize("name", sorted(VllmEngine.supported_params - IN_THE_PROMPT))
+@pytest.mark.parametrize(
+    "name", sorted(VllmEngine.supported_params - IN_THE_PROMPT - IN_THE_BEAM_SEARCH)
+)
 def test_no_supported_field_is_silently_dropped(standin, name):
     api = VllmApi.load()
     base = (
