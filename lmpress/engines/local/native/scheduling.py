@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lmpress.engines.base import Engine
-from lmpress.engines.local.beams import BeamGroup, rows_of
+from lmpress.engines.local.beams import rows_of
 from lmpress.engines.local.native.adapters import RowAdapters
 from lmpress.engines.local.native.batch_cache import (
     BatchCache,
@@ -39,6 +39,7 @@ from lmpress.engines.local.native.batch_cache import (
     dynamic_cache,
     layer_tensors,
 )
+from lmpress.engines.local.native.beam_rows import BeamSearches
 from lmpress.engines.local.native.drafting import Drafter
 from lmpress.engines.local.native.prompt_logprobs import (
     PrefillPlan,
@@ -52,7 +53,7 @@ from lmpress.engines.local.native.scoring_prefill import (
     scored_prompt,
     takes_more,
 )
-from lmpress.engines.local.native.speculation import STEP_COST, WIDEN, draft_counts
+from lmpress.engines.local.native.speculation import row_drafts, settle, verify
 from lmpress.engines.local.speculation import Speculation, SpeculationCounts
 from lmpress.engines.local.worker import Scheduler, Submission, WorkQueue, failure_info
 from lmpress.vocabulary.types import Delta, Result, Sample
@@ -67,14 +68,6 @@ def reply_limit(prompt_tokens: int, params: Any, context_length: int | None) -> 
     if context_length:
         limit = max(0, min(limit, context_length - prompt_tokens))
     return limit
-
-
-def beam_log_probs(logits: Any) -> Any:
-    """A beam search's log-probabilities as transformers' takes them: torch's log_softmax of
-    the float32 logits (a float32 array, beams.py's)."""
-    import torch
-
-    return torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
 
 
 class NativeScheduler(Scheduler):
@@ -122,7 +115,7 @@ class NativeScheduler(Scheduler):
         self.token_text = token_text or (lambda id: tokenizer.decode([id]))
         self._chunk = chunk_size(model.config.get_text_config().vocab_size)
         self._scores: dict[Submission, PromptScores] = {}  # scored prompts not yet answered
-        self._beams: dict[Submission, BeamGroup] = {}  # beam searches in the batch (beams.py)
+        self._beams = BeamSearches()  # beam searches in the batch (beam_rows.py)
         self.adapters = adapters or RowAdapters(model)  # a row's LoRA adapter (adapters.py)
 
     def kv_cache_usage(self) -> float | None:
@@ -145,7 +138,7 @@ class NativeScheduler(Scheduler):
         self._scoring = ScoringPrefill(self.model, self._cache_arg, self.device, self._chunk)
         self._active: list[BatchRow] = []  # the rows in the batch, in the order of their caches
         self._rows_of: dict[Submission, list[BatchRow]] = {}  # requests in the batch, by request
-        self._scores, self._beams = {}, {}
+        self._scores, self._beams = {}, BeamSearches()
         queue = self.queue
         while True:
             with queue.wakeup:
@@ -160,7 +153,8 @@ class NativeScheduler(Scheduler):
                         self._step()
             except Exception as exc:  # fail the rows in flight; the worker serves on
                 self.fail(list(self._rows_of), failure_info(exc))
-                self._active, self._rows_of, self._scores, self._beams = [], {}, {}, {}
+                self._active, self._rows_of, self._scores = [], {}, {}
+                self._beams = BeamSearches()
                 self._batch = BatchCache()
                 if self._drafter is not None:
                     self._drafter.reset()
@@ -190,15 +184,11 @@ class NativeScheduler(Scheduler):
                     row.finish_reason = "length"
                 self._answer_finished(rows)
                 continue
-            group = self._beams.get(submission)
-            if group is None:
+            if submission in self._beams:
+                self._beams.first(submission, rows, logits)
+            else:
                 self._pick(rows, logits.repeat(len(rows), 1))
-            else:  # every beam continues the prompt, whose cache each row starts from
-                _, tokens = group.step(beam_log_probs(logits.repeat(len(rows), 1)))
-                for row, token in zip(rows, tokens, strict=True):
-                    row.last, row.generated = token, group.generated
-                self._end_if_done(submission, group)
-            self._settle(rows, [[] for _ in rows], [[row.last] for row in rows])
+            settle(rows, [[] for _ in rows], [[row.last] for row in rows], self.speculation_counts)
             going = [row for row in rows if row.finish_reason is None]
             joining += [(row, prompt) for row in going]
             if draft is not None:
@@ -350,7 +340,8 @@ class NativeScheduler(Scheduler):
         """One token for every row in the batch, or more for a row whose drafts the model
         verifies; the rows that end leave it."""
         rows = self._active
-        drafts = self._drafts(rows)
+        # A beam's row moves slots, which a verified draft cannot follow.
+        drafts = [[] for _ in rows] if self._beams else row_drafts(rows, self._drafter)
         with self.adapters.rows([row.submission.request.adapter for row in rows]):
             logits = self._forward([[row.last, *d] for row, d in zip(rows, drafts, strict=True)])
         if logits.shape[1] == 1:
@@ -358,11 +349,11 @@ class NativeScheduler(Scheduler):
             emitted = [[row.last] for row in rows]
         else:
             moves = []
-            emitted = self._verify(rows, drafts, logits)
+            emitted = verify(rows, drafts, logits, self._pick)
         self._batch.keep([len(e) for e in emitted])
         if moves:  # after the step's own column is kept: it moves with its beam
             self._batch.reorder(moves)
-        kept = self._settle(rows, drafts, emitted)
+        kept = settle(rows, drafts, emitted, self.speculation_counts)
         if self._drafter is not None:
             self._drafter.settle(drafts, kept, emitted)
         ended = [b for b, row in enumerate(self._active) if row.finish_reason is not None]
@@ -371,32 +362,6 @@ class NativeScheduler(Scheduler):
             self._active = [self._active[b] for b in self._batch.leave(ended)]
             if self._drafter is not None:
                 self._drafter.leave(ended)
-
-    def _drafts(self, rows: list[BatchRow]) -> list[list[int]]:
-        """Each row's drafts this step ([] for none): as many as its acceptance asks for and
-        its budget leaves, cut to the counts that pay for their place in the step
-        (`draft_counts`)."""
-        if self._beams:  # a beam's row moves slots, which a verified draft cannot follow
-            return [[] for _ in rows]
-        rooms = [row.limit - row.generated - 1 for row in rows]
-        chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
-        if self._drafter is not None:
-            # A draft model's drafts cost passes of their own: decide their number first.
-            wanted = [
-                row.drafts.wanted(room) if row.drafts else 0
-                for row, room in zip(rows, rooms, strict=True)
-            ]
-            if not any(wanted):
-                return [[] for _ in rows]
-            return self._drafter.propose(draft_counts(chances, wanted, STEP_COST, WIDEN))
-        drafts = [
-            row.drafts.propose(room) if row.drafts else []
-            for row, room in zip(rows, rooms, strict=True)
-        ]
-        if any(drafts):
-            counts = draft_counts(chances, [len(d) for d in drafts], STEP_COST, WIDEN)
-            drafts = [d[:n] for d, n in zip(drafts, counts, strict=True)]
-        return drafts
 
     def _forward(self, ids: list[list[int]]) -> Any:
         """The logits of a step's new tokens (`ids`: each row's): BatchCache.forward, on the
@@ -421,82 +386,16 @@ class NativeScheduler(Scheduler):
                 self._forward([[0] * width] * 2)
         self._batch = BatchCache()
 
-    def _verify(
-        self, rows: list[BatchRow], drafts: list[list[int]], logits: Any
-    ) -> list[list[int]]:
-        """Each row's tokens from a step that verified drafts: at each position, every row still
-        going picks its token as a plain step would, and goes on only while that token is the
-        one it drafted there (speculation.py gives the rule)."""
-        emitted: list[list[int]] = [[] for _ in rows]
-        going = list(range(len(rows)))
-        for j in range(logits.shape[1]):
-            going = [b for b in going if rows[b].finish_reason is None]
-            if not going:
-                break
-            picked = [rows[b] for b in going]
-            self._pick(picked, logits[going, j] if len(going) < len(rows) else logits[:, j])
-            for b, row in zip(going, picked, strict=True):
-                emitted[b].append(row.last)
-            going = [b for b in going if j < len(drafts[b]) and rows[b].last == drafts[b][j]]
-        return emitted
-
-    def _settle(
-        self, rows: list[BatchRow], drafts: list[list[int]], emitted: list[list[int]]
-    ) -> list[int]:
-        """Tell each drafting row what it drafted and kept, and count it; returns how many
-        drafts each row kept."""
-        counts = self.speculation_counts
-        kept_all = []
-        for row, d, e in zip(rows, drafts, emitted, strict=True):
-            kept = 0
-            while kept < min(len(d), len(e)) and d[kept] == e[kept]:
-                kept += 1
-            kept_all.append(kept)
-            if row.drafts is None:
-                continue
-            row.drafts.settle(len(d), kept, e)
-            counts.add(len(d), kept)
-        return kept_all
-
     def _pick_or_search(self, rows: list[BatchRow], logits: Any) -> list[tuple[int, int]]:
         """`_pick` for the rows that sample, a beam search's step for each group's; returns
         the (slot, slot it now continues) of each beam whose row took another's place."""
         if not self._beams:
             self._pick(rows, logits)
             return []
-        slot = {id(row): b for b, row in enumerate(rows)}
         plain = [b for b, row in enumerate(rows) if row.submission not in self._beams]
         if plain:
             self._pick([rows[b] for b in plain], logits[plain])
-        moves = []
-        for submission, group in list(self._beams.items()):
-            if submission not in self._rows_of:  # its prefill failed: it never joined
-                del self._beams[submission]
-                continue
-            if submission.cancelled:
-                for row in group.rows:
-                    row.finish_reason = "cancelled"
-                del self._beams[submission]
-                continue
-            slots = [slot[id(row)] for row in group.rows]
-            continues, tokens = group.step(beam_log_probs(logits[slots]))
-            for row, token in zip(group.rows, tokens, strict=True):
-                row.last, row.generated = token, group.generated
-            moves += [(slots[i], slots[c]) for i, c in enumerate(continues) if c != i]
-            self._end_if_done(submission, group)
-        return moves
-
-    def _end_if_done(self, submission: Submission, group: BeamGroup) -> None:
-        """Give a finished search's best hypotheses to its first rows, as their samples."""
-        if not group.done:
-            return
-        del self._beams[submission]
-        replies = group.replies(submission.request.params.n)
-        for row, (tokens, reason) in zip(group.rows, replies, strict=False):
-            row.tokens, row.finish_reason = tokens, reason
-            row.generated = len(tokens) + (reason == "stop")
-        for row in group.rows[len(replies) :]:
-            row.finish_reason = "length"  # a beam beyond n: it only leaves the batch
+        return self._beams.step(rows, logits, self._rows_of)
 
     def _pick(self, rows: list[BatchRow], logits: Any) -> None:
         control = BatchControl(rows, self.tokenizer, self.eos_ids, self.checkpoint_processors)
@@ -537,10 +436,7 @@ class NativeScheduler(Scheduler):
             if self.speculation and params.n == 1 and not beams and not self.checkpoint_processors:
                 rows[0].drafts = self.speculation.row(submission.prompt_ids)
             if beams:
-                model_ends = set() if params.ignore_eos else set(self.eos_ids)
-                ends = model_ends | set(params.stop_token_ids)
-                group = BeamGroup(rows, self._limit(submission), ends, params)
-                self._beams[submission] = group
+                self._beams.start(submission, rows, self._limit(submission), self.eos_ids)
             return rows
         except Exception as exc:  # this request's settings, not the batch, are at fault
             self.fail([submission], failure_info(exc))

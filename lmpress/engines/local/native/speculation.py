@@ -1,6 +1,7 @@
 """How many of its drafts each row carries in one NATIVE step when rows draft
-(engines/local/speculation.py gives the rule; scheduling.py applies it): the counts that emit
-the most tokens for the step's cost.
+(engines/local/speculation.py gives the rule): the counts that emit the most tokens for the
+step's cost; and the step's drafting itself, which scheduling.py calls: each row's drafts
+(`row_drafts`), their verification (`verify`) and what each row kept (`settle`).
 
 A NATIVE step is one forward pass over every row, each row carrying its next token and its
 drafts; the pass's fixed work (reading the weights, the per-layer and per-step overheads) is
@@ -12,7 +13,10 @@ the same step over llama.cpp's micro-batches).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lmpress.engines.local.speculation import SpeculationCounts
 
 # What a decode step's fixed work (reading the weights, the per-layer and per-step overheads)
 # is worth in tokens carried, for draft_counts. SmolLM2 at float32 on a 2-core
@@ -62,3 +66,66 @@ def draft_counts(
         if emitted / cost > best_rate:
             best, best_rate = counts, emitted / cost
     return best
+
+
+def row_drafts(rows: list, drafter: Any) -> list[list[int]]:
+    """Each row's drafts this step ([] for none): as many as its acceptance asks for and its
+    budget leaves, cut to the counts that pay for their place in the step (`draft_counts`);
+    `drafter`: the draft model's (drafting.py), None for prompt lookup."""
+    rooms = [row.limit - row.generated - 1 for row in rows]
+    chances = [row.drafts.chance if row.drafts else 0.0 for row in rows]
+    if drafter is not None:
+        # A draft model's drafts cost passes of their own: decide their number first.
+        wanted = [
+            row.drafts.wanted(room) if row.drafts else 0
+            for row, room in zip(rows, rooms, strict=True)
+        ]
+        if not any(wanted):
+            return [[] for _ in rows]
+        return drafter.propose(draft_counts(chances, wanted, STEP_COST, WIDEN))
+    drafts = [
+        row.drafts.propose(room) if row.drafts else []
+        for row, room in zip(rows, rooms, strict=True)
+    ]
+    if any(drafts):
+        counts = draft_counts(chances, [len(d) for d in drafts], STEP_COST, WIDEN)
+        drafts = [d[:n] for d, n in zip(drafts, counts, strict=True)]
+    return drafts
+
+
+def verify(
+    rows: list, drafts: list[list[int]], logits: Any, pick: Callable[[list, Any], None]
+) -> list[list[int]]:
+    """Each row's tokens from a step that verified drafts: at each position, every row still
+    going picks its token as a plain step would (`pick`), and goes on only while that token is
+    the one it drafted there (engines/local/speculation.py gives the rule)."""
+    emitted: list[list[int]] = [[] for _ in rows]
+    going = list(range(len(rows)))
+    for j in range(logits.shape[1]):
+        going = [b for b in going if rows[b].finish_reason is None]
+        if not going:
+            break
+        picked = [rows[b] for b in going]
+        pick(picked, logits[going, j] if len(going) < len(rows) else logits[:, j])
+        for b, row in zip(going, picked, strict=True):
+            emitted[b].append(row.last)
+        going = [b for b in going if j < len(drafts[b]) and rows[b].last == drafts[b][j]]
+    return emitted
+
+
+def settle(
+    rows: list, drafts: list[list[int]], emitted: list[list[int]], counts: SpeculationCounts
+) -> list[int]:
+    """Tell each drafting row what it drafted and kept, and count it; returns how many drafts
+    each row kept."""
+    kept_all = []
+    for row, d, e in zip(rows, drafts, emitted, strict=True):
+        kept = 0
+        while kept < min(len(d), len(e)) and d[kept] == e[kept]:
+            kept += 1
+        kept_all.append(kept)
+        if row.drafts is None:
+            continue
+        row.drafts.settle(len(d), kept, e)
+        counts.add(len(d), kept)
+    return kept_all
