@@ -32,8 +32,9 @@ from typing import Any
 
 from lmpress.engines.base import Engine
 from lmpress.engines.local.bad_words import banned_next
-from lmpress.engines.local.beams import BeamGroup, log_softmax, rows_of
+from lmpress.engines.local.beams import rows_of
 from lmpress.engines.local.llamacpp.batches import Batches, KvCacheFull
+from lmpress.engines.local.llamacpp.beam_rows import BeamSearches
 from lmpress.engines.local.llamacpp.drafting import Drafter
 from lmpress.engines.local.llamacpp.forks import fork_source, settle
 from lmpress.engines.local.llamacpp.loading import Vocab
@@ -98,7 +99,7 @@ class LlamaCppScheduler(Scheduler):
         self.drafter = drafter
         self._prefilling: list[LlamaCppSubmission] = []
         self._generating: list[SequenceRow] = []
-        self._beams: dict[LlamaCppSubmission, BeamGroup] = {}  # beam searches (beams.py)
+        self._beams = BeamSearches(self.sequences, self._sampling, vocab)  # beam_rows.py
         self.most_in_flight = 0  # the most sequences decoded in one step so far
         self.turns = Turns(batch_size, loras, ctx.ctx, self.sequences)
 
@@ -150,10 +151,10 @@ class LlamaCppScheduler(Scheduler):
             pending.remove(submission)
         for submission in [s for s in self._prefilling if s.cancelled]:
             self._prefilling.remove(submission)
-            self._beams.pop(submission, None)
+            self._beams.drop(submission)
             self._release(submission)
         for row in [r for r in self._generating if r.submission.cancelled]:
-            self._beams.pop(row.submission, None)
+            self._beams.drop(row.submission)
             row.finish_reason = "cancelled"
             self._finish_row(row)
 
@@ -165,12 +166,10 @@ class LlamaCppScheduler(Scheduler):
         pending = self.queue.pending
         while True:
             submission = self.turns.next(pending, self._busy())  # by adapter (turns.py)
-            if submission is None:
+            count = rows_of(submission.request.params) if submission else 0  # samples, or beams
+            if submission is None or count > len(self.sequences.free):
                 return
             params, prompt = submission.request.params, submission.prompt_ids
-            count = rows_of(params)  # a sequence a sample, or a beam
-            if count > len(self.sequences.free):
-                return
             seqs = self.sequences.choose(prompt, count)
             if self.n_ctx_seq < self.n_ctx:  # a split cache: a row ends when its part is full
                 limit, dropped = min(params.max_new_tokens, self.n_ctx_seq - len(prompt)), []
@@ -210,9 +209,7 @@ class LlamaCppScheduler(Scheduler):
         drafts = self.drafter is None or not submission.media
         if params.num_beams > 1:  # a beam's sequence changes, which no drafting follows
             drafts = False
-            ends = set() if params.ignore_eos else set(self.vocab.end_ids())
-            group = BeamGroup(submission.rows, limit, ends | set(params.stop_token_ids), params)
-            self._beams[submission] = group
+            self._beams.start(submission, limit)
         if self.speculation is not None and drafts:
             for row in submission.rows:
                 row.drafts = self.speculation.row(text_ids(submission.prompt_ids))
@@ -283,16 +280,16 @@ class LlamaCppScheduler(Scheduler):
             # room, the cells free sequences keep for reuse give way, and the step runs again.
             self._forget(self.sequences.make_room(0, []))
             self.batches.decode(n)
-        searched = set()
+        searched = set()  # beam searches stepped, all their rows at once (they may end)
         for part in parts:
             if isinstance(part, SequenceRow):
                 submission = part.submission
-                if submission not in self._beams:
-                    self._sample(part, part.batch_index)
-                elif submission not in searched:  # all its beams at once
+                if submission in self._beams and submission not in searched:
                     searched.add(submission)
                     indices = [row.batch_index for row in submission.rows]
-                    self._beam_step(submission, indices)
+                    self._beams.step(submission, indices, self._finish_row)
+                elif submission not in searched:
+                    self._sample(part, part.batch_index)
             else:
                 score_chunk(self._sampling, part)
                 part.submission.fed = part.end
@@ -356,7 +353,7 @@ class LlamaCppScheduler(Scheduler):
             row.pos = len(submission.prompt_ids)
             self._generating.append(row)
         if submission in self._beams:  # every beam continues the prompt
-            self._beam_step(submission, [index] * len(submission.rows))
+            self._beams.step(submission, [index] * len(submission.rows), self._finish_row)
             return
         for row in submission.rows:
             self._sample(row, index)
@@ -388,49 +385,6 @@ class LlamaCppScheduler(Scheduler):
             row.next_token = emitted[-1]
             row.stream_text()
         else:
-            self._finish_row(row)
-
-    def _beam_step(self, submission: LlamaCppSubmission, indices: list[int]) -> None:
-        """A beam search's step over its rows' logits (batch rows `indices`): each row's
-        sequence becomes the one of the beam it continues, a beam continued twice copied into
-        the sequence of one not continued, and each row decodes its beam's new token next."""
-        import numpy as np
-
-        group = self._beams[submission]
-        logits = np.stack([self._sampling.logits(i) for i in indices])
-        continues, tokens = group.step(log_softmax(logits))
-        rows = group.rows
-        held = [row.seq_id for row in rows]
-        taken: dict[int, int] = {}  # parent beam: the row that took its sequence
-        for i, parent in enumerate(continues):
-            taken.setdefault(parent, i)
-        spare = [seq for beam, seq in enumerate(held) if beam not in taken]
-        for i, (row, parent) in enumerate(zip(rows, continues, strict=True)):
-            if taken[parent] == i:
-                row.seq_id = held[parent]
-            else:
-                row.seq_id = spare.pop()
-                self.sequences.clear(row.seq_id)
-                self.sequences.copy(held[parent], row.seq_id)
-        for row, token in zip(rows, tokens, strict=True):
-            row.next_token, row.generated = token, group.generated
-        if group.done:
-            self._end_beams(submission, group)
-
-    def _end_beams(self, submission: LlamaCppSubmission, group: BeamGroup) -> None:
-        """Give a finished search's best hypotheses to its first rows, as their samples, and
-        free every row's sequence, keeping the prompt's cells for a later request."""
-        del self._beams[submission]
-        replies = group.replies(submission.request.params.n)
-        for i, row in enumerate(group.rows):
-            tokens, reason = replies[i] if i < len(replies) else ([], "length")
-            row.tokens, row.finish_reason = tokens, reason
-            row.generated = len(tokens) + (reason == "stop")
-            pieces = b"".join(self.vocab.piece(t, special=row.special_pieces) for t in tokens)
-            row.text = row.decoder.decode(pieces)
-            row.pos = len(submission.prompt_ids)  # the beam's own cells are not kept
-            self.sequences.trim(row.seq_id, row.pos)
-        for row in group.rows:
             self._finish_row(row)
 
     def _pick(self, row: SequenceRow, index: int) -> int:
@@ -503,7 +457,7 @@ class LlamaCppScheduler(Scheduler):
                 self.drafter.keep(seq, [])
 
     def _fail_all(self, error: ErrorInfo) -> None:
-        self._beams.clear()
+        self._beams.groups.clear()
         held = list(self._prefilling) + [r.submission for r in self._generating]
         submissions = list(dict.fromkeys(held))
         self._prefilling.clear()
@@ -523,9 +477,7 @@ class LlamaCppScheduler(Scheduler):
         self.fail(waiting, closed)
 
     def _result(self, submission: LlamaCppSubmission) -> Result:
-        rows = submission.rows
-        if submission.request.params.num_beams > 1:
-            rows = rows[: submission.request.params.n]  # the best n of the beams
+        rows = submission.rows[: submission.request.params.n]  # a beam search's best n
         samples = [
             Sample(
                 text=row.text,

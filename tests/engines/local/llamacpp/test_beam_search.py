@@ -92,6 +92,11 @@ def test_beams_equal_the_search_on_each_beam_alone_beside_other_rows(engine, mod
     alone = engine.generate([r for r in requests if r.params.num_beams == 1])
     beside = [r for r in results if r.request_id.startswith("greedy")]
     assert [r.samples[0].text for r in beside] == [r.samples[0].text for r in alone]
+    # Every sequence came back once, and holds no more than the prompt it keeps for reuse.
+    free = engine.scheduler.sequences.free
+    assert sorted(free) == list(range(16))
+    assert engine.sequences_in_flight() == 0
+    assert engine.kv_cells_used() == engine.kv_cells_cached()
 
 
 def test_a_row_whose_settings_a_beam_search_cannot_take_fails_alone_in_one_line(engine):
