@@ -59,6 +59,17 @@ def beams_refusal(params: GenerationParams) -> str | None:
     return None
 
 
+def grammar_refusal(params: GenerationParams, grammar: bool) -> str | None:
+    """Why a request whose reply must follow a grammar the engine builds itself (a required
+    tool call's) cannot search beams; None: it can."""
+    if grammar and params.num_beams > 1:
+        return (
+            "generation.num_beams: a beam follows no grammar, and this request's tool_choice "
+            "needs one; ask without beams"
+        )
+    return None
+
+
 def rows_of(params: GenerationParams) -> int:
     """The batch rows a request holds: one per beam, or one per sample."""
     return params.num_beams if params.num_beams > 1 else params.n
@@ -88,13 +99,16 @@ class BeamGroup:
     """One request's beam search: its k rows, their running beams and the finished
     hypotheses."""
 
-    def __init__(self, rows: list, limit: int, end_ids: set[int], params: GenerationParams):
+    def __init__(self, rows: list, limit: int, model_ends: set[int], params: GenerationParams):
+        """`model_ends`: the model's end tokens, which end a beam unless `ignore_eos`; the
+        request's `stop_token_ids` end one too."""
         import numpy as np
 
         self.rows = rows  # beam i runs on rows[i] (the engine's; the search only counts them)
         self.k = k = len(rows)
         self.limit = limit  # tokens a hypothesis may have, its end token included
-        self.end_ids = end_ids
+        end_ids = set() if params.ignore_eos else set(model_ends)
+        self.end_ids = end_ids | set(params.stop_token_ids)
         self.length_penalty = params.length_penalty
         self.early_stopping = params.early_stopping
         # As transformers: room for every beam to end at once and k still to run on.
@@ -169,13 +183,13 @@ class BeamGroup:
         worst = np.where(self.finished, self.hypothesis_scores.min(), NEG)
         self.improvable = self.improvable and bool((best_running > worst).any())
 
-    def replies(self, n: int) -> list[tuple[list[int], str]]:
-        """The best n hypotheses: each one's tokens (its end token left out) and why it
-        ended."""
+    def replies(self, n: int) -> list[tuple[list[int], str, int]]:
+        """The best n hypotheses: each one's tokens (its end token left out), why it ended,
+        and the tokens it generated (its end token counted)."""
         out = []
         for tokens in self.hypotheses[:n]:
             if tokens and tokens[-1] in self.end_ids:
-                out.append((tokens[:-1], "stop"))
+                out.append((tokens[:-1], "stop", len(tokens)))
             else:
-                out.append((tokens, "length"))
+                out.append((tokens, "length", len(tokens)))
         return out

@@ -25,10 +25,8 @@ class BeamSearches:
         return submission in self.groups
 
     def start(self, submission: LlamaCppSubmission, limit: int) -> None:
-        params = submission.request.params
-        ends = set() if params.ignore_eos else set(self.vocab.end_ids())
-        ends |= set(params.stop_token_ids)
-        self.groups[submission] = BeamGroup(submission.rows, limit, ends, params)
+        ends = set(self.vocab.end_ids())
+        self.groups[submission] = BeamGroup(submission.rows, limit, ends, submission.request.params)
 
     def drop(self, submission: LlamaCppSubmission) -> None:
         self.groups.pop(submission, None)
@@ -74,9 +72,8 @@ class BeamSearches:
         replies = group.replies(submission.request.params.n)
         row: SequenceRow
         for i, row in enumerate(group.rows):
-            tokens, reason = replies[i] if i < len(replies) else ([], "length")
-            row.tokens, row.finish_reason = tokens, reason
-            row.generated = len(tokens) + (reason == "stop")
+            tokens, reason, generated = replies[i] if i < len(replies) else ([], "length", 0)
+            row.tokens, row.finish_reason, row.generated = tokens, reason, generated
             pieces = b"".join(self.vocab.piece(t, special=row.special_pieces) for t in tokens)
             row.text = row.decoder.decode(pieces)
             row.pos = len(submission.prompt_ids)

@@ -55,7 +55,7 @@ from lmpress.engines.base import Occupancy, check_adapter, check_token_settings
 from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.bad_words import word_sequences
-from lmpress.engines.local.beams import beams_refusal
+from lmpress.engines.local.beams import beams_refusal, grammar_refusal
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.llamacpp import prompt_count
 from lmpress.engines.local.llamacpp.drafting import load_drafter
@@ -422,12 +422,8 @@ class LlamaCppEngine(WorkerEngine):
             plan,
             self.name,
         )
-        if matcher is not None and request.params.num_beams > 1:  # a required tool call's
-            raise RequestError(
-                "generation.num_beams: a beam follows no grammar, and this request's tool_choice "
-                "needs one; ask without beams",
-                kind=ErrorKind.UNSUPPORTED_PARAM,
-            )
+        if refusal := grammar_refusal(request.params, matcher is not None):
+            raise RequestError(refusal, kind=ErrorKind.UNSUPPORTED_PARAM)
         reasoning = self.model_reasoning.for_request(
             prompt_ids, request.params, matcher is not None
         )

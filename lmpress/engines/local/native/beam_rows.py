@@ -32,10 +32,7 @@ class BeamSearches:
         return submission in self.groups
 
     def start(self, submission: Submission, rows: list, limit: int, eos_ids: set[int]) -> None:
-        params = submission.request.params
-        model_ends = set() if params.ignore_eos else set(eos_ids)
-        ends = model_ends | set(params.stop_token_ids)
-        self.groups[submission] = BeamGroup(rows, limit, ends, params)
+        self.groups[submission] = BeamGroup(rows, limit, eos_ids, submission.request.params)
 
     def first(self, submission: Submission, rows: list, logits: Any) -> None:
         """The first step, from the prompt's last logits: every beam continues the prompt,
@@ -75,8 +72,7 @@ class BeamSearches:
             return
         del self.groups[submission]
         replies = group.replies(submission.request.params.n)
-        for row, (tokens, reason) in zip(group.rows, replies, strict=False):
-            row.tokens, row.finish_reason = tokens, reason
-            row.generated = len(tokens) + (reason == "stop")
+        for row, (tokens, reason, generated) in zip(group.rows, replies, strict=False):
+            row.tokens, row.finish_reason, row.generated = tokens, reason, generated
         for row in group.rows[len(replies) :]:
             row.finish_reason = "length"  # a beam beyond n: it only leaves the batch

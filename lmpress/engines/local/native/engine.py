@@ -47,7 +47,7 @@ from lmpress.engines.common.hf_tokenizer import HfTokenizer
 from lmpress.engines.common.models import dtype_in_use
 from lmpress.engines.common.tool_parsers import ToolPlan, check_parser
 from lmpress.engines.local.bad_words import word_sequences
-from lmpress.engines.local.beams import beams_refusal
+from lmpress.engines.local.beams import beams_refusal, grammar_refusal
 from lmpress.engines.local.guided import Grammars, check_recipe_guided, request_matcher
 from lmpress.engines.local.native import prompt_count
 from lmpress.engines.local.native.adapters import RowAdapters, check_settings
@@ -370,12 +370,8 @@ class NativeEngine(WorkerEngine):
             plan,
             self.name,
         )
-        if matcher is not None and request.params.num_beams > 1:  # a required tool call's
-            raise RequestError(
-                "generation.num_beams: a beam follows no grammar, and this request's tool_choice "
-                "needs one; ask without beams",
-                kind=ErrorKind.UNSUPPORTED_PARAM,
-            )
+        if refusal := grammar_refusal(request.params, matcher is not None):
+            raise RequestError(refusal, kind=ErrorKind.UNSUPPORTED_PARAM)
         ids, images = self.inputs(request, plan)
         reasoning = self.model_reasoning.for_request(ids, request.params, matcher is not None)
         return Submission(

@@ -52,7 +52,6 @@ def searched_alone(model: str, prompt: list[int], params: GenerationParams, ends
             llm.eval(tokens)
             return np.array(llm.scores[len(tokens) - 1], dtype=np.float32)
 
-        ends = set() if params.ignore_eos else ends
         group = BeamGroup([None] * params.num_beams, MAX_NEW, ends, params)
         running = [[] for _ in range(params.num_beams)]
         first = logits(prompt)
@@ -61,7 +60,7 @@ def searched_alone(model: str, prompt: list[int], params: GenerationParams, ends
             parents, tokens = group.step(log_softmax(step))
             running = [[*running[p], t] for p, t in zip(parents, tokens, strict=True)]
             if group.done:
-                return [tokens for tokens, _ in group.replies(params.n)]
+                return [tokens for tokens, _, _ in group.replies(params.n)]
             step = np.stack([logits(prompt + beam) for beam in running])
     finally:
         llm.close()
