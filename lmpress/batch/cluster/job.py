@@ -139,13 +139,17 @@ def _death_cause(cause) -> str:
 class RayBatchJob(BatchJob):
     cluster: Cluster | None = None
     _puller: Puller | None = None
+    _replicas_gone = False  # the watch ended the job: no replica will hand Ray Data a block
 
     async def run(self):
         try:
             return await super().run()
         finally:
             if self._puller is not None:
-                await asyncio.to_thread(self._puller.stop)
+                # The puller closes Ray's iterator once its next block comes; with every
+                # replica gone none will, and Ray's shutdown ends the wait instead.
+                wait_s = 0.0 if self._replicas_gone else 10.0
+                await asyncio.to_thread(self._puller.stop, wait_s)
             if self.cluster is not None:
                 await asyncio.to_thread(self.cluster.close)
 
@@ -205,6 +209,7 @@ class RayBatchJob(BatchJob):
                     and watch.due()
                     and (stuck := await asyncio.to_thread(watch.why_stuck))
                 ):
+                    self._replicas_gone = True
                     self._stop(stuck)
                 if self.stopping:
                     # Rows the replicas still hold are abandoned: none was written, so the
