@@ -1,7 +1,8 @@
 """`lmpress infer PROMPT`: the smallest front, one request with its reply streamed to stdout
 (a reasoning model's thinking to stderr, dimmed on a terminal, so a pipe gets the answer
-alone); with `--task embed`, the text's vector, and with `--task score` or `rerank`, the
-documents' scores against the text."""
+alone); with `--task embed`, the text's vector, with `--task score` or `rerank`, the
+documents' scores against the text, with `--task classify` its labels' probabilities (likeliest
+first), and with `--task reward` its reward."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from lmpress.chat.terminal import ThinkingView, why_cut
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_params
 from lmpress.engines.registry import create_engine
-from lmpress.vocabulary.embeddings import EmbedResult, Task
+from lmpress.vocabulary.embeddings import (
+    CLASSIFYING_TASKS,
+    Classification,
+    EmbedResult,
+    Task,
+    reward_of,
+)
 from lmpress.vocabulary.images import image_part
 from lmpress.vocabulary.types import (
     ContentPart,
@@ -139,7 +146,8 @@ async def run_pooled(
 
     out = out or sys.stdout
     task: Task = config.task  # type: ignore[assignment]  # checked by configs.loading
-    if task == "embed":
+    embeds = task == "embed" or task in CLASSIFYING_TASKS
+    if embeds:
         pooled = PoolingInput(task, [text])
     else:
         pooled = PoolingInput(task, query=text, documents=documents)
@@ -147,7 +155,7 @@ async def run_pooled(
     try:
         request = pooled.request("prompt")
         result = await (
-            engine.embed(request) if task == "embed" else engine.score(request)  # type: ignore[arg-type]
+            engine.embed(request) if embeds else engine.score(request)  # type: ignore[arg-type]
         )
     finally:
         await engine.aclose()
@@ -157,6 +165,14 @@ async def run_pooled(
     if as_json:
         row = {**pooling_rows.values(pooled, result), "response": pooling_rows.meta(result)}
         out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    elif isinstance(result, EmbedResult) and task == "classify":
+        probs = Classification.of(result.embeddings[0].vector, result.labels or []).probs
+        for label, prob in sorted(probs.items(), key=lambda pair: -pair[1]):
+            out.write(f"{prob:.4f}  {label}\n")
+    elif isinstance(result, EmbedResult) and task == "reward":
+        reward = reward_of(result.embeddings[0].vector)
+        values = reward if isinstance(reward, list) else [reward]
+        out.write("  ".join(f"{value:.4f}" for value in values) + "\n")
     elif isinstance(result, EmbedResult):
         vector = [float(v) for v in result.embeddings[0].vector]
         shown = ", ".join(f"{v:.4f}" for v in vector[:SHOWN_VALUES])

@@ -8,6 +8,9 @@
     with LLM("minilm", task="embed") as llm:
         vectors = llm.embed(["a cat", "a kitten"])  # a float32 array, one row per text
 
+    with LLM("tiny:classifier", task="classify") as llm:  # a sequence classifier
+        print(llm.classify(["I loved it."])[0].label)
+
     with LLM("smollm2") as llm:  # a generating model scores text it is given
         scores = llm.loglikelihood("The capital of France is", [" Paris", " Rome"])
         ppl = llm.perplexity(["The cat sat on the mat."])
@@ -25,24 +28,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import dataclasses
-import difflib
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from lmpress.configs.loading import bundled_recipes, load_config
-from lmpress.configs.overrides import generation_with_overrides
-from lmpress.configs.schema import ModelParams, RemoteParams, RunConfig
+from lmpress.configs.overrides import dotted_key, generation_with_overrides
+from lmpress.configs.schema import RunConfig
 from lmpress.engines.adapters import adapter_for
+from lmpress.vocabulary.embeddings import Classification, reward_of
 from lmpress.vocabulary.errors import ConfigError, RequestError
-from lmpress.vocabulary.likelihood import ContinuationScore, Perplexity
+from lmpress.vocabulary.likelihood import ContinuationScore, Perplexity, choice_pairs
 from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request, Result
 
-_SECTIONS: dict[str, type] = {
-    "generation": GenerationParams,
-    "model": ModelParams,
-    "remote_params": RemoteParams,
-}
 # Texts per EmbedRequest that `LLM.embed` sends: the engine sorts the rows of every request
 # waiting by length, so many small requests in flight batch as well as one big one.
 EMBED_CHUNK = 256
@@ -66,7 +64,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, engine: str | None = None, **settings: Any):
         recipe = model if model and _is_recipe(model) else None
-        overrides = {_dotted(key): value for key, value in settings.items()}
+        overrides = {dotted_key(key, "LLM()"): value for key, value in settings.items()}
         if model and recipe is None:
             overrides["model.model_name"] = model
         from lmpress.engines.registry import check_engine
@@ -238,6 +236,49 @@ class LLM:
         vectors = [np.asarray(e.vector, dtype=np.float32) for r in results for e in r.embeddings]
         return np.stack(vectors) if vectors else np.zeros((0, 0), dtype=np.float32)
 
+    def classify(self, texts: str | Iterable[str]) -> list[Classification]:
+        """Each text's classes, on a sequence-classification model loaded with
+        `task="classify"`.
+
+        Returns:
+            One `Classification` per text, in order: `label`, the likeliest, and `probs`, each
+            label's probability (a softmax over the labels; a sigmoid each where the model has
+            one label or its labels may all hold, as transformers' pipeline applies them).
+
+        Raises:
+            RuntimeError: a text failed; the message is the engine's.
+        """
+        return [Classification.of(v, labels) for v, labels in self._headed(texts)]
+
+    def reward(self, texts: str | Iterable[str]) -> list[float] | list[list[float]]:
+        """Each text's reward, on a reward model (a sequence-classification head, often one
+        value on a decoder's last token) loaded with `task="reward"`: the head's raw value,
+        or its values where it has several. A conversation is scored as the model reads one:
+        render it with the model's chat template first.
+
+        Raises:
+            RuntimeError: a text failed; the message is the engine's.
+        """
+        return [reward_of(values) for values, _ in self._headed(texts)]  # type: ignore[misc]
+
+    def _headed(self, texts: str | Iterable[str]) -> list[tuple[Any, list[str]]]:
+        """Each text's head values, with their labels."""
+        from lmpress.vocabulary.embeddings import EmbedRequest
+
+        items = [texts] if isinstance(texts, str) else list(texts)
+        requests = [
+            EmbedRequest(str(i), items[start : start + EMBED_CHUNK])
+            for i, start in enumerate(range(0, len(items), EMBED_CHUNK))
+        ]
+        results = asyncio.run(self._all(self.engine.embed, requests))
+        headed = []
+        for result in results:
+            if result.error is not None:
+                raise RuntimeError(result.error.message)
+            labels = result.labels or []
+            headed += [(embedding.vector, labels) for embedding in result.embeddings]
+        return headed
+
     def score(self, query: str | Sequence[str], documents: Sequence[str]) -> list[float]:
         """How relevant each document is to the query, on a model loaded with `task="score"`
         (or `"rerank"`): a cross-encoder's logit, or an embedding model's cosine similarity.
@@ -293,7 +334,7 @@ class LLM:
         """
         from lmpress.vocabulary.likelihood import ChoicesRequest
 
-        pairs = _pairs(context, continuations)
+        pairs = choice_pairs(context, continuations)
         groups: dict[str, list[int]] = {}  # choices of one context go in one request
         for i, (before, _) in enumerate(pairs):
             groups.setdefault(before, []).append(i)
@@ -442,40 +483,8 @@ def compare(prompts: str | Iterable[str], models: Sequence[str], **settings: Any
     return Compared(replies, comparison(list(models), rows).markdown())
 
 
-def _pairs(
-    context: str | Sequence[tuple[str, str]], continuations: str | Sequence[str] | None
-) -> list[tuple[str, str]]:
-    """`LLM.loglikelihood`'s arguments as (context, continuation) pairs."""
-    if isinstance(context, str):
-        if continuations is None:
-            raise ValueError("give the continuations to score after the context")
-        texts = [continuations] if isinstance(continuations, str) else list(continuations)
-        return [(context, text) for text in texts]
-    if continuations is not None:
-        raise ValueError("give (context, continuation) pairs, or a context and continuations")
-    return [(before, after) for before, after in context]
-
-
 def _is_recipe(name: str) -> bool:
     return name in bundled_recipes() or name.endswith((".yaml", ".yml"))
-
-
-def _dotted(key: str) -> str:
-    """A setting's dotted config key: as given when dotted, else the section that has it."""
-    if "." in key or key in {f.name for f in dataclasses.fields(RunConfig)}:
-        return key
-    known = {
-        f.name: f"{section}.{f.name}"
-        for section, cls in _SECTIONS.items()
-        for f in dataclasses.fields(cls)
-    }
-    if key in known:
-        return known[key]
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    if close:
-        hint = f" (did you mean {close[0]}=..., {known[close[0]]}?)"
-        raise ConfigError(f"LLM(): unknown setting '{key}'{hint}")
-    raise ConfigError(f"LLM(): unknown setting '{key}'; give a dotted key such as 'model.{key}'")
 
 
 @atexit.register

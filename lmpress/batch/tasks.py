@@ -2,7 +2,8 @@
 
 An OpenAI Batch line says what it asks by its url (`/v1/chat/completions` and
 `/v1/completions` generate, `/v1/embeddings` embeds, `/v1/score` and `/score` score,
-`/v1/rerank`, `/rerank` and `/v2/rerank` rerank), as `vllm run-batch` reads it; any other row
+`/v1/rerank`, `/rerank` and `/v2/rerank` rerank, `/classify` classifies and `/pooling` gives
+a reward model's values), as `vllm run-batch` reads it; any other row
 asks the run's task. A run whose task nobody chose (no `--task`, none in the recipe) takes the
 task its model is made for (`registry.with_model_task`: an embedding model embeds, a
 cross-encoder scores, anything else generates) and runs every line the engine started for it answers
@@ -27,6 +28,8 @@ _NEEDS = {
     "embed": "an embedding model",
     "score": "a cross-encoder or an embedding model",
     "rerank": "a cross-encoder or an embedding model",
+    "classify": "a sequence-classification model (--task classify)",
+    "reward": "a reward model (--task reward)",
     "loglikelihood": "a model that generates text, on an engine that scores prompts",
     "perplexity": "a model that generates text, on an engine that scores prompts",
 }

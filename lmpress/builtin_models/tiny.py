@@ -81,7 +81,8 @@ THINK_TOKENS = ["<think>", "</think>"]
 class TinySpec:
     name: str
     # "llama" | "gpt2" | "llava" (a llama text model that reads images) | "cross-encoder" (BERT
-    # with a one-label classifier head: a reranker's shape)
+    # with a one-label classifier head: a reranker's shape) | "classifier" (BERT with a head of
+    # CLASSES) | "reward" (llama with a one-value head on its last token: a reward model's shape)
     architecture: str
     # "bpe" (byte-level BPE, GPT-2 family) | "unigram" (SentencePiece family) | "wordpiece"
     # (BERT's: [CLS] a [SEP] b [SEP], with segment ids)
@@ -119,8 +120,15 @@ SPECS = {
         TinySpec("cross-encoder-head32", "cross-encoder", "wordpiece", 512, 64, 2, 2, 2, 128),
         # A reasoning model's tokens and template (THINK_TEMPLATE), 32-wide heads for vLLM.
         TinySpec("think", "llama", "bpe", 512, 64, 2, 2, 1, 128, thinks=True),
+        # Sorts a text into CLASSES, for classify; 32-wide heads for vLLM.
+        TinySpec("classifier", "classifier", "wordpiece", 512, 64, 2, 2, 2, 128),
+        # A reward model's shape (a decoder's last token through a one-value head), for reward;
+        # 32-wide heads for vLLM.
+        TinySpec("reward", "reward", "bpe", 512, 64, 2, 2, 1, 128),
     )
 }
+# The labels of the tiny classifier, in label-id order.
+CLASSES = ("negative", "neutral", "positive")
 
 
 TINY_PREFIX = "tiny:"
@@ -322,9 +330,10 @@ def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    if spec.architecture == "cross-encoder":
+    if spec.architecture in ("cross-encoder", "classifier"):
         from transformers import BertConfig, BertForSequenceClassification
 
+        labels = ["LABEL_0"] if spec.architecture == "cross-encoder" else list(CLASSES)
         config = BertConfig(
             vocab_size=vocab,
             hidden_size=spec.hidden,
@@ -333,12 +342,13 @@ def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
             intermediate_size=spec.intermediate,
             max_position_embeddings=spec.context,
             initializer_range=spec.init_std,
-            num_labels=1,
+            id2label=dict(enumerate(labels)),
+            label2id={label: i for i, label in enumerate(labels)},
             pad_token_id=tokenizer.pad_token_id,
         )
         return BertForSequenceClassification(config)
-    if spec.architecture in ("llama", "llava"):
-        from transformers import LlamaConfig, LlamaForCausalLM
+    if spec.architecture in ("llama", "llava", "reward"):
+        from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
         config = LlamaConfig(
             vocab_size=vocab,
@@ -353,6 +363,9 @@ def _make_model(spec: TinySpec, tokenizer: Any) -> Any:
             initializer_range=spec.init_std,
             **ids,
         )
+        if spec.architecture == "reward":
+            config.num_labels = 1
+            return LlamaForSequenceClassification(config)
         return (
             _llava_model(config, tokenizer)
             if spec.architecture == "llava"

@@ -35,6 +35,8 @@ def dump(result: AnyResult) -> bytes:
         }
     elif isinstance(result, EmbedResult):
         body = {"kind": "embed", "embeddings": [_embedding(e) for e in result.embeddings]}
+        if result.labels is not None:
+            body["labels"] = result.labels
     elif isinstance(result, LoglikelihoodResult):
         body = {"kind": "loglikelihood", "scores": [vars(s) for s in result.scores]}
     elif isinstance(result, PerplexityResult):
@@ -77,7 +79,7 @@ def load(value: bytes, request_id: str) -> AnyResult:
             return Result(request_id, samples, **common)
         if kind == "embed":
             vectors = [_vector(e) for e in body["embeddings"]]
-            return EmbedResult(request_id, vectors, **common)
+            return EmbedResult(request_id, vectors, **common, labels=body.get("labels"))
         if kind == "score":
             return ScoreResult(request_id, [float(s) for s in body["scores"]], **common)
         if kind == "loglikelihood":

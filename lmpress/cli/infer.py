@@ -76,7 +76,7 @@ def infer(
         bool,
         typer.Option(
             "--json",
-            help="With --task embed, score or rerank: print the result as JSON.",
+            help="With --task embed, score, rerank, classify or reward: print the result as JSON.",
             metavar=FLAG,
         ),
     ] = False,
@@ -107,7 +107,8 @@ def infer(
 
     Takes `oumi infer`'s flags: -i opens the chat, --input_path/--output_path run a file.
     With --task embed it prints the text's vector (its size and first values; --json: all of
-    it), with --task score or rerank each --document's score against the text.
+    it), with --task score or rerank each --document's score against the text, with --task
+    classify its labels' probabilities, with --task reward its reward.
     """
     _logging(log_level)
     _refuse_batch_flags(ctx.args)
@@ -151,7 +152,9 @@ def infer(
         raise typer.Exit(_run_pooled(config, prompt, documents or [], json_out, system, image))
     if documents or json_out:
         flag = "--document" if documents else "--json"
-        raise ConfigError(f"{flag} is for --task embed, score or rerank (task is generate)")
+        raise ConfigError(
+            f"{flag} is for --task embed, score, rerank, classify or reward (task is generate)"
+        )
     from lmpress.infer import run_prompt
 
     reply = run_prompt(
@@ -175,9 +178,12 @@ def _run_pooled(
     if system or image:
         flag = "--system" if system else "--image"
         raise ConfigError(f"{flag} is for generating; a {config.task} run takes the text alone")
-    if config.task == "embed" and documents:
-        raise ConfigError("--document is for --task score or rerank; embed takes the text alone")
-    if config.task != "embed" and not documents:
+    scores = config.task in ("score", "rerank")
+    if not scores and documents:
+        raise ConfigError(
+            f"--document is for --task score or rerank; {config.task} takes the text alone"
+        )
+    if scores and not documents:
         raise ConfigError(f"--task {config.task}: give the documents to score, --document TEXT")
     return asyncio.run(run_pooled(config, text, documents, as_json))
 

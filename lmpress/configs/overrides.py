@@ -10,6 +10,7 @@ recipe's own checks, and applied with `GenerationParams.replace`.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import types
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from lmpress.configs.schema import check_range
+from lmpress.configs.schema import ModelParams, RemoteParams, RunConfig, check_range
 from lmpress.vocabulary.errors import ConfigError
 from lmpress.vocabulary.types import GenerationParams
 
@@ -30,6 +31,33 @@ INTEGER = re.compile(r"[+-]?[0-9][0-9_]*")
 
 class BadValue(ValueError):
     """A value its field's type cannot hold; the message names the key."""
+
+
+# The config sections whose fields a setting may name without its section.
+SECTIONS: dict[str, type] = {
+    "generation": GenerationParams,
+    "model": ModelParams,
+    "remote_params": RemoteParams,
+}
+
+
+def dotted_key(key: str, where: str) -> str:
+    """A setting's dotted config key, as `LLM(**settings)` names settings (`where`): as given
+    when dotted, else the section that has it; a ConfigError naming the likeliest one."""
+    if "." in key or key in {f.name for f in dataclasses.fields(RunConfig)}:
+        return key
+    known = {
+        f.name: f"{section}.{f.name}"
+        for section, cls in SECTIONS.items()
+        for f in dataclasses.fields(cls)
+    }
+    if key in known:
+        return known[key]
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    if close:
+        hint = f" (did you mean {close[0]}=..., {known[close[0]]}?)"
+        raise ConfigError(f"{where}: unknown setting '{key}'{hint}")
+    raise ConfigError(f"{where}: unknown setting '{key}'; give a dotted key such as 'model.{key}'")
 
 
 def generation_with_overrides(

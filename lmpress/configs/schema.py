@@ -203,7 +203,8 @@ class RayParams:
 class RunConfig:
     name: str | None = None  # a label, as Oumi configs carry one
     engine: str = "NATIVE"  # NATIVE, LLAMACPP, VLLM or a remote engine (`lmpress engines`)
-    # What the run does: generate text; embed, score or rerank (vocabulary/embeddings.py);
+    # What the run does: generate text; embed, score, rerank, classify or reward
+    # (vocabulary/embeddings.py);
     # or score given text by its log-likelihood or perplexity (vocabulary/likelihood.py).
     task: str = "generate"
     model: ModelParams = field(default_factory=ModelParams)

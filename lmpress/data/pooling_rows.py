@@ -1,18 +1,22 @@
-"""The rows of an embed, score or rerank run (`vocabulary/embeddings.py`), both ways.
+"""The rows of an embed, score, rerank, classify or reward run (`vocabulary/embeddings.py`),
+both ways.
 
 Input, beside the generation shapes of `row_shapes`:
-- embed:  {"input": "..."} or {"input": ["...", ...]} (or token ids), a table's
+- embed, classify, reward:
+          {"input": "..."} or {"input": ["...", ...]} (or token ids), a table's
           `--text-column`, or `--prompt-template` making the text from the columns
 - score:  {"query": "...", "documents": ["...", ...], "top_n"?} (vLLM's /v1/rerank body) or
           {"queries": "...", "documents": "..." or [...]} (its /v1/score body, or its older
           form, "text_1" and "text_2"; two lists of one length score pairwise, the i-th with
           the i-th, in a score run); a score run and a rerank run take either
-- OpenAI Batch lines to /v1/embeddings, /v1/score (or /score) and /v1/rerank (or /rerank,
-  /v2/rerank), their bodies read by `wire.openai.pooling` as serve reads them. A line's task
-  is its url's (`URL_TASKS`), whatever the run's; `batch.tasks` decides whether it runs.
+- OpenAI Batch lines to /v1/embeddings, /v1/score (or /score), /v1/rerank (or /rerank,
+  /v2/rerank), /classify and /pooling (a reward run's), their bodies read by
+  `wire.openai.pooling` as serve reads them. A line's task is its url's (`URL_TASKS`),
+  whatever the run's; `batch.tasks` decides whether it runs.
 Output: the input row with `embedding` (one input) or `embeddings` (a list), `scores` (a
-score run) or `results` (a rerank run: best first, cut to top_n), and a `response` record
-with the usage, `truncated`, model, engine and latency.
+score run), `results` (a rerank run: best first, cut to top_n), `label` and `probs` (a
+classify run; `classifications` for a list), `reward` (`rewards` for a list), and a
+`response` record with the usage, `truncated`, model, engine and latency.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ from typing import Any
 from lmpress.data.columns import RowMapping, TemplateError
 from lmpress.data.messages import RowError, json_type, row_shape
 from lmpress.vocabulary.embeddings import (
+    CLASSIFYING_TASKS,
+    Classification,
     EmbedRequest,
     EmbedResult,
     ScoreRequest,
     ScoreResult,
     Task,
+    reward_of,
 )
 from lmpress.vocabulary.likelihood import LoglikelihoodResult, PerplexityResult
 from lmpress.vocabulary.types import round_usd
@@ -41,6 +48,8 @@ URL_TASKS: dict[str, Task] = {
     wire.EMBEDDINGS_PATH: "embed",
     **{path: "score" for path in wire.SCORE_PATHS},
     **{path: "rerank" for path in wire.RERANK_PATHS},
+    wire.CLASSIFY_PATH: "classify",
+    wire.POOLING_PATH: "reward",
 }
 URLS = tuple(URL_TASKS)
 
@@ -50,8 +59,8 @@ class PoolingInput:
     """What a row asks of an embed, score or rerank run."""
 
     task: Task  # the run's
-    inputs: list[Any] | None = None  # embed: strings, or lists of token ids
-    single: bool = True  # embed: the row gave one input, and gets one `embedding`
+    inputs: list[Any] | None = None  # embed, classify, reward: strings, or lists of token ids
+    single: bool = True  # the row gave one input, and gets one `embedding` (label, reward)
     dimensions: int | None = None
     normalize: bool = False
     encoding_format: wire.EncodingFormat = "float"  # how an OpenAI Batch output line has it
@@ -60,7 +69,7 @@ class PoolingInput:
     top_n: int | None = None
 
     def request(self, rid: str) -> EmbedRequest | ScoreRequest:
-        if self.task == "embed":
+        if self.task in _INPUT_TASKS:
             assert self.inputs is not None
             return EmbedRequest(rid, self.inputs, self.dimensions, self.normalize)
         assert self.query is not None and self.documents is not None
@@ -68,9 +77,10 @@ class PoolingInput:
 
 
 def row_input(raw: dict[str, Any], task: Task, mapping: RowMapping) -> PoolingInput:
-    """A plain row's (or a table row's) input to an embed, score or rerank run."""
-    if task == "embed":
-        return _embed_input(raw, mapping)
+    """A plain row's (or a table row's) input to an embed, score, rerank, classify or reward
+    run."""
+    if task in _INPUT_TASKS:
+        return _embed_input(raw, mapping, task)
     if any(key in raw for key in _SCORE_KEYS):
         body = {key: raw[key] for key in ("documents", *_SCORE_KEYS) if key in raw}
         score = _validate(wire.ScoreBody, body, "")
@@ -84,6 +94,8 @@ def row_input(raw: dict[str, Any], task: Task, mapping: RowMapping) -> PoolingIn
     )
 
 
+# The tasks whose rows give texts (or token ids), each answered on its own.
+_INPUT_TASKS: tuple[Task, ...] = ("embed", *CLASSIFYING_TASKS)
 # The keys only a score body has (its current form's and its older one's).
 _SCORE_KEYS = ("queries", "text_1", "text_2")
 
@@ -92,6 +104,12 @@ def body_input(url: str, body: dict[str, Any]) -> PoolingInput:
     """An OpenAI Batch line's body to /v1/embeddings, a score url or a rerank url, read for
     the task its url asks."""
     task = URL_TASKS[url]
+    if task in CLASSIFYING_TASKS:
+        model = wire.ClassifyBody if task == "classify" else wire.PoolingBody
+        parsed = _validate(model, body, "body.")
+        inputs = _checked(lambda: wire.inputs_of(parsed, "body."))
+        encoding = getattr(parsed, "encoding_format", None) or "float"
+        return PoolingInput(task, inputs, _single(parsed.input), encoding_format=encoding)
     if task == "embed":
         parsed = _validate(wire.EmbeddingsBody, body, "body.")
         got = _checked(lambda: wire.embeddings_input(parsed, "body."))
@@ -125,7 +143,13 @@ def _score_input(task: Task, query: str | list[str], documents: list[str]) -> Po
 
 def task_url(task: Task) -> str:
     """The endpoint a plain row of this task is written as, in OpenAI Batch output lines."""
-    return {"embed": wire.EMBEDDINGS_PATH, "score": wire.SCORE_PATH}.get(task, wire.RERANK_PATH)
+    paths = {
+        "embed": wire.EMBEDDINGS_PATH,
+        "score": wire.SCORE_PATH,
+        "classify": wire.CLASSIFY_PATH,
+        "reward": wire.POOLING_PATH,
+    }
+    return paths.get(task, wire.RERANK_PATH)
 
 
 def wrong_task(kind: str, task: Task) -> RowError:
@@ -138,31 +162,31 @@ def run_of(task: Task) -> str:
 
 
 def _fits(task: Task) -> str:
-    if task == "embed":
-        return "give 'input' (or --text-column COL), or an OpenAI Batch line to /v1/embeddings"
+    if task in _INPUT_TASKS:
+        return f"give 'input' (or --text-column COL), or an OpenAI Batch line to {task_url(task)}"
     if task in ("score", "rerank"):
         return "give 'query' and 'documents' (or 'queries' and 'documents')"
-    return "this run generates text (--task embed, score or rerank runs the other rows)"
+    return "this run generates text (--task embed, score, rerank, classify or reward runs the other rows)"
 
 
-def _embed_input(raw: dict[str, Any], mapping: RowMapping) -> PoolingInput:
+def _embed_input(raw: dict[str, Any], mapping: RowMapping, task: Task) -> PoolingInput:
     if mapping.text_column is not None:
         if mapping.text_column not in raw:
             raise RowError(f"row has no '{mapping.text_column}' (the --text-column)")
         value = raw[mapping.text_column]
         if not isinstance(value, str):
             raise RowError(f"'{mapping.text_column}' must be text, got {json_type(value)}")
-        return PoolingInput("embed", [value])
+        return PoolingInput(task, [value])
     if mapping.prompt_template is not None:
         try:
-            return PoolingInput("embed", [mapping.prompt(raw)])
+            return PoolingInput(task, [mapping.prompt(raw)])
         except TemplateError as exc:
             raise RowError(str(exc)) from None
     if "input" not in raw:
-        raise wrong_task(_shape_of(raw).removeprefix("a ").removesuffix(" row"), "embed")
+        raise wrong_task(_shape_of(raw).removeprefix("a ").removesuffix(" row"), task)
     parsed = _validate(wire.EmbeddingsBody, {"input": raw["input"]}, "")
     got = _checked(lambda: wire.embeddings_input(parsed))
-    return PoolingInput("embed", got.inputs, _single(parsed.input))
+    return PoolingInput(task, got.inputs, _single(parsed.input))
 
 
 def _single(value: Any) -> bool:
@@ -189,7 +213,15 @@ def _checked(read: Any) -> Any:
 
 
 def values(pooled: PoolingInput, result: EmbedResult | ScoreResult) -> dict[str, Any]:
-    """What a row gets: its vectors, scores or ranked documents."""
+    """What a row gets: its vectors, scores, ranked documents, classes or rewards."""
+    if isinstance(result, EmbedResult) and pooled.task == "classify":
+        classes = [
+            vars(Classification.of(e.vector, result.labels or [])) for e in result.embeddings
+        ]
+        return classes[0] if pooled.single else {"classifications": classes}
+    if isinstance(result, EmbedResult) and pooled.task == "reward":
+        rewards = [reward_of(e.vector) for e in result.embeddings]
+        return {"reward": rewards[0]} if pooled.single else {"rewards": rewards}
     if isinstance(result, EmbedResult):
         vectors = [wire.encoded(e.vector, "float") for e in result.embeddings]
         return {"embedding": vectors[0]} if pooled.single else {"embeddings": vectors}
@@ -221,6 +253,10 @@ def openai_body(
     url: str, pooled: PoolingInput, result: EmbedResult | ScoreResult, model: str, rid: str
 ) -> dict[str, Any]:
     """The response body an OpenAI Batch output line carries, as serve answers it."""
+    if isinstance(result, EmbedResult) and pooled.task == "classify":
+        return wire.classify_response(rid, int(time.time()), result, model)
+    if isinstance(result, EmbedResult) and pooled.task == "reward":
+        return wire.pooling_response(rid, int(time.time()), result, model, pooled.encoding_format)
     if isinstance(result, EmbedResult):
         return wire.embeddings_response(result, model, pooled.encoding_format)
     if url in wire.RERANK_PATHS:

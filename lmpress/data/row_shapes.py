@@ -165,7 +165,7 @@ def parse_row(
     if task != "generate":
         rid = row_id(raw, line, mapping.id_column)
         pooled = pooling_rows.row_input(raw, task, mapping)
-        shape = RowShape.EMBED if task == "embed" else RowShape.SCORE
+        shape = RowShape.SCORE if task in ("score", "rerank") else RowShape.EMBED
         return ParsedRow(line, rid, shape, raw, [], pooling=pooled)
     overrides = _row_overrides(raw.get("generation"))
     tools = _row_tools(raw, overrides)

@@ -427,6 +427,8 @@ def add_model_routes(app: FastAPI, server: Server) -> None:
         ((wire.EMBEDDINGS_PATH,), partial(pooling.embeddings, server), wire.EmbeddingsBody, openapi.Embeddings, False),
         (wire.SCORE_PATHS, partial(pooling.score, server), wire.ScoreBody, None, False),
         (wire.RERANK_PATHS, partial(pooling.rerank, server), wire.RerankBody, None, False),
+        ((wire.CLASSIFY_PATH,), partial(pooling.classify, server), wire.ClassifyBody, None, False),
+        ((wire.POOLING_PATH,), partial(pooling.pooled, server), wire.PoolingBody, None, False),
     ):  # fmt: skip
         for path in paths:
             app.add_api_route(

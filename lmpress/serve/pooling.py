@@ -1,9 +1,10 @@
 """The pooling routes of `lmpress serve`: OpenAI's `/v1/embeddings`, and vLLM's `/v1/score` and
-`/v1/rerank` (at every path vLLM answers them on: `/score`, `/rerank`, `/v2/rerank`), over the
-served engine's `embed` and `score`.
+`/v1/rerank` (at every path vLLM answers them on: `/score`, `/rerank`, `/v2/rerank`),
+`/classify` and `/pooling`, over the served engine's `embed` and `score`.
 
 A server runs one task (`--task`, as a batch run does: NATIVE loads an encoder for `embed`, a
-cross-encoder for `score` and `rerank`), so a route of another task answers 400 in one line.
+cross-encoder for `score` and `rerank`, a sequence classifier for `classify` and `reward`), so
+a route of another task answers 400 in one line. `/pooling` gives a reward server's values.
 Each request goes to the engine as it comes, as a generation does; the engine batches what is
 waiting. Bodies are read and answered by `wire.openai.pooling`, as batch reads the same bodies.
 """
@@ -100,6 +101,46 @@ async def embeddings(server: Server, request: HttpRequest) -> GenerationResponse
         if result.error is not None:
             raise error_from_info(result.error, entry.id)
         out = wire.embeddings_response(result, server.model_name, got.encoding_format)
+        return JSONResponse(out, headers={"x-request-id": entry.id})
+
+    return GenerationResponse(server.slots, run(), entry, places)
+
+
+async def classify(server: Server, request: HttpRequest) -> GenerationResponse:
+    require_task(server, wire.CLASSIFY_PATH, ("classify",))
+    body = parse_body(wire.ClassifyBody, await server.read_body(request))
+    return _headed(server, request, body, "classify", "float")
+
+
+async def pooled(server: Server, request: HttpRequest) -> GenerationResponse:
+    require_task(server, wire.POOLING_PATH, ("reward",))
+    body = parse_body(wire.PoolingBody, await server.read_body(request))
+    return _headed(server, request, body, "pooling", body.encoding_format or "float")
+
+
+def _headed(
+    server: Server,
+    request: HttpRequest,
+    body: wire.ClassifyBody | wire.PoolingBody,
+    prefix: str,
+    encoding: wire.EncodingFormat,
+) -> GenerationResponse:
+    """A classify or pooling request: each input through the classifier's head."""
+    _model(server, body.model)
+    inputs = wire.inputs_of(body)
+    places = _bounded(server, inputs, "input")
+    entry = _logged(server, request, prefix, inputs)
+
+    async def run() -> Response:
+        result = await server.answers.embed(EmbedRequest(entry.id, inputs))
+        entry.usage = Usage(result.usage.prompt_tokens, 0)
+        if result.error is not None:
+            raise error_from_info(result.error, entry.id)
+        created, model = int(time.time()), server.model_name
+        if prefix == "classify":
+            out = wire.classify_response(entry.id, created, result, model)
+        else:
+            out = wire.pooling_response(entry.id, created, result, model, encoding)
         return JSONResponse(out, headers={"x-request-id": entry.id})
 
     return GenerationResponse(server.slots, run(), entry, places)

@@ -1,10 +1,16 @@
-"""The pooling tasks: embeddings, scores and reranking, beside text generation (and the
-likelihood tasks, which score text on a generating model: vocabulary/likelihood.py).
+"""The pooling tasks: embeddings, scores and reranking, classes and rewards, beside text
+generation (and the likelihood tasks, which score text on a generating model:
+vocabulary/likelihood.py).
 
 A run's `task` (`RunConfig.task`) says which one it does; the model loads for it (NATIVE loads
-an encoder and its pooling for `embed`, a cross-encoder for `score` and `rerank`), so one run
-does one task. `rerank` is `score` with the documents sorted by their scores (and cut to
-`top_n`), which the fronts do; engines answer `score`.
+an encoder and its pooling for `embed`, a cross-encoder for `score` and `rerank`, a
+sequence-classification model for `classify` and `reward`), so one run does one task. `rerank`
+is `score` with the documents sorted by their scores (and cut to `top_n`), which the fronts
+do; engines answer `score`. `classify` and `reward` are answered by `embed`: an engine loaded
+for either gives each input its classification head's values, with their labels
+(`EmbedResult.labels`): for `classify` its labels' probabilities (the activation transformers'
+text-classification pipeline applies: a softmax, or a sigmoid for one label or several that
+may all hold), for `reward` the head's raw values (a reward model's score).
 
 Vectors come back as the model gives them, its own pooling and normalisation (a
 sentence-transformers `Normalize` module) applied; `normalize` adds an L2 normalisation,
@@ -21,10 +27,15 @@ from typing import Literal, get_args
 
 from lmpress.vocabulary.types import ErrorInfo, Usage
 
-Task = Literal["generate", "embed", "score", "rerank", "loglikelihood", "perplexity"]
+Task = Literal[
+    "generate", "embed", "score", "rerank", "classify", "reward", "loglikelihood", "perplexity"
+]
 TASKS: tuple[Task, ...] = get_args(Task)
 # The tasks an engine answers with `score` rather than `generate` or `embed`.
 SCORING_TASKS: tuple[Task, ...] = ("score", "rerank")
+# The tasks an engine answers with `embed` on a sequence-classification model: each input's
+# head values, labelled.
+CLASSIFYING_TASKS: tuple[Task, ...] = ("classify", "reward")
 # The tasks a generating model answers by scoring text it is given (vocabulary/likelihood.py):
 # the model loads as for `generate`, and nothing is generated.
 LIKELIHOOD_TASKS: tuple[Task, ...] = ("loglikelihood", "perplexity")
@@ -70,6 +81,29 @@ class EmbedResult:
     error: ErrorInfo | None = None
     cost_usd: float | None = None  # what the tokens cost, where the config knows a price
     cached: bool = False  # answered from the response cache (lmpress/cache/), not generated
+    # classify and reward: the name of each value of a vector (the model's labels, in order)
+    labels: list[str] | None = None
+
+
+@dataclass
+class Classification:
+    """A text's classes, as `classify` gives them: the likeliest label, and each label's
+    probability in the model's label order."""
+
+    label: str
+    probs: dict[str, float]
+
+    @classmethod
+    def of(cls, values: Sequence[float], labels: Sequence[str]) -> Classification:
+        probs = {name: float(value) for name, value in zip(labels, values, strict=True)}
+        return cls(max(probs, key=probs.__getitem__), probs)
+
+
+def reward_of(values: Sequence[float]) -> float | list[float]:
+    """A text's reward as `reward` gives it: the head's value, or its values where it has
+    several (a reward model that scores several attributes)."""
+    floats = [float(value) for value in values]
+    return floats[0] if len(floats) == 1 else floats
 
 
 @dataclass

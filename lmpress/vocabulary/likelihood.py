@@ -16,7 +16,7 @@ backends do, so that lmpress and lm-eval score the same tokens.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -195,3 +195,18 @@ def encode_pair(
     whole = encode(context + continuation)
     own = encode(context)
     return own, whole[len(own) :]
+
+
+def choice_pairs(
+    context: str | Sequence[tuple[str, str]], continuations: str | Sequence[str] | None
+) -> list[tuple[str, str]]:
+    """`LLM.loglikelihood`'s arguments (a context and its continuations, or pairs) as
+    (context, continuation) pairs."""
+    if isinstance(context, str):
+        if continuations is None:
+            raise ValueError("give the continuations to score after the context")
+        texts = [continuations] if isinstance(continuations, str) else list(continuations)
+        return [(context, text) for text in texts]
+    if continuations is not None:
+        raise ValueError("give (context, continuation) pairs, or a context and continuations")
+    return [(before, after) for before, after in context]

@@ -98,7 +98,7 @@ def test_wrong_type_names_the_key():
         ("remote_params.num_workers", "0", "remote_params.num_workers"),
         ("generation.length_penalty", "50", "generation.length_penalty: 50.0 must be between"),
         ("generation.early_stopping", "soon", "generation.early_stopping: 'soon' must be true"),
-        ("task", "classify", "task: unknown task 'classify'; use one of generate, embed"),
+        ("task", "summarize", "task: unknown task 'summarize'; use one of generate, embed"),
         ("task", "embedd", r"task: unknown task 'embedd' \(did you mean 'embed'\?\); use one"),
     ],
 )

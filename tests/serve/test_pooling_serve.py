@@ -1,6 +1,7 @@
 """`lmpress serve`'s /v1/embeddings with the official `openai` client, float and base64, over
 the OPENAI engine and the loopback server behind it; the routes of a task it does not run;
-vLLM's score and rerank bodies, at every path vLLM answers them on, in its response shapes."""
+vLLM's score and rerank bodies, at every path vLLM answers them on, in its response shapes;
+vLLM's classify and pooling bodies on a classifier and a reward model."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from lmpress.builtin_models.tiny import tiny_model
+from lmpress.builtin_models.tiny import CLASSES, tiny_model
 from tests.conftest import run_lmpress
 from tests.servers.embeddings import score, vector
 from tests.servers.llm_server import LLMServer
-from tests.wire.openai.vllm_shapes import RerankResponse, ScoreResponse
+from tests.wire.openai.vllm_shapes import (
+    ClassificationResponse,
+    PoolingResponse,
+    RerankResponse,
+    ScoreResponse,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -229,3 +235,46 @@ def test_pairwise_scores_from_a_native_cross_encoder_equal_transformers_logits(s
         "'text_1' has 3 texts and 'text_2' 2: give one text_1 to score against every text_2, "
         "or as many as text_2 to score them pairwise (text_1[i] with text_2[i])"
     )
+
+
+def test_classify_and_pooling_answer_in_vllm_s_shapes_as_transformers_pipeline(serve_process):
+    """vLLM's /classify on a classifier and /pooling on a reward model (NATIVE), each equal to
+    transformers' text-classification pipeline (float32 both sides: rounding, about 1e-6);
+    either server answers another task's route 400 naming the task to start it with."""
+    from transformers import pipeline
+
+    texts = ["why is the sky blue", "Ünïcode café", "a quick brown fox jumps"]
+    reference = {
+        name: [
+            {d["label"]: d["score"] for d in answer}
+            for answer in pipeline(
+                "text-classification", model=str(tiny_model(name)), top_k=None,
+                function_to_apply="none" if name == "reward" else None,
+            )(texts)
+        ]
+        for name in ("classifier", "reward")
+    }  # fmt: skip
+    classifier = serve_process(
+        "--engine", "NATIVE", "--task", "classify", "--model.model_name", "tiny:classifier"
+    ).http()  # fmt: skip
+    answer = classifier.post("/classify", json={"model": "tiny:classifier", "input": texts})
+    assert answer.status_code == 200, answer.text
+    body = ClassificationResponse.model_validate(answer.json())
+    assert [d.label for d in body.data] == [
+        max(w, key=w.__getitem__) for w in reference["classifier"]
+    ]
+    assert [d.probs for d in body.data] == [
+        pytest.approx([w[label] for label in CLASSES], abs=1e-4) for w in reference["classifier"]
+    ]
+    wrong = classifier.post("/pooling", json={"model": "tiny:classifier", "input": "hi"})
+    assert wrong.status_code == 400
+    assert "this server runs the classify task; start it with --task reward" in wrong.text
+
+    reward = serve_process(
+        "--engine", "NATIVE", "--task", "reward", "--model.model_name", "tiny:reward"
+    ).http()  # fmt: skip
+    pooled = reward.post("/pooling", json={"model": "tiny:reward", "input": texts})
+    assert pooled.status_code == 200, pooled.text
+    values = [d.data for d in PoolingResponse.model_validate(pooled.json()).data]
+    assert values == [pytest.approx([w["LABEL_0"]], abs=1e-4) for w in reference["reward"]]
+    assert reward.post("/classify", json={"model": "tiny:reward", "input": "hi"}).status_code == 400

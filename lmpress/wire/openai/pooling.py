@@ -1,6 +1,8 @@
 """The pooling endpoints' wire format, both ways: OpenAI's `/v1/embeddings`, and vLLM's
 `/v1/score` and `/v1/rerank` (the shapes llama-server's rerank also takes), each also at the
-other paths vLLM answers it on (`/score`; `/rerank`, `/v2/rerank`).
+other paths vLLM answers it on (`/score`; `/rerank`, `/v2/rerank`), and vLLM's `/classify`
+(a classifier's labels' probabilities) and `/pooling` (the pooled values themselves: a reward
+model's score).
 
 `lmpress serve` reads these bodies from HTTP and `lmpress batch` from an OpenAI Batch line's
 `body`, through the same models, so a body means the same in both. Embeddings responses are
@@ -18,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lmpress.vocabulary.embeddings import EmbedResult, ScoreResult
+from lmpress.vocabulary.embeddings import Classification, EmbedResult, ScoreResult
 from lmpress.wire.openai.errors import ApiError
 
 EMBEDDINGS_PATH = "/v1/embeddings"
@@ -27,6 +29,8 @@ RERANK_PATH = "/v1/rerank"
 # Every path vLLM's score and rerank routers answer, the first the one lmpress writes.
 SCORE_PATHS = (SCORE_PATH, "/score")
 RERANK_PATHS = (RERANK_PATH, "/rerank", "/v2/rerank")
+CLASSIFY_PATH = "/classify"
+POOLING_PATH = "/pooling"
 
 EncodingFormat = Literal["float", "base64"]
 
@@ -42,6 +46,23 @@ class EmbeddingsBody(_Strict):
     encoding_format: EncodingFormat | None = None
     user: str | None = None  # accepted; it changes nothing here
     normalize: bool | None = None  # vLLM's extension: L2-normalise the vectors
+
+
+class ClassifyBody(_Strict):
+    """vLLM's /classify: texts (or token-id lists) to classify."""
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    user: str | None = None  # accepted; it changes nothing here
+
+
+class PoolingBody(_Strict):
+    """vLLM's /pooling: texts (or token-id lists) whose pooled values to return."""
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: EncodingFormat | None = None
+    user: str | None = None
 
 
 class ScoreBody(_Strict):
@@ -94,6 +115,12 @@ def embeddings_input(body: EmbeddingsBody, where: str = "") -> Embeddings:
     return Embeddings(
         inputs, body.dimensions, body.encoding_format or "float", bool(body.normalize)
     )
+
+
+def inputs_of(body: ClassifyBody | PoolingBody, where: str = "") -> list[Any]:
+    """A classify or pooling body's inputs, as `embeddings_input` reads an embeddings body's."""
+    got = EmbeddingsBody.model_construct(input=body.input)
+    return embeddings_input(got, where).inputs
 
 
 def score_pair(body: ScoreBody, where: str = "") -> tuple[str | list[str], list[str]]:
@@ -221,14 +248,43 @@ def rerank_response(
 
 def score_response(id: str, created: int, result: ScoreResult, model: str) -> dict[str, Any]:
     """vLLM's /v1/score response body."""
-    tokens = result.usage.prompt_tokens
+    data = [
+        {"index": i, "object": "score", "score": score} for i, score in enumerate(result.scores)
+    ]
+    return _listed(id, created, model, data, result.usage.prompt_tokens)
+
+
+def classify_response(id: str, created: int, result: EmbedResult, model: str) -> dict[str, Any]:
+    """vLLM's /classify response body: each input's likeliest label and every label's
+    probability, in the model's label order."""
+    labels = result.labels or []
+    data = []
+    for i, embedding in enumerate(result.embeddings):
+        classified = Classification.of(embedding.vector, labels)
+        probs = list(classified.probs.values())
+        data.append(
+            {"index": i, "label": classified.label, "probs": probs, "num_classes": len(probs)}
+        )
+    return _listed(id, created, model, data, result.usage.prompt_tokens)
+
+
+def pooling_response(
+    id: str, created: int, result: EmbedResult, model: str, encoding_format: EncodingFormat
+) -> dict[str, Any]:
+    """vLLM's /pooling response body: each input's pooled values (a reward model's score)."""
+    data = [
+        {"index": i, "object": "pooling", "data": encoded(e.vector, encoding_format)}
+        for i, e in enumerate(result.embeddings)
+    ]
+    return _listed(id, created, model, data, result.usage.prompt_tokens)
+
+
+def _listed(id: str, created: int, model: str, data: list, tokens: int) -> dict[str, Any]:
     return {
         "id": id,
         "object": "list",
         "created": created,
         "model": model,
-        "data": [
-            {"index": i, "object": "score", "score": score} for i, score in enumerate(result.scores)
-        ],
+        "data": data,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     }

@@ -1,6 +1,6 @@
-"""vLLM's response shapes for its score and rerank endpoints and for a `run-batch` output line,
-as its pydantic response models declare them (vllm/entrypoints/pooling/score/protocol.py and
-run_batch.py), restated here since vLLM itself does not install on this machine. Each refuses a
+"""vLLM's response shapes for its score, rerank, classify and pooling endpoints and for a
+`run-batch` output line, as its pydantic response models declare them
+(vllm/entrypoints/pooling/{score,classify,pooling}/protocol.py and run_batch.py), restated here since vLLM itself does not install on this machine. Each refuses a
 field vLLM's model lacks and requires every field it requires, so a body that validates here
 is one vLLM's own client code reads."""
 
@@ -55,6 +55,37 @@ class ScoreResponse(_Exact):
     created: int
     model: str
     data: list[ScoreData]
+    usage: ScoreUsage
+
+
+class ClassificationData(_Exact):
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(_Exact):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: ScoreUsage
+
+
+class PoolingData(_Exact):
+    index: int
+    object: Literal["pooling"]
+    data: list[float] | list[list[float]] | str
+
+
+class PoolingResponse(_Exact):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[PoolingData]
     usage: ScoreUsage
 
 

@@ -1,5 +1,6 @@
-"""NATIVE's pooling tasks: the model a run of `embed`, `score` or `rerank` loads, how its inputs
-become token rows, and the forward pass that turns a batch of rows into vectors or scores.
+"""NATIVE's pooling tasks: the model a run of `embed`, `score`, `rerank`, `classify` or `reward`
+loads, how its inputs become token rows, and the forward pass that turns a batch of rows into
+vectors, scores or a classification head's values.
 
 `embed` loads `transformers.AutoModel` and the pooling the directory declares
 (common/pooling.py). `score` and `rerank` load a cross-encoder
@@ -7,7 +8,10 @@ become token rows, and the forward pass that turns a batch of rows into vectors 
 (query, document) pair is read together and its score is the model's raw logit, with no
 activation, as transformers gives it and as sentence-transformers' CrossEncoder does with its
 default activation on a one-label model since v4 (Identity). On any other model the score is
-the cosine of the query's and the document's embeddings, as vLLM does.
+the cosine of the query's and the document's embeddings, as vLLM does. `classify` and
+`reward` load any sequence-classification model, an encoder's (BERT's: its [CLS] vector) or a
+decoder's (Llama's: its last token's, which transformers finds by the config's pad token), and
+give each input the head's values (common/classifier.py makes them probabilities or keeps them).
 
 Inputs are cut at the model's limit: `model.model_max_length`, else sentence-transformers'
 `max_seq_length`, else the tokenizer's or the position embeddings'. A cut row says so
@@ -21,9 +25,11 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.checkpoints import load_model_config, load_tokenizer, model_source
+from lmpress.engines.common.classifier import activated, labels_of, sigmoid_applies
 from lmpress.engines.common.pooling import Pooling, pool, read_pooling
 from lmpress.engines.local.native.loading import load_model
 from lmpress.engines.local.native.options import NativeOptions
+from lmpress.vocabulary.embeddings import CLASSIFYING_TASKS
 from lmpress.vocabulary.errors import ErrorKind, ModelLoadError, RequestError, UnsupportedParamError
 
 # A tokenizer's model_max_length when it has none: transformers' VERY_LARGE_INTEGER.
@@ -32,20 +38,33 @@ _NO_LIMIT = 10**12
 _GENERATING_HEADS = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
 
 
-def is_cross_encoder(model_config: Any) -> bool:
+def is_classifier(model_config: Any) -> bool:
+    """Whether the checkpoint is a sequence-classification model (a cross-encoder is one)."""
     architectures = getattr(model_config, "architectures", None) or []
     return any(a.endswith("ForSequenceClassification") for a in architectures)
 
 
 def made_for(model_config: Any) -> str:
-    """The task a checkpoint is made for, by its architectures: score for a cross-encoder,
-    embed for a bare encoder with no head at all (`BertModel`, as sentence-transformers
-    models ship), generate for anything else."""
+    """The task a checkpoint is made for, by its architectures: for a sequence-classification
+    model, classify where it has several labels, score where it has one on an encoder (a
+    cross-encoder), reward where it has one on a decoder (a reward model's shape); embed for a
+    bare encoder with no head at all (`BertModel`, as sentence-transformers models ship),
+    generate for anything else."""
     architectures = getattr(model_config, "architectures", None) or []
-    if is_cross_encoder(model_config):
-        return "score"
+    if is_classifier(model_config):
+        if model_config.num_labels != 1:
+            return "classify"
+        return "score" if is_encoder(model_config) else "reward"
     bare = all(a.endswith("Model") and not a.endswith(_GENERATING_HEADS) for a in architectures)
     return "embed" if architectures and bare else "generate"
+
+
+def is_encoder(model_config: Any) -> bool:
+    """Whether the model reads its input both ways (BERT's family: those transformers can
+    load for masked-language modelling), not as a decoder reads it."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return getattr(model_config, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
 @dataclass
@@ -67,33 +86,53 @@ class Encoder:
 
         model = config.model
         model_config = load_model_config(model)
-        architectures = getattr(model_config, "architectures", None) or []
-        self.cross_encoder = is_cross_encoder(model_config)
+        architectures = getattr(model_config, "architectures", None) or ["none declared"]
+        classifier = is_classifier(model_config)
+        self.task = config.task
+        self.classifies = config.task in CLASSIFYING_TASKS
+        self.cross_encoder = classifier and not self.classifies
         label = f"model '{model.model_name}'"
-        if self.cross_encoder and config.task == "embed":
+        if classifier and config.task == "embed":
+            task = made_for(model_config)
+            kind = "cross-encoder" if task == "score" else "sequence classifier"
             raise UnsupportedParamError(
-                f"task: embed: {label} is a cross-encoder ({architectures[0]}): it scores "
-                f"query-document pairs; use task score or rerank, or an embedding model"
+                f"task: embed: {label} is a {kind} ({architectures[0]}): it has no vectors to "
+                f"give; use task {task}, or an embedding model"
             )
         if self.cross_encoder and model_config.num_labels != 1:
             raise UnsupportedParamError(
                 f"task: {config.task}: {label} is a classifier with {model_config.num_labels} "
-                f"labels; a cross-encoder for scoring has one"
+                f"labels; a cross-encoder for scoring has one. Use task classify"
             )
+        if self.classifies and not classifier:
+            raise UnsupportedParamError(
+                f"task: {config.task}: {label} has no classification head ({architectures[0]}); "
+                f"use a sequence-classification model (…ForSequenceClassification)"
+            )
+        count = model_config.num_labels
+        self.labels = labels_of(model_config.id2label, count) if self.classifies else None
+        self.sigmoid = sigmoid_applies(count, getattr(model_config, "problem_type", None))
         directory, gguf_file = model_source(model)
-        self.pooling = Pooling() if self.cross_encoder or gguf_file else read_pooling(directory)
+        self.pooling = Pooling() if classifier or gguf_file else read_pooling(directory)
         if self.pooling.subfolder:
             raise ModelLoadError(
                 f"{label}: its Transformer module is in '{self.pooling.subfolder}'; lmpress "
                 f"loads one at the top of the model's directory only"
             )
         self.tokenizer = load_tokenizer(model)
-        auto = AutoModelForSequenceClassification if self.cross_encoder else AutoModel
+        auto = AutoModelForSequenceClassification if classifier else AutoModel
         self.model = load_model(model, device, dtype, model_config, auto=auto)
         self.device = device
         self.max_length = max_length(config, self.tokenizer, model_config, self.pooling)
         self.n_vocab = model_config.vocab_size
         self.pad_id = self.tokenizer.pad_token_id or 0
+        # A decoder's head reads the last token that is not the config's pad token: rows are
+        # padded with that token, and a model without one reads each row alone, unpadded (as
+        # transformers' pipeline reads it).
+        self.one_by_one = False
+        if classifier and not is_encoder(model_config):
+            pad = getattr(model_config, "pad_token_id", None)
+            self.pad_id, self.one_by_one = (pad, False) if pad is not None else (0, True)
         self.width = model_config.hidden_size
         self.matryoshka = matryoshka_widths(config, model_config, self.pooling)
 
@@ -168,8 +207,13 @@ class Encoder:
 
     def forward(self, rows: list[EncoderRow]) -> Any:
         """One right-padded batch through the model: a (rows, dim) float32 array of pooled
-        vectors, or for a cross-encoder a (rows,) array of its logits."""
+        vectors, for a cross-encoder a (rows,) array of its logits, for classify and reward a
+        (rows, labels) array of the head's values as the task gives them."""
+        import numpy as np
         import torch
+
+        if self.one_by_one and len(rows) > 1:
+            return np.concatenate([self.forward([row]) for row in rows])
 
         width = max(len(row.ids) for row in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -186,6 +230,8 @@ class Encoder:
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
         with torch.inference_mode():
             out = self.model(**inputs)
+            if self.classifies:
+                return activated(out.logits.float().cpu().numpy(), self.task, self.sigmoid)
             if self.cross_encoder:
                 return out.logits[:, 0].float().cpu().numpy()
             vectors = pool(out[0], inputs["attention_mask"], self.pooling.mode).float()

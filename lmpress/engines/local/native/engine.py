@@ -76,6 +76,7 @@ from lmpress.engines.local.speculation import Speculation
 from lmpress.engines.local.worker import PREPARE_OFF_LOOP_CHARS, Submission, WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
+    CLASSIFYING_TASKS,
     LIKELIHOOD_TASKS,
     SCORING_TASKS,
     Embedding,
@@ -108,7 +109,9 @@ class NativeEngine(WorkerEngine):
     speculative_methods = frozenset({"ngram", "draft_model"})
     takes_tools = True
     takes_hub_ids = True
-    tasks = frozenset({"generate", "embed", "score", "rerank", *LIKELIHOOD_TASKS})
+    tasks = frozenset(
+        {"generate", "embed", "score", "rerank", *CLASSIFYING_TASKS, *LIKELIHOOD_TASKS}
+    )
     options = NativeOptions
     # Every row its own adapter, in one batch (adapters.py).
     takes_adapters = True
@@ -124,9 +127,12 @@ class NativeEngine(WorkerEngine):
     @classmethod
     def answered_tasks(cls, config: RunConfig) -> frozenset[str]:
         """A pooling model answers every pooling task its kind can: an embedding model scores
-        too, by its vectors' cosine (as vLLM scores with one); a cross-encoder only scores."""
+        too, by its vectors' cosine (as vLLM scores with one); a cross-encoder only scores; a
+        classifier loaded to classify or reward answers that task."""
         if config.task == "generate":
             return frozenset({"generate"})
+        if config.task in CLASSIFYING_TASKS:
+            return frozenset({config.task})
         if cls.model_task(config) == "score":
             return frozenset(SCORING_TASKS)
         return frozenset({"embed", *SCORING_TASKS})
@@ -300,6 +306,7 @@ class NativeEngine(WorkerEngine):
         except Exception as exc:  # whatever the backend met in this request fails it alone
             answer = failure_info(exc)
         result = EmbedResult(request.id, [], Usage(), self.model_name, self.name)
+        result.labels = encoder.labels
         if isinstance(answer, ErrorInfo):
             result.error = answer
         else:
@@ -318,6 +325,12 @@ class NativeEngine(WorkerEngine):
         encoder = self._encoder("score")
         result = ScoreResult(request.id, model=self.model_name, engine=self.name)
         try:
+            if encoder.classifies:
+                raise RequestError(
+                    f"task: engine {self.name} was loaded for {encoder.task}; run it with "
+                    f"task: score to score",
+                    kind=ErrorKind.UNSUPPORTED_PARAM,
+                )
             if not request.documents:
                 raise RequestError("documents is empty; give at least one",
                                    kind=ErrorKind.INVALID_REQUEST)  # fmt: skip
