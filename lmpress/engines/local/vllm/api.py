@@ -79,11 +79,14 @@ class VllmApi:
         return self.AsyncEngineArgs(**args)
 
     def pooling_runner(self, task: str) -> dict[str, Any]:
-        """The engine arguments that start vLLM's pooling runner for `task` (embed, score or
-        rerank): `runner` since vLLM 0.10, `task` (embed or score) before it."""
+        """The engine arguments that start vLLM's pooling runner for `task` (embed, score,
+        rerank, classify or reward): `runner` since vLLM 0.10, which settles the pooling task by
+        the checkpoint (a sequence-classification model's is `classify`); `task` (embed, score
+        or classify) before it."""
         if "runner" in self.engine_arg_names():
             return {"runner": "pooling"}
-        return {"task": "embed" if task == "embed" else "score"}
+        before = {"embed": "embed", "classify": "classify", "reward": "classify"}
+        return {"task": before.get(task, "score")}
 
     @staticmethod
     def embed_params(dimensions: int | None) -> Any:
@@ -97,24 +100,31 @@ class VllmApi:
         task = {"task": "embed"} if "task" in fields else {}
         return PoolingParams(dimensions=dimensions, **task)
 
-    @staticmethod
-    def cross_encoder_params(token_type_ids: list[int] | None) -> Any:
-        """PoolingParams for one (query, document) pair read by a cross-encoder: vLLM's
-        `classify` head with no activation, so the score is the model's raw logit as NATIVE
-        gives it (`LLM.score` applies a one-label model's sigmoid unless told not to). BERT's
-        segment ids go as vLLM's own scoring sends them: the position of the first 1."""
+    @classmethod
+    def cross_encoder_params(cls, token_type_ids: list[int] | None) -> Any:
+        """PoolingParams for one (query, document) pair read by a cross-encoder: its head's
+        raw logit, as NATIVE gives it (`LLM.score` applies a one-label model's sigmoid unless
+        told not to). BERT's segment ids go as vLLM's own scoring sends them: the position of
+        the first 1."""
         try:
             from vllm.entrypoints.pooling.scoring.utils import compress_token_type_ids
         except ImportError:  # before vLLM 0.2x
             from vllm.entrypoints.score_utils import compress_token_type_ids
+
+        extra = None
+        if token_type_ids and any(token_type_ids):
+            extra = {"compressed_token_type_ids": compress_token_type_ids(token_type_ids)}
+        return cls.head_params(extra)
+
+    @staticmethod
+    def head_params(extra: dict[str, Any] | None = None) -> Any:
+        """PoolingParams for a classification head's raw values: vLLM's `classify` pooling
+        task with no activation (`LLM.classify` would apply a softmax or a sigmoid)."""
         from vllm.pooling_params import PoolingParams
 
         fields = getattr(PoolingParams, "__struct_fields__", ())
         # `activation` before vLLM 0.2x
         activation = "use_activation" if "use_activation" in fields else "activation"
-        extra = None
-        if token_type_ids and any(token_type_ids):
-            extra = {"compressed_token_type_ids": compress_token_type_ids(token_type_ids)}
         return PoolingParams(task="classify", extra_kwargs=extra, **{activation: False})
 
     @staticmethod

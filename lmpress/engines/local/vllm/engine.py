@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Engine
+from lmpress.engines.common.classifier import activated, labels_of, sigmoid_applies
 from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.hf_tokenizer import HfTokenizer
 from lmpress.engines.common.models import dtype_in_use
@@ -58,6 +59,7 @@ from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
+    CLASSIFYING_TASKS,
     LIKELIHOOD_TASKS,
     EmbedRequest,
     EmbedResult,
@@ -96,10 +98,12 @@ class VllmEngine(Engine):
     merges_adapter_model = True
     # vLLM's own n-gram and draft-model speculation (translate.py).
     speculative_methods = frozenset({"ngram", "draft_model"})
-    # The pooling tasks through vLLM's pooling runner (`LLM.embed`, and `LLM.score` for an
-    # embedding model or a cross-encoder), started for it with `task: embed`, `score` or
-    # `rerank`.
-    tasks = frozenset({"generate", "embed", "score", "rerank", *LIKELIHOOD_TASKS})
+    # The pooling tasks through vLLM's pooling runner (`LLM.embed`, `LLM.score` for an
+    # embedding model or a cross-encoder, `LLM.classify` for a sequence classifier), started
+    # for it with `task: embed`, `score`, `rerank`, `classify` or `reward`.
+    tasks = frozenset(
+        {"generate", "embed", "score", "rerank", *CLASSIFYING_TASKS, *LIKELIHOOD_TASKS}
+    )
     options = VllmOptions
 
     @classmethod
@@ -142,6 +146,10 @@ class VllmEngine(Engine):
         if self.settings.data_parallel_size > 1:
             check_gpus(self.settings, visible_gpus())
         self.pair_format = "pair"  # how a cross-encoder's pair is read (api.pair_format)
+        # classify and reward: the head's labels, in id order, and whether classify's
+        # activation is a sigmoid (common/classifier.py); None for the other tasks
+        self.labels: list[str] | None = None
+        self.sigmoid = False
         self.scheduler = VllmScheduler(self, self.api, self.settings)
         try:
             self.cross_encoder = self._check_pooling(config.task, self.scheduler.pooling_task)
@@ -184,6 +192,16 @@ class VllmEngine(Engine):
         if task == "generate":
             return False
         label = f"task: {task}: model '{self.model_name}'"
+        hf_config = self.scheduler.llm.model_config.hf_config
+        count = getattr(hf_config, "num_labels", 1)
+        if task in CLASSIFYING_TASKS:
+            self._read_head(label, pooling_task)
+            return False
+        if task == "embed" and pooling_task == "classify" and count != 1:
+            raise UnsupportedParamError(
+                f"{label} is a classifier with {count} labels: it has no vectors to give; use "
+                f"task classify, or an embedding model"
+            )
         if task == "embed" and pooling_task == "classify":
             raise UnsupportedParamError(
                 f"{label} is a cross-encoder: it scores pairs and cannot embed; use task score "
@@ -195,11 +213,10 @@ class VllmEngine(Engine):
                 f"embedding model"
             )
         if pooling_task == "classify":
-            labels = getattr(self.scheduler.llm.model_config.hf_config, "num_labels", 1)
-            if labels != 1:
+            if count != 1:
                 raise UnsupportedParamError(
-                    f"{label} is a classifier with {labels} labels; a cross-encoder for "
-                    f"scoring has one"
+                    f"{label} is a classifier with {count} labels; a cross-encoder for "
+                    f"scoring has one. Use task classify"
                 )
             self.pair_format = self.api.pair_format(self.scheduler.llm)
             if self.pair_format == "template":
@@ -215,6 +232,21 @@ class VllmEngine(Engine):
                 f"cannot score; use a cross-encoder or an embedding model"
             )
         return False
+
+    def _read_head(self, label: str, pooling_task: str | None) -> None:
+        """The labels of a classify or reward run's head, from the model's config; refused,
+        in one line, where vLLM pools the model for anything but its classification head."""
+        hf_config = self.scheduler.llm.model_config.hf_config
+        if pooling_task != "classify":
+            architecture = (getattr(hf_config, "architectures", None) or ["none declared"])[0]
+            raise UnsupportedParamError(
+                f"{label} has no classification head ({architecture}), so engine VLLM cannot "
+                f"{self.config.task} with it; use a sequence-classification model "
+                f"(…ForSequenceClassification)"
+            )
+        count = getattr(hf_config, "num_labels", 1)
+        self.labels = labels_of(getattr(hf_config, "id2label", None), count)
+        self.sigmoid = sigmoid_applies(count, getattr(hf_config, "problem_type", None))
 
     @property
     def adapter_names(self) -> frozenset[str]:
@@ -273,7 +305,8 @@ class VllmEngine(Engine):
 
     # vLLM's pooling runner, started for any of the pooling tasks, answers both: an embedding
     # model embeds, and scores by its vectors' cosine similarity, as vLLM's LLM.score does; a
-    # cross-encoder scores each pair by its classification head's logit, and cannot embed.
+    # cross-encoder scores each pair by its classification head's logit, and cannot embed. A
+    # run of classify or reward answers `embed` with each input's head values (`_classify`).
 
     async def embed(self, request: EmbedRequest) -> EmbedResult:
         self._check_pools("embed")
@@ -283,17 +316,45 @@ class VllmEngine(Engine):
             )
             info = ErrorInfo(ErrorKind.UNSUPPORTED_PARAM, message)
             return EmbedResult(request.id, [], Usage(), self.model_name, self.name, error=info)
+        if self.labels is not None:
+            return await self._classify(request)
         return finish_embeddings(await self.scheduler.embed(request), request)
+
+    async def _classify(self, request: EmbedRequest) -> EmbedResult:
+        """Each input's head values as the run's task gives them, labelled. vLLM gives the raw
+        values (no activation) and lmpress applies classify's activation itself, by the rule
+        NATIVE and LLAMACPP apply (common/classifier.py), in float64: one rule for every engine
+        and vLLM version, where vLLM's own activation has changed between versions."""
+        if request.dimensions is not None:
+            message = (
+                f"dimensions: {request.dimensions}: task {self.config.task} gives one value per "
+                f"label, which cannot be cut; leave dimensions out"
+            )
+            info = ErrorInfo(ErrorKind.UNSUPPORTED_PARAM, message)
+            return EmbedResult(request.id, [], Usage(), self.model_name, self.name, error=info)
+        result = await self.scheduler.embed(request, head=True)
+        result.labels = self.labels
+        for embedding in result.embeddings:
+            values = activated([embedding.vector], self.config.task, self.sigmoid)
+            embedding.vector = values[0]
+        return finish_embeddings(result, request)
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
         self._check_pools("score")
+        if self.labels is not None:  # started for classify or reward: no pairs to score
+            message = (
+                f"task: engine {self.name} was started for {self.config.task}; run it with "
+                f"task: score to score"
+            )
+            info = ErrorInfo(ErrorKind.UNSUPPORTED_PARAM, message)
+            return ScoreResult(request.id, model=self.model_name, engine=self.name, error=info)
         return await self.scheduler.score(request, cross_encoder=self.cross_encoder)
 
     def _check_pools(self, call: str) -> None:
         if self.config.task == "generate":
             raise UnsupportedParamError(
                 f"engine VLLM was started for task generate: {call} needs vLLM's pooling "
-                f"runner, which task: embed, score or rerank starts"
+                f"runner, which task: embed, score, rerank, classify or reward starts"
             )
 
     async def aclose(self) -> None:

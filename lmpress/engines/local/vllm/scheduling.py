@@ -319,9 +319,10 @@ class VllmScheduler:
         """Await a coroutine of AsyncLLM's (add_lora, remove_lora) on the engine's loop."""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, self._loop))
 
-    # --- embeddings: one vLLM request an input, as LLM.embed makes them --------------------
+    # --- embeddings and head values: one vLLM request an input, as LLM.embed makes them ----
 
-    async def embed(self, request: EmbedRequest) -> EmbedResult:
+    async def embed(self, request: EmbedRequest, *, head: bool = False) -> EmbedResult:
+        """Each input's vector, or with `head` its classification head's raw values."""
         engine = self.engine
         started = time.perf_counter()
 
@@ -333,7 +334,7 @@ class VllmScheduler:
             )
 
         try:
-            params = self.api.embed_params(request.dimensions)
+            params = self.api.head_params() if head else self.api.embed_params(request.dimensions)
             inputs = [self._input_ids(item) for item in request.inputs]
             outputs = await asyncio.gather(
                 *(self._encode(request.id, ids, params) for ids, _ in inputs)

@@ -624,7 +624,12 @@ def test_availability(standin, monkeypatch):
         ("embed", ["classify"], 1, "is a cross-encoder: it scores pairs and cannot embed; use "
          "task score or rerank, or an embedding model"),
         ("score", ["classify"], 3, "is a classifier with 3 labels; a cross-encoder for scoring "
-         "has one"),
+         "has one. Use task classify"),
+        ("embed", ["classify"], 3, "is a classifier with 3 labels: it has no vectors to give; "
+         "use task classify, or an embedding model"),
+        ("classify", ["embed"], 1, "has no classification head (none declared), so engine VLLM "
+         "cannot classify with it; use a sequence-classification model "
+         "(…ForSequenceClassification)"),
         ("rerank", ["token_classify"], 1, "neither embeds nor classifies pairs in vLLM's "
          "pooling runner, so it cannot score; use a cross-encoder or an embedding model"),
         ("embed", ["token_classify"], 1, "gives no vectors in vLLM's pooling runner, so it "
