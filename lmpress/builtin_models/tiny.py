@@ -17,6 +17,7 @@ import random
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 from lmpress.vocabulary.chat_templates import CHATML_TEMPLATE
 
 # Bump when a builder changes, so cached models are rebuilt.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 
 WORDS = (
     "the a one every small large quick slow red blue green bright dark happy quiet loud cat dog "
@@ -285,26 +286,30 @@ def train_tokenizer(spec: TinySpec) -> Any:
 
 
 def _wordpiece_tokenizer(sentences: list[str], spec: TinySpec) -> Any:
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=spec.vocab_size, special_tokens=special, show_progress=False
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # The vocabulary is chosen here rather than by tokenizers' WordPiece trainer, which breaks
+    # ties between equally frequent pieces differently on every run (a model built twice
+    # would read text as different ids): the special tokens, every character alone and as a
+    # word's continuation, then the most frequent words, ties in alphabetical order.
+    counts = Counter(
+        word
+        for sentence in sentences
+        for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence))
     )
-    tok.train_from_iterator(sentences, trainer)
+    chars = sorted({char for word in counts for char in word})
+    words = sorted((w for w in counts if len(w) > 1), key=lambda w: (-counts[w], w))
+    pieces = [*special, *chars, *(f"##{char}" for char in chars)]
+    pieces += words[: max(0, spec.vocab_size - len(pieces))]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.WordPiece()
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
