@@ -5,9 +5,12 @@ without the `bert.` prefix of `BertForSequenceClassification`) under llama.cpp's
 tensor names, with a WordPiece vocabulary in llama.cpp's form (a piece that starts a word
 carries "▁", a continuation drops its "##"). The pooler and classifier become llama.cpp's
 reranker head (`cls`: a dense layer and tanh over the [CLS] token; `cls.output`: the
-classifier) when the pooling is rank. The tiny BERTs (tiny_gguf_bert.py) are written by it, and
-`convert_directory` writes a sentence-transformers BERT directory with it, such as
-all-MiniLM-L6-v2:
+classifier) when the pooling is rank. A classifier of more than one label needs its labels
+written too (`{arch}.classifier.output_labels`, in label-id order): llama.cpp takes the head's
+width from their count, and refuses a `cls.output` of several rows without them. The tiny BERTs
+(tiny_gguf_bert.py) are written by it, and `convert_directory` writes a Hugging Face BERT
+directory with it: a sentence-transformers one, such as all-MiniLM-L6-v2, or a
+`BertForSequenceClassification` (a cross-encoder, or a classifier with its config's `id2label`):
 
     python -m lmpress.builtin_models.bert_gguf MODEL_DIR OUT.gguf
 
@@ -105,10 +108,18 @@ def write_bert_gguf(
     out: Path,
     name: str,
     normalize: bool = False,
+    labels: list[str] | None = None,
 ) -> None:
     """Write a BERT GGUF from `weights` (float32 numpy arrays under transformers' names);
-    `normalize`: the model's vectors are L2-normalised after pooling (NORMALIZE_KEY)."""
+    `normalize`: the model's vectors are L2-normalised after pooling (NORMALIZE_KEY); `labels`:
+    the classifier's, in label-id order (transformers' `LABEL_i` where not given), written
+    where its head has more than one."""
     import gguf
+
+    head = next((v for k, v in weights.items() if gguf_name(k) == "cls.output.weight"), None)
+    count = len(head) if head is not None and pooling == POOLING_RANK else 0
+    if labels is not None and count > 1 and len(labels) != count:
+        raise ValueError(f"the classifier has {count} labels, {len(labels)} names given")
 
     writer = gguf.GGUFWriter(str(out), "bert")
     writer.add_name(name)
@@ -122,6 +133,8 @@ def write_bert_gguf(
     writer.add_pooling_type(gguf.PoolingType(pooling))
     if normalize:
         writer.add_bool(NORMALIZE_KEY, True)
+    if count > 1:
+        writer.add_classifier_output_labels(labels or [f"LABEL_{i}" for i in range(count)])
     writer.add_tokenizer_model("bert")
     writer.add_token_list(vocab.gguf_tokens())
     specials = {vocab.cls, vocab.sep, vocab.unk, vocab.pad, vocab.mask}
@@ -145,8 +158,9 @@ def write_bert_gguf(
 
 
 def convert_directory(directory: Path, out: Path) -> Path:
-    """A sentence-transformers BERT directory (config.json, model.safetensors, tokenizer.json,
-    1_Pooling/config.json, modules.json) as a GGUF at `out`."""
+    """A BERT directory (config.json, model.safetensors, tokenizer.json; a sentence-transformers
+    one's 1_Pooling/config.json and modules.json) as a GGUF at `out`: a
+    `…ForSequenceClassification` one with rank pooling, its head and its labels."""
     from safetensors.numpy import load_file
 
     config = json.loads((directory / "config.json").read_text())
@@ -161,6 +175,8 @@ def convert_directory(directory: Path, out: Path) -> Path:
     pooling_file = directory / "1_Pooling" / "config.json"
     modes = json.loads(pooling_file.read_text()) if pooling_file.exists() else {}
     pooling = next((p for mode, p in _POOLING_MODES.items() if modes.get(mode)), POOLING_CLS)
+    if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
+        pooling = POOLING_RANK  # a cross-encoder's or a classifier's head, over its [CLS] token
     modules_file = directory / "modules.json"
     modules = json.loads(modules_file.read_text()) if modules_file.exists() else []
     normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
@@ -174,7 +190,10 @@ def convert_directory(directory: Path, out: Path) -> Path:
     # llama.cpp takes one position embedding a position of the context, no more.
     for key in [k for k in weights if k.endswith("embeddings.position_embeddings.weight")]:
         weights[key] = weights[key][:context]
-    write_bert_gguf(weights, vocab, shape, pooling, out, directory.name, normalize)
+    head = weights.get("classifier.weight")
+    names = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+    labels = [names.get(i, f"LABEL_{i}") for i in range(len(head))] if head is not None else None
+    write_bert_gguf(weights, vocab, shape, pooling, out, directory.name, normalize, labels)
     return out
 
 

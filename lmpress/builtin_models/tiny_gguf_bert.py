@@ -8,6 +8,10 @@ cross-encoder reranker. The vocabulary is WordPiece: the word list's words and e
 
 `hf_state_dict` gives the same weights under transformers' `BertForSequenceClassification`
 names, so a test can run the model through transformers as an independent reference.
+
+`classifier` is not written from weights of its own: it is tiny.py's `tiny:classifier` (a BERT
+with a head of three labels) converted as any Hugging Face classifier is (bert_gguf.py), so one
+model runs on NATIVE from its directory and on LLAMACPP from its GGUF.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from lmpress.builtin_models.bert_gguf import (
     POOLING_RANK,
     BertShape,
     WordPiece,
+    convert_directory,
     write_bert_gguf,
 )
-from lmpress.builtin_models.tiny import WORDS
+from lmpress.builtin_models.tiny import BUILDER_VERSION as TINY_BUILDER_VERSION
+from lmpress.builtin_models.tiny import SPECS as TINY_SPECS
+from lmpress.builtin_models.tiny import WORDS, tiny_model
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = range(len(SPECIALS))
@@ -40,10 +47,26 @@ class BertSpec:
     # Small, so that a long row is cut at it: the engine says so in `Embedding.truncated`.
     context: int = 128
     init_std: float = 0.2
+    # The tiny.py model converted, its weights, vocabulary and labels; None: written here.
+    source: str | None = None
 
 
-BERTS = {spec.name: spec for spec in (BertSpec("bert", POOLING_MEAN),
-                                      BertSpec("bert-rerank", POOLING_RANK))}  # fmt: skip
+def converted(name: str) -> BertSpec:
+    """tiny.py's BERT `name` as a tiny GGUF of its shape, named (and so cached) by the tiny.py
+    build it is converted from: a rebuilt directory is converted anew."""
+    tiny = TINY_SPECS[name]
+    return BertSpec(
+        f"{name}-tiny{TINY_BUILDER_VERSION}", POOLING_RANK, tiny.hidden, tiny.layers, tiny.heads,
+        tiny.intermediate, tiny.context, tiny.init_std, source=name,
+    )  # fmt: skip
+
+
+# By the name `tiny-gguf:NAME` gives.
+BERTS = {
+    "bert": BertSpec("bert", POOLING_MEAN),
+    "bert-rerank": BertSpec("bert-rerank", POOLING_RANK),
+    "classifier": converted("classifier"),
+}
 
 
 def wordpiece_vocab() -> list[str]:
@@ -97,6 +120,9 @@ def hf_state_dict(spec: BertSpec) -> dict[str, Any]:
 
 
 def write_bert(spec: BertSpec, out: Path) -> None:
+    if spec.source is not None:
+        convert_directory(tiny_model(spec.source), out)
+        return
     shape = BertShape(spec.hidden, spec.layers, spec.heads, spec.intermediate, spec.context)
     vocab = WordPiece(wordpiece_vocab(), CLS, SEP, UNK, PAD, MASK)
     write_bert_gguf(

@@ -89,6 +89,7 @@ from lmpress.engines.local.speculation import Speculation
 from lmpress.engines.local.worker import WorkerEngine
 from lmpress.engines.prompt_count import PromptCounter
 from lmpress.vocabulary.embeddings import (
+    CLASSIFYING_TASKS,
     LIKELIHOOD_TASKS,
     SCORING_TASKS,
     EmbedRequest,
@@ -147,7 +148,7 @@ class LlamaCppEngine(WorkerEngine):
     # Drafts by prompt lookup or a draft model (drafting.py), row by row in the batch.
     speculative_methods = frozenset({"ngram", "draft_model"})
     # One per run: the engine loads the model for the task the run does (pooling.py).
-    tasks = frozenset({"generate", "embed", "score", "rerank", *LIKELIHOOD_TASKS})
+    tasks = frozenset({"generate", "embed", *SCORING_TASKS, *CLASSIFYING_TASKS, *LIKELIHOOD_TASKS})
     options = LlamaCppOptions
 
     @classmethod
@@ -176,7 +177,7 @@ class LlamaCppEngine(WorkerEngine):
         kwargs.setdefault("n_ctx", 0)  # 0: the model's own context length
         kv_cache_kwargs(config.model.kv_cache_dtype, kwargs)
         if config.task != "generate":
-            pooling_kwargs(kwargs, self.path)
+            pooling_kwargs(kwargs, self.path, config.task)
         extra_bufts = kwargs.pop("use_extra_bufts", None)
         unified = bool(kwargs.pop("kv_unified", False))  # lmpress's key (batched_context)
         try:
@@ -293,6 +294,8 @@ class LlamaCppEngine(WorkerEngine):
             info = ErrorInfo(exc.kind, str(exc), exc.status)
             return error_answer(PooledSubmission(request, [], [], started), self, info)
         result = await self._answer(submission)
+        if self.pooling.head is not None:  # classify, reward: the head's values, labelled
+            result = self.pooling.head.finish(result)
         return finish_embeddings(result, request, self.pooling.normalize)
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
@@ -307,7 +310,8 @@ class LlamaCppEngine(WorkerEngine):
 
     def _check_started_for(self, call: str) -> None:
         task = self.config.task
-        fits = {"generate": ("generate",), "embed": ("embed",), "score": SCORING_TASKS}
+        fits = {"generate": ("generate",), "score": SCORING_TASKS}
+        fits["embed"] = ("embed", *CLASSIFYING_TASKS)  # classify, reward: their head's values
         if task not in fits[call]:
             raise UnsupportedParamError(
                 f"engine LLAMACPP was started for task {task}: {call} needs an engine started "

@@ -1,21 +1,28 @@
-"""LLAMACPP's pooling tasks: embeddings (`embed`) and rank pooling for rerankers (`score`).
+"""LLAMACPP's pooling tasks: embeddings (`embed`), and rank pooling for rerankers (`score`) and
+classifiers (`classify`, `reward`).
 
-With `task: embed` (or `score`, `rerank`) the engine loads the GGUF for llama.cpp's embedding
-mode (`embedding=True`) with the pooling type the GGUF declares (`{arch}.pooling_type`;
-`model.model_kwargs.pooling_type` overrides it, as llama-cpp-python names it), and hands its
-context to a `PoolingScheduler` instead of the generation scheduler. An encoder reads each
-input whole, in one micro-batch, so the context is made with `n_batch` and `n_ubatch` equal
-to the longest input it takes (`limit`: the model's trained context unless `n_ctx` says
-less); a longer input is cut there, keeping the end token its tokenization added, as
-sentence-transformers cuts it, and its `Embedding.truncated` says so.
+With `task: embed` (or `score`, `rerank`, `classify`, `reward`) the engine loads the GGUF for
+llama.cpp's embedding mode (`embedding=True`) with the pooling type the GGUF declares
+(`{arch}.pooling_type`; `model.model_kwargs.pooling_type` overrides it, as llama-cpp-python
+names it), and hands its context to a `PoolingScheduler` instead of the generation
+scheduler. An encoder reads each input whole, in one micro-batch, so the context is made with
+`n_batch` and `n_ubatch` equal to the longest input it takes (`limit`: the model's trained
+context unless `n_ctx` says less); a longer input is cut there, keeping the end token its
+tokenization added, as sentence-transformers cuts it, and its `Embedding.truncated` says so.
 
 The worker packs whatever inputs are waiting, of every request, into one `llama_batch`, each
 input its own sequence, until the batch is full (`limit` tokens or `n_seq_max` sequences),
 decodes it, and reads each sequence's pooled vector with `llama_get_embeddings_seq`, which
 the engine L2-normalises where the GGUF says the model ends in a Normalize module (the
 converter's `lmpress.pooling.normalize`, builtin_models/bert_gguf.py). Rank
-pooling gives one value per sequence instead of a vector: the reranker's score for a
-query/document pair, formatted as llama-server formats a rerank pair (`rerank_tokens`).
+pooling gives the classifier head's values instead of a vector, as many as the GGUF has labels
+(`llama_model_n_cls_out`): a reranker's one, its score for a query/document pair, formatted as
+llama-server formats a rerank pair (`rerank_tokens`); a classifier's, each input tokenized as
+`embed` tokenizes it ([CLS] text [SEP] for BERT) and the values made its labels' probabilities
+or kept as rewards (`Head`, common/classifier.py). Only BERT's family ends its rank pooling in
+the head's own values (llama.cpp refuses a LLaMA GGUF with a head, and softmaxes a Qwen3 one's
+itself, which leaves no raw values for `reward`), so `classify` and `reward` take a GGUF of
+that family (`HEADED_ARCHITECTURES`) and refuse any other before its weights load.
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ from typing import Any
 
 from lmpress.builtin_models.bert_gguf import NORMALIZE_KEY
 from lmpress.engines.base import Engine
+from lmpress.engines.common.classifier import activated, labels_of, sigmoid_applies
 from lmpress.engines.local.llamacpp.loading import load_vocab, trained_context
 from lmpress.engines.local.worker import CallerQueue, Scheduler, WorkQueue
 from lmpress.vocabulary.embeddings import (
+    CLASSIFYING_TASKS,
     SCORING_TASKS,
     Embedding,
     EmbedRequest,
@@ -43,6 +52,10 @@ from lmpress.vocabulary.types import ErrorInfo, Usage
 # llama.cpp's pooling types, by the names `model_kwargs.pooling_type` messages use.
 POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 RANK = 4
+# The architectures whose rank pooling gives the classifier head's values as they are (the
+# pooler and `cls.output` over the [CLS] token, with no activation of llama.cpp's own), as
+# `general.architecture` names them.
+HEADED_ARCHITECTURES = ("bert", "modern-bert", "neo-bert")
 
 
 @dataclass(eq=False)  # compared and hashed by identity
@@ -67,18 +80,42 @@ class PooledSubmission:
             self.cancelled = True
 
 
-def check_pooling(pooling: int, task: str, path: str) -> None:
-    """Refuse, before any work, a model whose pooling does not give what the task needs."""
+def check_pooling(pooling: int, task: str, path: str, n_cls_out: int = 1) -> None:
+    """Refuse, before any work, a model whose pooling does not give what the task needs
+    (`n_cls_out`: the values its head gives under rank pooling)."""
     name = POOLING_NAMES.get(pooling, str(pooling))
     if task in SCORING_TASKS and pooling != RANK:
         raise ConfigError(
             f"task: {task} needs a reranker GGUF (rank pooling); '{path}' pools with {name}. "
             f"Use a reranker model, or task: embed"
         )
+    if task in SCORING_TASKS and n_cls_out != 1:
+        raise ConfigError(
+            f"task: {task}: '{path}' is a classifier with {n_cls_out} labels; a reranker for "
+            f"scoring has one. Use task: classify"
+        )
+    if task in CLASSIFYING_TASKS and pooling != RANK:
+        raise ConfigError(
+            f"task: {task} needs a classifier GGUF (rank pooling, the head as cls.output); "
+            f"'{path}' pools with {name}. Convert a …ForSequenceClassification model, or use "
+            f"task: embed"
+        )
     if task == "embed" and pooling in (0, RANK):
         raise ConfigError(
             f"task: embed needs one vector per input; '{path}' pools with {name}. Set "
-            f"model.model_kwargs.pooling_type (1 mean, 2 cls, 3 last), or use task: rerank"
+            f"model.model_kwargs.pooling_type (1 mean, 2 cls, 3 last), or use task: "
+            f"{'classify' if n_cls_out > 1 else 'rerank'}"
+        )
+
+
+def check_architecture(task: str, metadata: dict[str, str], path: str) -> None:
+    """Refuse, before the weights load, a classifier of an architecture whose head llama.cpp
+    does not hand back as it is."""
+    arch = metadata.get("general.architecture", "unknown")
+    if task in CLASSIFYING_TASKS and arch not in HEADED_ARCHITECTURES:
+        raise ConfigError(
+            f"task: {task}: LLAMACPP reads a classification head only from a BERT-family GGUF "
+            f"({', '.join(HEADED_ARCHITECTURES)}); '{path}' is {arch}; use NATIVE or VLLM for it"
         )
 
 
@@ -96,14 +133,54 @@ def rerank_tokens(vocab: Any, lc: Any, query: list[int], document: list[int]) ->
     return tokens + document + ([eos] if add_eos else [])
 
 
-def pooling_kwargs(kwargs: dict[str, Any], path: str) -> None:
+def pooling_kwargs(kwargs: dict[str, Any], path: str, task: str) -> None:
     """`Llama`'s keywords for embedding mode, with batches that take a whole input: `n_batch`
     and `n_ubatch` as large as the context (`n_ctx`, 0: the trained one) unless the recipe
-    says otherwise."""
+    says otherwise; a model that cannot do `task` refused first."""
+    metadata = load_vocab(path).metadata()
+    check_architecture(task, metadata, path)
     kwargs["embedding"] = True
-    context = kwargs["n_ctx"] or trained_context(load_vocab(path).metadata()) or 512
+    context = kwargs["n_ctx"] or trained_context(metadata) or 512
     kwargs.setdefault("n_batch", context)
     kwargs.setdefault("n_ubatch", kwargs["n_batch"])
+
+
+def pooled_width(lc: Any, ctx: Any) -> int:
+    """The floats llama.cpp gives a sequence: its classifier's outputs under rank pooling (a
+    reranker's one, its score), else the model's vector."""
+    model = lc.llama_get_model(ctx)
+    if lc.llama_pooling_type(ctx) == RANK:
+        return lc.llama_model_n_cls_out(model)
+    return lc.llama_model_n_embd(model)
+
+
+@dataclass(frozen=True)
+class Head:
+    """A classifier's head as a GGUF gives it: its labels (`{arch}.classifier.output_labels`,
+    else transformers' `LABEL_i`), and what `task` makes of its values."""
+
+    task: str
+    labels: list[str]
+
+    @classmethod
+    def of(cls, lc: Any, model: Any, task: str) -> Head:
+        count = lc.llama_model_n_cls_out(model)
+        names = {}
+        for i in range(count):
+            if label := lc.llama_model_cls_label(model, i):  # bytes, or None where unnamed
+                names[i] = label.decode("utf-8", "replace")
+        return cls(task, labels_of(names, count))
+
+    def finish(self, result: EmbedResult) -> EmbedResult:
+        """The result's values as the task gives them (a GGUF records no `problem_type`, so a
+        softmax over several labels, a sigmoid for one), labelled."""
+        result.labels = self.labels
+        if result.error is None and result.embeddings:
+            sigmoid = sigmoid_applies(len(self.labels), None)
+            values = activated([e.vector for e in result.embeddings], self.task, sigmoid)
+            for embedding, row in zip(result.embeddings, values, strict=True):
+                embedding.vector = row
+        return result
 
 
 class PoolingInputs:
@@ -114,12 +191,14 @@ class PoolingInputs:
         import llama_cpp as lc
 
         self._lc, self._llama = lc, llama
-        ctx = llama._ctx.ctx
-        check_pooling(lc.llama_pooling_type(ctx), task, path)
+        ctx, model = llama._ctx.ctx, llama._model.model
+        pooling = lc.llama_pooling_type(ctx)
+        check_pooling(pooling, task, path, lc.llama_model_n_cls_out(model))
         trained = llama._model.n_ctx_train() or lc.llama_n_ctx(ctx)
         self.limit = min(lc.llama_n_batch(ctx), lc.llama_n_ubatch(ctx), trained)
         self.n_seq = lc.llama_n_seq_max(ctx)
-        self.n_embd = llama.n_embd()
+        self.width = pooled_width(lc, ctx)
+        self.head = Head.of(lc, model, task) if task in CLASSIFYING_TASKS else None
         # The model's Normalize module, which llama.cpp does not apply: lmpress's GGUF key.
         self.normalize = llama.metadata.get(NORMALIZE_KEY) == "true"
         self.n_vocab = llama.n_vocab()
@@ -132,11 +211,11 @@ class PoolingInputs:
         )  # fmt: skip
 
     def embed_submission(self, request: EmbedRequest, started: float) -> PooledSubmission:
-        if request.dimensions not in (None, self.n_embd):
+        if request.dimensions not in (None, self.width):
             raise RequestError(
                 f"dimensions: {request.dimensions}: a GGUF does not say that its model was "
                 f"trained for shortened (Matryoshka) vectors; leave dimensions unset for all "
-                f"{self.n_embd}",
+                f"{self.width}",
                 kind=ErrorKind.INVALID_REQUEST,
             )
         sequences = []
@@ -208,10 +287,7 @@ class PoolingScheduler(Scheduler):
         self._lc = llama_cpp
         self._ctx = ctx  # the llama_context pointer
         self.limit, self.n_seq = limit, n_seq
-        model = llama_cpp.llama_get_model(ctx)
-        pooling = llama_cpp.llama_pooling_type(ctx)
-        # Rank pooling gives the classifier's outputs, the first of which is the score.
-        self._width = 1 if pooling == RANK else llama_cpp.llama_model_n_embd(model)
+        self._width = pooled_width(llama_cpp, ctx)
         self._batch = llama_cpp.llama_batch_init(limit, 0, n_seq)
         self._memory = llama_cpp.llama_get_memory(ctx)
         self._waiting: deque[tuple[PooledSubmission, int]] = deque()  # (submission, input)
