@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import openai
@@ -92,28 +93,34 @@ def test_logprobs_in_the_completions_shape(llama_server):
     assert logprobs.text_offset == sorted(logprobs.text_offset)
 
 
+def beams_of(model_dir: str, prompt: str, beams: int, n: int) -> list[str]:
+    """transformers' `generate(num_beams=beams, num_return_sequences=n)` replies to a raw
+    prompt, best first."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, max_new_tokens=8, do_sample=False, num_beams=beams,
+            num_return_sequences=n,
+        )  # fmt: skip
+    return [tokenizer.decode(o[ids.shape[1] :], skip_special_tokens=True) for o in out]
+
+
 def test_use_beam_search_returns_the_best_n_of_best_of_beams_as_transformers_does(
     llama_server, tiny_llama
 ):
     """vLLM's body: `use_beam_search` with `best_of` beams and the best `n` back, equal to
     transformers' `generate(num_beams=best_of, num_return_sequences=n)`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     client = llama_server.client()
     prompt, beams = "The cat sat on the", {"use_beam_search": True, "best_of": 4}
     reply = client.completions.create(
         model=MODEL, prompt=prompt, max_tokens=8, n=2, extra_body=beams
     )
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids, max_new_tokens=8, do_sample=False, num_beams=4,
-            num_return_sequences=2,
-        )  # fmt: skip
-    expected = [tokenizer.decode(o[ids.shape[1] :], skip_special_tokens=True) for o in out]
+    expected = beams_of(tiny_llama, prompt, 4, 2)
     assert [c.text for c in reply.choices] == expected
     assert len(set(expected)) == 2
     # Streamed, each beam's text comes whole when the search ends.
@@ -129,3 +136,39 @@ def test_use_beam_search_returns_the_best_n_of_best_of_beams_as_transformers_doe
     for extra in ({"use_beam_search": True, "best_of": 1}, {"best_of": 4}):
         with pytest.raises(openai.BadRequestError, match="best_of"):
             client.completions.create(model=MODEL, prompt=prompt, n=2, extra_body=extra)
+
+
+def test_remote_vllm_searches_beams_on_a_vllm_server_and_keeps_the_best_n(llama_server, tiny_llama):
+    """REMOTE_VLLM sends generation.num_beams as vLLM's server takes it (`use_beam_search` with
+    `n` beams, every one answered best first), through the SDK, and keeps the best
+    generation.n: what transformers' beam search gives, streamed or not."""
+    from lmpress.configs import load_config
+    from lmpress.engines.registry import create_engine
+    from lmpress.vocabulary.types import Delta, GenerationParams, Request
+
+    prompt = "The cat sat on the"
+    engine = create_engine(load_config(overrides={
+        "engine": "REMOTE_VLLM", "model.model_name": MODEL,
+        "remote_params.api_url": f"{llama_server.url}/v1",
+    }))  # fmt: skip
+    params = GenerationParams(max_new_tokens=8, num_beams=4, n=2)
+    try:
+        [result] = engine.generate([Request("b", [], params, prompt=prompt)])
+        assert result.error is None, result.error
+        expected = beams_of(tiny_llama, prompt, 4, 2)
+        assert [s.text for s in result.samples] == expected
+
+        async def streamed() -> list[str]:
+            texts = ["", ""]
+            async for item in engine.stream(Request("s", [], params, prompt=prompt)):
+                if isinstance(item, Delta):
+                    texts[item.index] += item.text  # a third beam's index would raise
+            return texts
+
+        assert asyncio.run(streamed()) == expected
+        [too_many] = engine.generate([Request("c", [], params.replace(n=5), prompt=prompt)])
+        assert too_many.error.message == (
+            "generation.n 5 is more than generation.num_beams 4: n returns beams"
+        )
+    finally:
+        asyncio.run(engine.aclose())

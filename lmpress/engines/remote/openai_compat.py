@@ -38,6 +38,7 @@ from lmpress.wire.openai.client import (
     Dialect,
     completion_prompt,
     embed_body,
+    kept_beams,
     request_body,
     score_body,
 )
@@ -90,6 +91,12 @@ class OpenAICompatEngine(RemoteEngine):
         return self._served_model or self.config.model.model_name
 
     def check_request_params(self, params: GenerationParams) -> None:
+        if kept_beams(params, self.dialect) and params.n > params.num_beams:
+            raise RequestError(
+                f"generation.n {params.n} is more than generation.num_beams "
+                f"{params.num_beams}: n returns beams",
+                ErrorKind.UNSUPPORTED_PARAM,
+            )
         if params.guided_decoding is not None:
             self.dialect.check_guided(params.guided_decoding, self.name)
         self.reasoning.check(params, self.name)
@@ -146,6 +153,8 @@ class OpenAICompatEngine(RemoteEngine):
         data = await _post(client, "/completions" if raw else "/chat/completions", body)
         reply = parse_chat_completion(data, self.model_name, self.reasoning.thought_tags)
         reply = read_scored(data, request, reply)
+        if (kept := kept_beams(request.params, self.dialect)) is not None:
+            reply.samples = reply.samples[:kept]
         return keep_requested_stops(reply, request.params.stop_strings)
 
     def embed_request_body(self, request: EmbedRequest, model: str) -> dict[str, Any]:
@@ -186,6 +195,7 @@ class OpenAICompatEngine(RemoteEngine):
         choices: dict[int, StreamedChoice] = {}
         usage = Usage()
         model = ""
+        kept = kept_beams(request.params, self.dialect)
         async with stream:
             async for chunk in stream:
                 pieces: list[Delta] = []
@@ -195,6 +205,8 @@ class OpenAICompatEngine(RemoteEngine):
                         usage = chat_usage(chunk.usage.model_dump())
                     for choice in chunk.choices or ():
                         index = choice.index or 0
+                        if kept is not None and index >= kept:
+                            continue  # a beam past the best n asked for
                         if index not in choices:
                             choices[index] = StreamedChoice(self.reasoning.thought_tags)
                         pieces += choices[index].add(choice, request, index)

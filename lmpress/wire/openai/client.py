@@ -40,6 +40,9 @@ class Dialect:
     # Guided decoding: OpenAI's response_format (json schemas), or vLLM's `structured_outputs`,
     # which takes every form and option vLLM's offline engine does, under the same names.
     structured_outputs: bool = False
+    # vLLM's `use_beam_search`: its server searches `n` beams and answers every one, best
+    # first (`kept_beams` keeps the request's n of them).
+    beam_search: bool = False
 
     @property
     def guided_forms(self) -> frozenset[GuidedForm]:
@@ -106,6 +109,10 @@ def request_body(
         value = getattr(p, name)
         if value != getattr(defaults, name):
             body[name] = list(value) if isinstance(value, list) else value
+    if p.num_beams > 1 and dialect.beam_search:
+        body.update(use_beam_search=True, n=p.num_beams)
+        if p.length_penalty != 1.0:
+            body["length_penalty"] = p.length_penalty
     if p.guided_decoding is not None:
         if dialect.structured_outputs:
             body["structured_outputs"] = p.guided_decoding.vllm_fields()
@@ -121,6 +128,12 @@ def request_body(
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}  # a usage chunk at the end
     return body
+
+
+def kept_beams(params: GenerationParams, dialect: Dialect) -> int | None:
+    """How many of a reply's choices a request keeps where the server answered every beam it
+    searched (the first, best, `n`); None: every choice."""
+    return params.n if params.num_beams > 1 and dialect.beam_search else None
 
 
 def completion_prompt(request: Request) -> str | list[int] | None:
