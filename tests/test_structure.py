@@ -113,7 +113,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lmpress.batch", "lmpress.chat"),
     # The fronts built on those, and other tools' APIs over the engines (integrations: lm-eval's
     # model class, which keys its answers database as the response cache keys a model).
-    # pipeline: steps over rows, each step's model through the response cache.
+    # pipeline: steps over rows, each step's model through the response cache. view: the
+    # viewer and the report over any of their outputs, read from their files (it takes serve's
+    # key check).
     (
         "lmpress.dryrun",
         "lmpress.serve",
@@ -121,6 +123,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "lmpress.llm",
         "lmpress.integrations",
         "lmpress.pipeline",
+        "lmpress.view",
     ),
     # The entry points: the commands, `python -m lmpress`, and the package root, which offers
     # the Python front (`from lmpress import LLM`).

@@ -58,6 +58,7 @@ Ended = Literal["ok", "write failed", "raised"]
 
 class BatchJob:
     _grace_ends: float | None = None  # loop time when rows in flight are abandoned (a signal)
+    _lock: OutputLock | None = None  # the output's, while the job runs
     # Ctrl-C and SIGTERM stop the job; False where the process is another's (`lmpress serve`
     # runs jobs in its event loop, and the server owns its signals).
     owns_signals: bool = True
@@ -111,7 +112,8 @@ class BatchJob:
     async def run(self) -> BatchSummary:
         # A piped input is copied once, so the scan and the run both read it; then one job per
         # output: locked before anything an earlier run left is read or removed.
-        with self._spooled_input(), self._lock_output():
+        with self._spooled_input(), self._lock_output() as lock:
+            self._lock = lock
             return await self._run()
 
     @contextmanager
@@ -140,6 +142,8 @@ class BatchJob:
         earlier = self._read_earlier_run()
         done, set_aside = earlier.done, earlier.set_aside
         self.summary.rows_total = total
+        if isinstance(self._lock, OutputLock):  # a running job's progress, for `lmpress view`
+            self._lock.note(rows_total=total)
         left = total > len(keys) or any(k not in done and k not in set_aside for k in keys)
         if left:
             self.cache = await asyncio.to_thread(self._open_cache)

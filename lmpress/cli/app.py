@@ -23,7 +23,7 @@ from typing import Annotated
 import click
 import typer
 
-from lmpress.cli import batch, chat, eval, infer, listings, run, serve
+from lmpress.cli import batch, chat, eval, infer, listings, run, serve, view
 from lmpress.cli.cache import cache_app
 from lmpress.cli.options import OVERRIDES, OVERRIDES_HELP
 from lmpress.version import __version__
@@ -78,6 +78,7 @@ app.command("run")(run.run)
 with_overrides(chat.chat)
 with_overrides(serve.serve)
 app.command("eval", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(eval.evaluate)
+app.command("view")(view.view)
 app.command()(listings.engines)
 app.command()(listings.recipes)
 config_app.command("show", context_settings=OVERRIDES, epilog=OVERRIDES_HELP)(listings.config_show)

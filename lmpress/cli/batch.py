@@ -16,10 +16,13 @@ from lmpress.cli.options import (
     CacheOpt,
     EngineOpt,
     RecipeOpt,
+    ReportOpt,
     StopGraceOpt,
     check_cache_mode,
+    check_report,
     load_run_config,
     unexpected,
+    write_report,
 )
 from lmpress.data.file_formats import INPUT_FORMATS
 from lmpress.vocabulary.errors import DISK_ERRNOS, ConfigError, InputError, OutputWriteError
@@ -186,6 +189,7 @@ def batch(
             metavar=FLAG,
         ),
     ] = False,
+    report: ReportOpt = False,
     status: Annotated[
         str | None,
         typer.Option(
@@ -251,8 +255,12 @@ def batch(
         cache_dir=cache_dir,
         strict_model=strict_model,
     )
+    report = bool(report and not (dry_run or status or cancel))
+    if report:
+        check_report(output or config.output_path)
     if models is not None:
-        raise typer.Exit(several(ctx, models, engine, input, output, options, compare, dry_run))
+        code = several(ctx, models, engine, input, output, options, compare, dry_run)
+        raise typer.Exit(_reported(code, options, report))
     if compare:
         raise ConfigError("--compare compares the models of a --models job: add --models A,B")
     if ray and provider_batch:
@@ -273,7 +281,14 @@ def batch(
         raise typer.Exit(show_or_cancel(config, status or cancel, cancel=bool(cancel)))
     if dry_run:
         raise typer.Exit(dry_run_file(config, input, options))
-    raise typer.Exit(run_file(config, input, output, options))
+    raise typer.Exit(_reported(run_file(config, input, output, options), options, report))
+
+
+def _reported(code: int, options: BatchOptions, report: bool) -> int:
+    """--report: the run's report, written whatever became of its rows."""
+    if report:
+        write_report(options.output_path)
+    return code
 
 
 def several(

@@ -12,7 +12,16 @@ from typing import Annotated
 
 import typer
 
-from lmpress.cli.options import FLAG, EngineOpt, RecipeOpt, debug_wanted, load_run_config
+from lmpress.cli.options import (
+    FLAG,
+    EngineOpt,
+    RecipeOpt,
+    ReportOpt,
+    check_report,
+    debug_wanted,
+    load_run_config,
+    write_report,
+)
 from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError
 
 
@@ -50,6 +59,7 @@ def evaluate(
             metavar=FLAG,
         ),
     ] = True,
+    report: ReportOpt = False,
 ) -> None:
     """Evaluate the recipe's model on lm-evaluation-harness tasks, batched by the engine.
 
@@ -67,6 +77,8 @@ def evaluate(
     config, words = load_run_config(ctx, recipe, engine)
     if words:
         raise ConfigError(f"unexpected argument '{words[0]}' (tasks go in --tasks T1,T2)")
+    if report:
+        check_report(output)
     if limit is not None and limit <= 0:
         raise ConfigError("--limit: give a number of samples above 0, or a fraction below 1")
     if not debug_wanted(ctx):
@@ -94,3 +106,5 @@ def evaluate(
         say=lambda line: print(f"lmpress: {line}", file=sys.stderr),
     )
     print(table)
+    if report:
+        write_report(output)

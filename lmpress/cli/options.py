@@ -73,6 +73,38 @@ STOP_GRACE_S = 10.0  # long enough for a remote row or a reply to end; Slurm and
 # wait 30 s between SIGTERM and SIGKILL, which leaves time for the output to be written
 
 
+ReportOpt = Annotated[
+    bool,
+    typer.Option(
+        "--report",
+        help="When the run ends, write its overview and plots as one self-contained HTML "
+        "file: OUT.report.html (report.html in an output folder).",
+        metavar=FLAG,
+    ),
+]
+
+
+def check_report(output: str | None) -> None:
+    """--report is refused before any work where it could not be written."""
+    import importlib.util
+
+    from lmpress.vocabulary.errors import ConfigError, EngineUnavailableError
+
+    if output == "-":
+        raise ConfigError("--report: the output goes to stdout; give -o FILE for a report")
+    if importlib.util.find_spec("numpy") is None:
+        raise EngineUnavailableError("--report needs numpy: pip install 'lmpress[view]'")
+
+
+def write_report(output: str) -> None:
+    """The report of a finished run (lmpress/view/report.py), and one line saying where."""
+    import sys
+
+    from lmpress.view.report import write_report
+
+    print(f"lmpress: report: {write_report(output)}", file=sys.stderr)
+
+
 def load_run_config(
     ctx: typer.Context, recipe: str | None, engine: str | None
 ) -> tuple[RunConfig, list[str]]:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lmpress.cli.options import FLAG, CacheOpt
+from lmpress.cli.options import FLAG, CacheOpt, ReportOpt, check_report, write_report
 
 
 def run(
@@ -58,6 +58,7 @@ def run(
         bool,
         typer.Option("--ray", help="Not supported by `lmpress run` yet (refused).", metavar=FLAG),
     ] = False,
+    report: ReportOpt = False,
 ) -> None:
     """Run a pipeline of steps (generate, judge, filter, map, dedupe) over a dataset.
 
@@ -86,6 +87,10 @@ def run(
 
         dry_run_pipeline(options)
         return
+    if report:
+        check_report(output)
     facts = run_pipeline(options)
+    if report:
+        write_report(output)
     if facts.stopped_because or any(step.failed for step in facts.steps):
         raise typer.Exit(1)

@@ -91,6 +91,13 @@ class OutputLock:
         _say_holder(fd)
         return cls(path, fd)
 
+    def note(self, **facts: object) -> None:
+        """Add what the job knows once it started (`rows_total`, the rows it was given) to the
+        holder's record, for `lmpress view` to show a running job's progress; read only by
+        others, as the pid is."""
+        if self._fd is not None:
+            _say_holder(self._fd, facts)
+
     def release(self) -> None:
         if self._fd is None:
             return
@@ -109,9 +116,15 @@ class OutputLock:
         self.release()
 
 
-def _say_holder(fd: int) -> None:
-    """Write who holds the lock into its file, for the message a second job gives."""
+def _say_holder(fd: int, facts: dict[str, object] | None = None) -> None:
+    """Write who holds the lock into its file, for the message a second job gives (and what
+    it noted since, for the viewer)."""
     record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    if facts:
+        try:
+            record = {**json.loads(os.pread(fd, 4096, 0) or b"{}"), **facts}
+        except (OSError, ValueError):
+            record = {**record, **facts}
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)

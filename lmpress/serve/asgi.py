@@ -268,6 +268,16 @@ def guarded(path: str) -> bool:
     return path == "/v1" or path.startswith("/v1/") or path == "/metrics"
 
 
+def carries_key(headers: dict[bytes, bytes], expected: bytes) -> bool:
+    """Whether a request's headers carry the key, as a bearer token (OpenAI's clients) or as
+    `x-api-key` (Anthropic's), compared in constant time."""
+    scheme, _, token = (headers.get(b"authorization") or b"").partition(b" ")
+    key = headers.get(b"x-api-key")
+    return (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), expected)) or (
+        key is not None and hmac.compare_digest(key.strip(), expected)
+    )
+
+
 class RequireKey:
     """401 on every /v1 route and /metrics unless the request carries the server's key, as a
     bearer token (OpenAI's clients) or as `x-api-key` (Anthropic's). The Messages routes answer
@@ -282,17 +292,12 @@ class RequireKey:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        given = headers.get(b"authorization")
-        scheme, _, token = (given or b"").partition(b" ")
-        key = headers.get(b"x-api-key")
-        if (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)) or (
-            key is not None and hmac.compare_digest(key.strip(), self.expected)
-        ):
+        if carries_key(headers, self.expected):
             await self.app(scope, receive, send)
             return
         message = (
             "Incorrect API key provided."
-            if given or key
+            if headers.get(b"authorization") or headers.get(b"x-api-key")
             else "Missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'."
         )
         error = ApiError(

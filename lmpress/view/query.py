@@ -1,0 +1,211 @@
+"""Which rows of a source a request asks for: filters on the index's columns (arrays compared,
+no line read), full-text search and a column's value.
+
+Search reads the file's bytes, not its rows: each window of the file is mapped (mmap), lowered
+(ASCII) and searched for the text as JSON writes it; a hit is turned into its row by the line
+offsets (searchsorted), and the search goes on from that row's end, so a row is found once and
+a row that does not match is never parsed. What was searched is kept: a file that grew is
+searched from where the last search ended. A column's value is searched the same way, and
+only the rows that hold its text are parsed to compare the value itself.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+from array import array
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from lmpress.view.index import JsonlIndex, decode_line
+from lmpress.view.parquet import ParquetIndex, row_text
+from lmpress.view.records import RowKind, Status
+from lmpress.view.sources import KEPT_QUERIES, OpenSource, Snapshot
+
+WINDOW = 8 << 20  # bytes mapped and searched at a time: bounds the memory a search takes
+ONE_PAGE_MOST = 1000  # rows one request may ask for
+KEPT_SEARCHES = 64  # searches whose rows are kept (per file), to page and to resume them
+STATUSES = {"ok": Status.OK, "failed": Status.FAILED, "dropped": Status.DROPPED}
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The filters of /api/rows, each None when not asked."""
+
+    status: str | None = None  # ok, failed, dropped, or cached
+    error_kind: str | None = None
+    model: str | None = None
+    step: str | None = None
+    finish_reason: str | None = None
+    column: str | None = None
+    value: str | None = None
+    q: str | None = None
+
+    @classmethod
+    def of(cls, params: dict[str, Any]) -> Filters:
+        return cls(**{f.name: params.get(f.name) or None for f in fields(cls)})
+
+
+class QueryError(ValueError):
+    """A filter that cannot be applied, said in one line."""
+
+
+def select(source: OpenSource, snapshot: Snapshot, filters: Filters) -> np.ndarray:
+    """The row numbers that pass every filter, in order (kept for the next page)."""
+    key = (filters, snapshot.rows)
+    with source.kept:
+        found = source.queries.get(key)
+        if found is not None:
+            source.queries.move_to_end(key)
+            return found
+    table = snapshot.table
+    mask = np.ones(table.rows, bool)
+    if filters.status == "cached":
+        mask &= table.columns["cached"]
+    elif filters.status is not None:
+        if filters.status not in STATUSES:
+            raise QueryError(f"status={filters.status}: use ok, failed, dropped or cached")
+        mask &= table.columns["status"] == STATUSES[filters.status]
+    for name in ("error_kind", "model", "step", "finish_reason"):
+        value = getattr(filters, name)
+        if value is not None:
+            code = table.code(name, value)
+            mask &= table.columns[name] == (code if code is not None else -2)
+    if filters.q:
+        mask &= _member(search(source, snapshot, filters.q), table.rows)
+    if filters.column:
+        if filters.value is None:
+            raise QueryError(f"column={filters.column}: give the value to match as value=V")
+        mask &= _member(column_equals(source, snapshot, filters.column, filters.value), table.rows)
+    found = np.flatnonzero(mask)
+    with source.kept:
+        source.queries[key] = found
+        while len(source.queries) > KEPT_QUERIES:
+            source.queries.popitem(last=False)
+    return found
+
+
+def _member(rows: np.ndarray, count: int) -> np.ndarray:
+    mask = np.zeros(count, bool)
+    mask[rows[rows < count]] = True
+    return mask
+
+
+# --- search ---------------------------------------------------------------------------------
+
+
+def needles(text: str) -> list[bytes]:
+    """The text as it stands in a JSON line (escaped as JSON escapes it), lowered."""
+    forms = {json.dumps(text, ensure_ascii=False)[1:-1], json.dumps(text)[1:-1]}
+    return sorted({form.lower().encode() for form in forms if form})
+
+
+def search(source: OpenSource, snapshot: Snapshot, text: str) -> np.ndarray:
+    """The source's rows whose line holds `text` (ASCII letters in any case)."""
+    found = []
+    for part, index in enumerate(snapshot.indexes):
+        first = int(snapshot.bounds[part])
+        key = (text, id(index))
+        scanned, rows = source.searches.get(key, (0, np.zeros(0, np.int64)))
+        if isinstance(index, JsonlIndex):
+            if scanned > index.size:  # replaced since: search it all again
+                scanned, rows = 0, np.zeros(0, np.int64)
+            if scanned < index.size:
+                more = scan(index, needles(text), scanned)
+                rows = np.concatenate([rows, more])
+                scanned = index.size
+        elif scanned != index.rows:
+            rows, scanned = scan_rows(index, text), index.rows
+        with source.kept:
+            source.searches[key] = (scanned, rows)
+            while len(source.searches) > KEPT_SEARCHES:
+                source.searches.pop(next(iter(source.searches)))
+        found.append(rows[rows < index.rows] + first)
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+def scan(index: JsonlIndex, words: list[bytes], begin: int = 0) -> np.ndarray:
+    """The rows of a JSONL file whose line holds any of `words` (lowered), from byte `begin`
+    to the end of what is indexed."""
+    starts, lengths, size = index.start, index.length, index.size
+    longest = max(len(w) for w in words)
+    rows = array("q")  # not a list: a common word's million rows are 8 MB, not 36
+    with open(index.path, "rb") as handle:
+        pos = begin
+        while pos < size:
+            end = min(size, pos + WINDOW)
+            base = pos - pos % mmap.ALLOCATIONGRANULARITY
+            span = min(size, end + longest) - base
+            with mmap.mmap(handle.fileno(), span, offset=base, access=mmap.ACCESS_READ) as view:
+                data = view[pos - base :].lower()
+            at = 0
+            while True:
+                hits = [h for h in (data.find(w, at) for w in words) if h >= 0]
+                if not hits or pos + min(hits) >= end:
+                    break
+                row = int(np.searchsorted(starts, pos + min(hits), side="right")) - 1
+                if row >= 0 and pos + min(hits) < starts[row] + lengths[row]:
+                    rows.append(row)
+                    at = int(starts[row] + lengths[row]) - pos
+                else:  # between lines (a blank line): not a row
+                    at = min(hits) + 1
+            pos = max(end, pos + at)
+    return np.frombuffer(rows, np.int64).copy()
+
+
+def scan_rows(index: ParquetIndex, text: str) -> np.ndarray:
+    """The rows of a Parquet file whose JSON text holds `text` (a row group at a time)."""
+    wanted = text.lower()
+    rows = []
+    for group in range(index.groups):
+        first = int(index.bounds[group])
+        for i, row in enumerate(index.group_rows(group)):
+            if wanted in row_text(row).lower():
+                rows.append(first + i)
+    return np.array(rows, np.int64)
+
+
+# --- a column's value -----------------------------------------------------------------------
+
+
+def column_equals(source: OpenSource, snapshot: Snapshot, column: str, value: str) -> np.ndarray:
+    """The rows whose `column` (dotted for a nested key: metadata.topic) is `value` (as text,
+    or as the JSON value it spells: 3, true, null)."""
+    try:
+        wanted: Any = json.loads(value)
+    except ValueError:
+        wanted = value
+    candidates = search(source, snapshot, value) if value else None
+    if candidates is None:
+        candidates = np.arange(snapshot.rows)
+    rows = []
+    for batch in range(0, len(candidates), 512):
+        chunk = candidates[batch : batch + 512].tolist()
+        for row in source.read(snapshot, chunk):
+            held = _lookup(row.value, row.segment.kind, column)
+            if held is not _MISSING and (held == wanted or _as_text(held) == value):
+                rows.append(row.n)
+    return np.array(rows, np.int64)
+
+
+_MISSING = object()
+
+
+def _lookup(value: Any, kind: RowKind, column: str) -> Any:
+    if kind is RowKind.JOURNAL and isinstance(value, dict):
+        value = {**(value.get("columns") or {}), **value}
+    if kind is RowKind.REJECTS and isinstance(value, dict):
+        value = {**(value.get("row") or {}), **value}
+    for key in column.split("."):
+        if isinstance(value, str) and kind is RowKind.PARQUET:
+            value = decode_line(value.encode())  # a column Parquet holds as JSON text
+        if not isinstance(value, dict) or key not in value:
+            return _MISSING
+        value = value[key]
+    return value
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
