@@ -34,7 +34,7 @@ def serve(
         str | None,
         typer.Option(
             "--api-key",
-            help="Require this key as 'Authorization: Bearer KEY' on /v1 routes. "
+            help="Require this key as 'Authorization: Bearer KEY' on every route but /health. "
             "Default: $LMPRESS_API_KEY (safer: a flag shows in the process list).",
             show_default=False,
         ),

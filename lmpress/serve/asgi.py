@@ -263,9 +263,15 @@ class LogRequests:
             log.info(entry.line(scope["method"], scope["path"]))
 
 
+# The routes a server with a key answers without it: a load balancer's probe and the API's
+# own description. Every other route needs it: vLLM's root routes (/score, /rerank,
+# /classify, /pooling, /tokenize...) run the model as the /v1 ones do.
+OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
 def guarded(path: str) -> bool:
     """Whether a request to `path` needs the API key (when the server has one)."""
-    return path == "/v1" or path.startswith("/v1/") or path == "/metrics"
+    return path not in OPEN_PATHS
 
 
 def carries_key(headers: dict[bytes, bytes], expected: bytes) -> bool:
@@ -279,7 +285,7 @@ def carries_key(headers: dict[bytes, bytes], expected: bytes) -> bool:
 
 
 class RequireKey:
-    """401 on every /v1 route and /metrics unless the request carries the server's key, as a
+    """401 on every route but OPEN_PATHS unless the request carries the server's key, as a
     bearer token (OpenAI's clients) or as `x-api-key` (Anthropic's). The Messages routes answer
     in Anthropic's error shape. /health stays open, for a load balancer's probe."""
 

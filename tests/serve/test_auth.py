@@ -1,5 +1,6 @@
-"""The API key: required on every /v1 route and /metrics when set (from LMPRESS_API_KEY or --api-key), never
-in the log; no key means no check."""
+"""The API key: required on every route but /health and the API's description when set (from
+LMPRESS_API_KEY or --api-key), vLLM's root routes included; never in the log; no key means no
+check."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ V1_ROUTES = [
     ("POST", "/v1/batches/batch-1/cancel"),
     ("GET", "/metrics"),
     ("GET", "/v1/no-such-route"),
+    # vLLM's routes beside /v1 run the model too
+    ("POST", "/classify"),
+    ("POST", "/pooling"),
+    ("POST", "/score"),
+    ("POST", "/rerank"),
+    ("POST", "/v2/rerank"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
 ]
 
 
@@ -46,7 +55,7 @@ def with_echo(echo_plugin):
 
 @pytest.mark.parametrize(("method", "path"), V1_ROUTES)
 @pytest.mark.parametrize("sent", [None, "Bearer wrong-key", KEY, f"Bearer {KEY}x", "Basic abc"])
-def test_every_v1_route_refuses_a_missing_or_wrong_key(keyed_server, method, path, sent):
+def test_every_route_refuses_a_missing_or_wrong_key(keyed_server, method, path, sent):
     headers = {"authorization": sent} if sent else {}
     body = {"model": MODEL, "messages": HI, "prompt": "hi"}
     with keyed_server.http() as http:
@@ -75,9 +84,10 @@ def test_the_right_key_is_let_in(keyed_server):
         assert http.get("/v1/models", headers={"authorization": f"bearer {KEY}"}).is_success
 
 
-def test_health_needs_no_key(keyed_server):
+def test_health_and_the_api_description_need_no_key(keyed_server):
     with keyed_server.http() as http:
         assert http.get("/health").json()["status"] == "ok"
+        assert http.get("/openapi.json").is_success
 
 
 def test_the_key_is_never_logged(keyed_server, serve_process, with_echo):
