@@ -56,7 +56,8 @@ def view(
         other: a second output, compared with the first by row id.
         host: the address to listen on; another than this machine's needs `api_key`.
         port: the port; 0 picks a free one.
-        api_key: the key every request must carry.
+        api_key: the key every request must carry (open the page once as URL?key=KEY: the
+            address returned leaves it out, so that no key lands in a notebook's output).
 
     Returns:
         The page's address (served by a thread of this process until it exits).

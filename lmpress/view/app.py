@@ -1,5 +1,5 @@
 """The viewer's HTTP side: a FastAPI app serving the page (lmpress/view/static/) and the JSON
-API the page reads (the contract: /work/view-spec.md's "JSON API"), and `serve`, which runs
+API the page reads (its routes below; docs/looking-at-results.md), and `serve`, which runs
 it with uvicorn on a socket bound before the first request.
 
 Every answer is JSON of plain text: the page sets it as text, never as HTML. The work a
@@ -43,7 +43,9 @@ COOKIE = "lmpress_view_key"
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'self'; img-src 'self' data:; "
      b"style-src 'self' 'unsafe-inline'; script-src 'self'; object-src 'none'; "
-     b"frame-ancestors 'self'; base-uri 'none'"),
+     # A notebook on this machine (Jupyter's page, VS Code's webview) shows the page framed.
+     b"frame-ancestors 'self' http://localhost:* http://127.0.0.1:* "
+     b"vscode-webview:; base-uri 'none'"),
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
 ]  # fmt: skip
@@ -256,7 +258,9 @@ def create_app(viewer: Viewer, api_key: str | None = None) -> FastAPI:
 
 class ViewKey:
     """Every route asks for the key, when the viewer has one; the security headers go on every
-    answer."""
+    answer. Without a key (a viewer on this machine only), a request must name this machine
+    as its Host: a web page elsewhere that points its own name at 127.0.0.1 (DNS rebinding)
+    would otherwise read every row."""
 
     def __init__(self, app: ASGIApp, api_key: str | None):
         self.app = app
@@ -266,16 +270,25 @@ class ViewKey:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.expected is None and not _names_this_machine(scope):
+            await _error(403, "this viewer answers requests to this machine's own address "
+                         "only (127.0.0.1, localhost)")(scope, receive, send)  # fmt: skip
+            return
         given = self._query_key(scope)
+        key_given = (
+            self.expected is not None
+            and given is not None
+            and hmac.compare_digest(given, self.expected)
+        )
         if self.expected is not None and not (
             carries_key(dict(scope["headers"]), self.expected)
             or self._cookie_key(scope)
-            or (given is not None and hmac.compare_digest(given, self.expected))
+            or key_given
         ):
             await _error(401, "this viewer needs its API key: open the page as /?key=KEY, "
                          "or send 'Authorization: Bearer KEY'")(scope, receive, send)  # fmt: skip
             return
-        cookie = self.expected is not None and given is not None
+        cookie = key_given  # a wrong ?key= never replaces a good cookie
 
         async def send_with_headers(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -305,6 +318,13 @@ class ViewKey:
                 if key == COOKIE.encode() and hmac.compare_digest(given, self.expected):
                     return True
         return False
+
+
+def _names_this_machine(scope: Scope) -> bool:
+    """Whether the request's Host header names this machine (a loopback address, localhost)."""
+    host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return is_loopback(name.strip("[]"))
 
 
 # --- listening ----------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ class JsonlIndex:
         self.head = b""  # digest of the file's first head_length bytes
         self.head_length = 0
         self.inode = 0
+        self.generation = 0  # counts restarts (a replaced file): what was found before is void
         self._saved_rows = -1
         self._saved_at = 0.0
 
@@ -89,9 +90,10 @@ class JsonlIndex:
 
     # --- keeping up with the file ------------------------------------------------------------
 
-    def refresh(self) -> bool:
+    def refresh(self, ended: bool = False) -> bool:
         """Index what the file gained since; start over when it was replaced. Whether rows
-        changed."""
+        changed. `ended`: no job writes the file, so a last line without its newline is
+        whole (else it waits for its newline)."""
         try:
             stat = os.stat(self.path)
         except FileNotFoundError:
@@ -110,11 +112,12 @@ class JsonlIndex:
         if stat.st_size <= self.size:
             return False
         before = self.rows
-        self._extend(stat.st_size)
+        self._extend(stat.st_size, ended)
         self._maybe_save()
         return self.rows != before
 
     def _reset(self) -> None:
+        self.generation += 1
         self.table, self.size, self.head, self.head_length = Table.empty(), 0, b"", 0
         self.start, self.length = np.zeros(0, np.int64), np.zeros(0, np.uint32)
 
@@ -122,7 +125,7 @@ class JsonlIndex:
         with open(self.path, "rb") as handle:
             return hashlib.sha256(handle.read(length)).digest()
 
-    def _extend(self, end: int) -> None:
+    def _extend(self, end: int, ended: bool = False) -> None:
         builder = TableBuilder(self.table.labels, self.rows)
         starts, lengths = array("q"), array("Q")
         kind, step, model = self.kind, self.step, self.model
@@ -145,17 +148,24 @@ class JsonlIndex:
                     first = stop + 1
                 offset += first
                 pending = data[first:]
-        self.size = offset
+        if ended and pending.strip() and decode_line(pending) is not None:
+            starts.append(offset)
+            lengths.append(len(pending))
+            builder.add(facts(kind, decode_line(pending), step, model))
+            offset += len(pending)
         if self.head_length < HEAD_BYTES:  # a small file's first bytes, as far as they go now
-            self.head_length = min(HEAD_BYTES, self.size)
+            self.head_length = min(HEAD_BYTES, offset)
             self.head = self._head(self.head_length)
-        self.start = np.concatenate([self.start, np.frombuffer(starts, np.int64)])
+        # Lengths before starts, and the size last: a reader on another thread (a search) that
+        # reads starts, lengths and size in that order sees no row past the lengths it has.
         added = np.frombuffer(lengths, np.uint64).astype(np.uint32)
         self.length = np.concatenate([self.length, added])
+        self.start = np.concatenate([self.start, np.frombuffer(starts, np.int64)])
         # The builder started from this table's labels, so its codes mean the same.
         new = builder.table()
         columns = {k: np.concatenate([v, new.columns[k]]) for k, v in self.table.columns.items()}
         self.table = Table(columns, new.labels)
+        self.size = offset
 
     # --- reading rows ------------------------------------------------------------------------
 

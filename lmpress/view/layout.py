@@ -97,7 +97,9 @@ def find(given: str | Path) -> Layout:
     folder = path.with_name(f"{name}.models")
     if folder.is_dir():
         return _models(path, files, folder, parquet)
-    if not (path.exists() or files.fingerprint.exists()):
+    # A job that has just started holds its lock before it writes a row: its output is on
+    # its way, and is shown as it comes.
+    if not (path.exists() or files.fingerprint.exists() or files.lock.exists()):
         _exists(path, given)
     return Layout(_batch_kind(path), _job_segments(files, parquet), files.summary, [files.lock])
 

@@ -55,7 +55,8 @@ class ParquetIndex:
     def groups(self) -> int:
         return len(self.bounds) - 1
 
-    def refresh(self) -> bool:
+    def refresh(self, ended: bool = False) -> bool:
+        """As JsonlIndex.refresh; a Parquet file is read by its footer, whole (`ended` unused)."""
         try:
             stat = os.stat(self.path)
         except FileNotFoundError:

@@ -97,39 +97,45 @@ def _member(rows: np.ndarray, count: int) -> np.ndarray:
 
 
 def needles(text: str) -> list[bytes]:
-    """The text as it stands in a JSON line (escaped as JSON escapes it), lowered."""
+    """The text as it stands in a JSON line (escaped as JSON escapes it), its ASCII letters
+    lowered as the file's bytes are (`bytes.lower`): "École" finds "École" and "école"."""
     forms = {json.dumps(text, ensure_ascii=False)[1:-1], json.dumps(text)[1:-1]}
-    return sorted({form.lower().encode() for form in forms if form})
+    return sorted({form.encode().lower() for form in forms if form})
 
 
 def search(source: OpenSource, snapshot: Snapshot, text: str) -> np.ndarray:
-    """The source's rows whose line holds `text` (ASCII letters in any case)."""
+    """The source's rows whose line holds `text` (ASCII letters in any case), among the rows
+    the snapshot holds. What a file was searched for is kept, with how far, and a file that
+    grew is searched from there; one replaced since (a new generation) is searched anew."""
     found = []
     for part, index in enumerate(snapshot.indexes):
-        first = int(snapshot.bounds[part])
-        key = (text, id(index))
+        first, count = int(snapshot.bounds[part]), int(np.diff(snapshot.bounds)[part])
+        key = (text, id(index), getattr(index, "generation", 0))
         scanned, rows = source.searches.get(key, (0, np.zeros(0, np.int64)))
         if isinstance(index, JsonlIndex):
-            if scanned > index.size:  # replaced since: search it all again
-                scanned, rows = 0, np.zeros(0, np.int64)
             if scanned < index.size:
-                more = scan(index, needles(text), scanned)
+                more, scanned = scan(index, needles(text), scanned)
                 rows = np.concatenate([rows, more])
-                scanned = index.size
         elif scanned != index.rows:
             rows, scanned = scan_rows(index, text), index.rows
         with source.kept:
             source.searches[key] = (scanned, rows)
             while len(source.searches) > KEPT_SEARCHES:
                 source.searches.pop(next(iter(source.searches)))
-        found.append(rows[rows < index.rows] + first)
+        found.append(rows[rows < count] + first)
     return np.concatenate(found) if found else np.zeros(0, np.int64)
 
 
-def scan(index: JsonlIndex, words: list[bytes], begin: int = 0) -> np.ndarray:
+def scan(index: JsonlIndex, words: list[bytes], begin: int = 0) -> tuple[np.ndarray, int]:
     """The rows of a JSONL file whose line holds any of `words` (lowered), from byte `begin`
-    to the end of what is indexed."""
-    starts, lengths, size = index.start, index.length, index.size
+    to the end of what is indexed, and the byte it searched to. The index may grow on another
+    thread meanwhile (a live job): the rows it had when read, and no byte past them."""
+    lengths, starts = index.length, index.start  # in the order _extend writes them
+    n = min(len(starts), len(lengths))
+    starts, lengths = starts[:n], lengths[:n]
+    size = int(starts[-1]) + int(lengths[-1]) if n else 0
+    if size <= begin:
+        return np.zeros(0, np.int64), begin
     longest = max(len(w) for w in words)
     rows = array("q")  # not a list: a common word's million rows are 8 MB, not 36
     with open(index.path, "rb") as handle:
@@ -152,7 +158,7 @@ def scan(index: JsonlIndex, words: list[bytes], begin: int = 0) -> np.ndarray:
                 else:  # between lines (a blank line): not a row
                     at = min(hits) + 1
             pos = max(end, pos + at)
-    return np.frombuffer(rows, np.int64).copy()
+    return np.frombuffer(rows, np.int64).copy(), size
 
 
 def scan_rows(index: ParquetIndex, text: str) -> np.ndarray:

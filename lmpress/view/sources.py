@@ -107,13 +107,16 @@ class OpenSource:
     def _look(self, layout: Layout) -> Snapshot:
         self._checked = time.monotonic()
         indexes, changed = [], False
+        # With no job writing, a last line without its newline (a file written by hand or by
+        # another tool) is a row; while one writes, it may be half a line, and is left.
+        ended = all(holder(lock) is None for lock in layout.locks)
         for segment in layout.segments:
             index = self._indexes.get(segment)
             if index is None:
                 kind = ParquetIndex if segment.parquet else JsonlIndex
                 index = kind(segment.path, segment.kind, segment.step, segment.model, self.keep)
                 self._indexes[segment] = index
-            changed = index.refresh() or changed
+            changed = index.refresh(ended) or changed
             indexes.append(index)
         before: Snapshot | None = getattr(self, "snapshot", None)
         if before is not None and not changed and before.indexes == tuple(indexes):

@@ -53,7 +53,10 @@ def run_batch(folder: Path, rows: list[dict], output: str, *extra: str) -> Path:
 
 
 def client(*paths: Path | str, api_key: str | None = None) -> TestClient:
-    return TestClient(create_app(Viewer([str(p) for p in paths]), api_key))
+    # The address a browser on this machine names (TestClient's own, testserver, is no
+    # address of this machine, and a viewer without a key refuses it).
+    app = create_app(Viewer([str(p) for p in paths]), api_key)
+    return TestClient(app, base_url="http://127.0.0.1:8765")
 
 
 def all_rows(viewer: TestClient, **params: str) -> list[dict]:

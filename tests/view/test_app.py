@@ -106,6 +106,17 @@ def test_search_finds_the_rows_holding_a_text_in_any_case(viewer):
     assert all_rows(viewer, q="no row says this") == []
 
 
+def test_a_page_elsewhere_naming_this_viewer_by_its_own_host_is_refused(viewer):
+    """DNS rebinding: a web page whose own name points at 127.0.0.1 sends its Host; a
+    viewer without a key answers only requests naming this machine."""
+    for host in ("evil.example:8765", "evil.example", "127.0.0.1.evil.example"):
+        refused = viewer.get("/api/sources", headers={"host": host})
+        assert refused.status_code == 403, host
+        assert "this machine's own address" in refused.json()["error"]["message"]
+    for host in ("127.0.0.1:8765", "localhost:8765", "[::1]:8765", "localhost"):
+        assert viewer.get("/api/sources", headers={"host": host}).status_code == 200, host
+
+
 def test_a_column_value_filter_compares_the_value(viewer):
     assert [r["id"] for r in all_rows(viewer, column="id", value="g4")] == ["g4"]
     assert [r["id"] for r in all_rows(viewer, column="response.finish_reason", value="stop")] == [

@@ -83,6 +83,26 @@ def test_a_growing_output_is_indexed_from_where_it_ended(tmp_path, lines, monkey
     assert [row.raw.encode() + b"\n" for row in read] == lines
 
 
+def test_a_last_line_without_its_newline_is_a_row_once_no_job_writes(tmp_path, lines):
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"".join(lines)[:-1])  # as a hand-edited file may end
+    source = OpenSource(str(out))
+    assert source.snapshot.rows == len(lines)
+    assert source.read(source.snapshot, [len(lines) - 1])[0].raw.encode() + b"\n" == lines[-1]
+
+
+def test_a_search_finds_capital_letters_beyond_ascii_as_written(tmp_path, lines):
+    from lmpress.view.query import search
+
+    out = tmp_path / "out.jsonl"
+    extra = b'{"id": "e", "response": {"text": "\xc3\x89cole du soir"}}\n'
+    out.write_bytes(b"".join(lines) + extra)
+    source = OpenSource(str(out))
+    snapshot = source.snapshot
+    assert search(source, snapshot, "École").tolist() == [len(lines)]
+    assert search(source, snapshot, "école").tolist() == []  # É is not an ASCII letter
+
+
 def test_a_replaced_output_is_indexed_again(tmp_path, lines):
     out = tmp_path / "out.jsonl"
     out.write_bytes(b"".join(lines))

@@ -1,4 +1,4 @@
-// lmpress view: the page over the JSON API (/work/view-spec.md, lmpress/view/app.py).
+// lmpress view: the page over the JSON API of lmpress/view/app.py (docs/looking-at-results.md).
 // Hand-written, no framework, nothing from the network. Every piece of text a row holds reaches
 // the DOM as a text node (textContent, append(string)); Markdown is parsed here into elements
 // built one by one, never through innerHTML, so a row's HTML or <script> shows as text.
