@@ -213,14 +213,23 @@ class LLM:
         Raises:
             RuntimeError: a text failed; the message is the engine's.
         """
+        return asyncio.run(self._vectors(self._chunks("embed", texts, dimensions, normalize)))
+
+    def _chunks(self, task: str, texts: str | Iterable[str], *settings: Any) -> list[Any]:
+        """The texts as EmbedRequests of EMBED_CHUNK, for a model loaded for `task` (an engine
+        loaded for another answers embed with other values: a classifier's probabilities)."""
         from lmpress.vocabulary.embeddings import EmbedRequest
 
+        if self.config.task != task:
+            raise ConfigError(
+                f"LLM.{'embed' if task == 'embed' else task}(): this model was loaded for "
+                f"task {self.config.task}; load it with task=\"{task}\""
+            )
         items = [texts] if isinstance(texts, str) else list(texts)
-        requests = [
-            EmbedRequest(str(i), items[start : start + EMBED_CHUNK], dimensions, normalize)
+        return [
+            EmbedRequest(str(i), items[start : start + EMBED_CHUNK], *settings)
             for i, start in enumerate(range(0, len(items), EMBED_CHUNK))
         ]
-        return asyncio.run(self._vectors(requests))
 
     async def _vectors(self, requests: list[Any]) -> Any:
         """Every request's vectors as one array. Stacked here, inside the coroutine: at its end
@@ -248,7 +257,7 @@ class LLM:
         Raises:
             RuntimeError: a text failed; the message is the engine's.
         """
-        return [Classification.of(v, labels) for v, labels in self._headed(texts)]
+        return [Classification.of(v, labels) for v, labels in self._headed("classify", texts)]
 
     def reward(self, texts: str | Iterable[str]) -> list[float] | list[list[float]]:
         """Each text's reward, on a reward model (a sequence-classification head, often one
@@ -259,18 +268,11 @@ class LLM:
         Raises:
             RuntimeError: a text failed; the message is the engine's.
         """
-        return [reward_of(values) for values, _ in self._headed(texts)]  # type: ignore[misc]
+        return [reward_of(v) for v, _ in self._headed("reward", texts)]  # type: ignore[misc]
 
-    def _headed(self, texts: str | Iterable[str]) -> list[tuple[Any, list[str]]]:
+    def _headed(self, task: str, texts: str | Iterable[str]) -> list[tuple[Any, list[str]]]:
         """Each text's head values, with their labels."""
-        from lmpress.vocabulary.embeddings import EmbedRequest
-
-        items = [texts] if isinstance(texts, str) else list(texts)
-        requests = [
-            EmbedRequest(str(i), items[start : start + EMBED_CHUNK])
-            for i, start in enumerate(range(0, len(items), EMBED_CHUNK))
-        ]
-        results = asyncio.run(self._all(self.engine.embed, requests))
+        results = asyncio.run(self._all(self.engine.embed, self._chunks(task, texts)))
         headed = []
         for result in results:
             if result.error is not None:

@@ -18,6 +18,7 @@ import pytest
 
 from lmpress import LLM
 from lmpress.builtin_models.tiny import CLASSES, tiny_model
+from lmpress.vocabulary.errors import ConfigError
 from tests.conftest import run_lmpress
 from tests.wire.openai.vllm_shapes import BatchOutputLine, ClassificationResponse, PoolingResponse
 
@@ -58,6 +59,12 @@ def read_jsonl(path: Path) -> list[dict]:
 def test_the_python_front_classifies_and_rewards_as_transformers_pipeline_does(expected):
     with LLM("tiny:classifier", engine="NATIVE", task="classify") as llm:
         classes = llm.classify(TEXTS)
+        # Another task's method would read the probabilities as rewards or vectors.
+        for method, task in ((llm.reward, "reward"), (llm.embed, "embed")):
+            with pytest.raises(
+                ConfigError, match=f'loaded for task classify; load it with task="{task}"'
+            ):
+                method(TEXTS)
     for got, want in zip(classes, expected["classify"], strict=True):
         assert list(got.probs) == list(CLASSES)  # the model's label order
         assert got.probs == pytest.approx(want, abs=1e-4)

@@ -141,7 +141,8 @@ def test_use_beam_search_returns_the_best_n_of_best_of_beams_as_transformers_doe
 def test_remote_vllm_searches_beams_on_a_vllm_server_and_keeps_the_best_n(llama_server, tiny_llama):
     """REMOTE_VLLM sends generation.num_beams as vLLM's server takes it (`use_beam_search` with
     `n` beams, every one answered best first), through the SDK, and keeps the best
-    generation.n: what transformers' beam search gives, streamed or not."""
+    generation.n: what transformers' beam search gives, streamed or not (a streamed raw
+    prompt is asked without streaming: vLLM's /completions answers a beam search whole)."""
     from lmpress.configs import load_config
     from lmpress.engines.registry import create_engine
     from lmpress.vocabulary.types import Delta, GenerationParams, Request

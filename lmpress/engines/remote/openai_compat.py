@@ -186,6 +186,16 @@ class OpenAICompatEngine(RemoteEngine):
         return reply
 
     async def _send_stream(self, client: Any, request: Request) -> AsyncIterator[Delta | Reply]:
+        kept = kept_beams(request.params, self.dialect)
+        if kept is not None and completion_prompt(request) is not None:
+            # vLLM's /completions answers a beam search whole, never as a stream (its chat
+            # streams the beams when they end): ask without streaming, and pass the reply on.
+            reply = await self._send(client, request)
+            for index, sample in enumerate(reply.samples):
+                if sample.text:
+                    yield Delta(request.id, sample.text, index)
+            yield reply
+            return
         await self._before_send(client)
         body = self.with_user(self.request_body(request, await self.model_for(client), stream=True))
         kwargs, extra = _split(body)
@@ -195,7 +205,6 @@ class OpenAICompatEngine(RemoteEngine):
         choices: dict[int, StreamedChoice] = {}
         usage = Usage()
         model = ""
-        kept = kept_beams(request.params, self.dialect)
         async with stream:
             async for chunk in stream:
                 pieces: list[Delta] = []
