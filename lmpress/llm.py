@@ -220,11 +220,11 @@ class LLM:
         loaded for another answers embed with other values: a classifier's probabilities)."""
         from lmpress.vocabulary.embeddings import EmbedRequest
 
-        if self.config.task != task:
-            raise ConfigError(
-                f"LLM.{'embed' if task == 'embed' else task}(): this model was loaded for "
-                f"task {self.config.task}; load it with task=\"{task}\""
-            )
+        # An engine loaded to classify or reward answers embed with its head's values: those
+        # are no vectors, and one task's values are not the other's.
+        loaded = self.config.task
+        if loaded != task and (task != "embed" or loaded in ("classify", "reward")):
+            raise ConfigError(f'LLM.{task}(): loaded for task {loaded}; load it with task="{task}"')
         items = [texts] if isinstance(texts, str) else list(texts)
         return [
             EmbedRequest(str(i), items[start : start + EMBED_CHUNK], *settings)
