@@ -1,11 +1,12 @@
 """What `model.kv_cache_dtype` costs and buys on this CPU, on SmolLM2: each engine's cache at
-auto against its quantized ones (LLAMACPP int8 and int4, llama.cpp's q8_0 and q4_0; VLLM fp8),
-each side in a process of its own.
+auto against its quantized ones (LLAMACPP int8 and int4, llama.cpp's q8_0 and q4_0; VLLM fp8;
+NATIVE int8, lmpress's own), each side in a process of its own.
 
 For each side:
 - KV per token: the cache's bytes per token of context, from the engine's own account (the
   cache llama.cpp says it allocated, over its cells; the tokens vLLM says its cache of
-  VLLM_CPU_KVCACHE_SPACE GiB holds);
+  VLLM_CPU_KVCACHE_SPACE GiB holds; the bytes of NATIVE's slot cache tensors, an int8
+  cache's read buffers included, over their columns, at its largest step);
 - tokens per GiB: the context, or rows times their lengths, that one GiB of cache holds;
 - tok/s: `--rows` chat rows, greedy, `--max-new-tokens` each (ignore_eos, so every row runs its
   full length), `--in-flight` at once, generation alone timed, median of `--rounds`;
@@ -33,7 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "smollm2:135m-instruct"
-SIDES = ["LLAMACPP:auto", "LLAMACPP:int8", "LLAMACPP:int4", "VLLM:auto", "VLLM:fp8"]
+SIDES = ["LLAMACPP:auto", "LLAMACPP:int8", "LLAMACPP:int4", "VLLM:auto", "VLLM:fp8",
+         "NATIVE:auto", "NATIVE:int8"]  # fmt: skip
 TOPICS = ["rain", "the sea", "cats", "roads", "bread", "music", "trees", "the moon"]
 # "llama_kv_cache: size = 90.00 MiB (512 cells, 30 layers, 8/8 seqs), ...": a split cache
 # gives each sequence's cells.
@@ -92,6 +94,7 @@ def side(engine: str, dtype: str, args: argparse.Namespace) -> dict:
         for i in range(args.rows)
     ]
     rates, texts = [], []
+    largest = watch_native_cache() if engine == "NATIVE" else {}
     try:
         for _ in range(args.rounds):
             start = time.perf_counter()
@@ -101,7 +104,28 @@ def side(engine: str, dtype: str, args: argparse.Namespace) -> dict:
             texts = [r.text for r in results]
     finally:
         asyncio.run(engine_.aclose())
-    return {"rates": rates, "texts": texts}
+    return {"rates": rates, "texts": texts, **largest}
+
+
+def watch_native_cache() -> dict:
+    """NATIVE's KV bytes a token, read from its slot cache's own tensors at its largest step
+    (the returned dict fills in as the rows run)."""
+    from lmpress.engines.local.native.batch_cache import BatchCache
+
+    largest: dict = {}
+    step_inputs = BatchCache.step_inputs
+
+    def watched(self, widths=1):
+        out = step_inputs(self, widths)
+        tensors = [t for layer in self.layers for t in layer]
+        held = sum(t.codes.nbytes + t.scales.nbytes if hasattr(t, "codes") else t.nbytes
+                   for t in tensors) + sum(t.nbytes for t in self.reads)  # fmt: skip
+        if self.columns() > largest.get("columns", 0):
+            largest.update(columns=self.columns(), kv=held / self.columns())
+        return out
+
+    BatchCache.step_inputs = watched
+    return largest
 
 
 def main() -> None:
@@ -116,8 +140,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.side:
         engine, dtype = args.side.split(":")
-        print(json.dumps({**side(engine, dtype, args),
-                          "kv": kv_bytes_per_token(engine, dtype)}))  # fmt: skip
+        found = side(engine, dtype, args)
+        if engine != "NATIVE":
+            found["kv"] = kv_bytes_per_token(engine, dtype)
+        print(json.dumps(found))
         return
     found: dict[str, dict] = {}
     for name in args.sides.split(","):

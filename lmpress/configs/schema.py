@@ -50,8 +50,8 @@ class ModelParams:
     # variables the chat template reads, e.g. enable_thinking
     chat_template_kwargs: dict[str, Any] | None = None
     torch_dtype_str: str = "auto"  # auto: float32 on a CPU, bfloat16 on CUDA (NATIVE, VLLM)
-    # The KV cache's precision: auto (the engine's own), int8 or int4 (LLAMACPP's q8_0 and
-    # q4_0), fp8 (VLLM's); an engine refuses one it cannot hold.
+    # The KV cache's precision: auto (the engine's own), int8 (NATIVE's, keys rotated; LLAMACPP's
+    # q8_0), int4 (LLAMACPP's q4_0), fp8 (VLLM's); an engine refuses one it cannot hold.
     kv_cache_dtype: str = "auto"
     device_map: str | None = "auto"  # auto: cuda where present, else cpu (NATIVE)
     attn_implementation: str | None = None  # transformers' attention implementation (NATIVE)

@@ -13,6 +13,11 @@ once a step from each row's length. A row may carry several new tokens in a step
 speculative step verifies); the step keeps as many of them as the row emitted (`keep`), and the
 columns past that are written over later.
 
+With `model.kv_cache_dtype: int8` each layer's keys and values are `Int8Slots` (int8_slots.py):
+quantized as tokens are written, dequantized a layer at a time as attention reads them, copied
+as they are. Prompt caches (`PromptCache`, `PrefixStore`) stay in the model's dtype: they are
+one prompt's, and short-lived.
+
 `PrefixStore` keeps the prompt caches of the last few prompts prefilled: a new prompt that
 begins with the same tokens (a system prompt, a few-shot block) starts from the longest such
 prefix and computes only the rest.
@@ -25,6 +30,8 @@ import inspect
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+from lmpress.engines.local.native.int8_slots import Int8Slots
 
 # A prompt reuses a stored prefix only when they share at least this many tokens: below that,
 # copying the prefix costs about what computing it would.
@@ -132,10 +139,20 @@ class StepMask:
     j attends to the row's columns up to its own position, and on a layer with a sliding
     window only to the last `window` of them. Built for each window when a layer first asks."""
 
-    def __init__(self, positions: Any, columns: int, dtype: Any, ragged: Ragged | None = None):
+    def __init__(
+        self,
+        positions: Any,
+        columns: int,
+        dtype: Any,
+        ragged: Ragged | None = None,
+        rotations: dict[int, Any] | None = None,
+    ):
         import torch
 
         self.ragged = ragged  # a ragged step's layout, None for one of equal rows
+        # The rotation of an int8 cache's keys, by head width (int8_slots.py), which attention
+        # turns its query by; None for a plain cache.
+        self.rotations = rotations
         self.positions = positions[:, None, :, None]  # each new token's column
         self.columns = torch.arange(columns, device=positions.device)
         self.dtype = dtype
@@ -186,6 +203,11 @@ def slots_layer_class() -> type:
                 self.batch.step.positions.shape[0],
                 self.batch.step.columns.shape[0],
             )
+            if isinstance(keys, Int8Slots):
+                keys.put(where, key_states)
+                values.put(where, value_states)
+                reads = self.batch.reads
+                return keys.read(n, columns, reads[0]), values.read(n, columns, reads[1])
             keys.transpose(1, 2).index_put_(where, key_states.transpose(1, 2))
             values.transpose(1, 2).index_put_(where, value_states.transpose(1, 2))
             return keys[:n, :, :columns], values[:n, :, :columns]
@@ -205,12 +227,15 @@ class BatchCache:
     """The rows decoding now, in slot order: the slot cache, each row's length, and the cache
     the model's forward pass takes for one step of all of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, int8: bool = False) -> None:
+        self.int8 = int8  # the layers are `Int8Slots` (model.kv_cache_dtype: int8)
         self.lengths: list[int] = []  # the tokens each live slot holds
         self.needs: list[int] = []  # the columns each live slot may come to hold
-        self.layers: list[
-            tuple[Any, Any]
-        ] = []  # per layer: keys, values [slots, heads, capacity, dim]
+        # per layer: keys, values [slots, heads, capacity, dim]
+        self.layers: list[tuple[Any, Any]] = []
+        # int8: two buffers of one layer's keys and values in the model's dtype, flat, which
+        # every layer's read fills in turn (Int8Slots.read); counted in the budget
+        self.reads: list[Any] = []
         self.where: tuple[Any, Any] = ()  # the step's (slot, column) of each new token
         self.step: StepMask | None = None  # the step's mask, and the columns attention reads
         self._cache: Any = None
@@ -270,7 +295,8 @@ class BatchCache:
         self.lengths = [self.lengths[i] for i in order]
         self.needs = [self.needs[i] for i in order]
         if not order:
-            self.layers, self._cache = [], None  # an empty batch gives its memory back
+            # an empty batch gives its memory back
+            self.layers, self.reads, self._cache = [], [], None
         return order
 
     def reorder(self, moves: list[tuple[int, int]]) -> None:
@@ -333,7 +359,10 @@ class BatchCache:
             real = ragged.real
             self.where = (slots.flatten()[real][None], positions.flatten()[real][None])
         columns = min(round_up(longest, MASK_COLUMNS), self.capacity - 1)
-        step = self.step = StepMask(positions, columns, self.layers[0][0].dtype, ragged)
+        rotations = None
+        if self.int8:
+            rotations = {keys.shape[-1]: keys.rotation for keys, _ in self.layers}
+        step = self.step = StepMask(positions, columns, self.layers[0][0].dtype, ragged, rotations)
         mask = step.mask(None)
         mask.lmpress_step = step
         if self._cache is None:
@@ -355,13 +384,24 @@ class BatchCache:
         n, width = len(self.lengths), max(self.lengths, default=0)
         layers = []
         for i, (k, v) in enumerate(like):
-            keys = k.new_zeros(slots, k.shape[-3], capacity, k.shape[-1])
-            values = v.new_zeros(slots, v.shape[-3], capacity, v.shape[-1])
+            keys = self._zeros(k, slots, capacity, keys=True)
+            values = self._zeros(v, slots, capacity)
             if self.layers and n:
                 keys[:n, :, :width] = self.layers[i][0][:n, :, :width]
                 values[:n, :, :width] = self.layers[i][1][:n, :, :width]
             layers.append((keys, values))
         self.layers = layers
+        if self.int8:
+            most = max(t.codes.numel() for layer in layers for t in layer)
+            self.reads = [layers[0][0].scales.new_empty(most) for _ in range(2)]
+
+    def _zeros(self, like: Any, slots: int, capacity: int, keys: bool = False) -> Any:
+        """Empty keys or values of `slots` x `capacity` with the heads and width of `like`
+        (int8: the keys rotated, int8_slots.py)."""
+        shape = (slots, like.shape[-3], capacity, like.shape[-1])
+        if self.int8:
+            return Int8Slots.zeros(shape, like.dtype, like.device, rotated=keys)
+        return like.new_zeros(shape)
 
     def forward(
         self, model: Any, ids: list[list[int]], cache_arg: str, device: Any, compiled: Any = None

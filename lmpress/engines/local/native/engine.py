@@ -29,7 +29,8 @@ loaded on the same device and dtype; its KV cache is not counted in `kv_cache_gb
 
 `model.model_kwargs.kv_cache_gb` caps the KV cache (rows join only while it has room, and a
 row that could outgrow it alone fails); `model.model_kwargs.prefix_reuse: false` turns off
-reusing a shared prompt prefix's cache.
+reusing a shared prompt prefix's cache. `model.kv_cache_dtype: int8` holds the batch's KV
+cache as int8 (int8_slots.py), so the same budget holds more tokens.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ class NativeEngine(WorkerEngine):
     # Every row its own adapter, in one batch (adapters.py).
     takes_adapters = True
     merges_adapter_model = True
+    # The batch's KV cache as int8 with a scale per head and token (int8_slots.py).
+    kv_cache_dtypes = frozenset({"int8"})
 
     @classmethod
     def model_task(cls, config: RunConfig) -> str:
@@ -229,6 +232,7 @@ class NativeEngine(WorkerEngine):
             speculation=speculation, draft_model=self.draft_model,
             decode=compiled_decode(self.model) if config.model.compile else None,
             token_text=self._tokenizer.piece, adapters=self.adapters,
+            int8_cache=config.model.kv_cache_dtype == "int8",
         )  # fmt: skip
         if config.model.compile:
             scheduler.warm()

@@ -31,17 +31,23 @@ def batching_settings(model: ModelParams, model_config: Any, dtype: Any) -> tupl
     budget, reuse = options.kv_cache_gb, options.prefix_reuse
     if budget is None:
         return None, reuse
-    per_token = kv_bytes_per_token(model_config, dtype)
+    per_token = kv_bytes_per_token(model_config, dtype, int8=model.kv_cache_dtype == "int8")
     return int(budget * 2**30 // per_token), reuse
 
 
-def kv_bytes_per_token(model_config: Any, dtype: Any) -> int:
-    """What one token of one row takes in the KV cache: keys and values in every layer."""
+def kv_bytes_per_token(model_config: Any, dtype: Any, int8: bool = False) -> int:
+    """What one token of one row takes in the KV cache: keys and values in every layer. With
+    `int8` (model.kv_cache_dtype), a byte an element and a scale in `dtype` a head, and one
+    layer's keys and values in `dtype` besides, the buffers attention reads them from
+    (int8_slots.py)."""
     text = model_config.get_text_config()
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
+    if not int8:
+        return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
+    read = 2 * kv_heads * head_dim * dtype.itemsize
+    return 2 * text.num_hidden_layers * kv_heads * (head_dim + dtype.itemsize) + read
 
 
 def pick_device_and_dtype(model: ModelParams, torch: Any) -> tuple[str, Any]:

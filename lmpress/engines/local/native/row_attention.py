@@ -4,7 +4,8 @@ A decoding step passes the model its own attention mask, which carries the step'
 `use_row_attention` registers an attention function with transformers (its AttentionInterface)
 that runs the model's own attention once over all rows' slots with that mask (the one for the
 layer's sliding window, if it has one), and hands everything else (a prompt's prefill, a vision
-tower) to the model's own attention unchanged.
+tower) to the model's own attention unchanged. Over an int8 cache, whose keys are held rotated
+(int8_slots.py), it turns the query by the same rotation.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import sys
 from typing import Any
 
+from lmpress.engines.local.native.int8_slots import rotate
 from lmpress.vocabulary.errors import ModelLoadError
 
 PREFIX = "lmpress_rows_"
@@ -50,9 +52,11 @@ def row_attention(
     step = getattr(attention_mask, "lmpress_step", None)
     if step is None:
         return own(module, query, key, value, attention_mask, **kwargs)
-    ragged = step.ragged
+    ragged, rotations = step.ragged, step.rotations
     if ragged is not None:
         query = ragged.to_rows(query)
+    if rotations is not None:  # an int8 cache's keys are rotated (int8_slots.py)
+        query = rotate(query, rotations[query.shape[-1]]).to(query.dtype)
     window = kwargs.get("sliding_window")
     if own is sdpa_attention_forward() and not set(kwargs) & SDPA_EXTRAS:
         # From the module rather than the shapes where it can: under torch.compile with symbolic

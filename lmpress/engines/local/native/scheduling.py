@@ -92,6 +92,7 @@ class NativeScheduler(Scheduler):
         draft_model: Any = None,
         token_text: Callable[[int], str] | None = None,
         adapters: RowAdapters | None = None,
+        int8_cache: bool = False,
     ):
         super().__init__(queue, engine)
         self.model = model
@@ -105,7 +106,8 @@ class NativeScheduler(Scheduler):
         self.checkpoint_processors = checkpoint_processors  # the checkpoint's own ("use")
         self.speculation = speculation
         self.speculation_counts = SpeculationCounts()
-        self._batch = BatchCache()
+        self.int8_cache = int8_cache  # model.kv_cache_dtype: int8 (int8_slots.py)
+        self._batch = BatchCache(int8_cache)
         # The forward the decoding steps call: the model's own, or its compiled one
         # (loading.compiled_decode); a prompt's prefill always calls the model's own.
         self._decode = decode or model
@@ -129,7 +131,7 @@ class NativeScheduler(Scheduler):
     def run(self) -> None:
         import torch
 
-        self._batch = BatchCache()
+        self._batch = BatchCache(self.int8_cache)
         self._cache_arg = cache_argument(self.model)
         if self.draft_model is not None:
             n_vocab = self.model.config.get_text_config().vocab_size
@@ -155,7 +157,7 @@ class NativeScheduler(Scheduler):
                 self.fail(list(self._rows_of), failure_info(exc))
                 self._active, self._rows_of, self._scores = [], {}, {}
                 self._beams = BeamSearches()
-                self._batch = BatchCache()
+                self._batch = BatchCache(self.int8_cache)
                 if self._drafter is not None:
                     self._drafter.reset()
 
@@ -379,12 +381,12 @@ class NativeScheduler(Scheduler):
         widths = (1, 2) if self.speculation else (1,)
         with torch.inference_mode():
             prompt, _, _ = self._prefill([0] * WARM_PROMPT_TOKENS)
-            self._batch = BatchCache()
+            self._batch = BatchCache(self.int8_cache)
             self._batch.join([prompt] * 3, [2 * WARM_PROMPT_TOKENS] * 3)
             self._batch.leave([2])
             for width in widths:
                 self._forward([[0] * width] * 2)
-        self._batch = BatchCache()
+        self._batch = BatchCache(self.int8_cache)
 
     def _pick_or_search(self, rows: list[BatchRow], logits: Any) -> list[tuple[int, int]]:
         """`_pick` for the rows that sample, a beam search's step for each group's; returns

@@ -75,10 +75,10 @@ def test_what_an_engine_cannot_hold_is_refused_in_one_line():
         create_engine(load_config(overrides={"engine": "LLAMACPP", "model.model_name": SMOLLM2,
                                              "model.kv_cache_dtype": "fp8"}))  # fmt: skip
     with pytest.raises(
-        UnsupportedParamError, match=r"engine NATIVE cannot hold .* as int8; set it"
+        UnsupportedParamError, match=r"engine NATIVE cannot hold .* as fp8; it takes int8"
     ):
         create_engine(load_config(overrides={"engine": "NATIVE", "model.model_name": SMOLLM2,
-                                             "model.kv_cache_dtype": "int8"}))  # fmt: skip
+                                             "model.kv_cache_dtype": "fp8"}))  # fmt: skip
     with pytest.raises(ConfigError, match="needs flash attention"):
         create_engine(load_config(overrides={
             "engine": "LLAMACPP", "model.model_name": SMOLLM2, "model.kv_cache_dtype": "int8",
