@@ -123,16 +123,19 @@ async def _serve(server, sock: socket.socket, opened, closed, banner: str, batch
         await closed()
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (port 0: a free one), or a one-line error."""
+def listen(host: str, port: int, setting: str = "serve.host") -> socket.socket:
+    """A socket bound to host:port (port 0: a free one) and listening, so that an address
+    printed at once already takes connections; or a one-line error naming `setting` (the
+    host's, as the command takes it) or the port."""
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as exc:
-        raise LmpressError(f"serve.host: cannot resolve '{host}' ({exc.strerror})") from exc
+        raise LmpressError(f"{setting}: cannot resolve '{host}' ({exc.strerror})") from exc
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(128)
     except OSError as exc:
         sock.close()
         raise LmpressError(

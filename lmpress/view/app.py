@@ -32,10 +32,11 @@ import lmpress.view.compare as compare
 import lmpress.view.rows as rows
 import lmpress.view.stats as stats
 from lmpress.serve.asgi import carries_key
+from lmpress.serve.server import listen as serve_listen
 from lmpress.view.layout import DATASET, SourceKind
 from lmpress.view.query import ONE_PAGE_MOST, Filters, QueryError, select
 from lmpress.view.sources import OpenSource
-from lmpress.vocabulary.errors import ConfigError, InputError, LmpressError, Terminated
+from lmpress.vocabulary.errors import LmpressError, Terminated
 
 STATIC = Path(__file__).resolve().parent / "static"
 COOKIE = "lmpress_view_key"
@@ -340,22 +341,8 @@ def is_loopback(host: str) -> bool:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (0: a free port), or a one-line error."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    except socket.gaierror as exc:
-        raise ConfigError(f"view: --host {host}: cannot resolve it ({exc.strerror})") from exc
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(128)  # connections wait from now on, so the address printed works at once
-    except OSError as exc:
-        sock.close()
-        raise InputError(
-            f"view: cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port"
-        ) from exc
-    return sock
+    """A socket bound to host:port (0: a free port) and listening, or a one-line error: serve's."""
+    return serve_listen(host, port, "view --host")
 
 
 def url_of(sock: socket.socket) -> str:
