@@ -16,7 +16,6 @@ from lmpress.configs.schema import RunConfig
 from lmpress.engines.base import check_params
 from lmpress.engines.registry import create_engine
 from lmpress.vocabulary.embeddings import (
-    CLASSIFYING_TASKS,
     Classification,
     EmbedResult,
     Task,
@@ -146,7 +145,7 @@ async def run_pooled(
 
     out = out or sys.stdout
     task: Task = config.task  # type: ignore[assignment]  # checked by configs.loading
-    embeds = task == "embed" or task in CLASSIFYING_TASKS
+    embeds = task in pooling_rows.INPUT_TASKS  # answered by embed
     if embeds:
         pooled = PoolingInput(task, [text])
     else:

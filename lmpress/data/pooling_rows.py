@@ -69,7 +69,7 @@ class PoolingInput:
     top_n: int | None = None
 
     def request(self, rid: str) -> EmbedRequest | ScoreRequest:
-        if self.task in _INPUT_TASKS:
+        if self.task in INPUT_TASKS:
             assert self.inputs is not None
             return EmbedRequest(rid, self.inputs, self.dimensions, self.normalize)
         assert self.query is not None and self.documents is not None
@@ -79,7 +79,7 @@ class PoolingInput:
 def row_input(raw: dict[str, Any], task: Task, mapping: RowMapping) -> PoolingInput:
     """A plain row's (or a table row's) input to an embed, score, rerank, classify or reward
     run."""
-    if task in _INPUT_TASKS:
+    if task in INPUT_TASKS:
         return _embed_input(raw, mapping, task)
     if any(key in raw for key in _SCORE_KEYS):
         body = {key: raw[key] for key in ("documents", *_SCORE_KEYS) if key in raw}
@@ -95,7 +95,7 @@ def row_input(raw: dict[str, Any], task: Task, mapping: RowMapping) -> PoolingIn
 
 
 # The tasks whose rows give texts (or token ids), each answered on its own.
-_INPUT_TASKS: tuple[Task, ...] = ("embed", *CLASSIFYING_TASKS)
+INPUT_TASKS: tuple[Task, ...] = ("embed", *CLASSIFYING_TASKS)
 # The keys only a score body has (its current form's and its older one's).
 _SCORE_KEYS = ("queries", "text_1", "text_2")
 
@@ -162,7 +162,7 @@ def run_of(task: Task) -> str:
 
 
 def _fits(task: Task) -> str:
-    if task in _INPUT_TASKS:
+    if task in INPUT_TASKS:
         return f"give 'input' (or --text-column COL), or an OpenAI Batch line to {task_url(task)}"
     if task in ("score", "rerank"):
         return "give 'query' and 'documents' (or 'queries' and 'documents')"
