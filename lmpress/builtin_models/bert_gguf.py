@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmpress.vocabulary.classifier import labels_of
+
 # llama.cpp's POOLING_TYPE values, as `{arch}.pooling_type` stores them.
 POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 1, 2, 3, 4
 # sentence-transformers' 1_Pooling/config.json modes, as llama.cpp's pooling types.
@@ -191,8 +193,7 @@ def convert_directory(directory: Path, out: Path) -> Path:
     for key in [k for k in weights if k.endswith("embeddings.position_embeddings.weight")]:
         weights[key] = weights[key][:context]
     head = weights.get("classifier.weight")
-    names = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
-    labels = [names.get(i, f"LABEL_{i}") for i in range(len(head))] if head is not None else None
+    labels = labels_of(config.get("id2label"), len(head)) if head is not None else None
     write_bert_gguf(weights, vocab, shape, pooling, out, directory.name, normalize, labels)
     return out
 

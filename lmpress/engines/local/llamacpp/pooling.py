@@ -19,7 +19,7 @@ pooling gives the classifier head's values instead of a vector, as many as the G
 (`llama_model_n_cls_out`): a reranker's one, its score for a query/document pair, formatted as
 llama-server formats a rerank pair (`rerank_tokens`); a classifier's, each input tokenized as
 `embed` tokenizes it ([CLS] text [SEP] for BERT) and the values made its labels' probabilities
-or kept as rewards (`Head`, common/classifier.py). Only BERT's family ends its rank pooling in
+or kept as rewards (`Head`, vocabulary/classifier.py). Only BERT's family ends its rank pooling in
 the head's own values (llama.cpp refuses a LLaMA GGUF with a head, and softmaxes a Qwen3 one's
 itself, which leaves no raw values for `reward`), so `classify` and `reward` take a GGUF of
 that family (`HEADED_ARCHITECTURES`) and refuse any other before its weights load.
@@ -34,9 +34,9 @@ from typing import Any
 
 from lmpress.builtin_models.bert_gguf import NORMALIZE_KEY
 from lmpress.engines.base import Engine
-from lmpress.engines.common.classifier import activated, labels_of, sigmoid_applies
 from lmpress.engines.local.llamacpp.loading import load_vocab, trained_context
 from lmpress.engines.local.worker import CallerQueue, Scheduler, WorkQueue
+from lmpress.vocabulary.classifier import activated, labels_of, sigmoid_applies
 from lmpress.vocabulary.embeddings import (
     CLASSIFYING_TASKS,
     SCORING_TASKS,
