@@ -7,10 +7,13 @@ carries "▁", a continuation drops its "##"). The pooler and classifier become 
 reranker head (`cls`: a dense layer and tanh over the [CLS] token; `cls.output`: the
 classifier) when the pooling is rank. A classifier of more than one label needs its labels
 written too (`{arch}.classifier.output_labels`, in label-id order): llama.cpp takes the head's
-width from their count, and refuses a `cls.output` of several rows without them. The tiny BERTs
-(tiny_gguf_bert.py) are written by it, and `convert_directory` writes a Hugging Face BERT
-directory with it: a sentence-transformers one, such as all-MiniLM-L6-v2, or a
-`BertForSequenceClassification` (a cross-encoder, or a classifier with its config's `id2label`):
+width from their count, and refuses a `cls.output` of several rows without them. A one-label
+head's label is written where it is given, as llama.cpp's own convert_hf_to_gguf.py writes a
+one-label config's `id2label`, so that LLAMACPP names the value as NATIVE and VLLM do (a GGUF
+without it: `LABEL_0`). The tiny BERTs (tiny_gguf_bert.py) are written by it, and
+`convert_directory` writes a Hugging Face BERT directory with it: a sentence-transformers one,
+such as all-MiniLM-L6-v2, or a `BertForSequenceClassification` (a cross-encoder, or a
+classifier with its config's `id2label` and `problem_type`):
 
     python -m lmpress.builtin_models.bert_gguf MODEL_DIR OUT.gguf
 
@@ -19,7 +22,11 @@ there) when it has one. A `Normalize` module has no GGUF key of llama.cpp's own 
 convert_hf_to_gguf.py reads only the Pooling module, and llama.cpp hands vectors back as
 pooled), so the converter records it under lmpress's own key, `NORMALIZE_KEY`, which llama.cpp
 ignores and the LLAMACPP engine honours: one model gives the same unit vectors on NATIVE, VLLM
-and LLAMACPP.
+and LLAMACPP. A classifier's `problem_type` likewise has no key of llama.cpp's (its converter
+writes the labels only), and it decides classify's activation (a sigmoid a label where the
+labels may all hold, `multi_label_classification`; vocabulary/classifier.py): the converter
+records the config's under `PROBLEM_TYPE_KEY`, which LLAMACPP reads, so one multi-label model
+gives the same probabilities on the three engines.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from lmpress.vocabulary.classifier import labels_of
 
 # llama.cpp's POOLING_TYPE values, as `{arch}.pooling_type` stores them.
 POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 1, 2, 3, 4
@@ -41,6 +50,8 @@ _POOLING_MODES = {
 NORMAL, CONTROL = 1, 3  # gguf.TokenType values
 # true: the model ends in sentence-transformers' Normalize module (an L2 norm after pooling).
 NORMALIZE_KEY = "lmpress.pooling.normalize"
+# The classifier's `problem_type`, as its Hugging Face config says it (absent: it says none).
+PROBLEM_TYPE_KEY = "lmpress.classifier.problem_type"
 
 
 @dataclass(frozen=True)
@@ -109,16 +120,18 @@ def write_bert_gguf(
     name: str,
     normalize: bool = False,
     labels: list[str] | None = None,
+    problem_type: str | None = None,
 ) -> None:
     """Write a BERT GGUF from `weights` (float32 numpy arrays under transformers' names);
     `normalize`: the model's vectors are L2-normalised after pooling (NORMALIZE_KEY); `labels`:
-    the classifier's, in label-id order (transformers' `LABEL_i` where not given), written
-    where its head has more than one."""
+    the classifier's, in label-id order, written where given (transformers' `LABEL_i` where its
+    head has several and they are not); `problem_type`: the classifier's config's
+    (PROBLEM_TYPE_KEY)."""
     import gguf
 
     head = next((v for k, v in weights.items() if gguf_name(k) == "cls.output.weight"), None)
     count = len(head) if head is not None and pooling == POOLING_RANK else 0
-    if labels is not None and count > 1 and len(labels) != count:
+    if labels is not None and count and len(labels) != count:
         raise ValueError(f"the classifier has {count} labels, {len(labels)} names given")
 
     writer = gguf.GGUFWriter(str(out), "bert")
@@ -133,8 +146,10 @@ def write_bert_gguf(
     writer.add_pooling_type(gguf.PoolingType(pooling))
     if normalize:
         writer.add_bool(NORMALIZE_KEY, True)
-    if count > 1:
-        writer.add_classifier_output_labels(labels or [f"LABEL_{i}" for i in range(count)])
+    if count and (labels or count > 1):
+        writer.add_classifier_output_labels(labels or labels_of(None, count))
+    if count and problem_type is not None:
+        writer.add_string(PROBLEM_TYPE_KEY, problem_type)
     writer.add_tokenizer_model("bert")
     writer.add_token_list(vocab.gguf_tokens())
     specials = {vocab.cls, vocab.sep, vocab.unk, vocab.pad, vocab.mask}
@@ -160,7 +175,8 @@ def write_bert_gguf(
 def convert_directory(directory: Path, out: Path) -> Path:
     """A BERT directory (config.json, model.safetensors, tokenizer.json; a sentence-transformers
     one's 1_Pooling/config.json and modules.json) as a GGUF at `out`: a
-    `…ForSequenceClassification` one with rank pooling, its head and its labels."""
+    `…ForSequenceClassification` one with rank pooling, its head, its labels and its
+    `problem_type`."""
     from safetensors.numpy import load_file
 
     config = json.loads((directory / "config.json").read_text())
@@ -191,9 +207,11 @@ def convert_directory(directory: Path, out: Path) -> Path:
     for key in [k for k in weights if k.endswith("embeddings.position_embeddings.weight")]:
         weights[key] = weights[key][:context]
     head = weights.get("classifier.weight")
-    names = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
-    labels = [names.get(i, f"LABEL_{i}") for i in range(len(head))] if head is not None else None
-    write_bert_gguf(weights, vocab, shape, pooling, out, directory.name, normalize, labels)
+    labels = labels_of(config.get("id2label"), len(head)) if head is not None else None
+    write_bert_gguf(
+        weights, vocab, shape, pooling, out, directory.name, normalize, labels,
+        config.get("problem_type") if head is not None else None,
+    )  # fmt: skip
     return out
 
 

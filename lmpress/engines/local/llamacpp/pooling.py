@@ -19,10 +19,12 @@ pooling gives the classifier head's values instead of a vector, as many as the G
 (`llama_model_n_cls_out`): a reranker's one, its score for a query/document pair, formatted as
 llama-server formats a rerank pair (`rerank_tokens`); a classifier's, each input tokenized as
 `embed` tokenizes it ([CLS] text [SEP] for BERT) and the values made its labels' probabilities
-or kept as rewards (`Head`, common/classifier.py). Only BERT's family ends its rank pooling in
-the head's own values (llama.cpp refuses a LLaMA GGUF with a head, and softmaxes a Qwen3 one's
-itself, which leaves no raw values for `reward`), so `classify` and `reward` take a GGUF of
-that family (`HEADED_ARCHITECTURES`) and refuse any other before its weights load.
+or kept as rewards (`Head`, vocabulary/classifier.py), by the `problem_type` the converter
+records (`lmpress.classifier.problem_type`, builtin_models/bert_gguf.py). Only BERT's family
+ends its rank pooling in the head's own values (llama.cpp refuses a LLaMA GGUF with a head, and
+softmaxes a Qwen3 one's itself, which leaves no raw values for `reward`), so `classify` and
+`reward` take a GGUF of that family (`HEADED_ARCHITECTURES`) and refuse any other before its
+weights load.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmpress.builtin_models.bert_gguf import NORMALIZE_KEY
+from lmpress.builtin_models.bert_gguf import NORMALIZE_KEY, PROBLEM_TYPE_KEY
 from lmpress.engines.base import Engine
-from lmpress.engines.common.classifier import activated, labels_of, sigmoid_applies
 from lmpress.engines.local.llamacpp.loading import load_vocab, trained_context
 from lmpress.engines.local.worker import CallerQueue, Scheduler, WorkQueue
+from lmpress.vocabulary.classifier import activated, labels_of, sigmoid_applies
 from lmpress.vocabulary.embeddings import (
     CLASSIFYING_TASKS,
     SCORING_TASKS,
@@ -157,27 +159,28 @@ def pooled_width(lc: Any, ctx: Any) -> int:
 @dataclass(frozen=True)
 class Head:
     """A classifier's head as a GGUF gives it: its labels (`{arch}.classifier.output_labels`,
-    else transformers' `LABEL_i`), and what `task` makes of its values."""
+    else transformers' `LABEL_i`), and what `task` makes of its values: `sigmoid`, by the
+    `problem_type` lmpress's converter records (PROBLEM_TYPE_KEY); a GGUF without one, as
+    llama.cpp's own converter writes it, gets a softmax over several labels, a sigmoid for one."""
 
     task: str
     labels: list[str]
+    sigmoid: bool
 
     @classmethod
-    def of(cls, lc: Any, model: Any, task: str) -> Head:
+    def of(cls, lc: Any, model: Any, task: str, problem_type: str | None) -> Head:
         count = lc.llama_model_n_cls_out(model)
         names = {}
         for i in range(count):
             if label := lc.llama_model_cls_label(model, i):  # bytes, or None where unnamed
                 names[i] = label.decode("utf-8", "replace")
-        return cls(task, labels_of(names, count))
+        return cls(task, labels_of(names, count), sigmoid_applies(count, problem_type))
 
     def finish(self, result: EmbedResult) -> EmbedResult:
-        """The result's values as the task gives them (a GGUF records no `problem_type`, so a
-        softmax over several labels, a sigmoid for one), labelled."""
+        """The result's values as the task gives them, labelled."""
         result.labels = self.labels
         if result.error is None and result.embeddings:
-            sigmoid = sigmoid_applies(len(self.labels), None)
-            values = activated([e.vector for e in result.embeddings], self.task, sigmoid)
+            values = activated([e.vector for e in result.embeddings], self.task, self.sigmoid)
             for embedding, row in zip(result.embeddings, values, strict=True):
                 embedding.vector = row
         return result
@@ -198,7 +201,9 @@ class PoolingInputs:
         self.limit = min(lc.llama_n_batch(ctx), lc.llama_n_ubatch(ctx), trained)
         self.n_seq = lc.llama_n_seq_max(ctx)
         self.width = pooled_width(lc, ctx)
-        self.head = Head.of(lc, model, task) if task in CLASSIFYING_TASKS else None
+        self.head = None
+        if task in CLASSIFYING_TASKS:
+            self.head = Head.of(lc, model, task, llama.metadata.get(PROBLEM_TYPE_KEY))
         # The model's Normalize module, which llama.cpp does not apply: lmpress's GGUF key.
         self.normalize = llama.metadata.get(NORMALIZE_KEY) == "true"
         self.n_vocab = llama.n_vocab()

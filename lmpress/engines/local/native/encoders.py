@@ -11,7 +11,8 @@ default activation on a one-label model since v4 (Identity). On any other model 
 the cosine of the query's and the document's embeddings, as vLLM does. `classify` and
 `reward` load any sequence-classification model, an encoder's (BERT's: its [CLS] vector) or a
 decoder's (Llama's: its last token's, which transformers finds by the config's pad token), and
-give each input the head's values (common/classifier.py makes them probabilities or keeps them).
+give each input the head's values (vocabulary/classifier.py makes them probabilities or keeps
+them).
 
 Inputs are cut at the model's limit: `model.model_max_length`, else sentence-transformers'
 `max_seq_length`, else the tokenizer's or the position embeddings'. A cut row says so
@@ -25,10 +26,10 @@ from typing import Any
 
 from lmpress.configs.schema import RunConfig
 from lmpress.engines.common.checkpoints import load_model_config, load_tokenizer, model_source
-from lmpress.engines.common.classifier import activated, labels_of, sigmoid_applies
 from lmpress.engines.common.pooling import Pooling, pool, read_pooling
 from lmpress.engines.local.native.loading import load_model
 from lmpress.engines.local.native.options import NativeOptions
+from lmpress.vocabulary.classifier import activated, labels_of, sigmoid_applies
 from lmpress.vocabulary.embeddings import CLASSIFYING_TASKS
 from lmpress.vocabulary.errors import ErrorKind, ModelLoadError, RequestError, UnsupportedParamError
 

@@ -36,7 +36,6 @@ from collections.abc import AsyncIterator
 
 from lmpress.configs.schema import ModelParams, RunConfig
 from lmpress.engines.base import Engine
-from lmpress.engines.common.classifier import activated, labels_of, sigmoid_applies
 from lmpress.engines.common.embeddings import finish_embeddings
 from lmpress.engines.common.hf_tokenizer import HfTokenizer
 from lmpress.engines.common.models import dtype_in_use
@@ -58,6 +57,7 @@ from lmpress.engines.local.vllm.reasoning import budget_refusal, own_chat_templa
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
+from lmpress.vocabulary.classifier import activated, labels_of, sigmoid_applies
 from lmpress.vocabulary.embeddings import (
     CLASSIFYING_TASKS,
     LIKELIHOOD_TASKS,
@@ -147,7 +147,7 @@ class VllmEngine(Engine):
             check_gpus(self.settings, visible_gpus())
         self.pair_format = "pair"  # how a cross-encoder's pair is read (api.pair_format)
         # classify and reward: the head's labels, in id order, and whether classify's
-        # activation is a sigmoid (common/classifier.py); None for the other tasks
+        # activation is a sigmoid (vocabulary/classifier.py); None for the other tasks
         self.labels: list[str] | None = None
         self.sigmoid = False
         self.scheduler = VllmScheduler(self, self.api, self.settings)
@@ -323,8 +323,8 @@ class VllmEngine(Engine):
     async def _classify(self, request: EmbedRequest) -> EmbedResult:
         """Each input's head values as the run's task gives them, labelled. vLLM gives the raw
         values (no activation) and lmpress applies classify's activation itself, by the rule
-        NATIVE and LLAMACPP apply (common/classifier.py), in float64: one rule for every engine
-        and vLLM version, where vLLM's own activation has changed between versions."""
+        NATIVE and LLAMACPP apply (vocabulary/classifier.py), in float64: one rule for every
+        engine and vLLM version, where vLLM's own activation has changed between versions."""
         if request.dimensions is not None:
             message = (
                 f"dimensions: {request.dimensions}: task {self.config.task} gives one value per "

@@ -1,6 +1,9 @@
 """LLAMACPP's classify and reward on tiny:classifier converted to a GGUF (tiny-gguf:classifier,
 a BERT with three labels), against transformers' text-classification pipeline on the model's
-own directory.
+own directory; and on two classifiers made from it and converted as any is (bert_gguf.py), whose
+activation or names a GGUF of llama.cpp's own converter does not carry: a multi-label one
+(`problem_type: multi_label_classification`: a sigmoid a label, not a softmax) and a one-label
+one whose label has a name (`id2label`), each given the pipeline's values and NATIVE's names.
 
 llama.cpp's CPU backend does not compute BERT's GELU as transformers does: whatever the
 config's `hidden_act` (tiny:classifier's is the exact, erf form), llama.cpp's BERT graph calls
@@ -17,7 +20,9 @@ one build): building the model with the tanh form would not bring it under 1e-4.
 references, each text's values compared:
 - the pipeline on the model as it is: within GELU_LOGITS on the logits, and half that on the
   probabilities (a softmax moves p_i by p_i * |dz_i - sum_j p_j dz_j| <= 2 p_i (1 - p_i) max|dz|
-  <= max|dz| / 2); measured up to 3.9e-3 and 9.3e-4 over the eight builds;
+  <= max|dz| / 2); measured up to 3.9e-3 and 9.3e-4 over the eight builds. A sigmoid moves p by
+  p (1 - p) |dz| <= |dz| / 4, so a quarter of it for the multi-label and one-label classifiers,
+  whose logits are tiny:classifier's own (the same encoder; the one-label head is its first row);
 - transformers with its GELU replaced by the table's (`ggml_gelu`), so that everything else
   (the converter, the pooler and head, the labels, the tokenization, the softmax) is compared:
   the median text within 1e-4 (measured at most 1.4e-5 on the logits, 3.6e-7 on the
@@ -31,10 +36,14 @@ references, each text's values compared:
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from lmpress.builtin_models.bert_gguf import convert_directory
 from lmpress.builtin_models.tiny import CLASSES, tiny_model
 from lmpress.builtin_models.tiny_gguf import tiny_gguf
 from lmpress.configs import load_config
@@ -55,8 +64,8 @@ TEXTS = [
 GELU_LOGITS = 1e-2
 
 
-def make(name: str, task: str):
-    overrides = {"engine": "LLAMACPP", "model.model_name": name, "task": task}
+def make(name: str, task: str, engine: str = "LLAMACPP"):
+    overrides = {"engine": engine, "model.model_name": name, "task": task}
     return create_engine(load_config(overrides=overrides))
 
 
@@ -84,23 +93,28 @@ def ggml_gelu(x):
     return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))
 
 
-def pipeline_rows(ggml: bool, function_to_apply: str | None = None) -> np.ndarray:
-    """transformers' text-classification pipeline on tiny:classifier's directory, each text's
-    scores in label-id order; `ggml`: its GELU replaced by ggml_gelu."""
+def pipeline_rows(
+    ggml: bool,
+    function_to_apply: str | None = None,
+    directory: Path | None = None,
+    labels: tuple[str, ...] = CLASSES,
+) -> np.ndarray:
+    """transformers' text-classification pipeline on a classifier's directory (tiny:classifier's
+    unless given), each text's scores in label-id order; `ggml`: its GELU replaced by
+    ggml_gelu."""
     import torch
     from transformers import pipeline
 
     kwargs = {"function_to_apply": function_to_apply} if function_to_apply else {}
-    classify = pipeline(
-        "text-classification", model=str(tiny_model("classifier")), top_k=None, device="cpu"
-    )
+    model = str(directory or tiny_model("classifier"))
+    classify = pipeline("text-classification", model=model, top_k=None, device="cpu")
     if ggml:
         for layer in classify.model.bert.encoder.layer:
             layer.intermediate.intermediate_act_fn = torch.nn.Module()
             layer.intermediate.intermediate_act_fn.forward = ggml_gelu
     with torch.no_grad():
         rows = classify(TEXTS, **kwargs)
-    return np.array([[{r["label"]: r["score"] for r in row}[c] for c in CLASSES] for row in rows])
+    return np.array([[{r["label"]: r["score"] for r in row}[c] for c in labels] for row in rows])
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +127,9 @@ def expected() -> dict[str, np.ndarray]:
     }
 
 
-def values(result) -> np.ndarray:
+def values(result, labels: tuple[str, ...] = CLASSES) -> np.ndarray:
     assert result.error is None, result.error
-    assert result.labels == list(CLASSES)  # the GGUF's classifier.output_labels, in id order
+    assert result.labels == list(labels)  # the GGUF's classifier.output_labels, in id order
     assert all(e.vector.dtype == np.float32 for e in result.embeddings)
     return np.stack([np.asarray(e.vector, dtype=np.float64) for e in result.embeddings])
 
@@ -167,6 +181,71 @@ def test_one_label_without_labels_is_a_sigmoid_named_label_0():
     probs = np.array([float(e.vector[0]) for e in result.embeddings])
     assert np.allclose(probs, 1 / (1 + np.exp(-logits)), atol=1e-6)
     assert len(set(np.round(logits, 4))) == 3
+
+
+# tiny:classifier's one-label variant: its head's first row, named.
+ONE_LABEL = ("toxic",)
+
+
+def variant(root: Path, name: str, config: dict, head_rows: int | None = None) -> Path:
+    """tiny:classifier's directory copied under `root`, its config updated with `config` and
+    its head cut to its first `head_rows`."""
+    from safetensors.numpy import load_file, save_file
+
+    directory = root / name
+    shutil.copytree(tiny_model("classifier"), directory)
+    config_file = directory / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **config}))
+    if head_rows is not None:
+        weights = load_file(directory / "model.safetensors")
+        for key in ("classifier.weight", "classifier.bias"):
+            weights[key] = weights[key][:head_rows]
+        save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Each variant's directory, and the GGUF lmpress's converter writes of it."""
+    root = tmp_path_factory.mktemp("classifiers")
+    one_label = {"id2label": {"0": ONE_LABEL[0]}, "label2id": {ONE_LABEL[0]: 0}}
+    directories = {
+        "multi-label": variant(root, "multi-label", {"problem_type": "multi_label_classification"}),
+        "one-label": variant(root, "one-label", one_label, head_rows=1),
+    }
+    return {
+        name: (directory, convert_directory(directory, root / f"{name}.gguf"))
+        for name, directory in directories.items()
+    }
+
+
+def classified(engine: str, model: Path, labels: tuple[str, ...]) -> np.ndarray:
+    made = make(str(model), "classify", engine)
+    try:
+        return values(asyncio.run(made.embed(EmbedRequest("v", TEXTS))), labels)
+    finally:
+        asyncio.run(made.aclose())
+
+
+@pytest.mark.parametrize(("name", "labels"), [("multi-label", CLASSES), ("one-label", ONE_LABEL)])
+def test_a_converted_classifier_gets_the_activation_and_names_native_gives(variants, name, labels):
+    """A sigmoid a label, as the pipeline (and NATIVE, within float32 rounding) gives them: for
+    the multi-label classifier by the `problem_type` the converter records, for the one-label
+    one by its count; and the one label named as id2label names it, not `LABEL_0`. A softmax
+    over the multi-label classifier's labels would be off by far more than the bound."""
+    directory, gguf = variants[name]
+    got = classified("LLAMACPP", gguf, labels)  # `values` checks the names
+    native = classified("NATIVE", directory, labels)
+    want = pipeline_rows(ggml=False, directory=directory, labels=labels)
+    want_ggml = pipeline_rows(ggml=True, directory=directory, labels=labels)
+    assert np.abs(native - want).max() <= 1e-4
+    assert np.abs(got - want).max() <= GELU_LOGITS / 4
+    assert np.median(np.abs(got - want_ggml).max(axis=1)) <= 1e-4
+    if name == "multi-label":
+        logits = pipeline_rows(ggml=False, function_to_apply="none", directory=directory)
+        np.testing.assert_allclose(want, 1 / (1 + np.exp(-logits)), atol=1e-6)
+        softmax = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        assert np.abs(softmax - want).max() > 10 * GELU_LOGITS
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """What `classify` and `reward` make of a sequence-classification head's values, on every local
-engine alike.
+engine alike, and the names of its labels, which the GGUF converter (builtin_models/bert_gguf.py)
+writes by the same rule the engines read them by: hence here, below both.
 
 A classifier's labels are its config's `id2label`, in label-id order (transformers names a label
 without one `LABEL_i`, and so does this). `classify` turns the head's logits into probabilities
