@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from lmpress.builtin_models.tiny import cache_root
+from tests import doc_shim, forked_cli
 from tests.conftest import REPO
 
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
@@ -327,12 +328,19 @@ def _on_port(text: str, port: str) -> str:
     return re.sub(rf"--port {DOCS_PORT}\b", f"--port {port}", text)
 
 
-def _env(home: Path) -> dict[str, str]:
+def _env(home: Path, shim_dir: Path) -> dict[str, str]:
     """lmpress on the PATH, this checkout first; HOME a scratch folder (`~/lmpress-state`),
-    the model caches where they are (and OMP_WAIT_POLICY as tests/conftest.py sets it)."""
+    the model caches where they are (and OMP_WAIT_POLICY as tests/conftest.py sets it).
+    Where this process has a warm interpreter, the `lmpress` found first is tests/doc_shim.py,
+    which runs each command forked from it rather than importing torch afresh."""
+    first = [Path(sys.executable).parent]
+    warm = forked_cli.zygote()
+    if warm is not None:
+        doc_shim.write_shim(shim_dir, warm)
+        first.insert(0, shim_dir)
     return {
         **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": os.pathsep.join([*map(str, first), os.environ.get("PATH", "")]),
         "PYTHONPATH": str(REPO),
         "HOME": str(home),
         "LMPRESS_CACHE": str(cache_root()),
@@ -342,9 +350,9 @@ def _env(home: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.id)
-def test_doc_example_runs_as_written(block: Block, tmp_path, server):
+def test_doc_example_runs_as_written(block: Block, tmp_path, tmp_path_factory, server):
     (tmp_path / "examples").symlink_to(REPO / "examples")
-    env = _env(tmp_path)
+    env = _env(tmp_path, tmp_path_factory.getbasetemp() / "doc-shim")
     server.keep(_serves_from(block))  # no more than two servers up at once (a smollm2 is 0.6 GB)
     serve = _serve_command(block)
     printed = ""
