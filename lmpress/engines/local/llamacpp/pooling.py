@@ -38,7 +38,7 @@ from lmpress.builtin_models.bert_gguf import NORMALIZE_KEY, PROBLEM_TYPE_KEY
 from lmpress.engines.base import Engine
 from lmpress.engines.local.llamacpp.loading import load_vocab, trained_context
 from lmpress.engines.local.worker import CallerQueue, Scheduler, WorkQueue
-from lmpress.vocabulary.classifier import activated, labels_of, sigmoid_applies
+from lmpress.vocabulary.classifier import activated, activation_of, labels_of
 from lmpress.vocabulary.embeddings import (
     CLASSIFYING_TASKS,
     SCORING_TASKS,
@@ -159,13 +159,13 @@ def pooled_width(lc: Any, ctx: Any) -> int:
 @dataclass(frozen=True)
 class Head:
     """A classifier's head as a GGUF gives it: its labels (`{arch}.classifier.output_labels`,
-    else transformers' `LABEL_i`), and what `task` makes of its values: `sigmoid`, by the
+    else transformers' `LABEL_i`), and what `task` makes of its values: `activation`, by the
     `problem_type` lmpress's converter records (PROBLEM_TYPE_KEY); a GGUF without one, as
     llama.cpp's own converter writes it, gets a softmax over several labels, a sigmoid for one."""
 
     task: str
     labels: list[str]
-    sigmoid: bool
+    activation: str
 
     @classmethod
     def of(cls, lc: Any, model: Any, task: str, problem_type: str | None) -> Head:
@@ -174,13 +174,13 @@ class Head:
         for i in range(count):
             if label := lc.llama_model_cls_label(model, i):  # bytes, or None where unnamed
                 names[i] = label.decode("utf-8", "replace")
-        return cls(task, labels_of(names, count), sigmoid_applies(count, problem_type))
+        return cls(task, labels_of(names, count), activation_of(count, problem_type))
 
     def finish(self, result: EmbedResult) -> EmbedResult:
         """The result's values as the task gives them, labelled."""
         result.labels = self.labels
         if result.error is None and result.embeddings:
-            values = activated([e.vector for e in result.embeddings], self.task, self.sigmoid)
+            values = activated([e.vector for e in result.embeddings], self.task, self.activation)
             for embedding, row in zip(result.embeddings, values, strict=True):
                 embedding.vector = row
         return result

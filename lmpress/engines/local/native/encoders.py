@@ -29,7 +29,7 @@ from lmpress.engines.common.checkpoints import load_model_config, load_tokenizer
 from lmpress.engines.common.pooling import Pooling, pool, read_pooling
 from lmpress.engines.local.native.loading import load_model
 from lmpress.engines.local.native.options import NativeOptions
-from lmpress.vocabulary.classifier import activated, labels_of, sigmoid_applies
+from lmpress.vocabulary.classifier import activated, activation_of, labels_of
 from lmpress.vocabulary.embeddings import CLASSIFYING_TASKS
 from lmpress.vocabulary.errors import ErrorKind, ModelLoadError, RequestError, UnsupportedParamError
 
@@ -112,7 +112,7 @@ class Encoder:
             )
         count = model_config.num_labels
         self.labels = labels_of(model_config.id2label, count) if self.classifies else None
-        self.sigmoid = sigmoid_applies(count, getattr(model_config, "problem_type", None))
+        self.activation = activation_of(count, getattr(model_config, "problem_type", None))
         directory, gguf_file = model_source(model)
         self.pooling = Pooling() if classifier or gguf_file else read_pooling(directory)
         if self.pooling.subfolder:
@@ -232,7 +232,7 @@ class Encoder:
         with torch.inference_mode():
             out = self.model(**inputs)
             if self.classifies:
-                return activated(out.logits.float().cpu().numpy(), self.task, self.sigmoid)
+                return activated(out.logits.float().cpu().numpy(), self.task, self.activation)
             if self.cross_encoder:
                 return out.logits[:, 0].float().cpu().numpy()
             vectors = pool(out[0], inputs["attention_mask"], self.pooling.mode).float()

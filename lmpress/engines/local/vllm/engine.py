@@ -57,7 +57,7 @@ from lmpress.engines.local.vllm.reasoning import budget_refusal, own_chat_templa
 from lmpress.engines.local.vllm.scheduling import VllmScheduler
 from lmpress.engines.local.vllm.translate import EngineSettings, engine_settings, sampling_params
 from lmpress.engines.prompt_count import PromptCounter
-from lmpress.vocabulary.classifier import activated, labels_of, sigmoid_applies
+from lmpress.vocabulary.classifier import activated, activation_of, labels_of
 from lmpress.vocabulary.embeddings import (
     CLASSIFYING_TASKS,
     LIKELIHOOD_TASKS,
@@ -146,10 +146,10 @@ class VllmEngine(Engine):
         if self.settings.data_parallel_size > 1:
             check_gpus(self.settings, visible_gpus())
         self.pair_format = "pair"  # how a cross-encoder's pair is read (api.pair_format)
-        # classify and reward: the head's labels, in id order, and whether classify's
-        # activation is a sigmoid (vocabulary/classifier.py); None for the other tasks
+        # classify and reward: the head's labels, in id order (None for the other tasks), and
+        # what classify applies to its values (vocabulary/classifier.py)
         self.labels: list[str] | None = None
-        self.sigmoid = False
+        self.activation = "softmax"
         self.scheduler = VllmScheduler(self, self.api, self.settings)
         try:
             self.cross_encoder = self._check_pooling(config.task, self.scheduler.pooling_task)
@@ -246,7 +246,7 @@ class VllmEngine(Engine):
             )
         count = getattr(hf_config, "num_labels", 1)
         self.labels = labels_of(getattr(hf_config, "id2label", None), count)
-        self.sigmoid = sigmoid_applies(count, getattr(hf_config, "problem_type", None))
+        self.activation = activation_of(count, getattr(hf_config, "problem_type", None))
 
     @property
     def adapter_names(self) -> frozenset[str]:
@@ -335,7 +335,7 @@ class VllmEngine(Engine):
         result = await self.scheduler.embed(request, head=True)
         result.labels = self.labels
         for embedding in result.embeddings:
-            values = activated([embedding.vector], self.config.task, self.sigmoid)
+            values = activated([embedding.vector], self.config.task, self.activation)
             embedding.vector = values[0]
         return finish_embeddings(result, request)
 

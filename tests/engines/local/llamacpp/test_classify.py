@@ -212,6 +212,7 @@ def variants(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     directories = {
         "multi-label": variant(root, "multi-label", {"problem_type": "multi_label_classification"}),
         "one-label": variant(root, "one-label", one_label, head_rows=1),
+        "regression": variant(root, "regression", {"problem_type": "regression"}),
     }
     return {
         name: (directory, convert_directory(directory, root / f"{name}.gguf"))
@@ -227,19 +228,28 @@ def classified(engine: str, model: Path, labels: tuple[str, ...]) -> np.ndarray:
         asyncio.run(made.aclose())
 
 
-@pytest.mark.parametrize(("name", "labels"), [("multi-label", CLASSES), ("one-label", ONE_LABEL)])
+@pytest.mark.parametrize(
+    ("name", "labels"),
+    [("multi-label", CLASSES), ("one-label", ONE_LABEL), ("regression", CLASSES)],
+)
 def test_a_converted_classifier_gets_the_activation_and_names_native_gives(variants, name, labels):
     """A sigmoid a label, as the pipeline (and NATIVE, within float32 rounding) gives them: for
     the multi-label classifier by the `problem_type` the converter records, for the one-label
     one by its count; and the one label named as id2label names it, not `LABEL_0`. A softmax
-    over the multi-label classifier's labels would be off by far more than the bound."""
+    over the multi-label classifier's labels would be off by far more than the bound. A
+    regression head's values are given raw, as the pipeline gives them (bound: the logits')."""
     directory, gguf = variants[name]
     got = classified("LLAMACPP", gguf, labels)  # `values` checks the names
     native = classified("NATIVE", directory, labels)
     want = pipeline_rows(ggml=False, directory=directory, labels=labels)
     want_ggml = pipeline_rows(ggml=True, directory=directory, labels=labels)
     assert np.abs(native - want).max() <= 1e-4
-    assert np.abs(got - want).max() <= GELU_LOGITS / 4
+    raw = name == "regression"
+    assert np.abs(got - want).max() <= (GELU_LOGITS if raw else GELU_LOGITS / 4)
+    if raw:
+        np.testing.assert_allclose(
+            want, pipeline_rows(ggml=False, function_to_apply="none", directory=directory)
+        )
     assert np.median(np.abs(got - want_ggml).max(axis=1)) <= 1e-4
     if name == "multi-label":
         logits = pipeline_rows(ggml=False, function_to_apply="none", directory=directory)
