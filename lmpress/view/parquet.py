@@ -52,6 +52,11 @@ class ParquetIndex:
         return int(self.bounds[-1])
 
     @property
+    def known(self) -> int:
+        """Rows whose facts are read: all of them (a footer's few columns are read at once)."""
+        return self.rows
+
+    @property
     def groups(self) -> int:
         return len(self.bounds) - 1
 
@@ -98,5 +103,9 @@ class ParquetIndex:
             out.append((row, row_text(row)))
         return out
 
-    def save(self) -> None:
+    def wait(self, timeout: float | None = None) -> bool:
+        """As JsonlIndex.wait: nothing is read behind."""
+        return True
+
+    def close(self) -> None:
         """Nothing to keep: a Parquet file's footer is its index."""
