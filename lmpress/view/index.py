@@ -32,13 +32,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 
-from lmpress.view.lines import CHUNK, decode_line, find_lines, read_facts
+from lmpress.view.lines import CHUNK, Reader, decode_line, find_lines, read_facts
 from lmpress.view.records import RowKind
 from lmpress.view.table import LABELLED, PENDING_VALUES, Table, recode
 
@@ -48,6 +50,8 @@ HEAD_BYTES = 4096  # a file whose first bytes changed was replaced, not appended
 SAVE_EVERY_S = 10.0  # a growing file's index is written back at most this often
 INLINE_ROWS = 20_000  # new rows whose facts are read at once (a tenth of a second); more: behind
 BLOCK_ROWS = 1 << 16  # rows the facts thread reads at a time (CHUNK bytes' worth at most)
+PROCESS_ROWS = 100_000  # pending rows past which processes read them (a second of work or so)
+MOST_PROCESSES = 2  # processes reading facts at once, at most one a core
 
 
 def index_paths(path: Path) -> list[Path]:
@@ -203,6 +207,10 @@ class JsonlIndex:
         it (the next refresh starts it again, or finds the file gone)."""
         try:
             while True:
+                with self._lock:
+                    many = self.rows - self._next > PROCESS_ROWS
+                if many:
+                    self._read_in_processes()
                 while self._read_block(BLOCK_ROWS):
                     pass
                 self.save()
@@ -216,32 +224,74 @@ class JsonlIndex:
                 self._filling = False
                 self._lock.notify_all()
 
-    def _read_block(self, most: int) -> bool:
-        """The facts of the next rows (at most `most`, and CHUNK bytes); False when none is
-        pending."""
+    def _read_in_processes(self) -> None:
+        """The pending rows' facts read by a process a core (lines.Reader), blocks handed out
+        in turn and put in in order. Where a reader cannot start or dies, the rest is left to
+        this thread (which says why, if the file cannot be read)."""
+        readers: list[Reader] = []
+        ahead: deque = deque()  # (low, high, generation, reader), in the order sent
+        try:
+            readers = [Reader() for _ in range(min(MOST_PROCESSES, os.cpu_count() or 1))]
+            idle = list(readers)
+            while True:
+                while idle and (taken := self._take(BLOCK_ROWS)):
+                    low, high, generation, starts, lengths = taken
+                    reader = idle.pop(0)
+                    ahead.append((low, high, generation, reader))
+                    reader.send(self.path, self.kind, self.step, self.model, starts, lengths, low)
+                if not ahead:
+                    return
+                low, high, generation, reader = ahead[0]
+                self._put(low, high, generation, reader.receive())
+                ahead.popleft()
+                idle.append(reader)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            for low, high, generation, _ in ahead:  # to be read again, from the first
+                self._put(low, high, generation, None)
+        finally:
+            for reader in readers:
+                reader.close()
+
+    def _take(self, most: int) -> tuple | None:
+        """The next rows to read facts of (at most `most`, and CHUNK bytes): (low, high,
+        generation, starts, lengths); None when none is pending."""
         with self._lock:
-            low, generation = self._next, self.generation
+            low = self._next
             if low >= self.rows or self._closed:
-                return False
+                return None
             high = max(low + 1, int(np.searchsorted(self.start, self.start[low] + CHUNK)))
             high = min(high, self.rows, low + most)
-            starts, lengths = self.start[low:high], self.length[low:high]
             self._next = high
+            return low, high, self.generation, self.start[low:high], self.length[low:high]
+
+    def _put(self, low: int, high: int, generation: int, block: Table | None) -> None:
+        """Rows low:high's facts into the table; None: they could not be read, and are to be
+        read again. Nothing of a file replaced since (another generation)."""
+        with self._lock:
+            if generation != self.generation:
+                return
+            if block is None:
+                self._next = min(self._next, low)
+                return
+            labels = {name: list(found) for name, found in self.labels.items()}
+            for name, column in block.columns.items():
+                if name in LABELLED:
+                    column = recode(column, block.labels[name], labels[name])
+                self._columns[name][low:high] = column
+            self.labels, self.known, self._table = labels, high, None
+
+    def _read_block(self, most: int) -> bool:
+        """The facts of the next rows, read here; False when none is pending."""
+        taken = self._take(most)
+        if taken is None:
+            return False
+        low, high, generation, starts, lengths = taken
         try:
             block = read_facts(self.path, self.kind, self.step, self.model, starts, lengths, low)
         except OSError:
-            with self._lock:
-                if generation == self.generation:
-                    self._next = min(self._next, low)  # to be read again
+            self._put(low, high, generation, None)
             raise
-        with self._lock:
-            if generation == self.generation:  # else the file was replaced: read it anew
-                labels = {name: list(found) for name, found in self.labels.items()}
-                for name, column in block.columns.items():
-                    if name in LABELLED:
-                        column = recode(column, block.labels[name], labels[name])
-                    self._columns[name][low:high] = column
-                self.labels, self.known, self._table = labels, high, None
+        self._put(low, high, generation, block)
         return True
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -2,14 +2,23 @@
 cost: `find_lines`, where each whole line starts and how long it is (numpy over CHUNK bytes at
 a time, no line parsed: a million rows, 668 MB, in well under a second), and `read_facts`,
 each line parsed (orjson) and its row's facts taken (records.facts), which costs seconds for a
-million rows and so runs behind the page, a block of lines at a time.
+million rows and so runs behind the page, a block of lines at a time: in this process, or (many
+rows) in processes of their own (`Reader`, `python -m lmpress.view.lines`), one a core, where
+the parse neither holds this process's interpreter lock against the page's requests nor
+leaves a core idle. A reader is a plain child process fed through its stdin (not
+multiprocessing, which re-runs a script's main module in each child): it ends when its stdin
+does, the viewer's end included.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import subprocess
+import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import orjson
@@ -106,3 +115,53 @@ def read_facts(
     for begin, length in zip((starts - low).tolist(), lengths.tolist(), strict=True):
         builder.add(facts(kind, decode_line(data[begin : begin + length]), step, model))
     return builder.table()
+
+
+class Reader:
+    """A process that reads facts: read_facts's arguments sent, its Table received, one block
+    at a time (so neither side waits on a full pipe)."""
+
+    def __init__(self) -> None:
+        package = Path(__file__).resolve().parents[2]  # where this lmpress is imported from
+        path = os.pathsep.join([str(package), os.environ.get("PYTHONPATH", "")])
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "lmpress.view.lines"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path.rstrip(os.pathsep)},
+        )
+
+    def send(self, *args: object) -> None:
+        pickle.dump(args, self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        self.process.stdin.flush()
+
+    def receive(self) -> Table:
+        """The block's facts; EOFError where the process died (a file it could not read)."""
+        return pickle.load(self.process.stdout)
+
+    def close(self) -> None:
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+
+
+def serve(requests: BinaryIO, answers: BinaryIO) -> None:
+    """A Reader's side: each block's facts answered, until its requests end."""
+    while True:
+        try:
+            args = pickle.load(requests)
+        except EOFError:
+            return
+        pickle.dump(read_facts(*args), answers, protocol=pickle.HIGHEST_PROTOCOL)
+        answers.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -176,3 +176,57 @@ def test_a_file_replaced_while_its_facts_are_read_is_read_anew(tmp_path, facts_b
     for name, column in fresh.table.columns.items():
         np.testing.assert_array_equal(done.indexes[0].table.columns[name], column)
     assert done.indexes[0].table.labels == fresh.table.labels
+
+
+def facts_of(out: Path) -> JsonlIndex:
+    """The file's index, its facts read in this process, block by block."""
+    index = JsonlIndex(out, RowKind.BATCH, keep=False)
+    index.refresh()
+    assert index.wait(60)
+    return index
+
+
+def assert_same_facts(mine: JsonlIndex, reference: JsonlIndex) -> None:
+    assert mine.known == mine.rows == reference.rows
+    for name, column in reference.table.columns.items():
+        np.testing.assert_array_equal(mine.table.columns[name], column, err_msg=name)
+    assert mine.table.labels == reference.table.labels
+
+
+def test_many_rows_are_read_by_processes_of_their_own_with_the_same_facts(
+    tmp_path, facts_behind, monkeypatch
+):
+    out = write_output(tmp_path / "processes", ROWS, other_model_from=MODEL_B_FROM)
+    reference = facts_of(out)
+    monkeypatch.setattr(index_module, "PROCESS_ROWS", 0)
+    started = []
+    real = index_module.Reader
+
+    def counted():
+        started.append(real())
+        return started[-1]
+
+    monkeypatch.setattr(index_module, "Reader", counted)
+    assert_same_facts(facts_of(out), reference)
+    assert started and all(reader.process.returncode == 0 for reader in started)  # ended
+
+
+def test_readers_that_die_leave_the_rest_to_the_thread(tmp_path, facts_behind, monkeypatch):
+    out = write_output(tmp_path / "dying", ROWS, other_model_from=MODEL_B_FROM)
+    reference = facts_of(out)
+
+    class Dying:
+        """A reader whose process died before its answer."""
+
+        def send(self, *args) -> None:
+            pass
+
+        def receive(self):
+            raise EOFError
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(index_module, "PROCESS_ROWS", 0)
+    monkeypatch.setattr(index_module, "Reader", Dying)
+    assert_same_facts(facts_of(out), reference)
