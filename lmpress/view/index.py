@@ -245,7 +245,7 @@ class JsonlIndex:
                 self._put(low, high, generation, reader.receive())
                 ahead.popleft()
                 idle.append(reader)
-        except (OSError, EOFError, pickle.UnpicklingError):
+        except (OSError, EOFError, pickle.PickleError, ValueError):  # a reader gone or garbled
             for low, high, generation, _ in ahead:  # to be read again, from the first
                 self._put(low, high, generation, None)
         finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -153,14 +154,19 @@ class Reader:
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """A Reader's side: each block's facts answered, until its requests end."""
+    """A Reader's side: each block's facts answered, until its requests end. Ctrl-C in the
+    viewer's terminal reaches its readers too: they leave it to the viewer, and end with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
             args = pickle.load(requests)
         except EOFError:
             return
-        pickle.dump(read_facts(*args), answers, protocol=pickle.HIGHEST_PROTOCOL)
-        answers.flush()
+        try:
+            pickle.dump(read_facts(*args), answers, protocol=pickle.HIGHEST_PROTOCOL)
+            answers.flush()
+        except BrokenPipeError:  # the viewer ended first: nobody to answer, nothing to say
+            os._exit(0)  # (not sys.exit, whose flush of stdout would fail again)
 
 
 if __name__ == "__main__":
