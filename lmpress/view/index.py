@@ -52,6 +52,9 @@ INLINE_ROWS = 20_000  # new rows whose facts are read at once (a tenth of a seco
 BLOCK_ROWS = 1 << 16  # rows the facts thread reads at a time (CHUNK bytes' worth at most)
 PROCESS_ROWS = 100_000  # pending rows past which processes read them (a second of work or so)
 MOST_PROCESSES = 2  # processes reading facts at once, at most one a core
+# One file's facts read by processes at a time, however many files the viewer opened (a
+# --models output's parts): readers for each at once would be cores times files of processes.
+PROCESSES_IN_USE = threading.Lock()
 
 
 def index_paths(path: Path) -> list[Path]:
@@ -210,7 +213,8 @@ class JsonlIndex:
                 with self._lock:
                     many = self.rows - self._next > PROCESS_ROWS
                 if many:
-                    self._read_in_processes()
+                    with PROCESSES_IN_USE:
+                        self._read_in_processes()
                 while self._read_block(BLOCK_ROWS):
                     pass
                 self.save()
