@@ -12,7 +12,7 @@ failed, in OUT.errors.jsonl. The steps call the viewer's own functions, as its A
             while they are read (over the rows read so far); then the facts, read behind the
             page by a process a core, until all are in and the index is written beside the
             output (OUT.view-index: `facts_done_s`, from the start), and the largest reader
-            process's peak RSS;
+            process's peak RSS (each reader is a process of its own, beside the viewer's);
 - reopen:   open it again (the index read back) and read the first page of rows;
 - filter:   open it, then the failed rows of one error kind, their count and first page; then
             one finish reason;
@@ -34,6 +34,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -90,6 +91,24 @@ def generate(folder: Path, rows: int) -> Path:
     return out
 
 
+def watch_readers(done: threading.Event, timed: dict) -> None:
+    """The largest peak RSS of this process's children (the facts readers) while they run, as
+    /proc has it after their exec (ru_maxrss would count the parent's pages they were forked
+    with); Linux only."""
+    peak = 0
+    while not done.wait(0.1):
+        for children in Path("/proc/self/task").glob("*/children"):
+            for pid in children.read_text().split():
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                except OSError:
+                    continue
+                for line in status.splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]))
+    timed["readers_peak_rss_mib"] = peak / 1024
+
+
 def step(name: str, path: str) -> dict:
     """One step, in this process: what it took, and the process's peak RSS (the viewer's
     HTTP side imported too, as `lmpress view` holds it)."""
@@ -114,10 +133,13 @@ def step(name: str, path: str) -> dict:
         table_rows(source, snapshot, chosen, 0, 100)
         timed["filter_while_indexing_s"] = time.perf_counter() - asked
         timed["indexed_then"] = snapshot.indexed
+        watching = threading.Event()
+        readers = threading.Thread(target=watch_readers, args=(watching, timed), daemon=True)
+        readers.start()
         snapshot = source.wait()
         timed["facts_done_s"] = time.perf_counter() - started
-        readers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        timed["readers_peak_rss_mib"] = readers  # each reader process's, the largest
+        watching.set()
+        readers.join()
     elif name == "reopen":
         started = time.perf_counter()
         table_rows(source, snapshot, select(source, snapshot, Filters()), 0, 100)

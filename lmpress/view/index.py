@@ -36,6 +36,8 @@ import pickle
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +93,7 @@ class JsonlIndex:
         self._next = 0  # the first row no reader of facts has taken yet
         self._filling = False  # the facts thread runs
         self._closed = False
-        self._table: Table | None = None  # the table handed out, while it is still the index's
+        self._table: Table | None = None  # the whole table handed out, while it is still so
         self.size = 0  # bytes indexed: the end of the last whole line
         self.head = b""  # digest of the file's first head_length bytes
         self.head_length = 0
@@ -107,13 +109,19 @@ class JsonlIndex:
     @property
     def table(self) -> Table:
         """Every row's facts as they are now (pending rows as Status.PENDING)."""
+        with self.facts() as found:
+            if self.known == self.rows:
+                self._table = self._table or found
+                return self._table
+            # The facts thread writes into these rows: a copy (not kept, it is soon old).
+            return Table({name: c.copy() for name, c in found.columns.items()}, found.labels)
+
+    @contextmanager
+    def facts(self) -> Iterator[Table]:
+        """The facts as they are, the facts thread held meanwhile: while rows are pending,
+        their columns are the index's own, to be copied, not kept (sources.py)."""
         with self._lock:
-            if self._table is None:
-                columns = {name: column[: self.rows] for name, column in self._columns.items()}
-                if self.known < self.rows:  # the facts thread writes into these rows
-                    columns = {name: column.copy() for name, column in columns.items()}
-                self._table = Table(columns, self.labels)
-            return self._table
+            yield Table({name: c[: self.rows] for name, c in self._columns.items()}, self.labels)
 
     # --- keeping up with the file ------------------------------------------------------------
 

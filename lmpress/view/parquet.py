@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,11 @@ class ParquetIndex:
             row = self.group_rows(group)[n - int(self.bounds[group])]
             out.append((row, row_text(row)))
         return out
+
+    @contextmanager
+    def facts(self) -> Iterator[Table]:
+        """As JsonlIndex.facts: the table, read whole."""
+        yield self.table
 
     def wait(self, timeout: float | None = None) -> bool:
         """As JsonlIndex.wait: nothing is read behind."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,10 +143,15 @@ class OpenSource:
             return Snapshot(layout, before.indexes, before.bounds, before.table, before.indexed)
         with self.kept:
             self.queries.clear()
-        tables = [index.table for index in indexes]
+        # One copy of the facts, made while no facts thread writes: a file's own columns where
+        # it stands alone and whole, their concatenation where there are several.
+        with ExitStack() as held:
+            tables = [held.enter_context(index.facts()) for index in indexes]
+            table = concat(tables)
+            if len(tables) == 1 and indexes[0].known < indexes[0].rows:
+                table = Table({name: c.copy() for name, c in table.columns.items()}, table.labels)
         counts = [table.rows for table in tables]
         bounds = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        table = concat(tables)
         pending = int(np.count_nonzero(table.columns["status"] == Status.PENDING))
         return Snapshot(layout, tuple(indexes), bounds, table, table.rows - pending)
 
