@@ -6,7 +6,9 @@ It is built in two passes (lines.py). Where the lines are is found first, at onc
 parsed (under a second for a million rows), so the page shows the true row count and any row
 straight away. The rows' facts (status, model, tokens: what filters, the overview and compare
 read) need every line parsed, seconds for a million rows: a few thousand rows are read at once,
-more by a thread behind the page (`_fill`), a block at a time, in order. Rows not read yet are
+more by a thread behind the page (`_fill`), a block at a time, in order, and past PROCESS_ROWS
+by reader processes it feeds (lines.Reader: the page's requests keep this process's interpreter
+lock, and both cores work). Rows not read yet are
 Status.PENDING in the table and `known` counts the others, so an answer over the facts can say
 how far it got.
 
@@ -20,8 +22,8 @@ viewer only reads the file.
 
 Threads: requests refresh and read the index (under their source's lock, sources.py) while the
 facts thread fills it in; both change it under the index's own lock. A table handed out
-(`table`) never changes: rows past it are written in place (the columns keep room), and a table
-with rows still pending is a copy.
+never changes: rows past it are written in place (the columns keep room), and facts with rows
+still pending are copied, by `table` or by the source while it holds `facts`.
 
 The index file: MAGIC, the header's length (8 bytes, little-endian), the header (JSON: what
 was indexed, the labels, where each array lies), then the arrays, each 8-byte aligned.
