@@ -106,6 +106,7 @@ def sources_answer(viewer: Viewer, params: dict[str, str]) -> dict[str, Any]:
                 "kind": layout.kind.value,
                 "rows": snapshot.rows,
                 "live": source.running(snapshot) is not None,
+                "indexing": snapshot.indexing,
                 "parts": [{"name": part, "rows": counts.get(part, 0)} for part in names],
             }
         )
@@ -125,7 +126,9 @@ def rows_answer(viewer: Viewer, params: dict[str, str]) -> dict[str, Any]:
     offset = _int(params, "offset", 0)
     limit = _int(params, "limit", 100, ONE_PAGE_MOST)
     page = rows.table_rows(source, snapshot, chosen, offset, limit)
-    return {"total": int(len(chosen)), "offset": offset, "rows": page}
+    # Filters on facts find only the rows whose facts are read: the total may grow.
+    partial = snapshot.indexing is not None and filters.on_facts
+    return {"total": int(len(chosen)), "offset": offset, "rows": page, "partial": partial}
 
 
 def row_answer(viewer: Viewer, params: dict[str, str]) -> dict[str, Any]:
@@ -171,6 +174,7 @@ def live_answer(viewer: Viewer, params: dict[str, str]) -> dict[str, Any]:
         "running": live["running"],
         "rate_rows_per_s": live["rate_rows_per_s"],
         "eta_s": live["eta_s"],
+        "indexing": snapshot.indexing,
     }
 
 

@@ -3,7 +3,8 @@ models of one --models output (`a:MODEL`).
 
 The rows are paired on the index's id digests and told apart by the digests of their texts (the
 reply, or why the row failed), so listing what differs in a million rows reads no line; only
-the page shown is read. One row's two replies are diffed word by word (difflib).
+the page shown is read. One row's two replies are diffed word by word (difflib). While a
+side's facts are still being read (index.py), only its rows read so far are paired.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lmpress.view.records import reply, summary
+from lmpress.view.records import Status, reply, summary
 from lmpress.view.rows import one_row, rows_with_id, shown_id
 from lmpress.view.sources import OpenSource, Snapshot
 
@@ -41,7 +42,10 @@ def side(source: OpenSource, model: str | None) -> Side:
     snapshot = source.refresh()
     table = snapshot.table
     if model is None:
-        return Side(source, snapshot, np.arange(table.rows))
+        chosen = np.arange(table.rows)
+        if snapshot.indexing is not None:
+            chosen = np.flatnonzero(table.columns["status"] != Status.PENDING)
+        return Side(source, snapshot, chosen)
     code = table.code("model", model)
     chosen = np.flatnonzero(table.columns["model"] == code) if code is not None else []
     return Side(source, snapshot, np.asarray(chosen, np.int64))
@@ -100,7 +104,8 @@ def listing(a: Side, b: Side, only: str, offset: int, limit: int) -> dict[str, A
                 "same": bool(same),
             }
         )
-    return {"total": int(len(left)), "offset": offset, "rows": rows}
+    partial = a.snapshot.indexing is not None or b.snapshot.indexing is not None
+    return {"total": int(len(left)), "offset": offset, "rows": rows, "partial": partial}
 
 
 def _texts(side: Side, rows: list[int]) -> dict[int, dict[str, Any]]:

@@ -2,12 +2,28 @@
 of its row (`table.Table`), so that a page of a million-row output is a few reads at known
 offsets and a filter is arithmetic on arrays, not a parse of every line.
 
-It is built once, in one pass that parses each line (orjson), and kept beside the file as
-`FILE.view-index` (or, where that folder cannot be written, under lmpress's cache directory).
-Reopened, it is read back in one go. A file that grew (a job still writing it) is indexed from
-where the index ends, whole lines only: a line being written is taken once its newline is
-there. A file that was replaced (smaller than what was indexed, its first bytes or its inode
-changed) is indexed again from the start. The viewer only reads the file.
+It is built in two passes (lines.py). Where the lines are is found first, at once, no line
+parsed (under a second for a million rows), so the page shows the true row count and any row
+straight away. The rows' facts (status, model, tokens: what filters, the overview and compare
+read) need every line parsed, seconds for a million rows: a few thousand rows are read at once,
+more by a thread behind the page (`_fill`), a block at a time, in order, and past PROCESS_ROWS
+by reader processes it feeds (lines.Reader: the page's requests keep this process's interpreter
+lock, and both cores work). Rows not read yet are
+Status.PENDING in the table and `known` counts the others, so an answer over the facts can say
+how far it got.
+
+Once every row's facts are in, the index is kept beside the file as `FILE.view-index` (or,
+where that folder cannot be written, under lmpress's cache directory) and read back in one go
+when the file is opened again. A file that grew (a job still writing it) is indexed from where
+the index ends, whole lines only: a line being written is taken once its newline is there. A
+file that was replaced (smaller than what was indexed, its first bytes or its inode changed) is
+indexed again from the start, and facts read from it as it was are dropped (`generation`). The
+viewer only reads the file.
+
+Threads: requests refresh and read the index (under their source's lock, sources.py) while the
+facts thread fills it in; both change it under the index's own lock. A table handed out
+never changes: rows past it are written in place (the columns keep room), and facts with rows
+still pending are copied, by `table` or by the source while it holds `facts`.
 
 The index file: MAGIC, the header's length (8 bytes, little-endian), the header (JSON: what
 was indexed, the labels, where each array lies), then the arrays, each 8-byte aligned.
@@ -18,21 +34,31 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
+import threading
 import time
-from array import array
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-import orjson
 
-from lmpress.view.records import RowKind, facts
-from lmpress.view.table import Table, TableBuilder
+from lmpress.view.lines import CHUNK, Reader, decode_line, find_lines, read_facts
+from lmpress.view.records import RowKind
+from lmpress.view.table import LABELLED, PENDING_VALUES, Table, recode
 
 MAGIC = b"LMPVIEW1"
 VERSION = 1  # raised whenever what a row's facts are changes (records.facts)
 HEAD_BYTES = 4096  # a file whose first bytes changed was replaced, not appended to
-CHUNK = 8 << 20  # bytes read at a time while indexing
 SAVE_EVERY_S = 10.0  # a growing file's index is written back at most this often
+INLINE_ROWS = 20_000  # new rows whose facts are read at once (a tenth of a second); more: behind
+BLOCK_ROWS = 1 << 16  # rows the facts thread reads at a time (CHUNK bytes' worth at most)
+PROCESS_ROWS = 100_000  # pending rows past which processes read them (a second of work or so)
+MOST_PROCESSES = 2  # processes reading facts at once, at most one a core
+# One file's facts read by processes at a time, however many files the viewer opened (a
+# --models output's parts): readers for each at once would be cores times files of processes.
+PROCESSES_IN_USE = threading.Lock()
 
 
 def index_paths(path: Path) -> list[Path]:
@@ -43,19 +69,6 @@ def index_paths(path: Path) -> list[Path]:
     digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
     cached = cache_root() / "view" / f"{digest}-{path.name}.view-index"
     return [path.with_name(f"{path.name}.view-index"), cached]
-
-
-def decode_line(data: bytes) -> object:
-    """A line's JSON; a line with invalid UTF-8 is read with those bytes replaced; None for a
-    line that is no JSON."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(data.decode("utf-8", "replace"))
-    except ValueError:
-        return None
 
 
 class JsonlIndex:
@@ -73,9 +86,16 @@ class JsonlIndex:
         self.path, self.kind, self.step, self.model = path, kind, step, model
         self.stores = index_paths(path)
         self.keep = keep
-        self.table = Table.empty()
+        self._lock = threading.Condition()
         self.start = np.zeros(0, np.int64)
         self.length = np.zeros(0, np.uint32)
+        self._columns = Table.empty().columns  # the facts, with room past `rows`
+        self.labels: dict[str, list[str]] = {name: [] for name in LABELLED}
+        self.known = 0  # rows 0:known have their facts; the others are pending
+        self._next = 0  # the first row no reader of facts has taken yet
+        self._filling = False  # the facts thread runs
+        self._closed = False
+        self._table: Table | None = None  # the whole table handed out, while it is still so
         self.size = 0  # bytes indexed: the end of the last whole line
         self.head = b""  # digest of the file's first head_length bytes
         self.head_length = 0
@@ -87,6 +107,23 @@ class JsonlIndex:
     @property
     def rows(self) -> int:
         return len(self.start)
+
+    @property
+    def table(self) -> Table:
+        """Every row's facts as they are now (pending rows as Status.PENDING)."""
+        with self.facts() as found:
+            if self.known == self.rows:
+                self._table = self._table or found
+                return self._table
+            # The facts thread writes into these rows: a copy (not kept, it is soon old).
+            return Table({name: c.copy() for name, c in found.columns.items()}, found.labels)
+
+    @contextmanager
+    def facts(self) -> Iterator[Table]:
+        """The facts as they are, the facts thread held meanwhile: while rows are pending,
+        their columns are the index's own, to be copied, not kept (sources.py)."""
+        with self._lock:
+            yield Table({name: c[: self.rows] for name, c in self._columns.items()}, self.labels)
 
     # --- keeping up with the file ------------------------------------------------------------
 
@@ -110,6 +147,7 @@ class JsonlIndex:
             self._reset()
         self.inode = stat.st_ino
         if stat.st_size <= self.size:
+            self._read_facts()  # where the facts thread stopped on an error
             return False
         before = self.rows
         self._extend(stat.st_size, ended)
@@ -117,55 +155,169 @@ class JsonlIndex:
         return self.rows != before
 
     def _reset(self) -> None:
-        self.generation += 1
-        self.table, self.size, self.head, self.head_length = Table.empty(), 0, b"", 0
-        self.start, self.length = np.zeros(0, np.int64), np.zeros(0, np.uint32)
+        with self._lock:
+            self.generation += 1
+            self.size, self.head, self.head_length = 0, b"", 0
+            self.start, self.length = np.zeros(0, np.int64), np.zeros(0, np.uint32)
+            self._columns, self.labels = Table.empty().columns, {name: [] for name in LABELLED}
+            self.known = self._next = 0
+            self._table = None
 
     def _head(self, length: int) -> bytes:
         with open(self.path, "rb") as handle:
             return hashlib.sha256(handle.read(length)).digest()
 
     def _extend(self, end: int, ended: bool = False) -> None:
-        builder = TableBuilder(self.table.labels, self.rows)
-        starts, lengths = array("q"), array("Q")
-        kind, step, model = self.kind, self.step, self.model
-        with open(self.path, "rb") as handle:
-            handle.seek(self.size)
-            offset, pending = self.size, b""
-            while offset + len(pending) < end:
-                block = handle.read(min(CHUNK, end - offset - len(pending)))
-                if not block:
-                    break
-                data = pending + block
-                ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
-                first = 0
-                for stop in ends.tolist():
-                    line = data[first:stop]
-                    if line.strip():
-                        starts.append(offset + first)
-                        lengths.append(stop - first)
-                        builder.add(facts(kind, decode_line(line), step, model))
-                    first = stop + 1
-                offset += first
-                pending = data[first:]
-        if ended and pending.strip() and decode_line(pending) is not None:
-            starts.append(offset)
-            lengths.append(len(pending))
-            builder.add(facts(kind, decode_line(pending), step, model))
-            offset += len(pending)
+        starts, lengths, offset = find_lines(self.path, self.size, end, ended)
         if self.head_length < HEAD_BYTES:  # a small file's first bytes, as far as they go now
             self.head_length = min(HEAD_BYTES, offset)
             self.head = self._head(self.head_length)
-        # Lengths before starts, and the size last: a reader on another thread (a search) that
-        # reads starts, lengths and size in that order sees no row past the lengths it has.
-        added = np.frombuffer(lengths, np.uint64).astype(np.uint32)
-        self.length = np.concatenate([self.length, added])
-        self.start = np.concatenate([self.start, np.frombuffer(starts, np.int64)])
-        # The builder started from this table's labels, so its codes mean the same.
-        new = builder.table()
-        columns = {k: np.concatenate([v, new.columns[k]]) for k, v in self.table.columns.items()}
-        self.table = Table(columns, new.labels)
-        self.size = offset
+        if not len(starts):
+            self.size = offset
+            return
+        with self._lock:
+            rows = self.rows + len(starts)
+            self._make_room(rows)
+            for name, column in self._columns.items():
+                column[self.rows : rows] = PENDING_VALUES[name]
+            # Lengths before starts, and the size last: a reader on another thread (a search)
+            # that reads starts, lengths and size in that order sees no row past the lengths.
+            self.length = np.concatenate([self.length, lengths])
+            self.start = np.concatenate([self.start, starts])
+            self.size = offset
+            self._table = None
+        self._read_facts()
+
+    def _read_facts(self) -> None:
+        """The pending rows' facts: read here where they are few, else by the facts thread
+        (started where it does not run)."""
+        with self._lock:
+            if self._filling or self._closed or self._next >= self.rows:
+                return
+            here = self.rows - self._next <= INLINE_ROWS
+            if not here:
+                self._filling = True
+                threading.Thread(target=self._fill, name="lmpress-view-facts", daemon=True).start()
+        while here and self._read_block(INLINE_ROWS):
+            pass
+
+    def _make_room(self, rows: int) -> None:
+        """Columns that hold `rows` rows and may be written (those read from disk may not)."""
+        room = len(self._columns["status"])
+        if rows <= room and self._columns["status"].flags.writeable:
+            return
+        size = rows if room == 0 else max(rows, room + room // 2)
+        for name, column in self._columns.items():
+            grown = np.empty(size, column.dtype)
+            grown[: self.rows] = column[: self.rows]
+            self._columns[name] = grown
+
+    # --- the rows' facts ---------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        """The facts thread: blocks of rows read in order until none is pending (the file may
+        grow or be replaced meanwhile), then the index saved. A file that cannot be read stops
+        it (the next refresh starts it again, or finds the file gone)."""
+        try:
+            while True:
+                with self._lock:
+                    many = self.rows - self._next > PROCESS_ROWS
+                if many:
+                    with PROCESSES_IN_USE:
+                        self._read_in_processes()
+                while self._read_block(BLOCK_ROWS):
+                    pass
+                self.save()
+                with self._lock:
+                    if self._next >= self.rows or self._closed:
+                        return
+        except OSError:
+            return
+        finally:
+            with self._lock:
+                self._filling = False
+                self._lock.notify_all()
+
+    def _read_in_processes(self) -> None:
+        """The pending rows' facts read by a process a core (lines.Reader), blocks handed out
+        in turn and put in in order. Where a reader cannot start or dies, the rest is left to
+        this thread (which says why, if the file cannot be read)."""
+        readers: list[Reader] = []
+        ahead: deque = deque()  # (low, high, generation, reader), in the order sent
+        try:
+            readers = [Reader() for _ in range(min(MOST_PROCESSES, os.cpu_count() or 1))]
+            idle = list(readers)
+            while True:
+                while idle and (taken := self._take(BLOCK_ROWS)):
+                    low, high, generation, starts, lengths = taken
+                    reader = idle.pop(0)
+                    ahead.append((low, high, generation, reader))
+                    reader.send(self.path, self.kind, self.step, self.model, starts, lengths, low)
+                if not ahead:
+                    return
+                low, high, generation, reader = ahead[0]
+                self._put(low, high, generation, reader.receive())
+                ahead.popleft()
+                idle.append(reader)
+        except (OSError, EOFError, pickle.PickleError, ValueError):  # a reader gone or garbled
+            for low, high, generation, _ in ahead:  # to be read again, from the first
+                self._put(low, high, generation, None)
+        finally:
+            for reader in readers:
+                reader.close()
+
+    def _take(self, most: int) -> tuple | None:
+        """The next rows to read facts of (at most `most`, and CHUNK bytes): (low, high,
+        generation, starts, lengths); None when none is pending."""
+        with self._lock:
+            low = self._next
+            if low >= self.rows or self._closed:
+                return None
+            high = max(low + 1, int(np.searchsorted(self.start, self.start[low] + CHUNK)))
+            high = min(high, self.rows, low + most)
+            self._next = high
+            return low, high, self.generation, self.start[low:high], self.length[low:high]
+
+    def _put(self, low: int, high: int, generation: int, block: Table | None) -> None:
+        """Rows low:high's facts into the table; None: they could not be read, and are to be
+        read again. Nothing of a file replaced since (another generation)."""
+        with self._lock:
+            if generation != self.generation:
+                return
+            if block is None:
+                self._next = min(self._next, low)
+                return
+            labels = {name: list(found) for name, found in self.labels.items()}
+            for name, column in block.columns.items():
+                if name in LABELLED:
+                    column = recode(column, block.labels[name], labels[name])
+                self._columns[name][low:high] = column
+            self.labels, self.known, self._table = labels, high, None
+
+    def _read_block(self, most: int) -> bool:
+        """The facts of the next rows, read here; False when none is pending."""
+        taken = self._take(most)
+        if taken is None:
+            return False
+        low, high, generation, starts, lengths = taken
+        try:
+            block = read_facts(self.path, self.kind, self.step, self.model, starts, lengths, low)
+        except OSError:
+            self._put(low, high, generation, None)
+            raise
+        self._put(low, high, generation, block)
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every row's facts are in (and the index saved); whether they are."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._filling, timeout)
+
+    def close(self) -> None:
+        """Stop the facts thread (after its block); the index is saved where it is whole."""
+        with self._lock:
+            self._closed = True
+        self.save()
 
     # --- reading rows ------------------------------------------------------------------------
 
@@ -207,10 +359,13 @@ class JsonlIndex:
                 arrays[name] = np.frombuffer(data, np.dtype(dtype), count, base + offset)
         except (ValueError, KeyError, TypeError):
             return
-        self.start, self.length = arrays.pop("start"), arrays.pop("length")
-        self.table = Table(arrays, header["labels"])
-        self.size, self.inode = header["size"], header["inode"]
-        self.head, self.head_length = bytes.fromhex(header["head"]), header["head_length"]
+        with self._lock:
+            self.start, self.length = arrays.pop("start"), arrays.pop("length")
+            self._columns, self.labels = arrays, header["labels"]
+            self.known = self._next = self.rows
+            self._table = None
+            self.size, self.inode = header["size"], header["inode"]
+            self.head, self.head_length = bytes.fromhex(header["head"]), header["head_length"]
         self._saved_rows, self._saved_at = self.rows, time.monotonic()
 
     def _read_as(self) -> list[str | None]:
@@ -226,10 +381,13 @@ class JsonlIndex:
 
     def save(self) -> None:
         """Write the index beside the file, or in lmpress's cache where that folder refuses
-        it; where neither takes it, the next open indexes the file again."""
-        if not self.keep:
-            return
-        arrays = {"start": self.start, "length": self.length, **self.table.columns}
+        it; where neither takes it, the next open indexes the file again. Only a whole index
+        is written: one with facts still pending waits for them."""
+        with self._lock:
+            if not self.keep or self.known < self.rows:
+                return
+            table, rows, size, head = self.table, self.rows, self.size, self.head
+            arrays = {"start": self.start, "length": self.length, **table.columns}
         layout, offset = {}, 0
         for name, column in arrays.items():
             layout[name] = (column.dtype.str, offset, len(column))
@@ -238,11 +396,11 @@ class JsonlIndex:
             "version": VERSION,
             "read_as": self._read_as(),
             "file": self.path.name,
-            "size": self.size,
+            "size": size,
             "inode": self.inode,
-            "head": self.head.hex(),
+            "head": head.hex(),
             "head_length": self.head_length,
-            "labels": self.table.labels,
+            "labels": table.labels,
             "arrays": layout,  # offsets from the end of the header
         }
         text = json.dumps(header).encode()
@@ -252,12 +410,13 @@ class JsonlIndex:
                 break
         else:
             return
-        self._saved_rows, self._saved_at = self.rows, time.monotonic()
+        self._saved_rows, self._saved_at = rows, time.monotonic()
 
 
 def _write(store: Path, head: bytes, arrays) -> bool:
     """The index file, through a scratch file renamed over it; False where it cannot be."""
-    scratch = store.with_name(f".{store.name}.{os.getpid()}")
+    # Named for the thread too: the facts thread and a request may both write an index.
+    scratch = store.with_name(f".{store.name}.{os.getpid()}.{threading.get_ident()}")
     try:
         store.parent.mkdir(parents=True, exist_ok=True)
         with open(scratch, "wb") as handle:

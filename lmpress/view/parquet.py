@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,11 @@ class ParquetIndex:
     @property
     def rows(self) -> int:
         return int(self.bounds[-1])
+
+    @property
+    def known(self) -> int:
+        """Rows whose facts are read: all of them (a footer's few columns are read at once)."""
+        return self.rows
 
     @property
     def groups(self) -> int:
@@ -98,5 +105,14 @@ class ParquetIndex:
             out.append((row, row_text(row)))
         return out
 
-    def save(self) -> None:
+    @contextmanager
+    def facts(self) -> Iterator[Table]:
+        """As JsonlIndex.facts: the table, read whole."""
+        yield self.table
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """As JsonlIndex.wait: nothing is read behind."""
+        return True
+
+    def close(self) -> None:
         """Nothing to keep: a Parquet file's footer is its index."""

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from lmpress.view.index import JsonlIndex, decode_line
+from lmpress.view.index import JsonlIndex
+from lmpress.view.lines import decode_line
 from lmpress.view.parquet import ParquetIndex, row_text
 from lmpress.view.records import RowKind, Status
 from lmpress.view.sources import KEPT_QUERIES, OpenSource, Snapshot
@@ -28,6 +29,7 @@ WINDOW = 8 << 20  # bytes mapped and searched at a time: bounds the memory a sea
 ONE_PAGE_MOST = 1000  # rows one request may ask for
 KEPT_SEARCHES = 64  # searches whose rows are kept (per file), to page and to resume them
 STATUSES = {"ok": Status.OK, "failed": Status.FAILED, "dropped": Status.DROPPED}
+FACT_FILTERS = ("status", "error_kind", "model", "step", "finish_reason")
 
 
 @dataclass(frozen=True)
@@ -47,14 +49,22 @@ class Filters:
     def of(cls, params: dict[str, Any]) -> Filters:
         return cls(**{f.name: params.get(f.name) or None for f in fields(cls)})
 
+    @property
+    def on_facts(self) -> bool:
+        """Whether a filter reads the rows' facts (the index's columns): while those are being
+        read, it finds only the rows read so far. Search and a column's value read the lines,
+        and find every row at once."""
+        return any(getattr(self, name) is not None for name in FACT_FILTERS)
+
 
 class QueryError(ValueError):
     """A filter that cannot be applied, said in one line."""
 
 
 def select(source: OpenSource, snapshot: Snapshot, filters: Filters) -> np.ndarray:
-    """The row numbers that pass every filter, in order (kept for the next page)."""
-    key = (filters, snapshot.rows)
+    """The row numbers that pass every filter, in order (kept for the next page). A row whose
+    facts are not read yet (Status.PENDING) passes no filter on facts."""
+    key = (filters, snapshot.rows, snapshot.indexed)
     with source.kept:
         found = source.queries.get(key)
         if found is not None:
@@ -68,7 +78,7 @@ def select(source: OpenSource, snapshot: Snapshot, filters: Filters) -> np.ndarr
         if filters.status not in STATUSES:
             raise QueryError(f"status={filters.status}: use ok, failed, dropped or cached")
         mask &= table.columns["status"] == STATUSES[filters.status]
-    for name in ("error_kind", "model", "step", "finish_reason"):
+    for name in FACT_FILTERS[1:]:
         value = getattr(filters, name)
         if value is not None:
             code = table.code(name, value)

@@ -50,6 +50,7 @@ class Status(int, Enum):
     OK = 0
     FAILED = 1
     DROPPED = 2  # a pipeline's filter or dedupe dropped it
+    PENDING = 3  # its line is indexed, its facts not read yet (index.py reads them behind)
 
     @property
     def word(self) -> str:

@@ -58,7 +58,7 @@ def write_report(output: str | Path) -> Path:
 
 def report_html(output: str) -> str:
     source = OpenSource(output, keep=False)
-    snapshot = source.refresh(force=True)
+    snapshot = source.wait()  # every row's facts: a report is not redrawn
     facts = overview(source, snapshot)
     status = snapshot.table.columns["status"]
     failed = np.flatnonzero(status != Status.OK)

@@ -1,6 +1,8 @@
 """Rows as the API hands them to the page: a line of the rows table (/api/rows) and the whole
 row (/api/row). The table's facts come from the index; the id, the preview and the row itself
-from the line, read at its offset. Everything is text for the page to set as text.
+from the line, read at its offset. A row whose facts the index has not read yet (a file opened
+moments ago) has them read from its line here, so the first pages show every fact at once.
+Everything is text for the page to set as text.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 import lmpress.view.records as records
 from lmpress.view.records import Status
 from lmpress.view.sources import OpenSource, Row, Snapshot
-from lmpress.view.table import Table, id_hash
+from lmpress.view.table import LABELLED, Table, id_hash
 
 
 def shown_id(row: Row) -> str:
@@ -22,20 +24,29 @@ def shown_id(row: Row) -> str:
     return found if found is not None else f"#{row.n}"
 
 
-def _facts(table: Table, n: int) -> dict[str, Any]:
-    columns = table.columns
-    latency = float(columns["latency_s"][n])
-    prompt, completion = int(columns["prompt_tokens"][n]), int(columns["completion_tokens"][n])
+def _facts(table: Table, row: Row) -> dict[str, Any]:
+    """The facts the rows table shows: the index's, or the line's where it has not read them."""
+    columns, n = table.columns, row.n
+    if columns["status"][n] == Status.PENDING:
+        found = records.facts(row.segment.kind, row.value, row.segment.step, row.segment.model)
+        _, status, cached, error_kind, model, step, finish, prompt, completion, latency = found[:10]
+    else:
+        status, cached = Status(int(columns["status"][n])), bool(columns["cached"][n])
+        error_kind, model, step, finish = (
+            table.label(name, int(columns[name][n])) for name in LABELLED
+        )
+        prompt, completion = int(columns["prompt_tokens"][n]), int(columns["completion_tokens"][n])
+        latency = float(columns["latency_s"][n])
     return {
-        "status": Status(int(columns["status"][n])).word,
-        "cached": bool(columns["cached"][n]),
-        "model": table.label("model", int(columns["model"][n])),
-        "step": table.label("step", int(columns["step"][n])),
-        "finish_reason": table.label("finish_reason", int(columns["finish_reason"][n])),
-        "error_kind": table.label("error_kind", int(columns["error_kind"][n])),
+        "status": status.word,
+        "cached": cached,
+        "model": model,
+        "step": step,
+        "finish_reason": finish,
+        "error_kind": error_kind,
         "prompt_tokens": prompt if prompt >= 0 else None,
         "completion_tokens": completion if completion >= 0 else None,
-        "latency_s": None if math.isnan(latency) else round(latency, 4),
+        "latency_s": None if math.isnan(latency) else round(float(np.float32(latency)), 4),
     }
 
 
@@ -50,7 +61,7 @@ def table_rows(
             {
                 "n": row.n,
                 "id": shown_id(row),
-                **_facts(snapshot.table, row.n),
+                **_facts(snapshot.table, row),
                 "preview": records.summary(row.segment.kind, row.value),
             }
         )
@@ -63,7 +74,7 @@ def one_row(source: OpenSource, snapshot: Snapshot, n: int) -> dict[str, Any] | 
         return None
     (row,) = source.read(snapshot, [n])
     kind = row.segment.kind
-    facts = _facts(snapshot.table, n)
+    facts = _facts(snapshot.table, row)
     return {
         "n": n,
         "id": shown_id(row),

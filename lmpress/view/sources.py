@@ -7,6 +7,10 @@ grew is indexed from where it ended, one that appeared (the errors file, a model
 Parquet file a job writes at its end) is indexed and joined in. The page's requests run on
 several threads at once, so a source's state changes under its lock, and what a request reads
 is the state it found (`Snapshot`), never half of a refresh.
+
+A file opened for the first time has its rows at once and their facts a little later (index.py
+reads them behind the page): a snapshot counts the rows whose facts it holds (`indexed`), and
+the answers built on facts say how far that got (`indexing`) until it is all of them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +27,7 @@ import numpy as np
 from lmpress.view.index import JsonlIndex
 from lmpress.view.layout import Layout, Segment, find, holder, read_json
 from lmpress.view.parquet import ParquetIndex
+from lmpress.view.records import Status
 from lmpress.view.table import Table, concat
 from lmpress.vocabulary.errors import InputError
 
@@ -40,10 +46,18 @@ class Snapshot:
     indexes: tuple[AnyIndex, ...]
     bounds: np.ndarray  # file i holds the source's rows bounds[i]:bounds[i+1]
     table: Table
+    indexed: int  # rows whose facts `table` holds; the others are Status.PENDING
 
     @property
     def rows(self) -> int:
         return int(self.bounds[-1])
+
+    @property
+    def indexing(self) -> dict[str, int] | None:
+        """How far the rows' facts are read, while some are not: {"indexed", "rows"}."""
+        if self.indexed >= self.rows:
+            return None
+        return {"indexed": self.indexed, "rows": self.rows}
 
     def locate(self, n: int) -> tuple[int, int]:
         """(the file, the row within it) of the source's row n."""
@@ -119,13 +133,27 @@ class OpenSource:
             changed = index.refresh(ended) or changed
             indexes.append(index)
         before: Snapshot | None = getattr(self, "snapshot", None)
-        if before is not None and not changed and before.indexes == tuple(indexes):
-            return Snapshot(layout, before.indexes, before.bounds, before.table)
+        known = sum(index.known for index in indexes)
+        if (
+            before is not None
+            and not changed
+            and before.indexes == tuple(indexes)
+            and before.indexed == known
+        ):
+            return Snapshot(layout, before.indexes, before.bounds, before.table, before.indexed)
         with self.kept:
             self.queries.clear()
-        counts = [index.rows for index in indexes]
+        # One copy of the facts, made while no facts thread writes: a file's own columns where
+        # it stands alone and whole, their concatenation where there are several.
+        with ExitStack() as held:
+            tables = [held.enter_context(index.facts()) for index in indexes]
+            table = concat(tables)
+            if len(tables) == 1 and indexes[0].known < indexes[0].rows:
+                table = Table({name: c.copy() for name, c in table.columns.items()}, table.labels)
+        counts = [table.rows for table in tables]
         bounds = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        return Snapshot(layout, tuple(indexes), bounds, concat([i.table for i in indexes]))
+        pending = int(np.count_nonzero(table.columns["status"] == Status.PENDING))
+        return Snapshot(layout, tuple(indexes), bounds, table, table.rows - pending)
 
     def read(self, snapshot: Snapshot, rows: list[int]) -> list[Row]:
         """These rows of the snapshot, parsed, in the order asked."""
@@ -143,11 +171,22 @@ class OpenSource:
                     out[place] = Row(rows[place], segment, value, raw)
         return [row for row in out if row is not None]
 
+    def wait(self) -> Snapshot:
+        """The source once every row's facts are read (what a report waits for, and a test)."""
+        while True:
+            with self._lock:
+                indexes = list(self._indexes.values())
+            for index in indexes:
+                index.wait()
+            snapshot = self.refresh(force=True)
+            if snapshot.indexed == snapshot.rows:
+                return snapshot
+
     def close(self) -> None:
-        """Write back the indexes of files that grew while viewed."""
+        """Stop reading facts; write back the indexes of files that grew while viewed."""
         with self._lock:
             for index in self._indexes.values():
-                index.save()
+                index.close()
 
     # --- what a running job says -------------------------------------------------------------
 

@@ -6,6 +6,9 @@ Rows carry no time of their own, so throughput over a finished run is estimated:
 written in the order they finished, and each row's share of the run's wall time is its share
 of the rows' latency (rows finishing slowly spread out, rows from the cache bunch up). While
 the viewer watches a running job, what it saw (rows counted as it looked) is used instead.
+
+While a file's facts are still being read (index.py), every figure is over the rows read so
+far; `indexing` says how many of how many, and the total counts every row.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ def overview(source: OpenSource, snapshot: Snapshot) -> dict[str, Any]:
         ok_mask &= columns["step"] == _code(table, "step", DATASET)
     ok, failed = int(ok_mask.sum()), int((status == Status.FAILED).sum())
     dropped = int((status == Status.DROPPED).sum())
+    pending = int((status == Status.PENDING).sum())
     summary = source.summary(snapshot) or {}
     running = source.running(snapshot)
     live = live_state(source, snapshot, running)
-    total_rows, left = _totals(summary, running, ok + failed, live)
+    total_rows, left = _totals(summary, running, ok + failed + pending, live)
     cost = total(columns["cost_usd"])
     if cost is None and isinstance(summary.get("cost_usd"), (int, float)):
         cost = float(summary["cost_usd"])
@@ -72,6 +76,7 @@ def overview(source: OpenSource, snapshot: Snapshot) -> dict[str, Any]:
             },
         },
         "live": live,
+        "indexing": snapshot.indexing,
     }
 
 
@@ -256,6 +261,8 @@ def throughput(
         rows = np.array([r for _, r in seen], np.float64)
         rates = np.diff(rows) / np.maximum(np.diff(times), 1e-9)
         return {"t": [_round(t) for t in times[1:].tolist()], "rows_per_s": _rates(rates)}
+    if (table.columns["status"] == Status.PENDING).any():  # the run's later rows not read yet
+        return {"t": [], "rows_per_s": []}
     done = table.columns["status"] == Status.OK
     latency = np.nan_to_num(table.columns["latency_s"][done].astype(np.float64))
     count = len(latency)

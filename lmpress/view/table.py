@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lmpress.view.records import Status
+
 # Each fact's column and its type; `id` is kept as a 64-bit digest (compare joins on it).
 DTYPES: dict[str, type] = {
     "id_hash": np.uint64,
@@ -30,6 +32,11 @@ DTYPES: dict[str, type] = {
 }
 LABELLED = ("error_kind", "model", "step", "finish_reason")
 NONE = -1  # the code of a fact the row does not state
+PENDING_VALUES = {
+    **dict.fromkeys(DTYPES, 0), **dict.fromkeys(LABELLED, NONE),
+    "status": Status.PENDING.value, "cached": False, "prompt_tokens": -1,
+    "completion_tokens": -1, "latency_s": np.nan, "cost_usd": np.nan,
+}  # fmt: skip
 MOST_LABELS = 30_000  # distinct labels a column keeps (its codes are 16 bits); others: NONE
 CHUNK_ROWS = 1 << 16  # rows gathered as Python objects before they become arrays
 
@@ -57,6 +64,14 @@ class Table:
     @classmethod
     def empty(cls) -> Table:
         return cls({name: np.zeros(0, dtype) for name, dtype in DTYPES.items()})
+
+    @classmethod
+    def pending(cls, rows: int) -> Table:
+        """Rows whose facts are not read yet: Status.PENDING, and nothing known, so that no
+        filter but none at all takes them."""
+        return cls(
+            {name: np.full(rows, PENDING_VALUES[name], dtype) for name, dtype in DTYPES.items()}
+        )
 
     @property
     def rows(self) -> int:
@@ -91,20 +106,24 @@ def concat(tables: Sequence[Table]) -> Table:
         for name in DTYPES:
             column = table.columns[name]
             if name in LABELLED:
-                mapping = np.array(
-                    [_code_in(labels[name], label) for label in table.labels[name]] or [0],
-                    dtype=np.int16,
-                )
-                column = np.where(column >= 0, mapping[np.maximum(column, 0)], NONE)
-                column = column.astype(np.int16)
+                column = recode(column, table.labels[name], labels[name])
             columns[name].append(column)
     return Table({name: np.concatenate(parts) for name, parts in columns.items()}, labels)
+
+
+def recode(codes: np.ndarray, labels: list[str], into: list[str]) -> np.ndarray:
+    """Codes into `labels` as codes into `into`, where labels it lacks are added (up to
+    MOST_LABELS; a label past those is NONE)."""
+    mapping = np.array([_code_in(into, label) for label in labels] or [0], dtype=np.int16)
+    return np.where(codes >= 0, mapping[np.maximum(codes, 0)], NONE).astype(np.int16)
 
 
 def _code_in(labels: list[str], label: str) -> int:
     try:
         return labels.index(label)
     except ValueError:
+        if len(labels) >= MOST_LABELS:
+            return NONE
         labels.append(label)
         return len(labels) - 1
 

@@ -10,8 +10,10 @@ back as text.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from lmpress.view.app import Viewer, create_app
@@ -70,3 +72,85 @@ def all_rows(viewer: TestClient, **params: str) -> list[dict]:
         if not body["rows"] or len(rows) >= body["total"]:
             assert len(rows) == body["total"]
             return rows
+
+
+# --- an output written by a script, and its facts read behind the page ---------------------------
+
+MODELS = ("tiny:llama", "tiny:qwen")
+KINDS = ("context_length_exceeded", "invalid_row", "rate_limited")
+
+
+def write_output(folder: Path, rows: int, other_model_from: int = 0) -> Path:
+    """OUT.jsonl and OUT.errors.jsonl as `lmpress batch` writes them, one row in 40 failed;
+    the rows from `other_model_from` on alternate between two models (before it: the first)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "out.jsonl"
+    with open(out, "w") as done, open(folder / "out.jsonl.errors.jsonl", "w") as failed:
+        for i in range(rows):
+            if i % 40 == 39:
+                error = {"kind": KINDS[i % 3], "message": f"row {i} failed"}
+                failed.write(json.dumps({"line": i + 1, "id": f"row-{i}", "error": error}) + "\n")
+                continue
+            model = MODELS[i % 2] if i >= other_model_from else MODELS[0]
+            text = f"reply {i}" + (" zanzibar" if i % 100 == 0 else "")
+            response = {
+                "text": text,
+                "finish_reason": "length" if i % 5 == 0 else "stop",
+                "usage": {"prompt_tokens": 20 + i % 37, "completion_tokens": 12 + i % 30},
+                "model": model,
+                "latency_s": round(0.05 + (i % 97) / 100, 4),
+                **({"cached": True} if i % 50 == 0 else {}),
+            }
+            row = {"id": f"row-{i}", "prompt": f"question {i}", "response": response}
+            done.write(json.dumps(row) + "\n")
+    return out
+
+
+class FactsGate:
+    """Holds the thread that reads a file's facts after its first block (lmpress/view/index.py
+    reads them in blocks of BLOCK_ROWS, behind the page), until `open()`: a test sees a file
+    whose facts are part read, for as long as it looks."""
+
+    def __init__(self, monkeypatch, path: Path):
+        from lmpress.view import index as index_module
+
+        self.path, self.blocks = path, 0
+        self.held = threading.Event()  # the second block waits: the first is in the index
+        self.opened = threading.Event()
+        real = index_module.read_facts
+
+        def gated(where: Path, *args):
+            if where == self.path:
+                self.blocks += 1
+                if self.blocks > 1 and not self.opened.is_set():
+                    self.held.set()
+                    self.opened.wait(120)
+            return real(where, *args)
+
+        monkeypatch.setattr(index_module, "read_facts", gated)
+
+    def hold(self) -> None:
+        """Wait until the first block is in and the second is held."""
+        assert self.held.wait(60), "the facts thread never came to its second block"
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+@pytest.fixture
+def facts_behind(monkeypatch):
+    """Facts read behind the page even for a small file (past 100 new rows, in blocks of 500),
+    and a gate to hold that reading on a file: `facts_behind(path)`. Gates open at the end."""
+    from lmpress.view import index as index_module
+
+    monkeypatch.setattr(index_module, "INLINE_ROWS", 100)
+    monkeypatch.setattr(index_module, "BLOCK_ROWS", 500)
+    gates: list[FactsGate] = []
+
+    def gate(path: Path) -> FactsGate:
+        gates.append(FactsGate(monkeypatch, path))
+        return gates[-1]
+
+    yield gate
+    for made in gates:
+        made.open()

@@ -594,3 +594,77 @@ def test_hostile_rows_show_as_text_and_run_nothing(tab, handmade):
         elif row["id"] == "error":
             expect(view.locator(".error-box")).to_contain_text("<script>window.__pwned = 'error'")
         assert page.evaluate("window.__pwned") is None, row["id"]
+
+
+class InProcessViewer:
+    """The viewer on a thread of this process (as `lmpress.view(path)` runs it), so that a
+    test's gate holds the thread that reads its facts (conftest.FactsGate)."""
+
+    def __init__(self, *paths: Path):
+        from lmpress.view.app import Viewer as Sources
+        from lmpress.view.app import create_app, listen, url_of, uvicorn_server
+
+        self.sources = Sources([str(path) for path in paths])
+        sock = listen("127.0.0.1", 0)
+        self.server = uvicorn_server(create_app(self.sources))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
+        self.thread.start()
+        while not self.server.started and self.thread.is_alive():
+            time.sleep(0.01)
+        self.url = url_of(sock)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+        self.sources.close()
+
+
+def test_a_fresh_output_shows_its_rows_while_its_facts_are_read(tab, tmp_path, facts_behind):
+    """A file opened for the first time (issue 56): its row count and first rows at once, the
+    page saying how far indexing got, the overview and a filter on facts counted over the rows
+    read so far and saying so; once every row is read, the page follows without a reload: the
+    overview complete, the second model in the filter, the note and the badge gone."""
+    from tests.view.conftest import MODELS, write_output
+
+    out = write_output(tmp_path / "fresh", 3000, other_model_from=1000)  # 75 rows failed
+    first = [json.loads(line) for line in out.read_text().splitlines()[:500]]
+    length = sum(row["response"]["finish_reason"] == "length" for row in first)
+    gate = facts_behind(out)
+    viewer = InProcessViewer(out)
+    page = tab.page
+    try:
+        gate.hold()  # the first 500 rows' facts are in, and the errors file's
+        page.goto(viewer.url + "#rows")
+        expect(page.locator("#rows-total")).to_have_text("3,000")
+        expect(page.locator("#rows .row .id").first).to_have_text("row-0")
+        expect(page.locator("#rows .row").nth(1)).to_contain_text("tiny:llama")
+        badge = page.locator("#indexing-badge")
+        expect(badge).to_have_text("indexing 575 of 3,000 rows")
+        page.fill("#filter-finish-reason", "length")
+        page.press("#filter-finish-reason", "Enter")
+        expect(page.locator("#rows-total")).to_have_text(str(length))
+        expect(page.locator("#rows-partial")).to_have_text("so far (575 of 3,000 rows indexed)")
+        tab.shot("indexing-rows", height=300, docs=False)
+        page.goto(viewer.url + "#overview?source=a")
+        note = page.locator("#overview-partial")
+        expect(note).to_contain_text("575 of 3,000 rows indexed")
+        expect(page.locator("#count-ok")).to_have_text("500")
+        expect(page.locator("#count-total")).to_have_text("3,000")
+        expect(page.locator("#filter-model")).to_be_hidden()  # one model among the rows read
+        tab.shot("indexing", height=420, docs=False)
+
+        gate.open()
+        viewer.sources.sources["a"].wait()
+        expect(badge).to_be_hidden()
+        expect(note).to_be_hidden()
+        expect(page.locator("#count-ok")).to_have_text(f"{3000 - 75:,}")
+        expect(page.locator("#plot-throughput")).not_to_contain_text("indexed")
+        page.goto(viewer.url + "#rows?source=a&finish_reason=length")
+        expect(page.locator("#rows-total")).to_have_text("600")
+        expect(page.locator("#rows-partial")).to_be_hidden()
+        expect(page.locator("#filter-model option")).to_have_text(["any", *MODELS])
+        page.goto("about:blank")  # no request in flight as the viewer stops
+    finally:
+        viewer.stop()

@@ -9,7 +9,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from lmpress.view import index as index_module
+from lmpress.view import lines as lines_module
 from lmpress.view.index import JsonlIndex
 from lmpress.view.records import RowKind
 from lmpress.view.sources import OpenSource
@@ -30,13 +30,13 @@ def lines(output) -> list[bytes]:
 def counted_parses(monkeypatch) -> list[int]:
     """Patches the index's parse of a row to count the rows parsed."""
     calls = [0]
-    real = index_module.facts
+    real = lines_module.facts
 
     def counting(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(index_module, "facts", counting)
+    monkeypatch.setattr(lines_module, "facts", counting)
     return calls
 
 

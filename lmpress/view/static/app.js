@@ -329,9 +329,10 @@
     figure.append(svg);
   }
 
-  function throughput(figure, data) {
+  function throughput(figure, data, indexing) {
     resetFigure(figure);
     const t = data?.t || [], y = data?.rows_per_s || [];
+    if (indexing) return noData(figure, 'drawn once every row is indexed');
     if (t.length < 2) return noData(figure, 'not enough rows with times');
     const t0 = t[0], span = t[t.length - 1] - t0 || 1, yMax = Math.max(1e-9, ...y) * 1.2;
     const svg = plotFrame(yMax, yMax / 1.2);
@@ -473,7 +474,8 @@
   // ---- state and routing: the hash holds the tab and its query (#rows?status=failed) ----
   const state = {
     sources: [], source: 'a', tab: null, overview: null, overviewStale: true,
-    rowsKey: null, compareKey: null, row: null, liveRows: null, lastHash: {},
+    rowsKey: null, compareKey: null, row: null, liveRows: null, indexed: null, indexing: null,
+    lastHash: {},
   };
   const sourceInfo = (id = state.source) => state.sources.find((s) => s.id === id);
   // A source's parts are its steps (a pipeline, an eval's tasks) or its models; with one part
@@ -524,14 +526,22 @@
     state.overviewStale = true;
     state.rowsKey = null;
     state.liveRows = null;
+    state.indexed = null;
+    fillParts(id);
+  }
+  // The model or step filter's choices (kept where still there: they are read again once a
+  // file's facts are all read).
+  function fillParts(id) {
     const info = sourceInfo(id);
     $('#source-path').textContent = info ? `${info.path} (${info.kind})` : '';
     const kind = partKind(id);
     const parts = info?.parts || [];
     for (const [label, select] of [['model', '#filter-model'], ['step', '#filter-step']]) {
       const options = kind === label ? parts.map((p) => p.name) : [];
+      const chosen = $(select).value;
       $(select).replaceChildren(el('option', { value: '', text: 'any' }),
         ...options.map((name) => el('option', { value: name, text: name })));
+      if (options.includes(chosen)) $(select).value = chosen;
       $(select).closest('label').hidden = !options.length;
     }
     $('#rows').classList.toggle('with-parts', Boolean(kind));
@@ -551,8 +561,16 @@
     }
   }
 
+  // While a file's facts are read behind the page, what rests on them counts the rows read so
+  // far: said in so many words, and redrawn as more are read.
+  const indexedText = (ix) => `${fmtInt(ix.indexed)} of ${fmtInt(ix.rows)} rows indexed`;
   function renderOverview(ov) {
     const set = (id, text) => ($(id).textContent = text);
+    $('#overview-partial').hidden = !ov.indexing;
+    if (ov.indexing) {
+      set('#overview-partial', `Counted over the ${indexedText(ov.indexing)} so far; `
+        + 'the page updates as the rest are read.');
+    }
     set('#count-ok', fmtInt(ov.rows.ok));
     set('#count-failed', fmtInt(ov.rows.failed));
     set('#count-cached', fmtInt(ov.rows.cached));
@@ -595,13 +613,17 @@
     histogram($('#plot-prompt_tokens'), plots.prompt_tokens);
     histogram($('#plot-completion_tokens'), plots.completion_tokens);
     histogram($('#plot-latency_s'), plots.latency_s);
-    throughput($('#plot-throughput'), plots.throughput);
+    throughput($('#plot-throughput'), plots.throughput, ov.indexing);
     costByPart($('#plot-cost_by_part'), plots.cost_by_part);
   }
 
   // ---- Rows ----
   const rowsList = new VirtualList($('#rows-scroll'), {
-    fetchPage: (query, offset, limit) => api('rows', { ...query, offset, limit }),
+    fetchPage: async (query, offset, limit) => {
+      const body = await api('rows', { ...query, offset, limit });
+      showPartial('#rows-partial', body.partial);
+      return body;
+    },
     onTotal: (total) => {
       $('#rows-total').textContent = fmtInt(total);
       $('#rows-total').dataset.total = total;
@@ -628,6 +650,12 @@
       el('span', { class: 'preview', text: row.preview ?? '' }));
     },
   });
+
+  function showPartial(id, partial) {
+    const ix = state.indexing ?? sourceInfo()?.indexing;
+    $(id).hidden = !partial;
+    $(id).textContent = partial ? `so far (${ix ? indexedText(ix) : 'indexing'})` : '';
+  }
 
   // A column filter needs both its name and its value: half of one is not sent.
   function complete(query) {
@@ -838,7 +866,11 @@
 
   // ---- Compare ----
   const compareList = new VirtualList($('#compare-scroll'), {
-    fetchPage: (query, offset, limit) => api('compare', { ...query, offset, limit }),
+    fetchPage: async (query, offset, limit) => {
+      const body = await api('compare', { ...query, offset, limit });
+      showPartial('#compare-partial', body.partial);
+      return body;
+    },
     onTotal: (total) => {
       $('#compare-total').textContent = fmtInt(total);
       $('#compare-scroll').classList.toggle('empty', total === 0);
@@ -957,8 +989,17 @@
         const eta = live.eta_s == null ? '' : ` · ETA ${fmtDuration(live.eta_s)}`;
         badge.textContent = `● live · ${fmtInt(live.rows)} rows${rate}${eta}`;
       }
-      if (state.liveRows != null && live.rows !== state.liveRows) grew();
+      const indexing = $('#indexing-badge');
+      indexing.hidden = !live.indexing;
+      if (live.indexing) indexing.textContent = `indexing ${fmtInt(live.indexing.indexed)} of ${fmtInt(live.indexing.rows)} rows`;
+      state.indexing = live.indexing;
+      const indexed = live.indexing ? live.indexing.indexed : null;
+      const more = state.liveRows != null && (live.rows !== state.liveRows || indexed !== state.indexed);
       state.liveRows = live.rows;
+      state.indexed = indexed;
+      // The sources' parts (models, steps) were counted over the rows indexed then.
+      if (!live.indexing && state.sources.some((s) => s.indexing)) await reloadSources();
+      if (more) grew();
     } catch {
       const badge = $('#live-badge');
       badge.hidden = false;
@@ -975,6 +1016,17 @@
   }
 
   // ---- start ----
+  async function reloadSources() {
+    state.sources = (await api('sources')).sources || [];
+    fillParts(state.source);
+    for (const id of ['#compare-a', '#compare-b']) {
+      const chosen = $(id).value;
+      $(id).replaceChildren(...compareChoices().map((c) => el('option', { value: c.value, text: c.label })));
+      if (chosen) $(id).value = chosen;
+    }
+    $('#tab-compare').disabled = !compareDefaults();
+  }
+
   async function start() {
     for (const button of document.querySelectorAll('[data-tab]')) {
       button.addEventListener('click', () => {
