@@ -44,7 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
+from lmpress.data.targets import is_compressed
 from lmpress.view.lines import CHUNK, Reader, decode_line, find_lines, read_facts
+from lmpress.view.plain_copy import PlainCopy
 from lmpress.view.records import RowKind
 from lmpress.view.table import LABELLED, PENDING_VALUES, Table, recode
 
@@ -82,7 +84,11 @@ class JsonlIndex:
         model: str | None = None,
         keep: bool = True,
     ):
-        """`keep`: read and write the index beside the file (else it lives in memory only)."""
+        """`keep`: read and write the index beside the file (else it lives in memory only).
+        A compressed file is indexed and read through its plain copy (plain_copy.py)."""
+        self.copy = PlainCopy.of(path) if is_compressed(path) else None
+        self.copied = 0  # the copy's generation this index was built from
+        path = self.copy.path if self.copy is not None else path
         self.path, self.kind, self.step, self.model = path, kind, step, model
         self.stores = index_paths(path)
         self.keep = keep
@@ -131,6 +137,12 @@ class JsonlIndex:
         """Index what the file gained since; start over when it was replaced. Whether rows
         changed. `ended`: no job writes the file, so a last line without its newline is
         whole (else it waits for its newline)."""
+        if self.copy is not None:
+            self.copy.update()
+            if self.copy.generation != self.copied:  # a copy made anew: no index of it holds
+                self.copied = self.copy.generation
+                self._reset()
+                self._saved_rows = max(self._saved_rows, 0)  # (none is read back)
         try:
             stat = os.stat(self.path)
         except FileNotFoundError:
@@ -384,7 +396,7 @@ class JsonlIndex:
         it; where neither takes it, the next open indexes the file again. Only a whole index
         is written: one with facts still pending waits for them."""
         with self._lock:
-            if not self.keep or self.known < self.rows:
+            if not self.keep or not self.rows or self.known < self.rows:
                 return
             table, rows, size, head = self.table, self.rows, self.size, self.head
             arrays = {"start": self.start, "length": self.length, **table.columns}

@@ -1,7 +1,8 @@
 """Which files make up what the user pointed `lmpress view` at, found from the names lmpress
 gives them (`data.resume.JobFiles`, `batch.model_parts`, `pipeline/job.py`, lm-eval's):
 
-- a batch output OUT (JSONL or OpenAI Batch lines): OUT, then OUT.errors.jsonl;
+- a batch output OUT (JSONL or OpenAI Batch lines, plain or compressed: index.py reads a
+  compressed one through a plain copy): OUT, then OUT.errors.jsonl;
 - a Parquet output: OUT.parquet once written, else its journal (the job still runs);
 - OUT.errors.jsonl alone;
 - a --models output (OUT.models/ beside it): each model's part and its errors, in model order
@@ -26,7 +27,7 @@ from typing import Any
 
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.resume import JobFiles
-from lmpress.data.targets import is_compressed
+from lmpress.data.targets import open_read
 from lmpress.view.records import RowKind
 from lmpress.vocabulary.errors import InputError
 
@@ -86,12 +87,6 @@ def find(given: str | Path) -> Layout:
     if name.endswith(".errors.jsonl"):
         _exists(path, given)
         return Layout(SourceKind.ERRORS, [Segment(path, RowKind.ERRORS)])
-    if is_compressed(path):
-        _exists(path, given)
-        raise InputError(
-            f"view: {given}: a compressed output cannot be read at byte offsets; decompress "
-            f"it first (gunzip, zstd -d) and view the copy"
-        )
     parquet = path.suffix in PARQUET_SUFFIXES
     files = JobFiles.found(path, FileFormat.PARQUET if parquet else FileFormat.JSONL)
     folder = path.with_name(f"{name}.models")
@@ -135,10 +130,10 @@ def _batch_kind(path: Path) -> SourceKind:
 def _openai_lines(path: Path) -> bool:
     """Whether the file's first line is an OpenAI Batch output line."""
     try:
-        with open(path, "rb") as handle:
+        with open_read(path) as handle:
             first = handle.readline(1 << 16)
         line = json.loads(first.decode("utf-8", "replace"))
-    except (OSError, ValueError):
+    except (OSError, EOFError, ValueError):  # (EOFError: a compressed file cut short)
         return False
     return (
         isinstance(line, dict)

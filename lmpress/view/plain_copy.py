@@ -1,0 +1,216 @@
+"""A compressed output (OUT.jsonl.gz, .zst, .bz2, .xz, as data/targets.py writes them) as the
+viewer reads it: through a plain JSONL copy in lmpress's cache directory, which index.py indexes
+and reads at byte offsets like any JSONL file. Compressed data has no offset a row can be read
+at, and decompressing the file again for each page would cost seconds a page.
+
+The copy is made streaming, READ_BYTES of compressed data at a time written out as they
+decompress, so memory stays flat whatever the file's size. The decompressor is kept open
+between looks, so a file a running job still appends to is followed: each of these formats
+decompresses as its bytes come, and a resumed job's new gzip member or zstd frame is read on
+with a fresh decompressor.
+
+The copy is named for the source's path and kept with a record of what it was made from (the
+source's inode and first bytes, the compressed bytes read, where the last whole member ended in
+both files). Opened again, a source that did not change is not read at all; one that grew is
+decompressed on from its last whole member (a decompressor's state is not kept); one that was
+replaced is decompressed again from the start (`generation` counts those restarts, so that the
+copy's index starts over too). Nothing is written beside the user's file.
+
+One copy per source per process (`PlainCopy.of`): two views of one file share it.
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import json
+import lzma
+import os
+import threading
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from lmpress.data.targets import COMPRESSED, write_text_atomically
+
+READ_BYTES = 1 << 16  # compressed bytes read at a time: a few MB out, even at 80:1
+HEAD_BYTES = 4096  # a source whose first bytes changed was replaced, not appended to
+FORMAT = 1  # raised whenever what the record holds changes
+
+_COPIES: dict[Path, PlainCopy] = {}
+_COPIES_LOCK = threading.Lock()
+
+
+class Decompressor(Protocol):
+    eof: bool
+    unused_data: bytes
+
+    def decompress(self, data: bytes) -> bytes: ...
+
+
+def decompressor(source: Path) -> Decompressor:
+    """A decompressor of one gzip member, bz2 or xz stream, or zstd frame, by the suffix."""
+    name = source.name.lower()
+    if name.endswith(".gz"):
+        return zlib.decompressobj(wbits=31)  # type: ignore[return-value]
+    if name.endswith(".bz2"):
+        return bz2.BZ2Decompressor()  # type: ignore[return-value]
+    if name.endswith(".xz"):
+        return lzma.LZMADecompressor()  # type: ignore[return-value]
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompressobj()  # type: ignore[return-value]
+
+
+def copy_path(source: Path) -> Path:
+    """Where a compressed file's plain copy lives: lmpress's cache, named for the source's path
+    (and its name, without the compression suffix, for a person looking there)."""
+    from lmpress.builtin_models.tiny import cache_root
+
+    digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
+    plain = source.name
+    for suffix in COMPRESSED:
+        plain = plain.removesuffix(suffix)
+    return cache_root() / "view" / "plain" / f"{digest}-{plain}"
+
+
+@dataclass
+class Made:
+    """What a copy was made from, as far as it got."""
+
+    inode: int = 0
+    head: str = ""  # digest of the source's first head_length bytes
+    head_length: int = 0
+    read: int = 0  # compressed bytes decompressed into the copy
+    written: int = 0  # the copy's size
+    member_read: int = 0  # where the last whole member (or frame) ended in the source
+    member_written: int = 0  # ... and in the copy
+    format: int = FORMAT
+
+
+class PlainCopy:
+    """The plain copy of one compressed file, kept up with it by `update`."""
+
+    def __init__(self, source: Path):
+        self.source = source
+        self.path = copy_path(source)
+        self.record = self.path.with_name(f"{self.path.name}.made.json")
+        self.generation = 0
+        self.problem: str | None = None  # why the source stopped decompressing, where it did
+        self._made = Made()
+        self._open: Decompressor | None = None
+        self._loaded = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, source: Path) -> PlainCopy:
+        key = Path(os.path.abspath(source))
+        with _COPIES_LOCK:
+            if key not in _COPIES:
+                _COPIES[key] = cls(key)
+            return _COPIES[key]
+
+    def update(self) -> None:
+        """Decompress what the source gained since the last look onto the copy's end; start
+        over where the source was replaced. A source gone leaves the copy as it was."""
+        with self._lock:
+            try:
+                stat = os.stat(self.source)
+            except FileNotFoundError:
+                return
+            if not self._loaded:
+                self._loaded = True
+                self._load()
+            made = self._made
+            if made.read and (
+                stat.st_ino != made.inode
+                or stat.st_size < made.read
+                or self._head(made.head_length) != made.head
+            ):
+                self._start_over()
+            made = self._made
+            if stat.st_size == made.read or (self.problem and self._open is None):
+                return
+            if self._open is None and made.read:  # opened again: on from the last whole member
+                made.read, made.written = made.member_read, made.member_written
+                self._truncate(made.written)
+            made.inode = stat.st_ino
+            self._feed(stat.st_size)
+            if made.head_length < HEAD_BYTES:
+                made.head_length = min(HEAD_BYTES, made.read)
+                made.head = self._head(made.head_length)
+            write_text_atomically(self.record, json.dumps(asdict(made)))
+
+    def _feed(self, end: int) -> None:
+        made = self._made
+        with open(self.source, "rb") as source, open(self.path, "ab") as copy:
+            source.seek(made.read)
+            while made.read < end:
+                data = source.read(min(READ_BYTES, end - made.read))
+                if not data:
+                    break
+                start = made.read
+                try:
+                    made.written += self._decompress(data, copy, start)
+                except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
+                    self._stop(exc)
+                    return
+                except Exception as exc:  # zstandard.ZstdError, not imported for other formats
+                    if type(exc).__name__ != "ZstdError":
+                        raise
+                    self._stop(exc)
+                    return
+                made.read = start + len(data)
+
+    def _decompress(self, data: bytes, copy: Any, start: int) -> int:
+        """Decompress one read's bytes onto the copy; a member's end noted, and the next
+        member's bytes read by a new decompressor. The bytes written."""
+        made, written, offset = self._made, 0, start
+        while data:
+            if self._open is None:
+                self._open = decompressor(self.source)
+            out = self._open.decompress(data)
+            copy.write(out)
+            written += len(out)
+            if not self._open.eof:
+                return written
+            rest = self._open.unused_data
+            offset += len(data) - len(rest)
+            made.member_read, made.member_written = offset, made.written + written
+            self._open, data = None, rest
+        return written
+
+    def _stop(self, exc: Exception) -> None:
+        """Damaged data: the copy keeps what came before it, and is not read on."""
+        self.problem = f"{self.source.name}: the compressed data is damaged past this point ({exc})"
+        self._open = None
+
+    def _start_over(self) -> None:
+        self._made, self._open, self.problem = Made(), None, None
+        self.generation += 1
+        self._truncate(0)
+
+    def _truncate(self, size: int) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "ab") as copy:
+            copy.truncate(size)
+
+    def _head(self, length: int) -> str:
+        with open(self.source, "rb") as handle:
+            return hashlib.sha256(handle.read(length)).hexdigest()
+
+    def _load(self) -> None:
+        """The record of a copy made before, where the copy is still as it says."""
+        try:
+            made = Made(**json.loads(self.record.read_text()))
+            size = self.path.stat().st_size
+        except (OSError, ValueError, TypeError):
+            self._start_over()
+            return
+        if made.format != FORMAT or size < made.written:
+            self._start_over()
+            return
+        if size > made.written:  # a write the record never saw
+            self._truncate(made.written)
+        self._made = made

@@ -1,0 +1,132 @@
+"""A compressed output in the viewer (lmpress/view/plain_copy.py): real `lmpress batch` outputs
+written .gz and .zst show the rows and overview the plain output shows, read through a plain
+copy in lmpress's cache; a copy follows a file that grows and is made again for one replaced;
+nothing is written beside the user's file."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+
+import pytest
+import zstandard
+
+from lmpress.data.targets import open_read
+from lmpress.view.plain_copy import PlainCopy
+from lmpress.view.sources import OpenSource
+from tests.view.conftest import all_rows, client, input_rows, run_batch
+
+SHOWN = ("n", "id", "status", "error_kind", "preview")
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("compressed")
+    rows = input_rows()
+    return {name: run_batch(folder, rows, name) for name in ("out.jsonl", "c.jsonl.gz", "c.zst")}
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMPRESS_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def shown(viewer) -> list[dict]:
+    return [{key: row.get(key) for key in SHOWN} for row in all_rows(viewer)]
+
+
+def counts(overview: dict) -> dict:
+    return {key: overview[key] for key in ("rows", "tokens", "errors_by_kind")}
+
+
+@pytest.mark.parametrize("name", ["c.jsonl.gz", "c.zst"])
+def test_a_compressed_output_shows_what_the_plain_one_does(outputs, name, cache, tmp_path):
+    folder = outputs[name].parent
+    before = set(os.listdir(folder))
+    # The same rows decompressed by hand (a batch writes rows as they finish, so another
+    # run's order may differ), and beside them the side files the job wrote.
+    unpacked = tmp_path / "plain.jsonl"
+    with open_read(outputs[name]) as source, open(unpacked, "wb") as copy:
+        shutil.copyfileobj(source, copy)
+    for side in ("errors.jsonl", "summary.json"):
+        shutil.copy(folder / f"{name}.{side}", tmp_path / f"plain.jsonl.{side}")
+    plain, packed = client(unpacked), client(outputs[name])
+    assert shown(packed) == shown(plain)
+    by_id = sorted(shown(client(outputs["out.jsonl"])), key=lambda row: row["id"])
+    assert [{**row, "n": 0} for row in sorted(shown(packed), key=lambda row: row["id"])] == [
+        {**row, "n": 0} for row in by_id
+    ]
+    assert counts(packed.get("/api/overview").json()) == counts(plain.get("/api/overview").json())
+    row = packed.get("/api/row", params={"n": 0}).json()
+    assert row == plain.get("/api/row", params={"n": 0}).json()
+    hits = packed.get("/api/rows", params={"q": "NUMBER 4"}).json()["rows"]
+    assert [r["id"] for r in hits] == ["g4"]
+    # Beside the user's file: only what a plain output gets too (its errors file's index).
+    gained = {entry for entry in set(os.listdir(folder)) - before if entry.startswith(name)}
+    assert gained == {f"{name}.errors.jsonl.view-index"}
+    assert list((cache / "view" / "plain").glob("*-c*"))  # the copy is in the cache
+
+
+def test_a_copy_follows_a_growing_file_and_is_made_again_for_a_replaced_one(outputs, tmp_path):
+    path = tmp_path / "grow.jsonl.gz"
+    lines = outputs["out.jsonl"].read_bytes().splitlines(keepends=True)
+    path.write_bytes(gzip.compress(b"".join(lines[:4])))
+    source = OpenSource(str(path))
+    assert source.wait().rows == 4
+    with open(path, "ab") as handle:  # a resumed job adds a member
+        handle.write(gzip.compress(b"".join(lines[4:7])))
+    assert source.wait().rows == 7
+    assert [r.value["id"] for r in source.read(source.snapshot, [0, 6])] == ids(lines[0], lines[6])
+    source.close()
+    again = OpenSource(str(path))  # opened again: the copy made before is read back
+    assert again.wait().rows == 7
+    scratch = tmp_path / "new.gz"
+    scratch.write_bytes(gzip.compress(b"".join(lines[8:10])))
+    os.replace(scratch, path)  # replaced by another output
+    snapshot = again.wait()
+    assert snapshot.rows == 2
+    assert [r.value["id"] for r in again.read(snapshot, [0, 1])] == ids(lines[8], lines[9])
+    again.close()
+    assert sorted(os.listdir(tmp_path)) == ["cache", "grow.jsonl.gz"]
+
+
+def ids(*lines: bytes) -> list[str]:
+    return [json.loads(line)["id"] for line in lines]
+
+
+def test_a_cut_off_compressed_file_shows_its_whole_rows(outputs, tmp_path):
+    path = tmp_path / "cut.jsonl.gz"
+    whole = gzip.compress(outputs["out.jsonl"].read_bytes())
+    path.write_bytes(whole[: len(whole) // 2])
+    source = OpenSource(str(path))
+    rows = source.wait().rows
+    assert 0 < rows < 11
+    source.close()
+
+
+def test_a_copy_opened_again_is_used_as_made_and_read_on_from_its_last_member(outputs, tmp_path):
+    """As a new viewer process finds it: the record beside the copy, no decompressor."""
+    path = tmp_path / "again.jsonl.zst"
+    plain = outputs["out.jsonl"].read_bytes()
+    first, second = plain[: len(plain) // 2], plain[len(plain) // 2 :]
+    path.write_bytes(zstandard.ZstdCompressor().compress(first))
+    made = PlainCopy(path)
+    made.update()
+    assert made.path.read_bytes() == first
+    stamp = made.path.stat().st_mtime_ns
+    unchanged = PlainCopy(path)
+    unchanged.update()
+    assert made.path.stat().st_mtime_ns == stamp and unchanged.generation == 0
+    with open(path, "ab") as handle:
+        handle.write(zstandard.ZstdCompressor().compress(second))
+    grown = PlainCopy(path)
+    grown.update()
+    assert grown.generation == 0 and grown.path.read_bytes() == plain
+    path.write_bytes(zstandard.ZstdCompressor().compress(second))  # written over in place
+    replaced = PlainCopy(path)
+    replaced.update()
+    assert replaced.generation == 1 and replaced.path.read_bytes() == second
+    assert sorted(os.listdir(tmp_path)) == ["again.jsonl.zst", "cache"]
