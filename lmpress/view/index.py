@@ -83,6 +83,7 @@ class JsonlIndex:
         step: str | None = None,
         model: str | None = None,
         keep: bool = True,
+        id_column: str | None = None,
     ):
         """`keep`: read and write the index beside the file (else it lives in memory only).
         A compressed file is indexed and read through its plain copy (plain_copy.py)."""
@@ -90,6 +91,7 @@ class JsonlIndex:
         self.copied = 0  # the copy's generation this index was built from
         path = self.copy.path if self.copy is not None else path
         self.path, self.kind, self.step, self.model = path, kind, step, model
+        self.id_column = id_column
         self.stores = index_paths(path)
         self.keep = keep
         self._lock = threading.Condition()
@@ -264,7 +266,7 @@ class JsonlIndex:
                     low, high, generation, starts, lengths = taken
                     reader = idle.pop(0)
                     ahead.append((low, high, generation, reader))
-                    reader.send(self.path, self.kind, self.step, self.model, starts, lengths, low)
+                    reader.send(self.path, *self._read_as_args(), starts, lengths, low)
                 if not ahead:
                     return
                 low, high, generation, reader = ahead[0]
@@ -313,7 +315,7 @@ class JsonlIndex:
             return False
         low, high, generation, starts, lengths = taken
         try:
-            block = read_facts(self.path, self.kind, self.step, self.model, starts, lengths, low)
+            block = read_facts(self.path, *self._read_as_args(), starts, lengths, low)
         except OSError:
             self._put(low, high, generation, None)
             raise
@@ -382,7 +384,10 @@ class JsonlIndex:
 
     def _read_as(self) -> list[str | None]:
         """What the facts were read as: an index read otherwise is not this one."""
-        return [self.kind.value, self.step, self.model]
+        return [self.kind.value, self.step, self.model, self.id_column]
+
+    def _read_as_args(self) -> tuple:
+        return self.kind, self.step, self.model, self.id_column
 
     def _maybe_save(self) -> None:
         if not self.keep:

@@ -58,6 +58,7 @@ class Segment:
     parquet: bool = False
     step: str | None = None
     model: str | None = None
+    id_column: str | None = None  # the job's --id-column: its rows' ids
 
 
 @dataclass
@@ -90,13 +91,15 @@ def find(given: str | Path) -> Layout:
     parquet = path.suffix in PARQUET_SUFFIXES
     files = JobFiles.found(path, FileFormat.PARQUET if parquet else FileFormat.JSONL)
     folder = path.with_name(f"{name}.models")
+    id_column = _id_column(files)
     if folder.is_dir():
-        return _models(path, files, folder, parquet)
+        return _models(path, files, folder, parquet, id_column)
     # A job that has just started holds its lock before it writes a row: its output is on
     # its way, and is shown as it comes.
     if not (path.exists() or files.fingerprint.exists() or files.lock.exists()):
         _exists(path, given)
-    return Layout(_batch_kind(path), _job_segments(files, parquet), files.summary, [files.lock])
+    segments = _job_segments(files, parquet, id_column=id_column)
+    return Layout(_batch_kind(path), segments, files.summary, [files.lock])
 
 
 def _exists(path: Path, given: str | Path) -> None:
@@ -104,7 +107,18 @@ def _exists(path: Path, given: str | Path) -> None:
         raise InputError(f"view: {given}: no such file; {WHAT}")
 
 
-def _job_segments(files: JobFiles, parquet: bool, part: str | None = None) -> list[Segment]:
+def _id_column(files: JobFiles) -> str | None:
+    """The column the job took its rows' ids from (`--id-column`), as its fingerprint says."""
+    found = read_json(files.fingerprint)
+    settings = found.get("settings") if isinstance(found, dict) else None
+    rows = settings.get("rows") if isinstance(settings, dict) else None
+    column = rows.get("id_column") if isinstance(rows, dict) else None
+    return column if isinstance(column, str) else None
+
+
+def _job_segments(
+    files: JobFiles, parquet: bool, part: str | None = None, id_column: str | None = None
+) -> list[Segment]:
     """A batch job's rows: its output then its errors (a Parquet output holds its failures:
     the Parquet file once written, its journal while the job runs)."""
     if parquet:
@@ -114,12 +128,16 @@ def _job_segments(files: JobFiles, parquet: bool, part: str | None = None) -> li
             and journal.exists()
             and (not files.output.exists() or holder(files.lock) is not None)
         ):
-            return [Segment(journal, RowKind.JOURNAL, part, model=part)]
-        return [Segment(files.output, RowKind.PARQUET, part, parquet=True, model=part)]
+            return [Segment(journal, RowKind.JOURNAL, part, model=part, id_column=id_column)]
+        return [
+            Segment(
+                files.output, RowKind.PARQUET, part, parquet=True, model=part, id_column=id_column
+            )
+        ]
     kind = RowKind.OPENAI if _openai_lines(files.output) else RowKind.BATCH
     return [
-        Segment(files.output, kind, part, model=part),
-        Segment(files.errors, RowKind.ERRORS, part, model=part),
+        Segment(files.output, kind, part, model=part, id_column=id_column),
+        Segment(files.errors, RowKind.ERRORS, part, model=part, id_column=id_column),
     ]
 
 
@@ -143,7 +161,9 @@ def _openai_lines(path: Path) -> bool:
     )
 
 
-def _models(path: Path, files: JobFiles, folder: Path, parquet: bool) -> Layout:
+def _models(
+    path: Path, files: JobFiles, folder: Path, parquet: bool, id_column: str | None
+) -> Layout:
     """A --models output: its parts, labelled as the summary names them (else by file)."""
     labels: dict[str, str] = {}
     summary = read_json(files.summary)
@@ -159,7 +179,7 @@ def _models(path: Path, files: JobFiles, folder: Path, parquet: bool) -> Layout:
             continue
         label = labels.get(part.name) or re.sub(r"^\d+-", "", part.name.removesuffix(suffix))
         found = JobFiles.found(part, FileFormat.PARQUET if parquet else FileFormat.JSONL)
-        own = _job_segments(found, parquet, label)
+        own = _job_segments(found, parquet, label, id_column)
         segments += own[:1]
         errors += own[1:]
         locks.append(found.lock)

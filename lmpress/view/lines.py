@@ -101,6 +101,7 @@ def read_facts(
     kind: RowKind,
     step: str | None,
     model: str | None,
+    id_column: str | None,
     starts: np.ndarray,
     lengths: np.ndarray,
     first: int,
@@ -114,7 +115,8 @@ def read_facts(
     with open(path, "rb") as handle:
         data = os.pread(handle.fileno(), int(starts[-1]) + int(lengths[-1]) - low, low)
     for begin, length in zip((starts - low).tolist(), lengths.tolist(), strict=True):
-        builder.add(facts(kind, decode_line(data[begin : begin + length]), step, model))
+        row = decode_line(data[begin : begin + length])
+        builder.add(facts(kind, row, step, model, id_column))
     return builder.table()
 
 

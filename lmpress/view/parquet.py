@@ -42,8 +42,10 @@ class ParquetIndex:
         step: str | None = None,
         model: str | None = None,
         keep: bool = True,
+        id_column: str | None = None,
     ):
         self.path, self.kind, self.step, self.model = path, kind, step, model
+        self.id_column = id_column
         self.table = Table.empty()
         self.bounds = np.zeros(1, np.int64)  # row group i holds rows bounds[i]:bounds[i+1]
         self.stamp: tuple | None = None
@@ -79,11 +81,12 @@ class ParquetIndex:
         handle = pq.ParquetFile(self.path)
         sizes = [handle.metadata.row_group(i).num_rows for i in range(handle.num_row_groups)]
         self.bounds = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        present = [c for c in FACT_COLUMNS if c in handle.schema_arrow.names]
+        wanted = (*FACT_COLUMNS, self.id_column) if self.id_column else FACT_COLUMNS
+        present = [c for c in wanted if c in handle.schema_arrow.names]
         builder = TableBuilder()
         for group in range(handle.num_row_groups):
             for row in handle.read_row_group(group, columns=present).to_pylist():
-                builder.add(facts(self.kind, row, self.step, self.model))
+                builder.add(facts(self.kind, row, self.step, self.model, self.id_column))
         self.table = builder.table()
         return True
 

@@ -126,9 +126,16 @@ def _reject_kind(row: dict[str, Any]) -> str:
     return f"{verb} at {row.get('step', '?')}"
 
 
-def facts(kind: RowKind, row: Any, step: str | None = None, model: str | None = None) -> tuple:
+def facts(
+    kind: RowKind,
+    row: Any,
+    step: str | None = None,
+    model: str | None = None,
+    id_column: str | None = None,
+) -> tuple:
     """The row's facts in `FACTS` order; `step` and `model` are the part's, where it names
-    them (a pipeline's step file, a --models part)."""
+    them (a pipeline's step file, a --models part); `id_column`: the column the job took its
+    rows' ids from (`batch --id-column`), which is then the row's id, as the job's own."""
     if not isinstance(row, dict):
         return (None, Status.FAILED, False, UNREADABLE, model, step, None, -1, -1, math.nan,
                 math.nan, "")  # fmt: skip
@@ -159,7 +166,7 @@ def facts(kind: RowKind, row: Any, step: str | None = None, model: str | None = 
                 math.nan, math.nan, text)  # fmt: skip
     response = _response(kind, row)
     usage = _dict(response.get("usage")) if kind is not RowKind.PARQUET else response
-    rid = _text(row.get("id")) if kind is RowKind.JOURNAL else output_row_id(row)
+    rid = _text(row.get("id")) if kind is RowKind.JOURNAL else output_row_id(row, id_column)
     # A --models part is its model's; a merged --models output marks each row with its
     # model; otherwise the model that answered.
     named = model or (_text(row.get("model")) if kind is not RowKind.PARQUET else None)

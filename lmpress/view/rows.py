@@ -20,15 +20,21 @@ from lmpress.view.table import LABELLED, Table, id_hash
 
 def shown_id(row: Row) -> str:
     """The row's id; `#n` for a row that has none (a dataset's row)."""
-    found = records.facts(row.segment.kind, row.value, row.segment.step, row.segment.model)[0]
+    found = records.facts(*_read_as(row))[0]
     return found if found is not None else f"#{row.n}"
+
+
+def _read_as(row: Row) -> tuple:
+    """records.facts's arguments for the row, as its file's index read it."""
+    segment = row.segment
+    return segment.kind, row.value, segment.step, segment.model, segment.id_column
 
 
 def _facts(table: Table, row: Row) -> dict[str, Any]:
     """The facts the rows table shows: the index's, or the line's where it has not read them."""
     columns, n = table.columns, row.n
     if columns["status"][n] == Status.PENDING:
-        found = records.facts(row.segment.kind, row.value, row.segment.step, row.segment.model)
+        found = records.facts(*_read_as(row))
         _, status, cached, error_kind, model, step, finish, prompt, completion, latency = found[:10]
     else:
         status, cached = Status(int(columns["status"][n])), bool(columns["cached"][n])

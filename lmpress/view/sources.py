@@ -128,7 +128,14 @@ class OpenSource:
             index = self._indexes.get(segment)
             if index is None:
                 kind = ParquetIndex if segment.parquet else JsonlIndex
-                index = kind(segment.path, segment.kind, segment.step, segment.model, self.keep)
+                index = kind(
+                    segment.path,
+                    segment.kind,
+                    segment.step,
+                    segment.model,
+                    self.keep,
+                    id_column=segment.id_column,
+                )
                 self._indexes[segment] = index
             changed = index.refresh(ended) or changed
             indexes.append(index)

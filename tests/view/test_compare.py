@@ -106,3 +106,43 @@ def test_the_models_of_one_models_output(tmp_path):
     assert [(r["a"]["text"], r["b"]["text"]) for r in rows] == [
         (native[i], gguf[i]) for i in native
     ]
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    """Two outputs written with `--id-column key` from inputs whose own `id`s differ (each
+    input file numbered its rows), so that only the chosen column pairs them: A has k0..k4,
+    B k2..k6 and a row that fails (its id, in the errors file, is its key)."""
+    folder = tmp_path_factory.mktemp("keyed")
+    outputs = []
+    for name, keys in (("a", range(5)), ("b", range(2, 7))):
+        rows = [{"id": f"{name}-{i}", "key": f"k{i}", "prompt": f"number {i}"} for i in keys]
+        if name == "b":
+            rows.append({"id": "b-bad", "key": "k-bad", "messages": [{"role": "x", "content": ""}]})
+        source = write_rows(folder / f"{name}.in.jsonl", rows)
+        out = folder / f"{name}.jsonl"
+        run = run_lmpress(
+            "batch", "-i", str(source), "-o", str(out), "--engine", "LLAMACPP",
+            "--model.model_name", "tiny-gguf:llama", "--generation.max_new_tokens", "4",
+            "--cache", "off", "--id-column", "key",
+        )  # fmt: skip
+        assert run.returncode == (1 if name == "b" else 0), run.stderr
+        outputs.append(out)
+    return outputs
+
+
+def test_outputs_written_with_id_column_pair_and_show_by_that_column(keyed):
+    a, b = ({row["key"]: row for row in read_rows(path)} for path in keyed)
+    assert a["k2"]["id"] == "a-2" and b["k2"]["id"] == "b-2"  # the inputs' own ids stay
+    viewer = client(*keyed)
+    rows = listed(viewer)
+    assert [r["id"] for r in rows] == [*a, *(k for k in b if k not in a), "k-bad"]
+    assert sorted(r["id"] for r in listed(viewer, only="only_a")) == ["k0", "k1"]
+    assert sorted(r["id"] for r in listed(viewer, only="only_b")) == ["k-bad", "k5", "k6"]
+    both = [r for r in rows if r["a"] and r["b"]]
+    assert sorted(r["id"] for r in both) == ["k2", "k3", "k4"] and all(r["same"] for r in both)
+    one = viewer.get("/api/compare_row", params={"id": "k3"}).json()
+    assert one["a"]["reply"]["text"] == a["k3"]["response"]["text"]
+    assert one["b"]["reply"]["text"] == b["k3"]["response"]["text"]
+    shown = viewer.get("/api/rows", params={"source": "b", "limit": 100}).json()["rows"]
+    assert [r["id"] for r in shown] == [*b, "k-bad"]
