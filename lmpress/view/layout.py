@@ -7,7 +7,8 @@ gives them (`data.resume.JobFiles`, `batch.model_parts`, `pipeline/job.py`, lm-e
 - OUT.errors.jsonl alone;
 - a --models output (OUT.models/ beside it): each model's part and its errors, in model order
   (the parts are the record the merged OUT is copied from, and exist while the job runs);
-- a pipeline's folder: the dataset, the rejects, and each step's rows (--keep-steps);
+- a pipeline's folder: the dataset (JSONL, Parquet or a `save_to_disk` folder of Arrow
+  files, which also opens alone), the rejects, and each step's rows (--keep-steps);
 - an eval's folder (or its results or samples file): each task's samples of the latest run.
 
 Found again each time the viewer looks, so a job that started, finished or was replaced since
@@ -28,12 +29,14 @@ from typing import Any
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.resume import JobFiles
 from lmpress.data.targets import open_read
+from lmpress.view.parquet import is_arrow_dataset
 from lmpress.view.records import RowKind
 from lmpress.vocabulary.errors import InputError
 
 WHAT = (
-    "give a batch output (JSONL or Parquet), its .errors.jsonl, a pipeline's output folder, a "
-    "--models output or an eval's results folder"
+    "give a batch output (JSONL, compressed or not, or Parquet), its .errors.jsonl, a "
+    "pipeline's output folder or its Hugging Face dataset folder, a --models output or an "
+    "eval's results folder"
 )
 PARQUET_SUFFIXES = (".parquet", ".pq")
 DATASET = "dataset"  # the part a pipeline's dataset rows are shown under
@@ -56,6 +59,7 @@ class Segment:
     kind: RowKind
     part: str | None = None
     parquet: bool = False
+    arrow: bool = False  # a save_to_disk folder of Arrow files (parquet.ArrowIndex)
     step: str | None = None
     model: str | None = None
     id_column: str | None = None  # the job's --id-column: its rows' ids
@@ -81,6 +85,9 @@ def find(given: str | Path) -> Layout:
             return _pipeline(path)
         if _eval_files(path):
             return _eval(path)
+        if is_arrow_dataset(path):  # a pipeline's --format hf dataset, opened alone
+            segment = Segment(path, RowKind.PIPELINE, DATASET, True, step=DATASET, arrow=True)
+            return Layout(SourceKind.PIPELINE, [segment], steps=[DATASET])
         raise InputError(f"view: {given}: a folder lmpress did not write; {WHAT}")
     name = path.name
     if name.startswith(("results_", "samples_")) and path.exists():
@@ -195,6 +202,10 @@ def _pipeline(folder: Path) -> Layout:
             segments.append(
                 Segment(folder / name, RowKind.PIPELINE, DATASET, parquet, step=DATASET)
             )
+    if is_arrow_dataset(folder / DATASET):  # --format hf
+        segments.append(
+            Segment(folder / DATASET, RowKind.PIPELINE, DATASET, True, step=DATASET, arrow=True)
+        )
     segments.append(Segment(folder / "rejects.jsonl", RowKind.REJECTS))
     kept = {p.stem: p for p in (folder / "steps").glob("*.jsonl")}
     for name in [*[s for s in steps if s in kept], *sorted(set(kept) - set(steps))]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from lmpress.view.index import JsonlIndex
 from lmpress.view.layout import Layout, Segment, find, holder, read_json
-from lmpress.view.parquet import ParquetIndex
+from lmpress.view.parquet import ArrowIndex, ParquetIndex
 from lmpress.view.records import Status
 from lmpress.view.table import Table, concat
 from lmpress.vocabulary.errors import InputError
@@ -127,7 +127,9 @@ class OpenSource:
         for segment in layout.segments:
             index = self._indexes.get(segment)
             if index is None:
-                kind = ParquetIndex if segment.parquet else JsonlIndex
+                kind = (
+                    ArrowIndex if segment.arrow else ParquetIndex if segment.parquet else JsonlIndex
+                )
                 index = kind(
                     segment.path,
                     segment.kind,

@@ -114,3 +114,50 @@ def test_an_eval_folder_shows_each_tasks_samples_and_metrics(evaluation):
     assert row["judge"]["score"] == first["exact_match"]
     report = (evaluation / "report.html").read_text()
     assert re.search(r"<th>acc</th>", report) and "lmpress_mc" in report
+
+
+GENERATE = """
+models:
+  w: {engine: LLAMACPP, model: "tiny-gguf:llama"}
+steps:
+  - {name: tip, kind: generate, model: w, prompt: "A tip for {{ task }}",
+     generation: {max_new_tokens: 6, temperature: 0}}
+"""
+
+
+def test_a_pipelines_hugging_face_dataset_opens_with_its_folder_and_alone(tmp_path):
+    """--format hf writes OUT/dataset as `save_to_disk` does: Arrow files the viewer reads
+    by their record batches; the rows are those `datasets.load_from_disk` gives."""
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "p.yaml").write_text(GENERATE)
+    source = write_rows(tmp_path / "tasks.jsonl", [{"task": t} for t in TASKS])
+    out = tmp_path / "out"
+    run = run_lmpress(
+        "run", str(tmp_path / "p.yaml"), "-i", str(source), "-o", str(out), "--format", "hf",
+        "--cache", "off",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    expected = datasets.load_from_disk(str(out / "dataset")).to_list()
+    assert [row["task"] for row in expected] == TASKS
+    for given in (out, out / "dataset"):
+        viewer = client(given)
+        rows = all_rows(viewer, step="dataset")
+        assert len(rows) == len(TASKS)
+        shown = [viewer.get("/api/row", params={"n": r["n"]}).json()["raw"] for r in rows]
+        assert [json.loads(raw) for raw in shown] == expected
+        assert viewer.get("/api/overview").json()["rows"]["ok"] == len(TASKS)
+        hits = all_rows(viewer, q="HOUSEPLANTS")
+        assert [json.loads(viewer.get("/api/row", params={"n": r["n"]}).json()["raw"])["task"]
+                for r in hits] == ["keeping houseplants alive"]  # fmt: skip
+
+
+def test_a_dataset_of_several_arrow_files_and_batches_is_read_at_any_row(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"id": f"r{i}", "n": i, "text": f"row number {i}"} for i in range(2500)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "d"), num_shards=3)
+    assert len(list((tmp_path / "d").glob("*.arrow"))) == 3
+    viewer = client(tmp_path / "d")
+    assert viewer.get("/api/overview").json()["rows"]["ok"] == 2500
+    for n in (0, 999, 1000, 1700, 2499):
+        assert json.loads(viewer.get("/api/row", params={"n": n}).json()["raw"]) == rows[n]
+    assert viewer.get("/api/rows", params={"q": "number 1713"}).json()["total"] == 1
