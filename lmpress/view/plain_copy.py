@@ -16,12 +16,17 @@ decompressed on from its last whole member (a decompressor's state is not kept);
 replaced is decompressed again from the start (`generation` counts those restarts, so that the
 copy's index starts over too). Nothing is written beside the user's file.
 
-One copy per source per process (`PlainCopy.of`): two views of one file share it.
+One copy per source per process (`PlainCopy.of`): two views of one file share it. A second
+process viewing the file while the first holds its copy (a lock held for the first's life)
+makes a copy of its own, named for its pid and removed when it exits: two processes appending
+to one copy would interleave.
 """
 
 from __future__ import annotations
 
+import atexit
 import bz2
+import fcntl
 import hashlib
 import json
 import lzma
@@ -63,16 +68,18 @@ def decompressor(source: Path) -> Decompressor:
     return zstandard.ZstdDecompressor().decompressobj()  # type: ignore[return-value]
 
 
-def copy_path(source: Path) -> Path:
+def copy_path(source: Path, private: bool = False) -> Path:
     """Where a compressed file's plain copy lives: lmpress's cache, named for the source's path
-    (and its name, without the compression suffix, for a person looking there)."""
+    (and its name, without the compression suffix, for a person looking there); `private`: a
+    copy of this process's own (another holds the shared one)."""
     from lmpress.builtin_models.tiny import cache_root
 
     digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
     plain = source.name
     for suffix in COMPRESSED:
         plain = plain.removesuffix(suffix)
-    return cache_root() / "view" / "plain" / f"{digest}-{plain}"
+    own = f"{os.getpid()}-" if private else ""
+    return cache_root() / "view" / "plain" / f"{digest}-{own}{plain}"
 
 
 @dataclass
@@ -95,6 +102,14 @@ class PlainCopy:
     def __init__(self, source: Path):
         self.source = source
         self.path = copy_path(source)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._held = open(self.path.with_name(f"{self.path.name}.lock"), "a")  # noqa: SIM115
+        try:
+            fcntl.flock(self._held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process's copy: one of this process's own
+            self._held.close()
+            self.path = copy_path(source, private=True)
+            atexit.register(_remove, self.path)
         self.record = self.path.with_name(f"{self.path.name}.made.json")
         self.generation = 0
         self.problem: str | None = None  # why the source stopped decompressing, where it did
@@ -105,10 +120,11 @@ class PlainCopy:
 
     @classmethod
     def of(cls, source: Path) -> PlainCopy:
-        key = Path(os.path.abspath(source))
+        source = Path(os.path.abspath(source))
+        key = copy_path(source)  # (where the cache is, too)
         with _COPIES_LOCK:
             if key not in _COPIES:
-                _COPIES[key] = cls(key)
+                _COPIES[key] = cls(source)
             return _COPIES[key]
 
     def update(self) -> None:
@@ -141,6 +157,12 @@ class PlainCopy:
                 made.head_length = min(HEAD_BYTES, made.read)
                 made.head = self._head(made.head_length)
             write_text_atomically(self.record, json.dumps(asdict(made)))
+
+    def close(self) -> None:
+        """Let another process take the copy (the registry's copies live as long as their
+        process: this is for a copy made outside it)."""
+        if not self._held.closed:
+            self._held.close()
 
     def _feed(self, end: int) -> None:
         made = self._made
@@ -214,3 +236,9 @@ class PlainCopy:
         if size > made.written:  # a write the record never saw
             self._truncate(made.written)
         self._made = made
+
+
+def _remove(copy: Path) -> None:
+    """A private copy and what was kept beside it (its record, its index)."""
+    for path in copy.parent.glob(f"{copy.name}*"):
+        path.unlink(missing_ok=True)

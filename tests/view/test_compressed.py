@@ -9,6 +9,8 @@ import gzip
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import zstandard
@@ -16,6 +18,7 @@ import zstandard
 from lmpress.data.targets import open_read
 from lmpress.view.plain_copy import PlainCopy
 from lmpress.view.sources import OpenSource
+from tests.conftest import REPO
 from tests.view.conftest import all_rows, client, input_rows, run_batch
 
 SHOWN = ("n", "id", "status", "error_kind", "preview")
@@ -115,18 +118,51 @@ def test_a_copy_opened_again_is_used_as_made_and_read_on_from_its_last_member(ou
     path.write_bytes(zstandard.ZstdCompressor().compress(first))
     made = PlainCopy(path)
     made.update()
+    made.close()
     assert made.path.read_bytes() == first
     stamp = made.path.stat().st_mtime_ns
     unchanged = PlainCopy(path)
     unchanged.update()
+    unchanged.close()
+    assert unchanged.path == made.path
     assert made.path.stat().st_mtime_ns == stamp and unchanged.generation == 0
     with open(path, "ab") as handle:
         handle.write(zstandard.ZstdCompressor().compress(second))
     grown = PlainCopy(path)
     grown.update()
+    grown.close()
     assert grown.generation == 0 and grown.path.read_bytes() == plain
     path.write_bytes(zstandard.ZstdCompressor().compress(second))  # written over in place
     replaced = PlainCopy(path)
     replaced.update()
     assert replaced.generation == 1 and replaced.path.read_bytes() == second
     assert sorted(os.listdir(tmp_path)) == ["again.jsonl.zst", "cache"]
+
+
+def test_a_second_process_viewing_the_file_makes_a_copy_of_its_own(outputs, cache):
+    """Two viewers appending to one copy would interleave their rows."""
+    held = OpenSource(str(outputs["c.jsonl.gz"]))
+    assert held.wait().rows == 13
+    shared = sorted(p.name for p in (cache / "view" / "plain").iterdir())
+    other = run_python(
+        "from lmpress.view.sources import OpenSource\n"
+        f"s = OpenSource({str(outputs['c.jsonl.gz'])!r}); n = s.wait().rows\n"
+        "print(n, s.snapshot.indexes[0].path.name)\n",
+        env={"LMPRESS_CACHE": str(cache)},
+    )
+    rows, name = other.split()
+    assert rows == "13" and name not in shared
+    held.close()
+    assert sorted(p.name for p in (cache / "view" / "plain").iterdir()) == shared  # its own: gone
+
+
+def run_python(code: str, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
