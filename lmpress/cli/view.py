@@ -16,8 +16,9 @@ def view(
     path: Annotated[
         str,
         typer.Argument(
-            help="A batch output (JSONL, Parquet, OpenAI Batch lines), its .errors.jsonl, a "
-            "--models output, a pipeline's output folder or an eval's results folder.",
+            help="A batch output (JSONL, compressed or not, Parquet, OpenAI Batch lines), its "
+            ".errors.jsonl, a --models output, a pipeline's output folder or its Hugging Face "
+            "dataset folder, or an eval's results folder.",
             metavar="PATH",
             show_default=False,
         ),

@@ -51,8 +51,9 @@ def view(
     """Open the viewer on an output (and, given `other`, a second one to compare with).
 
     Args:
-        path: a batch output, its .errors.jsonl, a --models output, a pipeline's output folder
-            or an eval's results folder.
+        path: a batch output (compressed or not), its .errors.jsonl, a --models output, a
+            pipeline's output folder (or its Hugging Face dataset folder) or an eval's results
+            folder.
         other: a second output, compared with the first by row id.
         host: the address to listen on; another than this machine's needs `api_key`.
         port: the port; 0 picks a free one.

@@ -229,8 +229,9 @@ def test_view_command_says_a_bad_path_in_one_line(tmp_path):
     assert missing.returncode == 2
     assert missing.stderr.strip().splitlines() == [
         f"lmpress: error: view: {tmp_path / 'nothing.jsonl'}: no such file; give a batch "
-        f"output (JSONL or Parquet), its .errors.jsonl, a pipeline's output folder, a --models "
-        f"output or an eval's results folder"
+        f"output (JSONL, compressed or not, or Parquet), its .errors.jsonl, a pipeline's output "
+        f"folder or its Hugging Face dataset folder, a --models output or an eval's results "
+        f"folder"
     ]
     folder = run_lmpress("view", str(tmp_path))
     assert folder.returncode == 2 and "a folder lmpress did not write" in folder.stderr
