@@ -41,10 +41,15 @@ def parts_folder(output: str | Path) -> Path:
     return out.with_name(f"{out.name}.models")
 
 
+def part_suffix(output: str | Path) -> str:
+    """How each part's name ends: as the output's does (.jsonl.gz for OUT.jsonl.gz)."""
+    return "".join(Path(output).suffixes[-2:]) or ".jsonl"
+
+
 def model_parts(output: str | Path, labels: list[str], file_format: FileFormat) -> list[ModelPart]:
     """Each model's part, named by its place and its label (made safe for a file name)."""
     folder = parts_folder(output)
-    suffix = "".join(Path(output).suffixes[-2:]) or ".jsonl"
+    suffix = part_suffix(output)
     parts = []
     for place, label in enumerate(labels, 1):
         name = Path(label).stem if Path(label).suffix in (".yaml", ".yml") else label

@@ -26,6 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from lmpress.batch.model_parts import part_suffix
 from lmpress.data.file_formats import FileFormat
 from lmpress.data.resume import JobFiles
 from lmpress.data.targets import open_read
@@ -177,7 +178,7 @@ def _models(
     for model in summary.get("models", []) if isinstance(summary, dict) else []:
         if isinstance(model, dict) and isinstance(model.get("output"), str):
             labels[Path(model["output"]).name] = str(model.get("model"))
-    suffix = path.suffix if parquet else ".jsonl"
+    suffix = part_suffix(path)
     segments: list[Segment] = []
     errors: list[Segment] = []
     locks = [files.lock]

@@ -18,8 +18,8 @@ import zstandard
 from lmpress.data.targets import open_read
 from lmpress.view.plain_copy import PlainCopy
 from lmpress.view.sources import OpenSource
-from tests.conftest import REPO
-from tests.view.conftest import all_rows, client, input_rows, run_batch
+from tests.conftest import REPO, run_lmpress
+from tests.view.conftest import all_rows, client, input_rows, run_batch, write_rows
 
 SHOWN = ("n", "id", "status", "error_kind", "preview")
 
@@ -166,3 +166,29 @@ def run_python(code: str, env: dict[str, str]) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_a_compressed_models_output_shows_each_models_part(tmp_path):
+    """--models writes each model's part compressed as the output is (OUT.models/NN-M.jsonl.gz)."""
+    rows = [r for r in input_rows(4) if r["id"].startswith("g")]
+    source = write_rows(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl.gz"
+    run = run_lmpress(
+        "batch", "--models", "tiny-native,tiny-llamacpp", "-i", str(source), "-o", str(out),
+        "--generation.max_new_tokens", "4", "--cache", "off",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in (tmp_path / "out.jsonl.gz.models").glob("*.gz"))
+    viewer = client(out)
+    (found,) = viewer.get("/api/sources").json()["sources"]
+    assert found["kind"] == "models"
+    assert found["parts"] == [
+        {"name": "tiny-native", "rows": 4},
+        {"name": "tiny-llamacpp", "rows": 4},
+    ]
+    with open_read(out) as merged:
+        written = [json.loads(line) for line in merged]
+    shown = viewer.get("/api/rows", params={"model": "tiny-llamacpp"}).json()["rows"]
+    assert sorted(r["id"] for r in shown) == sorted(
+        row["id"] for row in written if row["model"] == "tiny-llamacpp"
+    )
