@@ -107,6 +107,7 @@ def sources_answer(viewer: Viewer, params: dict[str, str]) -> dict[str, Any]:
                 "rows": snapshot.rows,
                 "live": source.running(snapshot) is not None,
                 "indexing": snapshot.indexing,
+                "problems": source.problems(snapshot),
                 "parts": [{"name": part, "rows": counts.get(part, 0)} for part in names],
             }
         )

@@ -174,7 +174,7 @@ class PlainCopy:
                     break
                 start = made.read
                 try:
-                    made.written += self._decompress(data, copy, start)
+                    self._decompress(data, copy, start)
                 except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
                     self._stop(exc)
                     return
@@ -185,27 +185,29 @@ class PlainCopy:
                     return
                 made.read = start + len(data)
 
-    def _decompress(self, data: bytes, copy: Any, start: int) -> int:
+    def _decompress(self, data: bytes, copy: Any, start: int) -> None:
         """Decompress one read's bytes onto the copy; a member's end noted, and the next
-        member's bytes read by a new decompressor. The bytes written."""
-        made, written, offset = self._made, 0, start
+        member's bytes read by a new decompressor."""
+        made, offset = self._made, start
         while data:
             if self._open is None:
                 self._open = decompressor(self.source)
             out = self._open.decompress(data)
             copy.write(out)
-            written += len(out)
+            made.written += len(out)
             if not self._open.eof:
-                return written
+                return
             rest = self._open.unused_data
             offset += len(data) - len(rest)
-            made.member_read, made.member_written = offset, made.written + written
+            made.member_read, made.member_written = offset, made.written
             self._open, data = None, rest
-        return written
 
     def _stop(self, exc: Exception) -> None:
         """Damaged data: the copy keeps what came before it, and is not read on."""
-        self.problem = f"{self.source.name}: the compressed data is damaged past this point ({exc})"
+        self.problem = (
+            f"{self.source.name}: the compressed data is damaged after byte {self._made.read}; "
+            f"the rows before it are shown ({exc})"
+        )
         self._open = None
 
     def _start_over(self) -> None:

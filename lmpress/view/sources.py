@@ -211,6 +211,11 @@ class OpenSource:
             totals = [max(totals) * (len(snapshot.layout.locks) - 1)]
         return {"since": since, "rows_total": totals[0] if totals else None}
 
+    def problems(self, snapshot: Snapshot) -> list[str]:
+        """What stopped a file being read to its end (damaged compressed data), one line each."""
+        copies = [getattr(index, "copy", None) for index in snapshot.indexes]
+        return [copy.problem for copy in copies if copy is not None and copy.problem]
+
     def summary(self, snapshot: Snapshot) -> dict[str, Any] | None:
         found = read_json(snapshot.layout.summary)
         return found if isinstance(found, dict) else None

@@ -192,3 +192,15 @@ def test_a_compressed_models_output_shows_each_models_part(tmp_path):
     assert sorted(r["id"] for r in shown) == sorted(
         row["id"] for row in written if row["model"] == "tiny-llamacpp"
     )
+
+
+def test_damaged_compressed_data_shows_the_rows_before_it_and_says_so(outputs, tmp_path):
+    path = tmp_path / "damaged.jsonl.gz"
+    lines = outputs["out.jsonl"].read_bytes().splitlines(keepends=True)
+    path.write_bytes(gzip.compress(b"".join(lines[:5])) + b"this is no gzip member")
+    viewer = client(path)
+    (found,) = viewer.get("/api/sources").json()["sources"]
+    assert found["rows"] == 5
+    (problem,) = found["problems"]
+    assert problem.startswith("damaged.jsonl.gz: the compressed data is damaged after byte")
+    assert [r["id"] for r in all_rows(viewer)] == ids(*lines[:5])

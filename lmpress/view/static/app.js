@@ -533,7 +533,8 @@
   // file's facts are all read).
   function fillParts(id) {
     const info = sourceInfo(id);
-    $('#source-path').textContent = info ? `${info.path} (${info.kind})` : '';
+    const problems = info && info.problems.length ? ` (${info.problems.join('; ')})` : '';
+    $('#source-path').textContent = info ? `${info.path} (${info.kind})${problems}` : '';
     const kind = partKind(id);
     const parts = info?.parts || [];
     for (const [label, select] of [['model', '#filter-model'], ['step', '#filter-step']]) {
