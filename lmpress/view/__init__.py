@@ -3,7 +3,8 @@ output, its errors, a --models output, a pipeline's folder, an eval's results), 
 job's included, and `--report`'s self-contained HTML file (report.py).
 
 The data side reads the outputs and never writes them: layout.py finds a source's files,
-records.py reads each kind of line, index.py and parquet.py index them, sources.py joins one
+records.py reads each kind of line, index.py and parquet.py index them (index.py a compressed
+file through plain_copy.py's plain copy of it), sources.py joins one
 source's files, query.py filters and searches, stats.py makes the overview and the plots' data,
 rows.py and compare.py shape rows for the API, and app.py serves the API and the page
 (static/, the page's own code).

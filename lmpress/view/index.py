@@ -18,7 +18,8 @@ when the file is opened again. A file that grew (a job still writing it) is inde
 the index ends, whole lines only: a line being written is taken once its newline is there. A
 file that was replaced (smaller than what was indexed, its first bytes or its inode changed) is
 indexed again from the start, and facts read from it as it was are dropped (`generation`). The
-viewer only reads the file.
+viewer only reads the file. A compressed file is indexed as its plain copy (plain_copy.py),
+brought up to date first at each refresh.
 
 Threads: requests refresh and read the index (under their source's lock, sources.py) while the
 facts thread fills it in; both change it under the index's own lock. A table handed out

@@ -204,3 +204,20 @@ def test_damaged_compressed_data_shows_the_rows_before_it_and_says_so(outputs, t
     (problem,) = found["problems"]
     assert problem.startswith("damaged.jsonl.gz: the compressed data is damaged after byte")
     assert [r["id"] for r in all_rows(viewer)] == ids(*lines[:5])
+
+
+def test_a_member_still_being_written_is_followed_as_its_blocks_come(outputs, tmp_path):
+    """A running job's compressor, flushed: one gzip member read on by the open decompressor."""
+    path = tmp_path / "live.jsonl.gz"
+    lines = outputs["out.jsonl"].read_bytes().splitlines(keepends=True)
+    with gzip.open(path, "wb") as writer:
+        writer.write(b"".join(lines[:3]))
+        writer.flush()
+        source = OpenSource(str(path))
+        assert source.wait().rows == 3
+        writer.write(b"".join(lines[3:8]))
+        writer.flush()
+        assert source.wait().rows == 8
+    assert source.wait().rows == 8  # the member's end: nothing more, nothing twice
+    assert [r.value["id"] for r in source.read(source.snapshot, list(range(8)))] == ids(*lines[:8])
+    source.close()
