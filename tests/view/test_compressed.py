@@ -16,6 +16,7 @@ import pytest
 import zstandard
 
 from lmpress.data.targets import open_read
+from lmpress.view import plain_copy
 from lmpress.view.plain_copy import PlainCopy
 from lmpress.view.sources import OpenSource
 from tests.conftest import REPO, run_lmpress
@@ -221,3 +222,23 @@ def test_a_member_still_being_written_is_followed_as_its_blocks_come(outputs, tm
     assert source.wait().rows == 8  # the member's end: nothing more, nothing twice
     assert [r.value["id"] for r in source.read(source.snapshot, list(range(8)))] == ids(*lines[:8])
     source.close()
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz", ".zst"])
+def test_a_copy_read_a_few_bytes_at_a_time_is_the_file_decompressed(
+    outputs, tmp_path, monkeypatch, suffix
+):
+    """Reads that end inside a member and members that end inside a read, in every format."""
+    import bz2
+    import lzma
+
+    compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,
+                ".zst": zstandard.ZstdCompressor().compress}[suffix]  # fmt: skip
+    monkeypatch.setattr(plain_copy, "READ_BYTES", 37)
+    plain = outputs["out.jsonl"].read_bytes()
+    path = tmp_path / f"out.jsonl{suffix}"
+    path.write_bytes(b"".join(compress(plain[i : i + 500]) for i in range(0, len(plain), 500)))
+    made = PlainCopy(path)
+    made.update()
+    made.close()
+    assert made.path.read_bytes() == plain and made.problem is None
