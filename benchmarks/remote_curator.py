@@ -19,8 +19,9 @@ Both sides send the same rows (remote_throughput.py's {"id", "prompt"}, max_toke
 A side's share of the ideal is given two ways: over its process's wall time, start to exit
 (interpreter start, imports, reading the rows and writing the replies included), and over the
 server's busy window (its first request in to its last reply out). Also printed: the side's own
-CPU time, the server's CPU time as a share of its busy window (one core is 1.0: the server must
-not be what limits), and the most requests the server held at once. Medians over the rounds;
+CPU time, the seconds from its start to its first request and from the last reply to its exit,
+the server's CPU time as a share of its busy window (one core is 1.0: the server must not be
+what limits), and the most requests the server held at once. Medians over the rounds;
 issue 57's targets: lmpress >= 0.95 of the ideal at 16,000 rows, Curator / lmpress >= 1.2.
 """
 
@@ -55,7 +56,13 @@ class Run(NamedTuple):
     window_s: float  # the server's first request in to its last reply out
     cpu_s: float  # the side's process, user and system
     server_cpu_s: float  # this process (the server's threads) over the run
+    before_s: float  # the process's start to its first row's request
     in_flight: int  # the most the server held at once
+
+    @property
+    def after_s(self) -> float:
+        """The last reply to the process's exit."""
+        return self.wall_s - self.window_s - self.before_s
 
 
 def run_curator(python: Path, server: LLMServer, rows: Path, workers: int) -> tuple[float, float]:
@@ -101,7 +108,7 @@ def server_cpu() -> float:
 
 def run_side(side: str, server: LLMServer, rows: Path, workers: int, tmp: Path) -> Run:
     server.reset()
-    cpu_before = server_cpu()
+    cpu_before, began = server_cpu(), time.monotonic()  # the server's clock
     if side == "Curator":
         wall, cpu = run_curator(ensure_curator(), server, rows, workers)
     else:
@@ -116,8 +123,9 @@ def run_side(side: str, server: LLMServer, rows: Path, workers: int, tmp: Path) 
     # starts at the first row's request.
     probes = s.requests - count
     assert s.completed == count and s.statuses[400] == probes, (side, s.statuses)
-    window = s.last_done - s.arrivals[probes][0]
-    return Run(wall, window, cpu, server_cpu() - cpu_before, s.max_in_flight)
+    first = s.arrivals[probes][0]
+    window = s.last_done - first
+    return Run(wall, window, cpu, server_cpu() - cpu_before, first - began, s.max_in_flight)
 
 
 def measure(count: int, rounds: int, latency: float, workers: int, tmp: Path) -> dict:
@@ -130,7 +138,8 @@ def measure(count: int, rounds: int, latency: float, workers: int, tmp: Path) ->
                 run = run_side(side, server, rows, workers, tmp)
                 runs[side].append(run)
                 print(f"  {count:,} rows, round {r + 1}, {side:7}: wall {run.wall_s:7.2f} s, "
-                      f"server window {run.window_s:7.2f} s, CPU {run.cpu_s:6.2f} s, server CPU "
+                      f"server window {run.window_s:7.2f} s (from {run.before_s:.2f} s to "
+                      f"{run.after_s:.2f} s before the end), CPU {run.cpu_s:6.2f} s, server CPU "
                       f"{run.server_cpu_s / run.window_s:.2f} of a core, at most {run.in_flight} "
                       f"in flight", flush=True)  # fmt: skip
     return runs
@@ -139,9 +148,10 @@ def measure(count: int, rounds: int, latency: float, workers: int, tmp: Path) ->
 def report(results: dict[int, dict[str, list[Run]]], latency: float, workers: int) -> None:
     print(
         "\n| rows | side | wall s | share of ideal (wall) | server window s | share of ideal "
-        "(window) | side's CPU s | server CPU / window | Curator / lmpress (wall; window) |"
+        "(window) | start to first request s | last reply to exit s | side's CPU s | server CPU "
+        "/ window | Curator / lmpress (wall; window) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for count, runs in results.items():
         ideal = count * latency / workers
         median = {
@@ -150,13 +160,15 @@ def report(results: dict[int, dict[str, list[Run]]], latency: float, workers: in
         }
         for side in SIDES:
             m = median[side]
+            after = statistics.median(r.after_s for r in runs[side])
             walls = ", ".join(f"{r.wall_s:.2f}" for r in runs[side])
             ratio = "" if side == "lmpress" else (
                 f"**{m.wall_s / median['lmpress'].wall_s:.2f}x**; "
                 f"{m.window_s / median['lmpress'].window_s:.2f}x"
             )  # fmt: skip
             print(f"| {count:,} | {side} | {m.wall_s:.2f} ({walls}) | **{ideal / m.wall_s:.3f}** "
-                  f"| {m.window_s:.2f} | {ideal / m.window_s:.3f} | {m.cpu_s:.2f} | "
+                  f"| {m.window_s:.2f} | {ideal / m.window_s:.3f} | {m.before_s:.2f} | "
+                  f"{after:.2f} | {m.cpu_s:.2f} | "
                   f"{m.server_cpu_s / m.window_s:.2f} | {ratio} |")  # fmt: skip
     print(f"\nideal: rows x {latency:g} s / {workers} in flight; medians of each side's runs")
 
