@@ -45,7 +45,7 @@ class _StandInEncoding:
         return [0] * max(1, len(text) // 4)
 
 
-def _patch_tiktoken() -> None:
+def patch_tiktoken() -> None:
     import tiktoken
 
     tiktoken.get_encoding = lambda *args, **kwargs: _StandInEncoding()
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     started = time.perf_counter()
-    _patch_tiktoken()
+    patch_tiktoken()
     from datasets import Dataset
 
     with open(args.input) as rows:
