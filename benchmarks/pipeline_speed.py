@@ -102,12 +102,12 @@ class Timed(NamedTuple):
     in_flight: int = 0
 
 
-def run_curator(python: Path, server: LLMServer, topics: Path, workers: int) -> Timed:
-    """Curator's whole process, timed end to end, with the step times it printed."""
-    work = Path(tempfile.mkdtemp(prefix="lmpress-curator-"))
-    env = {
+def curator_env(work: Path) -> dict[str, str]:
+    """The environment a Curator process runs in: a fresh cache under `work` (every run does
+    the work), nothing fetched from the network, a key the loopback server takes."""
+    return {
         **os.environ,
-        "CURATOR_CACHE_DIR": str(work / "cache"),  # a fresh cache: every run does the work
+        "CURATOR_CACHE_DIR": str(work / "cache"),
         "CURATOR_DISABLE_CACHE": "true",
         "HF_DATASETS_CACHE": str(work / "hf"),
         "HF_HUB_OFFLINE": "1",
@@ -115,6 +115,12 @@ def run_curator(python: Path, server: LLMServer, topics: Path, workers: int) -> 
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm would fetch its price list
         "OPENAI_API_KEY": "bench",
     }
+
+
+def run_curator(python: Path, server: LLMServer, topics: Path, workers: int) -> Timed:
+    """Curator's whole process, timed end to end, with the step times it printed."""
+    work = Path(tempfile.mkdtemp(prefix="lmpress-curator-"))
+    env = curator_env(work)
     cmd = [str(python), str(CURATOR_SCRIPT), "--base-url", server.openai_url,
            "--input", str(topics), "--workers", str(workers), "--out", str(work / "out")]  # fmt: skip
     started = time.perf_counter()

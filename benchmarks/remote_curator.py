@@ -43,7 +43,7 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.pipeline_speed import ensure_curator  # noqa: E402
+from benchmarks.pipeline_speed import curator_env, ensure_curator  # noqa: E402
 from benchmarks.remote_throughput import run_batch, write_rows  # noqa: E402
 from tests.servers.llm_server import Faults, LLMServer  # noqa: E402
 
@@ -68,16 +68,7 @@ class Run(NamedTuple):
 def run_curator(python: Path, server: LLMServer, rows: Path, workers: int) -> tuple[float, float]:
     """Curator's process, timed start to exit: (wall seconds, CPU seconds)."""
     work = Path(tempfile.mkdtemp(prefix="lmpress-curator-"))
-    env = {
-        **os.environ,
-        "CURATOR_CACHE_DIR": str(work / "cache"),
-        "CURATOR_DISABLE_CACHE": "true",
-        "HF_DATASETS_CACHE": str(work / "hf"),
-        "HF_HUB_OFFLINE": "1",
-        "TELEMETRY_ENABLED": "false",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm would fetch its price list
-        "OPENAI_API_KEY": "bench",
-    }
+    env = curator_env(work)
     cmd = [str(python), str(CURATOR_STEP), "--base-url", server.openai_url, "--input", str(rows),
            "--workers", str(workers), "--out", str(work / "out")]  # fmt: skip
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
