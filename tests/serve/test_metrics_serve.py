@@ -211,9 +211,17 @@ def one_row(request, serve_process):
     return served, reply
 
 
+ROUNDS = 5  # rounds of three requests, until one round's scrapes saw a request wait
+
+
 def test_a_local_engine_reports_running_waiting_and_its_kv_cache(one_row):
     """Three requests at once on one row: one runs, the others wait their turn, each for a
-    whole reply; every scrape agrees with that, and all is 0 when idle."""
+    whole reply; every scrape agrees with that, and all is 0 when idle.
+
+    When a scrape lands is the machine's to decide: on a loaded one a scrape has taken longer
+    than a round's three replies (fresh run AI: one scrape, all zero). So rounds go on until a
+    scrape has seen a request waiting and cache in use (the first round, on a quiet machine),
+    ROUNDS at most; metrics that never report them fail every round."""
     from concurrent.futures import ThreadPoolExecutor
 
     served, reply = one_row
@@ -229,27 +237,31 @@ def test_a_local_engine_reports_running_waiting_and_its_kv_cache(one_row):
         )
 
     seen = []
-    with ThreadPoolExecutor(3) as pool:
-        asked = [pool.submit(ask) for _ in range(3)]
-        while not all(future.done() for future in asked):
-            samples = scrape(served)
-            seen.append(
-                tuple(
-                    value(samples, name, **model)
-                    for name in (
-                        "vllm:num_requests_running",
-                        "vllm:num_requests_waiting",
-                        "vllm:kv_cache_usage_perc",
+    for _ in range(ROUNDS):
+        with ThreadPoolExecutor(3) as pool:
+            asked = [pool.submit(ask) for _ in range(3)]
+            while not all(future.done() for future in asked):
+                samples = scrape(served)
+                seen.append(
+                    tuple(
+                        value(samples, name, **model)
+                        for name in (
+                            "vllm:num_requests_running",
+                            "vllm:num_requests_waiting",
+                            "vllm:kv_cache_usage_perc",
+                        )
                     )
                 )
-            )
-            time.sleep(0.02)
-        replies = [future.result() for future in asked]
-    assert all(r.usage.completion_tokens == reply for r in replies)
-    assert max(w for _, w, _ in seen) >= 1, seen  # the first scrape comes before the 2nd ends
-    assert all(r <= 1 and r + w <= 3 for r, w, _ in seen), seen
+                time.sleep(0.02)
+            replies = [future.result() for future in asked]
+        assert all(r.usage.completion_tokens == reply for r in replies)
+        assert all(r <= 1 and r + w <= 3 for r, w, _ in seen), seen
+        assert all(kv <= 1 for _, _, kv in seen), seen
+        if max(w for _, w, _ in seen) >= 1 and any(kv > 0 for _, _, kv in seen):
+            break
+    assert max(w for _, w, _ in seen) >= 1, seen
     # A row takes cache cells once its prompt is read (a scrape may fall before that).
-    assert all(kv <= 1 for _, _, kv in seen) and any(kv > 0 for _, _, kv in seen), seen
+    assert any(kv > 0 for _, _, kv in seen), seen
     served.wait_until_idle()
     samples = scrape(served)
     assert value(samples, "vllm:num_requests_running", **model) == 0
