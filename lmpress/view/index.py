@@ -47,13 +47,12 @@ import numpy as np
 
 from lmpress.data.targets import is_compressed
 from lmpress.view.lines import CHUNK, Reader, decode_line, find_lines, read_facts
-from lmpress.view.plain_copy import PlainCopy
+from lmpress.view.plain_copy import HEAD_BYTES, PlainCopy, path_digest
 from lmpress.view.records import RowKind
 from lmpress.view.table import LABELLED, PENDING_VALUES, Table, recode
 
 MAGIC = b"LMPVIEW1"
 VERSION = 1  # raised whenever what a row's facts are changes (records.facts)
-HEAD_BYTES = 4096  # a file whose first bytes changed was replaced, not appended to
 SAVE_EVERY_S = 10.0  # a growing file's index is written back at most this often
 INLINE_ROWS = 20_000  # new rows whose facts are read at once (a tenth of a second); more: behind
 BLOCK_ROWS = 1 << 16  # rows the facts thread reads at a time (CHUNK bytes' worth at most)
@@ -69,8 +68,7 @@ def index_paths(path: Path) -> list[Path]:
     lmpress's cache directory."""
     from lmpress.builtin_models.tiny import cache_root
 
-    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-    cached = cache_root() / "view" / f"{digest}-{path.name}.view-index"
+    cached = cache_root() / "view" / f"{path_digest(path)}-{path.name}.view-index"
     return [path.with_name(f"{path.name}.view-index"), cached]
 
 

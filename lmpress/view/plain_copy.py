@@ -54,6 +54,12 @@ class Decompressor(Protocol):
     def decompress(self, data: bytes) -> bytes: ...
 
 
+def path_digest(path: Path) -> str:
+    """A short name for a file's resolved path, for what the viewer keeps of it in lmpress's
+    cache (its index, its plain copy)."""
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+
+
 def decompressor(source: Path) -> Decompressor:
     """A decompressor of one gzip member, bz2 or xz stream, or zstd frame, by the suffix."""
     name = source.name.lower()
@@ -74,7 +80,7 @@ def copy_path(source: Path, private: bool = False) -> Path:
     copy of this process's own (another holds the shared one)."""
     from lmpress.builtin_models.tiny import cache_root
 
-    digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
+    digest = path_digest(source)
     plain = source.name
     for suffix in COMPRESSED:
         plain = plain.removesuffix(suffix)
