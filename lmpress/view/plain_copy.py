@@ -20,6 +20,11 @@ One copy per source per process (`PlainCopy.of`): two views of one file share it
 process viewing the file while the first holds its copy (a lock held for the first's life)
 makes a copy of its own, named for its pid and removed when it exits: two processes appending
 to one copy would interleave.
+
+Copies are not kept for ever: the first copy a process opens first removes (`prune`) those whose
+source is gone, those no viewer opened for KEEP_DAYS days, and private ones whose process died
+without removing its own; a copy some viewer holds is left alone. A removed copy is only made
+again, should its source be opened after all.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import json
 import lzma
 import os
 import threading
+import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,7 +47,11 @@ from lmpress.data.targets import COMPRESSED, write_text_atomically
 
 READ_BYTES = 1 << 16  # compressed bytes read at a time: a few MB out, even at 80:1
 HEAD_BYTES = 4096  # a source whose first bytes changed was replaced, not appended to
-FORMAT = 1  # raised whenever what the record holds changes
+FORMAT = 2  # raised whenever what the record holds changes
+KEEP_DAYS = 14  # a copy no viewer opened for this long is removed
+# What each copy keeps beside itself in the cache: its lock (shared copies only), its record and
+# its index (index.py's, beside the file it indexes).
+BESIDE = ("", ".lock", ".made.json", ".view-index")
 
 _COPIES: dict[Path, PlainCopy] = {}
 _COPIES_LOCK = threading.Lock()
@@ -99,6 +109,7 @@ class Made:
     written: int = 0  # the copy's size
     member_read: int = 0  # where the last whole member (or frame) ended in the source
     member_written: int = 0  # ... and in the copy
+    source: str = ""  # the compressed file's path, for `prune`
     format: int = FORMAT
 
 
@@ -109,13 +120,11 @@ class PlainCopy:
         self.source = source
         self.path = copy_path(source)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._held = open(self.path.with_name(f"{self.path.name}.lock"), "a")  # noqa: SIM115
-        try:
-            fcntl.flock(self._held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another process's copy: one of this process's own
-            self._held.close()
+        self._held = _hold(self.path.with_name(f"{self.path.name}.lock"))
+        if self._held is None:  # another process's copy: one of this process's own
             self.path = copy_path(source, private=True)
             atexit.register(_remove, self.path)
+        _prune_once(self.path.parent)
         self.record = self.path.with_name(f"{self.path.name}.made.json")
         self.generation = 0
         self.problem: str | None = None  # why the source stopped decompressing, where it did
@@ -157,7 +166,7 @@ class PlainCopy:
             if self._open is None and made.read:  # opened again: on from the last whole member
                 made.read, made.written = made.member_read, made.member_written
                 self._truncate(made.written)
-            made.inode = stat.st_ino
+            made.inode, made.source = stat.st_ino, str(self.source)
             self._feed(stat.st_size)
             if made.head_length < HEAD_BYTES:
                 made.head_length = min(HEAD_BYTES, made.read)
@@ -167,7 +176,7 @@ class PlainCopy:
     def close(self) -> None:
         """Let another process take the copy (the registry's copies live as long as their
         process: this is for a copy made outside it)."""
-        if not self._held.closed:
+        if self._held is not None and not self._held.closed:
             self._held.close()
 
     def _feed(self, end: int) -> None:
@@ -246,7 +255,91 @@ class PlainCopy:
         self._made = made
 
 
+def _hold(lock: Path, opening: bool = True) -> Any:
+    """The lock file `lock`, open and locked by this process, and its time set to now where
+    this is a viewer `opening` the copy; None where another process holds it. A lock file
+    `prune` removed while this process waited to open it is not held: the one at the path is
+    taken instead."""
+    while True:
+        held = open(lock, "a")  # noqa: SIM115
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.close()
+            return None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(held.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            if opening:
+                os.utime(lock)  # what `prune` ages copies by
+            return held
+        held.close()
+
+
+_PRUNED: set[Path] = set()
+_PRUNED_LOCK = threading.Lock()  # not _COPIES_LOCK: `PlainCopy.of` holds it making a copy
+
+
+def _prune_once(folder: Path) -> None:
+    with _PRUNED_LOCK:
+        if folder in _PRUNED:
+            return
+        _PRUNED.add(folder)
+    prune(folder)
+
+
+def prune(folder: Path, now: float | None = None) -> list[str]:
+    """Remove from `folder` (the cache's plain copies) the copies whose source is gone, those
+    whose lock says no viewer opened them for KEEP_DAYS days, and private copies whose process
+    is gone, each with what it kept beside it; a copy a viewer holds stays. The removed copies'
+    names."""
+    now = time.time() if now is None else now
+    removed = []
+    for record in folder.glob("*.made.json"):
+        copy = folder / record.name.removesuffix(".made.json")
+        lock = copy.with_name(f"{copy.name}.lock")
+        if not lock.exists():  # a private copy: "<digest>-<pid>-<name>"
+            pid = copy.name.split("-")[1]
+            dead = pid.isdigit() and not _alive(int(pid))
+            if dead or _age(record, now) > KEEP_DAYS * 86400:
+                _remove(copy)
+                removed.append(copy.name)
+            continue
+        age = _age(lock, now)
+        held = _hold(lock, opening=False)
+        if held is None:  # a viewer has it open
+            continue
+        with held:
+            try:
+                source = json.loads(record.read_text()).get("source", "")
+            except (OSError, ValueError, AttributeError):
+                source = ""
+            if age > KEEP_DAYS * 86400 or (source and not os.path.exists(source)):
+                _remove(copy)
+                removed.append(copy.name)
+    return removed
+
+
+def _age(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _remove(copy: Path) -> None:
-    """A private copy and what was kept beside it (its record, its index)."""
-    for path in copy.parent.glob(f"{copy.name}*"):
-        path.unlink(missing_ok=True)
+    """A copy and what was kept beside it (its lock, its record, its index)."""
+    for suffix in BESIDE:
+        copy.with_name(f"{copy.name}{suffix}").unlink(missing_ok=True)

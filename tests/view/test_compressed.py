@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import zstandard
@@ -242,3 +243,65 @@ def test_a_copy_read_a_few_bytes_at_a_time_is_the_file_decompressed(
     made.update()
     made.close()
     assert made.path.read_bytes() == plain and made.problem is None
+
+
+def test_copies_of_gone_unused_or_crashed_viewers_sources_are_removed_and_held_ones_kept(
+    outputs, cache, tmp_path
+):
+    """The cache does not keep every compressed output ever viewed at its plain size."""
+    plain = outputs["out.jsonl"].read_bytes()
+    sources = {}
+    for name in ("gone", "unused", "held", "kept"):
+        sources[name] = tmp_path / f"{name}.jsonl.gz"
+        sources[name].write_bytes(gzip.compress(plain))
+    copies = {name: PlainCopy(path) for name, path in sources.items()}
+    for name, copy in copies.items():
+        copy.update()
+        (copy.path.parent / f"{copy.path.name}.view-index").write_bytes(b"index")
+        if name != "held":
+            copy.close()
+    # A viewer that crashed while another held the shared copy leaves its own copy behind
+    # (its first copy pruned the folder: before anything there was old or gone).
+    crashed = run_python(
+        "import os\nfrom lmpress.view.plain_copy import PlainCopy\n"
+        f"c = PlainCopy.of({str(sources['held'])!r}); c.update(); print(c.path.name)\n"
+        "import sys; sys.stdout.flush(); os._exit(0)\n",
+        env={"LMPRESS_CACHE": str(cache)},
+    ).strip()
+    sources["gone"].unlink()
+    month_ago = time.time() - 30 * 86400
+    for name in ("unused", "held"):
+        lock = copies[name].path.with_name(f"{copies[name].path.name}.lock")
+        os.utime(lock, (month_ago, month_ago))
+    folder = cache / "view" / "plain"
+    assert (folder / crashed).exists()
+
+    removed = plain_copy.prune(folder)
+
+    assert sorted(removed) == sorted(
+        [copies["gone"].path.name, copies["unused"].path.name, crashed]
+    )
+    left = {path.name for path in folder.iterdir()}
+    for name in ("held", "kept"):
+        beside = {copies[name].path.name + suffix for suffix in plain_copy.BESIDE}
+        assert beside <= left
+        left -= beside
+    assert left == set()
+    copies["held"].close()
+
+
+def test_a_viewer_process_prunes_the_cache_when_it_first_makes_a_copy(outputs, cache, tmp_path):
+    gone = tmp_path / "gone.jsonl.gz"
+    gone.write_bytes(outputs["c.jsonl.gz"].read_bytes())
+    copy = PlainCopy(gone)
+    copy.update()
+    copy.close()
+    gone.unlink()
+    run_python(
+        f"from lmpress.view.sources import OpenSource\nOpenSource({str(outputs['c.zst'])!r}).wait()\n",
+        env={"LMPRESS_CACHE": str(cache)},
+    )
+    assert not copy.path.exists() and not copy.record.exists()
+    assert [p.name for p in (cache / "view" / "plain").iterdir() if p.name.endswith(".lock")] == [
+        plain_copy.copy_path(outputs["c.zst"]).name + ".lock"
+    ]
