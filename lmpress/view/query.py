@@ -1,10 +1,10 @@
 """Which rows of a source a request asks for: filters on the index's columns (arrays compared,
 no line read), full-text search and a column's value.
 
-Search reads the file's bytes, not its rows: each window of the file is mapped (mmap), lowered
-(ASCII) and searched for the text as JSON writes it; a hit is turned into its row by the line
-offsets (searchsorted), and the search goes on from that row's end, so a row is found once and
-a row that does not match is never parsed. What was searched is kept: a file that grew is
+Search reads the file's bytes, not its rows: each window of whole rows is mapped (mmap),
+lowered (ASCII), split at its newlines and each line searched for the text as JSON writes it;
+the matching lines are turned into their rows by the line offsets (searchsorted), so a row is
+found once and a row that does not match is never parsed. What was searched is kept: a file that grew is
 searched from where the last search ended. A column's value is searched the same way, and
 only the rows that hold its text are parsed to compare the value itself.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import mmap
-from array import array
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -139,36 +138,40 @@ def search(source: OpenSource, snapshot: Snapshot, text: str) -> np.ndarray:
 def scan(index: JsonlIndex, words: list[bytes], begin: int = 0) -> tuple[np.ndarray, int]:
     """The rows of a JSONL file whose line holds any of `words` (lowered), from byte `begin`
     to the end of what is indexed, and the byte it searched to. The index may grow on another
-    thread meanwhile (a live job): the rows it had when read, and no byte past them."""
+    thread meanwhile (a live job): the rows it had when read, and no byte past them.
+
+    A window is whole rows (WINDOW bytes of them, or one longer row), split at its newlines and
+    each line tested with `in`: a word most rows hold is one test a row, where finding each hit
+    and the row around it took 2.6 s over a million rows."""
     lengths, starts = index.length, index.start  # in the order _extend writes them
     n = min(len(starts), len(lengths))
     starts, lengths = starts[:n], lengths[:n]
     size = int(starts[-1]) + int(lengths[-1]) if n else 0
     if size <= begin:
         return np.zeros(0, np.int64), begin
-    longest = max(len(w) for w in words)
-    rows = array("q")  # not a list: a common word's million rows are 8 MB, not 36
+    first, second = words[0], words[-1]
+    found = []
+    row = int(np.searchsorted(starts, begin))
     with open(index.path, "rb") as handle:
-        pos = begin
-        while pos < size:
-            end = min(size, pos + WINDOW)
-            base = pos - pos % mmap.ALLOCATIONGRANULARITY
-            span = min(size, end + longest) - base
-            with mmap.mmap(handle.fileno(), span, offset=base, access=mmap.ACCESS_READ) as view:
-                data = view[pos - base :].lower()
-            at = 0
-            while True:
-                hits = [h for h in (data.find(w, at) for w in words) if h >= 0]
-                if not hits or pos + min(hits) >= end:
-                    break
-                row = int(np.searchsorted(starts, pos + min(hits), side="right")) - 1
-                if row >= 0 and pos + min(hits) < starts[row] + lengths[row]:
-                    rows.append(row)
-                    at = int(starts[row] + lengths[row]) - pos
-                else:  # between lines (a blank line): not a row
-                    at = min(hits) + 1
-            pos = max(end, pos + at)
-    return np.frombuffer(rows, np.int64).copy(), size
+        while row < n:
+            low = int(starts[row])
+            last = min(n, max(row + 1, int(np.searchsorted(starts, low + WINDOW))))
+            high = int(starts[last - 1]) + int(lengths[last - 1])
+            base = low - low % mmap.ALLOCATIONGRANULARITY
+            with mmap.mmap(
+                handle.fileno(), high - base, offset=base, access=mmap.ACCESS_READ
+            ) as view:
+                data = view[low - base :].lower()
+            lines = data.split(b"\n")
+            hit = [i for i, line in enumerate(lines) if first in line or second in line]
+            if hit:
+                newlines = np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))
+                line_starts = low + np.concatenate([[0], newlines + 1])[hit]
+                rows = np.searchsorted(starts, line_starts, side="right") - 1
+                inside = (rows >= 0) & (line_starts < starts[rows] + lengths[rows])
+                found.append(rows[inside])  # (a line that is no row: not one)
+            row = last
+    return (np.concatenate(found) if found else np.zeros(0, np.int64)).astype(np.int64), size
 
 
 def scan_rows(index: ParquetIndex, text: str) -> np.ndarray:

@@ -103,6 +103,37 @@ def test_a_search_finds_capital_letters_beyond_ascii_as_written(tmp_path, lines)
     assert search(source, snapshot, "école").tolist() == []  # É is not an ASCII letter
 
 
+def test_a_search_finds_each_row_holding_the_word_once_across_windows_and_growth(
+    tmp_path, lines, monkeypatch
+):
+    """Rows found as a reader finds them (the lowered line holds the word), whether a row is
+    cut by no window, a window is one row longer than the window, lines are blank, a row
+    holds the word many times, or the file grew since the last search."""
+    from lmpress.view import query
+
+    monkeypatch.setattr(query, "WINDOW", 700)  # a few rows a window; some rows longer
+    long_row = b'{"id": "long", "response": {"text": "' + b"Rain " * 400 + b'"}}\n'
+    written = [*lines[:5], b"\n", long_row, *lines[5:9], b"\n", b"\n", *lines[9:]]
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"".join(written))
+    source = OpenSource(str(out))
+
+    def expected(word: str) -> list[int]:
+        rows = [line for line in b"".join(written).split(b"\n") if line.strip()]
+        needles = query.needles(word)
+        return [n for n, line in enumerate(rows) if any(w in line.lower() for w in needles)]
+
+    for word in ("rain", "RAIN", "id", "nothing holds this"):
+        assert query.search(source, source.snapshot, word).tolist() == expected(word), word
+    assert expected("rain") and len(expected("id")) == source.snapshot.rows
+    grown = b'{"id": "late", "response": {"text": "rain at last"}}\n'
+    with open(out, "ab") as handle:
+        handle.write(grown)
+    written.append(grown)
+    source.refresh(force=True)
+    assert query.search(source, source.snapshot, "rain").tolist() == expected("rain")
+
+
 def test_a_replaced_output_is_indexed_again(tmp_path, lines):
     out = tmp_path / "out.jsonl"
     out.write_bytes(b"".join(lines))
