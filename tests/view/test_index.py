@@ -103,8 +103,9 @@ def test_a_search_finds_capital_letters_beyond_ascii_as_written(tmp_path, lines)
     assert search(source, snapshot, "école").tolist() == []  # É is not an ASCII letter
 
 
+@pytest.mark.parametrize("few", [1, 10**9], ids=["hit-by-hit", "line-by-line"])
 def test_a_search_finds_each_row_holding_the_word_once_across_windows_and_growth(
-    tmp_path, lines, monkeypatch
+    tmp_path, lines, monkeypatch, few
 ):
     """Rows found as a reader finds them (the lowered line holds the word), whether a row is
     cut by no window, a window is one row longer than the window, lines are blank, a row
@@ -112,6 +113,7 @@ def test_a_search_finds_each_row_holding_the_word_once_across_windows_and_growth
     from lmpress.view import query
 
     monkeypatch.setattr(query, "WINDOW", 700)  # a few rows a window; some rows longer
+    monkeypatch.setattr(query, "FEW", few)  # each way of searching a window, every window
     long_row = b'{"id": "long", "response": {"text": "' + b"Rain " * 400 + b'"}}\n'
     written = [*lines[:5], b"\n", long_row, *lines[5:9], b"\n", b"\n", *lines[9:]]
     out = tmp_path / "out.jsonl"
