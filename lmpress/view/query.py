@@ -2,9 +2,9 @@
 no line read), full-text search and a column's value.
 
 Search reads the file's bytes, not its rows: each window of whole rows is mapped (mmap),
-lowered (ASCII), split at its newlines and each line searched for the text as JSON writes it;
-the matching lines are turned into their rows by the line offsets (searchsorted), so a row is
-found once and a row that does not match is never parsed. What was searched is kept: a file that grew is
+lowered (ASCII) and searched for the text as JSON writes it, hit by hit while few rows hold it
+and line by line once many do (`scan`); hits are turned into their rows by the line offsets
+(searchsorted), so a row is found once and a row that does not match is never parsed. What was searched is kept: a file that grew is
 searched from where the last search ended. A column's value is searched the same way, and
 only the rows that hold its text are parsed to compare the value itself.
 """
