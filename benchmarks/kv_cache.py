@@ -10,10 +10,17 @@ For each side:
 - tokens per GiB: the context, or rows times their lengths, that one GiB of cache holds;
 - tok/s: `--rows` chat rows, greedy, `--max-new-tokens` each (ignore_eos, so every row runs its
   full length), `--in-flight` at once, generation alone timed, median of `--rounds`;
-- match: the rows whose greedy text equals the auto side's of the same engine.
+- match: the rows whose greedy text equals the auto side's of the same engine, twice: over the
+  timed rounds' texts (ignore_eos, `--max-new-tokens` each), and over the replies a user gets
+  (the end of text honoured, up to `--reply-tokens`), generated once more, untimed.
 
-    python benchmarks/kv_cache.py [--rows 64] [--max-new-tokens 64] [--in-flight 16]
-        [--rounds 2] [--sides LLAMACPP:auto,LLAMACPP:int8,...] [--vllm-python PY]
+A side `ENGINE:DTYPE@N` runs N rows in flight instead of `--in-flight`: `NATIVE:auto@1` against
+`NATIVE:auto` is the engine's own floor, how often greedy text changes with nothing quantized,
+only the rows batched with each row (the float sums' order) changed.
+
+    python benchmarks/kv_cache.py [--rows 64] [--max-new-tokens 64] [--reply-tokens 256]
+        [--in-flight 16] [--rounds 2] [--sides LLAMACPP:auto,LLAMACPP:int8,NATIVE:auto@1,...]
+        [--vllm-python PY]
 
 Run it with the main venv's Python; the VLLM sides run with `--vllm-python`
 (default .venv-vllm/bin/python).
@@ -93,6 +100,8 @@ def side(engine: str, dtype: str, args: argparse.Namespace) -> dict:
         )
         for i in range(args.rows)
     ]
+    replying = GenerationParams(max_new_tokens=args.reply_tokens)
+    replies = [Request(r.id, r.messages, replying) for r in requests]
     rates, texts = [], []
     largest = watch_native_cache() if engine == "NATIVE" else {}
     try:
@@ -102,9 +111,10 @@ def side(engine: str, dtype: str, args: argparse.Namespace) -> dict:
             elapsed = time.perf_counter() - start
             rates.append(sum(r.usage.completion_tokens for r in results) / elapsed)
             texts = [r.text for r in results]
+        replied = [r.text for r in engine_.generate(replies)]
     finally:
         asyncio.run(engine_.aclose())
-    return {"rates": rates, "texts": texts, **largest}
+    return {"rates": rates, "texts": texts, "replies": replied, **largest}
 
 
 def watch_native_cache() -> dict:
@@ -128,10 +138,15 @@ def watch_native_cache() -> dict:
     return largest
 
 
+def matching(these: list[str], those: list[str]) -> int:
+    return sum(a == b for a, b in zip(these, those, strict=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--reply-tokens", type=int, default=256)
     parser.add_argument("--in-flight", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sides", default=",".join(SIDES))
@@ -140,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.side:
         engine, dtype = args.side.split(":")
-        found = side(engine, dtype, args)
+        found = side(engine, dtype.partition("@")[0], args)
         if engine != "NATIVE":
             found["kv"] = kv_bytes_per_token(engine, dtype)
         print(json.dumps(found))
@@ -148,9 +163,11 @@ def main() -> None:
     found: dict[str, dict] = {}
     for name in args.sides.split(","):
         python = args.vllm_python if name.startswith("VLLM") else sys.executable
+        in_flight = name.partition("@")[2] or str(args.in_flight)
         command = [python, __file__, "--side", name, "--rows", str(args.rows),
-                   "--max-new-tokens", str(args.max_new_tokens), "--in-flight",
-                   str(args.in_flight), "--rounds", str(args.rounds)]  # fmt: skip
+                   "--max-new-tokens", str(args.max_new_tokens), "--reply-tokens",
+                   str(args.reply_tokens), "--in-flight", in_flight,
+                   "--rounds", str(args.rounds)]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "2"}
         out = subprocess.run(command, capture_output=True, text=True, env=env)
         if out.returncode != 0:
@@ -158,18 +175,23 @@ def main() -> None:
             continue
         found[name] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"SmolLM2, {args.rows} rows x {args.max_new_tokens} new tokens (ignore_eos), "
-          f"{args.in_flight} in flight, median of {args.rounds} rounds\n")  # fmt: skip
-    print(
-        "| side | KV bytes/token | tokens per GiB | tok/s | tok/s vs auto | greedy match vs auto |"
-    )
-    print("|---|---:|---:|---:|---:|---:|")
+          f"{args.in_flight} in flight, median of {args.rounds} rounds; replies: up to "
+          f"{args.reply_tokens} tokens, ended where the model ends them\n")  # fmt: skip
+    print("| side | KV bytes/token | tokens per GiB | tok/s | tok/s vs auto "
+          "| greedy match vs auto (ignore_eos) | replies matching auto's |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, data in found.items():
         auto = found.get(name.split(":")[0] + ":auto")
         rate = statistics.median(data["rates"])
         ratio = rate / statistics.median(auto["rates"]) if auto else float("nan")
-        same = sum(a == b for a, b in zip(auto["texts"], data["texts"], strict=True)) if auto else 0
+        same, replies = (
+            (matching(auto["texts"], data["texts"]), matching(auto["replies"], data["replies"]))
+            if auto
+            else (0, 0)
+        )
         print(f"| {name} | {data['kv']:.0f} | {2**30 / data['kv']:,.0f} | {rate:.1f} "
-              f"| {ratio:.2f} | {same} of {len(data['texts'])} |")  # fmt: skip
+              f"| {ratio:.2f} | {same} of {len(data['texts'])} "
+              f"| {replies} of {len(data['replies'])} |")  # fmt: skip
     print("\nThe first row's reply on each side:")
     for name, data in found.items():
         print(f"- {name}: {data['texts'][0][:160]!r}")
