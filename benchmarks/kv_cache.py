@@ -155,7 +155,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.side:
         engine, dtype = args.side.split(":")
-        found = side(engine, dtype.partition("@")[0], args)
+        dtype = dtype.partition("@")[0]
+        found = side(engine, dtype, args)
         if engine != "NATIVE":
             found["kv"] = kv_bytes_per_token(engine, dtype)
         print(json.dumps(found))
