@@ -4,8 +4,8 @@ no line read), full-text search and a column's value.
 Search reads the file's bytes, not its rows: each window of whole rows is mapped (mmap),
 lowered (ASCII) and searched for the text as JSON writes it, hit by hit while few rows hold it
 and line by line once many do (`scan`); hits are turned into their rows by the line offsets
-(searchsorted), so a row is found once and a row that does not match is never parsed. What was searched is kept: a file that grew is
-searched from where the last search ended. A column's value is searched the same way, and
+(searchsorted), so a row is found once and a row that does not match is never parsed. What
+was searched is kept: a file that grew is searched from where the last search ended. A column's value is searched the same way, and
 only the rows that hold its text are parsed to compare the value itself.
 """
 
@@ -153,7 +153,6 @@ def scan(index: JsonlIndex, words: list[bytes], begin: int = 0) -> tuple[np.ndar
     size = int(starts[-1]) + int(lengths[-1]) if n else 0
     if size <= begin:
         return np.zeros(0, np.int64), begin
-    first, second = words[0], words[-1]
     found = []
     row = int(np.searchsorted(starts, begin))
     with open(index.path, "rb") as handle:
@@ -170,7 +169,7 @@ def scan(index: JsonlIndex, words: list[bytes], begin: int = 0) -> tuple[np.ndar
             rows, at = _rows_of_hits(data, low, words, starts, lengths, (last - row) // FEW)
             found.append(rows)
             if at is not None:
-                found.append(_rows_of_lines(data[at:], low + at, first, second, starts, lengths))
+                found.append(_rows_of_lines(data[at:], low + at, words, starts, lengths))
             row = last
     return (np.concatenate(found) if found else np.zeros(0, np.int64)).astype(np.int64), size
 
@@ -198,8 +197,9 @@ def _rows_of_hits(
             at = hit - low + 1
 
 
-def _rows_of_lines(data: bytes, low: int, first: bytes, second: bytes, starts, lengths):
+def _rows_of_lines(data: bytes, low: int, words: list[bytes], starts, lengths) -> np.ndarray:
     """The same, line by line: one `in` a line, for a word most rows hold."""
+    first, second = words[0], words[-1]  # (needles gives one or two)
     lines = data.split(b"\n")
     hit = [i for i, line in enumerate(lines) if first in line or second in line]
     newlines = np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))
