@@ -91,7 +91,10 @@ def cluster(tmp_path_factory):
          "--include-dashboard=false", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}",
          # No log monitor: it streams workers' output to drivers, which lmpress's jobs do not
          # ask for (`log_to_driver`, --debug aside), and it reads every log file all module.
-         "--include-log-monitor=false", "--disable-usage-stats"],
+         "--include-log-monitor=false", "--disable-usage-stats",
+         # Replicas at the suite's priority, as a local Ray of lmpress's runs them: at Ray's
+         # default nice 15 they wait behind any busy process (the rest of the suite).
+         '--system-config={"worker_niceness": 0}'],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
@@ -584,6 +587,8 @@ def test_a_replica_whose_restart_never_ends_stops_the_job_and_the_next_run_finis
         victims = [p for p in _carrying_value("ECHO_HANG_START", str(hang))
                    if b"MapBatches(Replica)" in Path(f"/proc/{p.pid}/cmdline").read_bytes()]  # fmt: skip
         assert len(victims) == 1, victims
+        # The local Ray runs the replica at the job's own priority, not Ray's nice 15.
+        assert victims[0].nice() == psutil.Process(proc.pid).nice()
         victims[0].kill()
         _, stderr = proc.communicate(timeout=120 * load_factor())
     finally:

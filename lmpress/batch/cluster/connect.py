@@ -63,7 +63,17 @@ class Cluster:
                 ) from exc
         else:
             # address="local": a fresh Ray of this job's own, never one already on the machine.
-            ray.init(address="local", include_dashboard=False, **quiet)
+            # Its replicas run at this job's own priority: Ray's default (worker_niceness 15,
+            # added to the niceness a worker inherits) puts them under every other busy
+            # process on the machine: beside two busy loops a vLLM replica had 3.5% of a CPU
+            # and was still starting after 4 minutes; at the job's priority the whole job took
+            # 68 s. On a cluster its owner decides (`ray start`).
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                _system_config={"worker_niceness": 0},
+                **quiet,
+            )
         _quiet_ray_data(ray)
         resources = ray.cluster_resources()
         return cls(
