@@ -50,11 +50,15 @@ def test_the_smoke_run_prints_every_check_measured():
     assert run.returncode == 0, run.stderr[-3000:]
     rows = table(run.stdout)
     assert list(rows) == CHECKS
-    for check in ("NATIVE tok/s", "generate_batch tok/s", "generate tok/s", "decode step"):
+    for check in ("NATIVE tok/s", "generate_batch tok/s", "generate tok/s"):
         assert number(rows[check][0]) > 0, rows[check]
     for check in ("NATIVE / generate_batch", "NATIVE / generate"):
         assert rows[check][0].endswith("x") and number(rows[check][0]) > 0, rows[check]
-    assert rows["decode step"][0].endswith(" ms")
+    # A difference of two timed runs of a tiny model: on a busy CPU it can be noise, which
+    # the table says rather than print a step of no time (a loaded run once got -0.84 ms).
+    step = rows["decode step"]
+    if step[0] != "n/a" or "noise" not in step[2]:
+        assert step[0].endswith(" ms") and number(step[0]) > 0, step
     assert rows["bytes a step"][0].endswith(" MB")
     assert rows["roofline share"][0] == "n/a"  # no bandwidth to hold it to on a CPU
     # NATIVE's greedy tokens, its rows in one batch, are transformers' generate's on each alone.
@@ -68,3 +72,24 @@ def test_processes_past_their_deadline_leave_the_table_whole_and_exit_0():
     assert list(rows) == CHECKS
     assert {row[0] for row in rows.values()} == {"n/a"}
     assert all("deadline" in rows[check][2] for check in ("NATIVE tok/s", "greedy equality"))
+
+
+def test_a_step_the_runs_cannot_tell_apart_is_never_printed_as_a_time():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    found = {"step_s": -0.00084, "weights": 4e6, "kv": 1e5, "length": 20.0, "bandwidth": None,
+             "source": "no GPU"}  # fmt: skip
+    rows = {
+        row[0]: row[1:] for row in gpu_check.roofline_rows(gpu_check.SMOKE, {"roofline": found})
+    }
+    assert rows["decode step"][0] == "n/a" and "noise" in rows["decode step"][2]
+    assert rows["bytes a step"][0] == "4.100 MB"
+    assert rows["roofline share"][0] == "n/a"
+    found["step_s"] = 0.002
+    rows = {
+        row[0]: row[1:] for row in gpu_check.roofline_rows(gpu_check.SMOKE, {"roofline": found})
+    }
+    assert rows["decode step"][0] == "2.00 ms" and "noise" not in rows["decode step"][2]
