@@ -22,10 +22,10 @@ network), in under 8 minutes:
   in the last, alike in both runs, so the two wall times differ by 64 decode steps of all 64
   rows (scheduling.py `_step`: the forward pass, the pick, the cache's bookkeeping) and nothing
   else: the same prompts, prefilled alike (an untimed run first leaves the prefix store as
-  each timed run finds it), timed with `torch.cuda.synchronize` on both sides. Bytes a step must read: every weight once (the
-  tied embedding is read whole by the LM head) plus the 64 rows' KV cache at their mean
-  length over those steps (`loading.kv_bytes_per_token`), not the longer slots NATIVE reads.
-  The card's bandwidth: memory clock x bus width x 2 from `torch.cuda.get_device_properties`
+  each timed run finds it), timed with `torch.cuda.synchronize` on both sides. Bytes a step
+  must read: every weight once (the tied embedding is read whole by the LM head) plus the 64
+  rows' KV cache at their mean length over those steps (`loading.kv_bytes_per_token`), not the
+  longer slots NATIVE reads. The card's bandwidth: memory clock x bus width x 2 from `torch.cuda.get_device_properties`
   (as torch's own `cuda._device_limits` computes it), else a datasheet figure by device name
   (H200: 4.8 TB/s); the table says which.
 - greedy equality with transformers: NATIVE's tokens for 16 chat rows in one batch against
@@ -514,14 +514,16 @@ def roofline_rows(plan: Plan, native: dict) -> list[tuple[str, ...]]:
             ("bytes a step", "n/a", "", missing),
             ("roofline share", "n/a", ">= 50%", missing),
         ]
-    step, read, card = found["step_s"], found["weights"] + found["kv"], found["bandwidth"]
-    speed = read / step if step > 0 else None
+    read, card = found["weights"] + found["kv"], found["bandwidth"]
+    # A step of zero or less is no step time: the two runs could not tell it from noise.
+    step = found["step_s"] if found["step_s"] > 0 else None
+    speed = read / step if step else None
     share = speed / card if speed and card else None
     timing = (
         f"{plan.batch} rows: (time of {plan.long} new tokens a row - of {plan.short}) / "
         f"{plan.long - plan.short} steps"
     )
-    if step <= 0:  # never a step time of zero or less: say the runs could not tell it
+    if step is None:
         timing += (
             ": the longer runs were no slower than the shorter ones, which is noise (a busy "
             "machine); run it again"
@@ -533,7 +535,7 @@ def roofline_rows(plan: Plan, native: dict) -> list[tuple[str, ...]]:
     against = f"{fmt(speed and speed / 1e12, '.3f', ' TB/s')} of "
     against += f"{card / 1e12:.2f} TB/s" if card else "a bandwidth unknown"
     return [
-        ("decode step", fmt(step * 1000 if step > 0 else None, ".2f", " ms"), "", timing),
+        ("decode step", fmt(step and step * 1000, ".2f", " ms"), "", timing),
         ("bytes a step", amount(read), "", parts),
         ("roofline share", fmt(share and share * 100, ".1f", "%"), ">= 50%",
          f"{against} ({found['source']})"),

@@ -74,12 +74,10 @@ def test_processes_past_their_deadline_leave_the_table_whole_and_exit_0():
     assert all("deadline" in rows[check][2] for check in ("NATIVE tok/s", "greedy equality"))
 
 
-def test_a_step_the_runs_cannot_tell_apart_is_never_printed_as_a_time():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+def test_a_step_the_runs_cannot_tell_apart_is_never_printed_as_a_time(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as the script runs: its folder first
+    import gpu_check
+
     found = {"step_s": -0.00084, "weights": 4e6, "kv": 1e5, "length": 20.0, "bandwidth": None,
              "source": "no GPU"}  # fmt: skip
     rows = {
