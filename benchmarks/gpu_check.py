@@ -25,9 +25,9 @@ network), in under 8 minutes:
   each timed run finds it), timed with `torch.cuda.synchronize` on both sides. Bytes a step
   must read: every weight once (the tied embedding is read whole by the LM head) plus the 64
   rows' KV cache at their mean length over those steps (`loading.kv_bytes_per_token`), not the
-  longer slots NATIVE reads. The card's bandwidth: memory clock x bus width x 2 from `torch.cuda.get_device_properties`
-  (as torch's own `cuda._device_limits` computes it), else a datasheet figure by device name
-  (H200: 4.8 TB/s); the table says which.
+  longer slots NATIVE reads. The card's bandwidth: memory clock x bus width x 2 from
+  `torch.cuda.get_device_properties` (as torch's own `cuda._device_limits` computes it), else
+  a datasheet figure by device name (H200: 4.8 TB/s); the table says which.
 - greedy equality with transformers: NATIVE's tokens for 16 chat rows in one batch against
   `generate` on each prompt alone, token for token (32 new tokens, EOS held off, float32). On
   `tiny:smollm2-135m-shape`, SmolLM2-135M's shape with random weights: the packaged SmolLM2 is
