@@ -1,14 +1,14 @@
 """A warm interpreter that `lmpress` test runs fork from (tests/forked_cli.py is its client).
 
 Run as `python tests/cli_zygote.py SOCKET`. It imports the heavy libraries an `lmpress` process
-imports (torch, transformers, the providers' SDKs, pyarrow, llama.cpp's bindings), never
-lmpress itself, then answers on a Unix socket. Each request names argv, the environment and the
-working directory, and passes three file descriptors (stdin, stdout, stderr). The zygote forks;
-the child takes those descriptors, that environment and directory, and runs `python -m lmpress`
-as the interpreter would (lmpress imported afresh, `__main__`, atexit, non-daemon threads
-joined), then exits with its status. The zygote answers the child's pid at once and its exit
-status when it ends (negative: the signal that killed it, as subprocess reports it) with its
-CPU time.
+imports (torch, transformers, the providers' SDKs, pyarrow, llama.cpp's bindings) and lmpress's
+own modules (all but LMPRESS_PRELOAD_SKIPS), then answers on a Unix socket. Each request names
+argv, the environment and the working directory, and passes three file descriptors (stdin,
+stdout, stderr). The zygote forks; the child takes those descriptors, that environment and
+directory, and runs `python -m lmpress` as the interpreter would (`lmpress.__main__` run afresh,
+atexit, non-daemon threads joined), then exits with its status. The zygote answers the child's
+pid at once and its exit status when it ends (negative: the signal that killed it, as
+subprocess reports it) with its CPU time.
 
 What a child does not get afresh is the preloaded libraries' import-time state: tests/forked_cli.py
 runs `lmpress` by exec instead whenever the environment differs where those libraries read it.
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import gc
 import importlib
 import json
 import os
+import pkgutil
 import runpy
 import selectors
 import signal
@@ -54,12 +56,29 @@ PRELOAD = [
 MAX_REQUEST = 1 << 20
 
 
+# lmpress's own modules, all but those that import a library which reads its environment as it
+# is imported (Ray, lm-eval). No lmpress module reads the environment, the clock or the working
+# directory at import (tests/test_forked_cli.py checks), so a module imported here is the one a
+# fresh interpreter would import; a run's own work starts in `lmpress.__main__`, run afresh in
+# each child. They cost a child 0.1-0.2 s of CPU otherwise, most of what a run on a tiny model
+# or a remote engine spends.
+LMPRESS_PRELOAD_SKIPS = ("lmpress.__main__", "lmpress.batch.cluster", "lmpress.integrations")
+
+
 def preload() -> None:
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError:
             pass  # an environment without it (the vLLM one): its runs import it themselves
+    packages = [importlib.import_module("lmpress")]
+    while packages:
+        package = packages.pop()
+        for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            if module.name not in LMPRESS_PRELOAD_SKIPS:
+                imported = importlib.import_module(module.name)
+                if module.ispkg:
+                    packages.append(imported)
 
 
 def run_child(request: dict, fds: list[int], own: list) -> None:
@@ -165,6 +184,10 @@ def serve(path: str) -> None:
                 if request.get("stop"):
                     os._exit(0)  # nothing to clean up: skip finalizing torch and the rest
                 own = [listener, selector, wake_r, wake_w, *conns]
+                # Everything the zygote holds out of the child's garbage collections: a child
+                # that traversed the preloaded objects would write to every page holding one,
+                # and copy it (the runs of tests/cli took half as much CPU again without this).
+                gc.freeze()
                 pid = os.fork()
                 if pid == 0:
                     run_child(request, fds, own)

@@ -7,9 +7,10 @@ has imported those libraries once; `run` asks it to fork a child that runs `pyth
 with the test's arguments, environment, directory and stdin, and hands back what
 `subprocess.run` would: the exit status, stdout and stderr.
 
-The child is a process of its own, with its own pid, signals and exit; lmpress and everything
-else it imports are imported afresh in it. What it shares with the other runs is only the
-preloaded libraries' import-time state, so `takes` says no (the caller then execs, as
+The child is a process of its own, with its own pid, signals and exit; `lmpress.__main__` runs
+afresh in it, and what a module outside the zygote's preload imports is imported afresh. What
+it shares with the other runs is only the preloaded modules' import-time state (lmpress's own
+read nothing there: tests/test_forked_cli.py checks), so `takes` says no (the caller then execs, as
 before) when that state could differ from a fresh interpreter's:
 - the environment differs from the zygote's in a variable those libraries or the interpreter
   read as they start (ENV_READ_AT_START);
@@ -62,6 +63,8 @@ ENV_READ_AT_START = (
     "MALLOC_",
     "ARROW_",
     "NUMPY_",
+    "PROMETHEUS_",
+    "prometheus_",
 )
 # Under those prefixes but read when used, not at start: a forked child that sets them reads them
 # as a fresh one would. Libraries set them in the test process as they run (transformers'

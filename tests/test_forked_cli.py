@@ -3,6 +3,7 @@ an exec gives: the same exit status, stdout and stderr, stdin read, a timeout ki
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -109,3 +110,57 @@ def test_a_variable_a_library_set_for_good_moves_the_zygote_not_every_run_to_exe
     # Its run has ended: it is stopped, unless a run of another test still holds it (a
     # session's server forked from it, in a random order: seed 361514 of fresh run V).
     assert before.proc.pid not in forked_cli.zygote_pids() or before.busy()
+
+
+def reads_at_import(tree: ast.Module) -> list[int]:
+    """Lines of a module's import-time code (its top level and class bodies, default values and
+    decorators, not function bodies) that read the environment, the clock or the directory."""
+    found, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            todo += [d for d in (*node.args.defaults, *node.args.kw_defaults) if d is not None]
+            todo += getattr(node, "decorator_list", [])
+            continue
+        name = ast.unparse(node) if isinstance(node, ast.Attribute | ast.Name) else ""
+        if name in IMPORT_TIME_READS:
+            found.append(node.lineno)
+        todo += ast.iter_child_nodes(node)
+    return sorted(found)
+
+
+IMPORT_TIME_READS = {
+    "os.environ", "os.getenv", "getenv", "environ", "os.getcwd", "Path.cwd", "Path.home",
+    "os.path.expanduser", "time.time", "datetime.now", "os.getpid",
+}  # fmt: skip
+
+
+def test_no_lmpress_module_reads_the_environment_as_it_is_imported():
+    """The zygote imports lmpress's modules once, in the session's environment: a module that read
+    a variable, the clock or the directory as it is imported would give every forked run the
+    zygote's value, not its own."""
+    offenders = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in sorted((REPO / "lmpress").rglob("*.py"))
+        for line in reads_at_import(ast.parse(path.read_text()))
+    ]
+    assert not offenders, "read at import; read them where they are used instead"
+    planted = ast.parse("import os\nHOME = os.environ['HOME']\ndef f(x=os.getcwd()):\n    pass\n")
+    assert reads_at_import(planted) == [2, 3]  # the check sees what it looks for
+
+
+def test_the_zygote_imports_no_library_that_reads_the_environment_as_it_is_imported():
+    """Ray and lm-eval read their variables as they are imported (and tests set them), so the
+    zygote leaves the modules that import them to the run; the preload starts no thread, which a
+    fork would lose."""
+    check = (
+        "import sys, threading; sys.path.insert(0, 'tests'); import cli_zygote; "
+        "cli_zygote.preload(); import lmpress.cli.app, lmpress.serve.app; "
+        "print(sorted({'ray', 'lm_eval', 'vllm', 'datasets'} & set(sys.modules)), "
+        "threading.active_count())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "1"]
