@@ -73,9 +73,13 @@ def reference():
 
 def reference_logprobs(llm, ids: list[int]) -> np.ndarray:
     """log_softmax of llama-cpp-python's logits at each position of `ids` (row i scores the
-    token after position i)."""
-    llm.reset()
-    llm.eval(ids)
+    token after position i). The positions `ids` shares with what the model read last are kept,
+    as llama-cpp-python's own `generate` keeps them: a question's choices read its context once,
+    and their logits are the same, bit for bit, as after reading it again (the 160 choices of
+    tests/eval_tasks/ read a fresh context each took twice the CPU time)."""
+    kept = llm.longest_token_prefix(llm.input_ids[: llm.n_tokens], ids)
+    llm.n_tokens = min(kept, len(ids) - 1)  # the cells after it are dropped by `eval`
+    llm.eval(ids[llm.n_tokens :])
     logits = np.array(llm.scores[: len(ids)], dtype=np.float64)
     top = logits.max(axis=1, keepdims=True)
     return logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
