@@ -33,10 +33,13 @@ def from_gguf(path: Path, dtype: torch.dtype):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     source = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
+    # The config read once and handed to the model's load, which would read the file's metadata
+    # again for it (about 4 of SmolLM2's 13 CPU-s); the same model, config and generation config.
+    config = AutoConfig.from_pretrained(**source)
     with contextlib.redirect_stderr(io.StringIO()):  # its dequantization progress bar
         tokenizer = AutoTokenizer.from_pretrained(**source)
-        model = AutoModelForCausalLM.from_pretrained(**source, dtype=dtype)
-    return tokenizer, AutoConfig.from_pretrained(**source), model
+        model = AutoModelForCausalLM.from_pretrained(**source, config=config, dtype=dtype)
+    return tokenizer, config, model
 
 
 def config_fields(config) -> dict:
