@@ -156,3 +156,71 @@ def test_llamacpp_seeded_rows_at_batch_size_1_do_not_depend_on_order_or_neighbou
     assert forward == backward
     assert alone == forward["r3"]
     assert len(set(forward.values())) == len(rows)
+
+
+# --- NATIVE's pick without sorting the whole vocabulary -----------------------------------------
+
+
+def full_sort_pick(logits, top_k: int, top_p: float, min_p: float, draw: float) -> int:
+    """The token a row's draw picks, written out plainly: its whole vocabulary sorted from the
+    most likely, the tail top_k, top_p and min_p cut left out (the most likely token always
+    kept), then the first token whose cumulative share reaches the draw's share of what is
+    left."""
+    import torch
+
+    ordered, order = logits.sort(descending=True)
+    probs = ordered.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    keep = (torch.arange(len(probs)) < top_k) & (before <= top_p) & (probs >= min_p * probs[0])
+    keep[0] = True
+    cdf = (probs * keep).cumsum(dim=-1)
+    return int(order[min(int(torch.searchsorted(cdf, draw * cdf[-1])), len(probs) - 1)])
+
+
+def test_native_picks_the_token_a_sort_of_the_whole_vocabulary_picks(monkeypatch):
+    """NATIVE sorts a row's whole vocabulary only where its draw may land past its most likely
+    tokens (native/sampling.py): over peaked and flat distributions and settings that cut the
+    tail early, late or not at all, every pick is the full sort's, and both ways are taken."""
+    import random
+
+    import torch
+
+    from lmpress.engines.local.native import sampling
+    from lmpress.engines.local.worker import Submission
+
+    full_sorts = []
+    real = sampling.BatchControl._sample_sorted
+    monkeypatch.setattr(
+        sampling.BatchControl,
+        "_sample_sorted",
+        lambda self, logits, *rest: full_sorts.append(len(logits)) or real(self, logits, *rest),
+    )
+    control = sampling.BatchControl([], tokenizer=None, eos_ids=set())
+    draw_rng = random.Random(55)
+    picks = 0
+    for trial in range(24):
+        vocab = [49152, 1000, 130][trial % 3]
+        peak = [1.0, 4.0, 10.0][trial // 3 % 3]  # flat to peaked
+        scores = torch.randn(16, vocab, generator=torch.Generator().manual_seed(trial)) * peak
+        settings = [
+            {"temperature": draw_rng.choice([0.5, 1.0, 1.5])}
+            | draw_rng.choice([{}, {"top_k": 5}, {"top_k": 500}, {"top_p": 0.9}, {"min_p": 0.05}])
+            for _ in range(16)
+        ]  # fmt: skip
+        seeds = [draw_rng.randrange(2**31) for _ in range(16)]
+        rows = [
+            sampling.BatchRow(
+                Submission(Request(str(b), [], GenerationParams(**setting)), [], started=0.0),
+                index=0,
+                generator=torch.Generator().manual_seed(seed),
+            )
+            for b, (setting, seed) in enumerate(zip(settings, seeds, strict=True))
+        ]
+        picked = control._sample(scores.clone(), rows).tolist()
+        for b, (setting, seed) in enumerate(zip(settings, seeds, strict=True)):
+            draw = float(torch.rand(1, generator=torch.Generator().manual_seed(seed)))
+            p = GenerationParams(**setting)
+            logits = scores[b] / p.sampling_temperature()
+            assert picked[b] == full_sort_pick(logits, p.top_k or vocab, p.top_p, p.min_p, draw)
+            picks += 1
+    assert 0 < sum(full_sorts) < picks / 2, (sum(full_sorts), picks)

@@ -75,6 +75,24 @@ def row_generator(seed: int | None, index: int) -> Any:
     return torch.Generator().manual_seed(seed + index)
 
 
+# How many of each sampled row's most likely tokens a step sorts first (BatchControl._sample).
+SAMPLE_WINDOW = 128
+
+
+def tail_cut(probs: Any, top_k: Any, top_p: Any, min_p: Any) -> Any:
+    """Which of the tokens, ordered from the most likely (`probs`, their shares), top_k, top_p
+    and min_p cut. Each cut is a tail: once a token is cut, every later one is. The most
+    likely token always stays."""
+    import torch
+
+    position = torch.arange(probs.shape[1], device=probs.device)[None, :]
+    drop = position >= top_k[:, None]
+    drop |= (probs.cumsum(dim=-1) - probs) > top_p[:, None]
+    drop |= probs < min_p[:, None] * probs[:, :1]
+    drop[:, 0] = False
+    return drop
+
+
 class BatchControl:
     """One step's per-row sampling (`choose`) and per-row stopping (`advance`)."""
 
@@ -199,6 +217,18 @@ class BatchControl:
         return scores
 
     def _sample(self, scores: Any, rows: list[BatchRow]) -> Any:
+        """Each sampled row's token: its logits over its temperature, ordered from the most
+        likely; top_k, top_p and min_p cut the tail (the most likely token always stays); the
+        row's one draw of the step picks by the cumulative share of what is left.
+
+        Sorting every row's whole vocabulary took more CPU than SmolLM2's forward pass, and a
+        draw nearly always lands among a row's most likely tokens. So each row's top
+        SAMPLE_WINDOW are sorted first, with their shares of the whole distribution; a row
+        whose tail is cut inside them, or that cuts none and whose draw falls among them,
+        picks there; only the others sort all of theirs. Either way it is the token a full
+        sort picks, but for a draw within a float rounding of the line between two tokens'
+        shares (the window's shares are summed in another order). Measured with
+        `benchmarks/native_throughput.py --temperature`."""
         torch = self.torch
         device = scores.device
         temperature = torch.tensor([r.params.sampling_temperature() for r in rows], device=device)
@@ -206,18 +236,34 @@ class BatchControl:
         min_p = torch.tensor([r.params.min_p for r in rows], device=device)
         vocab = scores.shape[1]
         top_k = torch.tensor([r.params.top_k or vocab for r in rows], device=device)
-        logits, order = (scores / temperature[:, None]).sort(dim=-1, descending=True)
-        probs = logits.softmax(dim=-1)
-        position = torch.arange(vocab, device=device)[None, :]
-        drop = position >= top_k[:, None]
-        drop |= (probs.cumsum(dim=-1) - probs) > top_p[:, None]
-        drop |= probs < min_p[:, None] * probs[:, :1]
-        drop[:, 0] = False  # the most likely token always stays
-        probs = probs.masked_fill(drop, 0.0)
-        cdf = probs.cumsum(dim=-1)
         draws = torch.cat([torch.rand(1, generator=r.generator) for r in rows]).to(device)
-        picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None]).clamp(max=vocab - 1)
-        return order.gather(1, picked).squeeze(1)
+        logits = scores / temperature[:, None]
+        window = min(SAMPLE_WINDOW, vocab)
+        _, order = logits.topk(window, dim=-1)
+        probs = logits.softmax(dim=-1).gather(1, order)
+        drop = tail_cut(probs, top_k, top_p, min_p)
+        cdf = probs.masked_fill(drop, 0.0).cumsum(dim=-1)
+        cut = drop[:, -1]  # the tail is cut inside the window: all that is left is in it
+        uncut = (top_k >= vocab) & (top_p >= 1) & (min_p <= 0)  # all of it is left: a share of 1
+        target = draws * torch.where(cut, cdf[:, -1], torch.ones_like(draws))
+        inside = cut | (uncut & (target <= cdf[:, -1]))
+        picked = torch.searchsorted(cdf, target[:, None]).clamp(max=window - 1)
+        chosen = order.gather(1, picked).squeeze(1)
+        if not bool(inside.all()):
+            rest = (~inside).nonzero().squeeze(1)
+            chosen[rest] = self._sample_sorted(
+                logits[rest], top_k[rest], top_p[rest], min_p[rest], draws[rest]
+            )
+        return chosen
+
+    def _sample_sorted(self, logits: Any, top_k: Any, top_p: Any, min_p: Any, draws: Any) -> Any:
+        """`_sample`'s pick for rows whose draw may land anywhere: the whole vocabulary sorted."""
+        torch = self.torch
+        logits, order = logits.sort(dim=-1, descending=True)
+        probs = logits.softmax(dim=-1)
+        cdf = probs.masked_fill(tail_cut(probs, top_k, top_p, min_p), 0.0).cumsum(dim=-1)
+        picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None])
+        return order.gather(1, picked.clamp(max=logits.shape[1] - 1)).squeeze(1)
 
     def _record_logprobs(self, scores: Any, chosen: Any) -> None:
         decode = self.tokenizer.decode
