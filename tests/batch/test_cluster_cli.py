@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from lmpress.batch.cluster.connect import NO_PRESTARTED_WORKERS
 from tests.cli.test_cli import mixed_rows
 from tests.conftest import REPO, run_lmpress, with_plugin
 from tests.growing_files import whole_rows
@@ -92,9 +93,10 @@ def cluster(tmp_path_factory):
          # No log monitor: it streams workers' output to drivers, which lmpress's jobs do not
          # ask for (`log_to_driver`, --debug aside), and it reads every log file all module.
          "--include-log-monitor=false", "--disable-usage-stats",
-         # Replicas at the suite's priority, as a local Ray of lmpress's runs them: at Ray's
+         # Replicas at the suite's priority, and no workers started ahead of the tasks that
+         # need them (a replica cannot use one), as a local Ray of lmpress's runs: at Ray's
          # default nice 15 they wait behind any busy process (the rest of the suite).
-         '--system-config={"worker_niceness": 0}'],
+         f"--system-config={json.dumps({'worker_niceness': 0, **NO_PRESTARTED_WORKERS})}"],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip

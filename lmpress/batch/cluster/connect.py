@@ -31,6 +31,13 @@ def cluster_address(params: RayParams) -> str | None:
     return params.address or os.environ.get("RAY_ADDRESS") or None
 
 
+# A fresh Ray starts a worker a CPU as a driver joins, ready for its tasks. A job's replicas
+# cannot use them: each carries the job's environment (`runtime_env`), and a worker serves
+# only the environment it started with. They would sit idle to the end, each having imported
+# Ray (1.3 CPU-s here, and its memory). Ray starts the workers its tasks need as they ask.
+NO_PRESTARTED_WORKERS = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
+
+
 @dataclass
 class Cluster:
     address: str | None  # None: a local Ray this job started, and stops
@@ -71,7 +78,7 @@ class Cluster:
             ray.init(
                 address="local",
                 include_dashboard=False,
-                _system_config={"worker_niceness": 0},
+                _system_config={"worker_niceness": 0, **NO_PRESTARTED_WORKERS},
                 **quiet,
             )
         _quiet_ray_data(ray)
