@@ -23,6 +23,7 @@ generating (after loading and warm-up), which is where the sides differ.
     .venv/bin/python benchmarks/native_throughput.py [--prompts 64] [--batch-size 16]
         [--new-tokens 32] [--rounds 3] [--eos] [--chat] [--shared-prefix 300]
         [--model smollm2:135m-instruct] [--compile] [--dtype float32|bfloat16]
+        [--temperature 0.8]
 """
 
 from __future__ import annotations
@@ -38,10 +39,16 @@ from lmpress.engines.registry import create_engine
 
 
 def raw_generate(
-    engine, prompts: list[str], batch_size: int, new_tokens: int, eos: bool = False
+    engine,
+    prompts: list[str],
+    batch_size: int,
+    new_tokens: int,
+    eos: bool = False,
+    temperature: float = 0.0,
 ) -> int:
     """Plain transformers: chat template, left-padded static batches, model.generate. With
-    `eos`, each row counts its tokens up to and including its first EOS, not the batch width."""
+    `eos`, each row counts its tokens up to and including its first EOS, not the batch width.
+    A `temperature` samples from the whole distribution at it (no top-k or top-p)."""
     import torch
 
     tokenizer, model = engine.hf_tokenizer, engine.model
@@ -61,7 +68,10 @@ def raw_generate(
                 **batch.to(engine.device),
                 max_new_tokens=new_tokens,
                 min_new_tokens=0 if eos else new_tokens,
-                do_sample=False,
+                do_sample=temperature > 0,
+                temperature=temperature or None,
+                top_k=0,
+                top_p=1.0,
                 pad_token_id=tokenizer.pad_token_id,
             )
         new = out[:, batch["input_ids"].shape[1] :].cpu()
@@ -74,17 +84,21 @@ def raw_generate(
     return produced
 
 
-def build_raw(config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool):
+def build_raw(
+    config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool, temperature: float
+):
     """The raw side, in its own process: the engine only loads the model and tokenizer (its
     worker thread never runs here), then plain `generate` on them, on the attention the model
     was loaded with."""
     engine = create_engine(config)
     own_attention_back(engine.model)
     raw_generate(engine, prompts[:batch_size], batch_size, 2)  # warm up
-    return lambda: raw_generate(engine, prompts, batch_size, new_tokens, eos)
+    return lambda: raw_generate(engine, prompts, batch_size, new_tokens, eos, temperature)
 
 
-def build_generate_batch(config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool):
+def build_generate_batch(
+    config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool, temperature: float
+):
     """transformers' continuous batching (`model.generate_batch`) on the engine's model, at
     most `batch_size` requests in a batch, greedy, stopping at EOS."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
@@ -106,7 +120,10 @@ def build_generate_batch(config, prompts: list[str], batch_size: int, new_tokens
             inputs,
             generation_config=GenerationConfig(
                 max_new_tokens=new_tokens,
-                do_sample=False,
+                do_sample=temperature > 0,
+                temperature=temperature or None,
+                top_k=0,
+                top_p=1.0,
                 eos_token_id=sorted(engine.eos_ids),
                 pad_token_id=tokenizer.pad_token_id,
             ),
@@ -119,7 +136,13 @@ def build_generate_batch(config, prompts: list[str], batch_size: int, new_tokens
 
 
 def build_lmpress(
-    config, prompts: list[str], batch_size: int, new_tokens: int, eos: bool, system: str = ""
+    config,
+    prompts: list[str],
+    batch_size: int,
+    new_tokens: int,
+    eos: bool,
+    temperature: float,
+    system: str = "",
 ):
     started = time.perf_counter()
     engine = create_engine(config)
@@ -127,7 +150,7 @@ def build_lmpress(
     if system:
         print(f"system prompt: {len(engine.hf_tokenizer(system)['input_ids'])} tokens", flush=True)
     lmpress_generate(engine, prompts[:batch_size], 2, system=system)  # warm up
-    return lambda: lmpress_generate(engine, prompts, new_tokens, eos, system=system)
+    return lambda: lmpress_generate(engine, prompts, new_tokens, eos, system, temperature)
 
 
 # The shared-prefix workload's system prompt: rules of about 20 tokens each, as many as it takes.
@@ -177,6 +200,11 @@ def main() -> None:
         help="NATIVE with model.compile (its decoding step compiled) against NATIVE without",
     )  # fmt: skip
     parser.add_argument("--dtype", default="auto", help="model.torch_dtype_str")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0,
+        help="sample at this temperature, from the whole distribution, on every side "
+        "(each lmpress row seeded); 0: greedy",
+    )  # fmt: skip
     args = parser.parse_args()
 
     overrides = {
@@ -187,7 +215,7 @@ def main() -> None:
     config = load_config(overrides=overrides)
     # Mixed lengths: 4 to 120 words, so left padding matters.
     prompts = chat_prompts(args.prompts) if args.chat else mixed_prompts(args.prompts, 120)
-    work = (prompts, args.batch_size, args.new_tokens, args.eos)
+    work = (prompts, args.batch_size, args.new_tokens, args.eos, args.temperature)
     if args.shared_prefix:
         no_reuse = load_config(overrides={**overrides, "model.model_kwargs.prefix_reuse": False})
         system = system_prompt(args.shared_prefix)
@@ -222,7 +250,8 @@ def main() -> None:
         f"\nmodel {args.model}, {args.prompts} {'chat ' if args.chat else ''}prompts"
         f"{f' after a {args.shared_prefix}-token system prompt' if args.shared_prefix else ''}, "
         f"batch {args.batch_size}, {'at most ' if args.eos else ''}{args.new_tokens} new tokens, "
-        f"EOS {'honoured' if args.eos else 'held off'}, dtype {args.dtype}"
+        f"EOS {'honoured' if args.eos else 'held off'}, dtype {args.dtype}, "
+        f"{f'sampled at temperature {args.temperature:g}' if args.temperature else 'greedy'}"
     )
     for name in sides:
         whole, running = peaks[name]

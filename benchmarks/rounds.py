@@ -115,15 +115,30 @@ def copy_prompts(count: int, seed: int = 0) -> list[str]:
 
 
 def lmpress_generate(
-    engine, prompts: list[str], new_tokens: int, eos: bool = False, system: str | None = None
+    engine,
+    prompts: list[str],
+    new_tokens: int,
+    eos: bool = False,
+    system: str | None = None,
+    temperature: float = 0.0,
 ) -> int:
     """Every prompt through the engine (as a user message after `system`, where given), exactly
-    `new_tokens` tokens each (EOS held off), or up to `new_tokens` with `eos`; returns the
-    tokens generated."""
-    params = GenerationParams(max_new_tokens=new_tokens, min_tokens=0 if eos else new_tokens)
+    `new_tokens` tokens each (EOS held off), or up to `new_tokens` with `eos`, greedy or sampled
+    at `temperature` (row i seeded with i); returns the tokens generated."""
+    min_tokens = 0 if eos else new_tokens
     opening = [Message("system", system)] if system else []
     requests = [
-        Request(str(i), [*opening, Message("user", p)], params) for i, p in enumerate(prompts)
+        Request(
+            str(i),
+            [*opening, Message("user", p)],
+            GenerationParams(
+                max_new_tokens=new_tokens,
+                min_tokens=min_tokens,
+                temperature=temperature,
+                seed=i if temperature else None,
+            ),
+        )
+        for i, p in enumerate(prompts)
     ]
     results = engine.generate(requests)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
