@@ -82,8 +82,9 @@ def worker_in_the_engine_core():
     in its engine-core process rather than in a third process of its own (vLLM's CPU default):
     one import of vLLM and torch and one model load fewer per engine, ~10 s of CPU here. Its
     answers are the same, as the raw reference's are; lmpress's own path (AsyncLLM, its
-    engine-core process, the logs) is unchanged, and the `lmpress` subprocesses the tests
-    start (batch, serve, Ray, the failures) keep vLLM's default processes, as users run it."""
+    engine-core process, the logs) is unchanged. Of the `lmpress` subprocesses the tests
+    start, serve and the failures keep vLLM's default processes, as users run it; the batch
+    jobs (test_tiny, Ray's replica) pass RAW_VLLM_ENV on."""
     return patch.dict(os.environ, RAW_VLLM_ENV)
 
 

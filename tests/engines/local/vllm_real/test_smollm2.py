@@ -26,6 +26,7 @@ from lmpress.vocabulary.types import Delta, GenerationParams, Message, Request
 from tests.conftest import run_lmpress
 from tests.engines.local.vllm_real import scoring_cases
 from tests.engines.local.vllm_real.conftest import (
+    RAW_VLLM_ENV,
     REQUIRED,
     VLLM_TEST_TIMEOUT_S,
     raw_vllm_beside,
@@ -554,10 +555,14 @@ def test_batch_on_ray_writes_what_vllm_answers(reference, tmp_path):
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     rows = [{"id": f"r{i}", "prompt": CHAT_CASES[i][0]} for i in greedy]
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # The replica runs vLLM's model worker in its engine-core process (RAW_VLLM_ENV reaches it
+    # through the local Ray's workers): one vLLM and torch import fewer. The serve test below
+    # keeps vLLM's default processes, as users run it.
     run = run_lmpress(
         "batch", *CLI_MODEL, "--generation.max_new_tokens", "48", "-i", str(source),
         "-o", str(out), "--ray", "--ray.replicas", "1", "--ray.cpus_per_replica", "1",
         timeout=VLLM_TEST_TIMEOUT_S - 120,  # under the hang guard the conftest sets
+        env=RAW_VLLM_ENV,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert "started Ray" in run.stderr

@@ -58,7 +58,7 @@ def test_batch_with_a_lora_adapter_equals_vllm_and_a_row_too_long_fails_alone(tm
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in [*rows, too_long]))
     # vLLM's own answers, from a process started while the lmpress job runs. The job runs
-    # vLLM's model worker in its engine-core process (the serve, Ray and failure tests keep
+    # vLLM's model worker in its engine-core process (the serve and failure tests keep
     # vLLM's default processes): one vLLM and torch import fewer.
     with raw_vllm_beside(cases, tmp_path) as raw_answers:
         run = run_lmpress(
