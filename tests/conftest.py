@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import traceback
 import warnings
@@ -50,8 +51,10 @@ def _own_response_cache(tmp_path_factory, monkeypatch) -> None:
 # frame a library blames (its `stacklevel`) is often its own wrapper (transformers' renamed
 # arguments blame torch's Module.__call__), so a filter on the warning's module cannot tell
 # whose call it was. The stack can: a DeprecationWarning, PendingDeprecationWarning or
-# FutureWarning raised while lmpress's code is calling in (on any thread: NATIVE's worker
-# too), and not while a library imports itself, is lmpress's to fix.
+# FutureWarning is lmpress's to fix when lmpress's code (on any thread: NATIVE's worker too)
+# called into the library that warned, directly or through torch's Module.__call__ (which
+# passes its caller's arguments on). Not when another library made the call (PEFT calling a
+# method transformers deprecated, with lmpress further out), nor while a library imports itself.
 
 DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
@@ -76,13 +79,34 @@ class DeprecationSpy:
 
 
 def lmpress_caller(stack: list[traceback.FrameSummary]) -> str | None:
-    """The innermost lmpress frame that led to a warning, unless an import came after it."""
+    """The lmpress frame that made the deprecated call, if lmpress's code made it: walking out
+    from the warning past the warning library's own frames (and torch's Module.__call__), the
+    first frame met."""
+    if not stack:
+        return None
+    warner = library(stack[-1].filename)
     for frame in reversed(stack):
         if frame.filename.startswith("<frozen importlib"):
             return None  # a library warning about itself as it is imported
         if frame.filename.startswith(PACKAGE):
             return f"{os.path.relpath(frame.filename, REPO)}:{frame.lineno}"
+        if library(frame.filename) != warner and not frame.filename.endswith(MODULE_CALL):
+            return None  # another library's call
     return None
+
+
+MODULE_CALL = os.path.join("torch", "nn", "modules", "module.py")
+STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def library(filename: str) -> str:
+    """The installed package or standard module a file belongs to (its path, for any other)."""
+    for root in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if root in filename:
+            return filename.split(root, 1)[1].split(os.sep, 1)[0]
+    if filename.startswith(STDLIB):
+        return filename[len(STDLIB) :].split(os.sep, 1)[0]
+    return filename
 
 
 @pytest.hookimpl(hookwrapper=True)
