@@ -27,6 +27,12 @@ pytest_plugins = ["tests.suite_checks"]
 # (67-186 s wall) as it is, 7.3 s (23 s wall) with PASSIVE. A policy already set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# A process of the suite's that dies of a fault (SIGSEGV, SIGABRT, ...) prints every thread's
+# Python stack to its stderr, which the failing test shows: a fresh run once saw a `--ray` job
+# exit -11 after writing its summary (tests/batch/test_cluster_cli.py), and nothing said where.
+# Set before the warm interpreter (tests/cli_zygote.py) starts, so its children have it too.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = str(REPO / "lmpress") + os.sep
 
