@@ -141,6 +141,10 @@ MEMORY = (
 # (what vLLM's message says, what to change): checked in order, on the lowercased cause.
 HINTS = (
     (("available memory",), MEMORY),
+    # vLLM's CPU build keeps an fp8 cache only with AVX-512 or AMX ("FP8 KV cache on CPU
+    # requires ..."): no size setting cures that.
+    (("fp8 kv cache",), "this CPU cannot hold vLLM's fp8 KV cache: leave model.kv_cache_dtype at "
+     "auto on VLLM here, or quantize the cache on engine NATIVE (int8) or LLAMACPP (q8_0, q4_0)"),
     (("kv cache",), "lower model.model_max_length (vLLM's max_model_len), or give vLLM more KV "
      "cache: VLLM_CPU_KVCACHE_SPACE on a CPU, model.model_kwargs.gpu_memory_utilization on a GPU"),
     (("memory",), MEMORY),
