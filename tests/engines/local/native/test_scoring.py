@@ -123,8 +123,12 @@ def test_choices_are_prefilled_together_over_one_context(llama):
     """The prefill's inputs, seen by a hook on transformers' model: one pass feeds the context
     once (but its last token, whose logits score each choice's first), and one more feeds
     every choice's span together, packed (the context's last token and the choice but its
-    last, which nothing follows)."""
+    last, which nothing follows). An engine's first scored prompt with nothing stored runs one
+    more pass, of one token, to learn the shape of an empty cache: a question of another
+    context is scored first, so that this one's passes do not depend on the tests before it."""
     tokenizer = llama.tokenizer()
+    other = tokenizer.encode("Owls hunt at night over the fields and rivers of the valley.", special=True)  # fmt: skip
+    assert run(llama.loglikelihood(LoglikelihoodRequest("o", other, [[other[-1]]]))).error is None
     context = tokenizer.encode("Zebras graze on the open plains while lions rest nearby. Q:", special=True)  # fmt: skip
     choices = [tokenizer.encode(c) for c in CHOICES]
     assert len(context) > 16  # the store shares prefixes of 16 tokens or more
