@@ -134,6 +134,15 @@ def test_each_row_of_one_batch_is_cut_at_its_own_budget(engine):
     ]
     together = run(engine, *requests)
     assert [r.usage.reasoning_tokens for r in together] == budgets
+    if engine.config.engine == "LLAMACPP":
+        # llama.cpp computes one sequence's logits with other kernels than several sequences'
+        # (docs/batch/index.md, "Seeds"), and on these random weights a greedy pick often
+        # rests on a near-tie that the difference flips (on an AVX2-only CPU, not on AVX-512):
+        # the same rows in the opposite order, whose steps decode the same rows, must agree.
+        again = run(engine, *reversed(requests))[::-1]
+        assert [r.usage.reasoning_tokens for r in again] == budgets
+        assert [(r.reasoning, r.text) for r in again] == [(r.reasoning, r.text) for r in together]
+        return
     alone = [run(engine, request)[0] for request in requests[1::2]]
     assert [(r.reasoning, r.text) for r in alone] == [(r.reasoning, r.text) for r in together[1::2]]
 
