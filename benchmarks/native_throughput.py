@@ -38,6 +38,17 @@ from lmpress.engines.local.native.row_attention import own_attention_back
 from lmpress.engines.registry import create_engine
 
 
+def sampling(temperature: float) -> dict:
+    """transformers' generation settings for greedy (0) or sampling from the whole distribution
+    at `temperature` (no top-k or top-p), as both transformers sides take them."""
+    return {
+        "do_sample": temperature > 0,
+        "temperature": temperature or None,
+        "top_k": 0,
+        "top_p": 1.0,
+    }
+
+
 def raw_generate(
     engine,
     prompts: list[str],
@@ -68,11 +79,8 @@ def raw_generate(
                 **batch.to(engine.device),
                 max_new_tokens=new_tokens,
                 min_new_tokens=0 if eos else new_tokens,
-                do_sample=temperature > 0,
-                temperature=temperature or None,
-                top_k=0,
-                top_p=1.0,
                 pad_token_id=tokenizer.pad_token_id,
+                **sampling(temperature),
             )
         new = out[:, batch["input_ids"].shape[1] :].cpu()
         if not eos:
@@ -120,11 +128,8 @@ def build_generate_batch(
             inputs,
             generation_config=GenerationConfig(
                 max_new_tokens=new_tokens,
-                do_sample=temperature > 0,
-                temperature=temperature or None,
-                top_k=0,
-                top_p=1.0,
                 eos_token_id=sorted(engine.eos_ids),
+                **sampling(temperature),
                 pad_token_id=tokenizer.pad_token_id,
             ),
             continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=batch_size),
