@@ -136,9 +136,14 @@ class Budget:
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    # pytest-random-order names its seed in the header, which -q (as `make test` runs) hides.
-    if config.getoption("random_order_enabled", False) and not hasattr(config, "workerinput"):
-        seed = str(config.getoption("random_order_seed")).removeprefix("default:")
+    # pytest-random-order names its seed in the header, which -q (as `make test` runs) hides. It
+    # shuffles on --random-order, and on a seed or bucket given without it.
+    if hasattr(config, "workerinput") or config.pluginmanager.get_plugin("random_order") is None:
+        return
+    from random_order.config import Config
+
+    if Config(config).is_enabled:
+        seed = Config(config).seed
         terminalreporter.line(
             f"tests ran in a random order: repeat it with --random-order-seed={seed}"
         )
