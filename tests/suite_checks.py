@@ -91,15 +91,14 @@ class Budget:
     """Adds up each test's phases as their reports arrive (on xdist's controller, from every
     worker) and keeps those over budget."""
 
-    def __init__(self, limit_s: float, speed: CpuSpeed | None = None) -> None:
+    def __init__(self, limit_s: float, speed: CpuSpeed) -> None:
         self.limit_s = limit_s
         self.speed = speed
         self.spent: dict[str, float] = defaultdict(float)
         self.over: list[tuple[str, float, float]] = []
 
     def limit_now(self) -> float:
-        speed = self.speed.factor() if self.speed else 1.0
-        return self.limit_s * speed * load_factor()
+        return self.limit_s * self.speed.factor() * load_factor()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if "slow" in report.keywords:
@@ -112,7 +111,7 @@ class Budget:
                 self.over.append((report.nodeid, seconds, limit))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.speed and self.speed.factor() > 1:
+        if self.speed.factor() > 1:
             terminalreporter.line(
                 f"test budget: {self.limit_s:g} s a test, times {self.speed.factor():.2f} for"
                 f" this CPU ({self.speed.seconds:.2f} CPU-s of fixed work against"
@@ -142,10 +141,10 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         return
     from random_order.config import Config
 
-    if Config(config).is_enabled:
-        seed = Config(config).seed
+    order = Config(config)
+    if order.is_enabled:
         terminalreporter.line(
-            f"tests ran in a random order: repeat it with --random-order-seed={seed}"
+            f"tests ran in a random order: repeat it with --random-order-seed={order.seed}"
         )
 
 
