@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import pytest
 
@@ -109,9 +110,12 @@ def test_an_edited_step_reruns_from_there_on(tmp_path):
 
 
 def test_kill_9_mid_run_then_the_same_command_finishes_the_same_dataset(tmp_path):
-    whole, killed, asked_again, _ = interrupted(tmp_path, signal.SIGKILL)
-    assert killed.returncode == 0, killed.stderr
-    assert asked_again <= 80 - 10  # what the journal held was not asked again
+    whole_asked, killed = interrupted(tmp_path, signal.SIGKILL)
+    assert killed.rerun.returncode == 0, killed.rerun.stderr
+    # The rerun asks for exactly what the journal did not hold when the run died: a row of a
+    # generating step is one request (n=2 is one request of two choices).
+    assert whole_asked == 80 and killed.held >= 10
+    assert killed.asked == whole_asked - killed.held
     for name in (DATA, "rejects.jsonl"):
         assert (tmp_path / "killed" / name).read_text() == (tmp_path / "whole" / name).read_text()
 
@@ -141,40 +145,56 @@ def test_kill_9_during_each_step_then_the_rerun_finishes_the_same_dataset(
     def partly_done(journal) -> bool:
         return 0 < _done_rows(journal, step) < 40
 
-    rerun, _, _ = kill_and_rerun(tmp_path, signal.SIGKILL, hold_after, partly_done)
+    rerun = kill_and_rerun(tmp_path, signal.SIGKILL, hold_after, partly_done).rerun
     assert rerun.returncode == 0, rerun.stderr
     for name, text in whole_run.items():
         assert (tmp_path / "killed" / name).read_text() == text
 
 
 def test_sigterm_stops_cleanly_and_the_rerun_resumes(tmp_path):
-    _, resumed, _, stopped = interrupted(tmp_path, signal.SIGTERM)
-    assert stopped.returncode == 143
-    assert stopped.stderr.strip().splitlines()[-1] == "lmpress: stopped by SIGTERM"
-    assert resumed.returncode == 0, resumed.stderr
+    _, killed = interrupted(tmp_path, signal.SIGTERM)
+    assert killed.stopped.returncode == 143
+    assert killed.stopped.stderr.strip().splitlines()[-1] == "lmpress: stopped by SIGTERM"
+    assert killed.rerun.returncode == 0, killed.rerun.stderr
     assert (tmp_path / "killed" / DATA).read_text() == (tmp_path / "whole" / DATA).read_text()
 
 
 KILL_TOPICS = [{"topic": f"topic {i}"} for i in range(40)]
 
 
-def interrupted(tmp_path, sig):
-    """An uninterrupted run into whole/, and a run into killed/ sent `sig` once its journal
-    holds rows, then run again: (whole, rerun, requests the rerun made, interrupted run)."""
+class Resumed(NamedTuple):
+    stopped: CliRun  # the run sent the signal
+    held: int  # requests whose replies its journal held once it had stopped
+    rerun: CliRun
+    asked: int  # requests the rerun made
+
+
+def interrupted(tmp_path, sig) -> tuple[int, Resumed]:
+    """An uninterrupted run into whole/ (the requests it made), and a run into killed/ sent
+    `sig` once its journal holds 10 replies, then run again."""
     (tmp_path / "fns.py").write_text(FUNCTIONS)
     with LLMServer() as server:
         write(tmp_path, steps(server), KILL_TOPICS)
         whole = run(tmp_path, "whole", "--cache", "off")
         assert whole.returncode == 0, whole.stderr
-    rerun, asked, stopped = kill_and_rerun(
-        tmp_path, sig, 30, lambda journal: _done_rows(journal) >= 10
+        whole_asked = server.stats.requests
+    return whole_asked, kill_and_rerun(
+        tmp_path, sig, 30, lambda journal: _done_requests(journal) >= 10
     )
-    return whole, rerun, asked, stopped
 
 
-def kill_and_rerun(tmp_path, sig, hold_after: int, ready):
+GENERATING = ("answer", "words")  # the steps of `steps()` that ask the model
+
+
+def _done_requests(journal) -> int:
+    """Requests whose replies the journal holds: rows done in a generating step."""
+    return sum(_done_rows(journal, step) for step in GENERATING)
+
+
+def kill_and_rerun(tmp_path, sig, hold_after: int, ready) -> Resumed:
     """A run into killed/ sent `sig` once the server holds replies after `hold_after` and
-    `ready(journal)`, then run again: (rerun, requests the rerun made, interrupted run)."""
+    `ready(journal)`, then run again against a fresh server on the same port: the first may
+    still be reading requests the killed run sent, which are not the rerun's."""
     (tmp_path / "fns.py").write_text(FUNCTIONS)
     with LLMServer(Faults(hold_after=hold_after)) as server:
         write(tmp_path, steps(server), KILL_TOPICS)
@@ -182,9 +202,9 @@ def kill_and_rerun(tmp_path, sig, hold_after: int, ready):
         env = {**os.environ, **KEY_ENV, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen([sys.executable, "-m", "lmpress", *args], cwd=tmp_path, env=env,
                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+        journal = tmp_path / "killed" / ".lmpress" / "pipeline.sqlite"
         try:
             assert server.holding.wait(120)
-            journal = tmp_path / "killed" / ".lmpress" / "pipeline.sqlite"
             deadline = time.monotonic() + 60
             while not ready(journal) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -193,11 +213,12 @@ def kill_and_rerun(tmp_path, sig, hold_after: int, ready):
             proc.send_signal(sig)
             _, stderr = proc.communicate(timeout=60)
         stopped = CliRun(proc.returncode, "", stderr)
+        held = _done_requests(journal)  # the process is gone: nothing more is journaled
         server.release()
-        assert not (tmp_path / "killed" / DATA).exists()
-        before = server.stats.requests
+    assert not (tmp_path / "killed" / DATA).exists()
+    with LLMServer(port=server.port) as again:
         rerun = run(tmp_path, "killed", "--cache", "off")
-        return rerun, server.stats.requests - before, stopped
+    return Resumed(stopped, held, rerun, again.stats.requests)
 
 
 def _done_rows(journal, step: str | None = None) -> int:

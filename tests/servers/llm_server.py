@@ -128,15 +128,16 @@ def _hash(text: str) -> int:
 
 
 class LLMServer:
-    """The server, on a free port, serving from a background thread until `stop()`."""
+    """The server, on a free port (or `port`: a stopped server's, for a client that must find
+    the same URL), serving from a background thread until `stop()`."""
 
-    def __init__(self, faults: Faults | None = None):
+    def __init__(self, faults: Faults | None = None, *, port: int = 0):
         self.faults = faults or Faults()
         self.stats = Stats()
         self.lock = threading.Lock()
         self._attempts: Counter = Counter()
         self._bucket = (0.0, 0.0)  # (tokens, last refill) for rate_limit_rps
-        self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd = _HTTPServer(("127.0.0.1", port), _Handler)
         self._httpd.app = self
         self.batches = BatchAPI(self)
         self.prompt_cache = PromptCache(self.faults.prompt_cache_min)
