@@ -254,10 +254,17 @@ class WorkerEngine(Engine):
         return self._submit(request, deltas=True)
 
     def occupancy(self) -> Occupancy:
-        # len() of a deque or a set is atomic: no lock, so a scrape never waits on a step.
-        # A cancelled submission counts until the worker drops it, at its next step.
+        """Running: what the worker holds and has not answered. One it answered counts no
+        more, though its caller has yet to take the answer: the worker may already run the
+        next one in its place, and a batch of one would show two running.
+
+        No lock, so a scrape never waits on a step: len() of the deque and a copy of the set
+        are atomic. `pending` is read first; `_live` gains submissions only on the event loop,
+        where this is called, and the worker only takes from `pending` meanwhile, so the count
+        can fall short for a moment, never run over the batch."""
         waiting = len(self._queue.pending)
-        return Occupancy(running=max(0, len(self._live) - waiting), waiting=waiting)
+        unanswered = sum(not submission.answered for submission in tuple(self._live))
+        return Occupancy(running=max(0, unanswered - waiting), waiting=waiting)
 
     async def complete(self, request: Request) -> Result:
         result = None

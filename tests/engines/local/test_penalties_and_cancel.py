@@ -108,3 +108,32 @@ def test_a_cancelled_request_stops_early_and_frees_its_place(engine_name):
             assert engine.kv_cells_used() == engine.kv_cells_cached() < 50
     finally:
         asyncio.run(engine.aclose())
+
+
+@pytest.mark.parametrize("engine_name", list(MODELS))
+def test_an_answer_its_caller_has_yet_to_take_is_no_longer_running(engine_name):
+    """batch_size 1: the worker starts the second request as soon as it has answered the
+    first, whether or not the first's caller has taken the answer yet. What a server's
+    metrics read then is one running, never two (a scrape once showed two)."""
+    engine = make(engine_name, batch_size=1)
+
+    async def run():
+        short = GenerationParams(max_new_tokens=4, min_tokens=4)
+        first = engine.stream(Request("first", [Message("user", "hi")], short))
+        assert isinstance(await anext(first), Delta)  # it runs; its answer is left untaken
+        long = GenerationParams(max_new_tokens=LIMIT, min_tokens=LIMIT)
+        second = asyncio.ensure_future(
+            engine.complete(Request("second", [Message("user", "go on")], long))
+        )
+        while len(engine._live) < 2 or engine.occupancy().waiting:
+            await asyncio.sleep(0.01)  # until the worker has taken the second from the queue
+        held = engine.occupancy()
+        assert not [item async for item in first if not isinstance(item, Delta)][0].error
+        second.cancel()
+        return held
+
+    try:
+        held = asyncio.run(run())
+        assert (held.running, held.waiting) == (1, 0)
+    finally:
+        asyncio.run(engine.aclose())
