@@ -325,11 +325,12 @@ class _Handler(BaseHTTPRequestHandler):
             app.stats.credentials.add(self._credential(anthropic))
         conversation = refusals.conversation(body)
         attempt = app._arrive(f"{path}:{conversation}")
+        self._counted = False
         status = 500
         try:
             status = self._answer(path, body, conversation, attempt, anthropic)
         finally:
-            app._leave(status)
+            self._count(status)  # the replies that hang up before their last bytes
 
     def do_DELETE(self) -> None:
         if not self._batch_api("DELETE"):
@@ -424,6 +425,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- writing ---------------------------------------------------------------------------
 
+    def _count(self, status: int) -> None:
+        """Count the request's outcome (once), before its reply's last bytes go out: a client
+        that holds its reply finds it counted, and a test that reads the counts or resets
+        them once its client has its replies never races this thread."""
+        if getattr(self, "_counted", True):  # counted, or a request `_arrive` never saw
+            return
+        self._counted = True
+        self.server.app._leave(status)
+
     def _credential(self, anthropic: bool) -> str:
         if anthropic and self.headers.get("x-api-key"):
             return self.headers["x-api-key"]
@@ -440,6 +450,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             for key, value in (headers or {}).items():
                 self.send_header(key, value)
+            self._count(status)  # the headers are buffered until end_headers
             self.end_headers()
             self.wfile.write(data)
         except OSError:  # the client gave up (a hang past its timeout)
@@ -487,6 +498,8 @@ class _Handler(BaseHTTPRequestHandler):
                     event = b"event: content_block_delta\ndata: {broken\n\n" if anthropic else (
                         b"data: {broken\n\n"
                     )  # fmt: skip
+                if i == len(events) - 1:
+                    self._count(200)  # a client's stream ends at its last event
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
