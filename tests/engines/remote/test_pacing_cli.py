@@ -59,11 +59,14 @@ def test_faults_at_random_leave_every_row_written_once(tmp_path):
 
 @pytest.mark.parametrize("say_wait", [True, False], ids=["retry-after", "no-retry-after"])
 def test_a_real_rate_limit_is_kept_to_without_a_row_running_out_of_retries(tmp_path, say_wait):
-    # 20 requests a second and 429 beyond; max_retries 2 (5 by default): a 429 while other
-    # requests get through is not charged to the row, and the learned rate keeps them few.
+    # 20 requests a second and 429 beyond, at the default max_retries (5): a 429 while other
+    # requests get through is not charged to the row, so a row runs out only after 26 answers
+    # in a row turned it away. How many 429s a row meets is chance and the machine's speed
+    # (test_openai_compat.py's sibling saw a row run out at max_retries 2, 11 answers, on a
+    # loaded machine); the rate learned is checked on a simulated clock in test_pacing.py.
     faults = Faults(latency_s=0.02, rate_limit_rps=20, rate_limit_retry_after=say_wait)
     with LLMServer(faults) as server:
-        written, _ = batch(server, tmp_path, 120, "--remote_params.max_retries", "2")
+        written, _ = batch(server, tmp_path, 120)
         statuses = server.stats.statuses
     assert_each_row_once_with_its_reply(written, 120)
     assert statuses[429]  # the limit was met
