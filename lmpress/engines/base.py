@@ -210,6 +210,12 @@ class Engine(ABC):
         assert result is not None, f"{self.name} ended a stream without a Result"
         return result
 
+    async def complete_together(self, requests: list[Request]) -> list[Result]:
+        """Each request's final Result, in order. A local engine puts them before its worker
+        at once, so it takes them in the same round (the choices of one question share their
+        context's pass), never some before the rest have arrived."""
+        return list(await asyncio.gather(*(self.complete(r) for r in requests)))
+
     async def embed(self, request: EmbedRequest) -> EmbedResult:
         """The request's inputs as vectors, one each, on an engine whose `tasks` include
         `embed`. A failure of this request comes back as an EmbedResult with `error` set."""

@@ -41,7 +41,7 @@ class Engine(Protocol):
     name: str
     model_name: str
 
-    async def complete(self, request: Request) -> Result: ...
+    async def complete_together(self, requests: list[Request]) -> list[Result]: ...
 
     async def loglikelihood(self, request: LoglikelihoodRequest) -> LoglikelihoodResult: ...
 
@@ -62,12 +62,10 @@ async def loglikelihood(engine: Engine, request: LoglikelihoodRequest) -> Loglik
     if problem is not None:
         out.error = ErrorInfo(ErrorKind.INVALID_REQUEST, problem)
         return out
-    results = await asyncio.gather(
-        *(
-            engine.complete(scoring_request(f"{request.id}-{i}", request.context, continuation))
-            for i, continuation in enumerate(request.continuations)
-        )
-    )
+    results = await engine.complete_together([
+        scoring_request(f"{request.id}-{i}", request.context, continuation)
+        for i, continuation in enumerate(request.continuations)
+    ])  # fmt: skip
     out.latency_s = time.perf_counter() - started
     failed = next((r for r in results if r.error is not None), None)
     if failed is not None:

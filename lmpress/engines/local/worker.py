@@ -298,37 +298,64 @@ class WorkerEngine(Engine):
             self._worker.join(wait_s)
 
     async def _submit(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
-        started = time.perf_counter()
-        queue = self._queue
-        if queue.closed:  # before _prepare, which may call into a backend already freed
-            raise RuntimeError(f"the {self.name} engine is closed")
-        try:
-            check_text(request)
-            check_adapter(self, request)
-            submission = await self._prepared(request, started)
-        except RequestError as exc:
-            yield error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
-            return
-        except Exception as exc:  # whatever the backend met in this request fails it alone
-            yield error_result(request, self, failure_info(exc), started)
+        submission = await self._checked(request, time.perf_counter())
+        if isinstance(submission, Result):
+            yield submission
             return
         # A reply that may be a tool call is not streamed as text: its calls come whole.
         submission.wants_deltas = deltas and submission.tool_plan is None
         self._enqueue(submission)
         try:
             while True:
-                item = await submission.replies.get()
-                if isinstance(item, Delta) and not deltas:
-                    continue
-                if isinstance(item, Result) and submission.tool_plan is not None and item.ok:
-                    item = dataclasses.replace(
-                        item, samples=[submission.tool_plan.read(s) for s in item.samples]
-                    )
+                item = await self._next_reply(submission, deltas)
                 yield item
                 if isinstance(item, Result):
                     return
         finally:
             self._withdraw(submission)
+
+    async def complete_together(self, requests: list[Request]) -> list[Result]:
+        """Each request prepared first, then all queued at once: the worker takes them under
+        one hold of the queue, so in the same round (Engine.complete_together)."""
+        started = time.perf_counter()
+        checked = [await self._checked(request, started) for request in requests]
+        submissions = [s for s in checked if not isinstance(s, Result)]
+        for submission in submissions:
+            submission.wants_deltas = False
+        self._enqueue(*submissions)
+        try:
+            answers = iter(
+                await asyncio.gather(*(self._next_reply(s, deltas=False) for s in submissions))
+            )
+        finally:
+            for submission in submissions:
+                self._withdraw(submission)
+        return [c if isinstance(c, Result) else next(answers) for c in checked]
+
+    async def _checked(self, request: Request, started: float) -> Submission | Result:
+        """The request as the worker will take it, or the Result that fails it alone."""
+        if self._queue.closed:  # before _prepare, which may call into a backend already freed
+            raise RuntimeError(f"the {self.name} engine is closed")
+        try:
+            check_text(request)
+            check_adapter(self, request)
+            return await self._prepared(request, started)
+        except RequestError as exc:
+            return error_result(request, self, ErrorInfo(exc.kind, str(exc), exc.status), started)
+        except Exception as exc:  # whatever the backend met in this request fails it alone
+            return error_result(request, self, failure_info(exc), started)
+
+    async def _next_reply(self, submission: Submission, deltas: bool) -> Delta | Result:
+        """The submission's next reply: a Delta where `deltas`, else its Result."""
+        while True:
+            item = await submission.replies.get()
+            if isinstance(item, Delta) and not deltas:
+                continue
+            if isinstance(item, Result) and submission.tool_plan is not None and item.ok:
+                item = dataclasses.replace(
+                    item, samples=[submission.tool_plan.read(s) for s in item.samples]
+                )
+            return item
 
     async def _prepared(self, request: Request, started: float) -> Submission:
         """`_prepare`, on the prepare thread for a prompt with images or a long one."""
@@ -348,14 +375,15 @@ class WorkerEngine(Engine):
         finally:
             self._withdraw(submission)
 
-    def _enqueue(self, submission: Any) -> None:
-        submission.replies = CallerQueue()
+    def _enqueue(self, *submissions: Any) -> None:
+        for submission in submissions:
+            submission.replies = CallerQueue()
         queue = self._queue
         with queue.wakeup:
             if queue.closed:
                 raise RuntimeError(f"the {self.name} engine is closed")
-            queue.pending.append(submission)
-            self._live.add(submission)
+            queue.pending.extend(submissions)
+            self._live.update(submissions)
             queue.wakeup.notify()
 
     def _withdraw(self, submission: Any) -> None:

@@ -6,6 +6,7 @@ given as token ids, `max_new_tokens` 0, the engine's tokenizer, and EOS in a rep
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -125,7 +126,9 @@ def test_choices_are_prefilled_together_over_one_context(llama):
     every choice's span together, packed (the context's last token and the choice but its
     last, which nothing follows). An engine's first scored prompt with nothing stored runs one
     more pass, of one token, to learn the shape of an empty cache: a question of another
-    context is scored first, so that this one's passes do not depend on the tests before it."""
+    context is scored first, so that this one's passes do not depend on the tests before it.
+    The choices reach the worker at once, whenever its thread runs: here it is offered the GIL
+    every microsecond, where it once took three of four choices in a loaded run."""
     tokenizer = llama.tokenizer()
     other = tokenizer.encode("Owls hunt at night over the fields and rivers of the valley.", special=True)  # fmt: skip
     assert run(llama.loglikelihood(LoglikelihoodRequest("o", other, [[other[-1]]]))).error is None
@@ -136,9 +139,12 @@ def test_choices_are_prefilled_together_over_one_context(llama):
     hook = llama.model.register_forward_pre_hook(
         lambda _, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True
     )
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
     try:
         result = run(llama.loglikelihood(LoglikelihoodRequest("q", context, choices)))
     finally:
+        sys.setswitchinterval(interval)
         hook.remove()
     assert result.error is None
     assert fed == [len(context) - 1, sum(len(c) for c in choices)]
