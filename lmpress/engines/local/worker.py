@@ -250,8 +250,22 @@ class WorkerEngine(Engine):
             self._queue.pending.clear()
         self.scheduler.fail(held, info)
 
-    def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
-        return self._submit(request, deltas=True)
+    async def stream(self, request: Request) -> AsyncIterator[Delta | Result]:
+        submission = await self._checked(request, time.perf_counter())
+        if isinstance(submission, Result):
+            yield submission
+            return
+        # A reply that may be a tool call is not streamed as text: its calls come whole.
+        submission.wants_deltas = submission.tool_plan is None
+        self._enqueue(submission)
+        try:
+            while True:
+                item = await self._next_reply(submission, deltas=True)
+                yield item
+                if isinstance(item, Result):
+                    return
+        finally:
+            self._withdraw(submission)
 
     def occupancy(self) -> Occupancy:
         """Running: what the worker holds and has not answered. One it answered counts no
@@ -267,10 +281,7 @@ class WorkerEngine(Engine):
         return Occupancy(running=max(0, unanswered - waiting), waiting=waiting)
 
     async def complete(self, request: Request) -> Result:
-        result = None
-        async for item in self._submit(request, deltas=False):
-            result = item
-        assert isinstance(result, Result)
+        (result,) = await self.complete_together([request])
         return result
 
     async def _stop_worker(self) -> bool:
@@ -296,23 +307,6 @@ class WorkerEngine(Engine):
         """At interpreter exit: let the worker finish its step and return."""
         if self._ask_worker_to_stop():
             self._worker.join(wait_s)
-
-    async def _submit(self, request: Request, deltas: bool) -> AsyncIterator[Delta | Result]:
-        submission = await self._checked(request, time.perf_counter())
-        if isinstance(submission, Result):
-            yield submission
-            return
-        # A reply that may be a tool call is not streamed as text: its calls come whole.
-        submission.wants_deltas = deltas and submission.tool_plan is None
-        self._enqueue(submission)
-        try:
-            while True:
-                item = await self._next_reply(submission, deltas)
-                yield item
-                if isinstance(item, Result):
-                    return
-        finally:
-            self._withdraw(submission)
 
     async def complete_together(self, requests: list[Request]) -> list[Result]:
         """Each request prepared first, then all queued at once: the worker takes them under
