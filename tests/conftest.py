@@ -40,6 +40,21 @@ PACKAGE = str(REPO / "lmpress") + os.sep
 # directory of this session's (each test gets its own, below), never in the user's cache, so no
 # test is answered by a reply an earlier test or an earlier run of the suite kept.
 os.environ["LMPRESS_RESPONSE_CACHE"] = tempfile.mkdtemp(prefix="lmpress-responses-")
+# Libraries the suite imports set these for the rest of their process, to these values and only
+# where unset: scikit-learn and threadpoolctl (through sentence-transformers) the two KMP_ ones,
+# lm-eval HF_XET_HIGH_PERFORMANCE. Each is read as an interpreter starts, so each arrival moved a
+# worker's warm interpreter (forked_cli.adopt_drift): 3-4 restarts a worker, about 8 CPU-s each.
+# Set here first, the warm interpreter starts in the environment the workers reach anyway, and
+# which test files a worker happened to run first no longer decides the one a run gets. (vLLM's
+# environment starts no warm interpreter, and vLLM's processes are left the environment it gets.)
+SET_BY_LIBRARIES = {
+    "KMP_DUPLICATE_LIB_OK": "True",
+    "KMP_INIT_AT_FORK": "FALSE",
+    "HF_XET_HIGH_PERFORMANCE": "1",
+}
+if not forked_cli.VLLM:
+    for name, value in SET_BY_LIBRARIES.items():
+        os.environ.setdefault(name, value)
 forked_cli.keep_session_environment()  # the warm interpreter's, whatever the first test patches
 
 
