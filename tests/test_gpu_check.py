@@ -76,6 +76,9 @@ def test_processes_past_their_deadline_leave_the_table_whole_and_exit_0():
 
 def test_a_step_the_runs_cannot_tell_apart_is_never_printed_as_a_time(monkeypatch):
     monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as the script runs: its folder first
+    # The script sets this as it is imported; set here, it is undone after the test and does not
+    # stay in the worker for the tests after it (where it moved the warm interpreter's).
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import gpu_check
 
     found = {"step_s": -0.00084, "weights": 4e6, "kv": 1e5, "length": 20.0, "bandwidth": None,
