@@ -387,9 +387,10 @@ def adopt_drift() -> list[str]:
     """Take the process's environment as the session's where it has moved since in a variable
     read at start, and retire the zygote started in the old one (the next run starts
     another). Called as each test starts, before its own patches: what moved there was set
-    for longer than a test, by a library as it ran (torch.compile sets KMP_DUPLICATE_LIB_OK
-    and TORCH_WARM_POOL) or by a module's fixture, and every later run of the worker would
-    otherwise be exec'd. A retired zygote stays while runs it forked do (a module's server),
+    for longer than a test, by a library as it was imported or ran (scikit-learn sets
+    KMP_DUPLICATE_LIB_OK, torch.compile TORCH_WARM_POOL; tests/conftest.py sets those known
+    ahead) or by a module's fixture, and every later run of the worker would otherwise be
+    exec'd. A retired zygote stays while runs it forked do (a module's server),
     since they die with it. Returns the variables that moved."""
     global _session_env, _zygote
     for old in [z for z in _retired if not z.busy()]:

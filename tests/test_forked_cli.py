@@ -88,14 +88,14 @@ def test_the_zygote_starts_in_the_sessions_environment_not_the_first_tests(monke
 
 
 def test_a_variable_a_library_set_for_good_moves_the_zygote_not_every_run_to_exec(monkeypatch):
-    """torch.compile sets KMP_DUPLICATE_LIB_OK in the test process, for the rest of it: as the
+    """A library sets KMP_DUPLICATE_LIB_OK in the test process, for the rest of it: as the
     next test starts, the session's environment takes it, and its runs fork from a zygote
     started in it; the one before, still holding a run, stays until that run ends."""
     before = forked_cli.zygote()
     assert before is not None
     running = forked_cli.Forked(before, ("infer", "--help"), env=env(), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    monkeypatch.setenv("KMP_DUPLICATE_LIB_OK", "TRUE")  # as inductor sets it
+    monkeypatch.setenv("KMP_DUPLICATE_LIB_OK", "TRUE")  # another value than the session's
     try:
         assert forked_cli.adopt_drift() == ["KMP_DUPLICATE_LIB_OK"]
         after = forked_cli.zygote()
