@@ -146,10 +146,14 @@ class StepMask:
         dtype: Any,
         ragged: Ragged | None = None,
         rotations: dict[int, Any] | None = None,
+        apart: list[tuple[int, int]] | None = None,
     ):
         import torch
 
         self.ragged = ragged  # a ragged step's layout, None for one of equal rows
+        # A packed prefill's pass (packed_prefill.py): each row's (columns cached, new tokens),
+        # for row_attention.rows_apart; None for a decoding step.
+        self.apart = apart
         # The rotation of an int8 cache's keys, by head width (int8_slots.py), which attention
         # turns its query by; None for a plain cache.
         self.rotations = rotations
@@ -321,11 +325,11 @@ class BatchCache:
         """Each row forgets its last this many columns (a draft model's refused drafts)."""
         self.lengths = [length - count for length, count in zip(self.lengths, counts, strict=True)]
 
-    def step_inputs(self, widths: int | list[int] = 1) -> tuple[Any, Any, Any]:
+    def step_inputs(self, widths: int | list[int] = 1, apart: bool = False) -> tuple[Any, Any, Any]:
         """For each row's new tokens this step (`widths`: how many each row carries, or one
         count for all): their positions, the cache to pass the model, and the step's attention
         mask (a `StepMask`'s, which it carries for row_attention.py). Rows count none of them
-        until `keep`.
+        until `keep`. `apart`: attention takes each row on its own (a packed prefill's pass).
 
         Rows carrying as many tokens each step as one tensor [rows, width]. Rows carrying
         unequal counts (a speculative step whose rows verify different numbers of drafts) step
@@ -362,7 +366,10 @@ class BatchCache:
         rotations = None
         if self.int8:
             rotations = {keys.shape[-1]: keys.rotation for keys, _ in self.layers}
-        step = self.step = StepMask(positions, columns, self.layers[0][0].dtype, ragged, rotations)
+        step = self.step = StepMask(
+            positions, columns, self.layers[0][0].dtype, ragged, rotations,
+            list(zip(self.lengths, widths, strict=True)) if apart else None,
+        )  # fmt: skip
         mask = step.mask(None)
         mask.lmpress_step = step
         if self._cache is None:

@@ -52,6 +52,8 @@ def row_attention(
     step = getattr(attention_mask, "lmpress_step", None)
     if step is None:
         return own(module, query, key, value, attention_mask, **kwargs)
+    if step.apart is not None:
+        return rows_apart(module, own, query, key, value, step, kwargs), None
     ragged, rotations = step.ragged, step.rotations
     if ragged is not None:
         query = ragged.to_rows(query)
@@ -67,6 +69,41 @@ def row_attention(
     else:
         out, _ = own(module, query, key, value, step.mask(window), **kwargs)
     return (out if ragged is None else ragged.to_sequence(out)), None
+
+
+def rows_apart(
+    module: Any, own: Any, query: Any, key: Any, value: Any, step: Any, kwargs: dict[str, Any]
+) -> Any:
+    """A packed prefill's pass (packed_prefill.py): each row's new tokens attend to its own
+    columns through the model's own attention, with the mask transformers gives a prompt fed
+    alone after the tokens it has cached (none: causal, no mask; some: a boolean one), on
+    tensors of the shapes it gets alone. So each prompt's numbers are the ones its prefill alone
+    gives, whatever it is packed with. Returns the rows' outputs in the step's layout."""
+    import torch
+
+    ragged = step.ragged is not None  # the rows' tokens one sequence, [1, heads, total, dim]
+    positions = kwargs.pop("position_ids", None)
+    outs, start = [], 0
+    for row, (cached, new) in enumerate(step.apart):
+        length, end = cached + new, start + new
+        mask = None
+        if cached:
+            columns = torch.arange(length, device=query.device)
+            own_positions = torch.arange(cached, length, device=query.device)
+            mask = (columns <= own_positions[:, None])[None, None]
+        if positions is not None:
+            kwargs["position_ids"] = positions[:, start:end] if ragged else positions[row : row + 1]
+        out, _ = own(
+            module,
+            query[:, :, start:end] if ragged else query[row : row + 1],
+            key[row : row + 1, :, :length].contiguous(),
+            value[row : row + 1, :, :length].contiguous(),
+            mask,
+            **kwargs,
+        )
+        outs.append(out)
+        start = end
+    return torch.cat(outs, dim=1 if ragged else 0)
 
 
 def grouped_attention(query: Any, key: Any, value: Any, mask: Any, group: int, scale: Any) -> Any:

@@ -41,6 +41,7 @@ from lmpress.engines.local.native.batch_cache import (
 )
 from lmpress.engines.local.native.beam_rows import BeamSearches
 from lmpress.engines.local.native.drafting import Drafter
+from lmpress.engines.local.native.packed_prefill import PackedPrefill, packable, packs
 from lmpress.engines.local.native.prompt_logprobs import (
     PrefillPlan,
     PromptScores,
@@ -138,6 +139,7 @@ class NativeScheduler(Scheduler):
             self._drafter = Drafter(self.draft_model, self.device, self._cache_arg, n_vocab)
         self._prefixes = PrefixStore() if self.prefix_reuse else None
         self._scoring = ScoringPrefill(self.model, self._cache_arg, self.device, self._chunk)
+        self._packed = PackedPrefill(self._scoring) if packs(self.model) else None
         self._active: list[BatchRow] = []  # the rows in the batch, in the order of their caches
         self._rows_of: dict[Submission, list[BatchRow]] = {}  # requests in the batch, by request
         self._scores, self._beams = {}, BeamSearches()
@@ -167,13 +169,17 @@ class NativeScheduler(Scheduler):
         drafts: list[tuple[PromptCache, list[int]]] = []  # the joining rows' draft caches
         drafter = self._drafter
         alone = self._prefill_scored(self._take_fitting())
+        packed = self._prefill_packed(alone)
         for submission, rows, plan in alone:
             request = submission.request
             replies = request.params.max_new_tokens > 0
             try:
-                prompt, logits, scores = self._prefill(
-                    submission.prompt_ids, submission.media, plan, request.adapter
-                )
+                if submission in packed:
+                    (prompt, logits), scores = packed[submission], None
+                else:
+                    prompt, logits, scores = self._prefill(
+                        submission.prompt_ids, submission.media, plan, request.adapter
+                    )
                 draft = drafter.prefill(submission.prompt_ids) if drafter and replies else None
             except Exception as exc:  # this prompt, not the batch, is at fault
                 self.fail([submission], failure_info(exc))
@@ -232,6 +238,21 @@ class NativeScheduler(Scheduler):
                 row.finish_reason = "length"
             self._answer_finished(rows)
         return left
+
+    def _prefill_packed(
+        self, taken: list[tuple[Submission, list[BatchRow], PrefillPlan]]
+    ) -> dict[Submission, tuple[PromptCache, Any]]:
+        """The cache and last logits of each of the taken prompts that packed_prefill.py feeds
+        together, where there are several; {} if that fails, and each is prefilled alone (a
+        prompt at fault fails on its own)."""
+        chosen = [s for s, _, plan in taken if packable(s, plan)]
+        if self._packed is None or len(chosen) < 2:
+            return {}
+        try:
+            made = self._packed.prefill([s.prompt_ids for s in chosen], self._prefixes)
+        except Exception:
+            return {}
+        return dict(zip(chosen, made, strict=True))
 
     def _take_fitting(self) -> list[Submission]:
         """The waiting requests, in order, while their rows fit the batch and the budget."""

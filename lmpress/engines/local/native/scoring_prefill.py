@@ -126,7 +126,7 @@ class ScoringPrefill:
         for group in passes([len(row.feed) for row in rows], kept, self.chunk):
             batch = BatchCache()
             batch.join([rows[i].cache for i in group], [rows[i].prompt.plan.fed for i in group])
-            logits = self._pass(batch, [rows[i].feed for i in group], [rows[i].skip for i in group])
+            logits = self.feed(batch, [rows[i].feed for i in group], [rows[i].skip for i in group])
             for i, row_logits in zip(group, logits, strict=True):
                 first = rows[i].prompt
                 for prompt in reads[tuple(first.ids[: first.plan.fed]), first.plan.start]:
@@ -142,11 +142,11 @@ class ScoringPrefill:
         prompts share that context, else its ids after the longest stored prefix."""
         if prompt.context in shared:
             return Row(prompt, shared[prompt.context], prompt.span, 0)
-        start = self._start(prompt.ids[: prompt.plan.fed], prompt.plan.start, store)
+        start = self.start(prompt.ids[: prompt.plan.fed], prompt.plan.start, store)
         n = len(start.ids)
         return Row(prompt, start, prompt.ids[n : prompt.plan.fed], prompt.plan.start - n)
 
-    def _start(self, ids: list[int], limit: int, store: PrefixStore | None) -> PromptCache:
+    def start(self, ids: list[int], limit: int, store: PrefixStore | None) -> PromptCache:
         """The longest stored prefix of `ids`, at most `limit` tokens, or no tokens."""
         stored, shared = store.longest(ids, limit) if store else (None, 0)
         if stored is None:
@@ -160,7 +160,7 @@ class ScoringPrefill:
         """Each context's cache: from the prefix store's longest prefix of it, the rest fed in
         passes of many contexts; each context fed is added to the store."""
         caches: dict[tuple[int, ...], PromptCache] = {}
-        starts = [self._start(list(c), len(c), store) for c in contexts]
+        starts = [self.start(list(c), len(c), store) for c in contexts]
         fed = [i for i, c in enumerate(contexts) if len(starts[i].ids) < len(c)]
         for i in set(range(len(contexts))) - set(fed):  # held whole by the store
             caches[contexts[i]] = starts[i]
@@ -169,7 +169,7 @@ class ScoringPrefill:
         for group in passes([len(r) for r in rests], None, None):
             batch = BatchCache()
             batch.join([starts[fed[j]] for j in group], [len(contexts[fed[j]]) for j in group])
-            self._pass(batch, [list(rests[j]) for j in group], None)
+            self.feed(batch, [list(rests[j]) for j in group], None)
             for slot, j in enumerate(group):
                 context = contexts[fed[j]]
                 n = len(context)
@@ -182,13 +182,20 @@ class ScoringPrefill:
                     store.add(caches[context])
         return caches
 
-    def _pass(self, batch: BatchCache, rows: list[list[int]], skips: list[int] | None) -> list[Any]:
+    def feed(
+        self,
+        batch: BatchCache,
+        rows: list[list[int]],
+        skips: list[int] | None,
+        apart: bool = False,
+    ) -> list[Any]:
         """Feed each row its tokens after its cache; each row's logits, [tokens, vocabulary],
-        of its tokens past its first `skips` (None: no row's, and the pass returns none)."""
+        of its tokens past its first `skips` (None: no row's, and the pass returns none).
+        `apart`: attention takes each row on its own (packed_prefill.py)."""
         import torch
 
         widths = [len(row) for row in rows]
-        positions, cache, mask = batch.step_inputs(widths)
+        positions, cache, mask = batch.step_inputs(widths, apart)
         ragged = mask.lmpress_step.ragged
         keep: Any = 1  # the pass's last token's only, which no one reads
         if ragged is None:
