@@ -60,8 +60,9 @@ class PackedPrefill:
         self.scoring = scoring  # its forward pass, and the KV layers of no tokens
 
     def prefill(self, prompts: list[list[int]], store: PrefixStore | None) -> list[tuple[Any, Any]]:
-        """Each prompt's cache and its last token's logits, [1, vocabulary], in order; each
-        prompt's cache is left in the store as it is made."""
+        """Each prompt's cache and its last token's logits, [1, vocabulary], in order; the
+        store keeps the caches of the last prompts made, as many as it holds (copies, so that a
+        pass's tensors go once its rows have joined the batch)."""
         made: dict[int, tuple[PromptCache, Any]] = {}
         left = list(range(len(prompts)))
         while left:
@@ -75,8 +76,8 @@ class PackedPrefill:
                 for j, made_j in zip(chosen, caches, strict=True):
                     made[now[j]] = made_j
             if store is not None:  # the prompts others wait for last, so that they stay
-                for i in sorted(now, key=lambda i: i in awaited):
-                    store.add(made[i][0])
+                for i in sorted(now, key=lambda i: i in awaited)[-(store.stored.maxlen or 0) :]:
+                    store.add(own_copy(made[i][0]))
         return [made[i] for i in range(len(prompts))]
 
     @staticmethod
@@ -115,8 +116,13 @@ class PackedPrefill:
         for slot, ids in enumerate(prompts):
             n = len(ids)
             layers = [
-                (k[slot : slot + 1, :, :n].clone(), v[slot : slot + 1, :, :n].clone())
-                for k, v in batch.layers
+                (k[slot : slot + 1, :, :n], v[slot : slot + 1, :, :n]) for k, v in batch.layers
             ]
             made.append((PromptCache(list(ids), layers), logits[slot]))
         return made
+
+
+def own_copy(prompt: PromptCache) -> PromptCache:
+    """The prompt's cache in tensors of its own: a pass's caches are views of the pass's, freed
+    once the rows have joined the batch unless a view outlives them (the prefix store's)."""
+    return PromptCache(prompt.ids, [(k.clone(), v.clone()) for k, v in prompt.layers])
