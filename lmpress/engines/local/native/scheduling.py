@@ -9,8 +9,10 @@ in slots, row_attention.py attends over it in one call a layer), and sampling.py
 token by its own settings. A row that ends leaves the batch at once and its request is answered
 when its last sample ends; between steps, waiting requests join while there are free rows
 (`generation.batch_size`, a request with n samples counting n) and room in the KV cache's memory
-budget. A joining prompt is prefilled on its own, starting from the longest prefix it shares
-with a recent prompt. Each row runs with its own LoRA adapter, or none (adapters.py).
+budget. The prompts joining in one round are prefilled together, many in a pass
+(packed_prefill.py), one with images, an adapter or prompt logprobs on its own; each starts from
+the longest prefix it shares with a recent prompt. Each row runs with its own LoRA adapter, or
+none (adapters.py).
 
 A prompt scored for its own tokens' logprobs (`prompt_logprobs`) keeps its prefill's logits
 from its first scored position on (prompt_logprobs.py); its prefix may come from a recent
