@@ -162,6 +162,22 @@ class StepMask:
         self.dtype = dtype
         self.masks: dict[tuple[int | None, int], Any] = {}
 
+    @functools.cached_property
+    def apart_masks(self) -> list[Any]:
+        """A packed prefill's rows' masks (`apart`), as transformers gives a prompt fed alone
+        after the columns it has cached: None with none (causal attention), else a boolean one,
+        [1, 1, new tokens, cached + new]. Built once, for every layer."""
+        import torch
+
+        device = self.columns.device
+        masks = []
+        for cached, new in self.apart or []:
+            own = torch.arange(cached, cached + new, device=device)[:, None]
+            masks.append(
+                (torch.arange(cached + new, device=device) <= own)[None, None] if cached else None
+            )
+        return masks
+
     def mask(self, window: int | None, group: int = 1) -> Any:
         """The mask for a layer with this sliding window (None: none); with `group` > 1, for
         queries stacked `group` heads to a key head (row_attention.grouped_attention):

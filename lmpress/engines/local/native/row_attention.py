@@ -76,21 +76,16 @@ def rows_apart(
 ) -> Any:
     """A packed prefill's pass (packed_prefill.py): each row's new tokens attend to its own
     columns through the model's own attention, with the mask transformers gives a prompt fed
-    alone after the tokens it has cached (none: causal, no mask; some: a boolean one), on
-    tensors of the shapes it gets alone. So each prompt's numbers are the ones its prefill alone
-    gives, whatever it is packed with. Returns the rows' outputs in the step's layout."""
+    alone after the tokens it has cached (StepMask.apart_masks), on tensors of the shapes it
+    gets alone. So each prompt's numbers are the ones its prefill alone gives, whatever it is
+    packed with. Returns the rows' outputs in the step's layout."""
     import torch
 
     ragged = step.ragged is not None  # the rows' tokens one sequence, [1, heads, total, dim]
     positions = kwargs.pop("position_ids", None)
     outs, start = [], 0
-    for row, (cached, new) in enumerate(step.apart):
+    for row, ((cached, new), mask) in enumerate(zip(step.apart, step.apart_masks, strict=True)):
         length, end = cached + new, start + new
-        mask = None
-        if cached:
-            columns = torch.arange(length, device=query.device)
-            own_positions = torch.arange(cached, length, device=query.device)
-            mask = (columns <= own_positions[:, None])[None, None]
         if positions is not None:
             kwargs["position_ids"] = positions[:, start:end] if ragged else positions[row : row + 1]
         out, _ = own(
